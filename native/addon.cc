@@ -1,0 +1,23 @@
+// The vsnap native addon: module registration. Each binding file adds its own exports; the
+// TypeScript side types and loads this module in exactly one place (src/native/).
+#include <napi.h>
+
+#include "js/js_util.h"
+
+namespace {
+
+Napi::Object Init(Napi::Env env, Napi::Object exports) {
+  env.SetInstanceData(new vsnap::js::AddonData());
+  vsnap::js::initCuda(env, exports);
+  vsnap::js::initAllocation(env, exports);
+  vsnap::js::initStagingPool(env, exports);
+  vsnap::js::initTransfer(env, exports);
+  vsnap::js::initFdListener(env, exports);
+  vsnap::js::initFiles(env, exports);
+  exports.Set("abiVersion", Napi::Number::New(env, 1));
+  return exports;
+}
+
+}  // namespace
+
+NODE_API_MODULE(vsnap, Init)

@@ -1,0 +1,54 @@
+#include "cuda/context.h"
+
+#include <map>
+#include <mutex>
+
+#include "common/error.h"
+#include "cuda/driver.h"
+
+namespace vsnap::cuda {
+namespace {
+std::mutex gMutex;
+std::map<int, std::weak_ptr<Context>> gContexts;
+}  // namespace
+
+Context::Context(int ordinal) : ordinal_(ordinal) {
+  const Api& cu = api();
+  int count = 0;
+  check(cu.cuDeviceGetCount(&count), "cuDeviceGetCount");
+  if (ordinal < 0 || ordinal >= count) {
+    throwInvalid("no CUDA device " + std::to_string(ordinal) + " (this process sees " +
+                 std::to_string(count) + ")");
+  }
+  CUdevice dev;
+  check(cu.cuDeviceGet(&dev, ordinal), "cuDeviceGet");
+  CUcontext ctx = nullptr;
+  check(cu.cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
+  ctx_ = ctx;
+}
+
+Context::~Context() {
+  const Api& cu = api();
+  CUdevice dev;
+  if (cu.cuDeviceGet(&dev, ordinal_) == CUDA_SUCCESS) cu.cuDevicePrimaryCtxRelease(dev);
+}
+
+void Context::makeCurrent() const {
+  check(api().cuCtxSetCurrent(static_cast<CUcontext>(ctx_)), "cuCtxSetCurrent");
+}
+
+std::shared_ptr<Context> acquireContext(int ordinal) {
+  std::lock_guard<std::mutex> lock(gMutex);
+  if (auto existing = gContexts[ordinal].lock()) return existing;
+  std::shared_ptr<Context> ctx(new Context(ordinal));
+  gContexts[ordinal] = ctx;
+  return ctx;
+}
+
+bool holdsContext(int ordinal) {
+  std::lock_guard<std::mutex> lock(gMutex);
+  auto it = gContexts.find(ordinal);
+  return it != gContexts.end() && !it->second.expired();
+}
+
+}  // namespace vsnap::cuda

@@ -1,0 +1,325 @@
+#include "ipc/fd_channel.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "common/error.h"
+
+namespace vsnap::ipc {
+namespace {
+
+constexpr char kMagic[4] = {'V', 'S', 'N', '1'};
+constexpr int kPeerTimeoutMs = 10000;
+
+// A failure to report to the peer: code and message go back in the reply.
+struct PeerError {
+  std::string code;
+  std::string message;
+};
+
+sockaddr_un address(const std::string& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof addr.sun_path) {
+    throwInvalid("unix socket path must be 1.." + std::to_string(sizeof addr.sun_path - 1) +
+                 " bytes long: '" + path + "'");
+  }
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  return addr;
+}
+
+void setTimeouts(int fd, int ms) {
+  timeval tv{ms / 1000, (ms % 1000) * 1000};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
+void readExact(int fd, void* buf, size_t n) {
+  char* p = static_cast<char*>(buf);
+  while (n > 0) {
+    ssize_t r = recv(fd, p, n, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) throw PeerError{"E_IPC_PROTOCOL", "peer timed out"};
+    if (r <= 0) throw PeerError{"E_IPC_PROTOCOL", r == 0 ? "peer closed the connection early" : std::strerror(errno)};
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+}
+
+void writeExact(int fd, const void* buf, size_t n) {
+  const char* p = static_cast<const char*>(buf);
+  while (n > 0) {
+    ssize_t r = send(fd, p, n, MSG_NOSIGNAL);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) throwSystemError("send", "fd socket", errno);
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+}
+
+uint32_t readU32(int fd) {
+  unsigned char b[4];
+  readExact(fd, b, 4);
+  return b[0] | (b[1] << 8) | (b[2] << 16) | (static_cast<uint32_t>(b[3]) << 24);
+}
+
+void putU32(std::string& out, uint32_t v) {
+  for (int i = 0; i < 4; i++) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+std::string jsonEscape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += ' ';
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+void reply(int fd, const std::string& json) {
+  std::string frame;
+  putU32(frame, static_cast<uint32_t>(json.size()));
+  frame += json;
+  try {
+    writeExact(fd, frame.data(), frame.size());
+  } catch (...) {
+    // the peer is gone; nothing to tell it
+  }
+}
+
+bool constantTimeEqual(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); i++) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+void closeAll(std::vector<int>& fds) {
+  for (int fd : fds) ::close(fd);
+  fds.clear();
+}
+
+}  // namespace
+
+FdListener::FdListener(const std::string& path, OnDelivery onDelivery, OnReject onReject)
+    : path_(path), onDelivery_(std::move(onDelivery)), onReject_(std::move(onReject)) {
+  sockaddr_un addr = address(path);
+  listen_.reset(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!listen_.valid()) throwSystemError("socket", path, errno);
+  struct stat st;
+  if (lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) throwInvalid("'" + path + "' exists and is not a socket");
+    // A socket file nobody listens on is left over from a dead process: replace it.
+    UniqueFd probe(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (connect(probe.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+      throw NativeError("E_ADDRESS_IN_USE", "another process is listening on '" + path + "'", {{"path", path}});
+    }
+    ::unlink(path.c_str());
+  }
+  if (bind(listen_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) throwSystemError("bind", path, errno);
+  // No peer can connect before listen(), so tightening the mode here leaves no window.
+  if (chmod(path.c_str(), 0600) != 0) {
+    int err = errno;
+    ::unlink(path.c_str());
+    throwSystemError("chmod", path, err);
+  }
+  if (listen(listen_.get(), 64) != 0) {
+    int err = errno;
+    ::unlink(path.c_str());
+    throwSystemError("listen", path, err);
+  }
+  wake_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!wake_.valid()) throwSystemError("eventfd", "", errno);
+  thread_ = std::thread([this] { loop(); });
+}
+
+FdListener::~FdListener() { close(); }
+
+void FdListener::close() {
+  if (closed_.exchange(true)) return;
+  uint64_t one = 1;
+  if (write(wake_.get(), &one, sizeof one) < 0) {
+    // cannot happen for a fresh eventfd; the thread still notices closed_ at its next poll
+  }
+  if (thread_.joinable()) thread_.join();
+  ::unlink(path_.c_str());
+  listen_.reset();
+}
+
+void FdListener::expect(const std::string& nonce) {
+  if (nonce.size() != kNonceLength) throwInvalid("a nonce is 64 hex digits");
+  std::lock_guard<std::mutex> lock(mutex_);
+  expected_.insert(nonce);
+}
+
+void FdListener::forget(const std::string& nonce) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  expected_.erase(nonce);
+}
+
+bool FdListener::takeNonce(const std::string& nonce) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  bool found = false;
+  std::string match;
+  for (const auto& candidate : expected_) {  // compare with all, in constant time each
+    if (constantTimeEqual(candidate, nonce)) {
+      found = true;
+      match = candidate;
+    }
+  }
+  if (found) expected_.erase(match);
+  return found;
+}
+
+void FdListener::loop() {
+  pollfd fds[2] = {{listen_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}};
+  while (!closed_) {
+    int r = poll(fds, 2, 1000);
+    if (r < 0 && errno != EINTR) break;
+    if (closed_ || (fds[1].revents & POLLIN)) break;
+    if (!(fds[0].revents & POLLIN)) continue;
+    int conn = accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+    if (conn < 0) continue;
+    UniqueFd owned(conn);
+    handle(conn);
+  }
+}
+
+void FdListener::handle(int conn) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    onReject_("could not read the peer's credentials", 0);
+    return;
+  }
+  if (cred.uid != geteuid()) {
+    std::string why = "peer pid " + std::to_string(cred.pid) + " runs as uid " + std::to_string(cred.uid) +
+                      ", not this process's uid " + std::to_string(geteuid());
+    reply(conn, "{\"ok\":false,\"code\":\"E_IPC_AUTH\",\"error\":\"" + jsonEscape(why) + "\"}");
+    onReject_(why, cred.pid);
+    return;
+  }
+  setTimeouts(conn, kPeerTimeoutMs);
+  std::vector<int> received;
+  try {
+    char magic[4];
+    readExact(conn, magic, 4);
+    if (std::memcmp(magic, kMagic, 4) != 0) throw PeerError{"E_IPC_PROTOCOL", "bad magic: not a vsnap fd message"};
+    std::string nonce(kNonceLength, '\0');
+    readExact(conn, nonce.data(), kNonceLength);
+    if (!takeNonce(nonce)) throw PeerError{"E_IPC_AUTH", "unknown or already used nonce"};
+    uint32_t headerBytes = readU32(conn);
+    uint32_t fdCount = readU32(conn);
+    if (headerBytes > kMaxHeaderBytes) throw PeerError{"E_IPC_PROTOCOL", "header too large"};
+    if (fdCount > kMaxFds) throw PeerError{"E_IPC_PROTOCOL", "too many descriptors"};
+    std::string header(headerBytes, '\0');
+    readExact(conn, header.data(), headerBytes);
+    while (received.size() < fdCount) {
+      char marker = 0;
+      iovec iov{&marker, 1};
+      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kFdsPerBatch)];
+      msghdr msg{};
+      msg.msg_iov = &iov;
+      msg.msg_iovlen = 1;
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof control;
+      ssize_t r = recvmsg(conn, &msg, MSG_CMSG_CLOEXEC);
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) throw PeerError{"E_IPC_PROTOCOL", r == 0 ? "peer closed before sending every descriptor" : std::strerror(errno)};
+      for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+          size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+          const int* p = reinterpret_cast<const int*>(CMSG_DATA(c));
+          received.insert(received.end(), p, p + n);
+        }
+      }
+      if (msg.msg_flags & MSG_CTRUNC) throw PeerError{"E_IPC_PROTOCOL", "descriptor batch truncated (over 250 in one frame?)"};
+      if (marker != 'F') throw PeerError{"E_IPC_PROTOCOL", "expected a descriptor frame"};
+    }
+    if (received.size() != fdCount) throw PeerError{"E_IPC_PROTOCOL", "received more descriptors than announced"};
+    reply(conn, "{\"ok\":true}");
+    Delivery d{std::move(nonce), std::move(header), std::move(received), cred.pid, cred.uid};
+    received.clear();
+    onDelivery_(std::move(d));
+  } catch (const PeerError& e) {
+    closeAll(received);
+    reply(conn, "{\"ok\":false,\"code\":\"" + e.code + "\",\"error\":\"" + jsonEscape(e.message) + "\"}");
+    onReject_(e.message, cred.pid);
+  } catch (const std::exception& e) {
+    closeAll(received);
+    reply(conn, std::string("{\"ok\":false,\"code\":\"E_INTERNAL\",\"error\":\"") + jsonEscape(e.what()) + "\"}");
+    onReject_(e.what(), cred.pid);
+  }
+}
+
+std::string sendFds(const std::string& path, const std::string& nonce, const std::string& header,
+                    const std::vector<int>& fds, int timeoutMs) {
+  if (nonce.size() != kNonceLength) throwInvalid("a nonce is 64 hex digits");
+  if (fds.size() > kMaxFds) throwInvalid("too many descriptors");
+  sockaddr_un addr = address(path);
+  UniqueFd sock(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!sock.valid()) throwSystemError("socket", path, errno);
+  setTimeouts(sock.get(), timeoutMs);
+  if (connect(sock.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) throwSystemError("connect", path, errno);
+  std::string frame(kMagic, 4);
+  frame += nonce;
+  putU32(frame, static_cast<uint32_t>(header.size()));
+  putU32(frame, static_cast<uint32_t>(fds.size()));
+  frame += header;
+  // A receiver that refuses us (bad nonce, other uid) replies and hangs up mid-message: a
+  // broken pipe here still leaves its reply to read, which says why.
+  bool refused = false;
+  try {
+    writeExact(sock.get(), frame.data(), frame.size());
+  } catch (const NativeError&) {
+    refused = true;
+  }
+  for (size_t sent = 0; !refused && sent < fds.size();) {
+    size_t n = std::min<size_t>(kFdsPerBatch, fds.size() - sent);
+    char marker = 'F';
+    iovec iov{&marker, 1};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kFdsPerBatch)] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * n);
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * n);
+    std::memcpy(CMSG_DATA(c), fds.data() + sent, sizeof(int) * n);
+    ssize_t r = sendmsg(sock.get(), &msg, MSG_NOSIGNAL);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && (errno == EPIPE || errno == ECONNRESET)) {
+      refused = true;
+      break;
+    }
+    if (r != 1) throwSystemError("sendmsg", path, errno);
+    sent += n;
+  }
+  try {
+    uint32_t length = readU32(sock.get());
+    if (length > (1u << 20)) throw NativeError("E_IPC_PROTOCOL", "oversized reply from '" + path + "'");
+    std::string json(length, '\0');
+    readExact(sock.get(), json.data(), length);
+    return json;
+  } catch (const PeerError& e) {
+    throw NativeError(e.code, "no reply from '" + path + "': " + e.message);
+  }
+}
+
+}  // namespace vsnap::ipc

@@ -1,0 +1,79 @@
+// Passing file descriptors between processes over a unix socket.
+//
+// Wire protocol (SOCK_STREAM, little-endian integers), client to server:
+//   "VSN1"                       4 bytes, magic and version
+//   nonce                        64 ASCII hex digits, issued by the receiver for this transfer
+//   header length H, fd count N  u32, u32 (H <= 64 MiB, N <= 65536)
+//   header                       H bytes of UTF-8 JSON (opaque here)
+//   ceil(N / 250) fd batches     each one byte 'F' carrying up to 250 descriptors (SCM_RIGHTS)
+// then server to client: u32 length + JSON {"ok":true} or {"ok":false,"code":"E_...","error":"..."}.
+// Descriptors travel only on the one-byte batch frames, so no read ever merges two batches.
+//
+// The listener accepts only peers with this process's uid (SO_PEERCRED) that present a nonce
+// it was told to expect; each nonce is accepted once. The socket file has mode 0600.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/fd.h"
+
+namespace vsnap::ipc {
+
+constexpr size_t kNonceLength = 64;
+constexpr uint32_t kMaxHeaderBytes = 64u << 20;
+constexpr uint32_t kMaxFds = 65536;
+constexpr uint32_t kFdsPerBatch = 250;
+
+struct Delivery {
+  std::string nonce;
+  std::string header;
+  std::vector<int> fds;  // owned by the receiver of the delivery
+  pid_t pid = 0;
+  uid_t uid = 0;
+};
+
+class FdListener {
+ public:
+  using OnDelivery = std::function<void(Delivery&&)>;
+  using OnReject = std::function<void(const std::string& reason, pid_t pid)>;
+
+  FdListener(const std::string& path, OnDelivery onDelivery, OnReject onReject);
+  ~FdListener();
+  FdListener(const FdListener&) = delete;
+  FdListener& operator=(const FdListener&) = delete;
+
+  const std::string& path() const { return path_; }
+  void expect(const std::string& nonce);
+  void forget(const std::string& nonce);
+  void close();  // stops accepting, joins the thread, removes the socket file
+
+ private:
+  void loop();
+  void handle(int conn);
+  bool takeNonce(const std::string& nonce);
+
+  std::string path_;
+  OnDelivery onDelivery_;
+  OnReject onReject_;
+  UniqueFd listen_;
+  UniqueFd wake_;
+  std::thread thread_;
+  std::mutex mutex_;
+  std::set<std::string> expected_;
+  std::atomic<bool> closed_{false};
+};
+
+// Client side: sends header + fds and returns the server's JSON reply. Blocking.
+std::string sendFds(const std::string& path, const std::string& nonce, const std::string& header,
+                    const std::vector<int>& fds, int timeoutMs);
+
+}  // namespace vsnap::ipc

@@ -1,0 +1,119 @@
+#include "js/js_allocation.h"
+
+#include "cuda/vmm.h"
+#include "js/js_util.h"
+
+namespace vsnap::js {
+Napi::Function DeviceAllocation::Define(Napi::Env env) {
+  Napi::Function fn = DefineClass(env, "DeviceAllocation",
+                                  {InstanceAccessor<&DeviceAllocation::Address>("address"),
+                                   InstanceAccessor<&DeviceAllocation::Size>("size"),
+                                   InstanceAccessor<&DeviceAllocation::Device>("device"),
+                                   InstanceAccessor<&DeviceAllocation::Closed>("closed"),
+                                   InstanceMethod<&DeviceAllocation::ExportFd>("exportFd"),
+                                   InstanceMethod<&DeviceAllocation::Write>("write"),
+                                   InstanceMethod<&DeviceAllocation::Read>("read"),
+                                   InstanceMethod<&DeviceAllocation::Fill>("fill"),
+                                   InstanceMethod<&DeviceAllocation::Close>("close")});
+  addonData(env).deviceAllocation = Napi::Persistent(fn);
+  return fn;
+}
+
+DeviceAllocation::DeviceAllocation(const Napi::CallbackInfo& info) : Napi::ObjectWrap<DeviceAllocation>(info) {
+  if (info.Length() != 1 || !info[0].IsExternal()) {
+    throw toJsError(info.Env(), NativeError("E_INVALID_ARGUMENT", "use allocateDevice() to create a DeviceAllocation"));
+  }
+  auto* holder = info[0].As<Napi::External<std::shared_ptr<cuda::Mapping>>>().Data();
+  mapping_ = *holder;
+}
+
+std::shared_ptr<cuda::Mapping> DeviceAllocation::unwrap(const Napi::Value& value) {
+  Napi::Env env = value.Env();
+  if (!value.IsObject() || !value.As<Napi::Object>().InstanceOf(addonData(env).deviceAllocation.Value())) {
+    throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "expected a DeviceAllocation"));
+  }
+  return Unwrap(value.As<Napi::Object>())->live(env);
+}
+
+const std::shared_ptr<cuda::Mapping>& DeviceAllocation::live(Napi::Env env) const {
+  if (!mapping_) throw toJsError(env, NativeError("E_CLOSED", "this DeviceAllocation was closed"));
+  return mapping_;
+}
+
+Napi::Value DeviceAllocation::Address(const Napi::CallbackInfo& info) {
+  return Napi::BigInt::New(info.Env(), live(info.Env())->address());
+}
+Napi::Value DeviceAllocation::Size(const Napi::CallbackInfo& info) {
+  return Napi::Number::New(info.Env(), static_cast<double>(live(info.Env())->size()));
+}
+Napi::Value DeviceAllocation::Device(const Napi::CallbackInfo& info) {
+  return Napi::Number::New(info.Env(), live(info.Env())->device());
+}
+Napi::Value DeviceAllocation::Closed(const Napi::CallbackInfo& info) {
+  return Napi::Boolean::New(info.Env(), !mapping_);
+}
+
+Napi::Value DeviceAllocation::ExportFd(const Napi::CallbackInfo& info) {
+  auto m = live(info.Env());
+  return Napi::Number::New(info.Env(), guard(info.Env(), [&] { return m->exportFd(); }));
+}
+
+Napi::Value DeviceAllocation::Write(const Napi::CallbackInfo& info) {
+  auto m = live(info.Env());
+  uint64_t offset = toU64(info[0], "offset");
+  if (!info[1].IsTypedArray()) throw toJsError(info.Env(), NativeError("E_INVALID_ARGUMENT", "data must be a Buffer or Uint8Array"));
+  auto data = info[1].As<Napi::Uint8Array>();
+  const uint8_t* ptr = data.Data();
+  uint64_t length = data.ByteLength();
+  return PromiseWorker<bool>::Run(
+      info.Env(), [m, offset, ptr, length] { m->copyFromHost(offset, ptr, length); return true; },
+      [](Napi::Env env, bool&) -> Napi::Value { return env.Undefined(); }, {info[1]});
+}
+
+Napi::Value DeviceAllocation::Read(const Napi::CallbackInfo& info) {
+  auto m = live(info.Env());
+  uint64_t offset = toU64(info[0], "offset");
+  uint64_t length = toU64(info[1], "length");
+  if (offset > m->size() || length > m->size() - offset) {
+    throw toJsError(info.Env(), NativeError("E_OUT_OF_RANGE", "read outside the allocation"));
+  }
+  Napi::Buffer<uint8_t> out = Napi::Buffer<uint8_t>::New(info.Env(), length);
+  uint8_t* ptr = out.Data();
+  return PromiseWorker<bool>::Run(
+      info.Env(), [m, offset, ptr, length] { m->copyToHost(offset, ptr, length); return true; },
+      [ref = std::make_shared<Napi::Reference<Napi::Buffer<uint8_t>>>(Napi::Persistent(out))](Napi::Env, bool&) -> Napi::Value {
+        return ref->Value();
+      });
+}
+
+Napi::Value DeviceAllocation::Fill(const Napi::CallbackInfo& info) {
+  auto m = live(info.Env());
+  uint64_t offset = toU64(info[0], "offset");
+  uint64_t length = toU64(info[1], "length");
+  uint8_t value = static_cast<uint8_t>(toU64(info[2], "value") & 0xff);
+  return PromiseWorker<bool>::Run(
+      info.Env(), [m, offset, length, value] { m->fill(offset, length, value); return true; },
+      [](Napi::Env env, bool&) -> Napi::Value { return env.Undefined(); });
+}
+
+Napi::Value DeviceAllocation::Close(const Napi::CallbackInfo& info) {
+  mapping_.reset();
+  return info.Env().Undefined();
+}
+
+void initAllocation(Napi::Env env, Napi::Object exports) {
+  Napi::Function ctor = DeviceAllocation::Define(env);
+  exports.Set("DeviceAllocation", ctor);
+  exports.Set("allocateDevice", Napi::Function::New(env, [](const Napi::CallbackInfo& info) -> Napi::Value {
+    int device = static_cast<int>(toI64(info[0], "device"));
+    uint64_t size = toU64(info[1], "size");
+    return PromiseWorker<std::shared_ptr<cuda::Mapping>>::Run(
+        info.Env(), [device, size] { return std::shared_ptr<cuda::Mapping>(cuda::Mapping::allocate(device, size)); },
+        [](Napi::Env env, std::shared_ptr<cuda::Mapping>& m) -> Napi::Value {
+          std::shared_ptr<cuda::Mapping> holder = m;
+          return addonData(env).deviceAllocation.New({Napi::External<std::shared_ptr<cuda::Mapping>>::New(env, &holder)});
+        });
+  }, "allocateDevice"));
+}
+
+}  // namespace vsnap::js

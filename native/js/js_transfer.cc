@@ -1,0 +1,226 @@
+// startTransfer(spec, onProgress) -> { promise, cancel }: runs one TransferJob off the JS
+// thread, reports progress through a thread-safe function, and cancels between chunks.
+//
+// spec: { op: 'capture'|'hydrate'|'verify', label, pool: StagingPool, threads?, directIo?,
+//         verifyFirst?, regions: [{ name, blobPath, size, chunkSize, checksums?: string[],
+//         memory?: { kind: 'host', fd } | { kind: 'imported', fd } | { kind: 'device', allocation } }] }
+#include <fcntl.h>
+
+#include <chrono>
+
+#include "common/fd.h"
+#include "cuda/vmm.h"
+#include "js/js_allocation.h"
+#include "js/js_staging_pool.h"
+#include "js/js_util.h"
+#include "transfer/engine.h"
+
+namespace vsnap::js {
+namespace {
+
+struct MemorySpec {
+  enum class Kind { None, Host, Imported, Device } kind = Kind::None;
+  UniqueFd fd;  // our own duplicate, so the caller may close theirs at once
+  std::shared_ptr<cuda::Mapping> mapping;
+};
+
+struct ProgressUpdate {
+  uint64_t done;
+  uint64_t total;
+  transfer::Phase phase;
+};
+
+transfer::Operation parseOp(Napi::Env env, const std::string& op) {
+  if (op == "capture") return transfer::Operation::Capture;
+  if (op == "hydrate") return transfer::Operation::Hydrate;
+  if (op == "verify") return transfer::Operation::Verify;
+  throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "op must be 'capture', 'hydrate' or 'verify'"));
+}
+
+MemorySpec parseMemory(Napi::Env env, const Napi::Value& value) {
+  MemorySpec spec;
+  if (value.IsUndefined() || value.IsNull()) return spec;
+  if (!value.IsObject()) throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "memory must be an object"));
+  Napi::Object o = value.As<Napi::Object>();
+  std::string kind = toString(getRequired(o, "kind"), "memory.kind");
+  if (kind == "device") {
+    spec.kind = MemorySpec::Kind::Device;
+    spec.mapping = DeviceAllocation::unwrap(getRequired(o, "allocation"));
+    return spec;
+  }
+  if (kind != "host" && kind != "imported") {
+    throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "memory.kind must be 'host', 'imported' or 'device'"));
+  }
+  spec.kind = kind == "host" ? MemorySpec::Kind::Host : MemorySpec::Kind::Imported;
+  int fd = static_cast<int>(toI64(getRequired(o, "fd"), "memory.fd"));
+  spec.fd.reset(fcntl(fd, F_DUPFD_CLOEXEC, 0));
+  if (!spec.fd.valid()) {
+    throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "memory.fd " + std::to_string(fd) + " is not an open descriptor"));
+  }
+  return spec;
+}
+
+class TransferWorker : public Napi::AsyncWorker {
+ public:
+  TransferWorker(Napi::Env env, transfer::JobOptions options, std::vector<transfer::RegionTask> tasks,
+                 std::vector<MemorySpec> memory, std::shared_ptr<transfer::StagingPool> pool, Napi::Value onProgress)
+      : Napi::AsyncWorker(env, "vsnap-transfer"),
+        deferred_(Napi::Promise::Deferred::New(env)),
+        op_(options.op),
+        memory_(std::move(memory)),
+        job_(std::make_shared<transfer::TransferJob>(std::move(options), std::move(tasks), std::move(pool))) {
+    if (onProgress.IsFunction()) {
+      progress_ = Napi::ThreadSafeFunction::New(env, onProgress.As<Napi::Function>(), "vsnap-progress", 0, 1);
+      hasProgress_ = true;
+    }
+  }
+
+  Napi::Promise promise() { return deferred_.Promise(); }
+  std::shared_ptr<transfer::TransferJob> job() { return job_; }
+
+ protected:
+  void Execute() override {
+    auto start = std::chrono::steady_clock::now();
+    try {
+      auto& tasks = job_->tasks();
+      for (size_t i = 0; i < tasks.size(); i++) {
+        MemorySpec& m = memory_[i];
+        switch (m.kind) {
+          case MemorySpec::Kind::Host: tasks[i].region = transfer::hostRegion(m.fd.get(), tasks[i].size); break;
+          case MemorySpec::Kind::Imported: tasks[i].region = transfer::importedRegion(m.fd.get(), tasks[i].size); break;
+          case MemorySpec::Kind::Device: tasks[i].region = transfer::deviceRegion(m.mapping, tasks[i].size); break;
+          case MemorySpec::Kind::None: break;
+        }
+      }
+      job_->run([this] { report(); });
+    } catch (const NativeError& e) {
+      error_ = e;
+      SetError(e.what());
+    } catch (const std::exception& e) {
+      error_ = NativeError("E_INTERNAL", e.what());
+      SetError(e.what());
+    }
+    // Unmap imported memory and drop our descriptors before the promise settles.
+    for (auto& t : job_->tasks()) t.region.reset();
+    memory_.clear();
+    seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+
+  void OnOK() override {
+    Napi::Env env = Env();
+    Napi::HandleScope scope(env);
+    releaseProgress();
+    Napi::Object result = Napi::Object::New(env);
+    result.Set("bytes", static_cast<double>(job_->bytesTotal()));
+    result.Set("seconds", seconds_);
+    if (op_ == transfer::Operation::Capture) {
+      Napi::Array regions = Napi::Array::New(env);
+      auto& tasks = job_->tasks();
+      for (size_t i = 0; i < tasks.size(); i++) {
+        Napi::Array sums = Napi::Array::New(env, tasks[i].checksums.size());
+        for (size_t c = 0; c < tasks[i].checksums.size(); c++) sums.Set(c, tasks[i].checksums[c].hex());
+        regions.Set(i, sums);
+      }
+      result.Set("checksums", regions);
+    }
+    deferred_.Resolve(result);
+  }
+
+  void OnError(const Napi::Error&) override {
+    Napi::HandleScope scope(Env());
+    releaseProgress();
+    deferred_.Reject(toJsError(Env(), *error_).Value());
+  }
+
+ private:
+  void report() {
+    if (!hasProgress_) return;
+    auto* update = new ProgressUpdate{job_->bytesDone(), job_->bytesTotal(), job_->phase()};
+    napi_status s = progress_.NonBlockingCall(update, [](Napi::Env env, Napi::Function fn, ProgressUpdate* u) {
+      if (env != nullptr && fn != nullptr) {
+        fn.Call({Napi::Number::New(env, static_cast<double>(u->done)), Napi::Number::New(env, static_cast<double>(u->total)),
+                 Napi::String::New(env, transfer::phaseName(u->phase))});
+      }
+      delete u;
+    });
+    if (s != napi_ok) delete update;
+  }
+
+  void releaseProgress() {
+    if (hasProgress_) {
+      progress_.Release();
+      hasProgress_ = false;
+    }
+  }
+
+  Napi::Promise::Deferred deferred_;
+  transfer::Operation op_;
+  std::vector<MemorySpec> memory_;
+  std::shared_ptr<transfer::TransferJob> job_;
+  Napi::ThreadSafeFunction progress_;
+  bool hasProgress_ = false;
+  std::optional<NativeError> error_;
+  double seconds_ = 0;
+};
+
+Napi::Value StartTransfer(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (!info[0].IsObject()) throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "startTransfer needs a spec object"));
+  Napi::Object spec = info[0].As<Napi::Object>();
+  transfer::JobOptions options;
+  options.op = parseOp(env, toString(getRequired(spec, "op"), "op"));
+  options.label = spec.Has("label") ? toString(spec.Get("label"), "label") : std::string();
+  if (spec.Has("threads") && !spec.Get("threads").IsUndefined()) options.threads = static_cast<uint32_t>(toU64(spec.Get("threads"), "threads"));
+  options.directIo = spec.Get("directIo").ToBoolean().Value();
+  options.verifyFirst = spec.Get("verifyFirst").ToBoolean().Value();
+  auto pool = StagingPool::unwrap(getRequired(spec, "pool"));
+
+  Napi::Value regionsValue = getRequired(spec, "regions");
+  if (!regionsValue.IsArray()) throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "regions must be an array"));
+  Napi::Array regions = regionsValue.As<Napi::Array>();
+  std::vector<transfer::RegionTask> tasks;
+  std::vector<MemorySpec> memory;
+  for (uint32_t i = 0; i < regions.Length(); i++) {
+    Napi::Value rv = regions.Get(i);
+    if (!rv.IsObject()) throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "regions[" + std::to_string(i) + "] must be an object"));
+    Napi::Object r = rv.As<Napi::Object>();
+    transfer::RegionTask task;
+    task.name = toString(getRequired(r, "name"), "region name");
+    task.blobPath = toString(getRequired(r, "blobPath"), "blobPath");
+    task.size = toU64(getRequired(r, "size"), "size");
+    task.chunkSize = toU64(getRequired(r, "chunkSize"), "chunkSize");
+    Napi::Value sums = r.Get("checksums");
+    if (sums.IsArray()) {
+      Napi::Array arr = sums.As<Napi::Array>();
+      for (uint32_t c = 0; c < arr.Length(); c++) {
+        std::string hex = toString(arr.Get(c), "checksum");
+        task.expected.push_back(guard(env, [&] { return hash::Digest::fromHex(hex); }));
+      }
+    }
+    memory.push_back(parseMemory(env, r.Get("memory")));
+    if (options.op != transfer::Operation::Verify && memory.back().kind == MemorySpec::Kind::None) {
+      throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "region '" + task.name + "' needs memory for " +
+                                                                 (options.op == transfer::Operation::Capture ? "capture" : "hydrate")));
+    }
+    tasks.push_back(std::move(task));
+  }
+
+  auto* worker = new TransferWorker(env, std::move(options), std::move(tasks), std::move(memory), std::move(pool), info[1]);
+  Napi::Object handle = Napi::Object::New(env);
+  handle.Set("promise", worker->promise());
+  std::weak_ptr<transfer::TransferJob> weak = worker->job();
+  handle.Set("cancel", Napi::Function::New(env, [weak](const Napi::CallbackInfo& ci) -> Napi::Value {
+    if (auto job = weak.lock()) job->cancel();
+    return ci.Env().Undefined();
+  }, "cancel"));
+  worker->Queue();
+  return handle;
+}
+
+}  // namespace
+
+void initTransfer(Napi::Env env, Napi::Object exports) {
+  exports.Set("startTransfer", Napi::Function::New(env, StartTransfer, "startTransfer"));
+}
+
+}  // namespace vsnap::js

@@ -1,0 +1,109 @@
+// Glue shared by the JavaScript bindings: NativeError -> JS Error with code/details, argument
+// readers, and PromiseWorker, the one way the addon runs work off the JS thread for a promise.
+#pragma once
+
+#include <napi.h>
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+
+namespace vsnap::js {
+
+Napi::Error toJsError(Napi::Env env, const NativeError& error);
+
+// Throws a JS TypeError-like E_INVALID_ARGUMENT when value is not what is expected.
+uint64_t toU64(const Napi::Value& value, const char* what);
+int64_t toI64(const Napi::Value& value, const char* what);
+std::string toString(const Napi::Value& value, const char* what);
+Napi::Value getRequired(const Napi::Object& object, const char* key);
+
+// Runs work() on the libuv thread pool and settles a promise with convert(result). A
+// NativeError rejects with the corresponding JS error. keepAlive values (buffers the work
+// reads or writes, wrapped objects it uses) are referenced until the work ends.
+template <typename Result>
+class PromiseWorker : public Napi::AsyncWorker {
+ public:
+  using Work = std::function<Result()>;
+  using Convert = std::function<Napi::Value(Napi::Env, Result&)>;
+
+  static Napi::Promise Run(Napi::Env env, Work work, Convert convert, std::vector<Napi::Value> keepAlive = {}) {
+    auto* worker = new PromiseWorker(env, std::move(work), std::move(convert), keepAlive);
+    Napi::Promise promise = worker->deferred_.Promise();
+    worker->Queue();
+    return promise;
+  }
+
+ protected:
+  void Execute() override {
+    try {
+      result_ = work_();
+    } catch (const NativeError& e) {
+      error_ = e;
+      SetError(e.what());
+    } catch (const std::exception& e) {
+      error_ = NativeError("E_INTERNAL", e.what());
+      SetError(e.what());
+    }
+  }
+  void OnOK() override {
+    Napi::HandleScope scope(Env());
+    try {
+      deferred_.Resolve(convert_(Env(), *result_));
+    } catch (const Napi::Error& e) {
+      deferred_.Reject(e.Value());
+    }
+  }
+  void OnError(const Napi::Error&) override {
+    Napi::HandleScope scope(Env());
+    deferred_.Reject(toJsError(Env(), *error_).Value());
+  }
+
+ private:
+  PromiseWorker(Napi::Env env, Work work, Convert convert, const std::vector<Napi::Value>& keepAlive)
+      : Napi::AsyncWorker(env, "vsnap"), deferred_(Napi::Promise::Deferred::New(env)),
+        work_(std::move(work)), convert_(std::move(convert)) {
+    for (const auto& v : keepAlive) keepAlive_.push_back(Napi::Persistent(v));
+  }
+
+  Napi::Promise::Deferred deferred_;
+  Work work_;
+  Convert convert_;
+  std::vector<Napi::Reference<Napi::Value>> keepAlive_;
+  std::optional<Result> result_;
+  std::optional<NativeError> error_;
+};
+
+// Calls fn, turning a NativeError into a thrown JS error (for synchronous bindings).
+template <typename Fn>
+auto guard(Napi::Env env, Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const NativeError& e) {
+    throw toJsError(env, e);
+  } catch (const Napi::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw toJsError(env, NativeError("E_INTERNAL", e.what()));
+  }
+}
+
+// Per-environment state (constructors of the wrapped classes), so worker threads each get theirs.
+struct AddonData {
+  Napi::FunctionReference deviceAllocation;
+  Napi::FunctionReference stagingPool;
+};
+AddonData& addonData(Napi::Env env);
+
+// Module pieces, one per binding file; each adds its exports.
+void initCuda(Napi::Env env, Napi::Object exports);
+void initAllocation(Napi::Env env, Napi::Object exports);
+void initStagingPool(Napi::Env env, Napi::Object exports);
+void initTransfer(Napi::Env env, Napi::Object exports);
+void initFdListener(Napi::Env env, Napi::Object exports);
+void initFiles(Napi::Env env, Napi::Object exports);
+
+}  // namespace vsnap::js

@@ -1,0 +1,282 @@
+#include "transfer/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <thread>
+
+#include "io/files.h"
+
+namespace vsnap::transfer {
+namespace {
+
+// Hashing follows reading in steps of this size, so the bytes are still in cache.
+constexpr uint64_t kHashStep = 4ull << 20;
+
+uint32_t defaultThreads() {
+  unsigned n = std::thread::hardware_concurrency();
+  return std::clamp<unsigned>(n == 0 ? 4 : n, 1, 16);
+}
+
+std::string range(uint64_t offset, uint64_t length) {
+  return std::to_string(offset) + ".." + std::to_string(offset + length - 1);
+}
+
+}  // namespace
+
+const char* phaseName(Phase p) {
+  switch (p) {
+    case Phase::Starting: return "starting";
+    case Phase::Verifying: return "verifying";
+    case Phase::Copying: return "copying";
+    case Phase::Flushing: return "flushing";
+    case Phase::Done: return "done";
+  }
+  return "unknown";
+}
+
+// Per-task I/O, opened by the first worker that needs it and closed by the one that finishes
+// the task's last chunk, so open descriptors stay bounded by the worker count.
+struct TransferJob::TaskState {
+  std::once_flag opened;
+  std::unique_ptr<io::BlobReader> reader;
+  std::unique_ptr<io::BlobWriter> writer;
+  std::atomic<uint32_t> remaining{0};
+};
+
+TransferJob::TransferJob(JobOptions options, std::vector<RegionTask> tasks, std::shared_ptr<StagingPool> pool)
+    : options_(std::move(options)), tasks_(std::move(tasks)), pool_(std::move(pool)) {}
+
+TransferJob::~TransferJob() = default;
+
+void TransferJob::validate() {
+  if (!pool_) throwInvalid("a transfer needs a staging pool");
+  for (size_t t = 0; t < tasks_.size(); t++) {
+    RegionTask& task = tasks_[t];
+    if (task.chunkSize == 0 || task.chunkSize % io::kDirectAlignment != 0) {
+      throwInvalid("region '" + task.name + "': chunk size must be a positive multiple of 4096");
+    }
+    if (task.chunkSize > pool_->slotSize()) {
+      throwInvalid("region '" + task.name + "': chunk size " + std::to_string(task.chunkSize) +
+                   " exceeds the staging slot size " + std::to_string(pool_->slotSize()) +
+                   "; use a staging pool with larger slots");
+    }
+    if (options_.op != Operation::Verify) {
+      if (!task.region) throwInvalid("region '" + task.name + "' has no memory to copy to or from");
+      if (task.region->size() < task.size) {
+        throwInvalid("region '" + task.name + "' is " + std::to_string(task.region->size()) +
+                     " bytes, smaller than the " + std::to_string(task.size) + " bytes to transfer");
+      }
+    }
+    uint64_t count = (task.size + task.chunkSize - 1) / task.chunkSize;
+    if (options_.op == Operation::Capture) {
+      task.checksums.assign(count, hash::Digest{});
+    } else if (task.expected.size() != count) {
+      throwInvalid("region '" + task.name + "' has " + std::to_string(task.expected.size()) +
+                   " checksums; " + std::to_string(task.size) + " bytes in chunks of " +
+                   std::to_string(task.chunkSize) + " need " + std::to_string(count));
+    }
+    auto state = std::make_unique<TaskState>();
+    state->remaining = static_cast<uint32_t>(count);
+    state_.push_back(std::move(state));
+    for (uint64_t i = 0; i < count; i++) {
+      uint64_t offset = i * task.chunkSize;
+      chunks_.push_back({static_cast<uint32_t>(t), static_cast<uint32_t>(i), offset,
+                         std::min(task.chunkSize, task.size - offset)});
+    }
+    bytesTotal_ += task.size;
+  }
+}
+
+void TransferJob::fail(const NativeError& error) {
+  std::lock_guard<std::mutex> lock(errorMutex_);
+  if (!error_) error_ = error;
+  failed_ = true;
+}
+
+void TransferJob::run(const std::function<void()>& tick) {
+  validate();
+  if (options_.op != Operation::Capture) {
+    // Every blob must exist and have its full size before anything is copied anywhere.
+    for (auto& task : tasks_) {
+      io::BlobReader probe(task.blobPath, task.size, false);
+      (void)probe;
+    }
+  }
+  uint32_t threads = options_.threads ? options_.threads : defaultThreads();
+  uint32_t workers = static_cast<uint32_t>(std::min<size_t>(threads, std::max<size_t>(chunks_.size(), 1)));
+  if (options_.op == Operation::Hydrate && options_.verifyFirst) {
+    phase_ = static_cast<int>(Phase::Verifying);
+    runPass(Operation::Verify, workers, tick);
+    for (auto& s : state_) s->reader.reset();
+    for (size_t t = 0; t < tasks_.size(); t++) {
+      state_[t] = std::make_unique<TaskState>();
+      state_[t]->remaining = static_cast<uint32_t>((tasks_[t].size + tasks_[t].chunkSize - 1) / tasks_[t].chunkSize);
+    }
+    cursor_ = 0;
+    bytesDone_ = 0;
+  }
+  phase_ = static_cast<int>(Phase::Copying);
+  runPass(options_.op, workers, tick);
+  phase_ = static_cast<int>(Phase::Done);
+  tick();
+}
+
+void TransferJob::runPass(Operation op, uint32_t workers, const std::function<void()>& tick) {
+  if (op == Operation::Capture) {
+    // Zero-length regions have no chunks but still get their (empty) blob file.
+    for (auto& task : tasks_) {
+      if (task.size == 0) io::BlobWriter(task.blobPath, 0).finish();
+    }
+  }
+  if (chunks_.empty()) return;
+  std::vector<void*> slots = pool_->acquire(2, workers * 2, [this] { return stopping(); });
+  if (slots.empty()) throw NativeError("E_ABORTED", "the transfer was cancelled");
+  workers = static_cast<uint32_t>(slots.size() / 2);
+
+  std::mutex doneMutex;
+  std::condition_variable doneCv;
+  uint32_t running = workers;
+  std::vector<std::thread> threads;
+  for (uint32_t w = 0; w < workers; w++) {
+    threads.emplace_back([&, w] {
+      void* mine[2] = {slots[2 * w], slots[2 * w + 1]};
+      try {
+        if (op == Operation::Capture) {
+          captureWorker(mine);
+        } else {
+          hydrateWorker(op, mine);
+        }
+      } catch (const NativeError& e) {
+        fail(e);
+      } catch (const std::exception& e) {
+        fail(NativeError("E_INTERNAL", std::string("transfer worker failed: ") + e.what()));
+      }
+      std::lock_guard<std::mutex> lock(doneMutex);
+      running--;
+      doneCv.notify_all();
+    });
+  }
+  {
+    std::unique_lock<std::mutex> lock(doneMutex);
+    while (running > 0) {
+      doneCv.wait_for(lock, std::chrono::milliseconds(100));
+      lock.unlock();
+      tick();
+      lock.lock();
+    }
+  }
+  for (auto& t : threads) t.join();
+  pool_->release(slots);
+  if (error_) throw *error_;
+  if (cancelled_) throw NativeError("E_ABORTED", "the transfer was cancelled");
+}
+
+void TransferJob::finishChunk(const Chunk& c) {
+  TaskState& s = *state_[c.task];
+  if (s.remaining.fetch_sub(1) == 1) {
+    if (s.writer) {
+      s.writer->finish();
+      s.writer.reset();
+    }
+    s.reader.reset();
+  }
+}
+
+void TransferJob::hydrateWorker(Operation op, void* slots[2]) {
+  Lane lane;
+  Fence fences[2];
+  hash::Hasher hasher;
+  struct Drain {  // never leave a copy in flight: the region may be unmapped right after
+    Fence* f;
+    ~Drain() {
+      for (int i = 0; i < 2; i++) {
+        try { f[i].wait(); } catch (...) {}
+      }
+    }
+  } drain{fences};
+  int s = 0;
+  while (!stopping()) {
+    size_t i = cursor_.fetch_add(1);
+    if (i >= chunks_.size()) break;
+    const Chunk& c = chunks_[i];
+    RegionTask& task = tasks_[c.task];
+    TaskState& st = *state_[c.task];
+    std::call_once(st.opened, [&] { st.reader = std::make_unique<io::BlobReader>(task.blobPath, task.size, options_.directIo); });
+    fences[s].wait();
+    char* buf = static_cast<char*>(slots[s]);
+    hasher.reset();
+    for (uint64_t done = 0; done < c.length;) {
+      uint64_t step = std::min(kHashStep, c.length - done);
+      st.reader->read(c.offset + done, buf + done, step);
+      hasher.update(buf + done, step);
+      done += step;
+    }
+    hash::Digest actual = hasher.finish();
+    const hash::Digest& expected = task.expected[c.index];
+    if (actual != expected) {
+      uint64_t count = task.expected.size();
+      throw NativeError(
+          "E_CHECKSUM",
+          "checksum mismatch in snapshot '" + options_.label + "', region '" + task.name + "', chunk " +
+              std::to_string(c.index) + " of " + std::to_string(count) + " (bytes " + range(c.offset, c.length) +
+              " of " + task.blobPath + "): expected " + expected.hex() + ", found " + actual.hex() +
+              ". The blob is corrupt; nothing from this chunk was copied. Run `vsnap verify` and recapture the snapshot.",
+          {{"snapshot", options_.label}, {"region", task.name}, {"chunk", static_cast<int64_t>(c.index)},
+           {"chunks", static_cast<int64_t>(count)}, {"offset", static_cast<int64_t>(c.offset)},
+           {"length", static_cast<int64_t>(c.length)}, {"expected", expected.hex()}, {"actual", actual.hex()},
+           {"path", task.blobPath}});
+    }
+    if (op == Operation::Hydrate) task.region->copyIn(c.offset, buf, c.length, lane, s, fences[s]);
+    bytesDone_ += c.length;
+    finishChunk(c);
+    s ^= 1;
+  }
+  fences[0].wait();
+  fences[1].wait();
+}
+
+void TransferJob::captureWorker(void* slots[2]) {
+  Lane lane;
+  Fence fences[2];
+  struct Drain {
+    Fence* f;
+    ~Drain() {
+      for (int i = 0; i < 2; i++) {
+        try { f[i].wait(); } catch (...) {}
+      }
+    }
+  } drain{fences};
+  // The copy of the next chunk runs while this worker hashes and writes the previous one.
+  std::optional<size_t> inFlight;
+  int cur = 0;  // the slot the next copy goes to; the in-flight chunk is in cur ^ 1
+  while (true) {
+    std::optional<size_t> next;
+    if (!stopping()) {
+      size_t i = cursor_.fetch_add(1);
+      if (i < chunks_.size()) next = i;
+    }
+    if (next) {
+      const Chunk& c = chunks_[*next];
+      RegionTask& task = tasks_[c.task];
+      TaskState& st = *state_[c.task];
+      std::call_once(st.opened, [&] { st.writer = std::make_unique<io::BlobWriter>(task.blobPath, task.size); });
+      task.region->copyOut(c.offset, slots[cur], c.length, lane, cur, fences[cur]);
+    }
+    if (inFlight) {
+      int slot = cur ^ 1;
+      const Chunk& c = chunks_[*inFlight];
+      RegionTask& task = tasks_[c.task];
+      fences[slot].wait();
+      task.checksums[c.index] = hash::digest(slots[slot], c.length);
+      state_[c.task]->writer->write(c.offset, slots[slot], c.length);
+      bytesDone_ += c.length;
+      finishChunk(c);
+    }
+    if (!next) break;
+    inFlight = next;
+    cur ^= 1;
+  }
+}
+
+}  // namespace vsnap::transfer
