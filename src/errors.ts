@@ -1,0 +1,127 @@
+/**
+ * Every error vsnap throws is a {@link VsnapError} with a stable {@link ErrorCode}: match on
+ * `err.code`, not on the message. The message says what happened and what to do.
+ */
+
+/**
+ * The stable error codes.
+ * @public
+ */
+export type ErrorCode =
+  /** An argument or option is malformed or out of range. */
+  | 'E_INVALID_ARGUMENT'
+  /** A name (snapshot, region key) is empty, too long, or could escape its directory. */
+  | 'E_INVALID_NAME'
+  /** The native addon could not be loaded; the message lists every attempt. */
+  | 'E_NATIVE_LOAD'
+  /** No usable CUDA driver or device; `details.reason` says why. */
+  | 'E_CUDA_UNAVAILABLE'
+  /** A CUDA driver call failed; `details.call` and `details.cudaError` name it. */
+  | 'E_CUDA'
+  /** A file system call failed; `details.path` and `details.errno` say where. */
+  | 'E_IO'
+  /** Not enough free space for the work asked for. */
+  | 'E_NO_SPACE'
+  /** A chunk's bytes do not hash to the manifest's checksum; nothing of it was copied. */
+  | 'E_CHECKSUM'
+  /** A blob is shorter or longer than its manifest says. */
+  | 'E_BLOB_TRUNCATED'
+  /** A blob a manifest references is missing from the store. */
+  | 'E_BLOB_MISSING'
+  /** A manifest failed schema validation; `details.issues` lists each problem with its path. */
+  | 'E_MANIFEST_INVALID'
+  /** A snapshot does not fit the live layout; `details.mismatches` lists every difference. */
+  | 'E_MANIFEST_MISMATCH'
+  /** No snapshot of that name (or id) in the store. */
+  | 'E_SNAPSHOT_NOT_FOUND'
+  /** The directory is not a vsnap store (or a newer format). */
+  | 'E_STORE_INVALID'
+  /** Another process held the store lock for longer than the timeout. */
+  | 'E_STORE_LOCKED'
+  /** The operation was cancelled through its AbortSignal. */
+  | 'E_ABORTED'
+  /** A timeout expired. */
+  | 'E_TIMEOUT'
+  /** The object was closed and can no longer be used. */
+  | 'E_CLOSED'
+  /** An offset or length falls outside a region or allocation. */
+  | 'E_OUT_OF_RANGE'
+  /** A descriptor-passing peer broke the protocol. */
+  | 'E_IPC_PROTOCOL'
+  /** A descriptor-passing peer failed authentication (uid or nonce). */
+  | 'E_IPC_AUTH'
+  /** Something is already listening on that socket path. */
+  | 'E_ADDRESS_IN_USE'
+  /** A bug in vsnap: please report it with the message. */
+  | 'E_INTERNAL';
+
+const KNOWN_CODES: ReadonlySet<string> = new Set<ErrorCode>([
+  'E_INVALID_ARGUMENT', 'E_INVALID_NAME', 'E_NATIVE_LOAD', 'E_CUDA_UNAVAILABLE', 'E_CUDA', 'E_IO',
+  'E_NO_SPACE', 'E_CHECKSUM', 'E_BLOB_TRUNCATED', 'E_BLOB_MISSING', 'E_MANIFEST_INVALID',
+  'E_MANIFEST_MISMATCH', 'E_SNAPSHOT_NOT_FOUND', 'E_STORE_INVALID', 'E_STORE_LOCKED', 'E_ABORTED',
+  'E_TIMEOUT', 'E_CLOSED', 'E_OUT_OF_RANGE', 'E_IPC_PROTOCOL', 'E_IPC_AUTH', 'E_ADDRESS_IN_USE',
+  'E_INTERNAL',
+]);
+
+/**
+ * The one error class of vsnap.
+ * @public
+ */
+export class VsnapError extends Error {
+  /** Stable code; see {@link ErrorCode}. */
+  readonly code: ErrorCode;
+  /** Structured facts about the failure (paths, regions, expected and actual values). */
+  readonly details: Readonly<Record<string, unknown>>;
+
+  constructor(code: ErrorCode, message: string, details: Record<string, unknown> = {}, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = 'VsnapError';
+    this.code = code;
+    this.details = details;
+  }
+}
+
+/**
+ * Turns whatever the native addon (or Node) threw into a VsnapError, keeping code and details.
+ * @internal
+ */
+export function toVsnapError(err: unknown): VsnapError {
+  if (err instanceof VsnapError) return err;
+  if (err instanceof Error) {
+    const raw = (err as { code?: unknown }).code;
+    const details = ((err as { details?: unknown }).details ?? {}) as Record<string, unknown>;
+    if (typeof raw === 'string' && KNOWN_CODES.has(raw)) {
+      return new VsnapError(raw as ErrorCode, err.message, details, { cause: err });
+    }
+    if (typeof raw === 'string' && (raw === 'ENOSPC' || raw === 'EDQUOT')) {
+      return new VsnapError('E_NO_SPACE', `${err.message}. Free space or choose another store root.`, { errno: raw }, { cause: err });
+    }
+    if (typeof raw === 'string' && raw.startsWith('E')) {
+      return new VsnapError('E_IO', err.message, { errno: raw, path: (err as { path?: unknown }).path }, { cause: err });
+    }
+    return new VsnapError('E_INTERNAL', err.message, {}, { cause: err });
+  }
+  return new VsnapError('E_INTERNAL', String(err));
+}
+
+/**
+ * Throws E_INVALID_ARGUMENT naming the parameter, what was expected and what came.
+ * @internal
+ */
+export function invalidArgument(name: string, expected: string, actual: unknown): never {
+  let shown: string;
+  try {
+    shown = typeof actual === 'bigint' ? `${actual}n` : JSON.stringify(actual) ?? String(actual);
+  } catch {
+    shown = String(actual);
+  }
+  throw new VsnapError('E_INVALID_ARGUMENT', `${name} must be ${expected}, got ${shown}`, { name, expected });
+}
+
+/**
+ * The E_ABORTED error for a signal, carrying its reason.
+ * @internal
+ */
+export function abortError(signal: AbortSignal | undefined, what: string): VsnapError {
+  return new VsnapError('E_ABORTED', `${what} was cancelled`, {}, { cause: signal?.reason });
+}

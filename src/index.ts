@@ -1,0 +1,49 @@
+/**
+ * vsnap: suspend and restore LLM inference engines on a GPU in well under a second.
+ *
+ * @packageDocumentation
+ */
+
+export { VERSION } from './version.js';
+export { VsnapError, type ErrorCode } from './errors.js';
+
+export { cudaStatus, listDevices, type CudaStatus, type GpuDevice } from './gpu/cuda.js';
+export { DeviceAllocation } from './gpu/device-allocation.js';
+
+export { HostRegion } from './regions/host-region.js';
+export type { RegionMemory } from './regions/memory.js';
+
+export { releaseIdleResources } from './transfer/staging.js';
+export type { TransferOptions, TransferProgress } from './transfer/transfer.js';
+
+export { FdReceiver, sendFds, type FdMessage } from './ipc/fd-receiver.js';
+
+export { Manifest, type ManifestIssue } from './manifest/manifest.js';
+export type { LiveLayout, LiveRegion, Mismatch } from './manifest/compat.js';
+export type {
+  EngineInfo,
+  ExpectedResponse,
+  ManifestData,
+  ModelInfo,
+  PlatformInfo,
+  RankInfo,
+  RegionInfo,
+  TensorInfo,
+} from './manifest/types.js';
+
+export {
+  RegionStore,
+  type RegionStoreOptions,
+  type SnapshotSummary,
+  type VerifyProblem,
+  type VerifyReport,
+} from './store/region-store.js';
+
+export {
+  Snapshot,
+  type CaptureOptions,
+  type CaptureRegion,
+  type RestoreOptions,
+  type RestoreRegion,
+  type TransferSummary,
+} from './snapshot/snapshot.js';

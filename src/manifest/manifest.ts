@@ -1,0 +1,126 @@
+import type { z } from 'zod';
+
+import { VsnapError } from '../errors.js';
+import { findMismatches, type LiveLayout, type Mismatch } from './compat.js';
+import { ManifestSchema } from './schema.js';
+import type { ManifestData, RegionInfo } from './types.js';
+
+/**
+ * One problem found by schema validation.
+ * @public
+ */
+export interface ManifestIssue {
+  /** Where, e.g. `ranks[0].regions[3].size`. */
+  readonly path: string;
+  /** What is wrong there. */
+  readonly message: string;
+}
+
+function formatPath(path: ReadonlyArray<PropertyKey>): string {
+  let out = '';
+  for (const p of path) {
+    if (typeof p === 'number') out += `[${p}]`;
+    else out += out ? `.${String(p)}` : String(p);
+  }
+  return out || '(root)';
+}
+
+function toIssues(error: z.ZodError): ManifestIssue[] {
+  return error.issues.map((i) => ({ path: formatPath(i.path), message: i.message }));
+}
+
+/**
+ * A snapshot's manifest: everything a restore depends on (engine, model, platform, and per rank
+ * each region's key, tag, size, chunk checksums and blob), validated with a versioned schema.
+ * Immutable.
+ * @public
+ */
+export class Manifest {
+  /** The validated data. */
+  readonly data: ManifestData;
+
+  private constructor(data: ManifestData) {
+    this.data = data;
+  }
+
+  /**
+   * Validates `input` (parsed JSON, or a JSON string) against schema v1. Throws
+   * E_MANIFEST_INVALID listing every problem with its path.
+   */
+  static parse(input: unknown, source = 'manifest'): Manifest {
+    let value = input;
+    if (typeof input === 'string') {
+      try {
+        value = JSON.parse(input);
+      } catch (err) {
+        throw new VsnapError('E_MANIFEST_INVALID', `${source} is not valid JSON: ${(err as Error).message}`, {
+          issues: [{ path: '(root)', message: 'not JSON' }],
+        });
+      }
+    }
+    const version = (value as { schemaVersion?: unknown } | null)?.schemaVersion;
+    if (typeof version === 'number' && version > 1) {
+      throw new VsnapError('E_MANIFEST_INVALID', `${source} has schema version ${version}; this vsnap reads version 1. Upgrade vsnap.`, {
+        issues: [{ path: 'schemaVersion', message: `unsupported version ${version}` }],
+      });
+    }
+    const result = ManifestSchema.safeParse(value);
+    if (!result.success) {
+      const issues = toIssues(result.error);
+      throw new VsnapError(
+        'E_MANIFEST_INVALID',
+        `${source} is invalid (${issues.length} problem${issues.length === 1 ? '' : 's'}):\n` +
+          issues.map((i) => `  - ${i.path}: ${i.message}`).join('\n'),
+        { issues },
+      );
+    }
+    return new Manifest(result.data);
+  }
+
+  /** The snapshot's name. */
+  get name(): string {
+    return this.data.name;
+  }
+  /** The snapshot's id (unique in the store, sortable by creation time). */
+  get id(): string {
+    return this.data.id;
+  }
+  /** Bytes of region data across all ranks. */
+  get totalBytes(): number {
+    return this.data.ranks.reduce((sum, rank) => sum + rank.regions.reduce((s, r) => s + r.size, 0), 0);
+  }
+  /** Number of regions across all ranks. */
+  get regionCount(): number {
+    return this.data.ranks.reduce((n, rank) => n + rank.regions.length, 0);
+  }
+
+  /** Every region with its rank, in manifest order. */
+  *regions(): IterableIterator<{ rank: number; region: RegionInfo }> {
+    for (const rank of this.data.ranks) for (const region of rank.regions) yield { rank: rank.rank, region };
+  }
+
+  /** Every difference from a live layout (empty when compatible). Regions are matched by key. */
+  checkCompatibility(live: LiveLayout): Mismatch[] {
+    return findMismatches(this.data, live);
+  }
+
+  /** Throws E_MANIFEST_MISMATCH listing every difference from the live layout, if any. */
+  assertCompatible(live: LiveLayout): void {
+    const mismatches = this.checkCompatibility(live);
+    if (mismatches.length === 0) return;
+    const shown = mismatches.slice(0, 20).map((m) => `  - ${m.message}`);
+    if (mismatches.length > 20) shown.push(`  - ... and ${mismatches.length - 20} more (see details.mismatches)`);
+    throw new VsnapError(
+      'E_MANIFEST_MISMATCH',
+      `snapshot '${this.name}' (${this.id}) does not match the live layout; refusing to restore. ` +
+        `${mismatches.length} difference${mismatches.length === 1 ? '' : 's'}:\n${shown.join('\n')}\n` +
+        'Restore a snapshot taken from this engine and model, or capture a new one.',
+      { snapshot: this.name, id: this.id, mismatches },
+    );
+  }
+
+  /** The JSON form (what the store writes). */
+  toJSON(): ManifestData {
+    return this.data;
+  }
+}

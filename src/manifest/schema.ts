@@ -1,0 +1,116 @@
+import { z } from 'zod';
+
+import type { ManifestData } from './types.js';
+
+/** Sizes and offsets are JSON numbers: exact up to 2^53 bytes (8 PiB). */
+const byteCount = z.number().int().nonnegative().max(Number.MAX_SAFE_INTEGER);
+const checksum = z.string().regex(/^[0-9a-f]{32}$/, 'a 32-digit lowercase hex xxh3-128 checksum');
+const digest = z.string().regex(/^[0-9a-f]{64}$/, 'a 64-digit lowercase hex sha256 digest');
+
+export const TensorSchema = z.object({
+  name: z.string().min(1),
+  offset: byteCount,
+  dtype: z.string().min(1),
+  shape: z.array(z.number().int().nonnegative()),
+});
+
+export const RegionSchema = z
+  .object({
+    /** Order-independent identity: the lowest-offset named tensor inside, else `anon:N`. */
+    key: z.string().min(1).max(1024),
+    /** The allocator tag, e.g. `weights`. */
+    tag: z.string().min(1).max(64),
+    size: byteCount,
+    chunkSize: z.number().int().positive().multipleOf(4096).max(1 << 30),
+    checksums: z.array(checksum),
+    /** The content digest naming the blob in the store. */
+    blob: digest,
+    tensors: z.array(TensorSchema).default([]),
+  })
+  .superRefine((region, ctx) => {
+    const expected = Math.ceil(region.size / region.chunkSize);
+    if (region.checksums.length !== expected) {
+      ctx.addIssue({
+        code: 'custom',
+        path: ['checksums'],
+        message: `${region.size} bytes in chunks of ${region.chunkSize} need ${expected} checksums, found ${region.checksums.length}`,
+      });
+    }
+  });
+
+export const RankSchema = z
+  .object({
+    rank: z.number().int().nonnegative(),
+    /** The GPU the rank's regions were captured from (null for host memory). */
+    device: z.object({ uuid: z.string(), name: z.string() }).nullable(),
+    regions: z.array(RegionSchema),
+  })
+  .superRefine((rank, ctx) => {
+    const seen = new Set<string>();
+    rank.regions.forEach((r, i) => {
+      if (seen.has(r.key)) ctx.addIssue({ code: 'custom', path: ['regions', i, 'key'], message: `duplicate region key '${r.key}'` });
+      seen.add(r.key);
+    });
+  });
+
+export const EngineSchema = z.object({
+  kind: z.string().min(1),
+  version: z.string().min(1),
+  pluginVersion: z.string().nullable().default(null),
+  attentionBackend: z.string().nullable().default(null),
+});
+
+export const ModelSchema = z.object({
+  id: z.string().min(1),
+  revision: z.string().nullable().default(null),
+  dtype: z.string().nullable().default(null),
+  quantization: z.string().nullable().default(null),
+  tensorParallelSize: z.number().int().positive().default(1),
+  pipelineParallelSize: z.number().int().positive().default(1),
+});
+
+export const PlatformSchema = z.object({
+  /** `cuda` for GPU memory, `host` for host memory regions. */
+  kind: z.enum(['cuda', 'host']),
+  gpuName: z.string().nullable().default(null),
+  computeCapability: z.string().nullable().default(null),
+  /** The CUDA version the driver supports (cuDriverGetVersion, e.g. 13000). */
+  driverCudaVersion: z.number().int().nonnegative().nullable().default(null),
+  vmmGranularity: z.number().int().positive().nullable().default(null),
+});
+
+export const ExpectedResponseSchema = z.object({
+  prompt: z.string(),
+  maxTokens: z.number().int().positive(),
+  tokenIds: z.array(z.number().int().nonnegative()),
+  text: z.string(),
+  logprobs: z.array(z.number()).nullable().default(null),
+});
+
+export const ManifestSchema = z
+  .object({
+    schemaVersion: z.literal(1),
+    id: z.string().regex(/^[0-9a-z-]{8,64}$/, 'a snapshot id (lowercase letters, digits, dashes)'),
+    name: z.string().min(1),
+    createdAt: z.iso.datetime(),
+    vsnapVersion: z.string().min(1),
+    checksumAlgorithm: z.literal('xxh3-128'),
+    engine: EngineSchema.nullable().default(null),
+    model: ModelSchema.nullable().default(null),
+    platform: PlatformSchema,
+    ranks: z.array(RankSchema).min(1),
+    /** A short greedy completion taken at capture, re-run after every restore. */
+    expectedResponse: ExpectedResponseSchema.nullable().default(null),
+    labels: z.record(z.string(), z.string()).default({}),
+  })
+  .superRefine((m, ctx) => {
+    m.ranks.forEach((r, i) => {
+      if (r.rank !== i) ctx.addIssue({ code: 'custom', path: ['ranks', i, 'rank'], message: `ranks must be listed in order: expected ${i}` });
+    });
+  });
+
+// The schemas must produce exactly the public interfaces of types.ts (checked at compile time).
+type Same<A, B> = [A] extends [B] ? ([B] extends [A] ? true : false) : false;
+type DeepReadonly<T> = T extends (infer E)[] ? ReadonlyArray<DeepReadonly<E>> : T extends object ? { readonly [K in keyof T]: DeepReadonly<T[K]> } : T;
+const schemaMatchesTypes: Same<DeepReadonly<z.infer<typeof ManifestSchema>>, ManifestData> = true;
+void schemaMatchesTypes;

@@ -1,0 +1,152 @@
+/**
+ * The public shape of a manifest (schema version 1). schema.ts validates it; a compile-time
+ * check there keeps the two identical.
+ */
+
+/**
+ * A tensor inside a region, as the engine described it.
+ * @public
+ */
+export interface TensorInfo {
+  /** The parameter or buffer name, e.g. `model.layers.0.mlp.down_proj.weight`. */
+  readonly name: string;
+  /** Byte offset inside the region. */
+  readonly offset: number;
+  /** The engine's dtype name, e.g. `bfloat16`. */
+  readonly dtype: string;
+  /** Dimensions, outermost first. */
+  readonly shape: readonly number[];
+}
+
+/**
+ * One captured memory region.
+ * @public
+ */
+export interface RegionInfo {
+  /** Order-independent identity: the lowest-offset named tensor inside, else `anon:N`. */
+  readonly key: string;
+  /** The allocator tag, e.g. `weights`. */
+  readonly tag: string;
+  /** Bytes captured. */
+  readonly size: number;
+  /** Bytes per checksum (a multiple of 4096). */
+  readonly chunkSize: number;
+  /** xxh3-128 of each chunk, 32 lowercase hex digits, in order. */
+  readonly checksums: readonly string[];
+  /** The content digest naming the region's blob in the store. */
+  readonly blob: string;
+  /** The tensors inside, when the engine described them. */
+  readonly tensors: readonly TensorInfo[];
+}
+
+/**
+ * The regions of one rank (one GPU of the engine).
+ * @public
+ */
+export interface RankInfo {
+  /** 0-based, equal to the position in `ranks`. */
+  readonly rank: number;
+  /** The GPU the regions were captured from (null for host memory). */
+  readonly device: { readonly uuid: string; readonly name: string } | null;
+  /** The rank's regions, in capture order. */
+  readonly regions: readonly RegionInfo[];
+}
+
+/**
+ * The engine a snapshot was taken from.
+ * @public
+ */
+export interface EngineInfo {
+  /** e.g. `vllm`. */
+  readonly kind: string;
+  /** The engine's own version string. */
+  readonly version: string;
+  /** The vsnap engine plugin's version. */
+  readonly pluginVersion: string | null;
+  /** e.g. `TRITON_ATTN`. */
+  readonly attentionBackend: string | null;
+}
+
+/**
+ * The model a snapshot holds.
+ * @public
+ */
+export interface ModelInfo {
+  /** e.g. a Hugging Face repo id. */
+  readonly id: string;
+  /** The exact revision (commit) of the checkpoint. */
+  readonly revision: string | null;
+  /** The weights' dtype as the engine names it, e.g. `bfloat16`. */
+  readonly dtype: string | null;
+  /** e.g. `fp8`, `nvfp4`, `awq`; null when unquantised. */
+  readonly quantization: string | null;
+  /** Tensor-parallel degree (GPUs a layer is split over). */
+  readonly tensorParallelSize: number;
+  /** Pipeline-parallel degree (stages). */
+  readonly pipelineParallelSize: number;
+}
+
+/**
+ * The hardware and driver a snapshot was taken on.
+ * @public
+ */
+export interface PlatformInfo {
+  /** `cuda` for GPU memory, `host` for host memory regions. */
+  readonly kind: 'cuda' | 'host';
+  /** The GPU's name as the driver reports it, e.g. `NVIDIA H200`. */
+  readonly gpuName: string | null;
+  /** "major.minor". */
+  readonly computeCapability: string | null;
+  /** The CUDA version the driver supports (cuDriverGetVersion, e.g. 13000). */
+  readonly driverCudaVersion: number | null;
+  /** The VMM allocation granularity of the GPU. */
+  readonly vmmGranularity: number | null;
+}
+
+/**
+ * A short greedy completion recorded at capture and compared after every restore.
+ * @public
+ */
+export interface ExpectedResponse {
+  /** The prompt sent. */
+  readonly prompt: string;
+  /** Tokens generated (greedy, temperature 0). */
+  readonly maxTokens: number;
+  /** The generated token ids. */
+  readonly tokenIds: readonly number[];
+  /** The generated text. */
+  readonly text: string;
+  /** Per-token logprobs, where the engine gives them. */
+  readonly logprobs: readonly number[] | null;
+}
+
+/**
+ * The JSON form of a manifest, schema version 1.
+ * @public
+ */
+export interface ManifestData {
+  /** Always 1 for this format. */
+  readonly schemaVersion: 1;
+  /** Unique in the store, sortable by creation time. */
+  readonly id: string;
+  /** The snapshot's name. */
+  readonly name: string;
+  /** ISO 8601. */
+  readonly createdAt: string;
+  /** The vsnap version that wrote it. */
+  readonly vsnapVersion: string;
+  /** The chunk checksum algorithm. */
+  readonly checksumAlgorithm: 'xxh3-128';
+  /** The engine captured from (null for plain region captures). */
+  readonly engine: EngineInfo | null;
+  /** The model held (null for plain region captures). */
+  readonly model: ModelInfo | null;
+  /** Where it was captured. */
+  readonly platform: PlatformInfo;
+  /** One per rank, in rank order. */
+  readonly ranks: readonly RankInfo[];
+  /** A short greedy completion taken at capture, re-run after every restore. */
+  readonly expectedResponse: ExpectedResponse | null;
+  /** Free-form labels. */
+  readonly labels: Readonly<Record<string, string>>;
+}

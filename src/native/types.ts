@@ -1,0 +1,117 @@
+/**
+ * The raw binding's shape, as native/addon.cc exports it. Only src/native loads it; the rest of
+ * the SDK calls it through {@link native}.
+ * @internal
+ */
+
+export interface NativeCudaStatus {
+  available: boolean;
+  reason: string;
+  driverVersion: number;
+  library: string;
+  checkpointApi: boolean;
+}
+
+export interface NativeDeviceInfo {
+  ordinal: number;
+  name: string;
+  uuid: string;
+  pciBusId: string;
+  computeCapability: string;
+  totalMemory: number;
+  freeMemory: number | null;
+  vmmGranularity: number;
+  vmmSupported: boolean;
+  posixFdHandlesSupported: boolean;
+}
+
+export interface NativeDeviceAllocation {
+  readonly address: bigint;
+  readonly size: number;
+  readonly device: number;
+  readonly closed: boolean;
+  exportFd(): number;
+  write(offset: number, data: Uint8Array): Promise<void>;
+  read(offset: number, length: number): Promise<Buffer>;
+  fill(offset: number, length: number, value: number): Promise<void>;
+  close(): void;
+}
+
+export interface NativeStagingPool {
+  readonly slotSize: number;
+  readonly slotCount: number;
+  readonly pinned: boolean;
+  readonly closed: boolean;
+  close(): void;
+}
+
+export type NativeMemorySpec =
+  | { kind: 'host'; fd: number }
+  | { kind: 'imported'; fd: number }
+  | { kind: 'device'; allocation: NativeDeviceAllocation };
+
+export interface NativeTransferRegion {
+  name: string;
+  blobPath: string;
+  size: number;
+  chunkSize: number;
+  checksums?: readonly string[];
+  memory?: NativeMemorySpec;
+}
+
+export interface NativeTransferSpec {
+  op: 'capture' | 'hydrate' | 'verify';
+  label: string;
+  pool: NativeStagingPool;
+  threads?: number;
+  directIo?: boolean;
+  verifyFirst?: boolean;
+  regions: NativeTransferRegion[];
+}
+
+export interface NativeTransferResult {
+  bytes: number;
+  seconds: number;
+  /** capture only: per region, its chunk checksums */
+  checksums?: string[][];
+}
+
+export interface NativeTransferHandle {
+  promise: Promise<NativeTransferResult>;
+  cancel(): void;
+}
+
+export type NativeFdEvent =
+  | { type: 'delivery'; nonce: string; header: string; fds: number[]; pid: number }
+  | { type: 'reject'; reason: string; pid: number };
+
+export interface NativeFdListener {
+  readonly path: string;
+  expect(nonce: string): void;
+  forget(nonce: string): void;
+  ref(): void;
+  unref(): void;
+  close(): void;
+}
+
+export interface NativeBinding {
+  abiVersion: number;
+  cudaStatus(): Promise<NativeCudaStatus>;
+  cudaDevices(withFreeMemory: boolean): Promise<NativeDeviceInfo[]>;
+  cudaHoldsContext(device: number): boolean;
+  allocateDevice(device: number, size: number): Promise<NativeDeviceAllocation>;
+  createStagingPool(slotSize: number, slotCount: number, pinDevice: number): Promise<NativeStagingPool>;
+  startTransfer(
+    spec: NativeTransferSpec,
+    onProgress?: (done: number, total: number, phase: string) => void,
+  ): NativeTransferHandle;
+  FdListener: new (path: string, onEvent: (event: NativeFdEvent) => void) => NativeFdListener;
+  sendFds(path: string, nonce: string, header: string, fds: readonly number[], timeoutMs?: number): Promise<string>;
+  checksum(data: Uint8Array): string;
+  checksumAlgorithm: string;
+  checksumImplementation: string;
+  createMemfd(name: string, size: number): number;
+  /** Returns the locked descriptor, or -1 if another holder conflicts. */
+  tryLockFile(path: string, exclusive: boolean): number;
+  fdSize(fd: number): number;
+}

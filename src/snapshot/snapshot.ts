@@ -1,0 +1,306 @@
+import { invalidArgument, toVsnapError, VsnapError } from '../errors.js';
+import { listDevices, cudaStatus, type GpuDevice } from '../gpu/cuda.js';
+import type { LiveLayout, LiveRegion } from '../manifest/compat.js';
+import { Manifest } from '../manifest/manifest.js';
+import type { EngineInfo, ExpectedResponse, ModelInfo, PlatformInfo, RankInfo, RegionInfo, TensorInfo } from '../manifest/types.js';
+import type { RegionMemory } from '../regions/memory.js';
+import { blobDigest } from '../store/digest.js';
+import { failpoint } from '../store/failpoints.js';
+import { validateName } from '../store/names.js';
+import type { RegionStore, VerifyReport } from '../store/region-store.js';
+import { DEFAULT_CHUNK_SIZE } from '../transfer/staging.js';
+import { runTransfer, type TransferOptions } from '../transfer/transfer.js';
+import { VERSION } from '../version.js';
+
+/**
+ * A region to capture.
+ * @public
+ */
+export interface CaptureRegion {
+  /** Order-independent identity used to match it at restore (engines: lowest-offset tensor name, else `anon:N`). */
+  readonly key: string;
+  /** Bytes to capture from the start of the memory. */
+  readonly size: number;
+  /** Where the bytes are read from. */
+  readonly memory: RegionMemory;
+  /** The allocator tag. Default `weights`. */
+  readonly tag?: string;
+  /** The engine rank (GPU) it belongs to. Default 0. */
+  readonly rank?: number;
+  /** For `imported` memory: the device ordinal in this process (for the platform record). */
+  readonly device?: number;
+  /** The tensors inside, as the engine describes them. */
+  readonly tensors?: readonly TensorInfo[];
+}
+
+/**
+ * Options of {@link Snapshot.capture}.
+ * @public
+ */
+export interface CaptureOptions extends TransferOptions {
+  /** The regions to capture; keys unique within a rank. */
+  readonly regions: readonly CaptureRegion[];
+  /** The engine captured from, recorded in the manifest. */
+  readonly engine?: Partial<EngineInfo> & Pick<EngineInfo, 'kind' | 'version'>;
+  /** The model held, recorded in the manifest. */
+  readonly model?: Partial<ModelInfo> & Pick<ModelInfo, 'id'>;
+  /** A greedy completion to re-run after restores. */
+  readonly expectedResponse?: ExpectedResponse;
+  /** Free-form labels. */
+  readonly labels?: Readonly<Record<string, string>>;
+  /** Checksum granularity, a multiple of 4096 (default 64 MiB). */
+  readonly chunkSize?: number;
+}
+
+/**
+ * Where to restore one region.
+ * @public
+ */
+export interface RestoreRegion extends LiveRegion {
+  /** Where the bytes are written. */
+  readonly memory: RegionMemory;
+  /** Default 0. */
+  readonly rank?: number;
+}
+
+/**
+ * Options of {@link Snapshot.restore}.
+ * @public
+ */
+export interface RestoreOptions extends TransferOptions {
+  /** Every region of the snapshot, matched by rank and key (order does not matter). */
+  readonly regions: readonly RestoreRegion[];
+  /** Engine, model and platform facts of the live side, checked against the manifest too. */
+  readonly live?: Omit<LiveLayout, 'ranks'>;
+  /**
+   * `chunk` (default): each chunk is verified in host memory before it is copied, so no corrupt
+   * byte reaches the target, but chunks before a corrupt one are written; right for memory that
+   * holds nothing yet (a woken engine). `all-first`: every chunk of every region is verified
+   * before the first byte is written, so a corrupt snapshot leaves the target untouched; costs a
+   * second read of the blobs.
+   */
+  readonly verify?: 'chunk' | 'all-first';
+}
+
+/**
+ * What a capture or restore did.
+ * @public
+ */
+export interface TransferSummary {
+  /** Bytes moved. */
+  readonly bytes: number;
+  /** Wall time of the transfer itself. */
+  readonly seconds: number;
+  /** bytes / seconds. */
+  readonly bytesPerSecond: number;
+  /** capture only: bytes not written again because an identical blob was already stored. */
+  readonly dedupedBytes?: number;
+}
+
+let deviceCache: Promise<GpuDevice[]> | undefined;
+async function deviceInfo(ordinal: number): Promise<GpuDevice | undefined> {
+  deviceCache ??= listDevices().catch((err) => {
+    deviceCache = undefined;
+    throw err;
+  });
+  return (await deviceCache).find((d) => d.ordinal === ordinal);
+}
+
+function regionDevice(r: CaptureRegion): number | undefined {
+  if (r.memory.kind === 'device') return r.memory.allocation.device;
+  if (r.memory.kind === 'imported') return r.device ?? 0;
+  return undefined;
+}
+
+function checkCaptureRegions(regions: readonly CaptureRegion[]): void {
+  if (!Array.isArray(regions) || regions.length === 0) invalidArgument('regions', 'a non-empty array', regions);
+  const seen = new Set<string>();
+  for (const [i, r] of regions.entries()) {
+    if (typeof r?.key !== 'string' || r.key.length === 0) invalidArgument(`regions[${i}].key`, 'a non-empty string', r?.key);
+    if (!Number.isSafeInteger(r.size) || r.size < 0) invalidArgument(`regions[${i}].size`, 'a non-negative integer', r.size);
+    const rank = r.rank ?? 0;
+    if (!Number.isInteger(rank) || rank < 0) invalidArgument(`regions[${i}].rank`, 'an integer >= 0', r.rank);
+    const id = `${rank}/${r.key}`;
+    if (seen.has(id)) invalidArgument(`regions[${i}].key`, `unique within rank ${rank}`, r.key);
+    seen.add(id);
+  }
+}
+
+/**
+ * A snapshot in a {@link RegionStore}: the manifest of one capture, and the operations on it.
+ *
+ * ```ts
+ * const store = await RegionStore.open('/var/lib/vsnap');
+ * const snap = await Snapshot.capture(store, 'llama-8b', { regions });
+ * // ... later, into the same-sized regions (same keys):
+ * await (await Snapshot.open(store, 'llama-8b')).restore({ regions });
+ * ```
+ * @public
+ */
+export class Snapshot {
+  /** The store holding it. */
+  readonly store: RegionStore;
+  /** Its manifest. */
+  readonly manifest: Manifest;
+  /** Timing of the capture that created this object (undefined for opened snapshots). */
+  readonly lastCapture: TransferSummary | undefined;
+
+  private constructor(store: RegionStore, manifest: Manifest, lastCapture?: TransferSummary) {
+    this.store = store;
+    this.manifest = manifest;
+    this.lastCapture = lastCapture;
+  }
+
+  /** The snapshot's name. */
+  get name(): string {
+    return this.manifest.name;
+  }
+  /** This capture's id. */
+  get id(): string {
+    return this.manifest.id;
+  }
+
+  /** The current capture of `name` (or the one with `id`). Throws E_SNAPSHOT_NOT_FOUND. */
+  static async open(store: RegionStore, name: string, options: { id?: string } = {}): Promise<Snapshot> {
+    return new Snapshot(store, await store.get(name, options.id));
+  }
+
+  /**
+   * Captures regions into the store under `name`: every region is copied out in chunks,
+   * checksummed while streaming, and written as a blob; the manifest is published last, and
+   * `current` then names this capture. Identical regions are stored once.
+   */
+  static async capture(store: RegionStore, name: string, options: CaptureOptions): Promise<Snapshot> {
+    validateName(name);
+    checkCaptureRegions(options.regions);
+    const chunkSize = options.chunkSize ?? DEFAULT_CHUNK_SIZE;
+    if (!Number.isSafeInteger(chunkSize) || chunkSize <= 0 || chunkSize % 4096 !== 0 || chunkSize > 2 ** 30) {
+      invalidArgument('chunkSize', 'a positive multiple of 4096 up to 1 GiB', chunkSize);
+    }
+    const regions = options.regions;
+    const total = regions.reduce((s, r) => s + r.size, 0);
+    const platform = await Snapshot.platformOf(regions);
+    const rankCount = Math.max(...regions.map((r) => r.rank ?? 0)) + 1;
+
+    const txn = await store.beginCapture(name, total);
+    try {
+      const result = await runTransfer({
+        op: 'capture',
+        label: name,
+        regions: regions.map((r, i) => ({ name: r.key, blobPath: txn.blobTmpPath(i), size: r.size, chunkSize, memory: r.memory })),
+        ...(options.onProgress ? { onProgress: options.onProgress } : {}),
+        ...(options.signal ? { signal: options.signal } : {}),
+        ...(options.threads ? { threads: options.threads } : {}),
+      });
+      failpoint('capture.after-transfer');
+      const checksums = result.checksums ?? [];
+      const blobs = regions.map((r, i) => ({ tmpPath: txn.blobTmpPath(i), size: r.size, digest: blobDigest(r.size, chunkSize, checksums[i]!) }));
+
+      const ranks: RankInfo[] = [];
+      for (let rank = 0; rank < rankCount; rank++) {
+        const mine = regions.map((r, i) => ({ r, i })).filter(({ r }) => (r.rank ?? 0) === rank);
+        const dev = mine.map(({ r }) => regionDevice(r)).find((d) => d !== undefined);
+        const info = dev === undefined ? undefined : await deviceInfo(dev);
+        ranks.push({
+          rank,
+          device: info ? { uuid: info.uuid, name: info.name } : null,
+          regions: mine.map(({ r, i }): RegionInfo => ({
+            key: r.key,
+            tag: r.tag ?? 'weights',
+            size: r.size,
+            chunkSize,
+            checksums: checksums[i]!,
+            blob: blobs[i]!.digest,
+            tensors: [...(r.tensors ?? [])],
+          })),
+        });
+      }
+      const manifest = Manifest.parse(
+        {
+          schemaVersion: 1,
+          id: txn.id,
+          name,
+          createdAt: new Date().toISOString(),
+          vsnapVersion: VERSION,
+          checksumAlgorithm: 'xxh3-128',
+          engine: options.engine ?? null,
+          model: options.model ?? null,
+          platform,
+          ranks,
+          expectedResponse: options.expectedResponse ?? null,
+          labels: { ...(options.labels ?? {}) },
+        },
+        `manifest of '${name}'`,
+      );
+      const { dedupedBytes } = await txn.publish(manifest, blobs);
+      const seconds = result.seconds;
+      return new Snapshot(store, manifest, { bytes: total, seconds, bytesPerSecond: total / Math.max(seconds, 1e-9), dedupedBytes });
+    } catch (err) {
+      await txn.abort();
+      throw toVsnapError(err);
+    }
+  }
+
+  /**
+   * Restores the snapshot into live regions: checks the layout (every region by rank and key,
+   * sizes, tags, and any engine/model/platform facts given) and refuses with E_MANIFEST_MISMATCH
+   * listing every difference; then streams each blob, verifying every chunk before it is copied.
+   */
+  async restore(options: RestoreOptions): Promise<TransferSummary> {
+    if (!Array.isArray(options?.regions)) invalidArgument('regions', 'an array of restore targets', options?.regions);
+    const byRank: LiveRegion[][] = [];
+    for (const r of options.regions) {
+      const rank = r.rank ?? 0;
+      if (!Number.isInteger(rank) || rank < 0) invalidArgument('rank', 'an integer >= 0', r.rank);
+      while (byRank.length <= rank) byRank.push([]);
+      byRank[rank]!.push({ key: r.key, size: r.size, ...(r.tag !== undefined ? { tag: r.tag } : {}) });
+    }
+    this.manifest.assertCompatible({ ...(options.live ?? {}), ranks: byRank.map((regions) => ({ regions })) });
+    const targets = new Map(options.regions.map((r) => [`${r.rank ?? 0}/${r.key}`, r]));
+    const verify = options.verify ?? 'chunk';
+    if (verify !== 'chunk' && verify !== 'all-first') invalidArgument('verify', "'chunk' or 'all-first'", verify);
+    const result = await this.store.withLock(false, () =>
+      runTransfer({
+        op: 'hydrate',
+        label: this.name,
+        verifyFirst: verify === 'all-first',
+        regions: [...this.manifest.regions()].map(({ rank, region }) => ({
+          name: region.key,
+          blobPath: this.store.blobPath(region.blob),
+          size: region.size,
+          chunkSize: region.chunkSize,
+          checksums: region.checksums,
+          memory: targets.get(`${rank}/${region.key}`)!.memory,
+        })),
+        ...(options.onProgress ? { onProgress: options.onProgress } : {}),
+        ...(options.signal ? { signal: options.signal } : {}),
+        ...(options.threads ? { threads: options.threads } : {}),
+        directIo: options.directIo ?? false,
+      }),
+    );
+    return { bytes: result.bytes, seconds: result.seconds, bytesPerSecond: result.bytes / Math.max(result.seconds, 1e-9) };
+  }
+
+  /** Re-hashes every blob of this capture; see {@link RegionStore.verify}. */
+  async verify(options: TransferOptions = {}): Promise<VerifyReport> {
+    return this.store.verify(this.name, { ...options, id: this.id });
+  }
+
+  private static async platformOf(regions: readonly CaptureRegion[]): Promise<PlatformInfo> {
+    const device = regions.map(regionDevice).find((d) => d !== undefined);
+    if (device === undefined) {
+      return { kind: 'host', gpuName: null, computeCapability: null, driverCudaVersion: null, vmmGranularity: null };
+    }
+    const status = await cudaStatus();
+    if (!status.available) throw new VsnapError('E_CUDA_UNAVAILABLE', `CUDA is unavailable: ${status.reason}`, { reason: status.reason });
+    const info = await deviceInfo(device);
+    if (!info) invalidArgument('device', 'a visible CUDA device ordinal', device);
+    return {
+      kind: 'cuda',
+      gpuName: info.name,
+      computeCapability: info.computeCapability,
+      driverCudaVersion: status.driverVersion,
+      vmmGranularity: info.vmmGranularity,
+    };
+  }
+}

@@ -1,0 +1,108 @@
+import { chmodSync, existsSync, mkdirSync, renameSync, statSync, unlinkSync } from 'node:fs';
+import { rm } from 'node:fs/promises';
+import { dirname, join } from 'node:path';
+
+import { toVsnapError, VsnapError } from '../errors.js';
+import type { Manifest } from '../manifest/manifest.js';
+import { failpoint } from './failpoints.js';
+import { fsyncDir } from './fsutil.js';
+import { tryLock } from './lock.js';
+import type { RegionStore } from './region-store.js';
+
+/**
+ * One capture in flight: a private directory under tmp/ that blobs are written into, then
+ * published into the store in crash-safe order, or thrown away.
+ * @internal
+ */
+export class CaptureTransaction {
+  readonly id: string;
+  readonly dir: string;
+  private readonly store: RegionStore;
+  private readonly name: string;
+  private readonly releaseOwnLock: () => void;
+  private done = false;
+
+  private constructor(store: RegionStore, name: string, id: string, releaseOwnLock: () => void) {
+    this.store = store;
+    this.name = name;
+    this.id = id;
+    this.dir = join(store.root, 'tmp', id);
+    this.releaseOwnLock = releaseOwnLock;
+  }
+
+  static begin(store: RegionStore, name: string, id: string): CaptureTransaction {
+    // The lock file comes first and stays locked while this capture lives: cleaners skip it.
+    const release = tryLock(join(store.root, 'tmp', `${id}.lock`), true);
+    if (!release) throw new VsnapError('E_INTERNAL', `capture id ${id} is already in use`);
+    const txn = new CaptureTransaction(store, name, id, release);
+    mkdirSync(txn.dir);
+    return txn;
+  }
+
+  /** Where region number `index` is written during the capture. */
+  blobTmpPath(index: number): string {
+    return join(this.dir, `${index}.blob`);
+  }
+
+  /**
+   * Publishes the captured blobs and the manifest, under the exclusive store lock:
+   * blobs renamed into blobs/ (or dropped where an identical blob exists), their directories
+   * fsynced; then the manifest; then `current`. A crash before the manifest leaves only
+   * unreferenced blobs (removed by gc); before `current`, a complete but non-current capture.
+   * Returns how many bytes were deduplicated.
+   */
+  async publish(manifest: Manifest, blobs: ReadonlyArray<{ tmpPath: string; digest: string; size: number }>): Promise<{ dedupedBytes: number }> {
+    let dedupedBytes = 0;
+    try {
+      await this.store.withLock(true, async () => {
+        const touched = new Set<string>();
+        const placed = new Set<string>();
+        for (const blob of blobs) {
+          const dest = this.store.blobPath(blob.digest);
+          if (placed.has(blob.digest) || existsSync(dest)) {
+            if (!placed.has(blob.digest) && statSync(dest).size !== blob.size) {
+              throw new VsnapError('E_BLOB_TRUNCATED', `existing blob ${dest} has the wrong size; run \`vsnap verify\`, remove the damaged snapshot and gc`, {
+                path: dest,
+              });
+            }
+            if (existsSync(blob.tmpPath)) unlinkSync(blob.tmpPath);
+            dedupedBytes += blob.size;
+            continue;
+          }
+          mkdirSync(dirname(dest), { recursive: true });
+          chmodSync(blob.tmpPath, 0o444);
+          renameSync(blob.tmpPath, dest);
+          placed.add(blob.digest);
+          touched.add(dirname(dest));
+        }
+        for (const dir of touched) fsyncDir(dir);
+        failpoint('publish.after-blobs');
+
+        const snapshotDir = join(this.store.root, 'snapshots', this.name);
+        mkdirSync(snapshotDir, { recursive: true });
+        const manifestTmp = join(this.dir, 'manifest.json');
+        this.store.writeManifestTmp(manifestTmp, manifest);
+        renameSync(manifestTmp, this.store.manifestPath(this.name, manifest.id));
+        fsyncDir(snapshotDir);
+        fsyncDir(join(this.store.root, 'snapshots'));
+        failpoint('publish.after-manifest');
+
+        this.store.writeCurrent(this.name, manifest.id, join(this.dir, 'current'));
+      });
+    } catch (err) {
+      await this.abort();
+      throw toVsnapError(err);
+    }
+    await this.abort();
+    return { dedupedBytes };
+  }
+
+  /** Throws away whatever is left of the capture. Idempotent. */
+  async abort(): Promise<void> {
+    if (this.done) return;
+    this.done = true;
+    await rm(this.dir, { recursive: true, force: true });
+    await rm(`${this.dir}.lock`, { force: true });
+    this.releaseOwnLock();
+  }
+}

@@ -1,0 +1,47 @@
+import { closeSync, fsyncSync, openSync, renameSync, writeSync } from 'node:fs';
+import { readFile } from 'node:fs/promises';
+import { dirname } from 'node:path';
+
+/** fsync a directory, so a rename or unlink inside it survives a power cut. @internal */
+export function fsyncDir(path: string): void {
+  const fd = openSync(path, 'r');
+  try {
+    fsyncSync(fd);
+  } finally {
+    closeSync(fd);
+  }
+}
+
+/** Writes and fsyncs a file at `tmpPath`. @internal */
+export function writeFileDurable(tmpPath: string, data: string, mode = 0o644): void {
+  const fd = openSync(tmpPath, 'w', mode);
+  try {
+    const buf = Buffer.from(data);
+    let done = 0;
+    while (done < buf.length) done += writeSync(fd, buf, done, buf.length - done);
+    fsyncSync(fd);
+  } finally {
+    closeSync(fd);
+  }
+}
+
+/**
+ * Publishes `data` at `path` atomically: written to `tmpPath` (same file system), fsynced,
+ * renamed over `path`, and the directory fsynced. Readers see the old file or the new one.
+ * @internal
+ */
+export function replaceFileAtomic(path: string, tmpPath: string, data: string, mode = 0o644): void {
+  writeFileDurable(tmpPath, data, mode);
+  renameSync(tmpPath, path);
+  fsyncDir(dirname(path));
+}
+
+/** The file's text, or undefined if it does not exist. @internal */
+export async function readTextIfExists(path: string): Promise<string | undefined> {
+  try {
+    return await readFile(path, 'utf8');
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
+    throw err;
+  }
+}

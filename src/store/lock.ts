@@ -1,0 +1,51 @@
+import { closeSync } from 'node:fs';
+import { setTimeout as sleep } from 'node:timers/promises';
+
+import { toVsnapError, VsnapError } from '../errors.js';
+import { native } from '../native/index.js';
+
+/**
+ * Takes an flock(2) on `path`: shared (readers) or exclusive (writers). Locks are per open file,
+ * so they order work between processes and between concurrent operations of one process, and
+ * the kernel drops them when a process dies (even by SIGKILL). Polls without blocking the event
+ * loop; throws E_STORE_LOCKED after `timeoutMs`. Returns the release function.
+ * @internal
+ */
+export async function acquireLock(path: string, exclusive: boolean, timeoutMs: number): Promise<() => void> {
+  const deadline = Date.now() + timeoutMs;
+  let wait = 5;
+  for (;;) {
+    let fd: number;
+    try {
+      fd = native().tryLockFile(path, exclusive);
+    } catch (err) {
+      throw toVsnapError(err);
+    }
+    if (fd >= 0) {
+      let released = false;
+      return () => {
+        if (!released) {
+          released = true;
+          closeSync(fd);
+        }
+      };
+    }
+    if (Date.now() >= deadline) {
+      throw new VsnapError(
+        'E_STORE_LOCKED',
+        `could not take the ${exclusive ? 'exclusive' : 'shared'} store lock ${path} within ${timeoutMs} ms: ` +
+          'another vsnap process is capturing, removing or collecting garbage. Retry, or raise lockTimeoutMs.',
+        { path },
+      );
+    }
+    await sleep(wait);
+    wait = Math.min(wait * 2, 200);
+  }
+}
+
+/** Takes the lock only if free now; returns undefined otherwise. @internal */
+export function tryLock(path: string, exclusive: boolean): (() => void) | undefined {
+  const fd = native().tryLockFile(path, exclusive);
+  if (fd < 0) return undefined;
+  return () => closeSync(fd);
+}

@@ -1,0 +1,103 @@
+import { abortError, toVsnapError } from '../errors.js';
+import { native, type NativeTransferRegion, type NativeTransferResult } from '../native/index.js';
+import { memoryDevice, toNativeMemory, type RegionMemory } from '../regions/memory.js';
+import { DEFAULT_CHUNK_SIZE, stagingPools } from './staging.js';
+
+/**
+ * Progress of a long operation, reported about every 100 ms.
+ * @public
+ */
+export interface TransferProgress {
+  /** `verifying` (checking blobs before a restore writes), `copying`, or `done`. */
+  readonly phase: string;
+  /** Bytes processed in this phase so far. */
+  readonly bytesDone: number;
+  /** Bytes the phase will process. */
+  readonly bytesTotal: number;
+}
+
+/**
+ * Options shared by every operation that moves bytes.
+ * @public
+ */
+export interface TransferOptions {
+  /** Called about every 100 ms with progress. */
+  onProgress?: (progress: TransferProgress) => void;
+  /** Cancels the operation between chunks (rejects with E_ABORTED). */
+  signal?: AbortSignal;
+  /** Worker threads (default: one per core, at most 16). */
+  threads?: number;
+  /** Read blobs with O_DIRECT (cold data, skipping the page cache). */
+  directIo?: boolean;
+}
+
+/** @internal */
+export interface TransferRegion {
+  name: string;
+  blobPath: string;
+  size: number;
+  chunkSize: number;
+  checksums?: readonly string[];
+  memory?: RegionMemory;
+}
+
+/** @internal */
+export interface TransferRequest extends TransferOptions {
+  op: 'capture' | 'hydrate' | 'verify';
+  label: string;
+  regions: readonly TransferRegion[];
+  verifyFirst?: boolean;
+}
+
+/**
+ * Runs one job of the native transfer engine with a shared staging pool (pinned when any region
+ * is on a GPU), progress, and cancellation.
+ * @internal
+ */
+export async function runTransfer(request: TransferRequest): Promise<NativeTransferResult> {
+  const { signal } = request;
+  if (signal?.aborted) throw abortError(signal, `${request.op} of '${request.label}'`);
+  const slotSize = Math.max(DEFAULT_CHUNK_SIZE, ...request.regions.map((r) => r.chunkSize));
+  const devices = request.regions.map((r) => (r.memory ? memoryDevice(r.memory) : undefined)).filter((d) => d !== undefined);
+  const needsPinning = devices.length > 0 || request.regions.some((r) => r.memory?.kind === 'imported');
+  const pinDevice = needsPinning ? (devices[0] ?? 0) : -1;
+  const regions: NativeTransferRegion[] = request.regions.map((r) => ({
+    name: r.name,
+    blobPath: r.blobPath,
+    size: r.size,
+    chunkSize: r.chunkSize,
+    ...(r.checksums ? { checksums: r.checksums } : {}),
+    ...(r.memory ? { memory: toNativeMemory(r.memory) } : {}),
+  }));
+  return stagingPools.lease(slotSize, pinDevice, async (pool) => {
+    const onProgress = request.onProgress;
+    let handle;
+    try {
+      handle = native().startTransfer(
+        {
+          op: request.op,
+          label: request.label,
+          pool,
+          ...(request.threads ? { threads: request.threads } : {}),
+          directIo: request.directIo ?? false,
+          verifyFirst: request.verifyFirst ?? false,
+          regions,
+        },
+        onProgress ? (done, total, phase) => onProgress({ phase, bytesDone: done, bytesTotal: total }) : undefined,
+      );
+    } catch (err) {
+      throw toVsnapError(err);
+    }
+    const cancel = (): void => handle.cancel();
+    signal?.addEventListener('abort', cancel, { once: true });
+    try {
+      return await handle.promise;
+    } catch (err) {
+      const e = toVsnapError(err);
+      if (e.code === 'E_ABORTED' && signal?.aborted) throw abortError(signal, `${request.op} of '${request.label}'`);
+      throw e;
+    } finally {
+      signal?.removeEventListener('abort', cancel);
+    }
+  });
+}
