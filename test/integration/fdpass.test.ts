@@ -1,0 +1,125 @@
+import { execFile, spawn } from 'node:child_process';
+import { chmodSync, closeSync, existsSync, readSync, statSync } from 'node:fs';
+import { connect } from 'node:net';
+import { dirname } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
+
+import { describe, expect, it } from 'vitest';
+
+import { FdReceiver, sendFds } from '../../src/ipc/fd-receiver.js';
+import { HostRegion } from '../../src/regions/host-region.js';
+import { tempDir } from '../helpers/tmp.js';
+
+const pythonPeer = fileURLToPath(new URL('../fixtures/send_fds.py', import.meta.url));
+
+function readFd(fd: number, length: number): string {
+  const buf = Buffer.alloc(length);
+  const n = readSync(fd, buf, 0, length, 0);
+  return buf.subarray(0, n).toString().replace(/\0+$/, '');
+}
+
+describe('descriptor passing over the unix socket', () => {
+  it('moves 600 memfds (three batches) and a JSON header; the memory is shared', async () => {
+    await using receiver = await FdReceiver.listen();
+    expect(statSync(receiver.path).mode & 0o777).toBe(0o600);
+    expect(statSync(dirname(receiver.path)).mode & 0o777).toBe(0o700);
+    const regions = Array.from({ length: 600 }, (_, i) => {
+      const r = HostRegion.create(4096);
+      r.write(0, Buffer.from(`region ${i}`));
+      return r;
+    });
+    const { nonce, message } = receiver.expect();
+    await sendFds(receiver.path, nonce, { rank: 0, regions: regions.map((r, i) => ({ key: `k${i}`, size: r.size })) }, regions.map((r) => r.fd));
+    const got = await message;
+    expect(got.pid).toBe(process.pid);
+    expect((got.header as { regions: unknown[] }).regions).toHaveLength(600);
+    expect(got.fds).toHaveLength(600);
+    expect(readFd(got.fds[0]!, 64)).toBe('region 0');
+    expect(readFd(got.fds[599]!, 64)).toBe('region 599');
+    // same memory, not a copy: a write through the sender's side shows through the received fd
+    regions[7]!.write(0, Buffer.from('changed!!'));
+    expect(readFd(got.fds[7]!, 9)).toBe('changed!!');
+    for (const fd of got.fds) closeSync(fd);
+    for (const r of regions) r.close();
+  });
+
+  it('speaks the same protocol as a Python peer using socket.send_fds', async () => {
+    await using receiver = await FdReceiver.listen();
+    const { nonce, message } = receiver.expect();
+    const [reply, got] = await Promise.all([
+      promisify(execFile)('python3', [pythonPeer, receiver.path, nonce, '3']),
+      message,
+    ]);
+    expect(JSON.parse(reply.stdout)).toEqual({ ok: true });
+    expect(got.header).toMatchObject({ from: 'python' });
+    expect(got.fds.map((fd) => readFd(fd, 64))).toEqual(['python region 0', 'python region 1', 'python region 2']);
+    for (const fd of got.fds) closeSync(fd);
+  });
+
+  it('refuses a wrong or reused nonce, and says so in the timeout', async () => {
+    await using receiver = await FdReceiver.listen();
+    const r = HostRegion.create(4096);
+    const { nonce, message } = receiver.expect({ timeoutMs: 2000 });
+    const wrong = 'f'.repeat(64);
+    await expect(sendFds(receiver.path, wrong, {}, [r.fd])).rejects.toMatchObject({ code: 'E_IPC_AUTH' });
+    await sendFds(receiver.path, nonce, { first: true }, [r.fd]);
+    for (const fd of (await message).fds) closeSync(fd);
+    await expect(sendFds(receiver.path, nonce, {}, [r.fd])).rejects.toMatchObject({ code: 'E_IPC_AUTH', message: expect.stringMatching(/already used/) });
+
+    const late = receiver.expect({ timeoutMs: 300 });
+    await expect(sendFds(receiver.path, wrong, {}, [])).rejects.toMatchObject({ code: 'E_IPC_AUTH' });
+    await expect(late.message).rejects.toMatchObject({ code: 'E_TIMEOUT', message: expect.stringMatching(/unknown or already used nonce/) });
+    r.close();
+  });
+
+  it('survives a peer that speaks garbage or hangs up, and keeps serving', async () => {
+    await using receiver = await FdReceiver.listen();
+    await new Promise<void>((resolve) => {
+      const s = connect(receiver.path, () => s.end('GET / HTTP/1.1\r\n\r\n'));
+      s.resume();
+      s.on('close', () => resolve());
+      s.on('error', () => resolve());
+    });
+    await new Promise<void>((resolve) => {
+      const s = connect(receiver.path, () => s.destroy());
+      s.on('close', () => resolve());
+    });
+    const r = HostRegion.create(4096);
+    const { nonce, message } = receiver.expect();
+    await sendFds(receiver.path, nonce, { ok: 1 }, [r.fd]);
+    const got = await message;
+    expect(got.header).toEqual({ ok: 1 });
+    for (const fd of got.fds) closeSync(fd);
+    r.close();
+  });
+
+  it.skipIf(process.getuid?.() !== 0)('rejects a peer of another uid (SO_PEERCRED), even past the file mode', async () => {
+    await using receiver = await FdReceiver.listen(`${tempDir()}/fd.sock`);
+    chmodSync(dirname(receiver.path), 0o755);
+    chmodSync(receiver.path, 0o666); // only the credential check is left
+    const { nonce, message } = receiver.expect({ timeoutMs: 3000 });
+    const peer = spawn('python3', [pythonPeer, receiver.path, nonce, '1'], { uid: 65534, gid: 65534 });
+    let out = '';
+    peer.stdout.on('data', (d: Buffer) => (out += d.toString()));
+    await new Promise((resolve) => peer.on('exit', resolve));
+    expect(JSON.parse(out)).toMatchObject({ ok: false, code: 'E_IPC_AUTH' });
+    await expect(message).rejects.toMatchObject({ code: 'E_TIMEOUT', message: expect.stringMatching(/uid 65534/) });
+  });
+
+  it('closing removes the socket (and its private directory) and rejects what is pending', async () => {
+    const receiver = await FdReceiver.listen();
+    const { message } = receiver.expect();
+    const path = receiver.path;
+    receiver.close();
+    await expect(message).rejects.toMatchObject({ code: 'E_CLOSED' });
+    expect(existsSync(path)).toBe(false);
+    expect(existsSync(dirname(path))).toBe(false);
+    expect(() => receiver.expect()).toThrowError(expect.objectContaining({ code: 'E_CLOSED' }));
+  });
+
+  it('refuses to take over a socket another process listens on', async () => {
+    await using first = await FdReceiver.listen(`${tempDir()}/fd.sock`);
+    await expect(FdReceiver.listen(first.path)).rejects.toMatchObject({ code: 'E_ADDRESS_IN_USE' });
+  });
+});
