@@ -1,0 +1,150 @@
+// vsnap transfer benchmark (device only; `npm run bench`). Moves the same bytes, in regions of
+// realistic sizes, every way this release can, and measures the ceiling in the same run:
+//   ceiling   raw cudaMemcpy H2D / D2H from pinned memory (bench/ceiling.cu), and dd O_DIRECT
+//   vsnap     capture GPU -> store; hydrate store -> GPU from the page cache (warm) and cold
+//             (caches dropped; buffered and O_DIRECT); verify (re-hash) from the page cache
+//   checksum  xxh3-128 single-thread throughput
+// Writes <out>/bench-<gib>GiB.json and prints a markdown table.
+import { execFileSync, execSync } from 'node:child_process';
+import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
+import { cpus } from 'node:os';
+import { join } from 'node:path';
+import { randomBytes } from 'node:crypto';
+
+import { cudaStatus, DeviceAllocation, listDevices, RegionStore, releaseIdleResources, Snapshot } from '../src/index.js';
+import { native } from '../src/native/index.js';
+
+const MiB = 1024 * 1024;
+const GiB = 1024 * MiB;
+const [totalGiBArg, outDir = '.', storeRoot = '/tmp/vsnap-bench-store', ceilingBin = 'bench/ceiling'] = process.argv.slice(2);
+const totalGiB = Number(totalGiBArg ?? 16);
+const REPS = 3;
+
+/** A decoder-only model's weights: embeddings and head of 1 GiB each, layers of 448 MiB, norms of 2 MiB. */
+function regionSizes(total: number): number[] {
+  const sizes = [GiB, GiB, 2 * MiB, 2 * MiB];
+  let left = total - sizes.reduce((a, b) => a + b, 0);
+  while (left >= 448 * MiB) {
+    sizes.push(448 * MiB);
+    left -= 448 * MiB;
+  }
+  if (left >= 2 * MiB) sizes.push(Math.floor(left / (2 * MiB)) * 2 * MiB);
+  return sizes;
+}
+
+const gbps = (bytes: number, s: number): number => bytes / s / 1e9;
+const median = (v: number[]): number => [...v].sort((a, b) => a - b)[Math.floor(v.length / 2)]!;
+function dropCaches(): boolean {
+  try {
+    execSync('sync; echo 3 > /proc/sys/vm/drop_caches', { stdio: 'ignore' });
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+const status = await cudaStatus();
+if (!status.available) throw new Error(`the benchmark needs a GPU: ${status.reason}`);
+const [device] = await listDevices();
+const sizes = regionSizes(totalGiB * GiB);
+const bytes = sizes.reduce((a, b) => a + b, 0);
+console.error(`bench: ${sizes.length} regions, ${(bytes / GiB).toFixed(2)} GiB on ${device!.name}`);
+
+const ceiling = JSON.parse(execFileSync(ceilingBin, [String(REPS), ...sizes.map(String)], { encoding: 'utf8' })) as {
+  pinSeconds: number;
+  h2dGBps: { max: number; median: number };
+  d2hGBps: { max: number; median: number };
+};
+console.error(`ceiling: H2D ${ceiling.h2dGBps.max} GB/s, D2H ${ceiling.d2hGBps.max} GB/s`);
+
+// checksum speed, one thread, 1 GiB of random bytes
+const buf = randomBytes(256 * MiB);
+const hashRuns: number[] = [];
+for (let i = 0; i < 5; i++) {
+  const t0 = performance.now();
+  native().checksum(buf);
+  hashRuns.push(gbps(buf.length, (performance.now() - t0) / 1000));
+}
+
+const allocations: DeviceAllocation[] = [];
+for (const [i, size] of sizes.entries()) {
+  const a = await DeviceAllocation.allocate(0, size);
+  await a.fill(0, size, (i * 37 + 1) & 0xff); // distinct contents: no dedupe between regions
+  allocations.push(a);
+}
+const regions = allocations.map((a, i) => ({ key: `model.layers.${i}.weight`, size: a.size, memory: { kind: 'device' as const, allocation: a } }));
+
+rmSync(storeRoot, { recursive: true, force: true });
+mkdirSync(storeRoot, { recursive: true });
+const store = await RegionStore.open(storeRoot);
+const t0 = performance.now();
+const snap = await Snapshot.capture(store, 'bench', { regions });
+const captureWall = (performance.now() - t0) / 1000;
+const capture = snap.lastCapture!;
+console.error(`capture: ${gbps(bytes, capture.seconds).toFixed(2)} GB/s (transfer incl. fsync), ${captureWall.toFixed(2)} s with publish`);
+
+const warm: number[] = [];
+for (let r = 0; r < REPS; r++) warm.push(gbps(bytes, (await snap.restore({ regions })).seconds));
+console.error(`hydrate warm: ${warm.map((x) => x.toFixed(2)).join(', ')} GB/s`);
+
+const verifyRuns: number[] = [];
+for (let r = 0; r < 2; r++) {
+  const report = await store.verify('bench');
+  verifyRuns.push(gbps(report.bytes, report.seconds));
+}
+
+let coldDirect: number | null = null;
+let coldBuffered: number | null = null;
+let ddDirect: number | null = null;
+if (dropCaches()) {
+  coldDirect = gbps(bytes, (await snap.restore({ regions, directIo: true })).seconds);
+  dropCaches();
+  coldBuffered = gbps(bytes, (await snap.restore({ regions })).seconds);
+  dropCaches();
+  const big = [...snap.manifest.regions()].find((r) => r.region.size === GiB)!.region;
+  const out = execSync(`dd if=${store.blobPath(big.blob)} of=/dev/null bs=64M iflag=direct 2>&1`, { encoding: 'utf8' });
+  const m = /copied, ([\d.]+) s/.exec(out);
+  if (m) ddDirect = gbps(GiB, Number(m[1]));
+}
+console.error(`hydrate cold: O_DIRECT ${coldDirect?.toFixed(2)} GB/s, buffered ${coldBuffered?.toFixed(2)} GB/s; dd O_DIRECT ${ddDirect?.toFixed(2)} GB/s`);
+
+for (const a of allocations) a.close();
+await releaseIdleResources();
+rmSync(storeRoot, { recursive: true, force: true });
+
+const result = {
+  date: new Date().toISOString(),
+  machine: { gpu: device!.name, driverCuda: status.driverVersion, cpu: cpus()[0]?.model, cores: cpus().length, node: process.versions.node },
+  bytes,
+  regions: sizes.length,
+  reps: REPS,
+  ceiling: { h2dGBps: ceiling.h2dGBps.max, d2hGBps: ceiling.d2hGBps.max, pinSecondsPerGiB: ceiling.pinSeconds / (bytes / GiB), ddDirectGBps: ddDirect },
+  checksum: { algorithm: native().checksumAlgorithm, implementation: native().checksumImplementation, singleThreadGBps: Math.max(...hashRuns) },
+  vsnap: {
+    captureGBps: gbps(bytes, capture.seconds),
+    captureWallSeconds: captureWall,
+    hydrateWarmGBps: { max: Math.max(...warm), median: median(warm) },
+    verifyWarmGBps: Math.max(...verifyRuns),
+    hydrateColdDirectGBps: coldDirect,
+    hydrateColdBufferedGBps: coldBuffered,
+  },
+};
+const ratio = (x: number | null, c: number | null): string => (x && c ? `${(x / c).toFixed(2)}x` : 'n/a');
+const f = (x: number | null): string => (x === null ? 'n/a' : x.toFixed(2));
+const table = [
+  `| ${(bytes / GiB).toFixed(1)} GiB, ${sizes.length} regions, ${device!.name} | GB/s | vs ceiling |`,
+  '|---|---:|---:|',
+  `| ceiling: raw cudaMemcpy H2D, pinned | ${f(ceiling.h2dGBps.max)} | 1.00x |`,
+  `| ceiling: raw cudaMemcpy D2H, pinned | ${f(ceiling.d2hGBps.max)} | 1.00x |`,
+  `| ceiling: dd O_DIRECT read of a blob | ${f(ddDirect)} | 1.00x |`,
+  `| vsnap hydrate, page cache (warm), best of ${REPS} | ${f(result.vsnap.hydrateWarmGBps.max)} | ${ratio(result.vsnap.hydrateWarmGBps.max, ceiling.h2dGBps.max)} H2D |`,
+  `| vsnap hydrate, cold, O_DIRECT | ${f(coldDirect)} | ${ratio(coldDirect, ddDirect)} dd |`,
+  `| vsnap hydrate, cold, buffered | ${f(coldBuffered)} | ${ratio(coldBuffered, ddDirect)} dd |`,
+  `| vsnap capture to disk (incl. fdatasync) | ${f(result.vsnap.captureGBps)} | ${ratio(result.vsnap.captureGBps, ceiling.d2hGBps.max)} D2H |`,
+  `| vsnap verify (re-hash), page cache | ${f(result.vsnap.verifyWarmGBps)} | |`,
+  `| xxh3-128, one thread (${result.checksum.implementation}) | ${f(result.checksum.singleThreadGBps)} | |`,
+].join('\n');
+mkdirSync(outDir, { recursive: true });
+writeFileSync(join(outDir, `bench-${totalGiB}GiB.json`), `${JSON.stringify(result, null, 2)}\n`);
+writeFileSync(join(outDir, `bench-${totalGiB}GiB.md`), `${table}\n`);
+console.log(table);

@@ -1,0 +1,165 @@
+// GPU suite (device only): `npm run test:gpu`. A peer process owns >= 4 GiB of exportable GPU
+// memory in regions of several sizes; vsnap imports it over the socket, captures it, the peer
+// wipes it, vsnap hydrates it back, and the peer checks every byte.
+import assert from 'node:assert/strict';
+import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
+import { chmodSync, closeSync, mkdtempSync, openSync, readSync, rmSync, writeSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { createInterface, type Interface } from 'node:readline';
+import { after, before, describe, it } from 'node:test';
+import { fileURLToPath } from 'node:url';
+
+import { cudaStatus, DeviceAllocation, FdReceiver, listDevices, RegionStore, releaseIdleResources, Snapshot, VsnapError } from '../../src/index.js';
+import { native } from '../../src/native/index.js';
+
+const MiB = 1024 * 1024;
+const GiB = 1024 * MiB;
+// 4.5 GiB in six regions of different sizes (multiples of the 2 MiB VMM granularity).
+const SIZES = [2 * GiB, GiB, 512 * MiB, 514 * MiB, 258 * MiB, 2 * MiB];
+const peerScript = process.env.VSNAP_GPU_PEER ?? fileURLToPath(new URL('./peer.mjs', import.meta.url));
+
+class Peer {
+  private readonly lines: Interface;
+  private readonly queue: string[] = [];
+  private waiter: ((line: string) => void) | undefined;
+  constructor(readonly proc: ChildProcessWithoutNullStreams) {
+    this.lines = createInterface({ input: proc.stdout });
+    this.lines.on('line', (line) => {
+      if (this.waiter) {
+        const w = this.waiter;
+        this.waiter = undefined;
+        w(line);
+      } else this.queue.push(line);
+    });
+    proc.stderr.on('data', (d: Buffer) => process.stderr.write(`[peer] ${d}`));
+  }
+  next(): Promise<string> {
+    const queued = this.queue.shift();
+    if (queued !== undefined) return Promise.resolve(queued);
+    return new Promise((resolve) => (this.waiter = resolve));
+  }
+  async ask(cmd: string): Promise<string> {
+    this.proc.stdin.write(`${cmd}\n`);
+    return this.next();
+  }
+}
+
+describe('GPU: capture and hydrate another process\'s exported GPU memory', async () => {
+  const status = await cudaStatus();
+  if (!status.available) {
+    it('needs a GPU', () => assert.fail(`this suite needs an NVIDIA GPU: ${status.reason}`));
+    return;
+  }
+  let receiver: FdReceiver;
+  let peer: Peer;
+  let fds: readonly number[];
+  let regions: Array<{ key: string; size: number }>;
+  let store: RegionStore;
+  let storeDir: string;
+
+  before(async () => {
+    storeDir = mkdtempSync(join(process.env.VSNAP_GPU_STORE_DIR ?? tmpdir(), 'vsnap-gpu-'));
+    store = await RegionStore.open(storeDir);
+    receiver = await FdReceiver.listen();
+    const { nonce, message } = receiver.expect({ timeoutMs: 120_000 });
+    const proc = spawn(process.execPath, [peerScript, receiver.path, nonce, SIZES.join(',')], { stdio: ['pipe', 'pipe', 'pipe'] });
+    peer = new Peer(proc);
+    const got = await message;
+    fds = got.fds;
+    regions = (got.header as { regions: Array<{ key: string; size: number }> }).regions;
+    assert.equal(await peer.next(), 'sent');
+  });
+
+  after(async () => {
+    if (peer) {
+      peer.proc.stdin.write('exit\n');
+      await new Promise((resolve) => peer.proc.on('exit', resolve));
+    }
+    for (const fd of fds ?? []) closeSync(fd);
+    receiver?.close();
+    rmSync(storeDir, { recursive: true, force: true });
+    await releaseIdleResources();
+  });
+
+  const memory = () => regions.map((r, i) => ({ key: r.key, size: r.size, memory: { kind: 'imported' as const, fd: fds[i]! } }));
+
+  it('captures 4.5 GiB from imported handles, restores it after a wipe, every byte identical', async () => {
+    const t0 = performance.now();
+    const snap = await Snapshot.capture(store, 'peer', { regions: memory(), model: { id: 'gpu-test/pattern' } });
+    const capture = snap.lastCapture!;
+    console.log(`capture: ${(capture.bytes / GiB).toFixed(2)} GiB in ${capture.seconds.toFixed(3)} s (${(capture.bytesPerSecond / 1e9).toFixed(2)} GB/s; ${((performance.now() - t0) / 1000).toFixed(2)} s with publish)`);
+    assert.equal(snap.manifest.data.platform.kind, 'cuda');
+    assert.equal(snap.manifest.data.ranks[0]!.device?.uuid, (await listDevices())[0]!.uuid);
+    assert.equal(await peer.ask('wipe 0'), 'wiped');
+    assert.equal(await peer.ask('check-byte 0'), 'byte ok');
+    const restored = await snap.restore({ regions: memory() });
+    console.log(`hydrate (page cache): ${(restored.bytes / GiB).toFixed(2)} GiB in ${restored.seconds.toFixed(3)} s (${(restored.bytesPerSecond / 1e9).toFixed(2)} GB/s)`);
+    assert.equal(await peer.ask('check-pattern'), 'pattern ok');
+    const direct = await snap.restore({ regions: memory(), directIo: true });
+    console.log(`hydrate (O_DIRECT): ${(direct.bytesPerSecond / 1e9).toFixed(2)} GB/s`);
+    assert.equal(await peer.ask('check-pattern'), 'pattern ok');
+  });
+
+  it('a corrupted blob puts no byte on the GPU (all-first), and not the bad chunk (chunk mode)', async () => {
+    const snap = await Snapshot.open(store, 'peer');
+    const target = [...snap.manifest.regions()].find((r) => r.region.size === 512 * MiB)!.region;
+    const path = store.blobPath(target.blob);
+    chmodSync(path, 0o644);
+    const fd = openSync(path, 'r+');
+    const b = Buffer.alloc(1);
+    readSync(fd, b, 0, 1, 300 * MiB);
+    writeSync(fd, Buffer.from([b[0]! ^ 1]), 0, 1, 300 * MiB);
+    closeSync(fd);
+
+    assert.equal(await peer.ask('wipe 90'), 'wiped');
+    await assert.rejects(snap.restore({ regions: memory(), verify: 'all-first' }), (err: VsnapError) => {
+      assert.equal(err.code, 'E_CHECKSUM');
+      assert.equal(err.details.region, target.key);
+      assert.equal(err.details.chunk, 4);
+      return true;
+    });
+    assert.equal(await peer.ask('check-byte 90'), 'byte ok', 'device memory must be untouched');
+
+    await assert.rejects(snap.restore({ regions: memory() }), { code: 'E_CHECKSUM' });
+    const report = await store.verify('peer');
+    assert.equal(report.ok, false);
+    assert.deepEqual(report.problems.map((p) => p.region), [target.key]);
+  });
+});
+
+describe('GPU: own allocations, devices, and context lifetime', async () => {
+  const status = await cudaStatus();
+  if (!status.available) {
+    it('needs a GPU', () => assert.fail(`this suite needs an NVIDIA GPU: ${status.reason}`));
+    return;
+  }
+
+  it('reports devices with VMM granularity and POSIX-FD support', async () => {
+    const [d] = await listDevices({ freeMemory: true });
+    assert.ok(d);
+    assert.match(d.uuid, /^GPU-[0-9a-f-]{36}$/);
+    assert.ok(d.vmmSupported && d.posixFdHandlesSupported);
+    assert.ok(d.vmmGranularity > 0 && d.freeMemory! > 0 && d.totalMemory >= d.freeMemory!);
+    console.log(`device: ${d.name} cc ${d.computeCapability}, granularity ${d.vmmGranularity}, driver CUDA ${status.driverVersion}, checkpoint API ${status.checkpointApi}`);
+  });
+
+  it('round-trips DeviceAllocations in this process and lets go of the context when idle', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'vsnap-gpu-own-'));
+    const store = await RegionStore.open(dir);
+    const a = await DeviceAllocation.allocate(0, 64 * MiB + 1);
+    assert.equal(a.size, 66 * MiB);
+    await a.write(0, Buffer.alloc(a.size, 7));
+    await a.write(MiB, Buffer.from('hello gpu'));
+    const snap = await Snapshot.capture(store, 'own', { regions: [{ key: 'a', size: a.size, memory: { kind: 'device', allocation: a } }] });
+    await a.fill(0, a.size, 0);
+    await snap.restore({ regions: [{ key: 'a', size: a.size, memory: { kind: 'device', allocation: a } }] });
+    assert.equal((await a.read(MiB, 9)).toString(), 'hello gpu');
+    assert.ok((await a.read(0, MiB)).equals(Buffer.alloc(MiB, 7)));
+    assert.equal(native().cudaHoldsContext(0), true);
+    a.close();
+    await releaseIdleResources();
+    assert.equal(native().cudaHoldsContext(0), false, 'no CUDA context held once idle');
+    rmSync(dir, { recursive: true, force: true });
+  });
+});

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The GPU suite (`npm run test:gpu`): needs an NVIDIA GPU and driver. Bundles the suites with
+# esbuild into dist-gpu/ (when the dev dependencies are installed), then runs them with Node's
+# built-in test runner. On a machine without npm, carry dist-gpu/ and the prebuild and run
+# this same script.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+if [ -x node_modules/.bin/esbuild ]; then
+  node_modules/.bin/esbuild test/gpu/regions.gpu.test.ts test/gpu/peer.ts --bundle --platform=node --format=esm \
+    --target=node20 --outdir=dist-gpu --out-extension:.js=.mjs --log-level=warning \
+    --external:node-gyp-build --banner:js="import { createRequire as __cr } from 'module'; const require = __cr(import.meta.url);"
+fi
+if [ -z "${VSNAP_NATIVE_PATH:-}" ]; then
+  export VSNAP_NATIVE_PATH="$(ls "$PWD"/prebuilds/linux-x64/*.node | head -1)"
+  [ -f build/Release/vsnap.node ] && export VSNAP_NATIVE_PATH="$PWD/build/Release/vsnap.node"
+fi
+export VSNAP_GPU_PEER="$PWD/dist-gpu/peer.mjs"
+exec node --test --test-reporter=spec dist-gpu/regions.gpu.test.mjs
