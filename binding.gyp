@@ -35,10 +35,12 @@
         "native/transfer/staging_pool.cc",
         "native/transfer/region.cc",
         "native/transfer/engine.cc",
+        "native/transfer/host_buffer.cc",
         "native/js/js_util.cc",
         "native/js/js_cuda.cc",
         "native/js/js_allocation.cc",
         "native/js/js_staging_pool.cc",
+        "native/js/js_host_buffer.cc",
         "native/js/js_transfer.cc",
         "native/js/js_fd_listener.cc",
         "native/js/js_files.cc"

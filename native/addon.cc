@@ -11,10 +11,11 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   vsnap::js::initCuda(env, exports);
   vsnap::js::initAllocation(env, exports);
   vsnap::js::initStagingPool(env, exports);
+  vsnap::js::initHostBuffer(env, exports);
   vsnap::js::initTransfer(env, exports);
   vsnap::js::initFdListener(env, exports);
   vsnap::js::initFiles(env, exports);
-  exports.Set("abiVersion", Napi::Number::New(env, 1));
+  exports.Set("abiVersion", Napi::Number::New(env, 2));
   return exports;
 }
 

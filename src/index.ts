@@ -14,6 +14,7 @@ export { HostRegion } from './regions/host-region.js';
 export type { RegionMemory } from './regions/memory.js';
 
 export { releaseIdleResources } from './transfer/staging.js';
+export { HostCache, type HostCacheOptions, type CacheEntryInfo } from './cache/host-cache.js';
 export type { TransferOptions, TransferProgress } from './transfer/transfer.js';
 
 export { FdReceiver, sendFds, type FdMessage } from './ipc/fd-receiver.js';

@@ -1,9 +1,11 @@
 // startTransfer(spec, onProgress) -> { promise, cancel }: runs one TransferJob off the JS
 // thread, reports progress through a thread-safe function, and cancels between chunks.
 //
-// spec: { op: 'capture'|'hydrate'|'verify', label, pool: StagingPool, threads?, directIo?,
-//         verifyFirst?, regions: [{ name, blobPath, size, chunkSize, checksums?: string[],
-//         memory?: { kind: 'host', fd } | { kind: 'imported', fd } | { kind: 'device', allocation } }] }
+// spec: { op: 'capture'|'hydrate'|'verify'|'copy', label, pool: StagingPool, threads?, directIo?,
+//         verifyFirst?, regions: [{ name, blobPath?, size, chunkSize, checksums?: string[],
+//         memory?: Memory, source?: Memory (copy: a 'buffer') }] }
+// Memory: { kind: 'host', fd } | { kind: 'imported', fd } | { kind: 'device', allocation }
+//       | { kind: 'buffer', buffer: HostBuffer, offset }
 #include <fcntl.h>
 
 #include <chrono>
@@ -11,17 +13,33 @@
 #include "common/fd.h"
 #include "cuda/vmm.h"
 #include "js/js_allocation.h"
+#include "js/js_host_buffer.h"
 #include "js/js_staging_pool.h"
 #include "js/js_util.h"
 #include "transfer/engine.h"
+#include "transfer/host_buffer.h"
 
 namespace vsnap::js {
 namespace {
 
 struct MemorySpec {
-  enum class Kind { None, Host, Imported, Device } kind = Kind::None;
+  enum class Kind { None, Host, Imported, Device, Buffer } kind = Kind::None;
   UniqueFd fd;  // our own duplicate, so the caller may close theirs at once
   std::shared_ptr<cuda::Mapping> mapping;
+  std::shared_ptr<transfer::HostBuffer> buffer;
+  uint64_t offset = 0;
+
+  // Builds the region (off the JS thread: importing maps device memory).
+  std::unique_ptr<transfer::Region> open(uint64_t size) const {
+    switch (kind) {
+      case Kind::Host: return transfer::hostRegion(fd.get(), size);
+      case Kind::Imported: return transfer::importedRegion(fd.get(), size);
+      case Kind::Device: return transfer::deviceRegion(mapping, size);
+      case Kind::Buffer: return transfer::bufferRegion(buffer, offset, size);
+      case Kind::None: break;
+    }
+    return nullptr;
+  }
 };
 
 struct ProgressUpdate {
@@ -34,7 +52,8 @@ transfer::Operation parseOp(Napi::Env env, const std::string& op) {
   if (op == "capture") return transfer::Operation::Capture;
   if (op == "hydrate") return transfer::Operation::Hydrate;
   if (op == "verify") return transfer::Operation::Verify;
-  throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "op must be 'capture', 'hydrate' or 'verify'"));
+  if (op == "copy") return transfer::Operation::Copy;
+  throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "op must be 'capture', 'hydrate', 'verify' or 'copy'"));
 }
 
 MemorySpec parseMemory(Napi::Env env, const Napi::Value& value) {
@@ -48,8 +67,14 @@ MemorySpec parseMemory(Napi::Env env, const Napi::Value& value) {
     spec.mapping = DeviceAllocation::unwrap(getRequired(o, "allocation"));
     return spec;
   }
+  if (kind == "buffer") {
+    spec.kind = MemorySpec::Kind::Buffer;
+    spec.buffer = HostBuffer::unwrap(getRequired(o, "buffer"));
+    spec.offset = o.Has("offset") ? toU64(o.Get("offset"), "memory.offset") : 0;
+    return spec;
+  }
   if (kind != "host" && kind != "imported") {
-    throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "memory.kind must be 'host', 'imported' or 'device'"));
+    throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "memory.kind must be 'host', 'imported', 'device' or 'buffer'"));
   }
   spec.kind = kind == "host" ? MemorySpec::Kind::Host : MemorySpec::Kind::Imported;
   int fd = static_cast<int>(toI64(getRequired(o, "fd"), "memory.fd"));
@@ -63,11 +88,13 @@ MemorySpec parseMemory(Napi::Env env, const Napi::Value& value) {
 class TransferWorker : public Napi::AsyncWorker {
  public:
   TransferWorker(Napi::Env env, transfer::JobOptions options, std::vector<transfer::RegionTask> tasks,
-                 std::vector<MemorySpec> memory, std::shared_ptr<transfer::StagingPool> pool, Napi::Value onProgress)
+                 std::vector<MemorySpec> memory, std::vector<MemorySpec> sources,
+                 std::shared_ptr<transfer::StagingPool> pool, Napi::Value onProgress)
       : Napi::AsyncWorker(env, "vsnap-transfer"),
         deferred_(Napi::Promise::Deferred::New(env)),
         op_(options.op),
         memory_(std::move(memory)),
+        sources_(std::move(sources)),
         job_(std::make_shared<transfer::TransferJob>(std::move(options), std::move(tasks), std::move(pool))) {
     if (onProgress.IsFunction()) {
       progress_ = Napi::ThreadSafeFunction::New(env, onProgress.As<Napi::Function>(), "vsnap-progress", 0, 1);
@@ -84,13 +111,8 @@ class TransferWorker : public Napi::AsyncWorker {
     try {
       auto& tasks = job_->tasks();
       for (size_t i = 0; i < tasks.size(); i++) {
-        MemorySpec& m = memory_[i];
-        switch (m.kind) {
-          case MemorySpec::Kind::Host: tasks[i].region = transfer::hostRegion(m.fd.get(), tasks[i].size); break;
-          case MemorySpec::Kind::Imported: tasks[i].region = transfer::importedRegion(m.fd.get(), tasks[i].size); break;
-          case MemorySpec::Kind::Device: tasks[i].region = transfer::deviceRegion(m.mapping, tasks[i].size); break;
-          case MemorySpec::Kind::None: break;
-        }
+        tasks[i].region = memory_[i].open(tasks[i].size);
+        tasks[i].source = sources_[i].open(tasks[i].size);
       }
       job_->run([this] { report(); });
     } catch (const NativeError& e) {
@@ -101,8 +123,12 @@ class TransferWorker : public Napi::AsyncWorker {
       SetError(e.what());
     }
     // Unmap imported memory and drop our descriptors before the promise settles.
-    for (auto& t : job_->tasks()) t.region.reset();
+    for (auto& t : job_->tasks()) {
+      t.region.reset();
+      t.source.reset();
+    }
     memory_.clear();
+    sources_.clear();
     seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 
@@ -156,6 +182,7 @@ class TransferWorker : public Napi::AsyncWorker {
   Napi::Promise::Deferred deferred_;
   transfer::Operation op_;
   std::vector<MemorySpec> memory_;
+  std::vector<MemorySpec> sources_;
   std::shared_ptr<transfer::TransferJob> job_;
   Napi::ThreadSafeFunction progress_;
   bool hasProgress_ = false;
@@ -173,20 +200,28 @@ Napi::Value StartTransfer(const Napi::CallbackInfo& info) {
   if (spec.Has("threads") && !spec.Get("threads").IsUndefined()) options.threads = static_cast<uint32_t>(toU64(spec.Get("threads"), "threads"));
   options.directIo = spec.Get("directIo").ToBoolean().Value();
   options.verifyFirst = spec.Get("verifyFirst").ToBoolean().Value();
-  auto pool = StagingPool::unwrap(getRequired(spec, "pool"));
+  // A copy reads straight from a HostBuffer and needs no staging pool.
+  std::shared_ptr<transfer::StagingPool> pool;
+  if (options.op != transfer::Operation::Copy || (spec.Has("pool") && !spec.Get("pool").IsUndefined())) {
+    pool = StagingPool::unwrap(getRequired(spec, "pool"));
+  }
 
   Napi::Value regionsValue = getRequired(spec, "regions");
   if (!regionsValue.IsArray()) throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "regions must be an array"));
   Napi::Array regions = regionsValue.As<Napi::Array>();
   std::vector<transfer::RegionTask> tasks;
   std::vector<MemorySpec> memory;
+  std::vector<MemorySpec> sources;
   for (uint32_t i = 0; i < regions.Length(); i++) {
     Napi::Value rv = regions.Get(i);
     if (!rv.IsObject()) throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "regions[" + std::to_string(i) + "] must be an object"));
     Napi::Object r = rv.As<Napi::Object>();
     transfer::RegionTask task;
     task.name = toString(getRequired(r, "name"), "region name");
-    task.blobPath = toString(getRequired(r, "blobPath"), "blobPath");
+    task.blobPath = r.Has("blobPath") ? toString(r.Get("blobPath"), "blobPath") : std::string();
+    if (task.blobPath.empty() && options.op != transfer::Operation::Copy) {
+      throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "region '" + task.name + "' needs a blobPath"));
+    }
     task.size = toU64(getRequired(r, "size"), "size");
     task.chunkSize = toU64(getRequired(r, "chunkSize"), "chunkSize");
     Napi::Value sums = r.Get("checksums");
@@ -198,14 +233,19 @@ Napi::Value StartTransfer(const Napi::CallbackInfo& info) {
       }
     }
     memory.push_back(parseMemory(env, r.Get("memory")));
+    sources.push_back(parseMemory(env, r.Get("source")));
+    if (options.op == transfer::Operation::Copy && sources.back().kind != MemorySpec::Kind::Buffer) {
+      throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "region '" + task.name + "': copy reads from a HostBuffer source"));
+    }
     if (options.op != transfer::Operation::Verify && memory.back().kind == MemorySpec::Kind::None) {
       throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "region '" + task.name + "' needs memory for " +
-                                                                 (options.op == transfer::Operation::Capture ? "capture" : "hydrate")));
+                                                                 (options.op == transfer::Operation::Capture ? "capture" : "a copy or hydrate")));
     }
     tasks.push_back(std::move(task));
   }
 
-  auto* worker = new TransferWorker(env, std::move(options), std::move(tasks), std::move(memory), std::move(pool), info[1]);
+  auto* worker = new TransferWorker(env, std::move(options), std::move(tasks), std::move(memory), std::move(sources),
+                                    std::move(pool), info[1]);
   Napi::Object handle = Napi::Object::New(env);
   handle.Set("promise", worker->promise());
   std::weak_ptr<transfer::TransferJob> weak = worker->job();

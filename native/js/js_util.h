@@ -95,6 +95,7 @@ auto guard(Napi::Env env, Fn&& fn) -> decltype(fn()) {
 struct AddonData {
   Napi::FunctionReference deviceAllocation;
   Napi::FunctionReference stagingPool;
+  Napi::FunctionReference hostBuffer;
 };
 AddonData& addonData(Napi::Env env);
 
@@ -102,6 +103,7 @@ AddonData& addonData(Napi::Env env);
 void initCuda(Napi::Env env, Napi::Object exports);
 void initAllocation(Napi::Env env, Napi::Object exports);
 void initStagingPool(Napi::Env env, Napi::Object exports);
+void initHostBuffer(Napi::Env env, Napi::Object exports);
 void initTransfer(Napi::Env env, Napi::Object exports);
 void initFdListener(Napi::Env env, Napi::Object exports);
 void initFiles(Napi::Env env, Napi::Object exports);

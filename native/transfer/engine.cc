@@ -50,16 +50,19 @@ TransferJob::TransferJob(JobOptions options, std::vector<RegionTask> tasks, std:
 TransferJob::~TransferJob() = default;
 
 void TransferJob::validate() {
-  if (!pool_) throwInvalid("a transfer needs a staging pool");
+  if (!pool_ && options_.op != Operation::Copy) throwInvalid("a transfer needs a staging pool");
   for (size_t t = 0; t < tasks_.size(); t++) {
     RegionTask& task = tasks_[t];
     if (task.chunkSize == 0 || task.chunkSize % io::kDirectAlignment != 0) {
       throwInvalid("region '" + task.name + "': chunk size must be a positive multiple of 4096");
     }
-    if (task.chunkSize > pool_->slotSize()) {
+    if (pool_ && task.chunkSize > pool_->slotSize()) {
       throwInvalid("region '" + task.name + "': chunk size " + std::to_string(task.chunkSize) +
                    " exceeds the staging slot size " + std::to_string(pool_->slotSize()) +
                    "; use a staging pool with larger slots");
+    }
+    if (options_.op == Operation::Copy && (!task.source || !task.source->hostData() || task.source->size() < task.size)) {
+      throwInvalid("region '" + task.name + "' needs a host buffer source of at least " + std::to_string(task.size) + " bytes");
     }
     if (options_.op != Operation::Verify) {
       if (!task.region) throwInvalid("region '" + task.name + "' has no memory to copy to or from");
@@ -71,7 +74,7 @@ void TransferJob::validate() {
     uint64_t count = (task.size + task.chunkSize - 1) / task.chunkSize;
     if (options_.op == Operation::Capture) {
       task.checksums.assign(count, hash::Digest{});
-    } else if (task.expected.size() != count) {
+    } else if (options_.op != Operation::Copy && task.expected.size() != count) {
       throwInvalid("region '" + task.name + "' has " + std::to_string(task.expected.size()) +
                    " checksums; " + std::to_string(task.size) + " bytes in chunks of " +
                    std::to_string(task.chunkSize) + " need " + std::to_string(count));
@@ -96,7 +99,7 @@ void TransferJob::fail(const NativeError& error) {
 
 void TransferJob::run(const std::function<void()>& tick) {
   validate();
-  if (options_.op != Operation::Capture) {
+  if (options_.op == Operation::Hydrate || options_.op == Operation::Verify) {
     // Every blob must exist and have its full size before anything is copied anywhere.
     for (auto& task : tasks_) {
       io::BlobReader probe(task.blobPath, task.size, false);
@@ -130,9 +133,13 @@ void TransferJob::runPass(Operation op, uint32_t workers, const std::function<vo
     }
   }
   if (chunks_.empty()) return;
-  std::vector<void*> slots = pool_->acquire(2, workers * 2, [this] { return stopping(); });
-  if (slots.empty()) throw NativeError("E_ABORTED", "the transfer was cancelled");
-  workers = static_cast<uint32_t>(slots.size() / 2);
+  // A copy reads straight from the RAM tier and needs no staging.
+  std::vector<void*> slots;
+  if (op != Operation::Copy) {
+    slots = pool_->acquire(2, workers * 2, [this] { return stopping(); });
+    if (slots.empty()) throw NativeError("E_ABORTED", "the transfer was cancelled");
+    workers = static_cast<uint32_t>(slots.size() / 2);
+  }
 
   std::mutex doneMutex;
   std::condition_variable doneCv;
@@ -140,10 +147,16 @@ void TransferJob::runPass(Operation op, uint32_t workers, const std::function<vo
   std::vector<std::thread> threads;
   for (uint32_t w = 0; w < workers; w++) {
     threads.emplace_back([&, w] {
-      void* mine[2] = {slots[2 * w], slots[2 * w + 1]};
+      void* mine[2] = {nullptr, nullptr};
+      if (!slots.empty()) {
+        mine[0] = slots[2 * w];
+        mine[1] = slots[2 * w + 1];
+      }
       try {
         if (op == Operation::Capture) {
           captureWorker(mine);
+        } else if (op == Operation::Copy) {
+          copyWorker();
         } else {
           hydrateWorker(op, mine);
         }
@@ -167,7 +180,7 @@ void TransferJob::runPass(Operation op, uint32_t workers, const std::function<vo
     }
   }
   for (auto& t : threads) t.join();
-  pool_->release(slots);
+  if (!slots.empty()) pool_->release(slots);
   if (error_) throw *error_;
   if (cancelled_) throw NativeError("E_ABORTED", "the transfer was cancelled");
 }
@@ -203,8 +216,11 @@ void TransferJob::hydrateWorker(Operation op, void* slots[2]) {
     RegionTask& task = tasks_[c.task];
     TaskState& st = *state_[c.task];
     std::call_once(st.opened, [&] { st.reader = std::make_unique<io::BlobReader>(task.blobPath, task.size, options_.directIo); });
-    fences[s].wait();
-    char* buf = static_cast<char*>(slots[s]);
+    // A RAM-tier target is read into directly (a bad chunk there only discards the cache entry);
+    // anything else goes through staging, so a bad chunk never reaches it.
+    char* direct = op == Operation::Hydrate ? task.region->hostMemory() : nullptr;
+    if (!direct) fences[s].wait();
+    char* buf = direct ? direct + c.offset : static_cast<char*>(slots[s]);
     hasher.reset();
     for (uint64_t done = 0; done < c.length;) {
       uint64_t step = std::min(kHashStep, c.length - done);
@@ -227,10 +243,12 @@ void TransferJob::hydrateWorker(Operation op, void* slots[2]) {
            {"length", static_cast<int64_t>(c.length)}, {"expected", expected.hex()}, {"actual", actual.hex()},
            {"path", task.blobPath}});
     }
-    if (op == Operation::Hydrate) task.region->copyIn(c.offset, buf, c.length, lane, s, fences[s]);
+    if (op == Operation::Hydrate && !direct) {
+      task.region->copyIn(c.offset, buf, c.length, lane, s, fences[s]);
+      s ^= 1;
+    }
     bytesDone_ += c.length;
     finishChunk(c);
-    s ^= 1;
   }
   fences[0].wait();
   fences[1].wait();
@@ -277,6 +295,28 @@ void TransferJob::captureWorker(void* slots[2]) {
     inFlight = next;
     cur ^= 1;
   }
+}
+
+// Copies verified bytes from the RAM tier: every chunk is issued asynchronously straight from
+// the (pinned) source, and the worker waits once at the end. No staging, no hashing.
+void TransferJob::copyWorker() {
+  Lane lane;
+  Fence fence;
+  struct Sync {
+    Lane& lane;
+    ~Sync() {
+      try { lane.synchronize(); } catch (...) {}
+    }
+  } sync{lane};
+  while (!stopping()) {
+    size_t i = cursor_.fetch_add(1);
+    if (i >= chunks_.size()) break;
+    const Chunk& c = chunks_[i];
+    RegionTask& task = tasks_[c.task];
+    task.region->copyIn(c.offset, task.source->hostData() + c.offset, c.length, lane, 0, fence);
+    bytesDone_ += c.length;
+  }
+  lane.synchronize();
 }
 
 }  // namespace vsnap::transfer

@@ -21,6 +21,12 @@ struct Lane::PerDevice {
 Lane::Lane() = default;
 Lane::~Lane() = default;
 
+void Lane::synchronize() {
+  for (auto& [device, d] : devices_) {
+    if (d->stream) d->stream->synchronize();
+  }
+}
+
 cuda::Stream& Lane::stream(const std::shared_ptr<cuda::Context>& ctx) {
   auto& d = devices_[ctx->ordinal()];
   if (!d) d = std::make_unique<PerDevice>();

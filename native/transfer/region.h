@@ -24,6 +24,8 @@ class Lane {
  public:
   Lane();
   ~Lane();
+  // Waits for everything issued on this lane's streams.
+  void synchronize();
   cuda::Stream& stream(const std::shared_ptr<cuda::Context>& ctx);
   cuda::Event& event(const std::shared_ptr<cuda::Context>& ctx, int slot);
 
@@ -44,6 +46,10 @@ class Region {
   virtual ~Region() = default;
   virtual uint64_t size() const = 0;
   virtual int device() const = 0;  // -1 for host memory
+  // Host memory a transfer can use in place (a RAM-tier buffer), or null: a copy reads from
+  // it without staging, and a hydrate reads the blob straight into it.
+  virtual char* hostMemory() const { return nullptr; }
+  const char* hostData() const { return hostMemory(); }
   // Copies region[offset, +length) to host memory at dst. On return the copy may still be in
   // flight; fence.wait() completes it.
   virtual void copyOut(uint64_t offset, void* dst, uint64_t length, Lane& lane, int slot, Fence& fence) = 0;

@@ -45,24 +45,37 @@ export interface NativeStagingPool {
   close(): void;
 }
 
+export interface NativeHostBuffer {
+  readonly size: number;
+  readonly pinned: boolean;
+  readonly closed: boolean;
+  read(offset: number, length: number): Buffer;
+  close(): void;
+}
+
 export type NativeMemorySpec =
   | { kind: 'host'; fd: number }
   | { kind: 'imported'; fd: number }
-  | { kind: 'device'; allocation: NativeDeviceAllocation };
+  | { kind: 'device'; allocation: NativeDeviceAllocation }
+  | { kind: 'buffer'; buffer: NativeHostBuffer; offset: number };
 
 export interface NativeTransferRegion {
   name: string;
-  blobPath: string;
+  /** capture, hydrate, verify */
+  blobPath?: string;
   size: number;
   chunkSize: number;
   checksums?: readonly string[];
   memory?: NativeMemorySpec;
+  /** copy: the HostBuffer slice holding verified bytes */
+  source?: NativeMemorySpec;
 }
 
 export interface NativeTransferSpec {
-  op: 'capture' | 'hydrate' | 'verify';
+  op: 'capture' | 'hydrate' | 'verify' | 'copy';
   label: string;
-  pool: NativeStagingPool;
+  /** required except for copy */
+  pool?: NativeStagingPool;
   threads?: number;
   directIo?: boolean;
   verifyFirst?: boolean;
@@ -101,6 +114,7 @@ export interface NativeBinding {
   cudaHoldsContext(device: number): boolean;
   allocateDevice(device: number, size: number): Promise<NativeDeviceAllocation>;
   createStagingPool(slotSize: number, slotCount: number, pinDevice: number): Promise<NativeStagingPool>;
+  createHostBuffer(size: number, pinDevice: number): Promise<NativeHostBuffer>;
   startTransfer(
     spec: NativeTransferSpec,
     onProgress?: (done: number, total: number, phase: string) => void,

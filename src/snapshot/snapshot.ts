@@ -1,3 +1,4 @@
+import type { HostCache } from '../cache/host-cache.js';
 import { invalidArgument, toVsnapError, VsnapError } from '../errors.js';
 import { listDevices, cudaStatus, type GpuDevice } from '../gpu/cuda.js';
 import type { LiveLayout, LiveRegion } from '../manifest/compat.js';
@@ -80,6 +81,13 @@ export interface RestoreOptions extends TransferOptions {
    * second read of the blobs.
    */
   readonly verify?: 'chunk' | 'all-first';
+  /**
+   * Restore through the RAM tier: from the cache when it holds this capture (a bulk DMA, no
+   * hashing: verified when loaded), else loaded into it first (every chunk verified before the
+   * first byte reaches the target) and then copied. Snapshots larger than the cache stream from
+   * the store as without it.
+   */
+  readonly cache?: HostCache;
 }
 
 /**
@@ -95,6 +103,8 @@ export interface TransferSummary {
   readonly bytesPerSecond: number;
   /** capture only: bytes not written again because an identical blob was already stored. */
   readonly dedupedBytes?: number;
+  /** restore only: `ram` when the bytes came from the RAM tier as it was, `store` otherwise. */
+  readonly tier?: 'ram' | 'store';
 }
 
 let deviceCache: Promise<GpuDevice[]> | undefined;
@@ -259,10 +269,38 @@ export class Snapshot {
     const targets = new Map(options.regions.map((r) => [`${r.rank ?? 0}/${r.key}`, r]));
     const verify = options.verify ?? 'chunk';
     if (verify !== 'chunk' && verify !== 'all-first') invalidArgument('verify', "'chunk' or 'all-first'", verify);
+    const common = {
+      label: this.name,
+      ...(options.onProgress ? { onProgress: options.onProgress } : {}),
+      ...(options.signal ? { signal: options.signal } : {}),
+      ...(options.threads ? { threads: options.threads } : {}),
+    };
+    if (options.cache?.fits(this.manifest)) {
+      const started = performance.now();
+      const wasHeld = options.cache.has(this.id);
+      const lease = await options.cache.acquire(this.store, this.manifest, { ...common, directIo: options.directIo ?? false });
+      try {
+        const result = await runTransfer({
+          ...common,
+          op: 'copy',
+          regions: [...this.manifest.regions()].map(({ rank, region }) => ({
+            name: region.key,
+            size: region.size,
+            chunkSize: region.chunkSize,
+            source: { kind: 'buffer' as const, buffer: lease.buffer, offset: lease.offsets.get(`${rank}/${region.key}`)! },
+            memory: targets.get(`${rank}/${region.key}`)!.memory,
+          })),
+        });
+        const seconds = wasHeld ? result.seconds : (performance.now() - started) / 1000;
+        return { bytes: result.bytes, seconds, bytesPerSecond: result.bytes / Math.max(seconds, 1e-9), tier: wasHeld ? 'ram' : 'store' };
+      } finally {
+        lease.release();
+      }
+    }
     const result = await this.store.withLock(false, () =>
       runTransfer({
+        ...common,
         op: 'hydrate',
-        label: this.name,
         verifyFirst: verify === 'all-first',
         regions: [...this.manifest.regions()].map(({ rank, region }) => ({
           name: region.key,
@@ -272,13 +310,10 @@ export class Snapshot {
           checksums: region.checksums,
           memory: targets.get(`${rank}/${region.key}`)!.memory,
         })),
-        ...(options.onProgress ? { onProgress: options.onProgress } : {}),
-        ...(options.signal ? { signal: options.signal } : {}),
-        ...(options.threads ? { threads: options.threads } : {}),
         directIo: options.directIo ?? false,
       }),
     );
-    return { bytes: result.bytes, seconds: result.seconds, bytesPerSecond: result.bytes / Math.max(result.seconds, 1e-9) };
+    return { bytes: result.bytes, seconds: result.seconds, bytesPerSecond: result.bytes / Math.max(result.seconds, 1e-9), tier: 'store' };
   }
 
   /** Re-hashes every blob of this capture; see {@link RegionStore.verify}. */

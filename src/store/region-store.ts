@@ -260,32 +260,44 @@ export class RegionStore {
     const started = performance.now();
     const problems: VerifyProblem[] = [];
     await this.withLock(false, async () => {
-      const regions = [...manifest.regions()];
-      const total = manifest.totalBytes;
-      let before = 0;
-      for (const { rank, region } of regions) {
-        if (blobDigest(region.size, region.chunkSize, region.checksums) !== region.blob) {
-          problems.push({ rank, region: region.key, code: 'E_MANIFEST_INVALID', message: `blob name ${region.blob} does not match the region's checksums` });
-          continue;
-        }
-        const base = before;
-        const onProgress = options.onProgress;
+      const regions = [...manifest.regions()].filter(({ rank, region }) => {
+        if (blobDigest(region.size, region.chunkSize, region.checksums) === region.blob) return true;
+        problems.push({ rank, region: region.key, code: 'E_MANIFEST_INVALID', message: `blob name ${region.blob} does not match the region's checksums` });
+        return false;
+      });
+      const job = (subset: typeof regions, onProgress?: TransferOptions['onProgress']) =>
+        runTransfer({
+          op: 'verify',
+          label: name,
+          regions: subset.map(({ region }) => ({
+            name: region.key,
+            blobPath: this.blobPath(region.blob),
+            size: region.size,
+            chunkSize: region.chunkSize,
+            checksums: region.checksums,
+          })),
+          ...(options.signal ? { signal: options.signal } : {}),
+          ...(options.threads ? { threads: options.threads } : {}),
+          directIo: options.directIo ?? false,
+          ...(onProgress ? { onProgress } : {}),
+        });
+      try {
+        // One job over every region keeps all threads busy; it stops at the first problem.
+        await job(regions, options.onProgress);
+        return;
+      } catch (err) {
+        const e = toVsnapError(err);
+        if (e.code === 'E_ABORTED' || e.code === 'E_NATIVE_LOAD' || e.code === 'E_INVALID_ARGUMENT') throw e;
+      }
+      // Something is damaged: go region by region to report every problem, not just the first.
+      for (const entry of regions) {
         try {
-          await runTransfer({
-            op: 'verify',
-            label: name,
-            regions: [{ name: region.key, blobPath: this.blobPath(region.blob), size: region.size, chunkSize: region.chunkSize, checksums: region.checksums }],
-            ...(options.signal ? { signal: options.signal } : {}),
-            ...(options.threads ? { threads: options.threads } : {}),
-            directIo: options.directIo ?? false,
-            ...(onProgress ? { onProgress: (p) => onProgress({ phase: 'verifying', bytesDone: base + p.bytesDone, bytesTotal: total }) } : {}),
-          });
+          await job([entry]);
         } catch (err) {
           const e = toVsnapError(err);
-          if (e.code === 'E_ABORTED' || e.code === 'E_NATIVE_LOAD') throw e;
-          problems.push({ rank, region: region.key, code: e.code, message: e.message });
+          if (e.code === 'E_ABORTED') throw e;
+          problems.push({ rank: entry.rank, region: entry.region.key, code: e.code, message: e.message });
         }
-        before += region.size;
       }
     });
     return {

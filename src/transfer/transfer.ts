@@ -1,5 +1,5 @@
 import { abortError, toVsnapError } from '../errors.js';
-import { native, type NativeTransferRegion, type NativeTransferResult } from '../native/index.js';
+import { native, type NativeHostBuffer, type NativeStagingPool, type NativeTransferRegion, type NativeTransferResult } from '../native/index.js';
 import { memoryDevice, toNativeMemory, type RegionMemory } from '../regions/memory.js';
 import { DEFAULT_CHUNK_SIZE, stagingPools } from './staging.js';
 
@@ -31,19 +31,29 @@ export interface TransferOptions {
   directIo?: boolean;
 }
 
+/** A slice of RAM-tier memory. @internal */
+export interface BufferMemory {
+  readonly kind: 'buffer';
+  readonly buffer: NativeHostBuffer;
+  readonly offset: number;
+}
+
 /** @internal */
 export interface TransferRegion {
   name: string;
-  blobPath: string;
+  /** capture, hydrate, verify */
+  blobPath?: string;
   size: number;
   chunkSize: number;
   checksums?: readonly string[];
-  memory?: RegionMemory;
+  memory?: RegionMemory | BufferMemory;
+  /** copy: where the verified bytes are */
+  source?: BufferMemory;
 }
 
 /** @internal */
 export interface TransferRequest extends TransferOptions {
-  op: 'capture' | 'hydrate' | 'verify';
+  op: 'capture' | 'hydrate' | 'verify' | 'copy';
   label: string;
   regions: readonly TransferRegion[];
   verifyFirst?: boolean;
@@ -58,18 +68,22 @@ export async function runTransfer(request: TransferRequest): Promise<NativeTrans
   const { signal } = request;
   if (signal?.aborted) throw abortError(signal, `${request.op} of '${request.label}'`);
   const slotSize = Math.max(DEFAULT_CHUNK_SIZE, ...request.regions.map((r) => r.chunkSize));
-  const devices = request.regions.map((r) => (r.memory ? memoryDevice(r.memory) : undefined)).filter((d) => d !== undefined);
+  const devices = request.regions.map((r) => (r.memory && r.memory.kind !== 'buffer' ? memoryDevice(r.memory) : undefined)).filter((d) => d !== undefined);
   const needsPinning = devices.length > 0 || request.regions.some((r) => r.memory?.kind === 'imported');
   const pinDevice = needsPinning ? (devices[0] ?? 0) : -1;
   const regions: NativeTransferRegion[] = request.regions.map((r) => ({
     name: r.name,
-    blobPath: r.blobPath,
+    ...(r.blobPath !== undefined ? { blobPath: r.blobPath } : {}),
     size: r.size,
     chunkSize: r.chunkSize,
     ...(r.checksums ? { checksums: r.checksums } : {}),
-    ...(r.memory ? { memory: toNativeMemory(r.memory) } : {}),
+    ...(r.memory ? { memory: r.memory.kind === 'buffer' ? r.memory : toNativeMemory(r.memory) } : {}),
+    ...(r.source ? { source: r.source } : {}),
   }));
-  return stagingPools.lease(slotSize, pinDevice, async (pool) => {
+  // A copy from the RAM tier moves no bytes through staging: no pool to lease.
+  const withPool = <T>(use: (pool: NativeStagingPool | undefined) => Promise<T>): Promise<T> =>
+    request.op === 'copy' ? use(undefined) : stagingPools.lease(slotSize, pinDevice, use);
+  return withPool(async (pool) => {
     const onProgress = request.onProgress;
     let handle;
     try {
@@ -77,7 +91,7 @@ export async function runTransfer(request: TransferRequest): Promise<NativeTrans
         {
           op: request.op,
           label: request.label,
-          pool,
+          ...(pool ? { pool } : {}),
           ...(request.threads ? { threads: request.threads } : {}),
           directIo: request.directIo ?? false,
           verifyFirst: request.verifyFirst ?? false,

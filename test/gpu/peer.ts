@@ -46,3 +46,4 @@ for await (const line of createInterface({ input: process.stdin })) {
   }
 }
 for (const { alloc } of allocations) alloc.close();
+process.exit(0); // stdin stays open behind readline; leave explicitly

@@ -10,7 +10,7 @@ import { createInterface, type Interface } from 'node:readline';
 import { after, before, describe, it } from 'node:test';
 import { fileURLToPath } from 'node:url';
 
-import { cudaStatus, DeviceAllocation, FdReceiver, listDevices, RegionStore, releaseIdleResources, Snapshot, VsnapError } from '../../src/index.js';
+import { cudaStatus, DeviceAllocation, FdReceiver, HostCache, listDevices, RegionStore, releaseIdleResources, Snapshot, VsnapError } from '../../src/index.js';
 import { native } from '../../src/native/index.js';
 
 const MiB = 1024 * 1024;
@@ -72,9 +72,12 @@ describe('GPU: capture and hydrate another process\'s exported GPU memory', asyn
   });
 
   after(async () => {
-    if (peer) {
+    if (peer && peer.proc.exitCode === null) {
+      const exited = new Promise((resolve) => peer.proc.on('exit', resolve));
       peer.proc.stdin.write('exit\n');
-      await new Promise((resolve) => peer.proc.on('exit', resolve));
+      const timer = setTimeout(() => peer.proc.kill('SIGKILL'), 10_000);
+      await exited;
+      clearTimeout(timer);
     }
     for (const fd of fds ?? []) closeSync(fd);
     receiver?.close();
@@ -99,6 +102,25 @@ describe('GPU: capture and hydrate another process\'s exported GPU memory', asyn
     const direct = await snap.restore({ regions: memory(), directIo: true });
     console.log(`hydrate (O_DIRECT): ${(direct.bytesPerSecond / 1e9).toFixed(2)} GB/s`);
     assert.equal(await peer.ask('check-pattern'), 'pattern ok');
+  });
+
+  it('restores through the pinned RAM tier: loaded and verified once, then a bulk DMA', async () => {
+    const snap = await Snapshot.open(store, 'peer');
+    const cache = await HostCache.create({ budgetBytes: 5 * GiB });
+    try {
+      assert.equal(cache.pinned, true);
+      assert.equal(await peer.ask('wipe 0'), 'wiped');
+      const first = await snap.restore({ regions: memory(), cache });
+      assert.equal(first.tier, 'store');
+      assert.equal(await peer.ask('check-pattern'), 'pattern ok');
+      assert.equal(await peer.ask('wipe 0'), 'wiped');
+      const second = await snap.restore({ regions: memory(), cache });
+      assert.equal(second.tier, 'ram');
+      console.log(`hydrate (RAM tier): ${(second.bytes / GiB).toFixed(2)} GiB in ${second.seconds.toFixed(3)} s (${(second.bytesPerSecond / 1e9).toFixed(2)} GB/s)`);
+      assert.equal(await peer.ask('check-pattern'), 'pattern ok');
+    } finally {
+      cache.close();
+    }
   });
 
   it('a corrupted blob puts no byte on the GPU (all-first), and not the bad chunk (chunk mode)', async () => {

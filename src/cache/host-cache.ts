@@ -1,0 +1,252 @@
+import { invalidArgument, toVsnapError, VsnapError } from '../errors.js';
+import { cudaStatus } from '../gpu/cuda.js';
+import type { Manifest } from '../manifest/manifest.js';
+import { native, type NativeHostBuffer } from '../native/index.js';
+import type { RegionStore } from '../store/region-store.js';
+import { runTransfer, type TransferOptions } from '../transfer/transfer.js';
+import { Arena } from './arena.js';
+
+/**
+ * Options of {@link HostCache.create}.
+ * @public
+ */
+export interface HostCacheOptions {
+  /** Bytes of host RAM the cache may hold (allocated, faulted in and pinned once, at create). */
+  readonly budgetBytes: number;
+  /** Page-lock the memory for DMA: default true when CUDA is available. Needs a GPU. */
+  readonly pin?: boolean;
+}
+
+/**
+ * A snapshot held in the RAM tier.
+ * @public
+ */
+export interface CacheEntryInfo {
+  /** The snapshot's name. */
+  readonly name: string;
+  /** The capture's id. */
+  readonly id: string;
+  /** Bytes of the RAM tier it occupies. */
+  readonly bytes: number;
+  /** When a restore last used it (ms since the epoch). */
+  readonly lastUsed: number;
+}
+
+/** @internal */
+export interface CacheLease {
+  readonly buffer: NativeHostBuffer;
+  /** Where each region starts in the buffer, by `${rank}/${key}`. */
+  readonly offsets: ReadonlyMap<string, number>;
+  release(): void;
+}
+
+interface Entry {
+  name: string;
+  id: string;
+  bytes: number;
+  offset: number;
+  offsets: Map<string, number>;
+  lastUsed: number;
+  users: number;
+  ready: Promise<void>;
+  loaded: boolean;
+}
+
+/**
+ * The RAM tier: snapshots held in host memory that is allocated and page-locked once, so a
+ * restore from it is a bulk DMA straight to the GPU at the PCIe line rate, with no staging copy
+ * and no hashing (every chunk was verified when it was loaded). Least recently used snapshots
+ * are evicted when a new one needs room. Pass it to {@link Snapshot.restore} as `cache`.
+ * Holds its memory (and, when pinned, a CUDA context on GPU 0) until {@link HostCache.close}.
+ * @public
+ */
+export class HostCache {
+  /** Bytes of host memory held. */
+  readonly budgetBytes: number;
+  /** Whether the memory is page-locked for DMA. */
+  readonly pinned: boolean;
+  private readonly buffer: NativeHostBuffer;
+  private readonly arena: Arena;
+  private readonly byId = new Map<string, Entry>();
+  private closed = false;
+
+  private constructor(buffer: NativeHostBuffer, budgetBytes: number) {
+    this.buffer = buffer;
+    this.budgetBytes = budgetBytes;
+    this.pinned = buffer.pinned;
+    this.arena = new Arena(budgetBytes);
+  }
+
+  /** Allocates, faults in and (by default, with a GPU) pins `budgetBytes`: 0.08 s/GiB or so, once. */
+  static async create(options: HostCacheOptions): Promise<HostCache> {
+    const budget = options?.budgetBytes;
+    if (!Number.isSafeInteger(budget) || budget <= 0) invalidArgument('budgetBytes', 'a positive integer byte count', budget);
+    const pin = options.pin ?? (await cudaStatus()).available;
+    try {
+      return new HostCache(await native().createHostBuffer(budget, pin ? 0 : -1), budget);
+    } catch (err) {
+      throw toVsnapError(err);
+    }
+  }
+
+  /** Bytes held by cached snapshots. */
+  get usedBytes(): number {
+    return this.arena.usedBytes;
+  }
+
+  /** The snapshots held, most recently used first. */
+  get entries(): CacheEntryInfo[] {
+    return [...this.byId.values()]
+      .filter((e) => e.loaded)
+      .sort((a, b) => b.lastUsed - a.lastUsed)
+      .map(({ name, id, bytes, lastUsed }) => ({ name, id, bytes, lastUsed }));
+  }
+
+  /** Whether a capture (by manifest id) is held and ready. */
+  has(id: string): boolean {
+    return this.byId.get(id)?.loaded === true;
+  }
+
+  /**
+   * Reads a snapshot's blobs into the cache, verifying every chunk, evicting least recently
+   * used snapshots as needed. Does nothing if it is already held. Throws E_NO_SPACE if it can
+   * never fit (larger than the budget, or the rest is in use).
+   */
+  async load(store: RegionStore, manifest: Manifest, options: TransferOptions = {}): Promise<void> {
+    const lease = await this.acquire(store, manifest, options);
+    lease.release();
+  }
+
+  /**
+   * Holds a snapshot in the cache for the duration of a restore (loading it first if needed).
+   * @internal
+   */
+  async acquire(store: RegionStore, manifest: Manifest, options: TransferOptions = {}): Promise<CacheLease> {
+    this.checkOpen();
+    let entry = this.byId.get(manifest.id);
+    if (!entry) entry = this.startLoad(store, manifest, options);
+    entry.users++;
+    try {
+      await entry.ready;
+    } catch (err) {
+      entry.users--;
+      throw err;
+    }
+    entry.lastUsed = Date.now();
+    let released = false;
+    const e = entry;
+    return {
+      buffer: this.buffer,
+      offsets: e.offsets,
+      release: () => {
+        if (!released) {
+          released = true;
+          e.users--;
+        }
+      },
+    };
+  }
+
+  /** Whether the snapshot could be held at all. @internal */
+  fits(manifest: Manifest): boolean {
+    return this.layout(manifest).bytes <= this.budgetBytes;
+  }
+
+  /** Drops a snapshot from the cache (not while a restore uses it). Returns whether it was held. */
+  evict(id: string): boolean {
+    const e = this.byId.get(id);
+    if (!e || e.users > 0) return false;
+    this.byId.delete(id);
+    this.arena.free(e.offset);
+    return true;
+  }
+
+  /** Drops every snapshot not in use. */
+  clear(): void {
+    for (const id of [...this.byId.keys()]) this.evict(id);
+  }
+
+  /** Frees (and unpins) the memory once running restores are done with it. Idempotent. */
+  close(): void {
+    if (this.closed) return;
+    this.closed = true;
+    this.byId.clear();
+    this.buffer.close();
+  }
+
+  /** Same as {@link HostCache.close}. */
+  async [Symbol.asyncDispose](): Promise<void> {
+    this.close();
+  }
+
+  private checkOpen(): void {
+    if (this.closed) throw new VsnapError('E_CLOSED', 'this HostCache was closed');
+  }
+
+  private layout(manifest: Manifest): { bytes: number; offsets: Map<string, number> } {
+    const offsets = new Map<string, number>();
+    let bytes = 0;
+    for (const { rank, region } of manifest.regions()) {
+      offsets.set(`${rank}/${region.key}`, bytes);
+      bytes += Math.ceil(region.size / 4096) * 4096;
+    }
+    return { bytes, offsets };
+  }
+
+  private place(bytes: number): number {
+    for (;;) {
+      const offset = this.arena.allocate(bytes);
+      if (offset !== undefined) return offset;
+      const victim = [...this.byId.values()].filter((e) => e.loaded && e.users === 0).sort((a, b) => a.lastUsed - b.lastUsed)[0];
+      if (!victim) {
+        throw new VsnapError(
+          'E_NO_SPACE',
+          `the RAM tier (${this.budgetBytes} bytes) has no room for ${bytes} bytes: the rest is in use by running restores or loads`,
+          { budgetBytes: this.budgetBytes, neededBytes: bytes },
+        );
+      }
+      this.evict(victim.id);
+    }
+  }
+
+  private startLoad(store: RegionStore, manifest: Manifest, options: TransferOptions): Entry {
+    const { bytes, offsets } = this.layout(manifest);
+    if (bytes > this.budgetBytes) {
+      throw new VsnapError('E_NO_SPACE', `snapshot '${manifest.name}' (${bytes} bytes) is larger than the RAM tier (${this.budgetBytes} bytes)`, {
+        budgetBytes: this.budgetBytes,
+        neededBytes: bytes,
+      });
+    }
+    const base = this.place(bytes);
+    for (const [k, v] of offsets) offsets.set(k, base + v);
+    const entry: Entry = { name: manifest.name, id: manifest.id, bytes, offset: base, offsets, lastUsed: Date.now(), users: 0, loaded: false, ready: Promise.resolve() };
+    this.byId.set(manifest.id, entry);
+    entry.ready = store
+      .withLock(false, () =>
+        runTransfer({
+          op: 'hydrate',
+          label: manifest.name,
+          regions: [...manifest.regions()].map(({ rank, region }) => ({
+            name: region.key,
+            blobPath: store.blobPath(region.blob),
+            size: region.size,
+            chunkSize: region.chunkSize,
+            checksums: region.checksums,
+            memory: { kind: 'buffer' as const, buffer: this.buffer, offset: offsets.get(`${rank}/${region.key}`)! },
+          })),
+          ...options,
+        }),
+      )
+      .then(
+        () => {
+          entry.loaded = true;
+        },
+        (err: unknown) => {
+          this.byId.delete(manifest.id);
+          this.arena.free(base);
+          throw toVsnapError(err);
+        },
+      );
+    return entry;
+  }
+}
