@@ -5,6 +5,7 @@
 #include "common/error.h"
 #include "cuda/context.h"
 #include "cuda/driver.h"
+#include "cuda/exportable.h"
 
 namespace vsnap::cuda {
 namespace {
@@ -46,11 +47,7 @@ int deviceCount() {
 
 uint64_t vmmGranularity(int ordinal) {
   deviceHandle(ordinal);
-  CUmemAllocationProp prop{};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = ordinal;
-  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  CUmemAllocationProp prop = exportableAllocation(ordinal);
   size_t granularity = 0;
   check(api().cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
         "cuMemGetAllocationGranularity");

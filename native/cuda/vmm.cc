@@ -4,6 +4,7 @@
 #include "cuda/context.h"
 #include "cuda/devices.h"
 #include "cuda/driver.h"
+#include "cuda/exportable.h"
 
 namespace vsnap::cuda {
 namespace {
@@ -51,11 +52,7 @@ std::unique_ptr<Mapping> Mapping::allocate(int device, uint64_t size) {
   auto ctx = acquireContext(device);
   ctx->makeCurrent();
   uint64_t rounded = roundUp(size, vmmGranularity(device));
-  CUmemAllocationProp prop{};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = device;
-  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  CUmemAllocationProp prop = exportableAllocation(device);
   CUmemGenericAllocationHandle handle = 0;
   check(api().cuMemCreate(&handle, rounded, &prop, 0), "cuMemCreate");
   return std::unique_ptr<Mapping>(new Mapping(std::move(ctx), handle, rounded, true));

@@ -1,43 +1,22 @@
 #include "js/js_allocation.h"
 
 #include "cuda/vmm.h"
-#include "js/js_util.h"
 
 namespace vsnap::js {
+
 Napi::Function DeviceAllocation::Define(Napi::Env env) {
-  Napi::Function fn = DefineClass(env, "DeviceAllocation",
+  Napi::Function fn = DefineClass(env, kName,
                                   {InstanceAccessor<&DeviceAllocation::Address>("address"),
                                    InstanceAccessor<&DeviceAllocation::Size>("size"),
                                    InstanceAccessor<&DeviceAllocation::Device>("device"),
-                                   InstanceAccessor<&DeviceAllocation::Closed>("closed"),
+                                   InstanceAccessor("closed", &DeviceAllocation::Closed, nullptr),
                                    InstanceMethod<&DeviceAllocation::ExportFd>("exportFd"),
                                    InstanceMethod<&DeviceAllocation::Write>("write"),
                                    InstanceMethod<&DeviceAllocation::Read>("read"),
                                    InstanceMethod<&DeviceAllocation::Fill>("fill"),
-                                   InstanceMethod<&DeviceAllocation::Close>("close")});
-  addonData(env).deviceAllocation = Napi::Persistent(fn);
+                                   InstanceMethod("close", &DeviceAllocation::Close)});
+  constructor(env) = Napi::Persistent(fn);
   return fn;
-}
-
-DeviceAllocation::DeviceAllocation(const Napi::CallbackInfo& info) : Napi::ObjectWrap<DeviceAllocation>(info) {
-  if (info.Length() != 1 || !info[0].IsExternal()) {
-    throw toJsError(info.Env(), NativeError("E_INVALID_ARGUMENT", "use allocateDevice() to create a DeviceAllocation"));
-  }
-  auto* holder = info[0].As<Napi::External<std::shared_ptr<cuda::Mapping>>>().Data();
-  mapping_ = *holder;
-}
-
-std::shared_ptr<cuda::Mapping> DeviceAllocation::unwrap(const Napi::Value& value) {
-  Napi::Env env = value.Env();
-  if (!value.IsObject() || !value.As<Napi::Object>().InstanceOf(addonData(env).deviceAllocation.Value())) {
-    throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "expected a DeviceAllocation"));
-  }
-  return Unwrap(value.As<Napi::Object>())->live(env);
-}
-
-const std::shared_ptr<cuda::Mapping>& DeviceAllocation::live(Napi::Env env) const {
-  if (!mapping_) throw toJsError(env, NativeError("E_CLOSED", "this DeviceAllocation was closed"));
-  return mapping_;
 }
 
 Napi::Value DeviceAllocation::Address(const Napi::CallbackInfo& info) {
@@ -48,9 +27,6 @@ Napi::Value DeviceAllocation::Size(const Napi::CallbackInfo& info) {
 }
 Napi::Value DeviceAllocation::Device(const Napi::CallbackInfo& info) {
   return Napi::Number::New(info.Env(), live(info.Env())->device());
-}
-Napi::Value DeviceAllocation::Closed(const Napi::CallbackInfo& info) {
-  return Napi::Boolean::New(info.Env(), !mapping_);
 }
 
 Napi::Value DeviceAllocation::ExportFd(const Napi::CallbackInfo& info) {
@@ -96,23 +72,14 @@ Napi::Value DeviceAllocation::Fill(const Napi::CallbackInfo& info) {
       [](Napi::Env env, bool&) -> Napi::Value { return env.Undefined(); });
 }
 
-Napi::Value DeviceAllocation::Close(const Napi::CallbackInfo& info) {
-  mapping_.reset();
-  return info.Env().Undefined();
-}
-
 void initAllocation(Napi::Env env, Napi::Object exports) {
-  Napi::Function ctor = DeviceAllocation::Define(env);
-  exports.Set("DeviceAllocation", ctor);
+  exports.Set("DeviceAllocation", DeviceAllocation::Define(env));
   exports.Set("allocateDevice", Napi::Function::New(env, [](const Napi::CallbackInfo& info) -> Napi::Value {
     int device = static_cast<int>(toI64(info[0], "device"));
     uint64_t size = toU64(info[1], "size");
     return PromiseWorker<std::shared_ptr<cuda::Mapping>>::Run(
         info.Env(), [device, size] { return std::shared_ptr<cuda::Mapping>(cuda::Mapping::allocate(device, size)); },
-        [](Napi::Env env, std::shared_ptr<cuda::Mapping>& m) -> Napi::Value {
-          std::shared_ptr<cuda::Mapping> holder = m;
-          return addonData(env).deviceAllocation.New({Napi::External<std::shared_ptr<cuda::Mapping>>::New(env, &holder)});
-        });
+        [](Napi::Env env, std::shared_ptr<cuda::Mapping>& m) { return DeviceAllocation::wrap(env, m); });
   }, "allocateDevice"));
 }
 

@@ -1,9 +1,7 @@
 // HostBuffer: RAM-tier memory (faulted in and pinned once, off the JS thread).
 #pragma once
 
-#include <napi.h>
-
-#include <memory>
+#include "js/shared_wrap.h"
 
 namespace vsnap::transfer {
 class HostBuffer;
@@ -11,21 +9,17 @@ class HostBuffer;
 
 namespace vsnap::js {
 
-class HostBuffer : public Napi::ObjectWrap<HostBuffer> {
+class HostBuffer : public SharedWrap<HostBuffer, transfer::HostBuffer> {
  public:
+  static constexpr const char* kName = "HostBuffer";
+  static Napi::FunctionReference& constructor(Napi::Env env) { return addonData(env).hostBuffer; }
   static Napi::Function Define(Napi::Env env);
-  HostBuffer(const Napi::CallbackInfo& info);
-  static std::shared_ptr<transfer::HostBuffer> unwrap(const Napi::Value& value);
+  using SharedWrap::SharedWrap;
 
  private:
   Napi::Value Size(const Napi::CallbackInfo& info);
   Napi::Value Pinned(const Napi::CallbackInfo& info);
-  Napi::Value Closed(const Napi::CallbackInfo& info);
   Napi::Value Read(const Napi::CallbackInfo& info);
-  Napi::Value Close(const Napi::CallbackInfo& info);
-  const std::shared_ptr<transfer::HostBuffer>& live(Napi::Env env) const;
-
-  std::shared_ptr<transfer::HostBuffer> buffer_;
 };
 
 }  // namespace vsnap::js

@@ -1,9 +1,7 @@
 // StagingPool: the pinned host buffers transfers borrow; created once, closed by its owner.
 #pragma once
 
-#include <napi.h>
-
-#include <memory>
+#include "js/shared_wrap.h"
 
 namespace vsnap::transfer {
 class StagingPool;
@@ -11,21 +9,17 @@ class StagingPool;
 
 namespace vsnap::js {
 
-class StagingPool : public Napi::ObjectWrap<StagingPool> {
+class StagingPool : public SharedWrap<StagingPool, transfer::StagingPool> {
  public:
+  static constexpr const char* kName = "StagingPool";
+  static Napi::FunctionReference& constructor(Napi::Env env) { return addonData(env).stagingPool; }
   static Napi::Function Define(Napi::Env env);
-  StagingPool(const Napi::CallbackInfo& info);
-  static std::shared_ptr<transfer::StagingPool> unwrap(const Napi::Value& value);
+  using SharedWrap::SharedWrap;
 
  private:
   Napi::Value SlotSize(const Napi::CallbackInfo& info);
   Napi::Value SlotCount(const Napi::CallbackInfo& info);
   Napi::Value Pinned(const Napi::CallbackInfo& info);
-  Napi::Value Closed(const Napi::CallbackInfo& info);
-  Napi::Value Close(const Napi::CallbackInfo& info);
-  const std::shared_ptr<transfer::StagingPool>& live(Napi::Env env) const;
-
-  std::shared_ptr<transfer::StagingPool> pool_;
 };
 
 }  // namespace vsnap::js

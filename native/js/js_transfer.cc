@@ -108,20 +108,15 @@ class TransferWorker : public Napi::AsyncWorker {
  protected:
   void Execute() override {
     auto start = std::chrono::steady_clock::now();
-    try {
+    error_ = captureError([this] {
       auto& tasks = job_->tasks();
       for (size_t i = 0; i < tasks.size(); i++) {
         tasks[i].region = memory_[i].open(tasks[i].size);
         tasks[i].source = sources_[i].open(tasks[i].size);
       }
       job_->run([this] { report(); });
-    } catch (const NativeError& e) {
-      error_ = e;
-      SetError(e.what());
-    } catch (const std::exception& e) {
-      error_ = NativeError("E_INTERNAL", e.what());
-      SetError(e.what());
-    }
+    });
+    if (error_) SetError(error_->what());
     // Unmap imported memory and drop our descriptors before the promise settles.
     for (auto& t : job_->tasks()) {
       t.region.reset();

@@ -21,6 +21,19 @@ int64_t toI64(const Napi::Value& value, const char* what);
 std::string toString(const Napi::Value& value, const char* what);
 Napi::Value getRequired(const Napi::Object& object, const char* key);
 
+// Runs fn, returning the NativeError it threw (E_INTERNAL for any other exception), if any.
+template <typename Fn>
+std::optional<NativeError> captureError(Fn&& fn) {
+  try {
+    fn();
+    return std::nullopt;
+  } catch (const NativeError& e) {
+    return e;
+  } catch (const std::exception& e) {
+    return NativeError("E_INTERNAL", e.what());
+  }
+}
+
 // Runs work() on the libuv thread pool and settles a promise with convert(result). A
 // NativeError rejects with the corresponding JS error. keepAlive values (buffers the work
 // reads or writes, wrapped objects it uses) are referenced until the work ends.
@@ -39,15 +52,8 @@ class PromiseWorker : public Napi::AsyncWorker {
 
  protected:
   void Execute() override {
-    try {
-      result_ = work_();
-    } catch (const NativeError& e) {
-      error_ = e;
-      SetError(e.what());
-    } catch (const std::exception& e) {
-      error_ = NativeError("E_INTERNAL", e.what());
-      SetError(e.what());
-    }
+    error_ = captureError([this] { result_ = work_(); });
+    if (error_) SetError(error_->what());
   }
   void OnOK() override {
     Napi::HandleScope scope(Env());
