@@ -52,6 +52,18 @@ export type ErrorCode =
   | 'E_IPC_AUTH'
   /** Something is already listening on that socket path. */
   | 'E_ADDRESS_IN_USE'
+  /** The engine answered an HTTP error; `details` has status, route and a body excerpt. */
+  | 'E_ENGINE_HTTP'
+  /** The engine could not be reached (connection refused, reset, DNS). */
+  | 'E_ENGINE_UNREACHABLE'
+  /** The engine answered something of an unexpected shape. */
+  | 'E_ENGINE_PROTOCOL'
+  /** The engine is not in a state the operation can start from (e.g. capture while asleep). */
+  | 'E_ENGINE_STATE'
+  /** Suspend refused: no verified snapshot matches the live engine, so its weights could not come back. */
+  | 'E_NOT_RESTORABLE'
+  /** After a restore the engine's answer differs from the one recorded at capture. */
+  | 'E_RESPONSE_MISMATCH'
   /** A bug in vsnap: please report it with the message. */
   | 'E_INTERNAL';
 
@@ -60,7 +72,8 @@ const KNOWN_CODES: ReadonlySet<string> = new Set<ErrorCode>([
   'E_NO_SPACE', 'E_CHECKSUM', 'E_BLOB_TRUNCATED', 'E_BLOB_MISSING', 'E_MANIFEST_INVALID',
   'E_MANIFEST_MISMATCH', 'E_SNAPSHOT_NOT_FOUND', 'E_STORE_INVALID', 'E_STORE_LOCKED', 'E_ABORTED',
   'E_TIMEOUT', 'E_CLOSED', 'E_OUT_OF_RANGE', 'E_IPC_PROTOCOL', 'E_IPC_AUTH', 'E_ADDRESS_IN_USE',
-  'E_INTERNAL',
+  'E_ENGINE_HTTP', 'E_ENGINE_UNREACHABLE', 'E_ENGINE_PROTOCOL', 'E_ENGINE_STATE', 'E_NOT_RESTORABLE',
+  'E_RESPONSE_MISMATCH', 'E_INTERNAL',
 ]);
 
 /**

@@ -41,6 +41,21 @@ export {
 } from './store/region-store.js';
 
 export {
+  EngineClient,
+  type CallOptions,
+  type CompletionResult,
+  type EngineClientOptions,
+  type EngineStatus,
+} from './engine/engine-client.js';
+export type {
+  EngineCaptureOptions,
+  EngineRestoreOptions,
+  EngineRestoreReport,
+  EngineSuspendOptions,
+  EngineSuspendResult,
+} from './snapshot/engine-flows.js';
+
+export {
   Snapshot,
   type CaptureOptions,
   type CaptureRegion,

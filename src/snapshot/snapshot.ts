@@ -11,6 +11,17 @@ import { validateName } from '../store/names.js';
 import type { RegionStore, VerifyReport } from '../store/region-store.js';
 import { DEFAULT_CHUNK_SIZE } from '../transfer/staging.js';
 import { runTransfer, type TransferOptions } from '../transfer/transfer.js';
+import type { EngineClient } from '../engine/engine-client.js';
+import {
+  captureEngine,
+  restoreEngine,
+  suspendEngine,
+  type EngineCaptureOptions,
+  type EngineRestoreOptions,
+  type EngineRestoreReport,
+  type EngineSuspendOptions,
+  type EngineSuspendResult,
+} from './engine-flows.js';
 import { VERSION } from '../version.js';
 
 /**
@@ -314,6 +325,35 @@ export class Snapshot {
       }),
     );
     return { bytes: result.bytes, seconds: result.seconds, bytesPerSecond: result.bytes / Math.max(result.seconds, 1e-9), tier: 'store' };
+  }
+
+  /**
+   * Captures a running engine's weights through its vsnap plugin: records a short greedy
+   * completion (the expected response), has every worker export its weights regions, copies them
+   * out per rank in parallel, and publishes the snapshot with the engine, model and platform facts.
+   */
+  static async captureEngine(store: RegionStore, name: string, client: EngineClient, options: EngineCaptureOptions = {}): Promise<Snapshot> {
+    return captureEngine(Snapshot, store, name, client, options);
+  }
+
+  /**
+   * Puts an engine to sleep (level 2, freeing its weights) only if this store's snapshot `name`
+   * can bring them back: it must match the live layout and engine facts, with every blob
+   * present. Otherwise it captures first (`captureIfNeeded`) or refuses with E_NOT_RESTORABLE:
+   * weights that cannot come back are never discarded.
+   */
+  static async suspendEngine(store: RegionStore, name: string, client: EngineClient, options: EngineSuspendOptions = {}): Promise<EngineSuspendResult> {
+    return suspendEngine(Snapshot, store, name, client, options);
+  }
+
+  /**
+   * Restores this snapshot into a suspended engine: wakes the weights, has the workers export
+   * them, checks the layout and facts, hydrates with every chunk verified, wakes the KV cache,
+   * resets the prefix cache, and re-runs the expected response; only then does it resolve. Any
+   * failure puts the engine back to sleep and says how to recover.
+   */
+  async restoreEngine(client: EngineClient, options: EngineRestoreOptions = {}): Promise<EngineRestoreReport> {
+    return restoreEngine(this, client, options);
   }
 
   /** Re-hashes every blob of this capture; see {@link RegionStore.verify}. */

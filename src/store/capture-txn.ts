@@ -1,4 +1,4 @@
-import { chmodSync, existsSync, mkdirSync, renameSync, statSync, unlinkSync } from 'node:fs';
+import { chmodSync, existsSync, mkdirSync, renameSync, unlinkSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 
@@ -46,10 +46,10 @@ export class CaptureTransaction {
 
   /**
    * Publishes the captured blobs and the manifest, under the exclusive store lock:
-   * blobs renamed into blobs/ (or dropped where an identical blob exists), their directories
-   * fsynced; then the manifest; then `current`. A crash before the manifest leaves only
+   * blobs renamed into blobs/ (over an identical stored blob, which they replace), their
+   * directories fsynced; then the manifest; then `current`. A crash before the manifest leaves only
    * unreferenced blobs (removed by gc); before `current`, a complete but non-current capture.
-   * Returns how many bytes were deduplicated.
+   * Returns how many bytes were already stored (the store did not grow by them).
    */
   async publish(manifest: Manifest, blobs: ReadonlyArray<{ tmpPath: string; digest: string; size: number }>): Promise<{ dedupedBytes: number }> {
     let dedupedBytes = 0;
@@ -59,16 +59,16 @@ export class CaptureTransaction {
         const placed = new Set<string>();
         for (const blob of blobs) {
           const dest = this.store.blobPath(blob.digest);
-          if (placed.has(blob.digest) || existsSync(dest)) {
-            if (!placed.has(blob.digest) && statSync(dest).size !== blob.size) {
-              throw new VsnapError('E_BLOB_TRUNCATED', `existing blob ${dest} has the wrong size; run \`vsnap verify\`, remove the damaged snapshot and gc`, {
-                path: dest,
-              });
-            }
-            if (existsSync(blob.tmpPath)) unlinkSync(blob.tmpPath);
+          if (placed.has(blob.digest)) {
+            // the same bytes twice in this capture: one file serves both
+            unlinkSync(blob.tmpPath);
             dedupedBytes += blob.size;
             continue;
           }
+          // An identical blob may already be stored. The fresh copy replaces it anyway: it was just
+          // written and checksummed from the source, so a stored copy that rotted since is healed
+          // rather than trusted. Readers holding the old file keep reading it.
+          if (existsSync(dest)) dedupedBytes += blob.size;
           mkdirSync(dirname(dest), { recursive: true });
           chmodSync(blob.tmpPath, 0o444);
           renameSync(blob.tmpPath, dest);

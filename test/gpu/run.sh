@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 if [ -x node_modules/.bin/esbuild ]; then
-  node_modules/.bin/esbuild test/gpu/regions.gpu.test.ts test/gpu/peer.ts --bundle --platform=node --format=esm \
+  node_modules/.bin/esbuild test/gpu/regions.gpu.test.ts test/gpu/engine.gpu.test.ts test/gpu/peer.ts --bundle --platform=node --format=esm \
     --target=node20 --outdir=dist-gpu --out-extension:.js=.mjs --log-level=warning \
     --external:node-gyp-build --banner:js="import { createRequire as __cr } from 'module'; const require = __cr(import.meta.url);"
 fi
@@ -14,5 +14,13 @@ if [ -z "${VSNAP_NATIVE_PATH:-}" ]; then
   export VSNAP_NATIVE_PATH="$(ls "$PWD"/prebuilds/linux-x64/*.node | head -1)"
   [ -f build/Release/vsnap.node ] && export VSNAP_NATIVE_PATH="$PWD/build/Release/vsnap.node"
 fi
+# The reference engine's CUDA allocator (test/fixtures/engine/csrc), built where a compiler is.
+lib=dist-gpu/libvsnap_ref_cumem.so
+if command -v cc >/dev/null && [ -f "${CUDA_PATH:-/usr/local/cuda}/include/cuda.h" ]; then
+  cc -O2 -shared -fPIC -I"${CUDA_PATH:-/usr/local/cuda}/include" test/fixtures/engine/csrc/cumem_allocator.c -o "$lib" -ldl
+fi
+export VSNAP_REF_CUMEM_LIB="$PWD/$lib"
 export VSNAP_GPU_PEER="$PWD/dist-gpu/peer.mjs"
-exec node --test --test-reporter=spec dist-gpu/regions.gpu.test.mjs
+suites=("$@")
+[ ${#suites[@]} -gt 0 ] || suites=(dist-gpu/regions.gpu.test.mjs dist-gpu/engine.gpu.test.mjs)
+exec node --test --test-concurrency=1 --test-reporter=spec "${suites[@]}"

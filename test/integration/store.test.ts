@@ -44,6 +44,21 @@ describe('RegionStore', () => {
     expect((await store.usage()).blobs).toBe(3);
   });
 
+  it('a new capture of the same bytes heals a stored blob that rotted', async () => {
+    const store = await RegionStore.open(tempDir());
+    const first = await Snapshot.capture(store, 'a', { regions: regions({ x: 2 * MiB }) });
+    const blob = store.blobPath(first.manifest.data.ranks[0]!.regions[0]!.blob);
+    const { chmodSync, openSync, writeSync, closeSync } = await import('node:fs');
+    chmodSync(blob, 0o644);
+    const fd = openSync(blob, 'r+');
+    writeSync(fd, Buffer.from('rot'), 0, 3, 12345);
+    closeSync(fd);
+    expect((await store.verify('a')).ok).toBe(false);
+    const second = await Snapshot.capture(store, 'b', { regions: regions({ x: 2 * MiB }) });
+    expect(second.lastCapture?.dedupedBytes).toBe(2 * MiB);
+    expect((await store.verify('a')).ok).toBe(true);
+  });
+
   it('keeps history, moves current, removes and collects garbage', async () => {
     const store = await RegionStore.open(tempDir());
     const first = await Snapshot.capture(store, 'm', { regions: regions({ x: MiB }) });

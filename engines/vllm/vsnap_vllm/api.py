@@ -1,0 +1,116 @@
+"""The /vsnap/v1 routes on vLLM's API server: status, export, sleep, wake, reset_prefix_cache.
+
+Every route needs `Authorization: Bearer $VSNAP_TOKEN` (compared in constant time), so the
+engine can be driven without VLLM_SERVER_DEV_MODE, whose routes nobody authenticates. With no
+VSNAP_TOKEN set the routes answer 503 and do nothing.
+"""
+
+import hmac
+import json
+import logging
+import os
+
+from . import adapter
+
+log = logging.getLogger("vsnap_vllm")
+PREFIX = "/vsnap/v1"
+
+
+class HttpError(Exception):
+    def __init__(self, status, message):
+        super().__init__(message)
+        self.status = status
+
+
+def _authorize(request):
+    token = os.environ.get("VSNAP_TOKEN", "")
+    if not token:
+        raise HttpError(503, "VSNAP_TOKEN is not set on the engine: the vsnap routes are disabled")
+    header = request.headers.get("authorization") or ""
+    scheme, _, presented = header.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(presented.strip().encode(), token.encode()):
+        raise HttpError(401, "missing or wrong bearer token")
+
+
+async def _json_body(request):
+    raw = await request.body()
+    if not raw:
+        return {}
+    try:
+        body = json.loads(raw)
+    except ValueError as e:
+        raise HttpError(400, f"body is not JSON: {e}") from e
+    if not isinstance(body, dict):
+        raise HttpError(400, "body must be a JSON object")
+    return body
+
+
+def _route(handler):
+    async def endpoint(request):
+        try:
+            _authorize(request)
+            status, content = await handler(request, adapter.engine_client(request))
+        except HttpError as e:
+            status, content = e.status, {"error": str(e)}
+        except Exception as e:  # the engine or a worker failed: say what happened
+            log.exception("vsnap route failed")
+            status, content = 500, {"error": f"{type(e).__name__}: {e}"}
+        return adapter.json_response(content, status)
+
+    endpoint.__name__ = f"vsnap_{handler.__name__}"
+    return endpoint
+
+
+async def status(request, client):
+    ranks = await adapter.collective_rpc(client, "vsnap_status")
+    first = ranks[0] if ranks and isinstance(ranks[0], dict) else {}
+    return 200, {"engine": first.get("engine"), "model": first.get("model"), "sleeping": await adapter.is_sleeping(client), "ranks": ranks}
+
+
+async def export(request, client):
+    body = await _json_body(request)
+    socket_path, nonces = body.get("socket"), body.get("nonces")
+    if not isinstance(socket_path, str) or not isinstance(nonces, list) or not all(isinstance(n, str) for n in nonces):
+        raise HttpError(400, 'expected {"socket": "<path>", "nonces": ["<one per rank>", ...]}')
+    ranks = await adapter.collective_rpc(client, "vsnap_export", (socket_path, nonces))
+    return 200, {"ranks": ranks}
+
+
+async def sleep(request, client):
+    body = await _json_body(request)
+    level = body.get("level", 1)
+    if level not in (0, 1, 2):
+        raise HttpError(400, "level must be 0, 1 or 2")
+    mode = body.get("mode")
+    await adapter.sleep(client, level, mode)
+    return 200, {"status": "sleeping", "level": level}
+
+
+async def wake(request, client):
+    body = await _json_body(request)
+    tags = body.get("tags")
+    if tags is not None and (not isinstance(tags, list) or not all(isinstance(t, str) for t in tags)):
+        raise HttpError(400, "tags must be a list of strings, or absent for all")
+    await adapter.wake_up(client, tags)
+    return 200, {"status": "awake" if not await adapter.is_sleeping(client) else "sleeping", "tagsWoken": tags}
+
+
+async def reset_prefix_cache(request, client):
+    await adapter.reset_prefix_cache(client)
+    return 200, {"status": "ok"}
+
+
+ROUTES = [
+    ("/status", status, ["GET"]),
+    ("/export", export, ["POST"]),
+    ("/sleep", sleep, ["POST"]),
+    ("/wake", wake, ["POST"]),
+    ("/reset_prefix_cache", reset_prefix_cache, ["POST"]),
+]
+
+
+def mount(app):
+    for path, handler, methods in ROUTES:
+        adapter.add_route(app, PREFIX + path, _route(handler), methods)
+    if not os.environ.get("VSNAP_TOKEN"):
+        log.warning("vsnap: VSNAP_TOKEN is not set; the /vsnap/v1 routes will refuse every request")

@@ -1,0 +1,110 @@
+"""Making weights memory exportable as POSIX descriptors, in place, at the same addresses.
+
+vLLM creates its sleep-mode memory without an export handle type, so the driver refuses to
+export it. After the model is loaded, each weights allocation is "rehomed": exportable memory
+of the same size is created, the bytes are copied into it device-to-device, vLLM's memory is
+unmapped and released, the new memory is mapped at the original address, and vLLM's handle
+slot is pointed at it, so vLLM's own release frees it later. On every wake, memory of the
+weights tag is created exportable from the start (it is empty: nothing to copy).
+"""
+
+import logging
+import os
+import time
+
+from .drivers import NotExportable
+
+log = logging.getLogger("vsnap_vllm")
+
+
+class Exporter:
+    def __init__(self, driver):
+        self.driver = driver
+        self._known = set()  # (device, handle) pairs known to be exportable
+
+    def is_exportable(self, allocation):
+        key = (allocation.device, allocation.handle)
+        if key in self._known:
+            return True
+        try:
+            fd = self.driver.export_fd(allocation.device, allocation.handle)
+        except NotExportable:
+            return False
+        os.close(fd)
+        self._known.add(key)
+        return True
+
+    def rehome(self, allocation, copy=True):
+        """Puts exportable memory under `allocation`'s address, keeping its bytes if `copy`."""
+        d, dev, size, va = self.driver, allocation.device, allocation.size, allocation.va
+        new = d.create_exportable(dev, size)
+        try:
+            if copy:
+                staging = d.reserve(dev, size)
+                try:
+                    d.map(dev, staging, size, new)
+                    try:
+                        d.copy(dev, staging, va, size)
+                    finally:
+                        d.unmap(dev, staging, size)
+                finally:
+                    d.free_address(dev, staging, size)
+            old = allocation.handle
+            d.unmap(dev, va, size)
+            try:
+                d.map(dev, va, size, new)
+            except Exception:
+                d.map(dev, va, size, old)  # put vLLM's memory back before failing
+                raise
+        except Exception:
+            d.release(dev, new)
+            raise
+        d.release(dev, old)
+        self._known.discard((dev, old))
+        allocation.set_handle(new)
+        self._known.add((dev, new))
+
+    def create_on_wake(self, allocation):
+        """In place of vLLM's create_and_map for one allocation: exportable memory, mapped."""
+        new = self.driver.create_exportable(allocation.device, allocation.size)
+        try:
+            self.driver.map(allocation.device, allocation.va, allocation.size, new)
+        except Exception:
+            self.driver.release(allocation.device, new)
+            raise
+        allocation.set_handle(new)
+        self._known.add((allocation.device, new))
+
+    def make_all_exportable(self, allocations, copy=True):
+        """Rehomes every allocation that is not exportable yet; returns what it did."""
+        started = time.perf_counter()
+        rehomed = kept = moved = 0
+        for allocation in allocations:
+            if self.is_exportable(allocation):
+                kept += 1
+                continue
+            self.rehome(allocation, copy=copy)
+            rehomed += 1
+            moved += allocation.size
+        seconds = time.perf_counter() - started
+        if rehomed:
+            log.info("vsnap: made %d weights allocation(s) exportable (%.2f GiB) in %.1f ms; %d already were",
+                     rehomed, moved / 2**30, seconds * 1000, kept)
+        return {"rehomed": rehomed, "alreadyExportable": kept, "bytes": moved, "seconds": seconds}
+
+    def export_fds(self, allocations):
+        """A new descriptor for each allocation (the caller closes them)."""
+        fds = []
+        try:
+            for allocation in allocations:
+                try:
+                    fds.append(self.driver.export_fd(allocation.device, allocation.handle))
+                except NotExportable as e:
+                    raise NotExportable(
+                        f"weights allocation at {allocation.va:#x} is not exportable: was the engine started with the vsnap "
+                        "plugin loaded (VLLM_PLUGINS includes vsnap) and --enable-sleep-mode?") from e
+        except Exception:
+            for fd in fds:
+                os.close(fd)
+            raise
+        return fds

@@ -1,0 +1,57 @@
+"""The sending side of vsnap's descriptor-passing protocol (the receiver is the SDK's
+FdReceiver; the protocol is specified in native/ipc/fd_channel.h of the vsnap repository).
+
+    "VSN1" | nonce (64 ASCII hex) | u32 header length | u32 fd count | header JSON
+    then batches of up to 250 fds, each on a one-byte b"F" frame (SCM_RIGHTS)
+    reply: u32 length | JSON {"ok": true} or {"ok": false, "code": ..., "error": ...}
+"""
+
+import json
+import socket
+import struct
+
+MAGIC = b"VSN1"
+FDS_PER_BATCH = 250
+
+
+class ExportRefused(RuntimeError):
+    """The receiver refused the message (bad nonce, wrong uid, protocol error)."""
+
+    def __init__(self, code, message):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+def _recv_exact(sock, n):
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("the receiver closed the connection before replying")
+        data += chunk
+    return data
+
+
+def send_fds(path, nonce, header, fds, timeout=30.0):
+    """Sends `header` (JSON-serialisable) and the descriptors `fds` to the receiver at `path`,
+    authorised by `nonce`. Returns the receiver's reply; raises ExportRefused if it refused."""
+    if len(nonce) != 64:
+        raise ValueError("a nonce is 64 hex digits")
+    body = json.dumps(header, separators=(",", ":")).encode()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(path)
+        refused = False
+        try:
+            sock.sendall(MAGIC + nonce.encode("ascii") + struct.pack("<II", len(body), len(fds)) + body)
+            for start in range(0, len(fds), FDS_PER_BATCH):
+                socket.send_fds(sock, [b"F"], list(fds[start:start + FDS_PER_BATCH]))
+        except (BrokenPipeError, ConnectionResetError):
+            refused = True  # the receiver hung up early; its reply says why
+        (length,) = struct.unpack("<I", _recv_exact(sock, 4))
+        reply = json.loads(_recv_exact(sock, length))
+    if not reply.get("ok"):
+        raise ExportRefused(reply.get("code", "E_IPC_PROTOCOL"), reply.get("error", "refused"))
+    if refused:
+        raise ExportRefused("E_IPC_PROTOCOL", "the receiver hung up without refusing")
+    return reply

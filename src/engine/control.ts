@@ -1,0 +1,83 @@
+import { VsnapError } from '../errors.js';
+import type { CallOptions, EngineClient, EngineStatus } from './engine-client.js';
+import { VsnapStatusSchema } from './schemas.js';
+
+/**
+ * How the flows drive an engine: through the plugin's authenticated /vsnap/v1 routes, or, where
+ * the plugin could not add them (no hook point in that vLLM), through vLLM's dev routes
+ * (VLLM_SERVER_DEV_MODE=1) and the plugin's worker methods over /collective_rpc.
+ * @internal
+ */
+export interface EngineControl {
+  readonly via: 'vsnap' | 'dev';
+  status(call?: CallOptions): Promise<EngineStatus>;
+  exportTo(socket: string, nonces: readonly string[], call?: CallOptions): Promise<void>;
+  sleep(level: 1 | 2, mode: 'abort' | 'wait' | 'keep' | undefined, call?: CallOptions): Promise<void>;
+  wake(tags: readonly string[] | undefined, call?: CallOptions): Promise<void>;
+  resetPrefixCache(call?: CallOptions): Promise<void>;
+}
+
+function viaRoutes(client: EngineClient): EngineControl {
+  return {
+    via: 'vsnap',
+    status: (call) => client.vsnapStatus(call),
+    exportTo: async (socket, nonces, call) => {
+      await client.vsnapExport({ socket, nonces }, call);
+    },
+    sleep: (level, mode, call) => client.vsnapSleep({ level, ...(mode ? { mode } : {}) }, call),
+    wake: (tags, call) => client.vsnapWake(tags ? { tags } : {}, call),
+    resetPrefixCache: (call) => client.vsnapResetPrefixCache(call),
+  };
+}
+
+function viaDevRoutes(client: EngineClient): EngineControl {
+  return {
+    via: 'dev',
+    status: async (call) => {
+      const ranks = (await client.collectiveRpc('vsnap_status', {}, call)) ?? [];
+      const first = (ranks[0] ?? {}) as { engine?: unknown; model?: unknown };
+      const parsed = VsnapStatusSchema.safeParse({ engine: first.engine, model: first.model, sleeping: await client.isSleeping(call), ranks });
+      if (!parsed.success) {
+        throw new VsnapError('E_ENGINE_PROTOCOL', `the workers' vsnap_status has an unexpected shape: is the vsnap plugin of a matching version loaded?`, {
+          issues: parsed.error.issues,
+        });
+      }
+      return parsed.data;
+    },
+    exportTo: async (socket, nonces, call) => {
+      await client.collectiveRpc('vsnap_export', { args: [socket, [...nonces]] }, call);
+    },
+    sleep: (level, mode, call) => client.sleep({ level, ...(mode ? { mode } : {}) }, call),
+    wake: (tags, call) => client.wakeUp(tags ? { tags } : {}, call),
+    resetPrefixCache: (call) => client.resetPrefixCache(call),
+  };
+}
+
+/**
+ * Picks how to drive `client`: the vsnap routes when the plugin answers on them, else the dev
+ * routes; refuses clearly when there is neither.
+ * @internal
+ */
+export async function engineControl(client: EngineClient, call?: CallOptions): Promise<{ control: EngineControl; status: EngineStatus }> {
+  try {
+    const control = viaRoutes(client);
+    return { control, status: await control.status(call) };
+  } catch (err) {
+    if (!(err instanceof VsnapError && err.code === 'E_ENGINE_HTTP' && err.details.status === 404)) throw err;
+  }
+  try {
+    const control = viaDevRoutes(client);
+    return { control, status: await control.status(call) };
+  } catch (err) {
+    if (err instanceof VsnapError && err.code === 'E_ENGINE_HTTP' && err.details.status === 404) {
+      throw new VsnapError(
+        'E_ENGINE_STATE',
+        `${client.baseUrl} has neither the vsnap routes nor vLLM's dev routes: load the plugin (VLLM_PLUGINS=vsnap, VSNAP_TOKEN=...) ` +
+          'or start the engine with VLLM_SERVER_DEV_MODE=1',
+        { url: client.baseUrl },
+        { cause: err },
+      );
+    }
+    throw err;
+  }
+}

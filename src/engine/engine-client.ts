@@ -1,0 +1,364 @@
+import { setTimeout as sleep } from 'node:timers/promises';
+
+import { Agent, errors as undiciErrors, request, type Dispatcher } from 'undici';
+import type { z } from 'zod';
+
+import { abortError, invalidArgument, VsnapError } from '../errors.js';
+import {
+  CollectiveRpcSchema,
+  CompletionSchema,
+  IsSleepingSchema,
+  ModelListSchema,
+  SleepAnswerSchema,
+  VersionSchema,
+  VsnapExportSchema,
+  VsnapStatusSchema,
+  WakeAnswerSchema,
+} from './schemas.js';
+
+/**
+ * Options of {@link EngineClient}.
+ * @public
+ */
+export interface EngineClientOptions {
+  /** The engine's base URL, e.g. `http://127.0.0.1:8000`. */
+  readonly baseUrl: string;
+  /** The bearer token of the vsnap routes (the engine's `VSNAP_TOKEN`). */
+  readonly token?: string;
+  /** vLLM's `--api-key`, sent on `/v1` routes. */
+  readonly apiKey?: string;
+  /** Per-call timeout (default 30 s; sleep, wake and export get 10 minutes). */
+  readonly timeoutMs?: number;
+  /** Retries of idempotent calls (GETs) on connection errors and 502/503/504 (default 2). */
+  readonly retries?: number;
+  /** An undici dispatcher to use (default: a keep-alive Agent owned by the client). */
+  readonly dispatcher?: Dispatcher;
+}
+
+/**
+ * Options of one call.
+ * @public
+ */
+export interface CallOptions {
+  /** Cancels the call (rejects with E_ABORTED). */
+  readonly signal?: AbortSignal;
+  /** Overrides the client's timeout for this call. */
+  readonly timeoutMs?: number;
+}
+
+/**
+ * An engine's state as its vsnap plugin reports it (`GET /vsnap/v1/status`).
+ * @public
+ */
+export interface EngineStatus {
+  /** Engine kind, version, plugin version and attention backend. */
+  readonly engine: { readonly kind: string; readonly version: string; readonly pluginVersion: string | null; readonly attentionBackend: string | null };
+  /** The model served. */
+  readonly model: {
+    readonly id: string;
+    readonly revision: string | null;
+    readonly dtype: string | null;
+    readonly quantization: string | null;
+    readonly tensorParallelSize: number;
+    readonly pipelineParallelSize: number;
+  };
+  /** True while any memory tag is asleep. */
+  readonly sleeping: boolean;
+  /** One entry per worker (GPU). */
+  readonly ranks: ReadonlyArray<{
+    readonly rank: number;
+    readonly pid: number;
+    readonly device: { readonly ordinal: number; readonly uuid: string };
+    /** `cuda`, or `host` for the CPU test engine. */
+    readonly memory: 'cuda' | 'host';
+    readonly sleepMode: boolean;
+    readonly weightsMapped: boolean;
+    readonly regions: number;
+    readonly bytes: number;
+    readonly attentionBackend: string | null;
+  }>;
+}
+
+/**
+ * A completion, reduced to what vsnap compares.
+ * @public
+ */
+export interface CompletionResult {
+  /** The generated text. */
+  readonly text: string;
+  /** Generated token ids (asked for with `return_tokens_as_token_ids`), when the engine gives them. */
+  readonly tokenIds: number[] | null;
+  /** Per-token logprobs, when asked for. */
+  readonly logprobs: number[] | null;
+  /** The engine's whole answer. */
+  readonly raw: unknown;
+}
+
+const LONG_CALL_MS = 10 * 60_000;
+
+interface Call {
+  method: 'GET' | 'POST';
+  path: string;
+  query?: Record<string, string | number | string[]>;
+  body?: unknown;
+  auth?: 'vsnap' | 'api';
+  idempotent?: boolean;
+  options?: CallOptions;
+  defaultTimeoutMs?: number;
+}
+
+/**
+ * An HTTP client for one engine: vLLM's routes (health, version, models, completions, and the
+ * dev routes sleep, wake_up, is_sleeping, collective_rpc, reset_prefix_cache) and the vsnap
+ * plugin's authenticated `/vsnap/v1` routes. Answers are validated (old and new vLLM forms);
+ * failures are `E_ENGINE_HTTP` (with status, route and an excerpt of the body),
+ * `E_ENGINE_UNREACHABLE`, `E_ENGINE_PROTOCOL` (an answer of the wrong shape), `E_TIMEOUT` or
+ * `E_ABORTED`. Close it to free its connections.
+ * @public
+ */
+export class EngineClient {
+  /** The engine's base URL. */
+  readonly baseUrl: string;
+  private readonly options: EngineClientOptions;
+  private readonly dispatcher: Dispatcher;
+  private readonly ownsDispatcher: boolean;
+
+  constructor(options: EngineClientOptions) {
+    if (typeof options?.baseUrl !== 'string' || !/^https?:\/\//.test(options.baseUrl)) {
+      invalidArgument('baseUrl', 'an http(s) URL', options?.baseUrl);
+    }
+    this.baseUrl = options.baseUrl.replace(/\/+$/, '');
+    this.options = options;
+    this.ownsDispatcher = options.dispatcher === undefined;
+    this.dispatcher = options.dispatcher ?? new Agent({ keepAliveTimeout: 10_000, connections: 8 });
+  }
+
+  /** True when `/health` answers 200 (vLLM answers 503 only when the engine is dead). */
+  async health(options?: CallOptions): Promise<boolean> {
+    try {
+      await this.call({ method: 'GET', path: '/health', idempotent: true, ...(options ? { options } : {}) });
+      return true;
+    } catch (err) {
+      if (err instanceof VsnapError && err.code === 'E_ENGINE_HTTP') return false;
+      throw err;
+    }
+  }
+
+  /** The engine's version string. */
+  async version(options?: CallOptions): Promise<string> {
+    return this.json(VersionSchema, { method: 'GET', path: '/version', idempotent: true, options }).then((v) => v.version);
+  }
+
+  /** The served model ids. */
+  async models(options?: CallOptions): Promise<string[]> {
+    return this.json(ModelListSchema, { method: 'GET', path: '/v1/models', auth: 'api', idempotent: true, options }).then((m) => m.data.map((d) => d.id));
+  }
+
+  /** vLLM's `/is_sleeping` (dev route): true until every tag is awake. */
+  async isSleeping(options?: CallOptions): Promise<boolean> {
+    return this.json(IsSleepingSchema, { method: 'GET', path: '/is_sleeping', idempotent: true, options }).then((r) => r.is_sleeping);
+  }
+
+  /** vLLM's `/sleep` (dev route). */
+  async sleep(args: { level?: 0 | 1 | 2; mode?: 'abort' | 'wait' | 'keep' } = {}, options?: CallOptions): Promise<void> {
+    const query: Record<string, number | string> = { level: args.level ?? 1 };
+    if (args.mode) query.mode = args.mode;
+    await this.optionalJson(SleepAnswerSchema, { method: 'POST', path: '/sleep', query, options, defaultTimeoutMs: LONG_CALL_MS });
+  }
+
+  /** vLLM's `/wake_up` (dev route); no tags wakes everything. */
+  async wakeUp(args: { tags?: readonly string[] } = {}, options?: CallOptions): Promise<void> {
+    await this.optionalJson(WakeAnswerSchema, {
+      method: 'POST',
+      path: '/wake_up',
+      ...(args.tags ? { query: { tags: [...args.tags] } } : {}),
+      options,
+      defaultTimeoutMs: LONG_CALL_MS,
+    });
+  }
+
+  /** vLLM's `/collective_rpc` (dev route): one result per worker, or null when the method returned None. */
+  async collectiveRpc(method: string, args: { args?: unknown[]; kwargs?: Record<string, unknown>; timeout?: number } = {}, options?: CallOptions): Promise<unknown[] | null> {
+    const answer = await this.optionalJson(CollectiveRpcSchema, {
+      method: 'POST',
+      path: '/collective_rpc',
+      body: { method, args: args.args ?? [], kwargs: args.kwargs ?? {}, timeout: args.timeout ?? null },
+      options,
+      defaultTimeoutMs: LONG_CALL_MS,
+    });
+    return answer ? answer.results : null;
+  }
+
+  /** vLLM's `/reset_prefix_cache` (dev route). */
+  async resetPrefixCache(options?: CallOptions): Promise<void> {
+    await this.call({ method: 'POST', path: '/reset_prefix_cache', options });
+  }
+
+  /** A completion (`/v1/completions`). Greedy unless the body says otherwise. */
+  async completions(body: { prompt: string; max_tokens?: number; temperature?: number; logprobs?: number; seed?: number; model?: string; [key: string]: unknown }, options?: CallOptions): Promise<CompletionResult> {
+    const raw = await this.json(CompletionSchema, {
+      method: 'POST',
+      path: '/v1/completions',
+      auth: 'api',
+      body: { temperature: 0, return_tokens_as_token_ids: true, ...body },
+      options,
+    });
+    const choice = raw.choices[0]!;
+    const tokens = choice.logprobs?.tokens ?? null;
+    const ids = tokens?.every((t) => /^token_id:\d+$/.test(t)) ? tokens.map((t) => Number(t.slice(9))) : null;
+    const logprobs = choice.logprobs ? choice.logprobs.token_logprobs.map((x) => x ?? Number.NaN) : null;
+    return { text: choice.text, tokenIds: ids, logprobs, raw };
+  }
+
+  /** The vsnap plugin's view of the engine (`GET /vsnap/v1/status`). */
+  async vsnapStatus(options?: CallOptions): Promise<EngineStatus> {
+    return this.json(VsnapStatusSchema, { method: 'GET', path: '/vsnap/v1/status', auth: 'vsnap', idempotent: true, options });
+  }
+
+  /** Asks every worker to send its weights regions and descriptors to `socket` (one nonce per rank). */
+  async vsnapExport(args: { socket: string; nonces: readonly string[] }, options?: CallOptions): Promise<Array<{ rank: number; regions: number; bytes: number }>> {
+    const r = await this.json(VsnapExportSchema, {
+      method: 'POST',
+      path: '/vsnap/v1/export',
+      auth: 'vsnap',
+      body: { socket: args.socket, nonces: [...args.nonces] },
+      options,
+      defaultTimeoutMs: LONG_CALL_MS,
+    });
+    return r.ranks;
+  }
+
+  /** Sleep through the vsnap routes (no dev mode needed). */
+  async vsnapSleep(args: { level: 1 | 2; mode?: 'abort' | 'wait' | 'keep' }, options?: CallOptions): Promise<void> {
+    await this.call({ method: 'POST', path: '/vsnap/v1/sleep', auth: 'vsnap', body: args, options, defaultTimeoutMs: LONG_CALL_MS });
+  }
+
+  /** Wake through the vsnap routes; no tags wakes everything. */
+  async vsnapWake(args: { tags?: readonly string[] } = {}, options?: CallOptions): Promise<void> {
+    await this.call({ method: 'POST', path: '/vsnap/v1/wake', auth: 'vsnap', body: args.tags ? { tags: [...args.tags] } : {}, options, defaultTimeoutMs: LONG_CALL_MS });
+  }
+
+  /** Reset the prefix cache through the vsnap routes. */
+  async vsnapResetPrefixCache(options?: CallOptions): Promise<void> {
+    await this.call({ method: 'POST', path: '/vsnap/v1/reset_prefix_cache', auth: 'vsnap', options });
+  }
+
+  /** Frees the client's connections (when it made its own dispatcher). */
+  async close(): Promise<void> {
+    if (this.ownsDispatcher) await this.dispatcher.close();
+  }
+
+  /** Same as {@link EngineClient.close}. */
+  async [Symbol.asyncDispose](): Promise<void> {
+    await this.close();
+  }
+
+  private async json<S extends z.ZodTypeAny>(schema: S, call: Omit<Call, 'options'> & { options?: CallOptions | undefined }): Promise<z.infer<S>> {
+    const text = await this.call(call as Call);
+    return this.parse(schema, call, text);
+  }
+
+  /** For routes that answer an empty 200 on older versions and JSON on newer ones. */
+  private async optionalJson<S extends z.ZodTypeAny>(schema: S, call: Omit<Call, 'options'> & { options?: CallOptions | undefined }): Promise<z.infer<S> | null> {
+    const text = await this.call(call as Call);
+    return text.trim() === '' ? null : this.parse(schema, call, text);
+  }
+
+  private parse<S extends z.ZodTypeAny>(schema: S, call: Omit<Call, 'options'>, text: string): z.infer<S> {
+    let value: unknown;
+    try {
+      value = JSON.parse(text);
+    } catch {
+      throw new VsnapError('E_ENGINE_PROTOCOL', `${call.method} ${call.path} on ${this.baseUrl} answered something that is not JSON: ${excerpt(text)}`, {
+        route: call.path,
+        body: excerpt(text),
+      });
+    }
+    const result = schema.safeParse(value);
+    if (!result.success) {
+      const issues = result.error.issues.map((i) => `${i.path.join('.') || '(root)'}: ${i.message}`);
+      throw new VsnapError(
+        'E_ENGINE_PROTOCOL',
+        `${call.method} ${call.path} on ${this.baseUrl} answered an unexpected shape (${issues.slice(0, 3).join('; ')}): is this a vLLM engine with a matching vsnap plugin?`,
+        { route: call.path, issues, body: excerpt(text) },
+      );
+    }
+    return result.data;
+  }
+
+  private async call(call: Call): Promise<string> {
+    const attempts = call.idempotent ? (this.options.retries ?? 2) + 1 : 1;
+    let lastError: VsnapError | undefined;
+    for (let attempt = 1; attempt <= attempts; attempt++) {
+      try {
+        return await this.once(call);
+      } catch (err) {
+        const e = err as VsnapError;
+        const retryable = e.code === 'E_ENGINE_UNREACHABLE' || (e.code === 'E_ENGINE_HTTP' && [502, 503, 504].includes(e.details.status as number));
+        if (!retryable || attempt === attempts || call.options?.signal?.aborted) throw e;
+        lastError = e;
+        await sleep(100 * 2 ** (attempt - 1));
+      }
+    }
+    throw lastError!;
+  }
+
+  private async once(call: Call): Promise<string> {
+    const url = new URL(this.baseUrl + call.path);
+    for (const [k, v] of Object.entries(call.query ?? {})) {
+      for (const item of Array.isArray(v) ? v : [v]) url.searchParams.append(k, String(item));
+    }
+    const headers: Record<string, string> = { accept: 'application/json' };
+    if (call.body !== undefined) headers['content-type'] = 'application/json';
+    const token = call.auth === 'vsnap' ? this.options.token : call.auth === 'api' ? this.options.apiKey : undefined;
+    if (token) headers.authorization = `Bearer ${token}`;
+    const timeoutMs = call.options?.timeoutMs ?? Math.max(this.options.timeoutMs ?? 30_000, call.defaultTimeoutMs ?? 0);
+    const timeout = AbortSignal.timeout(timeoutMs);
+    const signal = call.options?.signal ? AbortSignal.any([call.options.signal, timeout]) : timeout;
+    const route = `${call.method} ${call.path}`;
+    let status: number;
+    let text: string;
+    try {
+      const response = await request(url, {
+        method: call.method,
+        headers,
+        ...(call.body !== undefined ? { body: JSON.stringify(call.body) } : {}),
+        dispatcher: this.dispatcher,
+        signal,
+      });
+      status = response.statusCode;
+      text = await response.body.text();
+    } catch (err) {
+      if (call.options?.signal?.aborted) throw abortError(call.options.signal, `${route} on ${this.baseUrl}`);
+      if (timeout.aborted) {
+        throw new VsnapError('E_TIMEOUT', `${route} on ${this.baseUrl} did not answer within ${timeoutMs} ms`, { route, timeoutMs }, { cause: err });
+      }
+      const code = (err as { code?: string }).code ?? (err instanceof undiciErrors.UndiciError ? err.name : undefined);
+      throw new VsnapError(
+        'E_ENGINE_UNREACHABLE',
+        `cannot reach the engine at ${this.baseUrl} (${route}): ${(err as Error).message}${code ? ` [${code}]` : ''}. Is it running, and is the URL right?`,
+        { route, url: this.baseUrl, cause: code },
+        { cause: err },
+      );
+    }
+    if (status < 200 || status >= 300) {
+      const hint =
+        status === 401 ? ' (a missing or wrong token: check EngineClientOptions.token / apiKey)'
+        : status === 404 && call.path.startsWith('/vsnap/') ? ' (the vsnap plugin is not loaded: VLLM_PLUGINS=vsnap)'
+        : status === 404 ? ' (start the engine with VLLM_SERVER_DEV_MODE=1 for the dev routes, or use the vsnap routes)'
+        : status === 503 && call.path.startsWith('/vsnap/') ? ' (is VSNAP_TOKEN set on the engine?)'
+        : '';
+      throw new VsnapError('E_ENGINE_HTTP', `${route} on ${this.baseUrl} answered ${status}${hint}: ${excerpt(text)}`, {
+        status,
+        route,
+        body: excerpt(text),
+      });
+    }
+    return text;
+  }
+}
+
+function excerpt(text: string): string {
+  const flat = text.replace(/\s+/g, ' ').trim();
+  return flat.length > 300 ? `${flat.slice(0, 300)}…` : flat;
+}

@@ -1,0 +1,104 @@
+import { closeSync } from 'node:fs';
+
+import { toVsnapError, VsnapError } from '../errors.js';
+import { listDevices } from '../gpu/cuda.js';
+import { FdReceiver } from '../ipc/fd-receiver.js';
+import type { TensorInfo } from '../manifest/types.js';
+import type { RegionMemory } from '../regions/memory.js';
+import type { EngineControl } from './control.js';
+import { ExportHeaderSchema } from './schemas.js';
+
+/** One exported weights region: where it lives in the engine and how to reach it here. @internal */
+export interface ExportedRegion {
+  readonly rank: number;
+  readonly key: string;
+  readonly tag: string;
+  readonly va: number;
+  readonly size: number;
+  readonly tensors: TensorInfo[];
+  readonly memory: RegionMemory;
+  /** This process's ordinal of the engine's GPU (undefined for host memory). */
+  readonly device: number | undefined;
+}
+
+/** Every rank's exported regions; close() closes the descriptors. @internal */
+export interface ExportedRegions {
+  readonly ranks: ReadonlyArray<{ rank: number; pid: number; deviceUuid: string; memory: 'cuda' | 'host'; regions: ExportedRegion[] }>;
+  readonly seconds: number;
+  close(): void;
+}
+
+/**
+ * Asks the engine's workers to send their weights regions and descriptors to a private socket,
+ * one nonce per rank, and collects every rank's message.
+ * @internal
+ */
+export async function exportRegions(control: EngineControl, rankCount: number, options: { timeoutMs?: number; signal?: AbortSignal } = {}): Promise<ExportedRegions> {
+  const started = performance.now();
+  const receiver = await FdReceiver.listen();
+  const received: number[] = [];
+  try {
+    const expected = Array.from({ length: rankCount }, () => receiver.expect({ timeoutMs: options.timeoutMs ?? 120_000, ...(options.signal ? { signal: options.signal } : {}) }));
+    const messages = expected.map((e) =>
+      e.message.then((m) => {
+        received.push(...m.fds);
+        return m;
+      }),
+    );
+    // The export call returns once every worker has sent; wait for both, failing fast on either.
+    const exportCall = control.exportTo(receiver.path, expected.map((e) => e.nonce), options.signal ? { signal: options.signal } : {});
+    const [, ...got] = await Promise.all([exportCall, ...messages]);
+    const gpus = got.some((m) => (m.header as { memory?: string }).memory === 'cuda') ? await listDevices() : [];
+    const ranks = got.map((m) => {
+      const parsed = ExportHeaderSchema.safeParse(m.header);
+      if (!parsed.success) {
+        throw new VsnapError('E_ENGINE_PROTOCOL', `a worker (pid ${m.pid}) sent a region table of the wrong shape: ${parsed.error.issues[0]?.message}`, {
+          issues: parsed.error.issues,
+        });
+      }
+      const h = parsed.data;
+      if (h.regions.length !== m.fds.length) {
+        throw new VsnapError('E_ENGINE_PROTOCOL', `rank ${h.rank} sent ${m.fds.length} descriptors for ${h.regions.length} regions`);
+      }
+      let device: number | undefined;
+      if (h.memory === 'cuda') {
+        device = gpus.find((g) => g.uuid === h.device.uuid)?.ordinal;
+        if (device === undefined) {
+          throw new VsnapError('E_CUDA_UNAVAILABLE', `rank ${h.rank}'s GPU ${h.device.uuid} is not visible to this process: give it the same GPUs as the engine (CUDA_VISIBLE_DEVICES)`, {
+            uuid: h.device.uuid,
+          });
+        }
+      }
+      const regions = h.regions.map((r, i): ExportedRegion => ({
+        rank: h.rank,
+        key: r.key,
+        tag: r.tag,
+        va: r.va,
+        size: r.size,
+        tensors: r.tensors,
+        memory: h.memory === 'cuda' ? { kind: 'imported', fd: m.fds[i]! } : { kind: 'host', fd: m.fds[i]! },
+        device,
+      }));
+      return { rank: h.rank, pid: h.pid, deviceUuid: h.device.uuid, memory: h.memory, regions };
+    });
+    ranks.sort((a, b) => a.rank - b.rank);
+    ranks.forEach((r, i) => {
+      if (r.rank !== i) throw new VsnapError('E_ENGINE_PROTOCOL', `ranks sent are ${ranks.map((x) => x.rank).join(',')}, expected 0..${rankCount - 1}`);
+    });
+    let closed = false;
+    return {
+      ranks,
+      seconds: (performance.now() - started) / 1000,
+      close() {
+        if (closed) return;
+        closed = true;
+        for (const fd of received) closeSync(fd);
+      },
+    };
+  } catch (err) {
+    for (const fd of received) closeSync(fd);
+    throw toVsnapError(err);
+  } finally {
+    receiver.close();
+  }
+}

@@ -1,0 +1,88 @@
+import { z } from 'zod';
+
+/** Shapes of vLLM's answers (old and new forms) and of the vsnap routes. @internal */
+
+export const VersionSchema = z.object({ version: z.string() });
+
+export const ModelListSchema = z.object({
+  object: z.literal('list'),
+  data: z.array(z.object({ id: z.string(), object: z.string().optional(), owned_by: z.string().optional(), root: z.string().nullish(), max_model_len: z.number().nullish() }).passthrough()),
+});
+
+export const IsSleepingSchema = z.object({ is_sleeping: z.boolean() });
+
+/** Newer vLLM answers sleep/wake with JSON; older with an empty 200. Both are accepted. */
+export const SleepAnswerSchema = z.object({ status: z.string(), level: z.number().optional() }).passthrough();
+export const WakeAnswerSchema = z.object({ status: z.string(), tags_woken: z.array(z.string()).nullish() }).passthrough();
+
+export const CollectiveRpcSchema = z.object({ results: z.array(z.unknown()) });
+
+export const CompletionSchema = z.object({
+  id: z.string(),
+  model: z.string(),
+  choices: z
+    .array(
+      z
+        .object({
+          index: z.number(),
+          text: z.string(),
+          finish_reason: z.string().nullish(),
+          logprobs: z
+            .object({ tokens: z.array(z.string()), token_logprobs: z.array(z.number().nullable()) })
+            .passthrough()
+            .nullish(),
+        })
+        .passthrough(),
+    )
+    .min(1),
+  usage: z.object({ prompt_tokens: z.number(), completion_tokens: z.number() }).passthrough().optional(),
+});
+
+const RankStatusSchema = z
+  .object({
+    rank: z.number().int().nonnegative(),
+    pid: z.number().int(),
+    device: z.object({ ordinal: z.number().int(), uuid: z.string() }),
+    memory: z.enum(['cuda', 'host']),
+    sleepMode: z.boolean(),
+    hooks: z.string().nullable(),
+    weightsMapped: z.boolean(),
+    regions: z.number().int(),
+    bytes: z.number(),
+    attentionBackend: z.string().nullable(),
+  })
+  .passthrough();
+
+export const VsnapStatusSchema = z.object({
+  engine: z.object({ kind: z.string(), version: z.string(), pluginVersion: z.string().nullable(), attentionBackend: z.string().nullable() }),
+  model: z.object({
+    id: z.string(),
+    revision: z.string().nullable(),
+    dtype: z.string().nullable(),
+    quantization: z.string().nullable(),
+    tensorParallelSize: z.number().int().positive(),
+    pipelineParallelSize: z.number().int().positive(),
+  }),
+  sleeping: z.boolean(),
+  ranks: z.array(RankStatusSchema).min(1),
+});
+
+export const VsnapExportSchema = z.object({ ranks: z.array(z.object({ rank: z.number(), regions: z.number(), bytes: z.number() }).passthrough()) });
+
+/** What each worker sends over the socket with its descriptors. */
+export const ExportHeaderSchema = z.object({
+  version: z.literal(1),
+  rank: z.number().int().nonnegative(),
+  pid: z.number().int(),
+  memory: z.enum(['cuda', 'host']),
+  device: z.object({ ordinal: z.number().int(), uuid: z.string() }),
+  regions: z.array(
+    z.object({
+      key: z.string().min(1),
+      tag: z.string().min(1),
+      va: z.number().int().nonnegative(),
+      size: z.number().int().positive(),
+      tensors: z.array(z.object({ name: z.string(), offset: z.number().int().nonnegative(), dtype: z.string(), shape: z.array(z.number().int().nonnegative()) })),
+    }),
+  ),
+});

@@ -1,0 +1,132 @@
+// GPU suite, engine bridge (device only): the reference engine (test/fixtures/engine) on CUDA
+// with a ~2.2 GiB transformer, driven through the vsnap plugin and the SDK.
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { chmodSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, before, describe, it } from 'node:test';
+
+import { cudaStatus, EngineClient, RegionStore, releaseIdleResources, Snapshot, VsnapError } from '../../src/index.js';
+import { startEngine, type TestEngine } from '../helpers/engine.js';
+
+const GiB = 1024 ** 3;
+const MODEL_ARGS = ['--layers', '18', '--hidden', '2048'];
+
+function gpuMemoryOf(pid: number): number | null {
+  const out = execFileSync('nvidia-smi', ['--query-compute-apps=pid,used_memory', '--format=csv,noheader,nounits'], { encoding: 'utf8' });
+  const row = out.split('\n').map((l) => l.split(',').map((x) => x.trim())).find(([p]) => Number(p) === pid);
+  return row ? Number(row[1]) : null;
+}
+
+const ask = async (client: EngineClient) => {
+  const r = await client.completions({ prompt: 'The capital of France is', max_tokens: 16, logprobs: 1 });
+  return { ids: r.tokenIds, logprobs: r.logprobs };
+};
+
+describe('GPU: capture, suspend and restore the reference engine', async () => {
+  const status = await cudaStatus();
+  if (!status.available) {
+    it('needs a GPU', () => assert.fail(`this suite needs an NVIDIA GPU: ${status.reason}`));
+    return;
+  }
+  let a: TestEngine;
+  let client: EngineClient;
+  let store: RegionStore;
+  let dir: string;
+
+  before(async () => {
+    dir = mkdtempSync(join(process.env.VSNAP_GPU_STORE_DIR ?? tmpdir(), 'vsnap-gpu-engine-'));
+    store = await RegionStore.open(dir);
+    a = await startEngine({ device: 'cuda', seed: 1, args: MODEL_ARGS });
+    client = new EngineClient({ baseUrl: a.url, token: a.token });
+  });
+
+  after(async () => {
+    await client?.close();
+    await a?.stop();
+    rmSync(dir, { recursive: true, force: true });
+    await releaseIdleResources();
+  });
+
+  it('greedy answer identical (token ids and logprobs, bit for bit) after capture, suspend and restore; memory freed while asleep', async () => {
+    const engineStatus = await client.vsnapStatus();
+    const rank = engineStatus.ranks[0]!;
+    assert.equal(rank.memory, 'cuda');
+    assert.ok(rank.bytes >= 2 * GiB, `weights ${rank.bytes} bytes`);
+    console.log(`engine: ${rank.regions} weights regions, ${(rank.bytes / GiB).toFixed(2)} GiB; rehome at load: ${JSON.stringify((rank as { rehome?: unknown }).rehome)}`);
+    const before = await ask(client);
+
+    const t0 = performance.now();
+    const snap = await Snapshot.captureEngine(store, 'ref', client);
+    console.log(`capture: ${((performance.now() - t0) / 1000).toFixed(2)} s (transfer ${snap.lastCapture!.seconds.toFixed(2)} s, ${(snap.lastCapture!.bytesPerSecond / 1e9).toFixed(2)} GB/s to disk)`);
+    assert.equal(snap.manifest.data.platform.kind, 'cuda');
+    assert.ok(snap.manifest.data.ranks[0]!.regions.some((r) => r.key.startsWith('anon:') || r.tensors.length > 0));
+
+    const awakeMiB = gpuMemoryOf(a.process.pid!);
+    const s0 = performance.now();
+    await Snapshot.suspendEngine(store, 'ref', client);
+    const asleepMiB = gpuMemoryOf(a.process.pid!);
+    console.log(`suspend: ${((performance.now() - s0) / 1000).toFixed(3)} s; engine GPU memory ${awakeMiB} MiB awake -> ${asleepMiB} MiB asleep`);
+    assert.ok(awakeMiB !== null && asleepMiB !== null && awakeMiB - asleepMiB >= 2 * 1024, 'sleep must free the weights');
+
+    for (let round = 1; round <= 2; round++) {
+      const report = await snap.restoreEngine(client);
+      const phases = Object.entries(report.phases).map(([k, v]) => `${k} ${(v * 1000).toFixed(1)} ms`).join(', ');
+      console.log(`restore ${round}: ${(report.seconds * 1000).toFixed(1)} ms total (${(report.bytes / GiB).toFixed(2)} GiB from ${report.tier}): ${phases}`);
+      assert.deepEqual(await ask(client), before);
+      if (round === 1) await Snapshot.suspendEngine(store, 'ref', client);
+    }
+  });
+
+  it('a corrupted blob: refused, engine asleep and recoverable', async () => {
+    const snap = await Snapshot.open(store, 'ref');
+    const region = [...snap.manifest.regions()].sort((x, y) => y.region.size - x.region.size)[0]!.region;
+    const path = store.blobPath(region.blob);
+    const original = readFileSync(path);
+    const bad = Buffer.from(original);
+    const mid = bad.length >> 1;
+    bad.writeUInt8(bad.readUInt8(mid) ^ 0x40, mid);
+    chmodSync(path, 0o644);
+    writeFileSync(path, bad);
+    const before = await ask(client);
+    await Snapshot.suspendEngine(store, 'ref', client);
+    await assert.rejects(snap.restoreEngine(client), (err: VsnapError) => {
+      assert.equal(err.code, 'E_CHECKSUM');
+      assert.equal(err.details.recovered, true);
+      return true;
+    });
+    assert.equal((await client.vsnapStatus()).sleeping, true);
+    writeFileSync(path, original); // the good bytes back: the same snapshot now restores
+    await snap.restoreEngine(client);
+    assert.deepEqual(await ask(client), before);
+  });
+
+  it("another model's snapshot is refused with every difference; tokens are checked; suspend without a snapshot is refused", async () => {
+    const b = await startEngine({ device: 'cuda', seed: 2, args: MODEL_ARGS });
+    const clientB = new EngineClient({ baseUrl: b.url, token: b.token });
+    try {
+      const snapB = await Snapshot.captureEngine(store, 'other', clientB);
+      await Snapshot.suspendEngine(store, 'ref', client);
+      await assert.rejects(snapB.restoreEngine(client), (err: VsnapError) => {
+        assert.equal(err.code, 'E_MANIFEST_MISMATCH');
+        const paths = (err.details.mismatches as Array<{ path: string }>).map((m) => m.path);
+        assert.ok(paths.includes('model.id') && paths.includes('model.revision'), paths.join(','));
+        return true;
+      });
+      assert.equal((await client.vsnapStatus()).sleeping, true);
+      await (await Snapshot.open(store, 'ref')).restoreEngine(client);
+
+      await assert.rejects(new EngineClient({ baseUrl: a.url }).vsnapStatus(), { code: 'E_ENGINE_HTTP', details: { status: 401 } } as never);
+      await assert.rejects(new EngineClient({ baseUrl: a.url, token: 'wrong' }).vsnapSleep({ level: 2 }), { code: 'E_ENGINE_HTTP' } as never);
+
+      const answer = await ask(clientB);
+      await assert.rejects(Snapshot.suspendEngine(store, 'never-captured', clientB), { code: 'E_NOT_RESTORABLE' } as never);
+      assert.equal((await clientB.vsnapStatus()).sleeping, false);
+      assert.deepEqual(await ask(clientB), answer, 'weights kept');
+    } finally {
+      await clientB.close();
+      await b.stop();
+    }
+  });
+});

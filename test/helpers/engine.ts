@@ -1,0 +1,88 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+
+import { packageRoot } from '../../src/native/index.js';
+
+// Paths from the package root, so this also works from the bundled GPU suite (dist-gpu/).
+const fixture = join(packageRoot(), 'test', 'fixtures', 'engine');
+const serve = join(fixture, 'serve.py');
+const pluginSiteScript = join(fixture, 'plugin_site.py');
+
+let pluginSite: string | undefined;
+/** A PYTHONPATH entry where the vsnap plugin is installed (entry point included). */
+export function pluginSitePath(): string {
+  pluginSite ??= execFileSync('python3', [pluginSiteScript, mkdtempSync(join(tmpdir(), 'vsnap-plugin-site-'))], { encoding: 'utf8' }).trim();
+  return pluginSite;
+}
+
+export interface TestEngine {
+  /** What the engine wrote to stderr so far. */
+  stderr(): string;
+  readonly url: string;
+  readonly token: string;
+  readonly process: ChildProcess;
+  stop(): Promise<void>;
+}
+
+export interface EngineOptions {
+  /** `host` (CPU, the default) or `cuda` (needs VSNAP_REF_CUMEM_LIB and torch). */
+  device?: 'host' | 'cuda';
+  /** Extra arguments for serve.py (e.g. --layers, --hidden). */
+  args?: string[];
+  /** How long to wait for the engine to serve (default 20 s; 180 s for cuda). */
+  startTimeoutMs?: number;
+  seed?: number;
+  model?: string;
+  devMode?: boolean;
+  plugin?: boolean;
+  sleepMode?: boolean;
+  token?: string | null;
+  env?: Record<string, string>;
+}
+
+/** Starts the CPU reference engine (test/fixtures/engine) with the vsnap plugin on an ephemeral port. */
+export async function startEngine(options: EngineOptions = {}): Promise<TestEngine> {
+  const token = options.token === undefined ? 'test-token-0123456789' : options.token;
+  const seed = options.seed ?? 1;
+  const device = options.device ?? 'host';
+  const args = [serve, '--device', device, '--port', '0', '--seed', String(seed), '--revision', `seed-${seed}`, '--model', options.model ?? `vsnap/reference-${device}-${seed}`, ...(options.args ?? [])];
+  if (options.sleepMode !== false) args.push('--enable-sleep-mode');
+  const env: Record<string, string> = {
+    ...(process.env as Record<string, string>),
+    PYTHONPATH: options.plugin === false ? '' : pluginSitePath(),
+    VLLM_PLUGINS: options.plugin === false ? '' : 'vsnap',
+    ...(options.devMode === false ? {} : { VLLM_SERVER_DEV_MODE: '1' }),
+    ...(token ? { VSNAP_TOKEN: token } : {}),
+    ...(options.env ?? {}),
+  };
+  if (!token) delete env.VSNAP_TOKEN;
+  const child = spawn('python3', args, { env, stdio: ['ignore', 'pipe', 'pipe'] });
+  let stderr = '';
+  child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+  const port = await new Promise<number>((resolve, reject) => {
+    let out = '';
+    child.stdout.on('data', (d: Buffer) => {
+      out += d.toString();
+      const m = /READY (\d+)/.exec(out);
+      if (m) resolve(Number(m[1]));
+    });
+    child.on('exit', (code) => reject(new Error(`the reference engine exited (${code}) before serving:\n${stderr}`)));
+    const wait = options.startTimeoutMs ?? (device === 'cuda' ? 180_000 : 20_000);
+    setTimeout(() => reject(new Error(`the reference engine did not start in ${wait / 1000} s:\n${stderr}`)), wait).unref();
+  });
+  return {
+    stderr: () => stderr,
+    url: `http://127.0.0.1:${port}`,
+    token: token ?? '',
+    process: child,
+    async stop() {
+      if (child.exitCode !== null) return;
+      const exited = new Promise((r) => child.on('exit', r));
+      child.kill('SIGTERM');
+      await exited;
+    },
+  };
+}

@@ -1,0 +1,188 @@
+import { chmodSync, closeSync, openSync, writeSync } from 'node:fs';
+
+import { afterEach, describe, expect, it } from 'vitest';
+
+import { EngineClient } from '../../src/engine/engine-client.js';
+import { HostCache } from '../../src/cache/host-cache.js';
+import { Snapshot } from '../../src/snapshot/snapshot.js';
+import { RegionStore } from '../../src/store/region-store.js';
+import { startEngine, type EngineOptions, type TestEngine } from '../helpers/engine.js';
+import { tempDir } from '../helpers/tmp.js';
+
+const running: Array<TestEngine | EngineClient> = [];
+afterEach(async () => {
+  for (const x of running.splice(0)) await (x instanceof EngineClient ? x.close() : x.stop());
+});
+
+async function engine(options: EngineOptions = {}) {
+  const e = await startEngine(options);
+  const client = new EngineClient({ baseUrl: e.url, token: e.token });
+  running.push(e, client);
+  return { e, client };
+}
+
+const ask = async (client: EngineClient) => (await client.completions({ prompt: 'The capital of France is', max_tokens: 8, logprobs: 1 })).tokenIds;
+
+describe('capture, suspend and restore a running engine (CPU reference engine, real plugin, real socket)', () => {
+  it('round-trips the weights: same answer after sleep level 2 and restore', async () => {
+    const { client } = await engine();
+    const store = await RegionStore.open(tempDir());
+    const before = await ask(client);
+    expect(before).toHaveLength(8);
+
+    const snap = await Snapshot.captureEngine(store, 'ref', client);
+    const m = snap.manifest.data;
+    expect(m.engine).toMatchObject({ kind: 'vllm', version: '0.0.0+vsnap.reference', pluginVersion: '0.1.0', attentionBackend: 'TRITON_ATTN' });
+    expect(m.model).toMatchObject({ id: 'vsnap/reference-host-1', revision: 'seed-1', dtype: 'bfloat16', tensorParallelSize: 1 });
+    expect(m.platform.kind).toBe('host');
+    expect(m.expectedResponse?.tokenIds).toHaveLength(16);
+    const keys = m.ranks[0]!.regions.map((r) => r.key);
+    expect(keys).toContain('model.embed_tokens.weight');
+    expect(keys).toContain('model.layers.0.mlp.weight');
+    expect(keys).toContain('anon:0'); // the repacked tensor made after loading: no name, still captured
+    const layer = m.ranks[0]!.regions.find((r) => r.key === 'model.layers.0.mlp.weight')!;
+    expect(layer.tensors.map((t) => t.name)).toEqual(['model.layers.0.mlp.weight', 'model.layers.0.mlp.scales']);
+
+    const suspended = await Snapshot.suspendEngine(store, 'ref', client);
+    expect(suspended).toMatchObject({ captured: false, alreadyAsleep: false });
+    const asleep = await client.vsnapStatus();
+    expect(asleep.sleeping).toBe(true);
+    expect(asleep.ranks[0]!.weightsMapped).toBe(false);
+
+    const report = await snap.restoreEngine(client);
+    expect(Object.keys(report.phases)).toEqual(['wakeWeights', 'export', 'hydrate', 'wakeKvCache', 'resetPrefixCache', 'expectedResponse']);
+    expect(report.bytes).toBe(snap.manifest.totalBytes);
+    expect((await client.vsnapStatus()).sleeping).toBe(false);
+    expect(await ask(client)).toEqual(before);
+
+    // twice more, the second through the RAM tier
+    const cache = await HostCache.create({ budgetBytes: 64 * 1024 * 1024, pin: false });
+    try {
+      for (const tier of ['store', 'ram']) {
+        await Snapshot.suspendEngine(store, 'ref', client);
+        expect((await snap.restoreEngine(client, { cache })).tier).toBe(tier);
+        expect(await ask(client)).toEqual(before);
+      }
+    } finally {
+      cache.close();
+    }
+  });
+
+  it('without a restore, sleep level 2 loses the weights (the problem this solves)', async () => {
+    const { client } = await engine();
+    const before = await ask(client);
+    await client.vsnapSleep({ level: 2 });
+    await client.vsnapWake();
+    expect(await ask(client)).not.toEqual(before);
+  });
+
+  it('refuses to suspend without a restorable snapshot, and keeps the weights', async () => {
+    const { client } = await engine();
+    const store = await RegionStore.open(tempDir());
+    const before = await ask(client);
+    await expect(Snapshot.suspendEngine(store, 'none', client)).rejects.toMatchObject({ code: 'E_NOT_RESTORABLE' });
+    expect((await client.vsnapStatus()).sleeping).toBe(false);
+    expect(await ask(client)).toEqual(before);
+
+    const done = await Snapshot.suspendEngine(store, 'none', client, { captureIfNeeded: true });
+    expect(done.captured).toBe(true);
+    expect((await client.vsnapStatus()).sleeping).toBe(true);
+    await done.snapshot.restoreEngine(client);
+    expect(await ask(client)).toEqual(before);
+  });
+
+  it('refuses another model\'s snapshot, listing the differences, and leaves the engine asleep', async () => {
+    const a = await engine({ seed: 1 });
+    const b = await engine({ seed: 2 });
+    const store = await RegionStore.open(tempDir());
+    const snapB = await Snapshot.captureEngine(store, 'b', b.client);
+    await Snapshot.suspendEngine(store, 'a', a.client, { captureIfNeeded: true });
+    const err = await snapB.restoreEngine(a.client).catch((e: unknown) => e);
+    expect(err).toMatchObject({ code: 'E_MANIFEST_MISMATCH' });
+    const paths = (err as { details: { mismatches: Array<{ path: string }> } }).details.mismatches.map((m) => m.path);
+    expect(paths).toEqual(expect.arrayContaining(['model.id', 'model.revision']));
+    expect((err as Error).message).toMatch(/put back to sleep/);
+    expect((await a.client.vsnapStatus()).sleeping).toBe(true);
+  });
+
+  it('swaps models of the same layout into a running server when asked', async () => {
+    const a = await engine({ seed: 1 });
+    const b = await engine({ seed: 2 });
+    const store = await RegionStore.open(tempDir());
+    const snapB = await Snapshot.captureEngine(store, 'b', b.client);
+    const answerB = await ask(b.client);
+    expect(await ask(a.client)).not.toEqual(answerB);
+    const report = await snapB.restoreEngine(a.client, { allowModelSwap: true });
+    expect(Object.keys(report.phases)[0]).toBe('sleep');
+    expect(await ask(a.client)).toEqual(answerB);
+  });
+
+  it('a corrupted blob: refused, nothing of the bad chunk written, engine asleep and recoverable', async () => {
+    const { client } = await engine();
+    const store = await RegionStore.open(tempDir());
+    const before = await ask(client);
+    const snap = await Snapshot.captureEngine(store, 'ref', client);
+    const region = snap.manifest.data.ranks[0]!.regions.find((r) => r.key === 'model.embed_tokens.weight')!;
+    const path = store.blobPath(region.blob);
+    chmodSync(path, 0o644);
+    const fd = openSync(path, 'r+');
+    writeSync(fd, Buffer.from([0xff, 0xfe]), 0, 2, 1000);
+    closeSync(fd);
+    await Snapshot.suspendEngine(store, 'ref', client);
+    await expect(snap.restoreEngine(client)).rejects.toMatchObject({ code: 'E_CHECKSUM', details: { region: 'model.embed_tokens.weight', recovered: true } });
+    expect((await client.vsnapStatus()).sleeping).toBe(true);
+
+    // recover: the snapshot is damaged, so capture again from an engine of the same model
+    const twin = await engine({ seed: 1 });
+    const good = await Snapshot.captureEngine(store, 'ref', twin.client);
+    await good.restoreEngine(client);
+    expect(await ask(client)).toEqual(before);
+  });
+
+  it('catches state outside the snapshot with the expected-response check (FlashInfer-like workspace)', async () => {
+    const warnings: string[] = [];
+    const { client } = await engine({ env: { VSNAP_REF_ATTENTION: 'FLASHINFER' } });
+    const store = await RegionStore.open(tempDir());
+    const snap = await Snapshot.captureEngine(store, 'fi', client, { onWarning: (w) => warnings.push(w) });
+    expect(warnings.join('\n')).toMatch(/FLASHINFER.*TRITON_ATTN/s);
+    await Snapshot.suspendEngine(store, 'fi', client);
+    const err = await snap.restoreEngine(client, { onWarning: () => undefined }).catch((e: unknown) => e);
+    expect(err).toMatchObject({ code: 'E_RESPONSE_MISMATCH' });
+    expect((await client.vsnapStatus()).sleeping).toBe(true);
+  });
+
+  it('works with the official register_tag_hooks interface of newer vLLM', async () => {
+    const { client } = await engine({ env: { VSNAP_REF_TAG_HOOKS: '1' } });
+    expect((await client.vsnapStatus()).ranks[0]).toMatchObject({ hooks: 'register_tag_hooks' });
+    const store = await RegionStore.open(tempDir());
+    const before = await ask(client);
+    await Snapshot.suspendEngine(store, 'th', client, { captureIfNeeded: true });
+    await (await Snapshot.open(store, 'th')).restoreEngine(client);
+    expect(await ask(client)).toEqual(before);
+  });
+
+  it('falls back to the dev routes where the plugin cannot add its own', async () => {
+    const { client } = await engine({ env: { VSNAP_REF_NO_BUILD_APP: '1' } });
+    await expect(client.vsnapStatus()).rejects.toMatchObject({ details: { status: 404 } });
+    const store = await RegionStore.open(tempDir());
+    const before = await ask(client);
+    const snap = await Snapshot.captureEngine(store, 'dev', client);
+    expect(snap.manifest.data.engine?.pluginVersion).toBe('0.1.0');
+    await Snapshot.suspendEngine(store, 'dev', client);
+    expect(await client.isSleeping()).toBe(true);
+    await snap.restoreEngine(client);
+    expect(await ask(client)).toEqual(before);
+
+    const neither = await engine({ env: { VSNAP_REF_NO_BUILD_APP: '1' }, devMode: false });
+    await expect(Snapshot.captureEngine(store, 'x', neither.client)).rejects.toMatchObject({ code: 'E_ENGINE_STATE', message: expect.stringMatching(/VLLM_SERVER_DEV_MODE=1/) });
+  });
+
+  it('refuses to capture an engine without sleep mode, or an asleep one', async () => {
+    const off = await engine({ sleepMode: false });
+    const store = await RegionStore.open(tempDir());
+    await expect(Snapshot.captureEngine(store, 'x', off.client)).rejects.toMatchObject({ code: 'E_ENGINE_STATE', message: expect.stringMatching(/--enable-sleep-mode/) });
+    const on = await engine();
+    await on.client.vsnapSleep({ level: 1 });
+    await expect(Snapshot.captureEngine(store, 'x', on.client)).rejects.toMatchObject({ code: 'E_ENGINE_STATE' });
+  });
+});
