@@ -4,6 +4,7 @@ import { Agent, errors as undiciErrors, request, type Dispatcher } from 'undici'
 import type { z } from 'zod';
 
 import { abortError, invalidArgument, VsnapError } from '../errors.js';
+import type { EngineInfo, ModelInfo } from '../manifest/types.js';
 import {
   CollectiveRpcSchema,
   CompletionSchema,
@@ -52,16 +53,9 @@ export interface CallOptions {
  */
 export interface EngineStatus {
   /** Engine kind, version, plugin version and attention backend. */
-  readonly engine: { readonly kind: string; readonly version: string; readonly pluginVersion: string | null; readonly attentionBackend: string | null };
+  readonly engine: EngineInfo;
   /** The model served. */
-  readonly model: {
-    readonly id: string;
-    readonly revision: string | null;
-    readonly dtype: string | null;
-    readonly quantization: string | null;
-    readonly tensorParallelSize: number;
-    readonly pipelineParallelSize: number;
-  };
+  readonly model: ModelInfo;
   /** True while any memory tag is asleep. */
   readonly sleeping: boolean;
   /** One entry per worker (GPU). */

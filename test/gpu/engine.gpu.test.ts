@@ -1,7 +1,6 @@
 // GPU suite, engine bridge (device only): the reference engine (test/fixtures/engine) on CUDA
 // with a ~2.2 GiB transformer, driven through the vsnap plugin and the SDK.
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
 import { chmodSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -9,15 +8,10 @@ import { after, before, describe, it } from 'node:test';
 
 import { cudaStatus, EngineClient, HostCache, RegionStore, releaseIdleResources, Snapshot, VsnapError } from '../../src/index.js';
 import { startEngine, type TestEngine } from '../helpers/engine.js';
+import { gpuMemoryOf } from './nvidia-smi.js';
 
 const GiB = 1024 ** 3;
 const MODEL_ARGS = ['--layers', '18', '--hidden', '2048'];
-
-function gpuMemoryOf(pid: number): number | null {
-  const out = execFileSync('nvidia-smi', ['--query-compute-apps=pid,used_memory', '--format=csv,noheader,nounits'], { encoding: 'utf8' });
-  const row = out.split('\n').map((l) => l.split(',').map((x) => x.trim())).find(([p]) => Number(p) === pid);
-  return row ? Number(row[1]) : null;
-}
 
 const ask = async (client: EngineClient) => {
   const r = await client.completions({ prompt: 'The capital of France is', max_tokens: 16, logprobs: 1 });

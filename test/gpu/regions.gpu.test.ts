@@ -2,7 +2,7 @@
 // memory in regions of several sizes; vsnap imports it over the socket, captures it, the peer
 // wipes it, vsnap hydrates it back, and the peer checks every byte.
 import assert from 'node:assert/strict';
-import { execFileSync, spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
+import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
 import { chmodSync, closeSync, mkdtempSync, openSync, readSync, rmSync, writeSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -12,19 +12,10 @@ import { fileURLToPath } from 'node:url';
 
 import { cudaStatus, DeviceAllocation, FdReceiver, HostCache, listDevices, RegionStore, releaseIdleResources, Snapshot, VsnapError } from '../../src/index.js';
 import { native } from '../../src/native/index.js';
+import { gpuMemoryOf } from './nvidia-smi.js';
 
 const MiB = 1024 * 1024;
 
-/** GPU memory this process holds, as nvidia-smi sees it (MiB), or null if it is not listed. */
-function gpuMemoryOfThisProcess(): number | null {
-  try {
-    const out = execFileSync('nvidia-smi', ['--query-compute-apps=pid,used_memory', '--format=csv,noheader,nounits'], { encoding: 'utf8' });
-    const row = out.split('\n').map((l) => l.split(',').map((x) => x.trim())).find(([pid]) => Number(pid) === process.pid);
-    return row ? Number(row[1]) : null;
-  } catch {
-    return null;
-  }
-}
 const GiB = 1024 * MiB;
 // 4.5 GiB in six regions of different sizes (multiples of the 2 MiB VMM granularity).
 const SIZES = [2 * GiB, GiB, 512 * MiB, 514 * MiB, 258 * MiB, 2 * MiB];
@@ -190,11 +181,11 @@ describe('GPU: own allocations, devices, and context lifetime', async () => {
     assert.equal((await a.read(MiB, 9)).toString(), 'hello gpu');
     assert.ok((await a.read(0, MiB)).equals(Buffer.alloc(MiB, 7)));
     assert.equal(native().cudaHoldsContext(0), true);
-    console.log(`GPU memory of this process while working (66 MiB allocated): ${gpuMemoryOfThisProcess()} MiB`);
+    console.log(`GPU memory of this process while working (66 MiB allocated): ${gpuMemoryOf(process.pid)} MiB`);
     a.close();
     await releaseIdleResources();
     assert.equal(native().cudaHoldsContext(0), false, 'no CUDA context held once idle');
-    console.log(`GPU memory of this process when idle: ${gpuMemoryOfThisProcess() ?? 0} MiB`);
+    console.log(`GPU memory of this process when idle: ${gpuMemoryOf(process.pid) ?? 0} MiB`);
     rmSync(dir, { recursive: true, force: true });
   });
 });

@@ -1,0 +1,12 @@
+import { execFileSync } from 'node:child_process';
+
+/** GPU memory a process holds, as nvidia-smi sees it (MiB), or null if it is not listed. */
+export function gpuMemoryOf(pid: number): number | null {
+  try {
+    const out = execFileSync('nvidia-smi', ['--query-compute-apps=pid,used_memory', '--format=csv,noheader,nounits'], { encoding: 'utf8' });
+    const row = out.split('\n').map((l) => l.split(',').map((x) => x.trim())).find(([p]) => Number(p) === pid);
+    return row ? Number(row[1]) : null;
+  } catch {
+    return null;
+  }
+}
