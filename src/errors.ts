@@ -64,6 +64,12 @@ export type ErrorCode =
   | 'E_NOT_RESTORABLE'
   /** After a restore the engine's answer differs from the one recorded at capture. */
   | 'E_RESPONSE_MISMATCH'
+  /** Too many requests are already waiting for that engine, or it cannot fit now; retry later. */
+  | 'E_BUSY'
+  /** No engine serves that model name. */
+  | 'E_UNKNOWN_MODEL'
+  /** A configuration file is invalid; `details.issues` lists each problem with its path and line. */
+  | 'E_CONFIG'
   /** A bug in vsnap: please report it with the message. */
   | 'E_INTERNAL';
 
@@ -73,7 +79,7 @@ const KNOWN_CODES: ReadonlySet<string> = new Set<ErrorCode>([
   'E_MANIFEST_MISMATCH', 'E_SNAPSHOT_NOT_FOUND', 'E_STORE_INVALID', 'E_STORE_LOCKED', 'E_ABORTED',
   'E_TIMEOUT', 'E_CLOSED', 'E_OUT_OF_RANGE', 'E_IPC_PROTOCOL', 'E_IPC_AUTH', 'E_ADDRESS_IN_USE',
   'E_ENGINE_HTTP', 'E_ENGINE_UNREACHABLE', 'E_ENGINE_PROTOCOL', 'E_ENGINE_STATE', 'E_NOT_RESTORABLE',
-  'E_RESPONSE_MISMATCH', 'E_INTERNAL',
+  'E_RESPONSE_MISMATCH', 'E_BUSY', 'E_UNKNOWN_MODEL', 'E_CONFIG', 'E_INTERNAL',
 ]);
 
 /**

@@ -237,6 +237,39 @@ export class EngineClient {
     await this.call({ method: 'POST', path: '/vsnap/v1/reset_prefix_cache', auth: 'vsnap', options });
   }
 
+  /**
+   * Forwards a request to the engine as it is (for proxies): the answer's status, headers and
+   * body stream come back unread, so streamed completions pass through as they are produced. The
+   * client's API key replaces any authorization header on `/v1` paths. Connection failures are
+   * `E_ENGINE_UNREACHABLE`; HTTP errors are returned, not thrown.
+   */
+  async forward(args: { method: string; path: string; headers?: Record<string, string>; body?: string | Buffer; signal?: AbortSignal }): Promise<{
+    statusCode: number;
+    headers: Record<string, string | string[] | undefined>;
+    body: NodeJS.ReadableStream & { destroy(error?: Error): void };
+  }> {
+    const headers: Record<string, string> = { ...(args.headers ?? {}) };
+    delete headers.host;
+    delete headers.authorization;
+    if (this.options.apiKey && args.path.startsWith('/v1')) headers.authorization = `Bearer ${this.options.apiKey}`;
+    try {
+      const r = await request(this.baseUrl + args.path, {
+        method: args.method as 'GET',
+        headers,
+        ...(args.body !== undefined ? { body: args.body } : {}),
+        dispatcher: this.dispatcher,
+        ...(args.signal ? { signal: args.signal } : {}),
+      });
+      return { statusCode: r.statusCode, headers: r.headers, body: r.body };
+    } catch (err) {
+      if (args.signal?.aborted) throw abortError(args.signal, `${args.method} ${args.path} on ${this.baseUrl}`);
+      throw new VsnapError('E_ENGINE_UNREACHABLE', `cannot reach the engine at ${this.baseUrl} (${args.method} ${args.path}): ${(err as Error).message}`, {
+        route: `${args.method} ${args.path}`,
+        url: this.baseUrl,
+      }, { cause: err });
+    }
+  }
+
   /** Frees the client's connections (when it made its own dispatcher). */
   async close(): Promise<void> {
     if (this.ownsDispatcher) await this.dispatcher.close();

@@ -309,6 +309,36 @@ async function restorable(snapshot: Snapshot, status: EngineStatus, control: Eng
 }
 
 /** @internal */
+export async function restorableFor(
+  SnapshotClass: typeof Snapshot,
+  store: RegionStore,
+  name: string,
+  client: EngineClient,
+  options: { signal?: AbortSignal } = {},
+): Promise<{ restorable: boolean; cached: boolean; problems: string[] }> {
+  const call = options.signal ? { signal: options.signal } : {};
+  const current = await store.current(name);
+  if (!current) return { restorable: false, cached: false, problems: [`the store has no snapshot '${name}'`] };
+  const snapshot = await SnapshotClass.open(store, name);
+  const { control, status } = await engineControl(client, call);
+  if (status.sleeping) {
+    // Asleep: the layout cannot be read back; the snapshot must at least be whole.
+    const problems = [...snapshot.manifest.regions()]
+      .filter(({ region }) => {
+        try {
+          return statSync(store.blobPath(region.blob)).size !== region.size;
+        } catch {
+          return true;
+        }
+      })
+      .map(({ region }) => `blob of region ${JSON.stringify(region.key)} is missing or damaged`);
+    return { restorable: problems.length === 0, cached: true, problems };
+  }
+  const problems = await restorable(snapshot, status, control, options);
+  return { restorable: problems.length === 0, cached: true, problems };
+}
+
+/** @internal */
 export async function suspendEngine(
   SnapshotClass: typeof Snapshot,
   store: RegionStore,

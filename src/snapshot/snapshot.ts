@@ -14,6 +14,7 @@ import { runTransfer, type TransferOptions } from '../transfer/transfer.js';
 import type { EngineClient } from '../engine/engine-client.js';
 import {
   captureEngine,
+  restorableFor,
   restoreEngine,
   suspendEngine,
   type EngineCaptureOptions,
@@ -344,6 +345,14 @@ export class Snapshot {
    */
   static async suspendEngine(store: RegionStore, name: string, client: EngineClient, options: EngineSuspendOptions = {}): Promise<EngineSuspendResult> {
     return suspendEngine(Snapshot, store, name, client, options);
+  }
+
+  /**
+   * Whether the store's snapshot `name` could bring this engine's weights back (the check
+   * {@link Snapshot.suspendEngine} makes before sleeping), and if not, why.
+   */
+  static async restorableFor(store: RegionStore, name: string, client: EngineClient, options: { signal?: AbortSignal } = {}): Promise<{ restorable: boolean; cached: boolean; problems: string[] }> {
+    return restorableFor(Snapshot, store, name, client, options);
   }
 
   /**
