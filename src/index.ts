@@ -63,3 +63,17 @@ export {
   type RestoreRegion,
   type TransferSummary,
 } from './snapshot/snapshot.js';
+
+export {
+  SwapController,
+  type EngineState,
+  type EngineView,
+  type Lease,
+  type SwapControllerOptions,
+  type SwapEngine,
+  type SwapEvent,
+} from './swap/controller.js';
+export { SwapAgent, type SwapAgentOptions } from './swap/agent.js';
+export { Supervisor, type SupervisedEngine, type SupervisorOptions } from './swap/supervisor.js';
+export { loadConfig, type ServeConfig, type ServeModelConfig } from './swap/config.js';
+export { serve, type ServeHandle } from './swap/serve.js';

@@ -1,3 +1,5 @@
+import { SingleBar } from 'cli-progress';
+
 import type { TransferProgress } from '../transfer/transfer.js';
 
 /** Human byte counts: 1.50 GiB. */
@@ -17,19 +19,29 @@ export function formatRate(bytes: number, seconds: number): string {
   return `${(bytes / Math.max(seconds, 1e-9) / 1e9).toFixed(2)} GB/s`;
 }
 
-/** A one-line progress display on stderr when it is a terminal (nothing otherwise). */
+/** A progress bar on stderr when it is a terminal (nothing otherwise, e.g. with --json in scripts). */
 export function progressLine(label: string): { update: (p: TransferProgress) => void; done: () => void } {
-  const tty = process.stderr.isTTY;
-  let shown = false;
+  if (!process.stderr.isTTY) return { update: () => undefined, done: () => undefined };
+  const bar = new SingleBar({
+    stream: process.stderr,
+    format: `${label} {phase} [{bar}] {percentage}% {done} of {total}`,
+    hideCursor: true,
+    clearOnComplete: true,
+  });
+  let started = false;
   return {
     update(p) {
-      if (!tty) return;
-      const pct = p.bytesTotal > 0 ? Math.floor((100 * p.bytesDone) / p.bytesTotal) : 100;
-      process.stderr.write(`\r${label}: ${p.phase} ${pct}% (${formatBytes(p.bytesDone)} of ${formatBytes(p.bytesTotal)})   `);
-      shown = true;
+      const payload = { phase: p.phase.padEnd(9), done: formatBytes(p.bytesDone), total: formatBytes(p.bytesTotal) };
+      if (!started) {
+        bar.start(Math.max(p.bytesTotal, 1), p.bytesDone, payload);
+        started = true;
+      } else {
+        bar.setTotal(Math.max(p.bytesTotal, 1));
+        bar.update(p.bytesDone, payload);
+      }
     },
     done() {
-      if (tty && shown) process.stderr.write('\r\x1b[2K');
+      if (started) bar.stop();
     },
   };
 }

@@ -14,7 +14,9 @@ import type { SwapController } from './controller.js';
  * @public
  */
 export interface SwapAgentOptions {
+  /** The controller whose engines it serves. */
   readonly controller: SwapController;
+  /** The store of the engines' snapshots (for the control routes). */
   readonly store: RegionStore;
   /** Default 127.0.0.1. */
   readonly host?: string;

@@ -16,6 +16,7 @@ import { SwapMetrics } from './metrics.js';
 export interface SwapEngine {
   /** The model name requests ask for (the OpenAI `model` field). */
   readonly name: string;
+  /** The client of the engine (with its token). */
   readonly client: EngineClient;
   /** The snapshot that holds its weights (default: `name`). */
   readonly snapshot?: string;
@@ -38,7 +39,9 @@ export interface SwapEngine {
  * @public
  */
 export interface SwapControllerOptions {
+  /** Where the engines' snapshots are. */
   readonly store: RegionStore;
+  /** The engines, with distinct names. */
   readonly engines: readonly SwapEngine[];
   /** GPU memory the engines may use, per device ordinal. */
   readonly budgets: Readonly<Record<number, number>>;
@@ -67,7 +70,9 @@ export type EngineState = 'awake' | 'asleep' | 'waking' | 'suspending' | 'failed
  * @public
  */
 export interface EngineView {
+  /** The model name. */
   readonly name: string;
+  /** What it is doing. */
   readonly state: EngineState;
   /** Requests using it now. */
   readonly leases: number;
@@ -75,6 +80,7 @@ export interface EngineView {
   readonly waiting: number;
   /** Last use, ms since the epoch. */
   readonly lastUsed: number;
+  /** Whether it is pinned awake. */
   readonly pinned: boolean;
   /** The last failure, when state is `failed`. */
   readonly error?: string;
@@ -85,7 +91,9 @@ export interface EngineView {
  * @public
  */
 export interface Lease {
+  /** The model name. */
   readonly engine: string;
+  /** Its client: send the request with it. */
   readonly client: EngineClient;
   /** Call once the request is done (idempotent). */
   release(): void;
@@ -96,8 +104,11 @@ export interface Lease {
  * @public
  */
 export interface SwapEvent {
+  /** The model name. */
   readonly engine: string;
+  /** What was done. */
   readonly action: 'suspend' | 'restore';
+  /** How long it took. */
   readonly seconds: number;
   /** restore: seconds per phase. */
   readonly phases?: Readonly<Record<string, number>>;
@@ -296,6 +307,25 @@ export class SwapController extends EventEmitter {
       throw new VsnapError('E_BUSY', `'${model}' is ${slot.leases > 0 ? `serving ${slot.leases} request(s)` : slot.state}; retry when it is idle`, { engine: model });
     }
     return this.putToSleep(slot, options.captureIfNeeded ?? false);
+  }
+
+  /**
+   * Re-reads an engine's state (after its process was restarted, say: it comes back awake) and
+   * suspends what no longer fits.
+   */
+  async resync(model: string): Promise<void> {
+    const slot = this.slot(model);
+    try {
+      slot.state = (await slot.spec.client.vsnapStatus()).sleeping ? 'asleep' : 'awake';
+      slot.lastUsed = Date.now();
+      delete slot.error;
+    } catch (err) {
+      slot.state = 'failed';
+      slot.error = (err as Error).message;
+    }
+    this.changed();
+    await this.fitToBudget();
+    this.schedule();
   }
 
   /** Stops the timers and rejects every waiting request (E_CLOSED). Engines are left as they are. */

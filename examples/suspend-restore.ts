@@ -1,5 +1,5 @@
 // Suspend a running vLLM engine (with the vsnap plugin) and bring it back in well under a second.
-//   VSNAP_ENGINE_URL=http://127.0.0.1:8000 VSNAP_TOKEN=... node examples/engine-suspend-restore.mjs [store-dir]
+//   VSNAP_ENGINE_URL=http://127.0.0.1:8000 VSNAP_TOKEN=... npx tsx examples/suspend-restore.ts [store-dir]
 // The engine must run with --enable-sleep-mode, VLLM_PLUGINS=vsnap and the same VSNAP_TOKEN.
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -19,7 +19,9 @@ console.log(`suspended (${suspended.captured ? 'captured first' : 'snapshot alre
 // Restore: wake, export, check the layout, hydrate with verification, wake the KV cache, reset
 // the prefix cache, and check the engine still gives the answer it gave at capture.
 const report = await suspended.snapshot.restoreEngine(client);
-const phases = Object.entries(report.phases).map(([k, v]) => `${k} ${(v * 1000).toFixed(1)} ms`).join(', ');
+const phases = Object.entries(report.phases)
+  .map(([k, v]) => `${k} ${(v * 1000).toFixed(1)} ms`)
+  .join(', ');
 console.log(`restored ${report.bytes} bytes in ${(report.seconds * 1000).toFixed(1)} ms: ${phases}`);
 const answer = await client.completions({ prompt: 'The capital of France is', max_tokens: 8 });
 console.log(`the engine answers again: ${JSON.stringify(answer.text)}`);

@@ -1,0 +1,67 @@
+import { statfsSync } from 'node:fs';
+import { freemem, totalmem } from 'node:os';
+
+import { cudaStatus, formatCudaVersion, listDevices } from '../../gpu/cuda.js';
+import { native } from '../../native/index.js';
+import { VERSION } from '../../version.js';
+import type { Context } from '../context.js';
+import { EXIT } from '../context.js';
+import { formatBytes } from '../output.js';
+
+/** vsnap doctor [--engine URL]: CUDA, driver, checkpoint API, devices, RAM, the store, and an engine. */
+export async function doctor(ctx: Context): Promise<number> {
+  const status = await cudaStatus();
+  const devices = status.available ? await listDevices({ freeMemory: true }) : [];
+  let store: Record<string, unknown>;
+  try {
+    const s = await ctx.openStore(true);
+    const usage = await s.usage();
+    const fs = statfsSync(ctx.storeRoot);
+    store = { root: ctx.storeRoot, ok: true, snapshots: (await s.list()).length, ...usage, freeBytes: fs.bavail * fs.bsize };
+  } catch (err) {
+    store = { root: ctx.storeRoot, ok: false, error: (err as Error).message };
+  }
+  let engine: Record<string, unknown> | undefined;
+  if (ctx.options.engine || process.env.VSNAP_ENGINE_URL) {
+    const client = ctx.engineClient();
+    try {
+      const s = await client.vsnapStatus();
+      engine = { ok: true, url: client.baseUrl, version: s.engine.version, plugin: s.engine.pluginVersion, sleeping: s.sleeping, attentionBackend: s.engine.attentionBackend };
+    } catch (err) {
+      engine = { ok: false, url: client.baseUrl, error: (err as Error).message };
+    } finally {
+      await client.close();
+    }
+  }
+  const report = {
+    version: VERSION,
+    node: process.versions.node,
+    checksum: { algorithm: native().checksumAlgorithm, implementation: native().checksumImplementation },
+    cuda: status,
+    devices,
+    memory: { freeBytes: freemem(), totalBytes: totalmem() },
+    store,
+    ...(engine ? { engine } : {}),
+  };
+  const lines = [
+    `vsnap ${VERSION} on Node ${process.versions.node}`,
+    `checksums: ${report.checksum.algorithm} (${report.checksum.implementation})`,
+    status.available
+      ? `cuda: driver supports CUDA ${formatCudaVersion(status.driverVersion)}; checkpoint API ${status.checkpointApi ? 'present' : 'absent (driver < r570)'}`
+      : `cuda: unavailable: ${status.reason}`,
+    ...devices.map(
+      (d) =>
+        `  gpu ${d.ordinal}: ${d.name} (${d.uuid}, cc ${d.computeCapability}), ${formatBytes(d.freeMemory ?? 0)} free of ${formatBytes(d.totalMemory)}, ` +
+        `VMM ${d.vmmSupported ? `granularity ${formatBytes(d.vmmGranularity)}` : 'unsupported'}, POSIX-FD handles ${d.posixFdHandlesSupported ? 'yes' : 'no'}`,
+    ),
+    `host memory: ${formatBytes(freemem())} free of ${formatBytes(totalmem())}`,
+    store.ok
+      ? `store: ${ctx.storeRoot}: ${store.snapshots} snapshot(s), ${formatBytes(store.bytes as number)} in ${store.blobs} blob(s), ${formatBytes(store.freeBytes as number)} free`
+      : `store: ${ctx.storeRoot}: ${store.error}`,
+    ...(engine
+      ? [engine.ok ? `engine: ${engine.url}: vLLM ${engine.version}, plugin ${engine.plugin}, ${engine.sleeping ? 'asleep' : 'awake'}, attention ${engine.attentionBackend}` : `engine: ${engine.url}: ${engine.error}`]
+      : []),
+  ];
+  ctx.print(lines.join('\n'), report);
+  return store.ok && (engine === undefined || engine.ok) ? EXIT.ok : EXIT.failed;
+}

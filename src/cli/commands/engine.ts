@@ -1,0 +1,82 @@
+import { Snapshot } from '../../snapshot/snapshot.js';
+import type { Context } from '../context.js';
+import { EXIT } from '../context.js';
+import { formatBytes, progressLine } from '../output.js';
+
+/** vsnap snapshot <name> --engine URL [--force]: capture a running engine. */
+export async function snapshot(ctx: Context): Promise<number> {
+  const name = ctx.name();
+  const store = await ctx.openStore(true);
+  const existing = await store.current(name);
+  if (existing && !ctx.options.force) {
+    ctx.print(`${name} already has a snapshot (${existing.id}); --force captures again`, { cached: true, id: existing.id });
+    return EXIT.ok;
+  }
+  const client = ctx.engineClient();
+  try {
+    const progress = progressLine('capture');
+    const snap = await Snapshot.captureEngine(store, name, client, { onProgress: progress.update }).finally(() => progress.done());
+    const c = snap.lastCapture!;
+    ctx.print(`captured ${name} (${snap.id}): ${formatBytes(c.bytes)} in ${snap.manifest.regionCount} regions, ${c.seconds.toFixed(2)} s`, {
+      cached: false,
+      id: snap.id,
+      bytes: c.bytes,
+      seconds: c.seconds,
+    });
+    return EXIT.ok;
+  } finally {
+    await client.close();
+  }
+}
+
+/** vsnap suspend <name> --engine URL [--capture]: sleep the engine if the snapshot can bring it back. */
+export async function suspend(ctx: Context): Promise<number> {
+  const name = ctx.name();
+  const store = await ctx.openStore(true);
+  const client = ctx.engineClient();
+  try {
+    const r = await Snapshot.suspendEngine(store, name, client, { captureIfNeeded: ctx.options.capture });
+    ctx.print(
+      r.alreadyAsleep ? `the engine was already asleep` : `suspended${r.captured ? ' (captured first)' : ''} in ${r.seconds.toFixed(2)} s; restore with: vsnap restore ${name}`,
+      { id: r.snapshot.id, captured: r.captured, alreadyAsleep: r.alreadyAsleep, seconds: r.seconds },
+    );
+    return EXIT.ok;
+  } finally {
+    await client.close();
+  }
+}
+
+/** vsnap restore <name> --engine URL: bring the weights back and check the expected response. */
+export async function restore(ctx: Context): Promise<number> {
+  const name = ctx.name();
+  const store = await ctx.openStore();
+  const client = ctx.engineClient();
+  try {
+    const snap = await Snapshot.open(store, name, ctx.options.id ? { id: ctx.options.id } : {});
+    const progress = progressLine('restore');
+    const report = await snap.restoreEngine(client, { onProgress: progress.update }).finally(() => progress.done());
+    const phases = Object.entries(report.phases).map(([k, v]) => `${k} ${(v * 1000).toFixed(1)} ms`).join(', ');
+    ctx.print(`restored ${name}: ${formatBytes(report.bytes)} from the ${report.tier} tier in ${(report.seconds * 1000).toFixed(0)} ms (${phases})`, report);
+    return EXIT.ok;
+  } finally {
+    await client.close();
+  }
+}
+
+/** vsnap status --engine URL: the engine as its plugin sees it. */
+export async function status(ctx: Context): Promise<number> {
+  const client = ctx.engineClient();
+  try {
+    const s = await client.vsnapStatus();
+    const lines = [
+      `${s.engine.kind} ${s.engine.version} (plugin ${s.engine.pluginVersion ?? 'unknown'}, attention ${s.engine.attentionBackend ?? 'unknown'})`,
+      `model ${s.model.id}${s.model.revision ? `@${s.model.revision}` : ''} ${s.model.dtype ?? ''} tp=${s.model.tensorParallelSize} pp=${s.model.pipelineParallelSize}`,
+      s.sleeping ? 'asleep' : 'awake',
+      ...s.ranks.map((r) => `  rank ${r.rank}: pid ${r.pid}, ${r.device.uuid}, ${r.regions} weights regions, ${formatBytes(r.bytes)}${r.weightsMapped ? '' : ' (asleep)'}`),
+    ];
+    ctx.print(lines.join('\n'), s);
+    return EXIT.ok;
+  } finally {
+    await client.close();
+  }
+}

@@ -1,0 +1,200 @@
+import { readFileSync } from 'node:fs';
+
+import { LineCounter, parseDocument } from 'yaml';
+import { z } from 'zod';
+
+import { VsnapError } from '../errors.js';
+
+const ModelSchema = z
+  .object({
+    /** An engine that is already running. */
+    url: z.string().url().optional(),
+    /** Or the command that starts it (vsnap supervises it). `${PORT}` in args is replaced. */
+    command: z.string().min(1).optional(),
+    args: z.array(z.string()).default([]),
+    env: z.record(z.string(), z.string()).default({}),
+    port: z.number().int().min(1).max(65535).optional(),
+    healthPath: z.string().startsWith('/').default('/health'),
+    /** The engine's VSNAP_TOKEN (also given to a started engine). */
+    token: z.string().min(1).optional(),
+    /** vLLM's --api-key, for /v1 routes. */
+    apiKey: z.string().min(1).optional(),
+    snapshot: z.string().min(1).optional(),
+    gpus: z.array(z.number().int().nonnegative()).min(1).default([0]),
+    memoryGiB: z.number().positive(),
+    asleepGiB: z.number().nonnegative().default(0),
+    pinned: z.boolean().default(false),
+    ttlSeconds: z.number().positive().optional(),
+    group: z.string().min(1).optional(),
+  })
+  .strict()
+  .superRefine((m, ctx) => {
+    if (!m.url && !m.command) ctx.addIssue({ code: 'custom', message: 'give either url (a running engine) or command (to start one)' });
+    if (m.command && m.port === undefined) ctx.addIssue({ code: 'custom', path: ['port'], message: 'a started engine needs a port' });
+  });
+
+export const ConfigSchema = z
+  .object({
+    listen: z.object({ host: z.string().default('127.0.0.1'), port: z.number().int().min(0).max(65535).default(8080) }).strict().default({ host: '127.0.0.1', port: 8080 }),
+    store: z.string().min(1),
+    controlToken: z.string().min(1).optional(),
+    apiKey: z.string().min(1).optional(),
+    ramTierGiB: z.number().nonnegative().default(0),
+    gpus: z.record(z.string().regex(/^\d+$/, 'a device ordinal'), z.object({ budgetGiB: z.number().positive() }).strict()),
+    defaultModel: z.string().optional(),
+    queue: z.object({ limit: z.number().int().positive().default(64), timeoutSeconds: z.number().positive().default(120) }).strict().default({ limit: 64, timeoutSeconds: 120 }),
+    startup: z.object({ healthTimeoutSeconds: z.number().positive().default(900), graceSeconds: z.number().positive().default(20) }).strict().default({ healthTimeoutSeconds: 900, graceSeconds: 20 }),
+    models: z.record(z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$/, 'a model name'), ModelSchema).refine((m) => Object.keys(m).length > 0, 'at least one model'),
+  })
+  .strict()
+  .superRefine((c, ctx) => {
+    if (c.defaultModel && !c.models[c.defaultModel]) ctx.addIssue({ code: 'custom', path: ['defaultModel'], message: `'${c.defaultModel}' is not one of the models` });
+    for (const [name, m] of Object.entries(c.models)) {
+      for (const g of m.gpus) {
+        if (!c.gpus[String(g)]) ctx.addIssue({ code: 'custom', path: ['models', name, 'gpus'], message: `gpu ${g} has no budget under gpus:` });
+      }
+    }
+  });
+
+/**
+ * One model of a `vsnap serve` configuration.
+ * @public
+ */
+export interface ServeModelConfig {
+  /** An engine that is already running... */
+  readonly url?: string | undefined;
+  /** ...or the command that starts it (vsnap supervises it); `$\{PORT\}` in args is replaced. */
+  readonly command?: string | undefined;
+  /** The command's arguments. */
+  readonly args: string[];
+  /** Environment for the started engine. */
+  readonly env: Record<string, string>;
+  /** The port of a started engine. */
+  readonly port?: number | undefined;
+  /** Its health route (default /health). */
+  readonly healthPath: string;
+  /** The engine's VSNAP_TOKEN (also given to a started engine). */
+  readonly token?: string | undefined;
+  /** vLLM's --api-key, for /v1 routes. */
+  readonly apiKey?: string | undefined;
+  /** Its snapshot's name (default: the model name). */
+  readonly snapshot?: string | undefined;
+  /** The GPUs it uses. */
+  readonly gpus: number[];
+  /** GPU memory per device while awake, GiB. */
+  readonly memoryGiB: number;
+  /** GPU memory per device while suspended, GiB. */
+  readonly asleepGiB: number;
+  /** Never suspended to make room. */
+  readonly pinned: boolean;
+  /** Suspended after this long idle. */
+  readonly ttlSeconds?: number | undefined;
+  /** At most one engine of a group awake at a time. */
+  readonly group?: string | undefined;
+}
+
+/**
+ * The `vsnap serve` configuration (YAML or JSON).
+ * @public
+ */
+export interface ServeConfig {
+  /** Where the agent listens (default 127.0.0.1:8080). */
+  readonly listen: { host: string; port: number };
+  /** The snapshot store. */
+  readonly store: string;
+  /** Bearer token of the control routes. */
+  readonly controlToken?: string | undefined;
+  /** Bearer token clients must send on /v1 routes. */
+  readonly apiKey?: string | undefined;
+  /** Pinned RAM tier, GiB (0: none). */
+  readonly ramTierGiB: number;
+  /** GPU memory budgets, per device ordinal. */
+  readonly gpus: Record<string, { budgetGiB: number }>;
+  /** Woken when nothing else is wanted. */
+  readonly defaultModel?: string | undefined;
+  /** Per-engine request queue. */
+  readonly queue: { limit: number; timeoutSeconds: number };
+  /** Engine start-up. */
+  readonly startup: { healthTimeoutSeconds: number; graceSeconds: number };
+  /** The models, by name. */
+  readonly models: Record<string, ServeModelConfig>;
+}
+
+// The schema must produce exactly ServeConfig (checked at compile time).
+type Same<A, B> = [A] extends [B] ? ([B] extends [A] ? true : false) : false;
+const schemaMatches: Same<z.infer<typeof ConfigSchema>, ServeConfig> = true;
+void schemaMatches;
+
+/** `${env:NAME}` anywhere in a string is replaced by that environment variable. */
+function expandEnv(value: unknown, env: NodeJS.ProcessEnv, path: Array<string | number>, missing: string[]): unknown {
+  if (typeof value === 'string') {
+    return value.replace(/\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}/g, (_m, name: string) => {
+      const v = env[name];
+      if (v === undefined) missing.push(`${path.join('.')}: environment variable ${name} is not set`);
+      return v ?? '';
+    });
+  }
+  if (Array.isArray(value)) return value.map((v, i) => expandEnv(v, env, [...path, i], missing));
+  if (value && typeof value === 'object') {
+    return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, expandEnv(v, env, [...path, k], missing)]));
+  }
+  return value;
+}
+
+/**
+ * Reads and validates a configuration file. Throws E_CONFIG listing every problem with its path
+ * and, for YAML and JSON alike, its line and column.
+ * @public
+ */
+export function loadConfig(path: string, env: NodeJS.ProcessEnv = process.env): ServeConfig {
+  let text: string;
+  try {
+    text = readFileSync(path, 'utf8');
+  } catch (err) {
+    throw new VsnapError('E_CONFIG', `cannot read the configuration ${path}: ${(err as Error).message}`, { path });
+  }
+  return parseConfig(text, path, env);
+}
+
+/** @internal */
+export function parseConfig(text: string, source: string, env: NodeJS.ProcessEnv = process.env): ServeConfig {
+  const lines = new LineCounter();
+  const doc = parseDocument(text, { lineCounter: lines, prettyErrors: false }); // JSON is YAML too
+  if (doc.errors.length) {
+    const issues = doc.errors.map((e) => {
+      const at = lines.linePos(e.pos[0]);
+      return { path: '(syntax)', line: at.line, column: at.col, message: e.message.split('\n')[0]! };
+    });
+    throw configError(source, issues);
+  }
+  const missing: string[] = [];
+  const raw = expandEnv(doc.toJS(), env, [], missing);
+  const result = ConfigSchema.safeParse(raw);
+  const issues = [
+    ...missing.map((m) => ({ path: m.split(':')[0]!, line: 0, column: 0, message: m.slice(m.indexOf(':') + 2) })),
+    ...(result.success
+      ? []
+      : result.error.issues.map((i) => {
+          const node = locate(doc, i.path as Array<string | number>);
+          const at = node ? lines.linePos(node) : { line: 0, col: 0 };
+          return { path: i.path.join('.') || '(root)', line: at.line, column: at.col, message: i.message };
+        })),
+  ];
+  if (issues.length || !result.success) throw configError(source, issues);
+  return result.data;
+}
+
+/** The offset of the deepest node of `path` that exists in the document. */
+function locate(doc: ReturnType<typeof parseDocument>, path: Array<string | number>): number | undefined {
+  for (let n = path.length; n >= 0; n--) {
+    const node = n === 0 ? doc.contents : doc.getIn(path.slice(0, n), true);
+    const range = (node as { range?: [number, number, number] } | undefined)?.range;
+    if (range) return range[0];
+  }
+  return undefined;
+}
+
+function configError(source: string, issues: Array<{ path: string; line: number; column: number; message: string }>): VsnapError {
+  const lines = issues.map((i) => `  ${source}${i.line ? `:${i.line}:${i.column}` : ''} ${i.path}: ${i.message}`);
+  return new VsnapError('E_CONFIG', `the configuration is invalid (${issues.length} problem${issues.length === 1 ? '' : 's'}):\n${lines.join('\n')}`, { issues });
+}

@@ -1,0 +1,120 @@
+import { HostCache } from '../cache/host-cache.js';
+import { EngineClient } from '../engine/engine-client.js';
+import { Snapshot } from '../snapshot/snapshot.js';
+import { RegionStore } from '../store/region-store.js';
+import { SwapAgent } from './agent.js';
+import type { ServeConfig } from './config.js';
+import { SwapController, type SwapEvent } from './controller.js';
+import { Supervisor } from './supervisor.js';
+
+const GiB = 2 ** 30;
+
+/**
+ * A running `vsnap serve`: supervised engines, the controller and the agent.
+ * @public
+ */
+export interface ServeHandle {
+  /** The HTTP agent. */
+  readonly agent: SwapAgent;
+  /** The controller. */
+  readonly controller: SwapController;
+  /** The supervisor of the engines vsnap started. */
+  readonly supervisor: Supervisor;
+  /** Stops the agent, the controller and every engine vsnap started. */
+  close(): Promise<void>;
+}
+
+/**
+ * Runs a configuration: starts the engines that have a command (one at a time; each is captured
+ * if no snapshot matches it, then suspended, so N engines boot warm with none resident), then the
+ * SwapController (which wakes the pinned engines and the default model) and the HTTP agent.
+ * @public
+ */
+export async function serve(config: ServeConfig, options: { log?: (line: string) => void } = {}): Promise<ServeHandle> {
+  const log = options.log ?? ((line: string) => process.stderr.write(`${line}\n`));
+  const store = await RegionStore.open(config.store);
+  const clients = new Map<string, EngineClient>();
+  const url = (name: string): string => {
+    const m = config.models[name]!;
+    return m.url ?? `http://127.0.0.1:${m.port}`;
+  };
+  for (const [name, m] of Object.entries(config.models)) {
+    clients.set(name, new EngineClient({ baseUrl: url(name), ...(m.token ? { token: m.token } : {}), ...(m.apiKey ? { apiKey: m.apiKey } : {}) }));
+  }
+  const supervisor = new Supervisor(
+    Object.entries(config.models)
+      .filter(([, m]) => m.command)
+      .map(([name, m]) => ({
+        name,
+        command: m.command!,
+        args: m.args.map((a) => a.replaceAll('${PORT}', String(m.port))),
+        env: { ...m.env, ...(m.token ? { VSNAP_TOKEN: m.token } : {}) },
+        url: url(name),
+        healthPath: m.healthPath,
+      })),
+    { healthTimeoutMs: config.startup.healthTimeoutSeconds * 1000, graceMs: config.startup.graceSeconds * 1000, log: (name, line) => log(`[${name}] ${line}`) },
+  );
+  let controller: SwapController | undefined;
+  const cache = config.ramTierGiB > 0 ? await HostCache.create({ budgetBytes: Math.floor(config.ramTierGiB * GiB) }) : undefined;
+  try {
+    await supervisor.start({
+      onReady: async (name) => {
+        const m = config.models[name]!;
+        const r = await Snapshot.suspendEngine(store, m.snapshot ?? name, clients.get(name)!, { captureIfNeeded: true });
+        log(`vsnap: ${name} is up and suspended${r.captured ? ' (snapshot captured)' : ''} in ${r.seconds.toFixed(1)} s`);
+      },
+      onRestart: async (name) => {
+        log(`vsnap: ${name} was restarted`);
+        await controller?.resync(name);
+      },
+    });
+    controller = await SwapController.create({
+      store,
+      engines: Object.entries(config.models).map(([name, m]) => ({
+        name,
+        client: clients.get(name)!,
+        snapshot: m.snapshot ?? name,
+        devices: m.gpus,
+        memoryBytes: Math.floor(m.memoryGiB * GiB),
+        asleepBytes: Math.floor(m.asleepGiB * GiB),
+        pinned: m.pinned,
+        ...(m.ttlSeconds !== undefined ? { idleTtlMs: m.ttlSeconds * 1000 } : {}),
+        ...(m.group ? { group: m.group } : {}),
+      })),
+      budgets: Object.fromEntries(Object.entries(config.gpus).map(([d, g]) => [Number(d), Math.floor(g.budgetGiB * GiB)])),
+      ...(cache ? { cache } : {}),
+      ...(config.defaultModel ? { defaultModel: config.defaultModel } : {}),
+      queueLimit: config.queue.limit,
+      queueTimeoutMs: config.queue.timeoutSeconds * 1000,
+    });
+    controller.on('swap', (e: SwapEvent) => log(`vsnap: ${e.action} ${e.engine} in ${(e.seconds * 1000).toFixed(0)} ms${e.tier ? ` (from ${e.tier})` : ''}`));
+    controller.on('swapFailed', (e: { engine: string; action: string; error: Error }) => log(`vsnap: ${e.action} of ${e.engine} failed: ${e.error.message}`));
+    const agent = await SwapAgent.listen({
+      controller,
+      store,
+      host: config.listen.host,
+      port: config.listen.port,
+      ...(config.controlToken ? { controlToken: config.controlToken } : {}),
+      ...(config.apiKey ? { apiKey: config.apiKey } : {}),
+    });
+    const ctl = controller;
+    return {
+      agent,
+      controller: ctl,
+      supervisor,
+      async close() {
+        await agent.close();
+        ctl.close();
+        await supervisor.stop();
+        for (const c of clients.values()) await c.close();
+        cache?.close();
+      },
+    };
+  } catch (err) {
+    controller?.close();
+    await supervisor.stop();
+    for (const c of clients.values()) await c.close();
+    cache?.close();
+    throw err;
+  }
+}

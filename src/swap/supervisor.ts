@@ -1,0 +1,174 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { EventEmitter } from 'node:events';
+import { createInterface } from 'node:readline';
+import { setTimeout as sleep } from 'node:timers/promises';
+
+import { request } from 'undici';
+
+import { VsnapError } from '../errors.js';
+
+/**
+ * An engine process the supervisor runs.
+ * @public
+ */
+export interface SupervisedEngine {
+  /** Its name (log prefix, events). */
+  readonly name: string;
+  /** The program, e.g. `vllm`. */
+  readonly command: string;
+  /** Its arguments. */
+  readonly args: readonly string[];
+  /** Environment added to this process's. */
+  readonly env?: Readonly<Record<string, string>>;
+  /** Its base URL (health is polled there). */
+  readonly url: string;
+  /** Default /health. */
+  readonly healthPath?: string;
+}
+
+/**
+ * Options of {@link Supervisor}.
+ * @public
+ */
+export interface SupervisorOptions {
+  /** How long an engine may take to become healthy (default 15 minutes: loading is slow). */
+  readonly healthTimeoutMs?: number;
+  /** SIGTERM, then SIGKILL after this long (default 20 s). */
+  readonly graceMs?: number;
+  /** First restart delay after a crash, doubled each time up to 60 s (default 1 s). */
+  readonly restartDelayMs?: number;
+  /** Crashes in a row after which an engine is given up (default 5). */
+  readonly maxRestarts?: number;
+  /** Where engine output lines go (default: stderr, prefixed with `[name]`). */
+  readonly log?: (engine: string, line: string) => void;
+}
+
+interface Running {
+  spec: SupervisedEngine;
+  child?: ChildProcess;
+  restarts: number;
+  stopping: boolean;
+}
+
+/**
+ * Starts engine processes and keeps them running: a sequenced boot (one engine at a time: start
+ * it, wait until it is healthy, run `onReady` — typically capture a snapshot if none matches
+ * and suspend it — then the next, so engines never load at the same time), restarts with
+ * backoff after a crash, a clean stop (SIGTERM, then SIGKILL after a grace period), and their
+ * output forwarded line by line with a prefix. Emits `ready`, `exit`, `restart`, `gaveUp`.
+ * @public
+ */
+export class Supervisor extends EventEmitter {
+  private readonly engines = new Map<string, Running>();
+  private readonly options: SupervisorOptions;
+  private onRestart: ((name: string) => Promise<void>) | undefined;
+  private stopped = false;
+
+  constructor(engines: readonly SupervisedEngine[], options: SupervisorOptions = {}) {
+    super();
+    this.options = options;
+    for (const e of engines) this.engines.set(e.name, { spec: e, restarts: 0, stopping: false });
+  }
+
+  /**
+   * Boots the engines one at a time. `onReady(name)` runs after each is healthy, before the next
+   * starts; `onRestart(name)` after an engine came back from a crash.
+   */
+  async start(hooks: { onReady?: (name: string) => Promise<void>; onRestart?: (name: string) => Promise<void> } = {}): Promise<void> {
+    this.onRestart = hooks.onRestart;
+    for (const running of this.engines.values()) {
+      this.launch(running);
+      await this.waitHealthy(running);
+      await hooks.onReady?.(running.spec.name);
+      this.emit('ready', { name: running.spec.name });
+    }
+  }
+
+  /** Stops every engine: SIGTERM, then SIGKILL after the grace period. */
+  async stop(): Promise<void> {
+    this.stopped = true;
+    await Promise.all([...this.engines.values()].map((r) => this.kill(r)));
+  }
+
+  /** The pid of an engine's process, if it runs. */
+  pid(name: string): number | undefined {
+    return this.engines.get(name)?.child?.pid;
+  }
+
+  private launch(running: Running): void {
+    const { spec } = running;
+    const child = spawn(spec.command, [...spec.args], { env: { ...process.env, ...(spec.env ?? {}) }, stdio: ['ignore', 'pipe', 'pipe'] });
+    running.child = child;
+    const log = this.options.log ?? ((name: string, line: string) => process.stderr.write(`[${name}] ${line}\n`));
+    for (const stream of [child.stdout, child.stderr]) {
+      if (stream) createInterface({ input: stream }).on('line', (line) => log(spec.name, line));
+    }
+    child.on('error', (err) => log(spec.name, `could not start ${spec.command}: ${err.message}`));
+    child.on('exit', (code, signal) => {
+      this.emit('exit', { name: spec.name, code, signal });
+      if (running.stopping || this.stopped) return;
+      void this.restart(running);
+    });
+  }
+
+  private async restart(running: Running): Promise<void> {
+    running.restarts++;
+    const max = this.options.maxRestarts ?? 5;
+    if (running.restarts > max) {
+      this.emit('gaveUp', { name: running.spec.name, restarts: running.restarts - 1 });
+      return;
+    }
+    const delayMs = Math.min(60_000, (this.options.restartDelayMs ?? 1000) * 2 ** (running.restarts - 1));
+    this.emit('restart', { name: running.spec.name, attempt: running.restarts, delayMs });
+    await sleep(delayMs);
+    if (this.stopped) return;
+    this.launch(running);
+    try {
+      await this.waitHealthy(running);
+      running.restarts = 0;
+      await this.onRestart?.(running.spec.name);
+    } catch {
+      // it died again (the exit handler restarts it) or never became healthy
+    }
+  }
+
+  private async waitHealthy(running: Running): Promise<void> {
+    const { spec } = running;
+    const deadline = Date.now() + (this.options.healthTimeoutMs ?? 15 * 60_000);
+    const url = spec.url.replace(/\/+$/, '') + (spec.healthPath ?? '/health');
+    for (;;) {
+      if (running.child?.exitCode !== null && running.child?.exitCode !== undefined) {
+        throw new VsnapError('E_ENGINE_STATE', `engine '${spec.name}' exited (code ${running.child.exitCode}) before it was healthy; see its log lines above`, {
+          engine: spec.name,
+        });
+      }
+      try {
+        const r = await request(url, { headersTimeout: 5000, bodyTimeout: 5000 });
+        await r.body.dump();
+        if (r.statusCode === 200) return;
+      } catch {
+        // not listening yet
+      }
+      if (Date.now() > deadline) {
+        throw new VsnapError('E_TIMEOUT', `engine '${spec.name}' was not healthy at ${url} within ${this.options.healthTimeoutMs ?? 900_000} ms`, { engine: spec.name });
+      }
+      await sleep(250);
+    }
+  }
+
+  private async kill(running: Running): Promise<void> {
+    running.stopping = true;
+    const child = running.child;
+    if (!child || child.exitCode !== null || child.signalCode !== null) return;
+    const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
+    child.kill('SIGTERM');
+    const timer = new AbortController(); // cancelled once it exits, so no timer outlives the stop
+    const grace = sleep(this.options.graceMs ?? 20_000, 'timeout' as const, { signal: timer.signal }).catch(() => 'cancelled' as const);
+    const first = await Promise.race([exited.then(() => 'exited' as const), grace]);
+    timer.abort();
+    if (first === 'timeout') {
+      child.kill('SIGKILL');
+      await exited;
+    }
+  }
+}

@@ -1,0 +1,94 @@
+// GPU suite, router (device only): two reference engines of ~2.4 GiB on one GPU, a budget that
+// fits one, and alternating requests through the HTTP agent: every request swaps.
+import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, before, describe, it } from 'node:test';
+
+import { request } from 'undici';
+
+import { cudaStatus, EngineClient, HostCache, RegionStore, releaseIdleResources, SwapAgent, SwapController, type SwapEvent } from '../../src/index.js';
+import { startEngine, type TestEngine } from '../helpers/engine.js';
+
+const GiB = 1024 ** 3;
+const MODEL_ARGS = ['--layers', '18', '--hidden', '2048'];
+
+function summary(values: number[]): string {
+  const v = [...values].sort((a, b) => a - b);
+  const q = (p: number) => v[Math.min(v.length - 1, Math.floor(p * v.length))]!;
+  return `n=${v.length} min ${(v[0]! * 1000).toFixed(0)} ms, median ${(q(0.5) * 1000).toFixed(0)} ms, p90 ${(q(0.9) * 1000).toFixed(0)} ms, max ${(v.at(-1)! * 1000).toFixed(0)} ms`;
+}
+
+describe('GPU: one H200 time-shared by two engines through the agent', async () => {
+  const status = await cudaStatus();
+  if (!status.available) {
+    it('needs a GPU', () => assert.fail(`this suite needs an NVIDIA GPU: ${status.reason}`));
+    return;
+  }
+  const engines: Array<{ e: TestEngine; client: EngineClient; name: string; answer?: string }> = [];
+  let dir: string;
+
+  before(async () => {
+    dir = mkdtempSync(join(process.env.VSNAP_GPU_STORE_DIR ?? tmpdir(), 'vsnap-gpu-swap-'));
+    for (const seed of [1, 2]) {
+      const e = await startEngine({ device: 'cuda', seed, model: `model-${seed}`, args: MODEL_ARGS });
+      const client = new EngineClient({ baseUrl: e.url, token: e.token });
+      const answer = (await client.completions({ prompt: 'Hello', max_tokens: 8 })).text;
+      engines.push({ e, client, name: `model-${seed}`, answer });
+    }
+  });
+
+  after(async () => {
+    for (const x of engines) {
+      await x.client.close();
+      await x.e.stop();
+    }
+    rmSync(dir, { recursive: true, force: true });
+    await releaseIdleResources();
+  });
+
+  for (const tier of ['store', 'ram'] as const) {
+    it(`alternating requests, each a swap (restores from the ${tier === 'ram' ? 'RAM tier' : 'page cache'})`, async () => {
+      const store = await RegionStore.open(join(dir, 'store'));
+      const cache = tier === 'ram' ? await HostCache.create({ budgetBytes: 6 * GiB }) : undefined;
+      const controller = await SwapController.create({
+        store,
+        ...(cache ? { cache } : {}),
+        engines: engines.map((x) => ({ name: x.name, client: x.client, memoryBytes: 4 * GiB })),
+        budgets: { 0: 6 * GiB },
+      });
+      const agent = await SwapAgent.listen({ controller, store });
+      const restores: SwapEvent[] = [];
+      const suspends: SwapEvent[] = [];
+      controller.on('swap', (e: SwapEvent) => (e.action === 'restore' ? restores : suspends).push(e));
+      try {
+        const walls: number[] = [];
+        for (let i = 0; i < 20; i++) {
+          const x = engines[i % 2]!;
+          const started = performance.now();
+          const r = await request(`${agent.url}/v1/completions`, {
+            method: 'POST',
+            headers: { 'content-type': 'application/json' },
+            body: JSON.stringify({ model: x.name, prompt: 'Hello', max_tokens: 8, temperature: 0 }),
+          });
+          const body = (await r.body.json()) as { choices: Array<{ text: string }> };
+          walls.push((performance.now() - started) / 1000);
+          assert.equal(r.statusCode, 200);
+          assert.equal(body.choices[0]!.text, x.answer, `${x.name} answered as itself`);
+        }
+        const measured = restores.filter((e) => e.tier === tier);
+        console.log(`[${tier}] restore (wake..expected response): ${summary(measured.map((e) => e.seconds))}`);
+        console.log(`[${tier}] suspend: ${summary(suspends.map((e) => e.seconds))}`);
+        console.log(`[${tier}] request wall time incl. swap: ${summary(walls)}`);
+        const hydrate = measured.map((e) => e.phases!.hydrate!);
+        console.log(`[${tier}] hydrate phase: ${summary(hydrate)}`);
+        assert.ok(measured.length >= 15, `${measured.length} restores from ${tier}`);
+      } finally {
+        await agent.close();
+        controller.close();
+        cache?.close();
+      }
+    });
+  }
+});

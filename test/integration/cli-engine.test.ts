@@ -1,0 +1,116 @@
+import { execFile, spawn } from 'node:child_process';
+import { writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
+
+import { request } from 'undici';
+import { describe, expect, it } from 'vitest';
+
+import { packageRoot } from '../../src/native/index.js';
+import { pluginSitePath, startEngine } from '../helpers/engine.js';
+import { freePort } from '../helpers/net.js';
+import { tempDir } from '../helpers/tmp.js';
+
+const cli = fileURLToPath(new URL('../../dist/cli/main.js', import.meta.url));
+
+async function vsnap(args: string[], env: Record<string, string> = {}) {
+  try {
+    const { stdout, stderr } = await promisify(execFile)(process.execPath, [cli, ...args], { env: { ...process.env, ...env } });
+    return { code: 0, stdout, stderr };
+  } catch (err) {
+    const e = err as { code: number; stdout: string; stderr: string };
+    return { code: e.code, stdout: e.stdout, stderr: e.stderr };
+  }
+}
+
+describe('vsnap commands on an engine', () => {
+  it('status, snapshot, suspend, restore', async () => {
+    const engine = await startEngine();
+    try {
+      const store = ['--store', join(tempDir(), 's')];
+      const env = { VSNAP_ENGINE_URL: engine.url, VSNAP_TOKEN: engine.token };
+      const status = await vsnap(['status', '--json'], env);
+      expect(status.code).toBe(0);
+      expect(JSON.parse(status.stdout)).toMatchObject({ sleeping: false, engine: { kind: 'vllm' } });
+      const refused = await vsnap(['suspend', 'ref', ...store], env);
+      expect(refused.code).toBe(1);
+      expect(refused.stderr).toMatch(/\[E_NOT_RESTORABLE\]/);
+      const snap = await vsnap(['snapshot', 'ref', ...store, '--json'], env);
+      expect(JSON.parse(snap.stdout)).toMatchObject({ cached: false });
+      expect(JSON.parse((await vsnap(['snapshot', 'ref', ...store, '--json'], env)).stdout)).toMatchObject({ cached: true });
+      expect((await vsnap(['suspend', 'ref', ...store], env)).stdout).toMatch(/suspended in/);
+      const restored = await vsnap(['restore', 'ref', ...store], env);
+      expect(restored.code).toBe(0);
+      expect(restored.stdout).toMatch(/restored ref: .* from the store tier .*expectedResponse/);
+      expect((await vsnap(['status'], { VSNAP_TOKEN: engine.token })).stderr).toMatch(/needs --engine/);
+      expect((await vsnap(['status', '--engine', engine.url], { VSNAP_TOKEN: 'wrong' })).stderr).toMatch(/\[E_ENGINE_HTTP\].*401/);
+    } finally {
+      await engine.stop();
+    }
+  });
+
+  it('vsnap serve: boots engines from a config one at a time, routes requests, swaps, stops them', async () => {
+    const dir = tempDir();
+    const [agentPort, p1, p2] = [await freePort(), await freePort(), await freePort()];
+    const serve = join(packageRoot(), 'test', 'fixtures', 'engine', 'serve.py');
+    const env = { PYTHONPATH: pluginSitePath(), VLLM_PLUGINS: 'vsnap' };
+    const model = (port: number, seed: number) => ({
+      command: 'python3',
+      args: [serve, '--device', 'host', '--port', '${PORT}', '--seed', String(seed), '--model', `m${seed}`, '--enable-sleep-mode'],
+      env,
+      port,
+      token: '${env:ENGINE_TOKEN}',
+      memoryGiB: 10,
+    });
+    const config = {
+      listen: { port: agentPort },
+      store: join(dir, 'store'),
+      controlToken: 'ctl',
+      gpus: { 0: { budgetGiB: 15 } },
+      defaultModel: 'm1',
+      models: { m1: model(p1, 1), m2: model(p2, 2) },
+    };
+    const file = join(dir, 'vsnap.json');
+    writeFileSync(file, JSON.stringify(config, null, 2));
+    const child = spawn(process.execPath, [cli, 'serve', '--config', file], { env: { ...process.env, ENGINE_TOKEN: 'engine-secret' }, stdio: ['ignore', 'ignore', 'pipe'] });
+    let log = '';
+    child.stderr.on('data', (d: Buffer) => (log += d.toString()));
+    try {
+      await new Promise<void>((resolve, reject) => {
+        const t = setInterval(() => {
+          if (/serving m1, m2/.test(log)) resolve(clearInterval(t));
+          if (child.exitCode !== null) reject(new Error(log));
+        }, 50);
+      });
+      expect(log.indexOf('m1 is up and suspended (snapshot captured)')).toBeLessThan(log.indexOf('m2 is up and suspended'));
+      for (const m of ['m2', 'm1', 'm2']) {
+        const r = await request(`http://127.0.0.1:${agentPort}/v1/completions`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json' },
+          body: JSON.stringify({ model: m, prompt: 'hi', max_tokens: 2 }),
+        });
+        expect(r.statusCode).toBe(200);
+        expect(r.headers['x-vsnap-engine']).toBe(m);
+        await r.body.dump();
+      }
+      const swap = await vsnap(['swap', 'm1', '--agent', `http://127.0.0.1:${agentPort}`, '--token', 'ctl']);
+      expect(swap.stdout).toMatch(/m1 is awake/);
+      expect(log).toMatch(/restore m2 in \d+ ms/);
+    } finally {
+      child.kill('SIGTERM');
+      await new Promise((r) => child.on('exit', r));
+    }
+    expect(log).toMatch(/vsnap: stopping/);
+    // the engines it started are gone
+    for (const port of [p1, p2]) await expect(request(`http://127.0.0.1:${port}/health`)).rejects.toThrow();
+  });
+
+  it('vsnap serve refuses a bad configuration with the file and line', async () => {
+    const file = join(tempDir(), 'bad.yaml');
+    writeFileSync(file, 'store: /tmp/x\ngpus: { "0": { budgetGiB: 1 } }\nmodels:\n  m: { url: "http://127.0.0.1:1", memoryGiB: -3 }\n');
+    const r = await vsnap(['serve', '--config', file]);
+    expect(r.code).toBe(1);
+    expect(r.stderr).toMatch(/\[E_CONFIG\].*bad\.yaml:4:\d+ models\.m\.memoryGiB/s);
+  });
+});
