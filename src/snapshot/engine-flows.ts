@@ -61,6 +61,8 @@ export interface EngineSuspendOptions {
   readonly capture?: EngineCaptureOptions;
   /** Cancels the operation. */
   readonly signal?: AbortSignal;
+  /** Called with warnings. Default: process.emitWarning. */
+  readonly onWarning?: (message: string) => void;
 }
 
 /**
@@ -354,7 +356,7 @@ export async function suspendEngine(
     if (!current) throw new VsnapError('E_NOT_RESTORABLE', `the engine is already asleep and the store has no snapshot '${name}'`, { name });
     return { snapshot: await SnapshotClass.open(store, name), captured: false, alreadyAsleep: true, seconds: (performance.now() - started) / 1000 };
   }
-  preflight(status, options.capture ?? {});
+  preflight(status, options.onWarning ? { onWarning: options.onWarning } : (options.capture ?? {}));
   let snapshot = current ? await SnapshotClass.open(store, name) : undefined;
   const problems = snapshot ? await restorable(snapshot, status, control, options) : [`the store has no snapshot '${name}'`];
   let captured = false;
@@ -367,7 +369,11 @@ export async function suspendEngine(
         { name, problems },
       );
     }
-    snapshot = await captureEngine(SnapshotClass, store, name, client, { ...(options.capture ?? {}), ...(options.signal ? { signal: options.signal } : {}) });
+    snapshot = await captureEngine(SnapshotClass, store, name, client, {
+      ...(options.onWarning ? { onWarning: options.onWarning } : {}),
+      ...(options.capture ?? {}),
+      ...(options.signal ? { signal: options.signal } : {}),
+    });
     captured = true;
   }
   await control.sleep(2, options.mode, call);

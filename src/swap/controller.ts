@@ -140,7 +140,7 @@ interface Slot {
  * hands out leases so that no request ever reaches a sleeping engine. Swaps run one at a time;
  * requests for an engine being woken wait in a bounded queue. Pinned engines stay awake, idle
  * engines with a TTL are suspended, and a default model is woken when nothing else is wanted.
- * Emits `swap` ({@link SwapEvent}), `swapFailed` ({ engine, action, error }) and `change`
+ * Emits `swap` ({@link SwapEvent}), `swapFailed` (with engine, action and error) and `change`
  * (after every state change); exports Prometheus metrics.
  * @public
  */

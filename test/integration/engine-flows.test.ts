@@ -145,7 +145,7 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     const store = await RegionStore.open(tempDir());
     const snap = await Snapshot.captureEngine(store, 'fi', client, { onWarning: (w) => warnings.push(w) });
     expect(warnings.join('\n')).toMatch(/FLASHINFER.*TRITON_ATTN/s);
-    await Snapshot.suspendEngine(store, 'fi', client);
+    await Snapshot.suspendEngine(store, 'fi', client, { onWarning: () => undefined });
     const err = await snap.restoreEngine(client, { onWarning: () => undefined }).catch((e: unknown) => e);
     expect(err).toMatchObject({ code: 'E_RESPONSE_MISMATCH' });
     expect((await client.vsnapStatus()).sleeping).toBe(true);
