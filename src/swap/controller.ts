@@ -140,8 +140,9 @@ interface Slot {
  * hands out leases so that no request ever reaches a sleeping engine. Swaps run one at a time;
  * requests for an engine being woken wait in a bounded queue. Pinned engines stay awake, idle
  * engines with a TTL are suspended, and a default model is woken when nothing else is wanted.
- * Emits `swap` ({@link SwapEvent}), `swapFailed` (with engine, action and error) and `change`
- * (after every state change); exports Prometheus metrics.
+ * Emits `swapStarted` (with engine and action), `swap` ({@link SwapEvent}, when one finished,
+ * with phase timings), `swapFailed` (with engine, action and error) and `change` (after every
+ * state change); exports Prometheus metrics.
  * @public
  */
 export class SwapController extends EventEmitter {
@@ -444,6 +445,7 @@ export class SwapController extends EventEmitter {
     const started = performance.now();
     slot.state = 'waking';
     this.changed();
+    this.emit('swapStarted', { engine: slot.spec.name, action: 'restore' });
     try {
       const snapshot = await Snapshot.open(this.options.store, slot.spec.snapshot);
       const report = await snapshot.restoreEngine(slot.spec.client, this.options.cache ? { cache: this.options.cache } : {});
@@ -471,6 +473,7 @@ export class SwapController extends EventEmitter {
     const started = performance.now();
     slot.state = 'suspending';
     this.changed();
+    this.emit('swapStarted', { engine: slot.spec.name, action: 'suspend' });
     try {
       const result = await Snapshot.suspendEngine(this.options.store, slot.spec.snapshot, slot.spec.client, { captureIfNeeded });
       slot.state = 'asleep';

@@ -10,8 +10,10 @@ import { tempDir } from '../helpers/tmp.js';
 import { freePort } from '../helpers/net.js';
 
 const example = (name: string): string => fileURLToPath(new URL(`../../examples/${name}`, import.meta.url));
-/** Runs TypeScript examples the way users script them: with tsx (`node --import tsx`). */
+/** Runs TypeScript examples the way users script them: with tsx (`node --import tsx`)... */
 const tsx = (file: string, args: string[] = []): string[] => ['--import', 'tsx', file, ...args];
+/** ...or with ts-node (`node --loader ts-node/esm`). */
+const tsNode = (file: string, args: string[] = []): string[] => ['--no-warnings', '--loader', 'ts-node/esm', file, ...args];
 
 it('examples/capture-restore.mjs runs against the built package', async () => {
   const { stdout } = await promisify(execFile)(process.execPath, [example('capture-restore.mjs'), tempDir()]);
@@ -21,11 +23,11 @@ it('examples/capture-restore.mjs runs against the built package', async () => {
   expect(stdout).toMatch(/model\.embed_tokens\.weight: "contents of model\.embed_tokens\.weight"/);
 });
 
-it('examples/suspend-restore.ts runs against the reference engine', async () => {
+it('examples/suspend-restore.ts runs with ts-node against the reference engine', async () => {
   const engine = await startEngine();
   try {
-    const { stdout } = await promisify(execFile)(process.execPath, tsx(example('suspend-restore.ts'), [tempDir()]), {
-      env: { ...process.env, VSNAP_ENGINE_URL: engine.url, VSNAP_TOKEN: engine.token },
+    const { stdout } = await promisify(execFile)(process.execPath, tsNode(example('suspend-restore.ts'), [tempDir()]), {
+      env: { ...process.env, VSNAP_ENGINE_URL: engine.url, VSNAP_TOKEN: engine.token, TS_NODE_TRANSPILE_ONLY: '1' },
     });
     expect(stdout).toMatch(/suspended \(captured first\)/);
     expect(stdout).toMatch(/restored \d+ bytes in [\d.]+ ms: wakeWeights/);
@@ -35,7 +37,7 @@ it('examples/suspend-restore.ts runs against the reference engine', async () => 
   }
 });
 
-it('examples/router.ts routes two models through one budget', async () => {
+it('examples/router.ts (with tsx) routes two models through one budget', async () => {
   const a = await startEngine({ seed: 1, model: 'llama' });
   const b = await startEngine({ seed: 2, model: 'qwen' });
   const port = await freePort();

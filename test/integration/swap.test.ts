@@ -57,7 +57,9 @@ describe('SwapController and the HTTP agent over three CPU reference engines', (
     let worst = 0;
     controller.on('change', () => (worst = Math.max(worst, controller.usage()[0]!)));
     const swaps: SwapEvent[] = [];
+    let started = 0;
     controller.on('swap', (e: SwapEvent) => swaps.push(e));
+    controller.on('swapStarted', () => started++);
     expect(controller.usage()[0]).toBeLessThanOrEqual(budget); // it suspended one at start
     const agent = await SwapAgent.listen({ controller, store });
     cleanup.push(() => agent.close());
@@ -72,6 +74,8 @@ describe('SwapController and the HTTP agent over three CPU reference engines', (
     }
     expect(worst).toBeLessThanOrEqual(budget);
     expect(swaps.filter((s) => s.action === 'restore').length).toBeGreaterThan(0);
+    expect(started).toBe(swaps.length);
+    expect(swaps.filter((s) => s.action === 'restore').every((s) => Object.keys(s.phases!).includes('hydrate'))).toBe(true);
     const metrics = await (await request(`${agent.url}/metrics`)).body.text();
     expect(metrics).toMatch(/vsnap_swaps_total\{engine="model-\d",action="restore",result="ok"\} \d+/);
     expect(metrics).toMatch(/vsnap_swap_seconds_bucket/);
