@@ -1,13 +1,14 @@
 import { execFile, spawn } from 'node:child_process';
-import { chmodSync, closeSync, existsSync, readSync, statSync } from 'node:fs';
+import { chmodSync, closeSync, existsSync, readdirSync, readSync, statSync } from 'node:fs';
 import { connect } from 'node:net';
-import { dirname } from 'node:path';
+import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 
 import { describe, expect, it } from 'vitest';
 
 import { FdReceiver, sendFds } from '../../src/ipc/fd-receiver.js';
+import { packageRoot } from '../../src/native/index.js';
 import { HostRegion } from '../../src/regions/host-region.js';
 import { tempDir } from '../helpers/tmp.js';
 
@@ -99,12 +100,19 @@ describe('descriptor passing over the unix socket', () => {
     chmodSync(dirname(receiver.path), 0o755);
     chmodSync(receiver.path, 0o666); // only the credential check is left
     const { nonce, message } = receiver.expect({ timeoutMs: 3000 });
-    const peer = spawn('python3', [pythonPeer, receiver.path, nonce, '1'], { uid: 65534, gid: 65534 });
+    const refused = expect(message).rejects.toMatchObject({ code: 'E_TIMEOUT', message: expect.stringMatching(/uid 65534/) });
+    // The peer: this Node binary and the addon's own sender, run as nobody (uid 65534).
+    const addon = join(packageRoot(), 'prebuilds', 'linux-x64', readdirSync(join(packageRoot(), 'prebuilds', 'linux-x64')).find((f) => f.endsWith('.node'))!);
+    const script = `require(${JSON.stringify(addon)}).sendFds(${JSON.stringify(receiver.path)}, ${JSON.stringify(nonce)}, '{}', [0]).then((r) => console.log(r), (e) => console.log(JSON.stringify({ failed: e.message })))`;
+    const peer = spawn(process.execPath, ['-e', script], { uid: 65534, gid: 65534, cwd: '/' });
     let out = '';
+    let err = '';
     peer.stdout.on('data', (d: Buffer) => (out += d.toString()));
+    peer.stderr.on('data', (d: Buffer) => (err += d.toString()));
     await new Promise((resolve) => peer.on('exit', resolve));
+    expect(out.trim(), `peer stderr: ${err}`).not.toBe('');
     expect(JSON.parse(out)).toMatchObject({ ok: false, code: 'E_IPC_AUTH' });
-    await expect(message).rejects.toMatchObject({ code: 'E_TIMEOUT', message: expect.stringMatching(/uid 65534/) });
+    await refused;
   });
 
   it('closing removes the socket (and its private directory) and rejects what is pending', async () => {
