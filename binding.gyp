@@ -41,6 +41,7 @@
         "native/js/js_allocation.cc",
         "native/js/js_staging_pool.cc",
         "native/js/js_host_buffer.cc",
+        "native/js/js_held_handles.cc",
         "native/js/js_transfer.cc",
         "native/js/js_fd_listener.cc",
         "native/js/js_files.cc"

@@ -12,10 +12,11 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   vsnap::js::initAllocation(env, exports);
   vsnap::js::initStagingPool(env, exports);
   vsnap::js::initHostBuffer(env, exports);
+  vsnap::js::initHeldHandles(env, exports);
   vsnap::js::initTransfer(env, exports);
   vsnap::js::initFdListener(env, exports);
   vsnap::js::initFiles(env, exports);
-  exports.Set("abiVersion", Napi::Number::New(env, 2));
+  exports.Set("abiVersion", Napi::Number::New(env, 3));
   return exports;
 }
 

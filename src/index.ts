@@ -15,9 +15,10 @@ export type { RegionMemory } from './regions/memory.js';
 
 export { releaseIdleResources } from './transfer/staging.js';
 export { HostCache, type HostCacheOptions, type CacheEntryInfo } from './cache/host-cache.js';
+export { ResidentWeights, type ResidentInfo } from './cache/resident-weights.js';
 export type { TransferOptions, TransferProgress } from './transfer/transfer.js';
 
-export { FdReceiver, sendFds, type FdMessage } from './ipc/fd-receiver.js';
+export { FdReceiver, fetchFds, sendFds, type FdMessage } from './ipc/fd-receiver.js';
 
 export { Manifest, type ManifestIssue } from './manifest/manifest.js';
 export type { LiveLayout, LiveRegion, Mismatch } from './manifest/compat.js';

@@ -117,4 +117,17 @@ void Mapping::fill(uint64_t offset, uint64_t length, uint8_t value) const {
   check(api().cuCtxSynchronize(), "cuCtxSynchronize");
 }
 
+HeldHandle::HeldHandle(int fd) {
+  const Api& cu = api();
+  CUmemGenericAllocationHandle handle = 0;
+  check(cu.cuMemImportFromShareableHandle(&handle, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
+                                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+        "cuMemImportFromShareableHandle");
+  CUmemAllocationProp prop{};
+  if (cu.cuMemGetAllocationPropertiesFromHandle(&prop, handle) == CUDA_SUCCESS) device_ = prop.location.id;
+  handle_ = handle;
+}
+
+HeldHandle::~HeldHandle() { api().cuMemRelease(handle_); }
+
 }  // namespace vsnap::cuda

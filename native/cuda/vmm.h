@@ -48,4 +48,20 @@ class Mapping {
   bool mapped_ = false;
 };
 
+// A reference to another process's exported memory, without a mapping: while it lives, the
+// physical memory stays allocated even after its owner released its own handle (tier 0 keeps a
+// sleeping engine's weights on the GPU this way).
+class HeldHandle {
+ public:
+  explicit HeldHandle(int fd);
+  ~HeldHandle();
+  HeldHandle(const HeldHandle&) = delete;
+  HeldHandle& operator=(const HeldHandle&) = delete;
+  int device() const { return device_; }
+
+ private:
+  uint64_t handle_ = 0;
+  int device_ = -1;
+};
+
 }  // namespace vsnap::cuda

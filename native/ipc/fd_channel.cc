@@ -112,6 +112,58 @@ void closeAll(std::vector<int>& fds) {
   fds.clear();
 }
 
+void sendFdBatches(int sock, const std::vector<int>& fds, const std::string& what) {
+  for (size_t sent = 0; sent < fds.size();) {
+    size_t n = std::min<size_t>(kFdsPerBatch, fds.size() - sent);
+    char marker = 'F';
+    iovec iov{&marker, 1};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kFdsPerBatch)] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * n);
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * n);
+    std::memcpy(CMSG_DATA(c), fds.data() + sent, sizeof(int) * n);
+    ssize_t r = sendmsg(sock, &msg, MSG_NOSIGNAL);
+    if (r < 0 && errno == EINTR) continue;
+    if (r != 1) throwSystemError("sendmsg", what, errno);
+    sent += n;
+  }
+}
+
+// Receives `count` descriptors sent by sendFdBatches into `out` (appending as they come, so the
+// caller can close them on failure).
+void receiveFdBatches(int sock, size_t count, std::vector<int>& out) {
+  size_t want = out.size() + count;
+  while (out.size() < want) {
+    char marker = 0;
+    iovec iov{&marker, 1};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kFdsPerBatch)];
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    ssize_t r = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) throw PeerError{"E_IPC_PROTOCOL", r == 0 ? "peer closed before sending every descriptor" : std::strerror(errno)};
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+        size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        const int* p = reinterpret_cast<const int*>(CMSG_DATA(c));
+        out.insert(out.end(), p, p + n);
+      }
+    }
+    if (msg.msg_flags & MSG_CTRUNC) throw PeerError{"E_IPC_PROTOCOL", "descriptor batch truncated (over 250 in one frame?)"};
+    if (marker != 'F') throw PeerError{"E_IPC_PROTOCOL", "expected a descriptor frame"};
+  }
+  if (out.size() != want) throw PeerError{"E_IPC_PROTOCOL", "received more descriptors than announced"};
+}
+
 }  // namespace
 
 FdListener::FdListener(const std::string& path, OnDelivery onDelivery, OnReject onReject)
@@ -159,29 +211,35 @@ void FdListener::close() {
   listen_.reset();
 }
 
-void FdListener::expect(const std::string& nonce) {
-  if (nonce.size() != kNonceLength) throwInvalid("a nonce is 64 hex digits");
+void FdListener::expect(const std::string& nonce, const std::string& offerHeader, std::vector<int> offerFds) {
+  if (nonce.size() != kNonceLength) {
+    closeAll(offerFds);
+    throwInvalid("a nonce is 64 hex digits");
+  }
   std::lock_guard<std::mutex> lock(mutex_);
-  expected_.insert(nonce);
+  auto& slot = expected_[nonce];
+  closeAll(slot.fds);
+  slot = Offer{offerHeader, std::move(offerFds)};
 }
 
 void FdListener::forget(const std::string& nonce) {
   std::lock_guard<std::mutex> lock(mutex_);
-  expected_.erase(nonce);
+  auto it = expected_.find(nonce);
+  if (it == expected_.end()) return;
+  closeAll(it->second.fds);
+  expected_.erase(it);
 }
 
-bool FdListener::takeNonce(const std::string& nonce) {
+bool FdListener::takeNonce(const std::string& nonce, Offer& offer) {
   std::lock_guard<std::mutex> lock(mutex_);
-  bool found = false;
-  std::string match;
-  for (const auto& candidate : expected_) {  // compare with all, in constant time each
-    if (constantTimeEqual(candidate, nonce)) {
-      found = true;
-      match = candidate;
-    }
+  auto match = expected_.end();
+  for (auto it = expected_.begin(); it != expected_.end(); ++it) {  // compare with all, in constant time each
+    if (constantTimeEqual(it->first, nonce)) match = it;
   }
-  if (found) expected_.erase(match);
-  return found;
+  if (match == expected_.end()) return false;
+  offer = std::move(match->second);
+  expected_.erase(match);
+  return true;
 }
 
 void FdListener::loop() {
@@ -220,37 +278,25 @@ void FdListener::handle(int conn) {
     if (std::memcmp(magic, kMagic, 4) != 0) throw PeerError{"E_IPC_PROTOCOL", "bad magic: not a vsnap fd message"};
     std::string nonce(kNonceLength, '\0');
     readExact(conn, nonce.data(), kNonceLength);
-    if (!takeNonce(nonce)) throw PeerError{"E_IPC_AUTH", "unknown or already used nonce"};
+    Offer offer;
+    if (!takeNonce(nonce, offer)) throw PeerError{"E_IPC_AUTH", "unknown or already used nonce"};
+    struct CloseOffer {
+      std::vector<int>& fds;
+      ~CloseOffer() { closeAll(fds); }
+    } closeOffer{offer.fds};
     uint32_t headerBytes = readU32(conn);
     uint32_t fdCount = readU32(conn);
     if (headerBytes > kMaxHeaderBytes) throw PeerError{"E_IPC_PROTOCOL", "header too large"};
     if (fdCount > kMaxFds) throw PeerError{"E_IPC_PROTOCOL", "too many descriptors"};
     std::string header(headerBytes, '\0');
     readExact(conn, header.data(), headerBytes);
-    while (received.size() < fdCount) {
-      char marker = 0;
-      iovec iov{&marker, 1};
-      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kFdsPerBatch)];
-      msghdr msg{};
-      msg.msg_iov = &iov;
-      msg.msg_iovlen = 1;
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof control;
-      ssize_t r = recvmsg(conn, &msg, MSG_CMSG_CLOEXEC);
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) throw PeerError{"E_IPC_PROTOCOL", r == 0 ? "peer closed before sending every descriptor" : std::strerror(errno)};
-      for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-          size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-          const int* p = reinterpret_cast<const int*>(CMSG_DATA(c));
-          received.insert(received.end(), p, p + n);
-        }
-      }
-      if (msg.msg_flags & MSG_CTRUNC) throw PeerError{"E_IPC_PROTOCOL", "descriptor batch truncated (over 250 in one frame?)"};
-      if (marker != 'F') throw PeerError{"E_IPC_PROTOCOL", "expected a descriptor frame"};
+    receiveFdBatches(conn, fdCount, received);
+    if (offer.header.empty()) {
+      reply(conn, "{\"ok\":true}");
+    } else {
+      reply(conn, "{\"ok\":true,\"fds\":" + std::to_string(offer.fds.size()) + ",\"offer\":" + offer.header + "}");
+      sendFdBatches(conn, offer.fds, path_);
     }
-    if (received.size() != fdCount) throw PeerError{"E_IPC_PROTOCOL", "received more descriptors than announced"};
-    reply(conn, "{\"ok\":true}");
     Delivery d{std::move(nonce), std::move(header), std::move(received), cred.pid, cred.uid};
     received.clear();
     onDelivery_(std::move(d));
@@ -265,8 +311,8 @@ void FdListener::handle(int conn) {
   }
 }
 
-std::string sendFds(const std::string& path, const std::string& nonce, const std::string& header,
-                    const std::vector<int>& fds, int timeoutMs) {
+Reply sendFds(const std::string& path, const std::string& nonce, const std::string& header,
+              const std::vector<int>& fds, int timeoutMs) {
   if (nonce.size() != kNonceLength) throwInvalid("a nonce is 64 hex digits");
   if (fds.size() > kMaxFds) throwInvalid("too many descriptors");
   sockaddr_un addr = address(path);
@@ -284,40 +330,29 @@ std::string sendFds(const std::string& path, const std::string& nonce, const std
   bool refused = false;
   try {
     writeExact(sock.get(), frame.data(), frame.size());
-  } catch (const NativeError&) {
+    sendFdBatches(sock.get(), fds, path);
+  } catch (const NativeError& e) {
+    const auto* err = std::get_if<int64_t>(&e.details().at("errno"));
+    if (!err || (*err != EPIPE && *err != ECONNRESET)) throw;
     refused = true;
   }
-  for (size_t sent = 0; !refused && sent < fds.size();) {
-    size_t n = std::min<size_t>(kFdsPerBatch, fds.size() - sent);
-    char marker = 'F';
-    iovec iov{&marker, 1};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kFdsPerBatch)] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = CMSG_SPACE(sizeof(int) * n);
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * n);
-    std::memcpy(CMSG_DATA(c), fds.data() + sent, sizeof(int) * n);
-    ssize_t r = sendmsg(sock.get(), &msg, MSG_NOSIGNAL);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0 && (errno == EPIPE || errno == ECONNRESET)) {
-      refused = true;
-      break;
-    }
-    if (r != 1) throwSystemError("sendmsg", path, errno);
-    sent += n;
-  }
+  (void)refused;
+  Reply out;
   try {
     uint32_t length = readU32(sock.get());
     if (length > (1u << 20)) throw NativeError("E_IPC_PROTOCOL", "oversized reply from '" + path + "'");
-    std::string json(length, '\0');
-    readExact(sock.get(), json.data(), length);
-    return json;
+    out.json.assign(length, '\0');
+    readExact(sock.get(), out.json.data(), length);
+    // An offer's descriptors follow the reply: {"ok":true,"fds":M,...}
+    auto at = out.json.find("\"fds\":");
+    if (out.json.rfind("{\"ok\":true", 0) == 0 && at != std::string::npos) {
+      size_t count = std::strtoul(out.json.c_str() + at + 6, nullptr, 10);
+      if (count > kMaxFds) throw NativeError("E_IPC_PROTOCOL", "too many offered descriptors");
+      receiveFdBatches(sock.get(), count, out.fds);
+    }
+    return out;
   } catch (const PeerError& e) {
+    closeAll(out.fds);
     throw NativeError(e.code, "no reply from '" + path + "': " + e.message);
   }
 }

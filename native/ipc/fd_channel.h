@@ -7,6 +7,9 @@
 //   header                       H bytes of UTF-8 JSON (opaque here)
 //   ceil(N / 250) fd batches     each one byte 'F' carrying up to 250 descriptors (SCM_RIGHTS)
 // then server to client: u32 length + JSON {"ok":true} or {"ok":false,"code":"E_...","error":"..."}.
+// When the receiver registered an offer for the nonce, the reply is
+// {"ok":true,"offer":<its JSON header>,"fds":M} followed by M descriptors in the same one-byte
+// 'F' batches: a peer can fetch descriptors as well as send them (tier-0 wakes use this).
 // Descriptors travel only on the one-byte batch frames, so no read ever merges two batches.
 //
 // The listener accepts only peers with this process's uid (SO_PEERCRED) that present a nonce
@@ -19,7 +22,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
-#include <set>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -52,14 +55,20 @@ class FdListener {
   FdListener& operator=(const FdListener&) = delete;
 
   const std::string& path() const { return path_; }
-  void expect(const std::string& nonce);
+  // Authorises one message with `nonce`; the peer that presents it gets `offerHeader` and the
+  // offered descriptors (the listener's own duplicates, closed once sent or forgotten).
+  void expect(const std::string& nonce, const std::string& offerHeader = "", std::vector<int> offerFds = {});
   void forget(const std::string& nonce);
   void close();  // stops accepting, joins the thread, removes the socket file
 
  private:
   void loop();
   void handle(int conn);
-  bool takeNonce(const std::string& nonce);
+  struct Offer {
+    std::string header;  // empty: nothing offered
+    std::vector<int> fds;
+  };
+  bool takeNonce(const std::string& nonce, Offer& offer);
 
   std::string path_;
   OnDelivery onDelivery_;
@@ -68,12 +77,17 @@ class FdListener {
   UniqueFd wake_;
   std::thread thread_;
   std::mutex mutex_;
-  std::set<std::string> expected_;
+  std::map<std::string, Offer> expected_;
   std::atomic<bool> closed_{false};
 };
 
-// Client side: sends header + fds and returns the server's JSON reply. Blocking.
-std::string sendFds(const std::string& path, const std::string& nonce, const std::string& header,
-                    const std::vector<int>& fds, int timeoutMs);
+// Client side: sends header + fds; returns the server's JSON reply and any descriptors it offered
+// (the caller owns them). Blocking.
+struct Reply {
+  std::string json;
+  std::vector<int> fds;
+};
+Reply sendFds(const std::string& path, const std::string& nonce, const std::string& header,
+              const std::vector<int>& fds, int timeoutMs);
 
 }  // namespace vsnap::ipc

@@ -95,10 +95,27 @@ class FdListener : public Napi::ObjectWrap<FdListener> {
   }
 
   Napi::Value Path(const Napi::CallbackInfo& info) { return Napi::String::New(info.Env(), live(info.Env()).path()); }
+  // expect(nonce, offerHeader?, offerFds?): the offered fds are duplicated now, so the caller
+  // may close theirs at once.
   Napi::Value Expect(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
     std::string nonce = toString(info[0], "nonce");
-    guard(info.Env(), [&] { live(info.Env()).expect(nonce); });
-    return info.Env().Undefined();
+    std::string offer = info.Length() > 1 && info[1].IsString() ? info[1].As<Napi::String>().Utf8Value() : std::string();
+    std::vector<int> fds;
+    if (info.Length() > 2 && info[2].IsArray()) {
+      Napi::Array arr = info[2].As<Napi::Array>();
+      for (uint32_t i = 0; i < arr.Length(); i++) {
+        int fd = static_cast<int>(toI64(arr.Get(i), "fd"));
+        int copy = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+        if (copy < 0) {
+          for (int f : fds) ::close(f);
+          throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "offered fd " + std::to_string(fd) + " is not open"));
+        }
+        fds.push_back(copy);
+      }
+    }
+    guard(env, [&] { live(env).expect(nonce, offer, std::move(fds)); });
+    return env.Undefined();
   }
   Napi::Value Forget(const Napi::CallbackInfo& info) {
     live(info.Env()).forget(toString(info[0], "nonce"));
@@ -136,16 +153,23 @@ Napi::Value SendFds(const Napi::CallbackInfo& info) {
     if (copy < 0) throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "fd " + std::to_string(fd) + " is not open"));
     owned->emplace_back(copy);
   }
-  return PromiseWorker<std::string>::Run(
+  return PromiseWorker<ipc::Reply>::Run(
       env,
       [=] {
         std::vector<int> fds;
         for (auto& f : *owned) fds.push_back(f.get());
-        std::string reply = ipc::sendFds(path, nonce, header, fds, timeoutMs);
+        ipc::Reply reply = ipc::sendFds(path, nonce, header, fds, timeoutMs);
         owned->clear();
         return reply;
       },
-      [](Napi::Env e, std::string& reply) -> Napi::Value { return Napi::String::New(e, reply); });
+      [](Napi::Env e, ipc::Reply& reply) -> Napi::Value {
+        Napi::Object out = Napi::Object::New(e);
+        out.Set("reply", reply.json);
+        Napi::Array fds = Napi::Array::New(e, reply.fds.size());
+        for (size_t i = 0; i < reply.fds.size(); i++) fds.Set(i, reply.fds[i]);
+        out.Set("fds", fds);
+        return out;
+      });
 }
 
 }  // namespace

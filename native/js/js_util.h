@@ -102,6 +102,7 @@ struct AddonData {
   Napi::FunctionReference deviceAllocation;
   Napi::FunctionReference stagingPool;
   Napi::FunctionReference hostBuffer;
+  Napi::FunctionReference heldHandles;
 };
 AddonData& addonData(Napi::Env env);
 
@@ -110,6 +111,7 @@ void initCuda(Napi::Env env, Napi::Object exports);
 void initAllocation(Napi::Env env, Napi::Object exports);
 void initStagingPool(Napi::Env env, Napi::Object exports);
 void initHostBuffer(Napi::Env env, Napi::Object exports);
+void initHeldHandles(Napi::Env env, Napi::Object exports);
 void initTransfer(Napi::Env env, Napi::Object exports);
 void initFdListener(Napi::Env env, Napi::Object exports);
 void initFiles(Napi::Env env, Napi::Object exports);

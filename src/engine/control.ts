@@ -13,7 +13,7 @@ export interface EngineControl {
   status(call?: CallOptions): Promise<EngineStatus>;
   exportTo(socket: string, nonces: readonly string[], call?: CallOptions): Promise<void>;
   sleep(level: 1 | 2, mode: 'abort' | 'wait' | 'keep' | undefined, call?: CallOptions): Promise<void>;
-  wake(tags: readonly string[] | undefined, call?: CallOptions): Promise<void>;
+  wake(tags: readonly string[] | undefined, call?: CallOptions, adopt?: { socket: string; nonces: readonly string[] }): Promise<void>;
   resetPrefixCache(call?: CallOptions): Promise<void>;
 }
 
@@ -25,7 +25,7 @@ function viaRoutes(client: EngineClient): EngineControl {
       await client.vsnapExport({ socket, nonces }, call);
     },
     sleep: (level, mode, call) => client.vsnapSleep({ level, ...(mode ? { mode } : {}) }, call),
-    wake: (tags, call) => client.vsnapWake(tags ? { tags } : {}, call),
+    wake: (tags, call, adopt) => client.vsnapWake({ ...(tags ? { tags } : {}), ...(adopt ? { adopt } : {}) }, call),
     resetPrefixCache: (call) => client.vsnapResetPrefixCache(call),
   };
 }
@@ -48,7 +48,10 @@ function viaDevRoutes(client: EngineClient): EngineControl {
       await client.collectiveRpc('vsnap_export', { args: [socket, [...nonces]] }, call);
     },
     sleep: (level, mode, call) => client.sleep({ level, ...(mode ? { mode } : {}) }, call),
-    wake: (tags, call) => client.wakeUp(tags ? { tags } : {}, call),
+    wake: async (tags, call, adopt) => {
+      if (adopt) await client.collectiveRpc('vsnap_adopt', { args: [adopt.socket, [...adopt.nonces]] }, call);
+      await client.wakeUp(tags ? { tags } : {}, call);
+    },
     resetPrefixCache: (call) => client.resetPrefixCache(call),
   };
 }

@@ -227,9 +227,14 @@ export class EngineClient {
     await this.call({ method: 'POST', path: '/vsnap/v1/sleep', auth: 'vsnap', body: args, options, defaultTimeoutMs: LONG_CALL_MS });
   }
 
-  /** Wake through the vsnap routes; no tags wakes everything. */
-  async vsnapWake(args: { tags?: readonly string[] } = {}, options?: CallOptions): Promise<void> {
-    await this.call({ method: 'POST', path: '/vsnap/v1/wake', auth: 'vsnap', body: args.tags ? { tags: [...args.tags] } : {}, options, defaultTimeoutMs: LONG_CALL_MS });
+  /**
+   * Wake through the vsnap routes; no tags wakes everything. With `adopt`, the workers first
+   * fetch the weights descriptors offered on that socket (one nonce per rank) and map them back
+   * instead of new memory (tier 0).
+   */
+  async vsnapWake(args: { tags?: readonly string[]; adopt?: { socket: string; nonces: readonly string[] } } = {}, options?: CallOptions): Promise<void> {
+    const body = { ...(args.tags ? { tags: [...args.tags] } : {}), ...(args.adopt ? { adopt: { socket: args.adopt.socket, nonces: [...args.adopt.nonces] } } : {}) };
+    await this.call({ method: 'POST', path: '/vsnap/v1/wake', auth: 'vsnap', body, options, defaultTimeoutMs: LONG_CALL_MS });
   }
 
   /** Reset the prefix cache through the vsnap routes. */

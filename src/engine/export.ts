@@ -26,6 +26,8 @@ export interface ExportedRegions {
   readonly ranks: ReadonlyArray<{ rank: number; pid: number; deviceUuid: string; memory: 'cuda' | 'host'; regions: ExportedRegion[] }>;
   readonly seconds: number;
   close(): void;
+  /** Hands the descriptors over to the caller (close() then leaves them open). */
+  takeFds(): void;
 }
 
 /**
@@ -93,6 +95,9 @@ export async function exportRegions(control: EngineControl, rankCount: number, o
         if (closed) return;
         closed = true;
         for (const fd of received) closeSync(fd);
+      },
+      takeFds() {
+        closed = true;
       },
     };
   } catch (err) {

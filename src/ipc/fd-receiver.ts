@@ -73,6 +73,24 @@ export class FdReceiver {
    * and the promise rejects (E_TIMEOUT / E_ABORTED).
    */
   expect(options: { timeoutMs?: number; signal?: AbortSignal } = {}): { nonce: string; message: Promise<FdMessage> } {
+    return this.register(undefined, options);
+  }
+
+  /**
+   * Offers descriptors to one peer: the peer that presents the returned nonce (with
+   * {@link fetchFds}, or `vsnap_vllm.fdsend.fetch_fds` in Python) receives `header` and
+   * duplicates of `fds` (yours stay open). `taken` resolves with what the peer sent when it
+   * fetched them; after `timeoutMs` (default 30 s) the offer is withdrawn (E_TIMEOUT).
+   */
+  offer(header: unknown, fds: readonly number[], options: { timeoutMs?: number; signal?: AbortSignal } = {}): { nonce: string; taken: Promise<FdMessage> } {
+    const { nonce, message } = this.register({ header: JSON.stringify(header), fds }, options);
+    return { nonce, taken: message };
+  }
+
+  private register(
+    offer: { header: string; fds: readonly number[] } | undefined,
+    options: { timeoutMs?: number; signal?: AbortSignal },
+  ): { nonce: string; message: Promise<FdMessage> } {
     if (this.closed) throw new VsnapError('E_CLOSED', 'this FdReceiver was closed');
     const nonce = randomBytes(32).toString('hex');
     const timeoutMs = options.timeoutMs ?? 30_000;
@@ -113,7 +131,13 @@ export class FdReceiver {
       if (options.signal?.aborted) return onAbort();
       options.signal?.addEventListener('abort', onAbort, { once: true });
       this.listener.ref();
-      this.listener.expect(nonce);
+      try {
+        if (offer) this.listener.expect(nonce, offer.header, offer.fds);
+        else this.listener.expect(nonce);
+      } catch (err) {
+        finish();
+        reject(toVsnapError(err));
+      }
     });
     return { nonce, message };
   }
@@ -167,15 +191,36 @@ export async function sendFds(
   fds: readonly number[],
   options: { timeoutMs?: number } = {},
 ): Promise<void> {
-  let reply: string;
+  const got = await exchange(path, nonce, header, fds, options.timeoutMs ?? 10_000);
+  for (const fd of got.fds) closeSync(fd);
+}
+
+/**
+ * Fetches what an {@link FdReceiver.offer} offers under `nonce`: its JSON header and the
+ * descriptors (the caller owns them). `header` goes to the receiver as the request.
+ * @public
+ */
+export async function fetchFds(path: string, nonce: string, header: unknown = {}, options: { timeoutMs?: number } = {}): Promise<{ offer: unknown; fds: number[] }> {
+  const got = await exchange(path, nonce, header, [], options.timeoutMs ?? 10_000);
+  if (got.offer === undefined) {
+    for (const fd of got.fds) closeSync(fd);
+    throw new VsnapError('E_IPC_PROTOCOL', `${path} offered nothing under that nonce`, { path });
+  }
+  return { offer: got.offer, fds: got.fds };
+}
+
+async function exchange(path: string, nonce: string, header: unknown, fds: readonly number[], timeoutMs: number): Promise<{ offer?: unknown; fds: number[] }> {
+  let answer: { reply: string; fds: number[] };
   try {
-    reply = await native().sendFds(path, nonce, JSON.stringify(header), fds, options.timeoutMs ?? 10_000);
+    answer = await native().sendFds(path, nonce, JSON.stringify(header), fds, timeoutMs);
   } catch (err) {
     throw toVsnapError(err);
   }
-  const parsed = JSON.parse(reply) as { ok: boolean; code?: string; error?: string };
+  const parsed = JSON.parse(answer.reply) as { ok: boolean; code?: string; error?: string; offer?: unknown };
   if (!parsed.ok) {
+    for (const fd of answer.fds) closeSync(fd);
     const code = parsed.code === 'E_IPC_AUTH' ? 'E_IPC_AUTH' : 'E_IPC_PROTOCOL';
     throw new VsnapError(code, `${path} refused the descriptors: ${parsed.error ?? 'no reason given'}`, { path });
   }
+  return { ...(parsed.offer !== undefined ? { offer: parsed.offer } : {}), fds: answer.fds };
 }

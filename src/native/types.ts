@@ -53,6 +53,12 @@ export interface NativeHostBuffer {
   close(): void;
 }
 
+export interface NativeHeldHandles {
+  readonly count: number;
+  readonly closed: boolean;
+  close(): void;
+}
+
 export type NativeMemorySpec =
   | { kind: 'host'; fd: number }
   | { kind: 'imported'; fd: number }
@@ -100,7 +106,7 @@ export type NativeFdEvent =
 
 export interface NativeFdListener {
   readonly path: string;
-  expect(nonce: string): void;
+  expect(nonce: string, offerHeader?: string, offerFds?: readonly number[]): void;
   forget(nonce: string): void;
   ref(): void;
   unref(): void;
@@ -115,12 +121,13 @@ export interface NativeBinding {
   allocateDevice(device: number, size: number): Promise<NativeDeviceAllocation>;
   createStagingPool(slotSize: number, slotCount: number, pinDevice: number): Promise<NativeStagingPool>;
   createHostBuffer(size: number, pinDevice: number): Promise<NativeHostBuffer>;
+  holdHandles(fds: readonly number[]): Promise<NativeHeldHandles>;
   startTransfer(
     spec: NativeTransferSpec,
     onProgress?: (done: number, total: number, phase: string) => void,
   ): NativeTransferHandle;
   FdListener: new (path: string, onEvent: (event: NativeFdEvent) => void) => NativeFdListener;
-  sendFds(path: string, nonce: string, header: string, fds: readonly number[], timeoutMs?: number): Promise<string>;
+  sendFds(path: string, nonce: string, header: string, fds: readonly number[], timeoutMs?: number): Promise<{ reply: string; fds: number[] }>;
   checksum(data: Uint8Array): string;
   checksumAlgorithm: string;
   checksumImplementation: string;

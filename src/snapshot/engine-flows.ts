@@ -1,6 +1,8 @@
-import { statSync } from 'node:fs';
+import { closeSync, statSync } from 'node:fs';
 
 import type { HostCache } from '../cache/host-cache.js';
+import type { ResidentWeights } from '../cache/resident-weights.js';
+import { FdReceiver } from '../ipc/fd-receiver.js';
 import { toVsnapError, VsnapError } from '../errors.js';
 import type { EngineClient, EngineStatus } from '../engine/engine-client.js';
 import { engineControl, type EngineControl } from '../engine/control.js';
@@ -36,6 +38,8 @@ export interface EngineCaptureOptions extends TransferOptions {
 export interface EngineRestoreOptions extends TransferOptions {
   /** Restore through the RAM tier. */
   readonly cache?: HostCache;
+  /** Tier 0: when it holds this engine's weights for this snapshot, map them back (no bytes move). */
+  readonly resident?: ResidentWeights;
   /** See {@link RestoreOptions.verify}. */
   readonly verify?: 'chunk' | 'all-first';
   /** Allow restoring a snapshot of another model with the same layout (same architecture) into a running engine. */
@@ -63,6 +67,8 @@ export interface EngineSuspendOptions {
   readonly signal?: AbortSignal;
   /** Called with warnings. Default: process.emitWarning. */
   readonly onWarning?: (message: string) => void;
+  /** Tier 0: keep the weights on the GPU (only the KV cache is freed); the next restore maps them back. */
+  readonly resident?: ResidentWeights;
 }
 
 /**
@@ -72,11 +78,14 @@ export interface EngineSuspendOptions {
 export interface EngineRestoreReport {
   /** Bytes restored. */
   readonly bytes: number;
-  /** Where the bytes came from. */
-  readonly tier: 'ram' | 'store';
+  /** Where the weights came from: `gpu` (tier 0: mapped back, no copy), `ram` or `store`. */
+  readonly tier: 'gpu' | 'ram' | 'store';
   /** Wall time of the whole restore. */
   readonly seconds: number;
-  /** Seconds per phase, in order: sleep (model swap only), wakeWeights, export, hydrate, wakeKvCache, resetPrefixCache, expectedResponse. */
+  /**
+   * Seconds per phase, in order: sleep (model swap only), then wakeWeights, export, hydrate (or
+   * adoptWeights for tier 0), then wakeKvCache, resetPrefixCache, expectedResponse.
+   */
   readonly phases: Readonly<Record<string, number>>;
 }
 
@@ -236,6 +245,26 @@ export async function restoreEngine(snapshot: Snapshot, client: EngineClient, op
     lap('sleep');
     status = await control.status(call);
   }
+  const engineKey = client.baseUrl;
+  const held = options.resident?.peek(engineKey);
+  if (held && options.resident) {
+    const usable = held.snapshotId === snapshot.id && status.ranks.every((r) => held.ranks[r.rank]?.pid === r.pid) && status.ranks.every((r) => !r.weightsMapped);
+    if (usable) {
+      try {
+        const report = await adoptResident(control, held, call);
+        lap('adoptWeights');
+        await finishWake(control, client, snapshot, expected, options, call, lap);
+        options.resident.release(engineKey); // the engine holds its weights again
+        return { bytes: report.bytes, tier: 'gpu', seconds: (performance.now() - started) / 1000, phases };
+      } catch (err) {
+        // Put the engine back to sleep and fall back to the snapshot below.
+        warn(options, `tier-0 wake of '${snapshot.name}' failed (${(err as Error).message}); restoring from the snapshot instead`);
+        await putToSleep(control);
+        status = await control.status(call);
+      }
+    }
+    options.resident.release(engineKey);
+  }
   if (status.ranks.some((r) => !r.weightsMapped)) await control.wake(['weights'], call);
   lap('wakeWeights');
   let exported: ExportedRegions | undefined;
@@ -254,23 +283,7 @@ export async function restoreEngine(snapshot: Snapshot, client: EngineClient, op
     });
     lap('hydrate');
     exported.close();
-    await control.wake(['kv_cache'], call);
-    lap('wakeKvCache');
-    await control.resetPrefixCache(call);
-    lap('resetPrefixCache');
-    if (expected) {
-      const actual = await probe(client, expected.prompt, expected.maxTokens, options.signal);
-      lap('expectedResponse');
-      const difference = compareResponses(expected, actual, options.logprobTolerance ?? 0);
-      if (difference) {
-        throw new VsnapError(
-          'E_RESPONSE_MISMATCH',
-          `after restoring '${snapshot.name}' the engine's answer differs from the one recorded at capture: ${difference}. ` +
-            'The weights verified byte for byte, so state outside the snapshot is wrong (an attention backend such as FlashInfer keeps some).',
-          { expected, actual, difference },
-        );
-      }
-    }
+    await finishWake(control, client, snapshot, expected, options, call, lap);
     return { bytes: result.bytes, tier: result.tier ?? 'store', seconds: (performance.now() - started) / 1000, phases };
   } catch (err) {
     exported?.close();
@@ -282,6 +295,48 @@ export async function restoreEngine(snapshot: Snapshot, client: EngineClient, op
       { ...e.details, recovered: state.startsWith('the engine was put back') },
       { cause: e },
     );
+  }
+}
+
+/** Wakes the KV cache, resets the prefix cache and checks the expected response. */
+async function finishWake(
+  control: EngineControl,
+  client: EngineClient,
+  snapshot: Snapshot,
+  expected: ExpectedResponse | null,
+  options: EngineRestoreOptions,
+  call: { signal?: AbortSignal },
+  lap: (name: string) => void,
+): Promise<void> {
+  await control.wake(['kv_cache'], call);
+  lap('wakeKvCache');
+  await control.resetPrefixCache(call);
+  lap('resetPrefixCache');
+  if (!expected) return;
+  const actual = await probe(client, expected.prompt, expected.maxTokens, options.signal);
+  lap('expectedResponse');
+  const difference = compareResponses(expected, actual, options.logprobTolerance ?? 0);
+  if (difference) {
+    throw new VsnapError(
+      'E_RESPONSE_MISMATCH',
+      `after restoring '${snapshot.name}' the engine's answer differs from the one recorded at capture: ${difference}. ` +
+        'The weights verified byte for byte, so state outside the snapshot is wrong (an attention backend such as FlashInfer keeps some).',
+      { expected, actual, difference },
+    );
+  }
+}
+
+/** Tier 0: offers each rank its held descriptors and wakes the weights mapping them back. */
+async function adoptResident(control: EngineControl, held: NonNullable<ReturnType<ResidentWeights['peek']>>, call: { signal?: AbortSignal }): Promise<{ bytes: number }> {
+  const receiver = await FdReceiver.listen();
+  try {
+    const offers = held.ranks.map((r) => receiver.offer({ regions: r.regions }, r.fds, { timeoutMs: 120_000, ...(call.signal ? { signal: call.signal } : {}) }));
+    const taken = Promise.all(offers.map((o) => o.taken));
+    await control.wake(['weights'], call, { socket: receiver.path, nonces: offers.map((o) => o.nonce) });
+    for (const m of await taken) for (const fd of m.fds) closeSync(fd);
+    return { bytes: held.bytes };
+  } finally {
+    receiver.close();
   }
 }
 
@@ -376,6 +431,20 @@ export async function suspendEngine(
     });
     captured = true;
   }
-  await control.sleep(2, options.mode, call);
+  if (options.resident) {
+    // Tier 0: keep a reference to every weights region, so the sleep frees only the KV cache.
+    const exported = await exportRegions(control, status.ranks.length, call);
+    try {
+      await options.resident.hold(client.baseUrl, snapshot!.id, exported);
+    } finally {
+      exported.close();
+    }
+  }
+  try {
+    await control.sleep(2, options.mode, call);
+  } catch (err) {
+    options.resident?.release(client.baseUrl);
+    throw err;
+  }
   return { snapshot: snapshot!, captured, alreadyAsleep: false, seconds: (performance.now() - started) / 1000 };
 }

@@ -116,7 +116,7 @@ export interface TransferSummary {
   /** capture only: bytes not written again because an identical blob was already stored. */
   readonly dedupedBytes?: number;
   /** restore only: `ram` when the bytes came from the RAM tier as it was, `store` otherwise. */
-  readonly tier?: 'ram' | 'store';
+  readonly tier?: 'gpu' | 'ram' | 'store';
 }
 
 let deviceCache: Promise<GpuDevice[]> | undefined;

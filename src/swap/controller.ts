@@ -3,6 +3,7 @@ import { EventEmitter } from 'node:events';
 import type { Registry } from 'prom-client';
 
 import type { HostCache } from '../cache/host-cache.js';
+import type { ResidentWeights } from '../cache/resident-weights.js';
 import type { EngineClient } from '../engine/engine-client.js';
 import { abortError, invalidArgument, toVsnapError, VsnapError } from '../errors.js';
 import { Snapshot } from '../snapshot/snapshot.js';
@@ -32,6 +33,8 @@ export interface SwapEngine {
   readonly idleTtlMs?: number;
   /** At most one engine of a group is awake at a time. */
   readonly group?: string;
+  /** Weights bytes per device: with tier 0, what stays on the GPU while it is suspended. */
+  readonly weightsBytes?: number;
 }
 
 /**
@@ -47,6 +50,11 @@ export interface SwapControllerOptions {
   readonly budgets: Readonly<Record<number, number>>;
   /** Restore through this RAM tier. */
   readonly cache?: HostCache;
+  /**
+   * Tier 0: keep suspended engines' weights on the GPU while the budget allows (engines need
+   * `weightsBytes`); the least recently suspended are demoted (released) first when room is needed.
+   */
+  readonly resident?: ResidentWeights;
   /** Woken whenever nothing else is awake or asked for. */
   readonly defaultModel?: string;
   /** Requests that may wait for one engine (default 64); beyond that, E_BUSY. */
@@ -112,8 +120,8 @@ export interface SwapEvent {
   readonly seconds: number;
   /** restore: seconds per phase. */
   readonly phases?: Readonly<Record<string, number>>;
-  /** restore: where the bytes came from. */
-  readonly tier?: 'ram' | 'store';
+  /** restore: where the weights came from (`gpu`: tier 0, nothing copied). */
+  readonly tier?: 'gpu' | 'ram' | 'store';
   /** suspend: whether a snapshot was captured first. */
   readonly captured?: boolean;
 }
@@ -209,15 +217,33 @@ export class SwapController extends EventEmitter {
     }));
   }
 
-  /** GPU memory accounted to the engines now, per device. */
+  /** GPU memory accounted to the engines now (tier-0 weights included), per device. */
   usage(): Record<number, number> {
     const out: Record<number, number> = {};
     for (const d of Object.keys(this.options.budgets)) out[Number(d)] = 0;
     for (const s of this.slots.values()) {
-      const held = s.state === 'asleep' || s.state === 'failed' ? s.spec.asleepBytes : s.spec.memoryBytes;
+      const held = s.state === 'asleep' || s.state === 'failed' ? s.spec.asleepBytes + this.residentBytes(s) : s.spec.memoryBytes;
       for (const d of s.spec.devices) out[d] = (out[d] ?? 0) + held;
     }
     return out;
+  }
+
+  /** Tier-0 bytes kept for a suspended engine, per device. */
+  private residentBytes(slot: Slot): number {
+    const e = this.options.resident?.peek(slot.spec.client.baseUrl);
+    return e ? (slot.spec.weightsBytes ?? e.bytes / slot.spec.devices.length) : 0;
+  }
+
+  /** Whether suspending `slot` may keep its weights on the GPU (and still leave room for `next`). */
+  private mayKeepResident(slot: Slot, next?: Slot): boolean {
+    const weights = slot.spec.weightsBytes;
+    if (!this.options.resident || weights === undefined) return false;
+    const usage = this.usage();
+    return slot.spec.devices.every((d) => {
+      let after = (usage[d] ?? 0) - slot.spec.memoryBytes + slot.spec.asleepBytes + weights;
+      if (next?.spec.devices.includes(d)) after += next.spec.memoryBytes - next.spec.asleepBytes - this.residentBytes(next);
+      return after <= this.options.budgets[d]!;
+    });
   }
 
   /** The model names served. */
@@ -307,7 +333,7 @@ export class SwapController extends EventEmitter {
     if (slot.state !== 'awake' || slot.leases > 0) {
       throw new VsnapError('E_BUSY', `'${model}' is ${slot.leases > 0 ? `serving ${slot.leases} request(s)` : slot.state}; retry when it is idle`, { engine: model });
     }
-    return this.putToSleep(slot, options.captureIfNeeded ?? false);
+    return this.putToSleep(slot, options.captureIfNeeded ?? false, this.mayKeepResident(slot));
   }
 
   /**
@@ -371,7 +397,7 @@ export class SwapController extends EventEmitter {
     const usage = this.usage();
     let fits = true;
     for (const d of slot.spec.devices) {
-      const after = (usage[d] ?? 0) - slot.spec.asleepBytes + slot.spec.memoryBytes;
+      const after = (usage[d] ?? 0) - slot.spec.asleepBytes - this.residentBytes(slot) + slot.spec.memoryBytes;
       if (after > this.options.budgets[d]!) fits = false;
     }
     const groupMates = slot.spec.group
@@ -419,9 +445,19 @@ export class SwapController extends EventEmitter {
         await this.wake(slot);
         break;
       }
-      const idle = candidates.find((s) => s.leases === 0);
-      if (idle) {
-        await this.putToSleep(idle, this.options.captureIfNeeded ?? true);
+      // The least recently used goes first: an idle awake engine is suspended (keeping its
+      // weights in tier 0 if they still leave room), a tier-0 holding is demoted (released).
+      const residents = [...this.slots.values()].filter(
+        (s) => s !== slot && s.state === 'asleep' && this.residentBytes(s) > 0 && s.spec.devices.some((d) => slot.spec.devices.includes(d)),
+      );
+      const victim = [...candidates.filter((s) => s.leases === 0), ...residents].sort((a, b) => a.lastUsed - b.lastUsed)[0];
+      if (victim?.state === 'asleep') {
+        this.options.resident!.release(victim.spec.client.baseUrl);
+        this.changed();
+        continue;
+      }
+      if (victim) {
+        await this.putToSleep(victim, this.options.captureIfNeeded ?? true, this.mayKeepResident(victim, slot));
         continue;
       }
       if (candidates.length === 0) {
@@ -448,7 +484,10 @@ export class SwapController extends EventEmitter {
     this.emit('swapStarted', { engine: slot.spec.name, action: 'restore' });
     try {
       const snapshot = await Snapshot.open(this.options.store, slot.spec.snapshot);
-      const report = await snapshot.restoreEngine(slot.spec.client, this.options.cache ? { cache: this.options.cache } : {});
+      const report = await snapshot.restoreEngine(slot.spec.client, {
+        ...(this.options.cache ? { cache: this.options.cache } : {}),
+        ...(this.options.resident ? { resident: this.options.resident } : {}),
+      });
       slot.state = 'awake';
       slot.lastUsed = Date.now();
       delete slot.error;
@@ -469,13 +508,16 @@ export class SwapController extends EventEmitter {
     }
   }
 
-  private async putToSleep(slot: Slot, captureIfNeeded: boolean): Promise<SwapEvent> {
+  private async putToSleep(slot: Slot, captureIfNeeded: boolean, keepResident = false): Promise<SwapEvent> {
     const started = performance.now();
     slot.state = 'suspending';
     this.changed();
     this.emit('swapStarted', { engine: slot.spec.name, action: 'suspend' });
     try {
-      const result = await Snapshot.suspendEngine(this.options.store, slot.spec.snapshot, slot.spec.client, { captureIfNeeded });
+      const result = await Snapshot.suspendEngine(this.options.store, slot.spec.snapshot, slot.spec.client, {
+        captureIfNeeded,
+        ...(keepResident && this.options.resident ? { resident: this.options.resident } : {}),
+      });
       slot.state = 'asleep';
       const event: SwapEvent = { engine: slot.spec.name, action: 'suspend', seconds: (performance.now() - started) / 1000, captured: result.captured };
       this.metrics.swaps.inc({ engine: slot.spec.name, action: 'suspend', result: 'ok' });
@@ -501,13 +543,18 @@ export class SwapController extends EventEmitter {
       const over = Object.entries(usage).find(([d, used]) => used > this.options.budgets[Number(d)]!);
       if (!over) return;
       const device = Number(over[0]);
+      const resident = [...this.slots.values()].find((s) => s.state === 'asleep' && this.residentBytes(s) > 0 && s.spec.devices.includes(device));
+      if (resident) {
+        this.options.resident!.release(resident.spec.client.baseUrl);
+        continue;
+      }
       const victim = [...this.slots.values()]
         .filter((s) => s.state === 'awake' && !s.spec.pinned && s.spec.devices.includes(device))
         .sort((a, b) => a.lastUsed - b.lastUsed)[0];
       if (!victim) {
         throw new VsnapError('E_BUSY', `device ${device} is over its budget with only pinned engines awake: raise the budget or unpin one`, { device });
       }
-      await this.putToSleep(victim, this.options.captureIfNeeded ?? true);
+      await this.putToSleep(victim, this.options.captureIfNeeded ?? true, false);
     }
   }
 
@@ -520,7 +567,7 @@ export class SwapController extends EventEmitter {
     );
     if (expired) {
       this.running = true;
-      void this.putToSleep(expired, this.options.captureIfNeeded ?? true)
+      void this.putToSleep(expired, this.options.captureIfNeeded ?? true, this.mayKeepResident(expired))
         .catch(() => undefined)
         .finally(() => {
           this.running = false;

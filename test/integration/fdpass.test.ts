@@ -103,7 +103,7 @@ describe('descriptor passing over the unix socket', () => {
     const refused = expect(message).rejects.toMatchObject({ code: 'E_TIMEOUT', message: expect.stringMatching(/uid 65534/) });
     // The peer: this Node binary and the addon's own sender, run as nobody (uid 65534).
     const addon = join(packageRoot(), 'prebuilds', 'linux-x64', readdirSync(join(packageRoot(), 'prebuilds', 'linux-x64')).find((f) => f.endsWith('.node'))!);
-    const script = `require(${JSON.stringify(addon)}).sendFds(${JSON.stringify(receiver.path)}, ${JSON.stringify(nonce)}, '{}', [0]).then((r) => console.log(r), (e) => console.log(JSON.stringify({ failed: e.message })))`;
+    const script = `require(${JSON.stringify(addon)}).sendFds(${JSON.stringify(receiver.path)}, ${JSON.stringify(nonce)}, '{}', [0]).then((r) => console.log(r.reply), (e) => console.log(JSON.stringify({ failed: e.message })))`;
     const peer = spawn(process.execPath, ['-e', script], { uid: 65534, gid: 65534, cwd: '/' });
     let out = '';
     let err = '';
@@ -129,5 +129,28 @@ describe('descriptor passing over the unix socket', () => {
   it('refuses to take over a socket another process listens on', async () => {
     await using first = await FdReceiver.listen(`${tempDir()}/fd.sock`);
     await expect(FdReceiver.listen(first.path)).rejects.toMatchObject({ code: 'E_ADDRESS_IN_USE' });
+  });
+});
+
+describe('offering descriptors (the receiver hands them out)', () => {
+  it('a peer fetches what was offered under its nonce, once; the offerer keeps its own', async () => {
+    const { fetchFds } = await import('../../src/ipc/fd-receiver.js');
+    await using receiver = await FdReceiver.listen();
+    const regions = Array.from({ length: 300 }, (_, i) => {
+      const r = HostRegion.create(4096);
+      r.write(0, Buffer.from(`offered ${i}`));
+      return r;
+    });
+    const { nonce, taken } = receiver.offer({ regions: regions.map((_, i) => ({ i })) }, regions.map((r) => r.fd));
+    const got = await fetchFds(receiver.path, nonce, { rank: 0 });
+    expect((got.offer as { regions: unknown[] }).regions).toHaveLength(300);
+    expect(got.fds).toHaveLength(300);
+    expect(readFd(got.fds[299]!, 64)).toBe('offered 299');
+    expect((await taken).header).toEqual({ rank: 0 });
+    await expect(fetchFds(receiver.path, nonce)).rejects.toMatchObject({ code: 'E_IPC_AUTH' });
+    regions[5]!.write(0, Buffer.from('changed!!'));
+    expect(readFd(got.fds[5]!, 9)).toBe('changed!!'); // the same memory
+    for (const fd of got.fds) closeSync(fd);
+    for (const r of regions) r.close();
   });
 });

@@ -91,6 +91,12 @@ async def wake(request, client):
     tags = body.get("tags")
     if tags is not None and (not isinstance(tags, list) or not all(isinstance(t, str) for t in tags)):
         raise HttpError(400, "tags must be a list of strings, or absent for all")
+    adopt = body.get("adopt")
+    if adopt is not None:
+        # tier 0: fetch the weights the SDK kept on the GPU; the wake maps them back, no copy
+        if not isinstance(adopt, dict) or not isinstance(adopt.get("socket"), str) or not isinstance(adopt.get("nonces"), list):
+            raise HttpError(400, 'adopt must be {"socket": "<path>", "nonces": ["<one per rank>", ...]}')
+        await adapter.collective_rpc(client, "vsnap_adopt", (adopt["socket"], adopt["nonces"]))
     await adapter.wake_up(client, tags)
     return 200, {"status": "awake" if not await adapter.is_sleeping(client) else "sleeping", "tagsWoken": tags}
 

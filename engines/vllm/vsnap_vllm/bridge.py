@@ -9,7 +9,7 @@ import time
 from . import __version__, adapter
 from .drivers import default_driver
 from .exportable import Exporter
-from .fdsend import send_fds
+from .fdsend import fetch_fds, send_fds
 from .regions import describe
 
 log = logging.getLogger("vsnap_vllm")
@@ -29,6 +29,8 @@ class Bridge:
         self.weights_mapped = False
         self.load_report = None
         self.last_wake = None
+        self.pending = {}  # va -> descriptor handed back by the SDK, mapped at the next wake
+        self.adopted = set()  # (device, handle) of memory mapped back that way (not exportable again)
 
     def _ensure(self):
         if self.driver is None:
@@ -50,14 +52,72 @@ class Bridge:
         log.info("vsnap: bridge ready (%s)", self.hook_mode)
 
     def _on_create(self, allocation):
-        self.exporter.create_on_wake(allocation)
+        fd = self.pending.pop(allocation.va, None)
+        if fd is not None:
+            try:
+                self.exporter.adopt(allocation, fd)
+                self.adopted.add((allocation.device, allocation.handle))
+            finally:
+                os.close(fd)
+        else:
+            self.exporter.create_on_wake(allocation)
         self.weights_mapped = True
         self.last_wake = time.time()
 
     def _after_map(self):
-        self.exporter.make_all_exportable(adapter.allocations(TAG), copy=True)
+        allocations = adapter.allocations(TAG)
+        for allocation in allocations:
+            fd = self.pending.pop(allocation.va, None)
+            if fd is not None:
+                try:
+                    self.exporter.adopt(allocation, fd, in_place=True)
+                    self.adopted.add((allocation.device, allocation.handle))
+                finally:
+                    os.close(fd)
+        # Memory mapped back from the SDK is made exportable again only when next exported.
+        self.exporter.make_all_exportable([a for a in allocations if not self._adopted(a)], copy=True)
         self.weights_mapped = True
         self.last_wake = time.time()
+
+    def _adopted(self, allocation):
+        return (allocation.device, allocation.handle) in self.adopted
+
+    # ---- tier 0: adopting weights the SDK kept on the GPU
+
+    def adopt(self, worker, socket_path, nonces):
+        """Fetches this rank's weights descriptors from the SDK, to be mapped back at their
+        addresses by the next wake of the weights instead of new memory."""
+        rank = adapter.worker_rank(worker)
+        if rank >= len(nonces):
+            raise BridgeError(f"no nonce for rank {rank} ({len(nonces)} given)")
+        offer, fds = fetch_fds(socket_path, nonces[rank], {"rank": rank, "pid": os.getpid()})
+        regions = offer.get("regions", []) if isinstance(offer, dict) else []
+        if len(regions) != len(fds):
+            for fd in fds:
+                os.close(fd)
+            raise BridgeError(f"the SDK offered {len(fds)} descriptors for {len(regions)} regions")
+        with self._lock:
+            self._ensure()
+            if self.weights_mapped:
+                for fd in fds:
+                    os.close(fd)
+                raise BridgeError("the weights are awake: tier-0 adoption is for a wake from sleep")
+            by_va = {a.va: a for a in adapter.allocations(TAG)}
+            problems = []
+            for r in regions:
+                a = by_va.get(r.get("va"))
+                if a is None:
+                    problems.append(f"no weights allocation at {r.get('va')}")
+                elif a.size != r.get("size"):
+                    problems.append(f"allocation at {a.va:#x} is {a.size} bytes, the SDK's region {r.get('size')}")
+            if problems or len(regions) != len(by_va):
+                for fd in fds:
+                    os.close(fd)
+                raise BridgeError("tier-0 regions do not match this engine's weights: " + "; ".join(problems or [f"{len(regions)} regions for {len(by_va)} allocations"]))
+            for fd in self.pending.values():
+                os.close(fd)
+            self.pending = {r["va"]: fd for r, fd in zip(regions, fds)}
+        return {"rank": rank, "regions": len(regions)}
 
     def _before_unmap(self):
         self.weights_mapped = False
@@ -121,6 +181,11 @@ class Bridge:
 BRIDGE = Bridge()
 
 
+def vsnap_adopt(self, socket_path, nonces):
+    """Worker method: fetch the weights the SDK kept on the GPU, for the next wake."""
+    return BRIDGE.adopt(self, socket_path, list(nonces))
+
+
 def vsnap_status(self):
     """Worker method: this rank's bridge status."""
     return BRIDGE.status(self)
@@ -131,4 +196,4 @@ def vsnap_export(self, socket_path, nonces):
     return BRIDGE.export(self, socket_path, list(nonces))
 
 
-WORKER_METHODS = {"vsnap_status": vsnap_status, "vsnap_export": vsnap_export}
+WORKER_METHODS = {"vsnap_status": vsnap_status, "vsnap_export": vsnap_export, "vsnap_adopt": vsnap_adopt}

@@ -75,6 +75,31 @@ class Exporter:
         allocation.set_handle(new)
         self._known.add((allocation.device, new))
 
+    def adopt(self, allocation, fd, in_place=False):
+        """Maps memory someone handed back (tier 0: the weights this allocation had before it slept,
+        kept alive by the SDK) at the allocation's address, instead of new memory. `in_place`:
+        vLLM already mapped fresh memory there (official hooks), which is replaced. No copy."""
+        d, dev, size, va = self.driver, allocation.device, allocation.size, allocation.va
+        handle = d.import_fd(fd)
+        try:
+            if in_place:
+                old = allocation.handle
+                d.unmap(dev, va, size)
+                try:
+                    d.map(dev, va, size, handle)
+                except Exception:
+                    d.map(dev, va, size, old)
+                    raise
+                d.release(dev, old)
+                self._known.discard((dev, old))
+            else:
+                d.map(dev, va, size, handle)
+        except Exception:
+            d.release(dev, handle)
+            raise
+        allocation.set_handle(handle)
+        self._known.discard((dev, handle))  # an imported handle cannot be exported again
+
     def make_all_exportable(self, allocations, copy=True):
         """Rehomes every allocation that is not exportable yet; returns what it did."""
         started = time.perf_counter()

@@ -7,6 +7,7 @@ FdReceiver; the protocol is specified in native/ipc/fd_channel.h of the vsnap re
 """
 
 import json
+import os
 import socket
 import struct
 
@@ -32,9 +33,42 @@ def _recv_exact(sock, n):
     return data
 
 
+def _recv_fds(sock, count):
+    fds = []
+    try:
+        while len(fds) < count:
+            msg, got, _flags, _addr = socket.recv_fds(sock, 1, FDS_PER_BATCH)
+            fds.extend(got)
+            if msg != b"F":
+                raise ConnectionError("expected a descriptor frame")
+    except Exception:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return fds
+
+
+def fetch_fds(path, nonce, header=None, timeout=30.0):
+    """Fetches what the SDK offered under `nonce` (its FdReceiver.offer): returns
+    (offer header, descriptors); the caller owns the descriptors."""
+    reply, fds = _exchange(path, nonce, header or {}, [], timeout)
+    if "offer" not in reply:
+        for fd in fds:
+            os.close(fd)
+        raise ExportRefused("E_IPC_PROTOCOL", "nothing was offered under that nonce")
+    return reply["offer"], fds
+
+
 def send_fds(path, nonce, header, fds, timeout=30.0):
     """Sends `header` (JSON-serialisable) and the descriptors `fds` to the receiver at `path`,
     authorised by `nonce`. Returns the receiver's reply; raises ExportRefused if it refused."""
+    reply, offered = _exchange(path, nonce, header, fds, timeout)
+    for fd in offered:
+        os.close(fd)
+    return reply
+
+
+def _exchange(path, nonce, header, fds, timeout):
     if len(nonce) != 64:
         raise ValueError("a nonce is 64 hex digits")
     body = json.dumps(header, separators=(",", ":")).encode()
@@ -50,8 +84,9 @@ def send_fds(path, nonce, header, fds, timeout=30.0):
             refused = True  # the receiver hung up early; its reply says why
         (length,) = struct.unpack("<I", _recv_exact(sock, 4))
         reply = json.loads(_recv_exact(sock, length))
+        offered = _recv_fds(sock, int(reply.get("fds", 0))) if reply.get("ok") else []
     if not reply.get("ok"):
         raise ExportRefused(reply.get("code", "E_IPC_PROTOCOL"), reply.get("error", "refused"))
     if refused:
         raise ExportRefused("E_IPC_PROTOCOL", "the receiver hung up without refusing")
-    return reply
+    return reply, offered

@@ -1,0 +1,153 @@
+// GPU suite, tier 0 (device only): weights kept on the GPU across sleep and mapped back.
+import assert from 'node:assert/strict';
+import { execFileSync, spawn } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, before, describe, it } from 'node:test';
+
+import { cudaStatus, EngineClient, HostCache, RegionStore, releaseIdleResources, ResidentWeights, Snapshot } from '../../src/index.js';
+import { startEngine, type TestEngine } from '../helpers/engine.js';
+import { gpuMemoryOf } from './nvidia-smi.js';
+
+const GiB = 1024 ** 3;
+const SMALL = ['--layers', '18', '--hidden', '2048'];
+const LARGE = ['--layers', '36', '--hidden', '4096'];
+
+function gpuUsedMiB(): number {
+  return Number(execFileSync('nvidia-smi', ['--query-gpu=memory.used', '--format=csv,noheader,nounits'], { encoding: 'utf8' }).trim().split('\n')[0]);
+}
+const ms = (s: number) => `${(s * 1000).toFixed(1)} ms`;
+function stats(v: number[]): string {
+  const s = [...v].sort((a, b) => a - b);
+  return `min ${ms(s[0]!)}, median ${ms(s[Math.floor(s.length / 2)]!)}, max ${ms(s.at(-1)!)}`;
+}
+const ask = async (c: EngineClient) => {
+  const r = await c.completions({ prompt: 'The capital of France is', max_tokens: 16, logprobs: 1 });
+  return { ids: r.tokenIds, logprobs: r.logprobs };
+};
+
+describe('GPU: tier 0, weights resident across sleep', async () => {
+  const status = await cudaStatus();
+  if (!status.available) {
+    it('needs a GPU', () => assert.fail(`this suite needs an NVIDIA GPU: ${status.reason}`));
+    return;
+  }
+  const engines: Array<{ e: TestEngine; c: EngineClient }> = [];
+  let dir: string;
+  let store: RegionStore;
+
+  before(async () => {
+    dir = mkdtempSync(join(process.env.VSNAP_GPU_STORE_DIR ?? tmpdir(), 'vsnap-gpu-tier0-'));
+    store = await RegionStore.open(dir);
+    for (const seed of [1, 2]) {
+      const e = await startEngine({ device: 'cuda', seed, model: `m${seed}`, args: SMALL });
+      engines.push({ e, c: new EngineClient({ baseUrl: e.url, token: e.token }) });
+    }
+  });
+  after(async () => {
+    for (const x of engines) {
+      await x.c.close();
+      await x.e.stop();
+    }
+    rmSync(dir, { recursive: true, force: true });
+    await releaseIdleResources();
+  });
+
+  it('20 tier-0 swaps between two 2.4 GiB engines: bit-identical answers, no bytes moved, memory accounted', async () => {
+    const resident = new ResidentWeights();
+    const [a, b] = engines as [{ e: TestEngine; c: EngineClient }, { e: TestEngine; c: EngineClient }];
+    const answers = [await ask(a.c), await ask(b.c)];
+    const usedAwake = gpuUsedMiB();
+    const sa = await Snapshot.suspendEngine(store, 'a', a.c, { captureIfNeeded: true, resident });
+    const usedHeld = gpuUsedMiB();
+    console.log(`tier 0 holds ${(resident.bytes / GiB).toFixed(2)} GiB; GPU used ${usedAwake} MiB awake -> ${usedHeld} MiB after a tier-0 suspend (engine ${gpuMemoryOf(a.e.process.pid!)} MiB, this process ${gpuMemoryOf(process.pid)} MiB)`);
+    const sb = await Snapshot.suspendEngine(store, 'b', b.c, { captureIfNeeded: true, resident });
+    const snaps = [sa.snapshot, sb.snapshot];
+    const adopt: number[] = [];
+    const total: number[] = [];
+    const suspend: number[] = [];
+    for (let i = 0; i < 20; i++) {
+      const k = i % 2;
+      const x = engines[k]!;
+      const r = await snaps[k]!.restoreEngine(x.c, { resident });
+      assert.equal(r.tier, 'gpu');
+      adopt.push(r.phases.adoptWeights!);
+      total.push(r.seconds);
+      assert.deepEqual(await ask(x.c), answers[k], `round ${i}`);
+      const t = performance.now();
+      await Snapshot.suspendEngine(store, k === 0 ? 'a' : 'b', x.c, { resident });
+      suspend.push((performance.now() - t) / 1000);
+    }
+    console.log(`tier-0 restore, 2.4 GiB: adopt weights ${stats(adopt)}; end to end incl. expected response ${stats(total)}; tier-0 suspend ${stats(suspend)}`);
+    const before = gpuUsedMiB();
+    resident.release(a.c.baseUrl);
+    const afterRelease = gpuUsedMiB();
+    console.log(`demotion of one engine's weights: GPU used ${before} -> ${afterRelease} MiB (SDK said ${((resident.bytes + 0) / GiB).toFixed(2)} GiB still held)`);
+    assert.ok(before - afterRelease >= 2 * 1024, 'releasing tier 0 frees the weights');
+    resident.close();
+    for (const [k, x] of engines.entries()) {
+      await snaps[k]!.restoreEngine(x.c);
+      assert.deepEqual(await ask(x.c), answers[k]);
+    }
+  });
+
+  it('a crash of the SDK process holding tier 0: the driver frees the memory, the engine restores from the store', async () => {
+    const a = engines[0]!;
+    const answer = await ask(a.c);
+    const child = spawn(process.execPath, [join(process.cwd(), 'dist-gpu', 'resident-child.mjs'), a.e.url, a.e.token, dir], { stdio: ['ignore', 'pipe', 'inherit'], env: process.env });
+    await new Promise<void>((resolve, reject) => {
+      child.stdout.on('data', (d: Buffer) => d.toString().includes('holding') && resolve());
+      child.on('exit', (code) => reject(new Error(`child exited ${code}`)));
+    });
+    const held = gpuUsedMiB();
+    child.kill('SIGKILL');
+    await new Promise((r) => child.on('exit', r));
+    await new Promise((r) => setTimeout(r, 500));
+    const freed = gpuUsedMiB();
+    console.log(`SDK killed while holding tier 0: GPU used ${held} -> ${freed} MiB`);
+    assert.ok(held - freed >= 2 * 1024, 'the driver freed the held weights');
+    assert.equal((await a.c.vsnapStatus()).sleeping, true);
+    const r = await (await Snapshot.open(store, 'a')).restoreEngine(a.c, { resident: new ResidentWeights() });
+    assert.equal(r.tier, 'store');
+    assert.deepEqual(await ask(a.c), answer);
+  });
+
+  it('16 GiB engine: tier-0 restore vs RAM-tier restore', async () => {
+    for (const x of engines) await Snapshot.suspendEngine(store, x === engines[0] ? 'a' : 'b', x.c); // make room
+    const big = await startEngine({ device: 'cuda', seed: 3, model: 'big', args: LARGE, startTimeoutMs: 400_000 });
+    const c = new EngineClient({ baseUrl: big.url, token: big.token });
+    const resident = new ResidentWeights();
+    try {
+      const bytes = (await c.vsnapStatus()).ranks[0]!.bytes;
+      const answer = await ask(c);
+      const s = await Snapshot.suspendEngine(store, 'big', c, { captureIfNeeded: true, resident });
+      const gpu = [];
+      for (let i = 0; i < 3; i++) {
+        const r = await s.snapshot.restoreEngine(c, { resident });
+        assert.equal(r.tier, 'gpu');
+        gpu.push(r);
+        assert.deepEqual(await ask(c), answer);
+        await Snapshot.suspendEngine(store, 'big', c, { resident: i < 2 ? resident : undefined });
+      }
+      const cache = await HostCache.create({ budgetBytes: bytes + GiB });
+      try {
+        await cache.load(store, s.snapshot.manifest);
+        const ram = await s.snapshot.restoreEngine(c, { cache });
+        assert.equal(ram.tier, 'ram');
+        assert.deepEqual(await ask(c), answer);
+        console.log(
+          `${(bytes / GiB).toFixed(2)} GiB engine: tier 0 adopt ${gpu.map((r) => ms(r.phases.adoptWeights!)).join(', ')} ` +
+            `(end to end ${gpu.map((r) => ms(r.seconds)).join(', ')}); RAM tier hydrate ${ms(ram.phases.hydrate!)} (end to end ${ms(ram.seconds)}); ` +
+            `expected response ${ms(ram.phases.expectedResponse!)}`,
+        );
+      } finally {
+        cache.close();
+      }
+    } finally {
+      resident.close();
+      await c.close();
+      await big.stop();
+    }
+  });
+});
