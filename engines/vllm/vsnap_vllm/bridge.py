@@ -110,6 +110,11 @@ class Bridge:
                     problems.append(f"no weights allocation at {r.get('va')}")
                 elif a.size != r.get("size"):
                     problems.append(f"allocation at {a.va:#x} is {a.size} bytes, the SDK's region {r.get('size')}")
+            if self.driver.kind == "host":
+                # a descriptor smaller than its region would fault on access: check what it holds
+                for r, fd in zip(regions, fds):
+                    if os.fstat(fd).st_size < (r.get("size") or 0):
+                        problems.append(f"descriptor for {r.get('va')} holds {os.fstat(fd).st_size} bytes, less than {r.get('size')}")
             if problems or len(regions) != len(by_va):
                 for fd in fds:
                     os.close(fd)
