@@ -119,15 +119,6 @@ export interface TransferSummary {
   readonly tier?: 'gpu' | 'ram' | 'store';
 }
 
-let deviceCache: Promise<GpuDevice[]> | undefined;
-async function deviceInfo(ordinal: number): Promise<GpuDevice | undefined> {
-  deviceCache ??= listDevices().catch((err) => {
-    deviceCache = undefined;
-    throw err;
-  });
-  return (await deviceCache).find((d) => d.ordinal === ordinal);
-}
-
 function regionDevice(r: CaptureRegion): number | undefined {
   if (r.memory.kind === 'device') return r.memory.allocation.device;
   if (r.memory.kind === 'imported') return r.device ?? 0;
@@ -201,7 +192,7 @@ export class Snapshot {
     }
     const regions = options.regions;
     const total = regions.reduce((s, r) => s + r.size, 0);
-    const platform = await Snapshot.platformOf(regions);
+    const { platform, gpus } = await Snapshot.platformOf(regions);
     const rankCount = Math.max(...regions.map((r) => r.rank ?? 0)) + 1;
 
     const txn = await store.beginCapture(name, total);
@@ -222,7 +213,7 @@ export class Snapshot {
       for (let rank = 0; rank < rankCount; rank++) {
         const mine = regions.map((r, i) => ({ r, i })).filter(({ r }) => (r.rank ?? 0) === rank);
         const dev = mine.map(({ r }) => regionDevice(r)).find((d) => d !== undefined);
-        const info = dev === undefined ? undefined : await deviceInfo(dev);
+        const info = gpus.find((d) => d.ordinal === dev);
         ranks.push({
           rank,
           device: info ? { uuid: info.uuid, name: info.name } : null,
@@ -370,21 +361,26 @@ export class Snapshot {
     return this.store.verify(this.name, { ...options, id: this.id });
   }
 
-  private static async platformOf(regions: readonly CaptureRegion[]): Promise<PlatformInfo> {
+  /** The platform record, and the GPUs this process sees (none for host memory). */
+  private static async platformOf(regions: readonly CaptureRegion[]): Promise<{ platform: PlatformInfo; gpus: GpuDevice[] }> {
     const device = regions.map(regionDevice).find((d) => d !== undefined);
     if (device === undefined) {
-      return { kind: 'host', gpuName: null, computeCapability: null, driverCudaVersion: null, vmmGranularity: null };
+      return { platform: { kind: 'host', gpuName: null, computeCapability: null, driverCudaVersion: null, vmmGranularity: null }, gpus: [] };
     }
     const status = await cudaStatus();
     if (!status.available) throw new VsnapError('E_CUDA_UNAVAILABLE', `CUDA is unavailable: ${status.reason}`, { reason: status.reason });
-    const info = await deviceInfo(device);
+    const gpus = await listDevices();
+    const info = gpus.find((d) => d.ordinal === device);
     if (!info) invalidArgument('device', 'a visible CUDA device ordinal', device);
     return {
-      kind: 'cuda',
-      gpuName: info.name,
-      computeCapability: info.computeCapability,
-      driverCudaVersion: status.driverVersion,
-      vmmGranularity: info.vmmGranularity,
+      platform: {
+        kind: 'cuda',
+        gpuName: info.name,
+        computeCapability: info.computeCapability,
+        driverCudaVersion: status.driverVersion,
+        vmmGranularity: info.vmmGranularity,
+      },
+      gpus,
     };
   }
 }
