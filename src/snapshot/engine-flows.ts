@@ -340,29 +340,30 @@ async function adoptResident(control: EngineControl, held: NonNullable<ReturnTyp
   }
 }
 
-/** Why a snapshot cannot bring an engine's weights back, or [] if it can. */
-async function restorable(snapshot: Snapshot, status: EngineStatus, control: EngineControl, options: EngineSuspendOptions): Promise<string[]> {
-  const exported = await exportRegions(control, status.ranks.length, options.signal ? { signal: options.signal } : {});
-  try {
-    const mismatches: Mismatch[] = snapshot.manifest.checkCompatibility({ ...(await liveFacts(status, exported, false)), ranks: liveRanks(exported) });
-    const problems = mismatches.map((m) => m.message);
-    for (const { region } of snapshot.manifest.regions()) {
-      let size: number | undefined;
-      try {
-        size = statSync(snapshot.store.blobPath(region.blob)).size;
-      } catch {
-        size = undefined;
-      }
-      if (size !== region.size) problems.push(`blob of region ${JSON.stringify(region.key)} is ${size === undefined ? 'missing' : `${size} bytes, not ${region.size}`}`);
+/** The snapshot's blobs that are missing or of the wrong size, as problems. */
+function blobProblems(snapshot: Snapshot): string[] {
+  const problems: string[] = [];
+  for (const { region } of snapshot.manifest.regions()) {
+    let size: number | undefined;
+    try {
+      size = statSync(snapshot.store.blobPath(region.blob)).size;
+    } catch {
+      size = undefined;
     }
-    if (problems.length === 0 && options.verifyBlobs) {
-      const report = await snapshot.verify(options.signal ? { signal: options.signal } : {});
-      problems.push(...report.problems.map((p) => p.message));
-    }
-    return problems;
-  } finally {
-    exported.close();
+    if (size !== region.size) problems.push(`blob of region ${JSON.stringify(region.key)} is ${size === undefined ? 'missing' : `${size} bytes, not ${region.size}`}`);
   }
+  return problems;
+}
+
+/** Why a snapshot cannot bring back the weights an engine exported, or [] if it can. */
+async function restorable(snapshot: Snapshot, status: EngineStatus, exported: ExportedRegions, options: EngineSuspendOptions): Promise<string[]> {
+  const mismatches: Mismatch[] = snapshot.manifest.checkCompatibility({ ...(await liveFacts(status, exported, false)), ranks: liveRanks(exported) });
+  const problems = [...mismatches.map((m) => m.message), ...blobProblems(snapshot)];
+  if (problems.length === 0 && options.verifyBlobs) {
+    const report = await snapshot.verify(options.signal ? { signal: options.signal } : {});
+    problems.push(...report.problems.map((p) => p.message));
+  }
+  return problems;
 }
 
 /** @internal */
@@ -380,19 +381,16 @@ export async function restorableFor(
   const { control, status } = await engineControl(client, call);
   if (status.sleeping) {
     // Asleep: the layout cannot be read back; the snapshot must at least be whole.
-    const problems = [...snapshot.manifest.regions()]
-      .filter(({ region }) => {
-        try {
-          return statSync(store.blobPath(region.blob)).size !== region.size;
-        } catch {
-          return true;
-        }
-      })
-      .map(({ region }) => `blob of region ${JSON.stringify(region.key)} is missing or damaged`);
+    const problems = blobProblems(snapshot);
     return { restorable: problems.length === 0, cached: true, problems };
   }
-  const problems = await restorable(snapshot, status, control, options);
-  return { restorable: problems.length === 0, cached: true, problems };
+  const exported = await exportRegions(control, status.ranks.length, call);
+  try {
+    const problems = await restorable(snapshot, status, exported, options);
+    return { restorable: problems.length === 0, cached: true, problems };
+  } finally {
+    exported.close();
+  }
 }
 
 /** @internal */
@@ -413,32 +411,32 @@ export async function suspendEngine(
   }
   preflight(status, options.onWarning ? { onWarning: options.onWarning } : (options.capture ?? {}));
   let snapshot = current ? await SnapshotClass.open(store, name) : undefined;
-  const problems = snapshot ? await restorable(snapshot, status, control, options) : [`the store has no snapshot '${name}'`];
+  // One export serves both the restorability check and tier 0's hold (a capture leaves the memory as it is).
+  let exported: ExportedRegions | undefined;
+  const exportWeights = async (): Promise<ExportedRegions> => (exported ??= await exportRegions(control, status.ranks.length, call));
   let captured = false;
-  if (problems.length) {
-    if (!options.captureIfNeeded) {
-      throw new VsnapError(
-        'E_NOT_RESTORABLE',
-        `refusing to suspend: its weights could not be brought back, so they stay on the GPU.\n${problems.map((p) => `  - ${p}`).join('\n')}\n` +
-          'Capture a snapshot first (Snapshot.captureEngine), or pass captureIfNeeded.',
-        { name, problems },
-      );
+  try {
+    const problems = snapshot ? await restorable(snapshot, status, await exportWeights(), options) : [`the store has no snapshot '${name}'`];
+    if (problems.length) {
+      if (!options.captureIfNeeded) {
+        throw new VsnapError(
+          'E_NOT_RESTORABLE',
+          `refusing to suspend: its weights could not be brought back, so they stay on the GPU.\n${problems.map((p) => `  - ${p}`).join('\n')}\n` +
+            'Capture a snapshot first (Snapshot.captureEngine), or pass captureIfNeeded.',
+          { name, problems },
+        );
+      }
+      snapshot = await captureEngine(SnapshotClass, store, name, client, {
+        ...(options.onWarning ? { onWarning: options.onWarning } : {}),
+        ...(options.capture ?? {}),
+        ...(options.signal ? { signal: options.signal } : {}),
+      });
+      captured = true;
     }
-    snapshot = await captureEngine(SnapshotClass, store, name, client, {
-      ...(options.onWarning ? { onWarning: options.onWarning } : {}),
-      ...(options.capture ?? {}),
-      ...(options.signal ? { signal: options.signal } : {}),
-    });
-    captured = true;
-  }
-  if (options.resident) {
     // Tier 0: keep a reference to every weights region, so the sleep frees only the KV cache.
-    const exported = await exportRegions(control, status.ranks.length, call);
-    try {
-      await options.resident.hold(client.baseUrl, snapshot!.id, exported);
-    } finally {
-      exported.close();
-    }
+    if (options.resident) await options.resident.hold(client.baseUrl, snapshot!.id, await exportWeights());
+  } finally {
+    exported?.close();
   }
   try {
     await control.sleep(2, options.mode, call);
