@@ -11,7 +11,7 @@ import { listDevices } from '../gpu/cuda.js';
 import type { LiveLayout, Mismatch } from '../manifest/compat.js';
 import type { ExpectedResponse } from '../manifest/types.js';
 import type { RegionStore } from '../store/region-store.js';
-import type { TransferOptions } from '../transfer/transfer.js';
+import { passOn, type TransferOptions } from '../transfer/transfer.js';
 import type { Snapshot } from './snapshot.js';
 
 /**
@@ -209,9 +209,7 @@ export async function captureEngine(
       expectedResponse: expected,
       labels: { ...(options.labels ?? {}) },
       ...(options.chunkSize ? { chunkSize: options.chunkSize } : {}),
-      ...(options.onProgress ? { onProgress: options.onProgress } : {}),
-      ...(options.signal ? { signal: options.signal } : {}),
-      ...(options.threads ? { threads: options.threads } : {}),
+      ...passOn(options),
     });
   } finally {
     exported.close();
@@ -276,9 +274,7 @@ export async function restoreEngine(snapshot: Snapshot, client: EngineClient, op
       regions: exported.ranks.flatMap((r) => r.regions.map((x) => ({ key: x.key, size: x.size, tag: x.tag, rank: x.rank, memory: x.memory }))),
       ...(options.cache ? { cache: options.cache } : {}),
       ...(options.verify ? { verify: options.verify } : {}),
-      ...(options.onProgress ? { onProgress: options.onProgress } : {}),
-      ...(options.signal ? { signal: options.signal } : {}),
-      ...(options.threads ? { threads: options.threads } : {}),
+      ...passOn(options),
       directIo: options.directIo ?? false,
     });
     lap('hydrate');

@@ -10,7 +10,7 @@ import { failpoint } from '../store/failpoints.js';
 import { validateName } from '../store/names.js';
 import type { RegionStore, VerifyReport } from '../store/region-store.js';
 import { DEFAULT_CHUNK_SIZE } from '../transfer/staging.js';
-import { runTransfer, type TransferOptions } from '../transfer/transfer.js';
+import { passOn, runTransfer, type TransferOptions } from '../transfer/transfer.js';
 import type { EngineClient } from '../engine/engine-client.js';
 import {
   captureEngine,
@@ -201,9 +201,7 @@ export class Snapshot {
         op: 'capture',
         label: name,
         regions: regions.map((r, i) => ({ name: r.key, blobPath: txn.blobTmpPath(i), size: r.size, chunkSize, memory: r.memory })),
-        ...(options.onProgress ? { onProgress: options.onProgress } : {}),
-        ...(options.signal ? { signal: options.signal } : {}),
-        ...(options.threads ? { threads: options.threads } : {}),
+        ...passOn(options),
       });
       failpoint('capture.after-transfer');
       const checksums = result.checksums ?? [];
@@ -274,9 +272,7 @@ export class Snapshot {
     if (verify !== 'chunk' && verify !== 'all-first') invalidArgument('verify', "'chunk' or 'all-first'", verify);
     const common = {
       label: this.name,
-      ...(options.onProgress ? { onProgress: options.onProgress } : {}),
-      ...(options.signal ? { signal: options.signal } : {}),
-      ...(options.threads ? { threads: options.threads } : {}),
+      ...passOn(options),
     };
     if (options.cache?.fits(this.manifest)) {
       const started = performance.now();

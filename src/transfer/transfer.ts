@@ -31,6 +31,19 @@ export interface TransferOptions {
   directIo?: boolean;
 }
 
+/**
+ * The `onProgress`, `signal` and `threads` of `options` that are set, to pass on to another
+ * operation (`directIo` is left to the caller: it means nothing to a capture).
+ * @internal
+ */
+export function passOn(options: TransferOptions): Pick<TransferOptions, 'onProgress' | 'signal' | 'threads'> {
+  return {
+    ...(options.onProgress ? { onProgress: options.onProgress } : {}),
+    ...(options.signal ? { signal: options.signal } : {}),
+    ...(options.threads ? { threads: options.threads } : {}),
+  };
+}
+
 /** A slice of RAM-tier memory. @internal */
 export interface BufferMemory {
   readonly kind: 'buffer';
