@@ -52,14 +52,7 @@ class Bridge:
         log.info("vsnap: bridge ready (%s)", self.hook_mode)
 
     def _on_create(self, allocation):
-        fd = self.pending.pop(allocation.va, None)
-        if fd is not None:
-            try:
-                self.exporter.adopt(allocation, fd)
-                self.adopted.add((allocation.device, allocation.handle))
-            finally:
-                os.close(fd)
-        else:
+        if not self._adopt_pending(allocation, in_place=False):
             self.exporter.create_on_wake(allocation)
         self.weights_mapped = True
         self.last_wake = time.time()
@@ -67,17 +60,23 @@ class Bridge:
     def _after_map(self):
         allocations = adapter.allocations(TAG)
         for allocation in allocations:
-            fd = self.pending.pop(allocation.va, None)
-            if fd is not None:
-                try:
-                    self.exporter.adopt(allocation, fd, in_place=True)
-                    self.adopted.add((allocation.device, allocation.handle))
-                finally:
-                    os.close(fd)
+            self._adopt_pending(allocation, in_place=True)
         # Memory mapped back from the SDK is made exportable again only when next exported.
         self.exporter.make_all_exportable([a for a in allocations if not self._adopted(a)], copy=True)
         self.weights_mapped = True
         self.last_wake = time.time()
+
+    def _adopt_pending(self, allocation, in_place):
+        """Maps back the descriptor the SDK handed over for this allocation's address, if any."""
+        fd = self.pending.pop(allocation.va, None)
+        if fd is None:
+            return False
+        try:
+            self.exporter.adopt(allocation, fd, in_place=in_place)
+            self.adopted.add((allocation.device, allocation.handle))
+        finally:
+            os.close(fd)
+        return True
 
     def _adopted(self, allocation):
         return (allocation.device, allocation.handle) in self.adopted
