@@ -1,28 +1,15 @@
-import { execFile, spawn } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
-import { promisify } from 'node:util';
 
 import { request } from 'undici';
 import { describe, expect, it } from 'vitest';
 
 import { packageRoot } from '../../src/native/index.js';
+import { cliPath, runCli } from '../helpers/cli.js';
 import { pluginSitePath, startEngine } from '../helpers/engine.js';
 import { freePort } from '../helpers/net.js';
 import { tempDir } from '../helpers/tmp.js';
-
-const cli = fileURLToPath(new URL('../../dist/cli/main.js', import.meta.url));
-
-async function vsnap(args: string[], env: Record<string, string> = {}) {
-  try {
-    const { stdout, stderr } = await promisify(execFile)(process.execPath, [cli, ...args], { env: { ...process.env, ...env } });
-    return { code: 0, stdout, stderr };
-  } catch (err) {
-    const e = err as { code: number; stdout: string; stderr: string };
-    return { code: e.code, stdout: e.stdout, stderr: e.stderr };
-  }
-}
 
 describe('vsnap commands on an engine', () => {
   it('status, snapshot, suspend, restore', async () => {
@@ -30,21 +17,21 @@ describe('vsnap commands on an engine', () => {
     try {
       const store = ['--store', join(tempDir(), 's')];
       const env = { VSNAP_ENGINE_URL: engine.url, VSNAP_TOKEN: engine.token };
-      const status = await vsnap(['status', '--json'], env);
+      const status = await runCli(['status', '--json'], env);
       expect(status.code).toBe(0);
       expect(JSON.parse(status.stdout)).toMatchObject({ sleeping: false, engine: { kind: 'vllm' } });
-      const refused = await vsnap(['suspend', 'ref', ...store], env);
+      const refused = await runCli(['suspend', 'ref', ...store], env);
       expect(refused.code).toBe(1);
       expect(refused.stderr).toMatch(/\[E_NOT_RESTORABLE\]/);
-      const snap = await vsnap(['snapshot', 'ref', ...store, '--json'], env);
+      const snap = await runCli(['snapshot', 'ref', ...store, '--json'], env);
       expect(JSON.parse(snap.stdout)).toMatchObject({ cached: false });
-      expect(JSON.parse((await vsnap(['snapshot', 'ref', ...store, '--json'], env)).stdout)).toMatchObject({ cached: true });
-      expect((await vsnap(['suspend', 'ref', ...store], env)).stdout).toMatch(/suspended in/);
-      const restored = await vsnap(['restore', 'ref', ...store], env);
+      expect(JSON.parse((await runCli(['snapshot', 'ref', ...store, '--json'], env)).stdout)).toMatchObject({ cached: true });
+      expect((await runCli(['suspend', 'ref', ...store], env)).stdout).toMatch(/suspended in/);
+      const restored = await runCli(['restore', 'ref', ...store], env);
       expect(restored.code).toBe(0);
       expect(restored.stdout).toMatch(/restored ref: .* from the store tier .*expectedResponse/);
-      expect((await vsnap(['status'], { VSNAP_TOKEN: engine.token })).stderr).toMatch(/needs --engine/);
-      expect((await vsnap(['status', '--engine', engine.url], { VSNAP_TOKEN: 'wrong' })).stderr).toMatch(/\[E_ENGINE_HTTP\].*401/);
+      expect((await runCli(['status'], { VSNAP_TOKEN: engine.token })).stderr).toMatch(/needs --engine/);
+      expect((await runCli(['status', '--engine', engine.url], { VSNAP_TOKEN: 'wrong' })).stderr).toMatch(/\[E_ENGINE_HTTP\].*401/);
     } finally {
       await engine.stop();
     }
@@ -73,7 +60,7 @@ describe('vsnap commands on an engine', () => {
     };
     const file = join(dir, 'vsnap.json');
     writeFileSync(file, JSON.stringify(config, null, 2));
-    const child = spawn(process.execPath, [cli, 'serve', '--config', file], { env: { ...process.env, ENGINE_TOKEN: 'engine-secret' }, stdio: ['ignore', 'ignore', 'pipe'] });
+    const child = spawn(process.execPath, [cliPath, 'serve', '--config', file], { env: { ...process.env, ENGINE_TOKEN: 'engine-secret' }, stdio: ['ignore', 'ignore', 'pipe'] });
     let log = '';
     child.stderr.on('data', (d: Buffer) => (log += d.toString()));
     try {
@@ -94,7 +81,7 @@ describe('vsnap commands on an engine', () => {
         expect(r.headers['x-vsnap-engine']).toBe(m);
         await r.body.dump();
       }
-      const swap = await vsnap(['swap', 'm1', '--agent', `http://127.0.0.1:${agentPort}`, '--token', 'ctl']);
+      const swap = await runCli(['swap', 'm1', '--agent', `http://127.0.0.1:${agentPort}`, '--token', 'ctl']);
       expect(swap.stdout).toMatch(/m1 is awake/);
       expect(log).toMatch(/restore m2 in \d+ ms/);
     } finally {
@@ -109,7 +96,7 @@ describe('vsnap commands on an engine', () => {
   it('vsnap serve refuses a bad configuration with the file and line', async () => {
     const file = join(tempDir(), 'bad.yaml');
     writeFileSync(file, 'store: /tmp/x\ngpus: { "0": { budgetGiB: 1 } }\nmodels:\n  m: { url: "http://127.0.0.1:1", memoryGiB: -3 }\n');
-    const r = await vsnap(['serve', '--config', file]);
+    const r = await runCli(['serve', '--config', file]);
     expect(r.code).toBe(1);
     expect(r.stderr).toMatch(/\[E_CONFIG\].*bad\.yaml:4:\d+ models\.m\.memoryGiB/s);
   });

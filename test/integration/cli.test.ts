@@ -1,24 +1,13 @@
-import { execFile } from 'node:child_process';
 import { chmodSync, openSync, readdirSync, writeSync, closeSync } from 'node:fs';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
-import { promisify } from 'node:util';
 
 import { describe, expect, it } from 'vitest';
 
+import { runCli, type CliResult } from '../helpers/cli.js';
 import { tempDir } from '../helpers/tmp.js';
 
-const cli = fileURLToPath(new URL('../../dist/cli/main.js', import.meta.url));
-
-async function vsnap(...args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
-  try {
-    const { stdout, stderr } = await promisify(execFile)(process.execPath, [cli, ...args], { env: { ...process.env, VSNAP_STORE: '' } });
-    return { code: 0, stdout, stderr };
-  } catch (err) {
-    const e = err as { code: number; stdout: string; stderr: string };
-    return { code: e.code, stdout: e.stdout, stderr: e.stderr };
-  }
-}
+/** The command, with no store from the environment. */
+const vsnap = (...args: string[]): Promise<CliResult> => runCli(args, { VSNAP_STORE: '' });
 
 describe('the vsnap command', () => {
   it('runs the CPU demo through a real store, then lists, verifies, detects damage and removes', async () => {
