@@ -7,16 +7,13 @@ import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 
 import { cudaStatus, EngineClient, HostCache, RegionStore, releaseIdleResources, Snapshot, VsnapError } from '../../src/index.js';
-import { startEngine, type TestEngine } from '../helpers/engine.js';
+import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
 import { gpuMemoryOf } from './nvidia-smi.js';
 
 const GiB = 1024 ** 3;
 const MODEL_ARGS = ['--layers', '18', '--hidden', '2048'];
 
-const ask = async (client: EngineClient) => {
-  const r = await client.completions({ prompt: 'The capital of France is', max_tokens: 16, logprobs: 1 });
-  return { ids: r.tokenIds, logprobs: r.logprobs };
-};
+const ask = (client: EngineClient) => askCapital(client, 16);
 
 describe('GPU: capture, suspend and restore the reference engine', async () => {
   const status = await cudaStatus();

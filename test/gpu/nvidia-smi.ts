@@ -10,3 +10,8 @@ export function gpuMemoryOf(pid: number): number | null {
     return null;
   }
 }
+
+/** GPU memory in use on the first visible GPU, as nvidia-smi sees it (MiB). */
+export function gpuUsedMiB(): number {
+  return Number(execFileSync('nvidia-smi', ['--query-gpu=memory.used', '--format=csv,noheader,nounits'], { encoding: 'utf8' }).trim().split('\n')[0]);
+}

@@ -1,31 +1,25 @@
 // GPU suite, tier 0 (device only): weights kept on the GPU across sleep and mapped back.
 import assert from 'node:assert/strict';
-import { execFileSync, spawn } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 
 import { cudaStatus, EngineClient, HostCache, RegionStore, releaseIdleResources, ResidentWeights, Snapshot } from '../../src/index.js';
-import { startEngine, type TestEngine } from '../helpers/engine.js';
-import { gpuMemoryOf } from './nvidia-smi.js';
+import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
+import { gpuMemoryOf, gpuUsedMiB } from './nvidia-smi.js';
 
 const GiB = 1024 ** 3;
 const SMALL = ['--layers', '18', '--hidden', '2048'];
 const LARGE = ['--layers', '36', '--hidden', '4096'];
 
-function gpuUsedMiB(): number {
-  return Number(execFileSync('nvidia-smi', ['--query-gpu=memory.used', '--format=csv,noheader,nounits'], { encoding: 'utf8' }).trim().split('\n')[0]);
-}
 const ms = (s: number) => `${(s * 1000).toFixed(1)} ms`;
 function stats(v: number[]): string {
   const s = [...v].sort((a, b) => a - b);
   return `min ${ms(s[0]!)}, median ${ms(s[Math.floor(s.length / 2)]!)}, max ${ms(s.at(-1)!)}`;
 }
-const ask = async (c: EngineClient) => {
-  const r = await c.completions({ prompt: 'The capital of France is', max_tokens: 16, logprobs: 1 });
-  return { ids: r.tokenIds, logprobs: r.logprobs };
-};
+const ask = (c: EngineClient) => askCapital(c, 16);
 
 describe('GPU: tier 0, weights resident across sleep', async () => {
   const status = await cudaStatus();

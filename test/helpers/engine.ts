@@ -4,6 +4,7 @@ import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
+import type { EngineClient } from '../../src/engine/engine-client.js';
 import { packageRoot } from '../../src/native/index.js';
 
 // Paths from the package root, so this also works from the bundled GPU suite (dist-gpu/).
@@ -85,4 +86,10 @@ export async function startEngine(options: EngineOptions = {}): Promise<TestEngi
       await exited;
     },
   };
+}
+
+/** The engine's greedy answer to the probe prompt: its token ids and their logprobs. */
+export async function askCapital(client: EngineClient, maxTokens: number): Promise<{ ids: number[] | null; logprobs: number[] | null }> {
+  const r = await client.completions({ prompt: 'The capital of France is', max_tokens: maxTokens, logprobs: 1 });
+  return { ids: r.tokenIds, logprobs: r.logprobs };
 }

@@ -6,7 +6,7 @@ import { EngineClient } from '../../src/engine/engine-client.js';
 import { HostCache } from '../../src/cache/host-cache.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { RegionStore } from '../../src/store/region-store.js';
-import { startEngine, type EngineOptions, type TestEngine } from '../helpers/engine.js';
+import { askCapital, startEngine, type EngineOptions, type TestEngine } from '../helpers/engine.js';
 import { tempDir } from '../helpers/tmp.js';
 
 const running: Array<TestEngine | EngineClient> = [];
@@ -21,7 +21,7 @@ async function engine(options: EngineOptions = {}) {
   return { e, client };
 }
 
-const ask = async (client: EngineClient) => (await client.completions({ prompt: 'The capital of France is', max_tokens: 8, logprobs: 1 })).tokenIds;
+const ask = async (client: EngineClient) => (await askCapital(client, 8)).ids;
 
 describe('capture, suspend and restore a running engine (CPU reference engine, real plugin, real socket)', () => {
   it('round-trips the weights: same answer after sleep level 2 and restore', async () => {

@@ -8,7 +8,7 @@ import { EngineClient } from '../../src/engine/engine-client.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { SwapController, type SwapEvent } from '../../src/swap/controller.js';
-import { startEngine, type EngineOptions } from '../helpers/engine.js';
+import { askCapital, startEngine, type EngineOptions } from '../helpers/engine.js';
 import { tempDir } from '../helpers/tmp.js';
 
 const cleanup: Array<() => unknown> = [];
@@ -23,7 +23,7 @@ async function engine(options: EngineOptions = {}) {
   return { e, client };
 }
 
-const ask = async (client: EngineClient) => (await client.completions({ prompt: 'The capital of France is', max_tokens: 8, logprobs: 1 })).tokenIds;
+const ask = async (client: EngineClient) => (await askCapital(client, 8)).ids;
 
 describe('tier 0: weights kept on the "GPU" across sleep (CPU reference engine)', () => {
   for (const hooks of ['wrapped create_and_map', 'register_tag_hooks']) {
