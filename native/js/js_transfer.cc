@@ -3,7 +3,8 @@
 //
 // spec: { op: 'capture'|'hydrate'|'verify'|'copy', label, pool: StagingPool, threads?, directIo?,
 //         verifyFirst?, regions: [{ name, blobPath?, size, chunkSize, checksums?: string[],
-//         memory?: Memory, source?: Memory (copy: a 'buffer') }] }
+//         memory?: Memory, hostCopy?: Memory (a 'buffer': copy reads it; capture fills it,
+//         and then needs no blobPath) }] }
 // Memory: { kind: 'host', fd } | { kind: 'imported', fd } | { kind: 'device', allocation }
 //       | { kind: 'buffer', buffer: HostBuffer, offset }
 #include <fcntl.h>
@@ -88,13 +89,13 @@ MemorySpec parseMemory(Napi::Env env, const Napi::Value& value) {
 class TransferWorker : public Napi::AsyncWorker {
  public:
   TransferWorker(Napi::Env env, transfer::JobOptions options, std::vector<transfer::RegionTask> tasks,
-                 std::vector<MemorySpec> memory, std::vector<MemorySpec> sources,
+                 std::vector<MemorySpec> memory, std::vector<MemorySpec> hostCopies,
                  std::shared_ptr<transfer::StagingPool> pool, Napi::Value onProgress)
       : Napi::AsyncWorker(env, "vsnap-transfer"),
         deferred_(Napi::Promise::Deferred::New(env)),
         op_(options.op),
         memory_(std::move(memory)),
-        sources_(std::move(sources)),
+        hostCopies_(std::move(hostCopies)),
         job_(std::make_shared<transfer::TransferJob>(std::move(options), std::move(tasks), std::move(pool))) {
     if (onProgress.IsFunction()) {
       progress_ = Napi::ThreadSafeFunction::New(env, onProgress.As<Napi::Function>(), "vsnap-progress", 0, 1);
@@ -112,7 +113,7 @@ class TransferWorker : public Napi::AsyncWorker {
       auto& tasks = job_->tasks();
       for (size_t i = 0; i < tasks.size(); i++) {
         tasks[i].region = memory_[i].open(tasks[i].size);
-        tasks[i].source = sources_[i].open(tasks[i].size);
+        tasks[i].hostCopy = hostCopies_[i].open(tasks[i].size);
       }
       job_->run([this] { report(); });
     });
@@ -120,10 +121,10 @@ class TransferWorker : public Napi::AsyncWorker {
     // Unmap imported memory and drop our descriptors before the promise settles.
     for (auto& t : job_->tasks()) {
       t.region.reset();
-      t.source.reset();
+      t.hostCopy.reset();
     }
     memory_.clear();
-    sources_.clear();
+    hostCopies_.clear();
     seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 
@@ -177,7 +178,7 @@ class TransferWorker : public Napi::AsyncWorker {
   Napi::Promise::Deferred deferred_;
   transfer::Operation op_;
   std::vector<MemorySpec> memory_;
-  std::vector<MemorySpec> sources_;
+  std::vector<MemorySpec> hostCopies_;
   std::shared_ptr<transfer::TransferJob> job_;
   Napi::ThreadSafeFunction progress_;
   bool hasProgress_ = false;
@@ -206,7 +207,7 @@ Napi::Value StartTransfer(const Napi::CallbackInfo& info) {
   Napi::Array regions = regionsValue.As<Napi::Array>();
   std::vector<transfer::RegionTask> tasks;
   std::vector<MemorySpec> memory;
-  std::vector<MemorySpec> sources;
+  std::vector<MemorySpec> hostCopies;
   for (uint32_t i = 0; i < regions.Length(); i++) {
     Napi::Value rv = regions.Get(i);
     if (!rv.IsObject()) throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "regions[" + std::to_string(i) + "] must be an object"));
@@ -214,8 +215,17 @@ Napi::Value StartTransfer(const Napi::CallbackInfo& info) {
     transfer::RegionTask task;
     task.name = toString(getRequired(r, "name"), "region name");
     task.blobPath = r.Has("blobPath") ? toString(r.Get("blobPath"), "blobPath") : std::string();
-    if (task.blobPath.empty() && options.op != transfer::Operation::Copy) {
+    hostCopies.push_back(parseMemory(env, r.Get("hostCopy")));
+    bool hasHostCopy = hostCopies.back().kind != MemorySpec::Kind::None;
+    if (hasHostCopy && hostCopies.back().kind != MemorySpec::Kind::Buffer) {
+      throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "region '" + task.name + "': hostCopy must be a HostBuffer slice"));
+    }
+    bool blobOptional = options.op == transfer::Operation::Copy || (options.op == transfer::Operation::Capture && hasHostCopy);
+    if (task.blobPath.empty() && !blobOptional) {
       throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "region '" + task.name + "' needs a blobPath"));
+    }
+    if (options.op == transfer::Operation::Copy && !hasHostCopy) {
+      throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "region '" + task.name + "': copy reads from a hostCopy"));
     }
     task.size = toU64(getRequired(r, "size"), "size");
     task.chunkSize = toU64(getRequired(r, "chunkSize"), "chunkSize");
@@ -228,10 +238,6 @@ Napi::Value StartTransfer(const Napi::CallbackInfo& info) {
       }
     }
     memory.push_back(parseMemory(env, r.Get("memory")));
-    sources.push_back(parseMemory(env, r.Get("source")));
-    if (options.op == transfer::Operation::Copy && sources.back().kind != MemorySpec::Kind::Buffer) {
-      throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "region '" + task.name + "': copy reads from a HostBuffer source"));
-    }
     if (options.op != transfer::Operation::Verify && memory.back().kind == MemorySpec::Kind::None) {
       throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "region '" + task.name + "' needs memory for " +
                                                                  (options.op == transfer::Operation::Capture ? "capture" : "a copy or hydrate")));
@@ -239,7 +245,7 @@ Napi::Value StartTransfer(const Napi::CallbackInfo& info) {
     tasks.push_back(std::move(task));
   }
 
-  auto* worker = new TransferWorker(env, std::move(options), std::move(tasks), std::move(memory), std::move(sources),
+  auto* worker = new TransferWorker(env, std::move(options), std::move(tasks), std::move(memory), std::move(hostCopies),
                                     std::move(pool), info[1]);
   Napi::Object handle = Napi::Object::New(env);
   handle.Set("promise", worker->promise());

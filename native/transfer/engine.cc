@@ -1,6 +1,7 @@
 #include "transfer/engine.h"
 
 #include <algorithm>
+#include <map>
 #include <chrono>
 #include <condition_variable>
 #include <thread>
@@ -61,8 +62,9 @@ void TransferJob::validate() {
                    " exceeds the staging slot size " + std::to_string(pool_->slotSize()) +
                    "; use a staging pool with larger slots");
     }
-    if (options_.op == Operation::Copy && (!task.source || !task.source->hostData() || task.source->size() < task.size)) {
-      throwInvalid("region '" + task.name + "' needs a host buffer source of at least " + std::to_string(task.size) + " bytes");
+    bool needsHostCopy = options_.op == Operation::Copy || (options_.op == Operation::Capture && task.blobPath.empty());
+    if ((needsHostCopy || task.hostCopy) && (!task.hostCopy || !task.hostCopy->hostData() || task.hostCopy->size() < task.size)) {
+      throwInvalid("region '" + task.name + "' needs a host buffer copy of at least " + std::to_string(task.size) + " bytes");
     }
     if (options_.op != Operation::Verify) {
       if (!task.region) throwInvalid("region '" + task.name + "' has no memory to copy to or from");
@@ -89,6 +91,26 @@ void TransferJob::validate() {
     }
     bytesTotal_ += task.size;
   }
+  interleaveDevices();
+}
+
+// Chunks are taken in order; with regions on several GPUs, alternate between the devices so
+// every device's link is busy at once instead of one GPU after the other.
+void TransferJob::interleaveDevices() {
+  std::map<int, std::vector<Chunk>> byDevice;
+  for (const Chunk& c : chunks_) {
+    const Region* r = tasks_[c.task].region.get();
+    byDevice[r ? r->device() : -1].push_back(c);
+  }
+  if (byDevice.size() < 2) return;
+  std::vector<Chunk> merged;
+  merged.reserve(chunks_.size());
+  for (size_t i = 0; merged.size() < chunks_.size(); i++) {
+    for (auto& [device, list] : byDevice) {
+      if (i < list.size()) merged.push_back(list[i]);
+    }
+  }
+  chunks_ = std::move(merged);
 }
 
 void TransferJob::fail(const NativeError& error) {
@@ -129,7 +151,7 @@ void TransferJob::runPass(Operation op, uint32_t workers, const std::function<vo
   if (op == Operation::Capture) {
     // Zero-length regions have no chunks but still get their (empty) blob file.
     for (auto& task : tasks_) {
-      if (task.size == 0) io::BlobWriter(task.blobPath, 0).finish();
+      if (task.size == 0 && !task.blobPath.empty()) io::BlobWriter(task.blobPath, 0).finish();
     }
   }
   if (chunks_.empty()) return;
@@ -266,10 +288,14 @@ void TransferJob::captureWorker(void* slots[2]) {
     }
   } drain{fences};
   // The copy of the next chunk runs while this worker hashes and writes the previous one.
+  // A chunk lands in the RAM-tier copy when there is one (no staging), else in a staging slot;
+  // a region that is itself RAM-tier memory is hashed and written where it is, with no copy.
   std::optional<size_t> inFlight;
+  const char* inFlightData = nullptr;
   int cur = 0;  // the slot the next copy goes to; the in-flight chunk is in cur ^ 1
   while (true) {
     std::optional<size_t> next;
+    const char* nextData = nullptr;
     if (!stopping()) {
       size_t i = cursor_.fetch_add(1);
       if (i < chunks_.size()) next = i;
@@ -278,21 +304,30 @@ void TransferJob::captureWorker(void* slots[2]) {
       const Chunk& c = chunks_[*next];
       RegionTask& task = tasks_[c.task];
       TaskState& st = *state_[c.task];
-      std::call_once(st.opened, [&] { st.writer = std::make_unique<io::BlobWriter>(task.blobPath, task.size); });
-      task.region->copyOut(c.offset, slots[cur], c.length, lane, cur, fences[cur]);
+      if (!task.blobPath.empty()) {
+        std::call_once(st.opened, [&] { st.writer = std::make_unique<io::BlobWriter>(task.blobPath, task.size); });
+      }
+      if (const char* inPlace = task.region->hostData()) {
+        nextData = inPlace + c.offset;
+      } else {
+        char* landing = task.hostCopy ? task.hostCopy->hostMemory() + c.offset : static_cast<char*>(slots[cur]);
+        task.region->copyOut(c.offset, landing, c.length, lane, cur, fences[cur]);
+        nextData = landing;
+      }
     }
     if (inFlight) {
       int slot = cur ^ 1;
       const Chunk& c = chunks_[*inFlight];
       RegionTask& task = tasks_[c.task];
       fences[slot].wait();
-      task.checksums[c.index] = hash::digest(slots[slot], c.length);
-      state_[c.task]->writer->write(c.offset, slots[slot], c.length);
+      task.checksums[c.index] = hash::digest(inFlightData, c.length);
+      if (auto& writer = state_[c.task]->writer) writer->write(c.offset, inFlightData, c.length);
       bytesDone_ += c.length;
       finishChunk(c);
     }
     if (!next) break;
     inFlight = next;
+    inFlightData = nextData;
     cur ^= 1;
   }
 }
@@ -313,7 +348,7 @@ void TransferJob::copyWorker() {
     if (i >= chunks_.size()) break;
     const Chunk& c = chunks_[i];
     RegionTask& task = tasks_[c.task];
-    task.region->copyIn(c.offset, task.source->hostData() + c.offset, c.length, lane, 0, fence);
+    task.region->copyIn(c.offset, task.hostCopy->hostData() + c.offset, c.length, lane, 0, fence);
     bytesDone_ += c.length;
   }
   lane.synchronize();

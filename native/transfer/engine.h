@@ -1,5 +1,6 @@
-// The transfer engine: moves regions to blob files (capture), blob files to regions (hydrate),
-// only re-hashes blob files (verify), or copies verified RAM-tier memory to regions (copy). Work is split into chunks that several worker threads
+// The transfer engine: moves regions to blob files and/or RAM-tier memory (capture), blob files
+// to regions (hydrate), only re-hashes blob files (verify), or copies verified RAM-tier memory to
+// regions (copy). Work is split into chunks that several worker threads
 // take in turn; each worker double-buffers through two staging slots so disk I/O, hashing and
 // DMA overlap, across workers and within one. On hydrate every chunk is hashed in host memory
 // and compared with the manifest before it is copied: corrupt bytes never reach a region.
@@ -26,8 +27,10 @@ enum class Operation { Capture, Hydrate, Verify, Copy };
 struct RegionTask {
   std::string name;                 // the region's key, named in errors
   std::unique_ptr<Region> region;   // the region captured from or written to; null for Verify
-  std::unique_ptr<Region> source;   // Copy: host memory (hostData()) holding verified bytes
-  std::string blobPath;             // Capture, Hydrate, Verify
+  // The region's bytes in RAM-tier host memory (hostData()): Copy reads verified bytes from it;
+  // Capture lands the bytes in it (and hashes them there), with or without a blob file.
+  std::unique_ptr<Region> hostCopy;
+  std::string blobPath;             // Hydrate, Verify; Capture: optional when hostCopy is set
   uint64_t size = 0;
   uint64_t chunkSize = 0;
   std::vector<hash::Digest> expected;   // Hydrate, Verify: one per chunk
@@ -70,6 +73,7 @@ class TransferJob {
   struct TaskState;
 
   void validate();
+  void interleaveDevices();
   void runPass(Operation op, uint32_t workers, const std::function<void()>& tick);
   void hydrateWorker(Operation op, void* slots[2]);
   void captureWorker(void* slots[2]);

@@ -67,14 +67,14 @@ export type NativeMemorySpec =
 
 export interface NativeTransferRegion {
   name: string;
-  /** capture, hydrate, verify */
+  /** hydrate, verify; capture: optional with a hostCopy */
   blobPath?: string;
   size: number;
   chunkSize: number;
   checksums?: readonly string[];
   memory?: NativeMemorySpec;
-  /** copy: the HostBuffer slice holding verified bytes */
-  source?: NativeMemorySpec;
+  /** The region's bytes in a HostBuffer slice: copy reads the verified bytes; capture fills it. */
+  hostCopy?: NativeMemorySpec;
 }
 
 export interface NativeTransferSpec {
