@@ -78,7 +78,7 @@ export async function exportRegions(control: EngineControl, rankCount: number, o
         va: r.va,
         size: r.size,
         tensors: r.tensors,
-        memory: h.memory === 'cuda' ? { kind: 'imported', fd: m.fds[i]! } : { kind: 'host', fd: m.fds[i]! },
+        memory: h.memory === 'cuda' ? { kind: 'imported', fd: m.fds[i]!, device: device! } : { kind: 'host', fd: m.fds[i]! },
         device,
       }));
       return { rank: h.rank, pid: h.pid, deviceUuid: h.device.uuid, memory: h.memory, regions };

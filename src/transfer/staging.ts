@@ -8,9 +8,9 @@ export const DEFAULT_CHUNK_SIZE = 64 * 1024 * 1024;
 /** Pools not used for this long are freed (and unpinned), so an idle SDK holds no pinned memory. */
 const IDLE_RELEASE_MS = Number(process.env.VSNAP_STAGING_IDLE_MS ?? 30_000);
 
-/** Worker threads of a transfer: one per core, at most 16. */
-export function defaultThreads(): number {
-  return Math.max(1, Math.min(16, availableParallelism()));
+/** Worker threads of a transfer: one per core, at most 16 per GPU it moves bytes to or from. */
+export function defaultThreads(devices = 1): number {
+  return Math.max(1, Math.min(16 * Math.max(1, devices), availableParallelism()));
 }
 
 interface PoolEntry {
@@ -20,18 +20,19 @@ interface PoolEntry {
 }
 
 /**
- * Staging pools shared by every transfer of this process: one per (slot size, pinned) pair,
- * created on first use (pinning happens once, not per transfer), freed after an idle period.
+ * Staging pools shared by every transfer of this process: one per (slot size, slot count,
+ * pinned), pinned portable (one pool serves every GPU at the line rate), created on first use (pinning happens once, not per transfer), freed after an idle period.
  * @internal
  */
 class StagingPools {
   private readonly entries = new Map<string, PoolEntry>();
 
-  async lease<T>(slotSize: number, pinDevice: number, use: (pool: NativeStagingPool) => Promise<T>): Promise<T> {
-    const key = `${slotSize}:${pinDevice >= 0 ? 'pinned' : 'host'}`;
+  /** Lends the pool for `threads` workers (two slots each) of `slotSize` bytes. */
+  async lease<T>(slotSize: number, pinDevice: number, threads: number, use: (pool: NativeStagingPool) => Promise<T>): Promise<T> {
+    const slots = 2 * threads;
+    const key = `${slotSize}:${slots}:${pinDevice >= 0 ? 'pinned' : 'host'}`;
     let entry = this.entries.get(key);
     if (!entry) {
-      const slots = 2 * defaultThreads();
       const created = native().createStagingPool(slotSize, slots, pinDevice);
       entry = { pool: created, users: 0 };
       this.entries.set(key, entry);

@@ -1,7 +1,7 @@
 import { abortError, toVsnapError } from '../errors.js';
 import { native, type NativeHostBuffer, type NativeStagingPool, type NativeTransferRegion, type NativeTransferResult } from '../native/index.js';
 import { memoryDevice, toNativeMemory, type RegionMemory } from '../regions/memory.js';
-import { DEFAULT_CHUNK_SIZE, stagingPools } from './staging.js';
+import { DEFAULT_CHUNK_SIZE, defaultThreads, stagingPools } from './staging.js';
 
 /**
  * Progress of a long operation, reported about every 100 ms.
@@ -54,14 +54,14 @@ export interface BufferMemory {
 /** @internal */
 export interface TransferRegion {
   name: string;
-  /** capture, hydrate, verify */
+  /** hydrate, verify; capture: optional with a hostCopy */
   blobPath?: string;
   size: number;
   chunkSize: number;
   checksums?: readonly string[];
   memory?: RegionMemory | BufferMemory;
-  /** copy: where the verified bytes are */
-  source?: BufferMemory;
+  /** The region's bytes in the RAM tier: copy reads them from there; capture lands them there. */
+  hostCopy?: BufferMemory;
 }
 
 /** @internal */
@@ -84,6 +84,7 @@ export async function runTransfer(request: TransferRequest): Promise<NativeTrans
   const devices = request.regions.map((r) => (r.memory && r.memory.kind !== 'buffer' ? memoryDevice(r.memory) : undefined)).filter((d) => d !== undefined);
   const needsPinning = devices.length > 0 || request.regions.some((r) => r.memory?.kind === 'imported');
   const pinDevice = needsPinning ? (devices[0] ?? 0) : -1;
+  const threads = request.threads ?? defaultThreads(new Set(devices).size);
   const regions: NativeTransferRegion[] = request.regions.map((r) => ({
     name: r.name,
     ...(r.blobPath !== undefined ? { blobPath: r.blobPath } : {}),
@@ -91,11 +92,11 @@ export async function runTransfer(request: TransferRequest): Promise<NativeTrans
     chunkSize: r.chunkSize,
     ...(r.checksums ? { checksums: r.checksums } : {}),
     ...(r.memory ? { memory: r.memory.kind === 'buffer' ? r.memory : toNativeMemory(r.memory) } : {}),
-    ...(r.source ? { source: r.source } : {}),
+    ...(r.hostCopy ? { hostCopy: r.hostCopy } : {}),
   }));
   // A copy from the RAM tier moves no bytes through staging: no pool to lease.
   const withPool = <T>(use: (pool: NativeStagingPool | undefined) => Promise<T>): Promise<T> =>
-    request.op === 'copy' ? use(undefined) : stagingPools.lease(slotSize, pinDevice, use);
+    request.op === 'copy' ? use(undefined) : stagingPools.lease(slotSize, pinDevice, threads, use);
   return withPool(async (pool) => {
     const onProgress = request.onProgress;
     let handle;
@@ -105,7 +106,7 @@ export async function runTransfer(request: TransferRequest): Promise<NativeTrans
           op: request.op,
           label: request.label,
           ...(pool ? { pool } : {}),
-          ...(request.threads ? { threads: request.threads } : {}),
+          threads,
           directIo: request.directIo ?? false,
           verifyFirst: request.verifyFirst ?? false,
           regions,
