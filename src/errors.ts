@@ -34,6 +34,8 @@ export type ErrorCode =
   | 'E_MANIFEST_MISMATCH'
   /** No snapshot of that name (or id) in the store. */
   | 'E_SNAPSHOT_NOT_FOUND'
+  /** A capture kept only in the RAM tier (persist `async` or `off`) is no longer there and was never persisted. */
+  | 'E_NOT_DURABLE'
   /** The directory is not a vsnap store (or a newer format). */
   | 'E_STORE_INVALID'
   /** Another process held the store lock for longer than the timeout. */
@@ -76,7 +78,7 @@ export type ErrorCode =
 const KNOWN_CODES: ReadonlySet<string> = new Set<ErrorCode>([
   'E_INVALID_ARGUMENT', 'E_INVALID_NAME', 'E_NATIVE_LOAD', 'E_CUDA_UNAVAILABLE', 'E_CUDA', 'E_IO',
   'E_NO_SPACE', 'E_CHECKSUM', 'E_BLOB_TRUNCATED', 'E_BLOB_MISSING', 'E_MANIFEST_INVALID',
-  'E_MANIFEST_MISMATCH', 'E_SNAPSHOT_NOT_FOUND', 'E_STORE_INVALID', 'E_STORE_LOCKED', 'E_ABORTED',
+  'E_MANIFEST_MISMATCH', 'E_SNAPSHOT_NOT_FOUND', 'E_NOT_DURABLE', 'E_STORE_INVALID', 'E_STORE_LOCKED', 'E_ABORTED',
   'E_TIMEOUT', 'E_CLOSED', 'E_OUT_OF_RANGE', 'E_IPC_PROTOCOL', 'E_IPC_AUTH', 'E_ADDRESS_IN_USE',
   'E_ENGINE_HTTP', 'E_ENGINE_UNREACHABLE', 'E_ENGINE_PROTOCOL', 'E_ENGINE_STATE', 'E_NOT_RESTORABLE',
   'E_RESPONSE_MISMATCH', 'E_BUSY', 'E_UNKNOWN_MODEL', 'E_CONFIG', 'E_INTERNAL',

@@ -60,6 +60,7 @@ export {
   Snapshot,
   type CaptureOptions,
   type CaptureRegion,
+  type PersistPolicy,
   type RestoreOptions,
   type RestoreRegion,
   type TransferSummary,

@@ -30,6 +30,11 @@ export interface CacheEntryInfo {
   readonly bytes: number;
   /** When a restore last used it (ms since the epoch). */
   readonly lastUsed: number;
+  /**
+   * Whether the store holds it too. The RAM tier never evicts a capture it holds the only copy
+   * of (one made with persist `async` that is still being written, or `off`) to make room.
+   */
+  readonly durable: boolean;
 }
 
 /** @internal */
@@ -38,6 +43,21 @@ export interface CacheLease {
   /** Where each region starts in the buffer, by `${rank}/${key}`. */
   readonly offsets: ReadonlyMap<string, number>;
   release(): void;
+}
+
+/** Room taken in the RAM tier for a capture: filled by the capture, then committed or abandoned. @internal */
+export interface CacheReservation extends CacheLease {
+  /** The capture is complete: restores may use it (`durable`: the store holds it too). */
+  commit(durable: boolean): void;
+  /** The capture failed: give the room back. */
+  abandon(): void;
+}
+
+/** A region's place in a snapshot: what the RAM tier lays out. @internal */
+export interface CacheItem {
+  readonly rank: number;
+  readonly key: string;
+  readonly size: number;
 }
 
 interface Entry {
@@ -50,13 +70,20 @@ interface Entry {
   users: number;
   ready: Promise<void>;
   loaded: boolean;
+  durable: boolean;
+}
+
+function itemsOf(source: Manifest | readonly CacheItem[]): readonly CacheItem[] {
+  if (Array.isArray(source)) return source as readonly CacheItem[];
+  return [...(source as Manifest).regions()].map(({ rank, region }) => ({ rank, key: region.key, size: region.size }));
 }
 
 /**
  * The RAM tier: snapshots held in host memory that is allocated and page-locked once, so a
  * restore from it is a bulk DMA straight to the GPU at the PCIe line rate, with no staging copy
  * and no hashing (every chunk was verified when it was loaded). Least recently used snapshots
- * are evicted when a new one needs room. Pass it to {@link Snapshot.restore} as `cache`.
+ * are evicted when a new one needs room. Pass it to {@link Snapshot.restore} as `cache`, and to
+ * {@link Snapshot.capture} to land a capture here first (the GPU is then free at D2H speed).
  * Holds its memory (and, when pinned, a CUDA context on GPU 0) until {@link HostCache.close}.
  * @public
  */
@@ -99,7 +126,7 @@ export class HostCache {
     return [...this.byId.values()]
       .filter((e) => e.loaded)
       .sort((a, b) => b.lastUsed - a.lastUsed)
-      .map(({ name, id, bytes, lastUsed }) => ({ name, id, bytes, lastUsed }));
+      .map(({ name, id, bytes, lastUsed, durable }) => ({ name, id, bytes, lastUsed, durable }));
   }
 
   /** Whether a capture (by manifest id) is held and ready. */
@@ -133,26 +160,79 @@ export class HostCache {
       throw err;
     }
     entry.lastUsed = Date.now();
+    return this.leaseOf(entry);
+  }
+
+  /**
+   * Holds a capture that is in the cache already (a RAM-tier-only capture being persisted), or
+   * returns undefined when it is not. @internal
+   */
+  hold(id: string): CacheLease | undefined {
+    const entry = this.byId.get(id);
+    if (this.closed || !entry?.loaded) return undefined;
+    entry.users++;
+    return this.leaseOf(entry);
+  }
+
+  /**
+   * Takes room for a capture about to land here (evicting least recently used snapshots the
+   * store also holds). Throws E_NO_SPACE when it cannot fit. @internal
+   */
+  reserve(name: string, id: string, items: readonly CacheItem[]): CacheReservation {
+    this.checkOpen();
+    const { bytes, offsets } = this.layout(items);
+    if (bytes > this.budgetBytes) throw this.tooLarge(name, bytes);
+    const base = this.place(bytes);
+    for (const [k, v] of offsets) offsets.set(k, base + v);
+    const entry: Entry = { name, id, bytes, offset: base, offsets, lastUsed: Date.now(), users: 1, loaded: false, durable: false, ready: Promise.resolve() };
+    this.byId.set(id, entry);
+    const lease = this.leaseOf(entry);
+    return {
+      ...lease,
+      commit: (durable) => {
+        entry.loaded = true;
+        entry.durable = durable;
+        entry.lastUsed = Date.now();
+        lease.release();
+      },
+      abandon: () => {
+        lease.release();
+        if (this.byId.get(id) === entry) this.byId.delete(id);
+        if (!this.closed) this.arena.free(base);
+      },
+    };
+  }
+
+  /** The store now holds this capture too: it may be evicted like any other. @internal */
+  markDurable(id: string): void {
+    const entry = this.byId.get(id);
+    if (entry) entry.durable = true;
+  }
+
+  private leaseOf(entry: Entry): CacheLease {
     let released = false;
-    const e = entry;
     return {
       buffer: this.buffer,
-      offsets: e.offsets,
+      offsets: entry.offsets,
       release: () => {
         if (!released) {
           released = true;
-          e.users--;
+          entry.users--;
         }
       },
     };
   }
 
   /** Whether the snapshot could be held at all. @internal */
-  fits(manifest: Manifest): boolean {
-    return this.layout(manifest).bytes <= this.budgetBytes;
+  fits(manifest: Manifest | readonly CacheItem[]): boolean {
+    return this.layout(itemsOf(manifest)).bytes <= this.budgetBytes;
   }
 
-  /** Drops a snapshot from the cache (not while a restore uses it). Returns whether it was held. */
+  /**
+   * Drops a snapshot from the cache (not while a restore uses it). Returns whether it was held.
+   * A capture the store does not hold (persist `off`, or `async` not yet written) is gone after
+   * this.
+   */
   evict(id: string): boolean {
     const e = this.byId.get(id);
     if (!e || e.users > 0) return false;
@@ -161,9 +241,9 @@ export class HostCache {
     return true;
   }
 
-  /** Drops every snapshot not in use. */
+  /** Drops every snapshot not in use that the store also holds (see {@link CacheEntryInfo.durable}). */
   clear(): void {
-    for (const id of [...this.byId.keys()]) this.evict(id);
+    for (const [id, e] of [...this.byId]) if (e.durable) this.evict(id);
   }
 
   /** Frees (and unpins) the memory once running restores are done with it. Idempotent. */
@@ -183,25 +263,33 @@ export class HostCache {
     if (this.closed) throw new VsnapError('E_CLOSED', 'this HostCache was closed');
   }
 
-  private layout(manifest: Manifest): { bytes: number; offsets: Map<string, number> } {
+  private layout(items: readonly CacheItem[]): { bytes: number; offsets: Map<string, number> } {
     const offsets = new Map<string, number>();
     let bytes = 0;
-    for (const { rank, region } of manifest.regions()) {
-      offsets.set(`${rank}/${region.key}`, bytes);
-      bytes += Math.ceil(region.size / 4096) * 4096;
+    for (const { rank, key, size } of items) {
+      offsets.set(`${rank}/${key}`, bytes);
+      bytes += Math.ceil(size / 4096) * 4096;
     }
     return { bytes, offsets };
+  }
+
+  private tooLarge(name: string, bytes: number): VsnapError {
+    return new VsnapError('E_NO_SPACE', `snapshot '${name}' (${bytes} bytes) is larger than the RAM tier (${this.budgetBytes} bytes)`, {
+      budgetBytes: this.budgetBytes,
+      neededBytes: bytes,
+    });
   }
 
   private place(bytes: number): number {
     for (;;) {
       const offset = this.arena.allocate(bytes);
       if (offset !== undefined) return offset;
-      const victim = [...this.byId.values()].filter((e) => e.loaded && e.users === 0).sort((a, b) => a.lastUsed - b.lastUsed)[0];
+      const victim = [...this.byId.values()].filter((e) => e.loaded && e.durable && e.users === 0).sort((a, b) => a.lastUsed - b.lastUsed)[0];
       if (!victim) {
         throw new VsnapError(
           'E_NO_SPACE',
-          `the RAM tier (${this.budgetBytes} bytes) has no room for ${bytes} bytes: the rest is in use by running restores or loads`,
+          `the RAM tier (${this.budgetBytes} bytes) has no room for ${bytes} bytes: the rest is in use by running restores, loads or captures, ` +
+            'or holds captures not yet persisted (Snapshot.persist, or HostCache.evict to discard one)',
           { budgetBytes: this.budgetBytes, neededBytes: bytes },
         );
       }
@@ -210,16 +298,11 @@ export class HostCache {
   }
 
   private startLoad(store: RegionStore, manifest: Manifest, options: TransferOptions): Entry {
-    const { bytes, offsets } = this.layout(manifest);
-    if (bytes > this.budgetBytes) {
-      throw new VsnapError('E_NO_SPACE', `snapshot '${manifest.name}' (${bytes} bytes) is larger than the RAM tier (${this.budgetBytes} bytes)`, {
-        budgetBytes: this.budgetBytes,
-        neededBytes: bytes,
-      });
-    }
+    const { bytes, offsets } = this.layout(itemsOf(manifest));
+    if (bytes > this.budgetBytes) throw this.tooLarge(manifest.name, bytes);
     const base = this.place(bytes);
     for (const [k, v] of offsets) offsets.set(k, base + v);
-    const entry: Entry = { name: manifest.name, id: manifest.id, bytes, offset: base, offsets, lastUsed: Date.now(), users: 0, loaded: false, ready: Promise.resolve() };
+    const entry: Entry = { name: manifest.name, id: manifest.id, bytes, offset: base, offsets, lastUsed: Date.now(), users: 0, loaded: false, durable: true, ready: Promise.resolve() };
     this.byId.set(manifest.id, entry);
     entry.ready = store
       .withLock(false, () =>

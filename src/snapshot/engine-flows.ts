@@ -12,7 +12,7 @@ import type { LiveLayout, Mismatch } from '../manifest/compat.js';
 import type { ExpectedResponse } from '../manifest/types.js';
 import type { RegionStore } from '../store/region-store.js';
 import { passOn, type TransferOptions } from '../transfer/transfer.js';
-import type { Snapshot } from './snapshot.js';
+import type { CaptureOptions, PersistPolicy, Snapshot } from './snapshot.js';
 
 /**
  * Options of {@link Snapshot.captureEngine}.
@@ -29,6 +29,14 @@ export interface EngineCaptureOptions extends TransferOptions {
   readonly chunkSize?: number;
   /** Called with warnings (e.g. an attention backend known to break after sleep). Default: process.emitWarning. */
   readonly onWarning?: (message: string) => void;
+  /** Land the capture in this RAM tier first; see {@link CaptureOptions.cache}. */
+  readonly cache?: HostCache;
+  /**
+   * When the store gets the capture (default `sync`). With `async` or `off`, a suspend that
+   * captures first frees the GPU once the weights are in the RAM tier; until the store has them,
+   * a crash of this process loses them and the engine must reload its checkpoint.
+   */
+  readonly persist?: PersistPolicy;
 }
 
 /**
@@ -102,6 +110,11 @@ export interface EngineSuspendResult {
   readonly alreadyAsleep: boolean;
   /** Wall time. */
   readonly seconds: number;
+  /**
+   * Seconds per phase, in order: status, check (export and the restorability check), capture
+   * (when one was made), hold (tier 0), sleep. Empty when the engine was already asleep.
+   */
+  readonly phases: Readonly<Record<string, number>>;
 }
 
 const DEFAULT_PROMPT = 'The capital of France is';
@@ -209,6 +222,8 @@ export async function captureEngine(
       expectedResponse: expected,
       labels: { ...(options.labels ?? {}) },
       ...(options.chunkSize ? { chunkSize: options.chunkSize } : {}),
+      ...(options.cache ? { cache: options.cache } : {}),
+      ...(options.persist ? { persist: options.persist } : {}),
       ...passOn(options),
     });
   } finally {
@@ -398,13 +413,21 @@ export async function suspendEngine(
   options: EngineSuspendOptions,
 ): Promise<EngineSuspendResult> {
   const started = performance.now();
+  const phases: Record<string, number> = {};
+  let mark = started;
+  const lap = (phase: string): void => {
+    const now = performance.now();
+    phases[phase] = (now - mark) / 1000;
+    mark = now;
+  };
   const call = options.signal ? { signal: options.signal } : {};
   const { control, status } = await engineControl(client, call);
   const current = await store.current(name);
   if (status.sleeping) {
     if (!current) throw new VsnapError('E_NOT_RESTORABLE', `the engine is already asleep and the store has no snapshot '${name}'`, { name });
-    return { snapshot: await SnapshotClass.open(store, name), captured: false, alreadyAsleep: true, seconds: (performance.now() - started) / 1000 };
+    return { snapshot: await SnapshotClass.open(store, name), captured: false, alreadyAsleep: true, seconds: (performance.now() - started) / 1000, phases: {} };
   }
+  lap('status');
   preflight(status, options.onWarning ? { onWarning: options.onWarning } : (options.capture ?? {}));
   let snapshot = current ? await SnapshotClass.open(store, name) : undefined;
   // One export serves both the restorability check and tier 0's hold (a capture leaves the memory as it is).
@@ -413,6 +436,7 @@ export async function suspendEngine(
   let captured = false;
   try {
     const problems = snapshot ? await restorable(snapshot, status, await exportWeights(), options) : [`the store has no snapshot '${name}'`];
+    lap('check');
     if (problems.length) {
       if (!options.captureIfNeeded) {
         throw new VsnapError(
@@ -428,17 +452,22 @@ export async function suspendEngine(
         ...(options.signal ? { signal: options.signal } : {}),
       });
       captured = true;
+      lap('capture');
     }
     // Tier 0: keep a reference to every weights region, so the sleep frees only the KV cache.
-    if (options.resident) await options.resident.hold(client.baseUrl, snapshot!.id, await exportWeights());
+    if (options.resident) {
+      await options.resident.hold(client.baseUrl, snapshot!.id, await exportWeights());
+      lap('hold');
+    }
   } finally {
     exported?.close();
   }
   try {
     await control.sleep(2, options.mode, call);
+    lap('sleep');
   } catch (err) {
     options.resident?.release(client.baseUrl);
     throw err;
   }
-  return { snapshot: snapshot!, captured, alreadyAsleep: false, seconds: (performance.now() - started) / 1000 };
+  return { snapshot: snapshot!, captured, alreadyAsleep: false, seconds: (performance.now() - started) / 1000, phases };
 }

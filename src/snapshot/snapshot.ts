@@ -1,4 +1,4 @@
-import type { HostCache } from '../cache/host-cache.js';
+import type { CacheReservation, HostCache } from '../cache/host-cache.js';
 import { invalidArgument, toVsnapError, VsnapError } from '../errors.js';
 import { listDevices, cudaStatus, type GpuDevice } from '../gpu/cuda.js';
 import type { LiveLayout, LiveRegion } from '../manifest/compat.js';
@@ -8,7 +8,8 @@ import type { RegionMemory } from '../regions/memory.js';
 import { blobDigest } from '../store/digest.js';
 import { failpoint } from '../store/failpoints.js';
 import { validateName } from '../store/names.js';
-import type { RegionStore, VerifyReport } from '../store/region-store.js';
+import { RegionStore, type VerifyReport } from '../store/region-store.js';
+import { persistFromRamTier } from './persist.js';
 import { DEFAULT_CHUNK_SIZE } from '../transfer/staging.js';
 import { passOn, runTransfer, type TransferOptions } from '../transfer/transfer.js';
 import type { EngineClient } from '../engine/engine-client.js';
@@ -63,7 +64,30 @@ export interface CaptureOptions extends TransferOptions {
   readonly labels?: Readonly<Record<string, string>>;
   /** Checksum granularity, a multiple of 4096 (default 64 MiB). */
   readonly chunkSize?: number;
+  /**
+   * Land the capture in this RAM tier (pinned host memory) first: the bytes are copied from the
+   * GPU straight into it and hashed there, so the GPU memory can be freed at D2H speed, and a
+   * later restore from it is a bulk DMA. With `persist: 'sync'` a capture that does not fit goes
+   * to the store only.
+   */
+  readonly cache?: HostCache;
+  /** When the store gets the capture (default `sync`); see {@link PersistPolicy}. */
+  readonly persist?: PersistPolicy;
 }
+
+/**
+ * When a capture reaches the {@link RegionStore}:
+ * - `sync`: before {@link Snapshot.capture} resolves (with a `cache`, the bytes land in the RAM
+ *   tier and the store in one pass);
+ * - `async`: in the background, from the RAM tier (`cache` required); `capture` resolves once the
+ *   bytes are in RAM. {@link Snapshot.durable} turns true when the store has them, and
+ *   {@link Snapshot.persist} waits for that. Until then a crash of this process loses the capture.
+ * - `off`: never by itself (`cache` required): the capture lives in the RAM tier only, until
+ *   {@link Snapshot.persist} writes it, or it is evicted explicitly. The RAM tier never evicts a
+ *   capture it holds the only copy of to make room.
+ * @public
+ */
+export type PersistPolicy = 'sync' | 'async' | 'off';
 
 /**
  * Where to restore one region.
@@ -121,8 +145,17 @@ export interface TransferSummary {
 
 function regionDevice(r: CaptureRegion): number | undefined {
   if (r.memory.kind === 'device') return r.memory.allocation.device;
-  if (r.memory.kind === 'imported') return r.device ?? 0;
+  if (r.memory.kind === 'imported') return r.device ?? r.memory.device ?? 0;
   return undefined;
+}
+
+function notDurable(snapshot: Snapshot, what: string): VsnapError {
+  return new VsnapError(
+    'E_NOT_DURABLE',
+    `capture ${snapshot.id} of '${snapshot.name}' is not in the store yet (persist '${snapshot.durable ? 'sync' : 'async/off'}'), so ${what} ` +
+      'needs the RAM tier that holds it. Pass that HostCache, or call snapshot.persist() first.',
+    { name: snapshot.name, id: snapshot.id },
+  );
 }
 
 function checkCaptureRegions(regions: readonly CaptureRegion[]): void {
@@ -157,11 +190,46 @@ export class Snapshot {
   readonly manifest: Manifest;
   /** Timing of the capture that created this object (undefined for opened snapshots). */
   readonly lastCapture: TransferSummary | undefined;
+  /** The RAM tier holding a capture the store does not have yet. */
+  private readonly ramTier: HostCache | undefined;
+  private isDurable: boolean;
+  private persisting: Promise<void> | undefined;
 
-  private constructor(store: RegionStore, manifest: Manifest, lastCapture?: TransferSummary) {
+  private constructor(store: RegionStore, manifest: Manifest, lastCapture?: TransferSummary, ramTier?: HostCache) {
     this.store = store;
     this.manifest = manifest;
     this.lastCapture = lastCapture;
+    this.ramTier = ramTier;
+    this.isDurable = ramTier === undefined;
+  }
+
+  /**
+   * Whether the store holds this capture (a crash of this process cannot lose it). Always true
+   * except after a capture with persist `async` (until written) or `off` (until
+   * {@link Snapshot.persist}).
+   */
+  get durable(): boolean {
+    return this.isDurable;
+  }
+
+  /**
+   * Makes the capture durable: waits for the background persistence of an `async` capture, or
+   * writes an `off` one (or retries a failed one) from the RAM tier now. Every chunk is hashed
+   * again on its way to disk and must match the checksum taken when it landed in RAM. Resolves at
+   * once for a durable snapshot. Throws E_NOT_DURABLE when the RAM tier no longer holds it.
+   */
+  async persist(options: TransferOptions = {}): Promise<void> {
+    if (this.isDurable) return;
+    this.persisting ??= persistFromRamTier(this.store, this.manifest, this.ramTier!, options).then(
+      () => {
+        this.isDurable = true;
+      },
+      (err: unknown) => {
+        this.persisting = undefined;
+        throw err;
+      },
+    );
+    return this.persisting;
   }
 
   /** The snapshot's name. */
@@ -195,18 +263,32 @@ export class Snapshot {
     const { platform, gpus } = await Snapshot.platformOf(regions);
     const rankCount = Math.max(...regions.map((r) => r.rank ?? 0)) + 1;
 
-    const txn = await store.beginCapture(name, total);
+    const persist = options.persist ?? 'sync';
+    if (persist !== 'sync' && persist !== 'async' && persist !== 'off') invalidArgument('persist', "'sync', 'async' or 'off'", persist);
+    const cache = options.cache;
+    if (persist !== 'sync' && !cache) invalidArgument('cache', `a HostCache: persist '${persist}' keeps the capture in the RAM tier`, cache);
+    const items = regions.map((r) => ({ rank: r.rank ?? 0, key: r.key, size: r.size }));
+    const id = RegionStore.newCaptureId();
+    const txn = persist === 'sync' ? await store.beginCapture(name, total, id) : undefined;
+    let reservation: CacheReservation | undefined;
     try {
+      if (cache && (persist !== 'sync' || cache.fits(items))) reservation = cache.reserve(name, id, items);
       const result = await runTransfer({
         op: 'capture',
         label: name,
-        regions: regions.map((r, i) => ({ name: r.key, blobPath: txn.blobTmpPath(i), size: r.size, chunkSize, memory: r.memory })),
+        regions: regions.map((r, i) => ({
+          name: r.key,
+          ...(txn ? { blobPath: txn.blobTmpPath(i) } : {}),
+          size: r.size,
+          chunkSize,
+          memory: r.memory,
+          ...(reservation ? { hostCopy: { kind: 'buffer' as const, buffer: reservation.buffer, offset: reservation.offsets.get(`${items[i]!.rank}/${r.key}`)! } } : {}),
+        })),
         ...passOn(options),
       });
       failpoint('capture.after-transfer');
       const checksums = result.checksums ?? [];
-      const blobs = regions.map((r, i) => ({ tmpPath: txn.blobTmpPath(i), size: r.size, digest: blobDigest(r.size, chunkSize, checksums[i]!) }));
-
+      const digests = regions.map((r, i) => blobDigest(r.size, chunkSize, checksums[i]!));
       const ranks: RankInfo[] = [];
       for (let rank = 0; rank < rankCount; rank++) {
         const mine = regions.map((r, i) => ({ r, i })).filter(({ r }) => (r.rank ?? 0) === rank);
@@ -221,7 +303,7 @@ export class Snapshot {
             size: r.size,
             chunkSize,
             checksums: checksums[i]!,
-            blob: blobs[i]!.digest,
+            blob: digests[i]!,
             tensors: [...(r.tensors ?? [])],
           })),
         });
@@ -229,7 +311,7 @@ export class Snapshot {
       const manifest = Manifest.parse(
         {
           schemaVersion: 1,
-          id: txn.id,
+          id,
           name,
           createdAt: new Date().toISOString(),
           vsnapVersion: VERSION,
@@ -243,13 +325,28 @@ export class Snapshot {
         },
         `manifest of '${name}'`,
       );
-      const { dedupedBytes } = await txn.publish(manifest, blobs);
+      let dedupedBytes = 0;
+      if (txn) ({ dedupedBytes } = await txn.publish(manifest, regions.map((r, i) => ({ tmpPath: txn.blobTmpPath(i), size: r.size, digest: digests[i]! }))));
+      reservation?.commit(txn !== undefined);
       const seconds = result.seconds;
-      return new Snapshot(store, manifest, { bytes: total, seconds, bytesPerSecond: total / Math.max(seconds, 1e-9), dedupedBytes });
+      const summary = { bytes: total, seconds, bytesPerSecond: total / Math.max(seconds, 1e-9), ...(txn ? { dedupedBytes } : {}) };
+      const snapshot = new Snapshot(store, manifest, summary, txn ? undefined : cache);
+      if (persist === 'async') snapshot.persistInBackground(options);
+      return snapshot;
     } catch (err) {
-      await txn.abort();
+      reservation?.abandon();
+      await txn?.abort();
       throw toVsnapError(err);
     }
+  }
+
+  /** Starts persisting an `async` capture; a failure is reported as a warning and left for persist() to retry. */
+  private persistInBackground(options: TransferOptions): void {
+    this.persist(options.threads ? { threads: options.threads } : {}).catch((err: unknown) => {
+      process.emitWarning(`persisting capture ${this.id} of '${this.name}' failed: ${(err as Error).message}. It stays in the RAM tier only; call snapshot.persist() to retry.`, {
+        code: 'VSNAP_PERSIST',
+      });
+    });
   }
 
   /**
@@ -267,6 +364,7 @@ export class Snapshot {
       byRank[rank]!.push({ key: r.key, size: r.size, ...(r.tag !== undefined ? { tag: r.tag } : {}) });
     }
     this.manifest.assertCompatible({ ...(options.live ?? {}), ranks: byRank.map((regions) => ({ regions })) });
+    if (!this.isDurable && !options.cache?.has(this.id)) throw notDurable(this, 'a restore');
     const targets = new Map(options.regions.map((r) => [`${r.rank ?? 0}/${r.key}`, r]));
     const verify = options.verify ?? 'chunk';
     if (verify !== 'chunk' && verify !== 'all-first') invalidArgument('verify', "'chunk' or 'all-first'", verify);
@@ -286,7 +384,7 @@ export class Snapshot {
             name: region.key,
             size: region.size,
             chunkSize: region.chunkSize,
-            source: { kind: 'buffer' as const, buffer: lease.buffer, offset: lease.offsets.get(`${rank}/${region.key}`)! },
+            hostCopy: { kind: 'buffer' as const, buffer: lease.buffer, offset: lease.offsets.get(`${rank}/${region.key}`)! },
             memory: targets.get(`${rank}/${region.key}`)!.memory,
           })),
         });
@@ -354,6 +452,7 @@ export class Snapshot {
 
   /** Re-hashes every blob of this capture; see {@link RegionStore.verify}. */
   async verify(options: TransferOptions = {}): Promise<VerifyReport> {
+    if (!this.isDurable) throw notDurable(this, 'verifying its blobs');
     return this.store.verify(this.name, { ...options, id: this.id });
   }
 

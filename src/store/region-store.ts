@@ -178,11 +178,15 @@ export class RegionStore {
    * this process holds a lock on (so no cleaner removes it while in use).
    * @internal
    */
-  async beginCapture(name: string, bytes: number): Promise<CaptureTransaction> {
+  async beginCapture(name: string, bytes: number, id: string = RegionStore.newCaptureId()): Promise<CaptureTransaction> {
     validateName(name);
     this.checkFreeSpace(bytes);
-    const id = `${Date.now().toString(36).padStart(9, '0')}-${randomBytes(4).toString('hex')}`;
     return CaptureTransaction.begin(this, name, id);
+  }
+
+  /** A fresh capture id: time-ordered, unique. @internal */
+  static newCaptureId(): string {
+    return `${Date.now().toString(36).padStart(9, '0')}-${randomBytes(4).toString('hex')}`;
   }
 
   /** Throws E_NO_SPACE if the store's file system cannot take `bytes` more (plus a margin). */

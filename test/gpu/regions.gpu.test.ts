@@ -125,6 +125,31 @@ describe('GPU: capture and hydrate another process\'s exported GPU memory', asyn
     }
   });
 
+  it("captures into the pinned RAM tier (persist 'async'): the GPU memory is free to go when capture resolves", async () => {
+    const cache = await HostCache.create({ budgetBytes: 5 * GiB });
+    try {
+      const snap = await Snapshot.capture(store, 'peer-ram', { regions: memory(), cache, persist: 'async' });
+      const c = snap.lastCapture!;
+      console.log(`capture to RAM tier: ${(c.bytes / GiB).toFixed(2)} GiB in ${c.seconds.toFixed(3)} s (${(c.bytesPerSecond / 1e9).toFixed(2)} GB/s); durable at return: ${snap.durable}`);
+      assert.equal(await peer.ask('wipe 0'), 'wiped');
+      const restored = await snap.restore({ regions: memory(), cache });
+      assert.equal(restored.tier, 'ram');
+      assert.equal(await peer.ask('check-pattern'), 'pattern ok');
+      const p0 = performance.now();
+      await snap.persist();
+      console.log(`persistence (in the background since capture returned) needed ${((performance.now() - p0) / 1000).toFixed(2)} s more after the restore and check`);
+      const sync = await Snapshot.open(store, 'peer');
+      assert.deepEqual(
+        [...snap.manifest.regions()].map((r) => r.region.blob),
+        [...sync.manifest.regions()].map((r) => r.region.blob),
+        'the same bytes as the sync capture: the same blobs',
+      );
+      assert.equal((await snap.verify()).ok, true);
+    } finally {
+      cache.close();
+    }
+  });
+
   it('a corrupted blob puts no byte on the GPU (all-first), and not the bad chunk (chunk mode)', async () => {
     const snap = await Snapshot.open(store, 'peer');
     const target = [...snap.manifest.regions()].find((r) => r.region.size === 512 * MiB)!.region;
@@ -166,6 +191,46 @@ describe('GPU: own allocations, devices, and context lifetime', async () => {
     assert.ok(d.vmmSupported && d.posixFdHandlesSupported);
     assert.ok(d.vmmGranularity > 0 && d.freeMemory! > 0 && d.totalMemory >= d.freeMemory!);
     console.log(`device: ${d.name} cc ${d.computeCapability}, granularity ${d.vmmGranularity}, driver CUDA ${status.driverVersion}, checkpoint API ${status.checkpointApi}`);
+  });
+
+  it('moves regions spread over two GPUs at once (RAM tier and store), every byte identical', { skip: (await listDevices()).length < 2 && 'one GPU' }, async () => {
+    const dir = mkdtempSync(join(process.env.VSNAP_GPU_STORE_DIR ?? tmpdir(), 'vsnap-gpu-multi-'));
+    const store = await RegionStore.open(dir);
+    const sizes = [GiB, GiB, 512 * MiB, 512 * MiB, 258 * MiB, 258 * MiB];
+    const allocations = await Promise.all(sizes.map((size, i) => DeviceAllocation.allocate(i % 2, size)));
+    const fill = (i: number): number => (i * 37 + 11) & 0xff;
+    const cache = await HostCache.create({ budgetBytes: 4 * GiB });
+    try {
+      for (const [i, a] of allocations.entries()) {
+        await a.fill(0, a.size, fill(i));
+        await a.write(a.size - 9, Buffer.from(`region ${i}`.padEnd(9)));
+      }
+      const regions = allocations.map((a, i) => ({ key: `r${i}`, rank: i % 2, size: a.size, memory: { kind: 'device' as const, allocation: a } }));
+      const snap = await Snapshot.capture(store, 'two-gpus', { regions, cache });
+      assert.deepEqual(snap.manifest.data.ranks.map((r) => r.device?.uuid), (await listDevices()).slice(0, 2).map((d) => d.uuid));
+      const check = async (): Promise<void> => {
+        for (const [i, a] of allocations.entries()) {
+          assert.ok((await a.read(0, MiB)).equals(Buffer.alloc(MiB, fill(i))), `region ${i} start`);
+          assert.equal((await a.read(a.size - 9, 9)).toString(), `region ${i}`.padEnd(9));
+        }
+      };
+      const wipe = async (): Promise<void> => {
+        for (const a of allocations) await a.fill(0, a.size, 0);
+      };
+      const rows: string[] = [`capture ${(snap.lastCapture!.bytesPerSecond / 1e9).toFixed(2)} GB/s`];
+      for (const via of ['ram', 'store'] as const) {
+        await wipe();
+        const r = await snap.restore({ regions, ...(via === 'ram' ? { cache } : {}) });
+        assert.equal(r.tier, via);
+        await check();
+        rows.push(`restore from ${via} ${(r.bytesPerSecond / 1e9).toFixed(2)} GB/s`);
+      }
+      console.log(`two GPUs, ${(snap.manifest.totalBytes / GiB).toFixed(2)} GiB: ${rows.join(', ')}`);
+    } finally {
+      cache.close();
+      for (const a of allocations) a.close();
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 
   it('round-trips DeviceAllocations in this process and lets go of the context when idle', async () => {

@@ -45,6 +45,7 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
 
     const suspended = await Snapshot.suspendEngine(store, 'ref', client);
     expect(suspended).toMatchObject({ captured: false, alreadyAsleep: false });
+    expect(Object.keys(suspended.phases)).toEqual(['status', 'check', 'sleep']);
     const asleep = await client.vsnapStatus();
     expect(asleep.sleeping).toBe(true);
     expect(asleep.ranks[0]!.weightsMapped).toBe(false);
@@ -184,5 +185,26 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     const on = await engine();
     await on.client.vsnapSleep({ level: 1 });
     await expect(Snapshot.captureEngine(store, 'x', on.client)).rejects.toMatchObject({ code: 'E_ENGINE_STATE' });
+  });
+
+  it("a suspend can capture into the RAM tier with persist 'async': the restore comes from RAM, the store gets it in the background", async () => {
+    const { client } = await engine();
+    const store = await RegionStore.open(tempDir());
+    const before = await ask(client);
+    const cache = await HostCache.create({ budgetBytes: 64 * 1024 * 1024, pin: false });
+    try {
+      const s = await Snapshot.suspendEngine(store, 'ref', client, { captureIfNeeded: true, capture: { cache, persist: 'async' } });
+      expect(s.captured).toBe(true);
+      expect((await client.vsnapStatus()).sleeping).toBe(true);
+      const report = await s.snapshot.restoreEngine(client, { cache });
+      expect(report.tier).toBe('ram');
+      expect(await ask(client)).toEqual(before);
+      await s.snapshot.persist();
+      expect((await store.current('ref'))?.id).toBe(s.snapshot.id);
+      // durable now: the next suspend needs no capture
+      expect(await Snapshot.suspendEngine(store, 'ref', client)).toMatchObject({ captured: false });
+    } finally {
+      cache.close();
+    }
   });
 });
