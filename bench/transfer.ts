@@ -1,14 +1,20 @@
 // vsnap transfer benchmark (device only; `npm run bench`). Moves the same bytes, in regions of
 // realistic sizes, every way this release can, and measures the ceiling in the same run:
 //   ceiling   raw cudaMemcpy H2D / D2H from pinned memory (bench/ceiling.cu), and dd O_DIRECT
-//   vsnap     capture GPU -> store; hydrate store -> GPU from the page cache (warm) and cold
-//             (caches dropped; buffered and O_DIRECT); verify (re-hash) from the page cache
+//   vsnap     capture GPU -> RAM tier (hashed, persist off) and its later persist to disk;
+//             capture GPU -> store; restore from the RAM tier, the page cache (warm) and cold
+//             disk (caches dropped; buffered and O_DIRECT); verify (re-hash) from the page cache
 //   checksum  xxh3-128 single-thread throughput
-// Writes <out>/bench-<gib>GiB.json and prints a markdown table.
-import { execFileSync, execSync } from 'node:child_process';
-import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
+//   peers     bench/peers.py on the same bytes (safetensors, torch copy_, the CUDA checkpoint
+//             API, reloading the reference engine); one GPU only, VSNAP_BENCH_PEERS=0 skips it
+// argv: <GiB> <out-dir> <store-dir> <ceiling binary> [devices]; with N devices, region i lives
+// on GPU i % N and every row (the ceiling too) moves all devices' regions at once.
+// Writes <out>/bench-<gib>GiB[-<N>gpu].json and .md, and prints the markdown table.
+import { execFileSync, execSync, spawnSync } from 'node:child_process';
+import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { cpus } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { randomBytes } from 'node:crypto';
 
 import { cudaStatus, DeviceAllocation, HostCache, listDevices, RegionStore, releaseIdleResources, Snapshot } from '../src/index.js';
@@ -16,8 +22,9 @@ import { native } from '../src/native/index.js';
 
 const MiB = 1024 * 1024;
 const GiB = 1024 * MiB;
-const [totalGiBArg, outDir = '.', storeRoot = '/tmp/vsnap-bench-store', ceilingBin = 'bench/ceiling'] = process.argv.slice(2);
+const [totalGiBArg, outDir = '.', storeRoot = '/tmp/vsnap-bench-store', ceilingBin = 'bench/ceiling', devicesArg = '1'] = process.argv.slice(2);
 const totalGiB = Number(totalGiBArg ?? 16);
+const deviceCount = Number(devicesArg);
 const REPS = 3;
 
 /** A decoder-only model's weights: embeddings and head of 1 GiB each, layers of 448 MiB, norms of 2 MiB. */
@@ -45,12 +52,16 @@ function dropCaches(): boolean {
 
 const status = await cudaStatus();
 if (!status.available) throw new Error(`the benchmark needs a GPU: ${status.reason}`);
-const [device] = await listDevices();
+const gpus = await listDevices();
+const device = gpus[0];
+if (!Number.isInteger(deviceCount) || deviceCount < 1 || deviceCount > gpus.length) throw new Error(`devices must be 1..${gpus.length}, not ${devicesArg}`);
 const sizes = regionSizes(totalGiB * GiB);
 const bytes = sizes.reduce((a, b) => a + b, 0);
-console.error(`bench: ${sizes.length} regions, ${(bytes / GiB).toFixed(2)} GiB on ${device!.name}`);
+const where = deviceCount > 1 ? `${deviceCount}x ${device!.name}` : device!.name;
+console.error(`bench: ${sizes.length} regions, ${(bytes / GiB).toFixed(2)} GiB on ${where}`);
 
-const ceiling = JSON.parse(execFileSync(ceilingBin, [String(REPS), ...sizes.map(String)], { encoding: 'utf8' })) as {
+const ceilingArgs = [String(REPS), ...(deviceCount > 1 ? ['--devices', String(deviceCount)] : []), ...sizes.map(String)];
+const ceiling = JSON.parse(execFileSync(ceilingBin, ceilingArgs, { encoding: 'utf8' })) as {
   pinSeconds: number;
   h2dGBps: { max: number; median: number };
   d2hGBps: { max: number; median: number };
@@ -68,7 +79,7 @@ for (let i = 0; i < 5; i++) {
 
 const allocations: DeviceAllocation[] = [];
 for (const [i, size] of sizes.entries()) {
-  const a = await DeviceAllocation.allocate(0, size);
+  const a = await DeviceAllocation.allocate(i % deviceCount, size);
   await a.fill(0, size, (i * 37 + 1) & 0xff); // distinct contents: no dedupe between regions
   allocations.push(a);
 }
@@ -77,6 +88,26 @@ const regions = allocations.map((a, i) => ({ key: `model.layers.${i}.weight`, si
 rmSync(storeRoot, { recursive: true, force: true });
 mkdirSync(storeRoot, { recursive: true });
 const store = await RegionStore.open(storeRoot);
+// Capture into the RAM tier (persist off): the GPU could be freed as soon as this returns. First,
+// so its persisted copy is gone (removed, gc'd) before the capture to disk: the disk holds one.
+const c0 = performance.now();
+const cache = await HostCache.create({ budgetBytes: bytes + 64 * MiB });
+const cacheCreateSeconds = (performance.now() - c0) / 1000;
+const toRam: number[] = [];
+let inRam: Snapshot | undefined;
+for (let r = 0; r < REPS; r++) {
+  if (inRam) cache.evict(inRam.id);
+  inRam = await Snapshot.capture(store, 'bench-ram', { regions, cache, persist: 'off' });
+  toRam.push(gbps(bytes, inRam.lastCapture!.seconds));
+}
+const p0 = performance.now();
+await inRam!.persist();
+const persistSeconds = (performance.now() - p0) / 1000;
+cache.clear();
+console.error(`capture to RAM tier: ${toRam.map((x) => x.toFixed(2)).join(', ')} GB/s; persisted to disk in ${persistSeconds.toFixed(2)} s`);
+await store.remove('bench-ram');
+await store.gc();
+
 const t0 = performance.now();
 const snap = await Snapshot.capture(store, 'bench', { regions });
 const captureWall = (performance.now() - t0) / 1000;
@@ -87,10 +118,7 @@ const warm: number[] = [];
 for (let r = 0; r < REPS; r++) warm.push(gbps(bytes, (await snap.restore({ regions })).seconds));
 console.error(`hydrate warm: ${warm.map((x) => x.toFixed(2)).join(', ')} GB/s`);
 
-// RAM tier: pinned once, loaded (and verified) once from the page cache, then bulk DMA.
-const c0 = performance.now();
-const cache = await HostCache.create({ budgetBytes: bytes + 64 * MiB });
-const cacheCreateSeconds = (performance.now() - c0) / 1000;
+// RAM tier: pinned once (above), loaded (and verified) once from the page cache, then bulk DMA.
 const l0 = performance.now();
 await cache.load(store, snap.manifest);
 const cacheLoadGBps = gbps(bytes, (performance.now() - l0) / 1000);
@@ -101,7 +129,7 @@ for (let r = 0; r < REPS; r++) {
   ram.push(gbps(bytes, res.seconds));
 }
 cache.close();
-console.error(`hydrate RAM tier: ${ram.map((x) => x.toFixed(2)).join(', ')} GB/s (cache pinned in ${cacheCreateSeconds.toFixed(2)} s, loaded at ${cacheLoadGBps.toFixed(2)} GB/s)`);
+console.error(`hydrate RAM tier: ${ram.map((x) => x.toFixed(2)).join(', ')} GB/s (loaded at ${cacheLoadGBps.toFixed(2)} GB/s)`);
 
 const verifyRuns: number[] = [];
 for (let r = 0; r < 2; r++) {
@@ -128,15 +156,35 @@ for (const a of allocations) a.close();
 await releaseIdleResources();
 rmSync(storeRoot, { recursive: true, force: true });
 
+// The peers, on the same bytes, after vsnap has given back its GPU and pinned memory.
+let peers: { json: unknown; table: string } | null = null;
+const peersScript = join(dirname(fileURLToPath(import.meta.url)), '..', 'bench', 'peers.py');
+if (deviceCount === 1 && process.env.VSNAP_BENCH_PEERS !== '0' && existsSync(peersScript)) {
+  const peersOut = join(outDir, `peers-${totalGiB}GiB.json`);
+  mkdirSync(outDir, { recursive: true });
+  const run = spawnSync('python3', [peersScript, '--gib', String(totalGiB), '--out', peersOut], {
+    stdio: ['ignore', 'ignore', 'inherit'],
+    timeout: Number(process.env.VSNAP_BENCH_PEERS_TIMEOUT_S ?? 420) * 1000,
+  });
+  if (run.status === 0 && existsSync(peersOut)) {
+    peers = { json: JSON.parse(readFileSync(peersOut, 'utf8')), table: readFileSync(peersOut.replace(/\.json$/, '.md'), 'utf8') };
+  } else {
+    console.error(`peers: bench/peers.py failed (status ${run.status}); the table has vsnap's rows only`);
+  }
+}
+
 const result = {
   date: new Date().toISOString(),
   machine: { gpu: device!.name, driverCuda: status.driverVersion, cpu: cpus()[0]?.model, cores: cpus().length, node: process.versions.node },
   bytes,
   regions: sizes.length,
+  devices: deviceCount,
   reps: REPS,
   ceiling: { h2dGBps: ceiling.h2dGBps.max, d2hGBps: ceiling.d2hGBps.max, pinSecondsPerGiB: ceiling.pinSeconds / (bytes / GiB), ddDirectGBps: ddDirect },
   checksum: { algorithm: native().checksumAlgorithm, implementation: native().checksumImplementation, singleThreadGBps: Math.max(...hashRuns) },
   vsnap: {
+    captureToRamTierGBps: { max: Math.max(...toRam), median: median(toRam) },
+    persistFromRamTierSeconds: persistSeconds,
     captureGBps: gbps(bytes, capture.seconds),
     captureWallSeconds: captureWall,
     hydrateWarmGBps: { max: Math.max(...warm), median: median(warm) },
@@ -151,7 +199,7 @@ const result = {
 const ratio = (x: number | null, c: number | null): string => (x && c ? `${(x / c).toFixed(2)}x` : 'n/a');
 const f = (x: number | null): string => (x === null ? 'n/a' : x.toFixed(2));
 const table = [
-  `| ${(bytes / GiB).toFixed(1)} GiB, ${sizes.length} regions, ${device!.name} | GB/s | vs ceiling |`,
+  `| ${(bytes / GiB).toFixed(1)} GiB, ${sizes.length} regions, ${where} | GB/s | vs ceiling |`,
   '|---|---:|---:|',
   `| ceiling: raw cudaMemcpy H2D, pinned | ${f(ceiling.h2dGBps.max)} | 1.00x |`,
   `| ceiling: raw cudaMemcpy D2H, pinned | ${f(ceiling.d2hGBps.max)} | 1.00x |`,
@@ -161,11 +209,15 @@ const table = [
   `| vsnap RAM tier load from page cache (verify into pinned RAM) | ${f(cacheLoadGBps)} | |`,
   `| vsnap hydrate, cold, O_DIRECT | ${f(coldDirect)} | ${ratio(coldDirect, ddDirect)} dd |`,
   `| vsnap hydrate, cold, buffered | ${f(coldBuffered)} | ${ratio(coldBuffered, ddDirect)} dd |`,
+  `| vsnap capture to RAM tier (pinned, hashed), best of ${REPS} | ${f(result.vsnap.captureToRamTierGBps.max)} | ${ratio(result.vsnap.captureToRamTierGBps.max, ceiling.d2hGBps.max)} D2H |`,
+  `| vsnap persist of that capture, RAM tier -> disk (incl. fdatasync) | ${f(gbps(bytes, persistSeconds))} | |`,
   `| vsnap capture to disk (incl. fdatasync) | ${f(result.vsnap.captureGBps)} | ${ratio(result.vsnap.captureGBps, ceiling.d2hGBps.max)} D2H |`,
   `| vsnap verify (re-hash), page cache | ${f(result.vsnap.verifyWarmGBps)} | |`,
   `| xxh3-128, one thread (${result.checksum.implementation}) | ${f(result.checksum.singleThreadGBps)} | |`,
 ].join('\n');
+const suffix = deviceCount > 1 ? `-${deviceCount}gpu` : '';
+const full = peers ? `${table}\n\n${peers.table}` : table;
 mkdirSync(outDir, { recursive: true });
-writeFileSync(join(outDir, `bench-${totalGiB}GiB.json`), `${JSON.stringify(result, null, 2)}\n`);
-writeFileSync(join(outDir, `bench-${totalGiB}GiB.md`), `${table}\n`);
-console.log(table);
+writeFileSync(join(outDir, `bench-${totalGiB}GiB${suffix}.json`), `${JSON.stringify({ ...result, peers: peers?.json ?? null }, null, 2)}\n`);
+writeFileSync(join(outDir, `bench-${totalGiB}GiB${suffix}.md`), `${full}\n`);
+console.log(full);

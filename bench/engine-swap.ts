@@ -1,0 +1,482 @@
+// vsnap engine-swap benchmark (issue 5): two reference engines of the same size (seeds 1 and 2,
+// 16.74 GiB of weights each with the defaults --layers 36 --hidden 4096), one awake and one
+// asleep, swapped back and forth end to end, once for each tier a restore can come from:
+//   tier0      weights kept on the GPU across sleep (ResidentWeights) and mapped back: no copy
+//   ram        hot: both snapshots held in the pinned RAM tier (HostCache): one bulk DMA
+//   pagecache  warm disk: no cache, the blobs read from the page cache
+//   cold       the page cache dropped before each swap, blobs read with O_DIRECT (needs root)
+// One swap = suspend the awake engine (its snapshot is already durable) + restoreEngine of the
+// other (wake, export, validation, hydrate or adopt, wake KV cache, reset prefix cache and the
+// expected-response check). Its wall time runs from the start of the suspend until the restore
+// resolves. After every swap the woken engine must give the same greedy answer to the probe
+// question as before any swap. Target: a hot swap of two 16 GiB engines in <= 1.0 s end to end.
+//
+// Bundle it into dist-gpu/ (the test helpers find test/fixtures from the package root above the
+// bundle) and run it as root, where test/gpu/run.sh has set VSNAP_REF_CUMEM_LIB:
+//   node dist-gpu/bench-engine-swap.mjs [--device cuda|host] [--layers 36] [--hidden 4096] [--reps 5]
+//     [--rows tier0,ram,pagecache,cold] [--out bench/results] [--store /tmp/vsnap-swap-store]
+// Writes <out>/engine-swap-<GiB>GiB.json (every swap) and .md, prints the table; progress on stderr.
+import { execSync } from 'node:child_process';
+import { existsSync, mkdirSync, rmSync, writeFileSync } from 'node:fs';
+import { cpus, tmpdir } from 'node:os';
+import { basename, dirname, join } from 'node:path';
+import { isDeepStrictEqual, parseArgs } from 'node:util';
+
+import {
+  cudaStatus,
+  EngineClient,
+  HostCache,
+  listDevices,
+  RegionStore,
+  releaseIdleResources,
+  ResidentWeights,
+  Snapshot,
+  type EngineRestoreOptions,
+  type EngineSuspendOptions,
+  type Manifest,
+} from '../src/index.js';
+import { packageRoot } from '../src/native/index.js';
+import { askCapital, pluginSitePath, startEngine, type TestEngine } from '../test/helpers/engine.js';
+
+const MiB = 1024 * 1024;
+const GiB = 1024 * MiB;
+const TARGET_SECONDS = 1.0;
+const WARMUP = 2; // unmeasured swaps at the start of each row but cold (tier 0 needs both engines' weights held)
+const COLD_REPS = 2;
+const PROBE_TOKENS = 16;
+
+type RowName = 'tier0' | 'ram' | 'pagecache' | 'cold';
+type Tier = 'gpu' | 'ram' | 'store';
+const ROWS: readonly RowName[] = ['tier0', 'ram', 'pagecache', 'cold'];
+const LABEL: Record<RowName, string> = {
+  tier0: 'tier 0 (weights kept on the GPU)',
+  ram: 'RAM tier (hot, pinned HostCache)',
+  pagecache: 'page cache (warm disk)',
+  cold: 'cold disk (caches dropped, O_DIRECT)',
+};
+
+const { values: args } = parseArgs({
+  options: {
+    device: { type: 'string', default: 'cuda' },
+    layers: { type: 'string', default: '36' },
+    hidden: { type: 'string', default: '4096' },
+    reps: { type: 'string', default: '5' },
+    rows: { type: 'string', default: ROWS.join(',') },
+    out: { type: 'string', default: 'bench/results' },
+    store: { type: 'string', default: '/tmp/vsnap-swap-store' },
+  },
+  strict: true,
+});
+const device = args.device;
+if (device !== 'cuda' && device !== 'host') throw new Error(`--device must be cuda or host, not ${JSON.stringify(device)}`);
+const positive = (name: string, v: string): number => {
+  const n = Number(v);
+  if (!Number.isInteger(n) || n <= 0) throw new Error(`--${name} must be a positive integer, not ${JSON.stringify(v)}`);
+  return n;
+};
+const layers = positive('layers', args.layers);
+const hidden = positive('hidden', args.hidden);
+const reps = positive('reps', args.reps);
+const selected = args.rows.split(',').map((r) => r.trim()).filter(Boolean);
+for (const r of selected) if (!ROWS.includes(r as RowName)) throw new Error(`--rows: unknown row ${JSON.stringify(r)} (rows: ${ROWS.join(', ')})`);
+const rowsToRun = ROWS.filter((r) => selected.includes(r)); // always in this order: cold last, after the page cache was used
+const outDir = args.out;
+const storeRoot = args.store;
+
+const T0 = performance.now();
+const log = (m: string): void => console.error(`[${((performance.now() - T0) / 1000).toFixed(1).padStart(6)} s] ${m}`);
+const since = (t: number): number => (performance.now() - t) / 1000;
+const gib = (bytes: number): string => (bytes / GiB).toFixed(2);
+const ms = (s: number): string => `${(s * 1000).toFixed(0)} ms`;
+
+interface Stats {
+  n: number;
+  min: number;
+  median: number;
+  max: number;
+}
+function stats(values: number[]): Stats | null {
+  if (values.length === 0) return null;
+  const v = [...values].sort((a, b) => a - b);
+  const mid = Math.floor(v.length / 2);
+  const median = v.length % 2 ? v[mid]! : (v[mid - 1]! + v[mid]!) / 2;
+  return { n: v.length, min: v[0]!, median, max: v.at(-1)! };
+}
+const medianOf = (values: number[]): number | null => stats(values)?.median ?? null;
+
+/** Drops the page cache (root only); null when it worked, else why not. */
+function dropCaches(): string | null {
+  try {
+    execSync('sync; echo 3 > /proc/sys/vm/drop_caches', { stdio: ['ignore', 'ignore', 'pipe'], shell: '/bin/sh' });
+    return null;
+  } catch (err) {
+    const stderr = (err as { stderr?: Buffer }).stderr?.toString().trim();
+    return stderr || (err as Error).message.split('\n')[0]!;
+  }
+}
+
+type Answer = Awaited<ReturnType<typeof askCapital>>;
+interface Side {
+  readonly label: 'A' | 'B';
+  readonly name: string;
+  readonly model: string;
+  readonly seed: number;
+  readonly engine: TestEngine;
+  readonly client: EngineClient;
+  bytes: number;
+  regions: number;
+  answer: Answer;
+  snapshot?: Snapshot;
+}
+
+interface SwapRecord {
+  row: RowName;
+  warmup: boolean;
+  index: number;
+  from: 'A' | 'B';
+  to: 'A' | 'B';
+  /** Seconds from the start of the suspend until the restore resolved. */
+  wallSeconds: number;
+  suspendSeconds: number;
+  /** The suspend's phases (status, check, hold, sleep). */
+  suspendPhases: Record<string, number>;
+  /** The restore report's seconds. */
+  restoreSeconds: number;
+  tier: Tier;
+  bytes: number;
+  phases: Record<string, number>;
+  /** bytes / hydrate seconds, where the restore hydrated. */
+  hydrateGBps: number | null;
+  /** Cold only: the page-cache drop before the swap (not in wallSeconds). */
+  dropCachesSeconds?: number;
+}
+
+interface RowResult {
+  row: RowName;
+  label: string;
+  skipped: string | null;
+  reps: number;
+  warmup: number;
+  setup: Record<string, number>;
+  swaps: SwapRecord[];
+  summary: {
+    swapSeconds: Stats | null;
+    restoreSeconds: Stats | null;
+    suspendSeconds: Stats | null;
+    suspendPhasesMedian: Record<string, number>;
+    phasesMedian: Record<string, number>;
+    hydrateGBpsMedian: number | null;
+    tiers: Tier[];
+  } | null;
+}
+
+// The test helpers start the engine from test/fixtures under the package root found above this file.
+const fixture = join(packageRoot(), 'test', 'fixtures', 'engine', 'serve.py');
+if (!existsSync(fixture)) {
+  throw new Error(`the reference engine is not at ${fixture}: bundle this benchmark into a folder of the vsnap checkout (dist-gpu/), not outside it`);
+}
+
+const cuda = await cudaStatus();
+if (device === 'cuda' && !cuda.available) throw new Error(`--device cuda needs a GPU: ${cuda.reason}`);
+const gpu = cuda.available ? (await listDevices())[0] : undefined;
+log(`engine swap: two reference engines on ${device} (--layers ${layers} --hidden ${hidden}${device === 'host' ? ': the host model ignores --hidden' : ''}), ${reps} swaps a row, rows ${rowsToRun.join(', ')}`);
+
+const cleanup: Array<[string, () => unknown]> = [];
+const sides: Side[] = [];
+const rows: RowResult[] = [];
+const capture: Record<string, unknown> = {};
+let engineStartSeconds = 0;
+let awake = 0; // index into sides of the engine that is awake
+let failure: unknown;
+
+/** How a row swaps: the options of both halves, the tier the restore must come from, and what to do first. */
+interface SwapMode {
+  suspend: EngineSuspendOptions;
+  restore: EngineRestoreOptions;
+  tier?: Tier | undefined;
+  beforeSwap?: () => void;
+}
+
+/** One swap: suspend the awake engine, restore the other; checks the tier and the answer. */
+async function swap(
+  row: RowName,
+  index: number,
+  warmup: boolean,
+  mode: SwapMode,
+): Promise<SwapRecord> {
+  const from = sides[awake]!;
+  const to = sides[1 - awake]!;
+  let dropCachesSeconds: number | undefined;
+  if (mode.beforeSwap) {
+    const t = performance.now();
+    mode.beforeSwap();
+    dropCachesSeconds = since(t);
+  }
+  const t0 = performance.now();
+  const suspended = await Snapshot.suspendEngine(store, from.name, from.client, mode.suspend);
+  const suspendSeconds = since(t0);
+  if (suspended.captured || suspended.alreadyAsleep) throw new Error(`suspend of ${from.label} did not find a durable snapshot or the engine was asleep (captured ${suspended.captured}, alreadyAsleep ${suspended.alreadyAsleep})`);
+  const report = await to.snapshot!.restoreEngine(to.client, mode.restore);
+  const wallSeconds = since(t0);
+  awake = 1 - awake;
+  if (mode.tier && report.tier !== mode.tier) throw new Error(`[${row}] swap ${index}: ${to.label} restored from the ${report.tier} tier, expected ${mode.tier}`);
+  const answer = await askCapital(to.client, PROBE_TOKENS);
+  if (!isDeepStrictEqual(answer, to.answer)) {
+    throw new Error(`[${row}] swap ${index}: engine ${to.label} answers differently after the restore:\n  before ${JSON.stringify(to.answer)}\n  after  ${JSON.stringify(answer)}`);
+  }
+  const hydrate = report.phases.hydrate;
+  const record: SwapRecord = {
+    row,
+    warmup,
+    index,
+    from: from.label,
+    to: to.label,
+    wallSeconds,
+    suspendSeconds,
+    suspendPhases: { ...suspended.phases },
+    restoreSeconds: report.seconds,
+    tier: report.tier,
+    bytes: report.bytes,
+    phases: { ...report.phases },
+    hydrateGBps: hydrate ? report.bytes / hydrate / 1e9 : null,
+    ...(dropCachesSeconds !== undefined ? { dropCachesSeconds } : {}),
+  };
+  const listed = (p: Readonly<Record<string, number>>): string => Object.entries(p).map(([k, v]) => `${k} ${ms(v)}`).join(', ');
+  log(
+    `[${row}]${warmup ? ' warm-up' : ''} swap ${index} ${from.label}->${to.label}: ${ms(wallSeconds)} ` +
+      `(suspend ${ms(suspendSeconds)}: ${listed(suspended.phases)}; restore ${ms(report.seconds)} from ${report.tier}: ${listed(report.phases)})`,
+  );
+  return record;
+}
+
+/** Runs a row's warm-up swaps and measured swaps. */
+async function runSwaps(result: RowResult, mode: SwapMode & { tier: Tier }): Promise<void> {
+  for (let i = 0; i < result.warmup; i++) {
+    // Tier 0's first warm-up restores from the store: nothing of the engine woken is held yet.
+    const first = i === 0 && result.row === 'tier0';
+    result.swaps.push(await swap(result.row, i, true, first ? { ...mode, tier: undefined } : mode));
+  }
+  for (let i = 0; i < result.reps; i++) result.swaps.push(await swap(result.row, i, false, mode));
+}
+
+function summarise(result: RowResult): void {
+  const measured = result.swaps.filter((s) => !s.warmup);
+  const mediansOf = (pick: (s: SwapRecord) => Record<string, number>): Record<string, number> => {
+    const names: string[] = [];
+    for (const s of measured) for (const k of Object.keys(pick(s))) if (!names.includes(k)) names.push(k);
+    const out: Record<string, number> = {};
+    for (const k of names) {
+      const m = medianOf(measured.flatMap((s) => (pick(s)[k] !== undefined ? [pick(s)[k]!] : [])));
+      if (m !== null) out[k] = m;
+    }
+    return out;
+  };
+  const phasesMedian = mediansOf((s) => s.phases);
+  result.summary = {
+    swapSeconds: stats(measured.map((s) => s.wallSeconds)),
+    restoreSeconds: stats(measured.map((s) => s.restoreSeconds)),
+    suspendSeconds: stats(measured.map((s) => s.suspendSeconds)),
+    suspendPhasesMedian: mediansOf((s) => s.suspendPhases),
+    phasesMedian,
+    hydrateGBpsMedian: medianOf(measured.flatMap((s) => (s.hydrateGBps !== null ? [s.hydrateGBps] : []))),
+    tiers: [...new Set(measured.map((s) => s.tier))],
+  };
+}
+
+/** The RAM tier's bytes for a snapshot (HostCache places every region at a 4 KiB boundary). */
+const cacheBytes = (m: Manifest): number => [...m.regions()].reduce((n, { region }) => n + Math.ceil(region.size / 4096) * 4096, 0);
+
+async function runRow(row: RowName): Promise<RowResult> {
+  const result: RowResult = { row, label: LABEL[row], skipped: null, reps, warmup: WARMUP, setup: {}, swaps: [], summary: null };
+  log(`[${row}] ${LABEL[row]}`);
+  if (row === 'tier0') {
+    const resident = new ResidentWeights();
+    try {
+      // After the two warm-up swaps, the engine asleep is always held: every measured restore maps its weights back.
+      await runSwaps(result, { suspend: { resident }, restore: { resident }, tier: 'gpu' });
+      result.setup.residentBytesAfterRow = resident.bytes;
+    } finally {
+      resident.close(); // the engine asleep now restores from the store or the RAM tier in the next rows
+    }
+  } else if (row === 'ram') {
+    const budgetBytes = sides.reduce((n, s) => n + cacheBytes(s.snapshot!.manifest), 0) + 64 * MiB;
+    let t = performance.now();
+    const cache = await HostCache.create({ budgetBytes, pin: cuda.available });
+    result.setup.cacheCreateSeconds = since(t);
+    result.setup.cacheBudgetBytes = budgetBytes;
+    try {
+      t = performance.now();
+      for (const s of sides) await cache.load(store, s.snapshot!.manifest);
+      result.setup.cacheLoadSeconds = since(t);
+      log(`[ram] HostCache of ${gib(budgetBytes)} GiB (${cache.pinned ? 'pinned' : 'not pinned'}) created in ${ms(result.setup.cacheCreateSeconds)}, both snapshots loaded in ${ms(result.setup.cacheLoadSeconds)}`);
+      await runSwaps(result, { suspend: {}, restore: { cache }, tier: 'ram' });
+    } finally {
+      cache.close();
+    }
+  } else if (row === 'pagecache') {
+    await runSwaps(result, { suspend: {}, restore: {}, tier: 'store' }); // the warm-up swaps read both snapshots into the page cache
+  } else {
+    const why = dropCaches();
+    if (why !== null) {
+      result.skipped = `cannot drop the page cache (needs root and a writable /proc/sys): ${why}`;
+      log(`[cold] skipped: ${result.skipped}`);
+      return result;
+    }
+    result.reps = Math.min(reps, COLD_REPS);
+    result.warmup = 0;
+    const beforeSwap = (): void => {
+      const err = dropCaches();
+      if (err !== null) throw new Error(`dropping the page cache failed: ${err}`);
+    };
+    await runSwaps(result, { suspend: {}, restore: { directIo: true }, tier: 'store', beforeSwap });
+  }
+  summarise(result);
+  return result;
+}
+
+rmSync(storeRoot, { recursive: true, force: true });
+mkdirSync(storeRoot, { recursive: true });
+cleanup.push(['remove the store', () => rmSync(storeRoot, { recursive: true, force: true })]);
+const store = await RegionStore.open(storeRoot);
+
+try {
+  // 1. Both engines, started at once; the weights bytes and the probe answer before any swap.
+  const site = pluginSitePath(); // made once (a temporary folder) and shared by both engines
+  if (dirname(site) === tmpdir() && basename(site).startsWith('vsnap-plugin-site-')) cleanup.push(['remove the plugin site', () => rmSync(site, { recursive: true, force: true })]);
+  const t = performance.now();
+  const specs = [
+    { label: 'A' as const, seed: 1, name: 'swap-a', model: 'vsnap/reference-swap-a' },
+    { label: 'B' as const, seed: 2, name: 'swap-b', model: 'vsnap/reference-swap-b' },
+  ];
+  const started = await Promise.allSettled(
+    specs.map((s) =>
+      startEngine({ device, seed: s.seed, model: s.model, args: ['--layers', String(layers), '--hidden', String(hidden)], ...(device === 'cuda' ? { startTimeoutMs: 400_000 } : {}) }),
+    ),
+  );
+  for (const [i, r] of started.entries()) {
+    if (r.status !== 'fulfilled') continue;
+    const engine = r.value;
+    const client = new EngineClient({ baseUrl: engine.url, token: engine.token });
+    cleanup.push([`stop engine ${specs[i]!.label}`, () => engine.stop()], [`close client ${specs[i]!.label}`, () => client.close()]);
+    sides.push({ ...specs[i]!, engine, client, bytes: 0, regions: 0, answer: { ids: null, logprobs: null } });
+  }
+  const failed = started.find((r) => r.status === 'rejected');
+  if (failed) throw (failed as PromiseRejectedResult).reason;
+  engineStartSeconds = since(t);
+  for (const s of sides) {
+    const status = await s.client.vsnapStatus();
+    s.bytes = status.ranks.reduce((n, r) => n + r.bytes, 0);
+    s.regions = status.ranks.reduce((n, r) => n + r.regions, 0);
+    s.answer = await askCapital(s.client, PROBE_TOKENS);
+    log(`engine ${s.label} (${s.model}, seed ${s.seed}) at ${s.engine.url}: ${gib(s.bytes)} GiB in ${s.regions} regions, answer ${JSON.stringify(s.answer.ids)}`);
+  }
+  log(`both engines up in ${engineStartSeconds.toFixed(1)} s`);
+  if (isDeepStrictEqual(sides[0]!.answer, sides[1]!.answer)) throw new Error('engines A and B give the same answer: a swap could not be told from no swap');
+
+  // 2. Both captured, B suspended: A awake, B asleep.
+  for (const s of sides) {
+    const c = performance.now();
+    s.snapshot = await Snapshot.captureEngine(store, s.name, s.client);
+    const wall = since(c);
+    const tr = s.snapshot.lastCapture!;
+    capture[s.label] = { wallSeconds: wall, transferSeconds: tr.seconds, bytes: tr.bytes, GBps: tr.bytesPerSecond / 1e9, dedupedBytes: tr.dedupedBytes ?? 0 };
+    log(`captured ${s.label}: ${gib(tr.bytes)} GiB in ${wall.toFixed(2)} s (transfer ${tr.seconds.toFixed(2)} s, ${(tr.bytesPerSecond / 1e9).toFixed(2)} GB/s)`);
+  }
+  const b = sides[1]!;
+  const suspendB = await Snapshot.suspendEngine(store, b.name, b.client, { captureIfNeeded: true });
+  b.snapshot = suspendB.snapshot;
+  capture.suspendB = { seconds: suspendB.seconds, captured: suspendB.captured };
+  awake = 0;
+  log(`suspended B in ${ms(suspendB.seconds)}${suspendB.captured ? ' (it captured again)' : ''}`);
+
+  // 3. The rows.
+  for (const row of rowsToRun) rows.push(await runRow(row));
+} catch (err) {
+  failure = err;
+} finally {
+  for (const [what, fn] of cleanup.reverse()) {
+    try {
+      await fn();
+    } catch (err) {
+      log(`cleanup: ${what} failed: ${(err as Error).message}`);
+    }
+  }
+  await releaseIdleResources();
+}
+
+// 4. The report.
+const bytes = sides[0]?.bytes ?? 0;
+const size = bytes >= GiB ? `${Math.round(bytes / GiB)}GiB` : `${Math.max(1, Math.round(bytes / MiB))}MiB`;
+const result = {
+  date: new Date().toISOString(),
+  benchmark: 'engine-swap',
+  target: { hotSwapSeconds: TARGET_SECONDS, description: 'hot swap of two 16 GiB engines <= 1.0 s end to end (issue 5)' },
+  machine: { device, gpu: gpu?.name ?? null, driverCuda: cuda.available ? cuda.driverVersion : null, cpu: cpus()[0]?.model, cores: cpus().length, node: process.versions.node },
+  args: { device, layers, hidden, reps, rows: rowsToRun, warmup: WARMUP, coldReps: COLD_REPS, probeTokens: PROBE_TOKENS },
+  engines: sides.map((s) => ({ label: s.label, name: s.name, model: s.model, seed: s.seed, url: s.engine.url, bytes: s.bytes, regions: s.regions, answer: s.answer })),
+  engineStartSeconds,
+  capture,
+  rows,
+  ...(failure ? { error: failure instanceof Error ? (failure.stack ?? failure.message) : String(failure) } : {}),
+};
+
+const f = (x: number | null | undefined, digits = 3): string => (x === null || x === undefined ? 'n/a' : x.toFixed(digits));
+const cell = (s: string): string => s.replace(/\|/g, '\\|').replace(/\n/g, ' ');
+const sizeLabel = bytes >= GiB ? `${gib(bytes)} GiB` : `${(bytes / MiB).toFixed(1)} MiB`;
+const lines = [
+  `| swap of two ${sizeLabel} engines (${device}${gpu ? `, ${gpu.name}` : ''}) | swaps | swap median (s) | swap min | swap max | restore median | suspend median | hydrate (adopt) median | hydrate GB/s | expected response median |`,
+  '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
+];
+for (const r of rows) {
+  const s = r.summary;
+  if (r.skipped !== null || !s) {
+    lines.push(`| ${r.label} | skipped: ${cell(r.skipped ?? 'no result')} | | | | | | | | |`);
+    continue;
+  }
+  const moved = s.phasesMedian.hydrate ?? s.phasesMedian.adoptWeights;
+  const movedCell = moved === undefined ? 'n/a' : `${f(moved)}${s.phasesMedian.hydrate === undefined ? ' (adopt)' : ''}`;
+  lines.push(
+    `| ${r.label} | ${s.swapSeconds?.n ?? 0} | ${f(s.swapSeconds?.median)} | ${f(s.swapSeconds?.min)} | ${f(s.swapSeconds?.max)} | ${f(s.restoreSeconds?.median)} | ${f(s.suspendSeconds?.median)} | ${movedCell} | ${f(s.hydrateGBpsMedian, 2)} | ${f(s.phasesMedian.expectedResponse)} |`,
+  );
+}
+for (const r of rowsToRun.filter((row) => !rows.some((x) => x.row === row))) lines.push(`| ${LABEL[r]} | not run: ${failure ? 'an earlier step failed' : 'no result'} | | | | | | | | |`);
+// Where the time goes: the median of every phase of the suspend and of the restore, per row.
+lines.push('', '| where the time goes (medians, ms) | suspend phases | restore phases |', '|---|---|---|');
+for (const r of rows) {
+  if (!r.summary) continue;
+  const list = (p: Record<string, number>): string => Object.entries(p).map(([k, v]) => `${k} ${(v * 1000).toFixed(0)}`).join(', ');
+  lines.push(`| ${r.label} | ${list(r.summary.suspendPhasesMedian)} | ${list(r.summary.phasesMedian)} |`);
+}
+const captureNote = (): string =>
+  sides
+    .map((s) => {
+      const c = capture[s.label] as { wallSeconds: number; GBps: number } | undefined;
+      return c ? `${s.label} ${c.wallSeconds.toFixed(2)} s (${c.GBps.toFixed(2)} GB/s)` : `${s.label} n/a`;
+    })
+    .join(', ');
+const verdict = (row: RowName): string => {
+  const r = rows.find((x) => x.row === row);
+  const s = r?.summary?.swapSeconds;
+  if (!s) return `${row}: ${!rowsToRun.includes(row) ? 'not selected' : r?.skipped ? 'skipped' : 'no result'}`;
+  return `${row} median ${f(s.median)} s, max ${f(s.max)} s: ${s.max <= TARGET_SECONDS ? 'met' : s.median <= TARGET_SECONDS ? 'met at the median, not at the max' : 'not met'}`;
+};
+lines.push(
+  '',
+  `Target (issue 5): hot swap of two 16 GiB engines <= ${TARGET_SECONDS.toFixed(1)} s end to end (suspend + restore incl. the expected response). ` +
+    `This run (${sizeLabel} engines): ${verdict('ram')}; ${verdict('tier0')}.` +
+    (bytes < 16 * GiB ? ' Engines under 16 GiB: this run does not test the target.' : ''),
+  `Setup: both engines up in ${engineStartSeconds.toFixed(1)} s; capture ${captureNote()}.`,
+  `A swap = suspend of the awake engine + restoreEngine of the other; medians of ${reps} swaps a row (cold: ${COLD_REPS}) after ${WARMUP} unmeasured warm-up swaps (cold: none); every restore gave the answer recorded before any swap.`,
+);
+if (failure) lines.push('', `FAILED: ${cell(failure instanceof Error ? failure.message : String(failure))}`);
+const table = lines.join('\n');
+
+if (rows.length > 0) {
+  mkdirSync(outDir, { recursive: true });
+  const base = join(outDir, `engine-swap-${size}${failure ? '-failed' : ''}`);
+  writeFileSync(`${base}.json`, `${JSON.stringify(result, null, 2)}\n`);
+  writeFileSync(`${base}.md`, `${table}\n`);
+  log(`wrote ${base}.json and ${base}.md`);
+}
+if (rows.length > 0) console.log(table);
+if (failure) throw failure;
