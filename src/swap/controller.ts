@@ -48,7 +48,7 @@ export interface SwapControllerOptions {
   readonly engines: readonly SwapEngine[];
   /** GPU memory the engines may use, per device ordinal. */
   readonly budgets: Readonly<Record<number, number>>;
-  /** Restore through this RAM tier. */
+  /** Restore through this RAM tier; captures the controller makes land in it too (and in the store, in one pass). */
   readonly cache?: HostCache;
   /**
    * Tier 0: keep suspended engines' weights on the GPU while the budget allows (engines need
@@ -514,14 +514,16 @@ export class SwapController extends EventEmitter {
     this.changed();
     this.emit('swapStarted', { engine: slot.spec.name, action: 'suspend' });
     try {
+      const resident = keepResident ? this.options.resident : undefined;
       const result = await Snapshot.suspendEngine(this.options.store, slot.spec.snapshot, slot.spec.client, {
         captureIfNeeded,
-        ...(keepResident && this.options.resident ? { resident: this.options.resident } : {}),
+        ...(this.options.cache ? { capture: { cache: this.options.cache } } : {}),
+        ...(resident ? { resident } : {}),
       });
       slot.state = 'asleep';
       const event: SwapEvent = { engine: slot.spec.name, action: 'suspend', seconds: (performance.now() - started) / 1000, captured: result.captured };
       this.metrics.swaps.inc({ engine: slot.spec.name, action: 'suspend', result: 'ok' });
-      this.metrics.swapSeconds.observe({ engine: slot.spec.name, action: 'suspend', tier: 'store' }, event.seconds);
+      this.metrics.swapSeconds.observe({ engine: slot.spec.name, action: 'suspend', tier: resident ? 'gpu' : 'store' }, event.seconds);
       this.changed();
       this.emit('swap', event);
       return event;

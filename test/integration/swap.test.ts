@@ -1,6 +1,7 @@
 import { request } from 'undici';
 import { afterEach, describe, expect, it } from 'vitest';
 
+import { HostCache } from '../../src/cache/host-cache.js';
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { SwapAgent } from '../../src/swap/agent.js';
@@ -192,5 +193,29 @@ describe('SwapController and the HTTP agent over three CPU reference engines', (
     expect(events.at(-1)).toBe('data: [DONE]');
     // the engine spaces its events out; a buffering proxy would hand them over in one piece
     expect(reads.length).toBeGreaterThan(1);
+  });
+
+  it('with a RAM tier, the captures it makes land there: the first restore after a capture is already a bulk copy from RAM', async () => {
+    const [a, b] = await fleet(2);
+    const store = await RegionStore.open(tempDir());
+    const cache = await HostCache.create({ budgetBytes: 64 * 1024 * 1024, pin: false });
+    cleanup.push(() => cache.close());
+    const controller = await SwapController.create({
+      store,
+      cache,
+      engines: [a!, b!].map((x) => ({ name: x.name, client: x.client, memoryBytes: 10 * GB, asleepBytes: 2 * GB })),
+      budgets: { 0: 15 * GB }, // room for one
+    });
+    cleanup.push(() => controller.close());
+    const swaps: SwapEvent[] = [];
+    controller.on('swap', (e: SwapEvent) => swaps.push(e));
+    // Every engine is captured the first time it is suspended; a restore then finds it in RAM.
+    (await controller.acquire(b!.name)).release();
+    (await controller.acquire(a!.name)).release();
+    const restores = swaps.filter((s) => s.action === 'restore');
+    expect(swaps.filter((s) => s.action === 'suspend' && s.captured).length).toBeGreaterThan(0);
+    expect(restores.at(-1)).toMatchObject({ engine: a!.name, tier: 'ram' });
+    expect(cache.entries.length).toBe(2);
+    expect(cache.entries.every((e) => e.durable)).toBe(true);
   });
 });
