@@ -1,9 +1,8 @@
 import type { CacheReservation, HostCache } from '../cache/host-cache.js';
 import { invalidArgument, toVsnapError, VsnapError } from '../errors.js';
-import { listDevices, cudaStatus, type GpuDevice } from '../gpu/cuda.js';
 import type { LiveLayout, LiveRegion } from '../manifest/compat.js';
 import { Manifest } from '../manifest/manifest.js';
-import type { EngineInfo, ExpectedResponse, ModelInfo, PlatformInfo, RankInfo, RegionInfo, TensorInfo } from '../manifest/types.js';
+import type { EngineInfo, ExpectedResponse, ModelInfo, TensorInfo } from '../manifest/types.js';
 import type { RegionMemory } from '../regions/memory.js';
 import { blobDigest } from '../store/digest.js';
 import { failpoint } from '../store/failpoints.js';
@@ -24,7 +23,7 @@ import {
   type EngineSuspendOptions,
   type EngineSuspendResult,
 } from './engine-flows.js';
-import { VERSION } from '../version.js';
+import { captureManifest, checkCaptureRegions, platformOf } from './capture-manifest.js';
 
 /**
  * A region to capture.
@@ -143,34 +142,16 @@ export interface TransferSummary {
   readonly tier?: 'gpu' | 'ram' | 'store';
 }
 
-function regionDevice(r: CaptureRegion): number | undefined {
-  if (r.memory.kind === 'device') return r.memory.allocation.device;
-  if (r.memory.kind === 'imported') return r.device ?? r.memory.device ?? 0;
-  return undefined;
-}
 
 function notDurable(snapshot: Snapshot, what: string): VsnapError {
   return new VsnapError(
     'E_NOT_DURABLE',
-    `capture ${snapshot.id} of '${snapshot.name}' is not in the store yet (persist '${snapshot.durable ? 'sync' : 'async/off'}'), so ${what} ` +
+    `capture ${snapshot.id} of '${snapshot.name}' (persist 'async' or 'off') is not in the store yet, so ${what} ` +
       'needs the RAM tier that holds it. Pass that HostCache, or call snapshot.persist() first.',
     { name: snapshot.name, id: snapshot.id },
   );
 }
 
-function checkCaptureRegions(regions: readonly CaptureRegion[]): void {
-  if (!Array.isArray(regions) || regions.length === 0) invalidArgument('regions', 'a non-empty array', regions);
-  const seen = new Set<string>();
-  for (const [i, r] of regions.entries()) {
-    if (typeof r?.key !== 'string' || r.key.length === 0) invalidArgument(`regions[${i}].key`, 'a non-empty string', r?.key);
-    if (!Number.isSafeInteger(r.size) || r.size < 0) invalidArgument(`regions[${i}].size`, 'a non-negative integer', r.size);
-    const rank = r.rank ?? 0;
-    if (!Number.isInteger(rank) || rank < 0) invalidArgument(`regions[${i}].rank`, 'an integer >= 0', r.rank);
-    const id = `${rank}/${r.key}`;
-    if (seen.has(id)) invalidArgument(`regions[${i}].key`, `unique within rank ${rank}`, r.key);
-    seen.add(id);
-  }
-}
 
 /**
  * A snapshot in a {@link RegionStore}: the manifest of one capture, and the operations on it.
@@ -260,8 +241,7 @@ export class Snapshot {
     }
     const regions = options.regions;
     const total = regions.reduce((s, r) => s + r.size, 0);
-    const { platform, gpus } = await Snapshot.platformOf(regions);
-    const rankCount = Math.max(...regions.map((r) => r.rank ?? 0)) + 1;
+    const { platform, gpus } = await platformOf(regions);
 
     const persist = options.persist ?? 'sync';
     if (persist !== 'sync' && persist !== 'async' && persist !== 'off') invalidArgument('persist', "'sync', 'async' or 'off'", persist);
@@ -289,42 +269,7 @@ export class Snapshot {
       failpoint('capture.after-transfer');
       const checksums = result.checksums ?? [];
       const digests = regions.map((r, i) => blobDigest(r.size, chunkSize, checksums[i]!));
-      const ranks: RankInfo[] = [];
-      for (let rank = 0; rank < rankCount; rank++) {
-        const mine = regions.map((r, i) => ({ r, i })).filter(({ r }) => (r.rank ?? 0) === rank);
-        const dev = mine.map(({ r }) => regionDevice(r)).find((d) => d !== undefined);
-        const info = gpus.find((d) => d.ordinal === dev);
-        ranks.push({
-          rank,
-          device: info ? { uuid: info.uuid, name: info.name } : null,
-          regions: mine.map(({ r, i }): RegionInfo => ({
-            key: r.key,
-            tag: r.tag ?? 'weights',
-            size: r.size,
-            chunkSize,
-            checksums: checksums[i]!,
-            blob: digests[i]!,
-            tensors: [...(r.tensors ?? [])],
-          })),
-        });
-      }
-      const manifest = Manifest.parse(
-        {
-          schemaVersion: 1,
-          id,
-          name,
-          createdAt: new Date().toISOString(),
-          vsnapVersion: VERSION,
-          checksumAlgorithm: 'xxh3-128',
-          engine: options.engine ?? null,
-          model: options.model ?? null,
-          platform,
-          ranks,
-          expectedResponse: options.expectedResponse ?? null,
-          labels: { ...(options.labels ?? {}) },
-        },
-        `manifest of '${name}'`,
-      );
+      const manifest = captureManifest({ id, name, regions, chunkSize, checksums, digests, platform, gpus, options });
       let dedupedBytes = 0;
       if (txn) ({ dedupedBytes } = await txn.publish(manifest, regions.map((r, i) => ({ tmpPath: txn.blobTmpPath(i), size: r.size, digest: digests[i]! }))));
       reservation?.commit(txn !== undefined);
@@ -456,26 +401,4 @@ export class Snapshot {
     return this.store.verify(this.name, { ...options, id: this.id });
   }
 
-  /** The platform record, and the GPUs this process sees (none for host memory). */
-  private static async platformOf(regions: readonly CaptureRegion[]): Promise<{ platform: PlatformInfo; gpus: GpuDevice[] }> {
-    const device = regions.map(regionDevice).find((d) => d !== undefined);
-    if (device === undefined) {
-      return { platform: { kind: 'host', gpuName: null, computeCapability: null, driverCudaVersion: null, vmmGranularity: null }, gpus: [] };
-    }
-    const status = await cudaStatus();
-    if (!status.available) throw new VsnapError('E_CUDA_UNAVAILABLE', `CUDA is unavailable: ${status.reason}`, { reason: status.reason });
-    const gpus = await listDevices();
-    const info = gpus.find((d) => d.ordinal === device);
-    if (!info) invalidArgument('device', 'a visible CUDA device ordinal', device);
-    return {
-      platform: {
-        kind: 'cuda',
-        gpuName: info.name,
-        computeCapability: info.computeCapability,
-        driverCudaVersion: status.driverVersion,
-        vmmGranularity: info.vmmGranularity,
-      },
-      gpus,
-    };
-  }
 }

@@ -1,0 +1,104 @@
+import { invalidArgument, VsnapError } from '../errors.js';
+import { cudaStatus, listDevices, type GpuDevice } from '../gpu/cuda.js';
+import { Manifest } from '../manifest/manifest.js';
+import type { PlatformInfo, RankInfo, RegionInfo } from '../manifest/types.js';
+import { VERSION } from '../version.js';
+import type { CaptureOptions, CaptureRegion } from './snapshot.js';
+
+// What a capture records besides the bytes: its regions checked, the platform it ran on, and
+// the manifest that binds them.
+
+/** @internal */
+export function checkCaptureRegions(regions: readonly CaptureRegion[]): void {
+  if (!Array.isArray(regions) || regions.length === 0) invalidArgument('regions', 'a non-empty array', regions);
+  const seen = new Set<string>();
+  for (const [i, r] of regions.entries()) {
+    if (typeof r?.key !== 'string' || r.key.length === 0) invalidArgument(`regions[${i}].key`, 'a non-empty string', r?.key);
+    if (!Number.isSafeInteger(r.size) || r.size < 0) invalidArgument(`regions[${i}].size`, 'a non-negative integer', r.size);
+    const rank = r.rank ?? 0;
+    if (!Number.isInteger(rank) || rank < 0) invalidArgument(`regions[${i}].rank`, 'an integer >= 0', r.rank);
+    const id = `${rank}/${r.key}`;
+    if (seen.has(id)) invalidArgument(`regions[${i}].key`, `unique within rank ${rank}`, r.key);
+    seen.add(id);
+  }
+}
+
+function regionDevice(r: CaptureRegion): number | undefined {
+  if (r.memory.kind === 'device') return r.memory.allocation.device;
+  if (r.memory.kind === 'imported') return r.device ?? r.memory.device ?? 0;
+  return undefined;
+}
+
+/** The platform record, and the GPUs this process sees (none for host memory). @internal */
+export async function platformOf(regions: readonly CaptureRegion[]): Promise<{ platform: PlatformInfo; gpus: GpuDevice[] }> {
+  const device = regions.map(regionDevice).find((d) => d !== undefined);
+  if (device === undefined) {
+    return { platform: { kind: 'host', gpuName: null, computeCapability: null, driverCudaVersion: null, vmmGranularity: null }, gpus: [] };
+  }
+  const status = await cudaStatus();
+  if (!status.available) throw new VsnapError('E_CUDA_UNAVAILABLE', `CUDA is unavailable: ${status.reason}`, { reason: status.reason });
+  const gpus = await listDevices();
+  const info = gpus.find((d) => d.ordinal === device);
+  if (!info) invalidArgument('device', 'a visible CUDA device ordinal', device);
+  return {
+    platform: {
+      kind: 'cuda',
+      gpuName: info.name,
+      computeCapability: info.computeCapability,
+      driverCudaVersion: status.driverVersion,
+      vmmGranularity: info.vmmGranularity,
+    },
+    gpus,
+  };
+}
+
+/** The manifest of a capture whose transfer produced `checksums` (per region, in `regions` order). @internal */
+export function captureManifest(c: {
+  id: string;
+  name: string;
+  regions: readonly CaptureRegion[];
+  chunkSize: number;
+  checksums: readonly string[][];
+  digests: readonly string[];
+  platform: PlatformInfo;
+  gpus: readonly GpuDevice[];
+  options: CaptureOptions;
+}): Manifest {
+  const rankCount = Math.max(...c.regions.map((r) => r.rank ?? 0)) + 1;
+  const ranks: RankInfo[] = [];
+  for (let rank = 0; rank < rankCount; rank++) {
+    const mine = c.regions.map((r, i) => ({ r, i })).filter(({ r }) => (r.rank ?? 0) === rank);
+    const dev = mine.map(({ r }) => regionDevice(r)).find((d) => d !== undefined);
+    const info = c.gpus.find((d) => d.ordinal === dev);
+    ranks.push({
+      rank,
+      device: info ? { uuid: info.uuid, name: info.name } : null,
+      regions: mine.map(({ r, i }): RegionInfo => ({
+        key: r.key,
+        tag: r.tag ?? 'weights',
+        size: r.size,
+        chunkSize: c.chunkSize,
+        checksums: c.checksums[i]!,
+        blob: c.digests[i]!,
+        tensors: [...(r.tensors ?? [])],
+      })),
+    });
+  }
+  return Manifest.parse(
+    {
+      schemaVersion: 1,
+      id: c.id,
+      name: c.name,
+      createdAt: new Date().toISOString(),
+      vsnapVersion: VERSION,
+      checksumAlgorithm: 'xxh3-128',
+      engine: c.options.engine ?? null,
+      model: c.options.model ?? null,
+      platform: c.platform,
+      ranks,
+      expectedResponse: c.options.expectedResponse ?? null,
+      labels: { ...(c.options.labels ?? {}) },
+    },
+    `manifest of '${c.name}'`,
+  );
+}
