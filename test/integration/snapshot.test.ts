@@ -3,6 +3,7 @@ import { join } from 'node:path';
 
 import { afterEach, describe, expect, it } from 'vitest';
 
+import { HostCache } from '../../src/cache/host-cache.js';
 import { HostRegion } from '../../src/regions/host-region.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { RegionStore } from '../../src/store/region-store.js';
@@ -190,5 +191,32 @@ describe('capture and restore through the host backend and a real store', () => 
     await expect(Snapshot.capture(store, '../escape', { regions: [{ key: 'a', size: 4096, memory: r.memory }] })).rejects.toMatchObject({
       code: 'E_INVALID_NAME',
     });
+  });
+
+  it('two ranks with the same keys (tensor parallel): captured and restored rank by rank, also through the RAM tier', async () => {
+    const store = await RegionStore.open(tempDir());
+    const make = (fill: boolean) =>
+      [0, 1].flatMap((rank) => {
+        const map = patternedRegions({ [`qkv.${rank}`]: 3 * MiB + 17, [`mlp.${rank}`]: MiB });
+        return regionsOf(map).map((r) => {
+          if (!fill) fillRegion(map.get(r.key)!, 0);
+          return { ...r, key: r.key.replace(/\.\d$/, ''), rank, region: map.get(r.key)!, seed: r.key };
+        });
+      });
+    const sources = make(true);
+    const snap = await Snapshot.capture(store, 'tp2', { regions: sources, chunkSize: MiB });
+    expect(snap.manifest.data.ranks.map((r) => r.regions.map((x) => x.key))).toEqual([['qkv', 'mlp'], ['qkv', 'mlp']]);
+    const cache = await HostCache.create({ budgetBytes: 16 * MiB, pin: false });
+    try {
+      for (const via of [undefined, cache, cache]) {
+        const targets = make(false).reverse(); // order does not matter: matched by rank and key
+        await snap.restore({ regions: targets, ...(via ? { cache: via } : {}) });
+        for (const t of targets) expect(holdsPattern(t.region, t.seed), `${t.rank}/${t.key}`).toBe(true);
+      }
+    } finally {
+      cache.close();
+    }
+    const missing = make(false).filter((t) => !(t.rank === 1 && t.key === 'mlp'));
+    await expect(snap.restore({ regions: missing })).rejects.toMatchObject({ code: 'E_MANIFEST_MISMATCH' });
   });
 });
