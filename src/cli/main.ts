@@ -27,7 +27,8 @@ Commands:
   verify <name>             re-hash every blob of a snapshot against its manifest
   rm <name>                 remove a snapshot (or one capture with --id) and free unreferenced blobs
   gc                        delete blobs no snapshot references
-  bench [GiB] [dir]         the transfer benchmark (source checkout, NVIDIA GPU)
+  bench [GiB] [dir] [gpus]  the transfer benchmark with the ceiling and the peers (source checkout, NVIDIA GPU)
+  bench swap [-- options]   end-to-end swaps of two reference engines (options: bench/engine-swap.ts)
 
 Options:
   --store <dir>             the store (default: $VSNAP_STORE, else $XDG_DATA_HOME/vsnap, else ~/.local/share/vsnap)

@@ -6,7 +6,7 @@ import { packageRoot } from '../../native/index.js';
 import type { Context } from '../context.js';
 import { EXIT } from '../context.js';
 
-/** vsnap bench [GiB] [out-dir]: the transfer benchmark (a GPU machine, a source checkout). */
+/** vsnap bench [GiB] [out-dir] [devices] | bench swap [-- options]: the benchmarks (a GPU machine, a source checkout). */
 export async function bench(ctx: Context): Promise<number> {
   const script = join(packageRoot(), 'bench', 'run.sh');
   if (!existsSync(script)) {
