@@ -230,7 +230,9 @@ export class Snapshot {
   /**
    * Captures regions into the store under `name`: every region is copied out in chunks,
    * checksummed while streaming, and written as a blob; the manifest is published last, and
-   * `current` then names this capture. Identical regions are stored once.
+   * `current` then names this capture. Identical regions are stored once. With a `cache`, the
+   * bytes land in the RAM tier first, and `persist` says when the store gets them (a capture
+   * persisted later becomes `current` only if no newer capture of `name` was published since).
    */
   static async capture(store: RegionStore, name: string, options: CaptureOptions): Promise<Snapshot> {
     validateName(name);

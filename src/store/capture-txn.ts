@@ -47,7 +47,7 @@ export class CaptureTransaction {
   /**
    * Publishes the captured blobs and the manifest, under the exclusive store lock:
    * blobs renamed into blobs/ (over an identical stored blob, which they replace), their
-   * directories fsynced; then the manifest; then `current`. A crash before the manifest leaves only
+   * directories fsynced; then the manifest; then `current` (unless it names a newer capture). A crash before the manifest leaves only
    * unreferenced blobs (removed by gc); before `current`, a complete but non-current capture.
    * Returns how many bytes were already stored (the store did not grow by them).
    */
@@ -87,7 +87,10 @@ export class CaptureTransaction {
         fsyncDir(join(this.store.root, 'snapshots'));
         failpoint('publish.after-manifest');
 
-        this.store.writeCurrent(this.name, manifest.id, join(this.dir, 'current'));
+        // Ids are time-ordered: a capture persisted late (persist 'async' or 'off') never
+        // replaces a newer one as `current`.
+        const current = this.store.currentIdSync(this.name);
+        if (current === undefined || current < manifest.id) this.store.writeCurrent(this.name, manifest.id, join(this.dir, 'current'));
       });
     } catch (err) {
       await this.abort();

@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import { existsSync, mkdirSync, readdirSync, statfsSync, statSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, readFileSync, statfsSync, statSync } from 'node:fs';
 import { readdir, readFile, rm, stat, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
 
@@ -404,6 +404,16 @@ export class RegionStore {
   /** @internal */
   writeCurrent(name: string, id: string, tmpPath: string): void {
     replaceFileAtomic(join(this.root, 'snapshots', name, 'current'), tmpPath, `${id}\n`);
+  }
+
+  /** The id `current` names now, if any (under the store lock). @internal */
+  currentIdSync(name: string): string | undefined {
+    try {
+      return readFileSync(join(this.root, 'snapshots', name, 'current'), 'utf8').trim() || undefined;
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
+      throw toVsnapError(err);
+    }
   }
 
   /** @internal */

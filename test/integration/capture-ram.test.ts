@@ -123,4 +123,14 @@ describe('capture into the RAM tier', () => {
     await expect(Snapshot.capture(store, 'm', { regions: sources(), cache, persist: 'later' })).rejects.toMatchObject({ code: 'E_INVALID_ARGUMENT' });
     expect(cache.usedBytes).toBe(0);
   });
+
+  it('a capture persisted late does not replace a newer one as current', async () => {
+    const store = await RegionStore.open(tempDir());
+    const cache = await cacheOf(8 * MiB);
+    const older = await Snapshot.capture(store, 'm', { regions: sources(), chunkSize: MiB, cache, persist: 'off' });
+    const newer = await Snapshot.capture(store, 'm', { regions: sources({ a: MiB }), chunkSize: MiB });
+    await older.persist();
+    expect((await store.current('m'))?.id).toBe(newer.id);
+    expect((await Snapshot.open(store, 'm', { id: older.id })).manifest.data).toEqual(older.manifest.data);
+  });
 });
