@@ -1,7 +1,7 @@
 // startTransfer(spec, onProgress) -> { promise, cancel }: runs one TransferJob off the JS
 // thread, reports progress through a thread-safe function, and cancels between chunks.
 //
-// spec: { op: 'capture'|'hydrate'|'verify'|'copy', label, pool: StagingPool, threads?, directIo?,
+// spec: { op: 'capture'|'hydrate'|'verify'|'copy', label, pool?: StagingPool, threads?, directIo?,
 //         verifyFirst?, regions: [{ name, blobPath?, size, chunkSize, checksums?: string[],
 //         memory?: Memory, hostCopy?: Memory (a 'buffer': copy reads it; capture fills it,
 //         and then needs no blobPath) }] }
@@ -196,11 +196,10 @@ Napi::Value StartTransfer(const Napi::CallbackInfo& info) {
   if (spec.Has("threads") && !spec.Get("threads").IsUndefined()) options.threads = static_cast<uint32_t>(toU64(spec.Get("threads"), "threads"));
   options.directIo = spec.Get("directIo").ToBoolean().Value();
   options.verifyFirst = spec.Get("verifyFirst").ToBoolean().Value();
-  // A copy reads straight from a HostBuffer and needs no staging pool.
+  // Optional: a pass whose regions are all RAM-tier memory on one side needs no staging (the
+  // job says so when one is missing and needed).
   std::shared_ptr<transfer::StagingPool> pool;
-  if (options.op != transfer::Operation::Copy || (spec.Has("pool") && !spec.Get("pool").IsUndefined())) {
-    pool = StagingPool::unwrap(getRequired(spec, "pool"));
-  }
+  if (spec.Has("pool") && !spec.Get("pool").IsUndefined()) pool = StagingPool::unwrap(spec.Get("pool"));
 
   Napi::Value regionsValue = getRequired(spec, "regions");
   if (!regionsValue.IsArray()) throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "regions must be an array"));

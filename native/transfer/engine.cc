@@ -51,7 +51,6 @@ TransferJob::TransferJob(JobOptions options, std::vector<RegionTask> tasks, std:
 TransferJob::~TransferJob() = default;
 
 void TransferJob::validate() {
-  if (!pool_ && options_.op != Operation::Copy) throwInvalid("a transfer needs a staging pool");
   for (size_t t = 0; t < tasks_.size(); t++) {
     RegionTask& task = tasks_[t];
     if (task.chunkSize == 0 || task.chunkSize % io::kDirectAlignment != 0) {
@@ -91,7 +90,28 @@ void TransferJob::validate() {
     }
     bytesTotal_ += task.size;
   }
+  bool verifyPass = options_.op == Operation::Hydrate && options_.verifyFirst;
+  if (!pool_ && (needsStaging(options_.op) || verifyPass)) throwInvalid("a transfer needs a staging pool");
   interleaveDevices();
+}
+
+// Whether a pass moves any chunk through a staging slot. It does not when every region's bytes
+// are RAM-tier memory on one side: a copy from the RAM tier, a capture into (or out of) it, a
+// load into it. Such a pass needs no staging pool at all.
+bool TransferJob::needsStaging(Operation op) const {
+  for (const RegionTask& task : tasks_) {
+    switch (op) {
+      case Operation::Copy: return false;
+      case Operation::Verify: return true;
+      case Operation::Capture:
+        if (!task.hostCopy && !task.region->hostData()) return true;
+        break;
+      case Operation::Hydrate:
+        if (!task.region->hostMemory()) return true;
+        break;
+    }
+  }
+  return false;
 }
 
 // Chunks are taken in order; with regions on several GPUs, alternate between the devices so
@@ -155,9 +175,8 @@ void TransferJob::runPass(Operation op, uint32_t workers, const std::function<vo
     }
   }
   if (chunks_.empty()) return;
-  // A copy reads straight from the RAM tier and needs no staging.
   std::vector<void*> slots;
-  if (op != Operation::Copy) {
+  if (needsStaging(op)) {
     slots = pool_->acquire(2, workers * 2, [this] { return stopping(); });
     if (slots.empty()) throw NativeError("E_ABORTED", "the transfer was cancelled");
     workers = static_cast<uint32_t>(slots.size() / 2);

@@ -74,6 +74,7 @@ class TransferJob {
 
   void validate();
   void interleaveDevices();
+  bool needsStaging(Operation op) const;
   void runPass(Operation op, uint32_t workers, const std::function<void()>& tick);
   void hydrateWorker(Operation op, void* slots[2]);
   void captureWorker(void* slots[2]);

@@ -20,19 +20,24 @@ interface PoolEntry {
 }
 
 /**
- * Staging pools shared by every transfer of this process: one per (slot size, slot count,
- * pinned), pinned portable (one pool serves every GPU at the line rate), created on first use (pinning happens once, not per transfer), freed after an idle period.
+ * Staging pools shared by every transfer of this process: one per (slot size, pinned), pinned
+ * portable (one pool serves every GPU at the line rate), created on first use (pinning happens
+ * once, not per transfer), freed after an idle period.
  * @internal
  */
 class StagingPools {
   private readonly entries = new Map<string, PoolEntry>();
 
-  /** Lends the pool for `threads` workers (two slots each) of `slotSize` bytes. */
+  /**
+   * Lends the pool of `slotSize` slots, made on first use with two slots for each of `threads`
+   * workers (at least the default count for one GPU). A later job that wants more workers runs as many as the pool has slots for: a
+   * pool is never made again for a different thread count, so pinning stays off the swap path.
+   */
   async lease<T>(slotSize: number, pinDevice: number, threads: number, use: (pool: NativeStagingPool) => Promise<T>): Promise<T> {
-    const slots = 2 * threads;
-    const key = `${slotSize}:${slots}:${pinDevice >= 0 ? 'pinned' : 'host'}`;
+    const key = `${slotSize}:${pinDevice >= 0 ? 'pinned' : 'host'}`;
     let entry = this.entries.get(key);
     if (!entry) {
+      const slots = 2 * Math.max(threads, defaultThreads());
       const created = native().createStagingPool(slotSize, slots, pinDevice);
       entry = { pool: created, users: 0 };
       this.entries.set(key, entry);

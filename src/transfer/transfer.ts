@@ -73,6 +73,24 @@ export interface TransferRequest extends TransferOptions {
 }
 
 /**
+ * Whether any chunk moves through staging. Not when every region's bytes are RAM-tier memory on
+ * one side (a copy from the RAM tier, a capture into or out of it, a load into it): then no pool
+ * is leased, so nothing is allocated or pinned for it. Mirrors the native job's own rule.
+ */
+function needsStaging(request: TransferRequest): boolean {
+  switch (request.op) {
+    case 'copy':
+      return false;
+    case 'verify':
+      return true;
+    case 'capture':
+      return request.regions.some((r) => r.memory?.kind !== 'buffer' && r.hostCopy === undefined);
+    case 'hydrate':
+      return request.verifyFirst === true || request.regions.some((r) => r.memory?.kind !== 'buffer');
+  }
+}
+
+/**
  * Runs one job of the native transfer engine with a shared staging pool (pinned when any region
  * is on a GPU), progress, and cancellation.
  * @internal
@@ -94,9 +112,8 @@ export async function runTransfer(request: TransferRequest): Promise<NativeTrans
     ...(r.memory ? { memory: r.memory.kind === 'buffer' ? r.memory : toNativeMemory(r.memory) } : {}),
     ...(r.hostCopy ? { hostCopy: r.hostCopy } : {}),
   }));
-  // A copy from the RAM tier moves no bytes through staging: no pool to lease.
   const withPool = <T>(use: (pool: NativeStagingPool | undefined) => Promise<T>): Promise<T> =>
-    request.op === 'copy' ? use(undefined) : stagingPools.lease(slotSize, pinDevice, threads, use);
+    needsStaging(request) ? stagingPools.lease(slotSize, pinDevice, threads, use) : use(undefined);
   return withPool(async (pool) => {
     const onProgress = request.onProgress;
     let handle;
