@@ -17,7 +17,6 @@ Stream::~Stream() {
   api().cuStreamDestroy(static_cast<CUstream>(stream_));
 }
 
-int Stream::device() const { return ctx_->ordinal(); }
 
 void Stream::copyToDevice(uint64_t dst, const void* src, uint64_t length) {
   ctx_->makeCurrent();

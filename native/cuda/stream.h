@@ -15,7 +15,6 @@ class Stream {
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
 
-  int device() const;
   void copyToDevice(uint64_t dst, const void* src, uint64_t length);
   void copyToHost(void* dst, uint64_t src, uint64_t length);
   void synchronize();

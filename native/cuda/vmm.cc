@@ -9,6 +9,15 @@
 namespace vsnap::cuda {
 namespace {
 uint64_t roundUp(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
+
+// Imports another process's exported (POSIX-FD) handle; the descriptor is not consumed.
+CUmemGenericAllocationHandle importHandle(int fd) {
+  CUmemGenericAllocationHandle handle = 0;
+  check(api().cuMemImportFromShareableHandle(&handle, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
+                                             CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+        "cuMemImportFromShareableHandle");
+  return handle;
+}
 }  // namespace
 
 Mapping::Mapping(std::shared_ptr<Context> ctx, uint64_t handle, uint64_t size, bool exportable)
@@ -61,10 +70,7 @@ std::unique_ptr<Mapping> Mapping::allocate(int device, uint64_t size) {
 std::unique_ptr<Mapping> Mapping::import(int fd, uint64_t size) {
   if (size == 0) throwInvalid("imported region size must be > 0");
   const Api& cu = api();
-  CUmemGenericAllocationHandle handle = 0;
-  check(cu.cuMemImportFromShareableHandle(&handle, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
-                                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
-        "cuMemImportFromShareableHandle");
+  CUmemGenericAllocationHandle handle = importHandle(fd);
   CUmemAllocationProp prop{};
   CUresult r = cu.cuMemGetAllocationPropertiesFromHandle(&prop, handle);
   if (r != CUDA_SUCCESS || prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
@@ -117,16 +123,7 @@ void Mapping::fill(uint64_t offset, uint64_t length, uint8_t value) const {
   check(api().cuCtxSynchronize(), "cuCtxSynchronize");
 }
 
-HeldHandle::HeldHandle(int fd) {
-  const Api& cu = api();
-  CUmemGenericAllocationHandle handle = 0;
-  check(cu.cuMemImportFromShareableHandle(&handle, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
-                                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
-        "cuMemImportFromShareableHandle");
-  CUmemAllocationProp prop{};
-  if (cu.cuMemGetAllocationPropertiesFromHandle(&prop, handle) == CUDA_SUCCESS) device_ = prop.location.id;
-  handle_ = handle;
-}
+HeldHandle::HeldHandle(int fd) : handle_(importHandle(fd)) {}
 
 HeldHandle::~HeldHandle() { api().cuMemRelease(handle_); }
 

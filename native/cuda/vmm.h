@@ -57,11 +57,9 @@ class HeldHandle {
   ~HeldHandle();
   HeldHandle(const HeldHandle&) = delete;
   HeldHandle& operator=(const HeldHandle&) = delete;
-  int device() const { return device_; }
 
  private:
   uint64_t handle_ = 0;
-  int device_ = -1;
 };
 
 }  // namespace vsnap::cuda

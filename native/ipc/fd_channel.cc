@@ -327,16 +327,13 @@ Reply sendFds(const std::string& path, const std::string& nonce, const std::stri
   frame += header;
   // A receiver that refuses us (bad nonce, other uid) replies and hangs up mid-message: a
   // broken pipe here still leaves its reply to read, which says why.
-  bool refused = false;
   try {
     writeExact(sock.get(), frame.data(), frame.size());
     sendFdBatches(sock.get(), fds, path);
   } catch (const NativeError& e) {
     const auto* err = std::get_if<int64_t>(&e.details().at("errno"));
     if (!err || (*err != EPIPE && *err != ECONNRESET)) throw;
-    refused = true;
   }
-  (void)refused;
   Reply out;
   try {
     uint32_t length = readU32(sock.get());
