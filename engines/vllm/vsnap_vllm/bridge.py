@@ -4,7 +4,6 @@
 import logging
 import os
 import threading
-import time
 
 from . import __version__, adapter
 from .drivers import default_driver
@@ -28,9 +27,7 @@ class Bridge:
         self.hook_mode = None
         self.weights_mapped = False
         self.load_report = None
-        self.last_wake = None
         self.pending = {}  # va -> descriptor handed back by the SDK, mapped at the next wake
-        self.adopted = set()  # (device, handle) of memory mapped back that way (not exportable again)
 
     def _ensure(self):
         if self.driver is None:
@@ -55,31 +52,23 @@ class Bridge:
         if not self._adopt_pending(allocation, in_place=False):
             self.exporter.create_on_wake(allocation)
         self.weights_mapped = True
-        self.last_wake = time.time()
 
     def _after_map(self):
         allocations = adapter.allocations(TAG)
         for allocation in allocations:
             self._adopt_pending(allocation, in_place=True)
-        # Memory mapped back from the SDK is made exportable again only when next exported.
-        self.exporter.make_all_exportable([a for a in allocations if not self._adopted(a)], copy=True)
+        # Memory mapped back from the SDK counts as exportable (its descriptor is kept).
+        self.exporter.make_all_exportable(allocations, copy=True)
         self.weights_mapped = True
-        self.last_wake = time.time()
 
     def _adopt_pending(self, allocation, in_place):
-        """Maps back the descriptor the SDK handed over for this allocation's address, if any."""
+        """Maps back the descriptor the SDK handed over for this allocation's address, if any
+        (the exporter keeps the descriptor)."""
         fd = self.pending.pop(allocation.va, None)
         if fd is None:
             return False
-        try:
-            self.exporter.adopt(allocation, fd, in_place=in_place)
-            self.adopted.add((allocation.device, allocation.handle))
-        finally:
-            os.close(fd)
+        self.exporter.adopt(allocation, fd, in_place=in_place)
         return True
-
-    def _adopted(self, allocation):
-        return (allocation.device, allocation.handle) in self.adopted
 
     # ---- tier 0: adopting weights the SDK kept on the GPU
 
@@ -125,6 +114,8 @@ class Bridge:
 
     def _before_unmap(self):
         self.weights_mapped = False
+        if self.exporter is not None:
+            self.exporter.forget()
 
     # ---- worker methods
 
@@ -134,7 +125,8 @@ class Bridge:
         device = adapter.worker_device(worker)
         facts = adapter.engine_facts(worker)
         facts["engine"]["pluginVersion"] = __version__
-        facts["engine"]["attentionBackend"] = adapter.attention_backend(worker)
+        backend = adapter.attention_backend(worker)
+        facts["engine"]["attentionBackend"] = backend
         return {
             **facts,
             "rank": adapter.worker_rank(worker),
@@ -146,7 +138,7 @@ class Bridge:
             "weightsMapped": self.weights_mapped,
             "regions": len(allocations),
             "bytes": sum(a.size for a in allocations),
-            "attentionBackend": adapter.attention_backend(worker),
+            "attentionBackend": backend,
             "rehome": self.load_report,
         }
 

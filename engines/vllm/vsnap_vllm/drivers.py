@@ -29,7 +29,6 @@ _CU_MEM_ALLOCATION_TYPE_PINNED = 1
 _CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1
 _CU_MEM_LOCATION_TYPE_DEVICE = 1
 _CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3
-_CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0
 _CUDA_ERROR_INVALID_VALUE = 1
 
 
@@ -142,13 +141,6 @@ class CudaDriver:
         b = bytes(raw).hex()
         return f"GPU-{b[0:8]}-{b[8:12]}-{b[12:16]}-{b[16:20]}-{b[20:32]}"
 
-    def granularity(self, device):
-        self.ensure_context(device)
-        g = ctypes.c_size_t()
-        prop = self._prop(device)
-        self._check(self._cu.cuMemGetAllocationGranularity(ctypes.byref(g), ctypes.byref(prop), _CU_MEM_ALLOC_GRANULARITY_MINIMUM), "cuMemGetAllocationGranularity")
-        return g.value
-
     def export_fd(self, device, handle):
         """A new POSIX descriptor for the memory of `handle`; NotExportable if it cannot be."""
         self.ensure_context(device)
@@ -231,9 +223,6 @@ class HostDriver:
 
     def device_uuid(self, device):
         return f"HOST-{device}"
-
-    def granularity(self, device):
-        return mmap.PAGESIZE
 
     def export_fd(self, device, handle):
         if handle == 0:

@@ -21,10 +21,13 @@ class Exporter:
     def __init__(self, driver):
         self.driver = driver
         self._known = set()  # (device, handle) pairs known to be exportable
+        # (device, handle) -> the descriptor memory mapped back from the SDK came in. An imported
+        # handle cannot be exported again, so its exports are copies of that descriptor: no rehome.
+        self._kept = {}
 
     def is_exportable(self, allocation):
         key = (allocation.device, allocation.handle)
-        if key in self._known:
+        if key in self._known or key in self._kept:
             return True
         try:
             fd = self.driver.export_fd(allocation.device, allocation.handle)
@@ -78,9 +81,14 @@ class Exporter:
     def adopt(self, allocation, fd, in_place=False):
         """Maps memory someone handed back (tier 0: the weights this allocation had before it slept,
         kept alive by the SDK) at the allocation's address, instead of new memory. `in_place`:
-        vLLM already mapped fresh memory there (official hooks), which is replaced. No copy."""
+        vLLM already mapped fresh memory there (official hooks), which is replaced. No copy.
+        Takes `fd`: kept for exports until forget(), closed if the adoption fails."""
         d, dev, size, va = self.driver, allocation.device, allocation.size, allocation.va
-        handle = d.import_fd(fd)
+        try:
+            handle = d.import_fd(fd)
+        except Exception:
+            os.close(fd)
+            raise
         try:
             if in_place:
                 old = allocation.handle
@@ -96,9 +104,19 @@ class Exporter:
                 d.map(dev, va, size, handle)
         except Exception:
             d.release(dev, handle)
+            os.close(fd)
             raise
         allocation.set_handle(handle)
-        self._known.discard((dev, handle))  # an imported handle cannot be exported again
+        self._known.discard((dev, handle))
+        self._kept[(dev, handle)] = fd
+
+    def forget(self):
+        """The weights are about to be released (sleep): drop what is known of their handles (the
+        driver may reuse the values) and close the kept descriptors, which would keep the memory."""
+        self._known.clear()
+        for fd in self._kept.values():
+            os.close(fd)
+        self._kept.clear()
 
     def make_all_exportable(self, allocations, copy=True):
         """Rehomes every allocation that is not exportable yet; returns what it did."""
@@ -122,6 +140,10 @@ class Exporter:
         fds = []
         try:
             for allocation in allocations:
+                kept = self._kept.get((allocation.device, allocation.handle))
+                if kept is not None:
+                    fds.append(os.dup(kept))
+                    continue
                 try:
                     fds.append(self.driver.export_fd(allocation.device, allocation.handle))
                 except NotExportable as e:
