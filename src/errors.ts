@@ -75,14 +75,43 @@ export type ErrorCode =
   /** A bug in vsnap: please report it with the message. */
   | 'E_INTERNAL';
 
-const KNOWN_CODES: ReadonlySet<string> = new Set<ErrorCode>([
-  'E_INVALID_ARGUMENT', 'E_INVALID_NAME', 'E_NATIVE_LOAD', 'E_CUDA_UNAVAILABLE', 'E_CUDA', 'E_IO',
-  'E_NO_SPACE', 'E_CHECKSUM', 'E_BLOB_TRUNCATED', 'E_BLOB_MISSING', 'E_MANIFEST_INVALID',
-  'E_MANIFEST_MISMATCH', 'E_SNAPSHOT_NOT_FOUND', 'E_NOT_DURABLE', 'E_STORE_INVALID', 'E_STORE_LOCKED', 'E_ABORTED',
-  'E_TIMEOUT', 'E_CLOSED', 'E_OUT_OF_RANGE', 'E_IPC_PROTOCOL', 'E_IPC_AUTH', 'E_ADDRESS_IN_USE',
-  'E_ENGINE_HTTP', 'E_ENGINE_UNREACHABLE', 'E_ENGINE_PROTOCOL', 'E_ENGINE_STATE', 'E_NOT_RESTORABLE',
-  'E_RESPONSE_MISMATCH', 'E_BUSY', 'E_UNKNOWN_MODEL', 'E_CONFIG', 'E_INTERNAL',
-]);
+// Every code once: the compiler checks this record against ErrorCode, so no code is missed.
+const CODES: Record<ErrorCode, true> = {
+  E_INVALID_ARGUMENT: true,
+  E_INVALID_NAME: true,
+  E_NATIVE_LOAD: true,
+  E_CUDA_UNAVAILABLE: true,
+  E_CUDA: true,
+  E_IO: true,
+  E_NO_SPACE: true,
+  E_CHECKSUM: true,
+  E_BLOB_TRUNCATED: true,
+  E_BLOB_MISSING: true,
+  E_MANIFEST_INVALID: true,
+  E_MANIFEST_MISMATCH: true,
+  E_SNAPSHOT_NOT_FOUND: true,
+  E_NOT_DURABLE: true,
+  E_STORE_INVALID: true,
+  E_STORE_LOCKED: true,
+  E_ABORTED: true,
+  E_TIMEOUT: true,
+  E_CLOSED: true,
+  E_OUT_OF_RANGE: true,
+  E_IPC_PROTOCOL: true,
+  E_IPC_AUTH: true,
+  E_ADDRESS_IN_USE: true,
+  E_ENGINE_HTTP: true,
+  E_ENGINE_UNREACHABLE: true,
+  E_ENGINE_PROTOCOL: true,
+  E_ENGINE_STATE: true,
+  E_NOT_RESTORABLE: true,
+  E_RESPONSE_MISMATCH: true,
+  E_BUSY: true,
+  E_UNKNOWN_MODEL: true,
+  E_CONFIG: true,
+  E_INTERNAL: true,
+};
+const KNOWN_CODES: ReadonlySet<string> = new Set(Object.keys(CODES));
 
 /**
  * The one error class of vsnap.

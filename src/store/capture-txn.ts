@@ -89,7 +89,7 @@ export class CaptureTransaction {
 
         // Ids are time-ordered: a capture persisted late (persist 'async' or 'off') never
         // replaces a newer one as `current`.
-        const current = this.store.currentIdSync(this.name);
+        const current = await this.store.currentId(this.name);
         if (current === undefined || current < manifest.id) this.store.writeCurrent(this.name, manifest.id, join(this.dir, 'current'));
       });
     } catch (err) {

@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import { existsSync, mkdirSync, readdirSync, readFileSync, statfsSync, statSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, statfsSync, statSync } from 'node:fs';
 import { readdir, readFile, rm, stat, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
 
@@ -226,10 +226,14 @@ export class RegionStore {
 
   /** The newest good capture of `name`, or undefined if there is none. */
   async current(name: string): Promise<Manifest | undefined> {
+    const id = await this.currentId(name);
+    return id === undefined ? undefined : this.readManifest(name, id);
+  }
+
+  /** The id `current` names, if any. @internal */
+  async currentId(name: string): Promise<string | undefined> {
     validateName(name);
-    const id = (await readTextIfExists(join(this.root, 'snapshots', name, 'current')))?.trim();
-    if (!id) return undefined;
-    return this.readManifest(name, id);
+    return (await readTextIfExists(this.currentPath(name)))?.trim() || undefined;
   }
 
   /** A capture of `name`: the current one, or the one with `id`. Throws E_SNAPSHOT_NOT_FOUND. */
@@ -336,7 +340,7 @@ export class RegionStore {
       const tmp = join(this.root, 'tmp', `.current-${randomBytes(6).toString('hex')}`);
       if (remaining.length > 0) {
         // Move `current` first, so a crash in between leaves a valid pointer.
-        replaceFileAtomic(join(dir, 'current'), tmp, `${remaining[remaining.length - 1]}\n`);
+        this.writeCurrent(name, remaining[remaining.length - 1]!, tmp);
       } else {
         await rm(join(dir, 'current'), { force: true });
       }
@@ -403,17 +407,11 @@ export class RegionStore {
 
   /** @internal */
   writeCurrent(name: string, id: string, tmpPath: string): void {
-    replaceFileAtomic(join(this.root, 'snapshots', name, 'current'), tmpPath, `${id}\n`);
+    replaceFileAtomic(this.currentPath(name), tmpPath, `${id}\n`);
   }
 
-  /** The id `current` names now, if any (under the store lock). @internal */
-  currentIdSync(name: string): string | undefined {
-    try {
-      return readFileSync(join(this.root, 'snapshots', name, 'current'), 'utf8').trim() || undefined;
-    } catch (err) {
-      if ((err as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
-      throw toVsnapError(err);
-    }
+  private currentPath(name: string): string {
+    return join(this.root, 'snapshots', name, 'current');
   }
 
   /** @internal */

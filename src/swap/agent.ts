@@ -145,13 +145,14 @@ async function handle(options: SwapAgentOptions, req: IncomingMessage, res: Serv
     const name = decodeURIComponent(control[1]!);
     const action = control[2]!;
     const engine = controller.engine(name);
+    const snapshotName = engine.snapshot ?? name;
     if (req.method === 'GET' && action === 'snapshot_status') {
       const states = controller.states().find((s) => s.name === name)!;
-      const check = states.state === 'awake' || states.state === 'asleep' ? await Snapshot.restorableFor(options.store, engine.snapshot ?? name, engine.client) : undefined;
+      const check = states.state === 'awake' || states.state === 'asleep' ? await Snapshot.restorableFor(options.store, snapshotName, engine.client) : undefined;
       return send(res, 200, {
         is_sleeping: states.state !== 'awake',
         state: states.state,
-        cached: check?.cached ?? (await options.store.current(engine.snapshot ?? name)) !== undefined,
+        cached: check?.cached ?? (await options.store.current(snapshotName)) !== undefined,
         restorable: check?.restorable ?? false,
         reason: check ? check.problems.join('; ') || null : `the engine is ${states.state}`,
         free_gib: Number((freemem() / 2 ** 30).toFixed(2)),
@@ -167,11 +168,11 @@ async function handle(options: SwapAgentOptions, req: IncomingMessage, res: Serv
       return send(res, 200, { restored: true });
     }
     // snapshot: capture the engine (woken for it); ?force=1 captures again when one exists
-    const existing = await options.store.current(engine.snapshot ?? name);
+    const existing = await options.store.current(snapshotName);
     if (existing && url.searchParams.get('force') !== '1') return send(res, 200, { cached: true, id: existing.id });
     const lease = await controller.acquire(name);
     try {
-      const snap = await Snapshot.captureEngine(options.store, engine.snapshot ?? name, lease.client);
+      const snap = await Snapshot.captureEngine(options.store, snapshotName, lease.client);
       return send(res, 200, { cached: false, id: snap.id, bytes: snap.manifest.totalBytes, seconds: snap.lastCapture?.seconds });
     } finally {
       lease.release();

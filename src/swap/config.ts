@@ -125,12 +125,19 @@ type Same<A, B> = [A] extends [B] ? ([B] extends [A] ? true : false) : false;
 const schemaMatches: Same<z.infer<typeof ConfigSchema>, ServeConfig> = true;
 void schemaMatches;
 
+interface ConfigIssue {
+  path: string;
+  line: number;
+  column: number;
+  message: string;
+}
+
 /** `${env:NAME}` anywhere in a string is replaced by that environment variable. */
-function expandEnv(value: unknown, env: NodeJS.ProcessEnv, path: Array<string | number>, missing: string[]): unknown {
+function expandEnv(value: unknown, env: NodeJS.ProcessEnv, path: Array<string | number>, missing: ConfigIssue[]): unknown {
   if (typeof value === 'string') {
     return value.replace(/\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}/g, (_m, name: string) => {
       const v = env[name];
-      if (v === undefined) missing.push(`${path.join('.')}: environment variable ${name} is not set`);
+      if (v === undefined) missing.push({ path: path.join('.'), line: 0, column: 0, message: `environment variable ${name} is not set` });
       return v ?? '';
     });
   }
@@ -167,11 +174,11 @@ export function parseConfig(text: string, source: string, env: NodeJS.ProcessEnv
     });
     throw configError(source, issues);
   }
-  const missing: string[] = [];
+  const missing: ConfigIssue[] = [];
   const raw = expandEnv(doc.toJS(), env, [], missing);
   const result = ConfigSchema.safeParse(raw);
   const issues = [
-    ...missing.map((m) => ({ path: m.split(':')[0]!, line: 0, column: 0, message: m.slice(m.indexOf(':') + 2) })),
+    ...missing,
     ...(result.success
       ? []
       : result.error.issues.map((i) => {
@@ -194,7 +201,7 @@ function locate(doc: ReturnType<typeof parseDocument>, path: Array<string | numb
   return undefined;
 }
 
-function configError(source: string, issues: Array<{ path: string; line: number; column: number; message: string }>): VsnapError {
+function configError(source: string, issues: ConfigIssue[]): VsnapError {
   const lines = issues.map((i) => `  ${source}${i.line ? `:${i.line}:${i.column}` : ''} ${i.path}: ${i.message}`);
   return new VsnapError('E_CONFIG', `the configuration is invalid (${issues.length} problem${issues.length === 1 ? '' : 's'}):\n${lines.join('\n')}`, { issues });
 }

@@ -134,7 +134,8 @@ export class Supervisor extends EventEmitter {
 
   private async waitHealthy(running: Running): Promise<void> {
     const { spec } = running;
-    const deadline = Date.now() + (this.options.healthTimeoutMs ?? 15 * 60_000);
+    const timeoutMs = this.options.healthTimeoutMs ?? 15 * 60_000;
+    const deadline = Date.now() + timeoutMs;
     const url = spec.url.replace(/\/+$/, '') + (spec.healthPath ?? '/health');
     for (;;) {
       if (running.child?.exitCode !== null && running.child?.exitCode !== undefined) {
@@ -150,7 +151,7 @@ export class Supervisor extends EventEmitter {
         // not listening yet
       }
       if (Date.now() > deadline) {
-        throw new VsnapError('E_TIMEOUT', `engine '${spec.name}' was not healthy at ${url} within ${this.options.healthTimeoutMs ?? 900_000} ms`, { engine: spec.name });
+        throw new VsnapError('E_TIMEOUT', `engine '${spec.name}' was not healthy at ${url} within ${timeoutMs} ms`, { engine: spec.name });
       }
       await sleep(250);
     }
