@@ -1,7 +1,7 @@
 import { closeSync } from 'node:fs';
 
 import { toVsnapError, VsnapError } from '../errors.js';
-import { listDevices } from '../gpu/cuda.js';
+import { listDevices, type GpuDevice } from '../gpu/cuda.js';
 import { FdReceiver } from '../ipc/fd-receiver.js';
 import type { TensorInfo } from '../manifest/types.js';
 import type { RegionMemory } from '../regions/memory.js';
@@ -23,7 +23,7 @@ export interface ExportedRegion {
 
 /** Every rank's exported regions; close() closes the descriptors. @internal */
 export interface ExportedRegions {
-  readonly ranks: ReadonlyArray<{ rank: number; pid: number; deviceUuid: string; memory: 'cuda' | 'host'; regions: ExportedRegion[] }>;
+  readonly ranks: ReadonlyArray<{ rank: number; pid: number; deviceUuid: string; memory: 'cuda' | 'host'; gpu?: GpuDevice; regions: ExportedRegion[] }>;
   readonly seconds: number;
   close(): void;
   /** Hands the descriptors over to the caller (close() then leaves them open). */
@@ -62,9 +62,9 @@ export async function exportRegions(control: EngineControl, rankCount: number, o
       if (h.regions.length !== m.fds.length) {
         throw new VsnapError('E_ENGINE_PROTOCOL', `rank ${h.rank} sent ${m.fds.length} descriptors for ${h.regions.length} regions`);
       }
-      let device: number | undefined;
+      const gpu = h.memory === 'cuda' ? gpus.find((g) => g.uuid === h.device.uuid) : undefined;
+      const device = gpu?.ordinal;
       if (h.memory === 'cuda') {
-        device = gpus.find((g) => g.uuid === h.device.uuid)?.ordinal;
         if (device === undefined) {
           throw new VsnapError('E_CUDA_UNAVAILABLE', `rank ${h.rank}'s GPU ${h.device.uuid} is not visible to this process: give it the same GPUs as the engine (CUDA_VISIBLE_DEVICES)`, {
             uuid: h.device.uuid,
@@ -81,7 +81,7 @@ export async function exportRegions(control: EngineControl, rankCount: number, o
         memory: h.memory === 'cuda' ? { kind: 'imported', fd: m.fds[i]!, device: device! } : { kind: 'host', fd: m.fds[i]! },
         device,
       }));
-      return { rank: h.rank, pid: h.pid, deviceUuid: h.device.uuid, memory: h.memory, regions };
+      return { rank: h.rank, pid: h.pid, deviceUuid: h.device.uuid, memory: h.memory, ...(gpu ? { gpu } : {}), regions };
     });
     ranks.sort((a, b) => a.rank - b.rank);
     ranks.forEach((r, i) => {

@@ -7,7 +7,6 @@ import { toVsnapError, VsnapError } from '../errors.js';
 import type { EngineClient, EngineStatus } from '../engine/engine-client.js';
 import { engineControl, type EngineControl } from '../engine/control.js';
 import { exportRegions, type ExportedRegions } from '../engine/export.js';
-import { listDevices } from '../gpu/cuda.js';
 import type { LiveLayout, Mismatch } from '../manifest/compat.js';
 import type { ExpectedResponse } from '../manifest/types.js';
 import type { RegionStore } from '../store/region-store.js';
@@ -142,7 +141,7 @@ function preflight(status: EngineStatus, options: { onWarning?: (m: string) => v
 }
 
 /** The engine, model and platform facts a snapshot must match. */
-async function liveFacts(status: EngineStatus, exported: ExportedRegions, allowModelSwap: boolean): Promise<Omit<LiveLayout, 'ranks'>> {
+function liveFacts(status: EngineStatus, exported: ExportedRegions, allowModelSwap: boolean): Omit<LiveLayout, 'ranks'> {
   const m = status.model;
   const model = allowModelSwap
     ? { dtype: m.dtype, quantization: m.quantization, tensorParallelSize: m.tensorParallelSize, pipelineParallelSize: m.pipelineParallelSize }
@@ -150,7 +149,7 @@ async function liveFacts(status: EngineStatus, exported: ExportedRegions, allowM
   const engine = { kind: status.engine.kind, version: status.engine.version, pluginVersion: status.engine.pluginVersion, attentionBackend: status.engine.attentionBackend };
   const first = exported.ranks[0]!;
   if (first.memory === 'host') return { engine, model, platform: { kind: 'host' } };
-  const device = (await listDevices()).find((d) => d.uuid === first.deviceUuid);
+  const device = first.gpu; // found by the export
   return {
     engine,
     model,
@@ -210,25 +209,38 @@ export async function captureEngine(
   if (status.sleeping) {
     throw new VsnapError('E_ENGINE_STATE', 'the engine is asleep: capture needs its weights awake (restore or wake it first)');
   }
-  const expected = await probe(client, options.probePrompt ?? DEFAULT_PROMPT, options.probeMaxTokens ?? 16, options.signal);
   const exported = await exportRegions(control, status.ranks.length, options.signal ? { signal: options.signal } : {});
   try {
-    return await SnapshotClass.capture(store, name, {
-      regions: exported.ranks.flatMap((r) =>
-        r.regions.map((x) => ({ key: x.key, size: x.size, tag: x.tag, rank: x.rank, memory: x.memory, tensors: x.tensors, ...(x.device !== undefined ? { device: x.device } : {}) })),
-      ),
-      engine: status.engine,
-      model: status.model,
-      expectedResponse: expected,
-      labels: { ...(options.labels ?? {}) },
-      ...(options.chunkSize ? { chunkSize: options.chunkSize } : {}),
-      ...(options.cache ? { cache: options.cache } : {}),
-      ...(options.persist ? { persist: options.persist } : {}),
-      ...passOn(options),
-    });
+    return await captureExported(SnapshotClass, store, name, client, status, exported, options);
   } finally {
     exported.close();
   }
+}
+
+/** Records the expected response and captures the regions the engine exported (left open). */
+async function captureExported(
+  SnapshotClass: typeof Snapshot,
+  store: RegionStore,
+  name: string,
+  client: EngineClient,
+  status: EngineStatus,
+  exported: ExportedRegions,
+  options: EngineCaptureOptions,
+): Promise<Snapshot> {
+  const expected = await probe(client, options.probePrompt ?? DEFAULT_PROMPT, options.probeMaxTokens ?? 16, options.signal);
+  return SnapshotClass.capture(store, name, {
+    regions: exported.ranks.flatMap((r) =>
+      r.regions.map((x) => ({ key: x.key, size: x.size, tag: x.tag, rank: x.rank, memory: x.memory, tensors: x.tensors, ...(x.device !== undefined ? { device: x.device } : {}) })),
+    ),
+    engine: status.engine,
+    model: status.model,
+    expectedResponse: expected,
+    labels: { ...(options.labels ?? {}) },
+    ...(options.chunkSize ? { chunkSize: options.chunkSize } : {}),
+    ...(options.cache ? { cache: options.cache } : {}),
+    ...(options.persist ? { persist: options.persist } : {}),
+    ...passOn(options),
+  });
 }
 
 /** @internal */
@@ -284,7 +296,7 @@ export async function restoreEngine(snapshot: Snapshot, client: EngineClient, op
   try {
     exported = await exportRegions(control, status.ranks.length, call);
     lap('export');
-    snapshot.manifest.assertCompatible({ ...(await liveFacts(status, exported, options.allowModelSwap ?? false)), ranks: liveRanks(exported) });
+    snapshot.manifest.assertCompatible({ ...liveFacts(status, exported, options.allowModelSwap ?? false), ranks: liveRanks(exported) });
     const result = await snapshot.restore({
       regions: exported.ranks.flatMap((r) => r.regions.map((x) => ({ key: x.key, size: x.size, tag: x.tag, rank: x.rank, memory: x.memory }))),
       ...(options.cache ? { cache: options.cache } : {}),
@@ -368,7 +380,7 @@ function blobProblems(snapshot: Snapshot): string[] {
 
 /** Why a snapshot cannot bring back the weights an engine exported, or [] if it can. */
 async function restorable(snapshot: Snapshot, status: EngineStatus, exported: ExportedRegions, options: EngineSuspendOptions): Promise<string[]> {
-  const mismatches: Mismatch[] = snapshot.manifest.checkCompatibility({ ...(await liveFacts(status, exported, false)), ranks: liveRanks(exported) });
+  const mismatches: Mismatch[] = snapshot.manifest.checkCompatibility({ ...liveFacts(status, exported, false), ranks: liveRanks(exported) });
   const problems = [...mismatches.map((m) => m.message), ...blobProblems(snapshot)];
   if (problems.length === 0 && options.verifyBlobs) {
     const report = await snapshot.verify(options.signal ? { signal: options.signal } : {});
@@ -388,7 +400,7 @@ export async function restorableFor(
   const call = options.signal ? { signal: options.signal } : {};
   const current = await store.current(name);
   if (!current) return { restorable: false, cached: false, problems: [`the store has no snapshot '${name}'`] };
-  const snapshot = await SnapshotClass.open(store, name);
+  const snapshot = SnapshotClass.of(store, current);
   const { control, status } = await engineControl(client, call);
   if (status.sleeping) {
     // Asleep: the layout cannot be read back; the snapshot must at least be whole.
@@ -425,11 +437,11 @@ export async function suspendEngine(
   const current = await store.current(name);
   if (status.sleeping) {
     if (!current) throw new VsnapError('E_NOT_RESTORABLE', `the engine is already asleep and the store has no snapshot '${name}'`, { name });
-    return { snapshot: await SnapshotClass.open(store, name), captured: false, alreadyAsleep: true, seconds: (performance.now() - started) / 1000, phases: {} };
+    return { snapshot: SnapshotClass.of(store, current), captured: false, alreadyAsleep: true, seconds: (performance.now() - started) / 1000, phases: {} };
   }
   lap('status');
   preflight(status, options.onWarning ? { onWarning: options.onWarning } : (options.capture ?? {}));
-  let snapshot = current ? await SnapshotClass.open(store, name) : undefined;
+  let snapshot = current ? SnapshotClass.of(store, current) : undefined;
   // One export serves both the restorability check and tier 0's hold (a capture leaves the memory as it is).
   let exported: ExportedRegions | undefined;
   const exportWeights = async (): Promise<ExportedRegions> => (exported ??= await exportRegions(control, status.ranks.length, call));
@@ -446,8 +458,8 @@ export async function suspendEngine(
           { name, problems },
         );
       }
-      snapshot = await captureEngine(SnapshotClass, store, name, client, {
-        ...(options.onWarning ? { onWarning: options.onWarning } : {}),
+      // The weights exported for the check (or now) are captured as they are: no second export.
+      snapshot = await captureExported(SnapshotClass, store, name, client, status, await exportWeights(), {
         ...(options.capture ?? {}),
         ...(options.signal ? { signal: options.signal } : {}),
       });

@@ -222,6 +222,11 @@ export class Snapshot {
     return this.manifest.id;
   }
 
+  /** The snapshot of a manifest already read from `store`. @internal */
+  static of(store: RegionStore, manifest: Manifest): Snapshot {
+    return new Snapshot(store, manifest);
+  }
+
   /** The current capture of `name` (or the one with `id`). Throws E_SNAPSHOT_NOT_FOUND. */
   static async open(store: RegionStore, name: string, options: { id?: string } = {}): Promise<Snapshot> {
     return new Snapshot(store, await store.get(name, options.id));

@@ -4,6 +4,7 @@ import type { Registry } from 'prom-client';
 
 import type { HostCache } from '../cache/host-cache.js';
 import type { ResidentWeights } from '../cache/resident-weights.js';
+import { engineControl } from '../engine/control.js';
 import type { EngineClient } from '../engine/engine-client.js';
 import { abortError, invalidArgument, toVsnapError, VsnapError } from '../errors.js';
 import { Snapshot } from '../snapshot/snapshot.js';
@@ -187,14 +188,7 @@ export class SwapController extends EventEmitter {
    */
   static async create(options: SwapControllerOptions): Promise<SwapController> {
     const c = new SwapController(options);
-    for (const slot of c.slots.values()) {
-      try {
-        slot.state = (await slot.spec.client.vsnapStatus()).sleeping ? 'asleep' : 'awake';
-      } catch (err) {
-        slot.state = 'failed';
-        slot.error = (err as Error).message;
-      }
-    }
+    await Promise.all([...c.slots.values()].map((slot) => c.readState(slot)));
     await c.fitToBudget();
     for (const slot of c.slots.values()) if (slot.spec.pinned && slot.state === 'asleep') await c.bringUp(slot);
     c.changed();
@@ -342,17 +336,22 @@ export class SwapController extends EventEmitter {
    */
   async resync(model: string): Promise<void> {
     const slot = this.slot(model);
+    await this.readState(slot);
+    if (slot.state !== 'failed') slot.lastUsed = Date.now();
+    this.changed();
+    await this.fitToBudget();
+    this.schedule();
+  }
+
+  /** Reads whether an engine is awake or asleep (through its vsnap routes, or the dev routes). */
+  private async readState(slot: Slot): Promise<void> {
     try {
-      slot.state = (await slot.spec.client.vsnapStatus()).sleeping ? 'asleep' : 'awake';
-      slot.lastUsed = Date.now();
+      slot.state = (await engineControl(slot.spec.client)).status.sleeping ? 'asleep' : 'awake';
       delete slot.error;
     } catch (err) {
       slot.state = 'failed';
       slot.error = (err as Error).message;
     }
-    this.changed();
-    await this.fitToBudget();
-    this.schedule();
   }
 
   /** Stops the timers and rejects every waiting request (E_CLOSED). Engines are left as they are. */
