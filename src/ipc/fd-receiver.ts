@@ -216,7 +216,13 @@ async function exchange(path: string, nonce: string, header: unknown, fds: reado
   } catch (err) {
     throw toVsnapError(err);
   }
-  const parsed = JSON.parse(answer.reply) as { ok: boolean; code?: string; error?: string; offer?: unknown };
+  let parsed: { ok: boolean; code?: string; error?: string; offer?: unknown };
+  try {
+    parsed = JSON.parse(answer.reply) as typeof parsed;
+  } catch {
+    for (const fd of answer.fds) closeSync(fd);
+    throw new VsnapError('E_IPC_PROTOCOL', `${path} replied with something that is not JSON`, { path });
+  }
   if (!parsed.ok) {
     for (const fd of answer.fds) closeSync(fd);
     const code = parsed.code === 'E_IPC_AUTH' ? 'E_IPC_AUTH' : 'E_IPC_PROTOCOL';

@@ -5,7 +5,7 @@ import { dirname, join } from 'node:path';
 import { toVsnapError, VsnapError } from '../errors.js';
 import type { Manifest } from '../manifest/manifest.js';
 import { failpoint } from './failpoints.js';
-import { fsyncDir } from './fsutil.js';
+import { fsyncDir, mkdirDurable } from './fsutil.js';
 import { tryLock } from './lock.js';
 import type { RegionStore } from './region-store.js';
 
@@ -35,7 +35,12 @@ export class CaptureTransaction {
     const release = tryLock(join(store.root, 'tmp', `${id}.lock`), true);
     if (!release) throw new VsnapError('E_INTERNAL', `capture id ${id} is already in use`);
     const txn = new CaptureTransaction(store, name, id, release);
-    mkdirSync(txn.dir);
+    try {
+      mkdirSync(txn.dir);
+    } catch (err) {
+      release();
+      throw toVsnapError(err);
+    }
     return txn;
   }
 
@@ -69,7 +74,7 @@ export class CaptureTransaction {
           // written and checksummed from the source, so a stored copy that rotted since is healed
           // rather than trusted. Readers holding the old file keep reading it.
           if (existsSync(dest)) dedupedBytes += blob.size;
-          mkdirSync(dirname(dest), { recursive: true });
+          mkdirDurable(dirname(dest));
           chmodSync(blob.tmpPath, 0o444);
           renameSync(blob.tmpPath, dest);
           placed.add(blob.digest);
@@ -79,12 +84,11 @@ export class CaptureTransaction {
         failpoint('publish.after-blobs');
 
         const snapshotDir = join(this.store.root, 'snapshots', this.name);
-        mkdirSync(snapshotDir, { recursive: true });
+        mkdirDurable(snapshotDir);
         const manifestTmp = join(this.dir, 'manifest.json');
         this.store.writeManifestTmp(manifestTmp, manifest);
         renameSync(manifestTmp, this.store.manifestPath(this.name, manifest.id));
         fsyncDir(snapshotDir);
-        fsyncDir(join(this.store.root, 'snapshots'));
         failpoint('publish.after-manifest');
 
         // Ids are time-ordered: a capture persisted late (persist 'async' or 'off') never

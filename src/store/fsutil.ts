@@ -1,4 +1,4 @@
-import { closeSync, fsyncSync, openSync, renameSync, writeSync } from 'node:fs';
+import { closeSync, fsyncSync, mkdirSync, openSync, renameSync, writeSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { dirname } from 'node:path';
 
@@ -10,6 +10,15 @@ export function fsyncDir(path: string): void {
   } finally {
     closeSync(fd);
   }
+}
+
+/**
+ * mkdir -p, with the parent of the first directory it creates fsynced, so the new directory
+ * survives a power cut (nothing to sync when it already existed). @internal
+ */
+export function mkdirDurable(path: string): void {
+  const first = mkdirSync(path, { recursive: true });
+  if (first !== undefined) fsyncDir(dirname(first));
 }
 
 /** Writes and fsyncs a file at `tmpPath`. @internal */

@@ -15,21 +15,8 @@ export async function acquireLock(path: string, exclusive: boolean, timeoutMs: n
   const deadline = Date.now() + timeoutMs;
   let wait = 5;
   for (;;) {
-    let fd: number;
-    try {
-      fd = native().tryLockFile(path, exclusive);
-    } catch (err) {
-      throw toVsnapError(err);
-    }
-    if (fd >= 0) {
-      let released = false;
-      return () => {
-        if (!released) {
-          released = true;
-          closeSync(fd);
-        }
-      };
-    }
+    const release = tryLock(path, exclusive);
+    if (release) return release;
     if (Date.now() >= deadline) {
       throw new VsnapError(
         'E_STORE_LOCKED',
@@ -43,9 +30,20 @@ export async function acquireLock(path: string, exclusive: boolean, timeoutMs: n
   }
 }
 
-/** Takes the lock only if free now; returns undefined otherwise. @internal */
+/** Takes the lock only if free now; returns its (idempotent) release, or undefined. @internal */
 export function tryLock(path: string, exclusive: boolean): (() => void) | undefined {
-  const fd = native().tryLockFile(path, exclusive);
+  let fd: number;
+  try {
+    fd = native().tryLockFile(path, exclusive);
+  } catch (err) {
+    throw toVsnapError(err);
+  }
   if (fd < 0) return undefined;
-  return () => closeSync(fd);
+  let released = false;
+  return () => {
+    if (!released) {
+      released = true;
+      closeSync(fd);
+    }
+  };
 }

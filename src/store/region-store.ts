@@ -206,7 +206,7 @@ export class RegionStore {
 
   /** Names of all snapshots with their current capture, sorted by name. */
   async list(): Promise<SnapshotSummary[]> {
-    const names = (await readdir(join(this.root, 'snapshots'))).filter((n) => !n.startsWith('.')).sort();
+    const names = (await this.snapshotNames()).sort();
     const out: SnapshotSummary[] = [];
     for (const name of names) {
       const manifest = await this.current(name);
@@ -357,22 +357,18 @@ export class RegionStore {
   async gc(): Promise<{ blobsRemoved: number; bytesFreed: number }> {
     return this.withLock(true, async () => {
       const referenced = new Set<string>();
-      for (const name of await readdir(join(this.root, 'snapshots'))) {
+      for (const name of await this.snapshotNames()) {
         for (const id of await this.manifestIds(name)) {
           for (const { region } of (await this.readManifest(name, id)).regions()) referenced.add(region.blob);
         }
       }
       let blobsRemoved = 0;
       let bytesFreed = 0;
-      const blobs = join(this.root, 'blobs');
-      for (const prefix of await readdir(blobs)) {
-        for (const digest of await readdir(join(blobs, prefix))) {
-          if (referenced.has(digest)) continue;
-          const path = join(blobs, prefix, digest);
-          bytesFreed += (await stat(path)).size;
-          await unlink(path);
-          blobsRemoved++;
-        }
+      for await (const blob of this.blobFiles()) {
+        if (referenced.has(blob.digest)) continue;
+        await unlink(blob.path);
+        bytesFreed += blob.size;
+        blobsRemoved++;
       }
       return { blobsRemoved, bytesFreed };
     });
@@ -382,14 +378,27 @@ export class RegionStore {
   async usage(): Promise<{ blobs: number; bytes: number }> {
     let blobs = 0;
     let bytes = 0;
+    for await (const blob of this.blobFiles()) {
+      blobs++;
+      bytes += blob.size;
+    }
+    return { blobs, bytes };
+  }
+
+  /** Every blob file on disk. */
+  private async *blobFiles(): AsyncGenerator<{ path: string; digest: string; size: number }> {
     const root = join(this.root, 'blobs');
     for (const prefix of await readdir(root)) {
       for (const digest of await readdir(join(root, prefix))) {
-        blobs++;
-        bytes += (await stat(join(root, prefix, digest))).size;
+        const path = join(root, prefix, digest);
+        yield { path, digest, size: (await stat(path)).size };
       }
     }
-    return { blobs, bytes };
+  }
+
+  /** The snapshot names (directories under snapshots/, dot-entries skipped). */
+  private async snapshotNames(): Promise<string[]> {
+    return (await readdir(join(this.root, 'snapshots'))).filter((n) => !n.startsWith('.'));
   }
 
   /** Nothing to release today; present so stores can be used with `await using`. */
