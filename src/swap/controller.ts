@@ -451,8 +451,7 @@ export class SwapController extends EventEmitter {
       );
       const victim = [...candidates.filter((s) => s.leases === 0), ...residents].sort((a, b) => a.lastUsed - b.lastUsed)[0];
       if (victim?.state === 'asleep') {
-        this.options.resident!.release(victim.spec.client.baseUrl);
-        this.changed();
+        this.demote(victim);
         continue;
       }
       if (victim) {
@@ -465,11 +464,16 @@ export class SwapController extends EventEmitter {
       if (slot.waiters.length === 0 && !slot.spec.pinned) return; // nobody wants it any more
       // wait for a request to finish (or re-check every half second: waiters may have given up)
       await new Promise<void>((resolve) => {
-        const timer = setTimeout(resolve, 500);
-        this.released.push(() => {
+        const notify = (): void => {
           clearTimeout(timer);
           resolve();
-        });
+        };
+        // on timeout, take the notifier back: they would pile up, two a second, until a release
+        const timer = setTimeout(() => {
+          this.released = this.released.filter((n) => n !== notify);
+          resolve();
+        }, 500);
+        this.released.push(notify);
       });
     }
     for (const w of slot.waiters.splice(0)) w.resolve(this.lease(slot));
@@ -537,6 +541,12 @@ export class SwapController extends EventEmitter {
     }
   }
 
+  /** Releases the weights tier 0 holds for a suspended engine (its snapshot brings them back). */
+  private demote(slot: Slot): void {
+    this.options.resident!.release(slot.spec.client.baseUrl);
+    this.changed();
+  }
+
   /** Suspends least recently used unpinned engines until every device is within budget. */
   private async fitToBudget(): Promise<void> {
     for (;;) {
@@ -546,7 +556,7 @@ export class SwapController extends EventEmitter {
       const device = Number(over[0]);
       const resident = [...this.slots.values()].find((s) => s.state === 'asleep' && this.residentBytes(s) > 0 && s.spec.devices.includes(device));
       if (resident) {
-        this.options.resident!.release(resident.spec.client.baseUrl);
+        this.demote(resident);
         continue;
       }
       const victim = [...this.slots.values()]
@@ -567,13 +577,7 @@ export class SwapController extends EventEmitter {
       (s) => s.state === 'awake' && !s.spec.pinned && s.leases === 0 && s.spec.idleTtlMs !== undefined && now - s.lastUsed > s.spec.idleTtlMs && s.spec.name !== this.options.defaultModel,
     );
     if (expired) {
-      this.running = true;
-      void this.putToSleep(expired, this.options.captureIfNeeded ?? true, this.mayKeepResident(expired))
-        .catch(() => undefined)
-        .finally(() => {
-          this.running = false;
-          this.schedule();
-        });
+      this.runExclusive(() => this.putToSleep(expired, this.options.captureIfNeeded ?? true, this.mayKeepResident(expired)));
       return;
     }
     const name = this.options.defaultModel;
@@ -581,14 +585,17 @@ export class SwapController extends EventEmitter {
     // idle: no unpinned engine awake or waking, and nobody waiting
     const idle = [...this.slots.values()].every((s) => (s.spec.pinned || (s.state !== 'awake' && s.state !== 'waking')) && s.waiters.length === 0);
     const slot = this.slots.get(name)!;
-    if (idle && slot.state === 'asleep') {
-      this.running = true;
-      void this.bringUp(slot)
-        .catch(() => undefined)
-        .finally(() => {
-          this.running = false;
-          this.schedule();
-        });
-    }
+    if (idle && slot.state === 'asleep') this.runExclusive(() => this.bringUp(slot));
+  }
+
+  /** Runs one background step of tick() (its failure is already reported as an event). */
+  private runExclusive(step: () => Promise<unknown>): void {
+    this.running = true;
+    void step()
+      .catch(() => undefined)
+      .finally(() => {
+        this.running = false;
+        this.schedule();
+      });
   }
 }
