@@ -74,7 +74,7 @@ class ExportableTest(unittest.TestCase):
 
     def test_wake_creates_exportable_memory_through_the_wrapped_create_and_map(self):
         woken = []
-        mode = adapter.install_hooks("weights", lambda a: (self.exporter.create_on_wake(a), woken.append(a.va)), lambda: None, lambda: None)
+        mode = adapter.install_hooks("weights", lambda a: (self.exporter.create_on_wake(a), woken.append(a.va)), lambda: None, lambda: None, self.fail_hook)
         self.assertEqual(mode, "wrapped create_and_map")
         self.exporter.make_all_exportable(adapter.allocations("weights"))
         self.allocator.sleep(offload_tags=())
@@ -85,7 +85,10 @@ class ExportableTest(unittest.TestCase):
             self.assertEqual(ctypes.string_at(a.va, 8), bytes(8))  # fresh memory: empty
         kv = adapter.allocations("kv_cache")[0]
         self.assertEqual(kv.handle, 0)  # other tags still go through vLLM's own create
-        self.assertEqual(mode, adapter.install_hooks("weights", None, None, None))  # installing twice is harmless
+        self.assertEqual(mode, adapter.install_hooks("weights", None, None, None, None))  # installing twice is harmless
+
+    def fail_hook(self, where, exc):
+        raise AssertionError(f"hook {where} failed: {exc}")
 
     def test_level_one_sleep_keeps_bytes_through_rehome(self):
         self.exporter.make_all_exportable(adapter.allocations("weights"))

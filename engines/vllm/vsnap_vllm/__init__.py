@@ -22,9 +22,24 @@ def register():
     from . import adapter, api, bridge
 
     log = logging.getLogger("vsnap_vllm")
+    # Worker side (runs in every process; only a worker ever calls load_model).
     try:
-        adapter.patch_worker(bridge.BRIDGE.after_load, bridge.WORKER_METHODS)
-    except adapter.BridgeUnsupported as e:
-        log.warning("vsnap: worker hooks not installed: %s", e)
-    if not adapter.patch_api_server(api.mount):
-        log.info("vsnap: no API server hook point in this process; use the dev routes (VLLM_SERVER_DEV_MODE=1)")
+        adapter.patch_worker(bridge.BRIDGE.after_load, bridge.WORKER_METHODS, bridge.BRIDGE.fail)
+    except Exception as e:  # noqa: BLE001 - a plugin must never stop vLLM from starting
+        bridge.BRIDGE.fail("patch_worker", e)
+    # API-server side: the endpoint plugin (entry point vsnap_vllm.endpoint:plugin) attaches the
+    # routes where vLLM has endpoint plugins; older vLLM gets a wrapped build_app where that is
+    # detected to work; otherwise nothing, said loudly.
+    try:
+        if adapter.endpoint_plugins_available():
+            if not adapter.endpoint_plugin_allowed():
+                api.MOUNTED.update(mechanism=None, detail="VLLM_PLUGINS does not name 'vsnap' exactly: vLLM loads no endpoint plugin")
+                log.warning("vsnap: VLLM_PLUGINS does not name 'vsnap': the /vsnap/v1 routes will NOT be attached (set VLLM_PLUGINS=vsnap)")
+            return
+        ok, how = adapter.patch_api_server(api.mount)
+        if not ok:
+            api.MOUNTED.update(mechanism=None, detail=how)
+            log.warning("vsnap: the /vsnap/v1 routes cannot be attached in this vLLM (%s); use the dev routes (VLLM_SERVER_DEV_MODE=1)", how)
+    except Exception as e:  # noqa: BLE001
+        api.MOUNTED.update(mechanism=None, detail=f"{type(e).__name__}: {e}")
+        log.exception("vsnap: the /vsnap/v1 routes could NOT be attached")

@@ -13,6 +13,7 @@ import ctypes
 import functools
 import importlib
 import inspect
+import os
 from dataclasses import dataclass
 
 
@@ -85,17 +86,19 @@ def allocation_for_handle(handle):
     return _to_allocation(data) if data is not None else None
 
 
-def install_hooks(tag, on_create, after_map, before_unmap):
+def install_hooks(tag, on_create, after_map, before_unmap, on_failure):
     """Keeps memory of `tag` exportable across sleep and wake, and tells the bridge when it is
     mapped. Official hooks first: `before_unmap()` before vLLM unmaps the tag's memory,
     `after_map()` after a wake has mapped it (the bridge then rehomes, copying whatever a level-1
     wake restored). Otherwise the module-level `create_and_map` / `unmap_and_release` are
-    wrapped: `on_create(allocation)` creates exportable memory in place of vLLM's, and
-    `before_unmap()` runs before the tag's memory is released. Returns the way chosen."""
+    wrapped: `on_create(allocation)` maps exportable memory in place of vLLM's and returns True
+    (False: vLLM's own create runs), and `before_unmap()` runs before the tag's memory is
+    released. Every hook is guarded: an exception goes to `on_failure(where, exc)` and vLLM
+    carries on as if the bridge were absent. Returns the way chosen."""
     package = importlib.import_module("vllm.device_allocator")
     register = getattr(package, "register_tag_hooks", None)
     if callable(register):
-        register(tag, before_unmap, after_map)
+        register(tag, guarded("before_unmap", before_unmap, on_failure), guarded("after_map", after_map, on_failure))
         return "register_tag_hooks"
     cumem = _cumem()
     create, release = getattr(cumem, "create_and_map", None), getattr(cumem, "unmap_and_release", None)
@@ -106,23 +109,45 @@ def install_hooks(tag, on_create, after_map, before_unmap):
 
     @functools.wraps(create)
     def create_and_map(handle):
-        allocation = allocation_for_handle(handle)
-        if allocation is not None and allocation.tag == tag:
-            on_create(allocation)
-        else:
+        mapped = False
+        try:
+            allocation = allocation_for_handle(handle)
+            if allocation is not None and allocation.tag == tag:
+                mapped = bool(on_create(allocation))
+        except Exception as e:  # noqa: BLE001 - the bridge must never break a wake
+            on_failure("create_and_map", e)
+            mapped = False
+        if not mapped:
             create(handle)
 
     @functools.wraps(release)
     def unmap_and_release(handle):
-        allocation = allocation_for_handle(handle)
-        if allocation is not None and allocation.tag == tag:
-            before_unmap()
+        try:
+            allocation = allocation_for_handle(handle)
+            if allocation is not None and allocation.tag == tag:
+                before_unmap()
+        except Exception as e:  # noqa: BLE001 - the bridge must never break a sleep
+            on_failure("unmap_and_release", e)
         release(handle)
 
     create_and_map._vsnap_wrapped = True
     cumem.create_and_map = create_and_map
     cumem.unmap_and_release = unmap_and_release
     return "wrapped create_and_map"
+
+
+def guarded(where, fn, on_failure):
+    """`fn` with every exception reported to `on_failure(where, exc)` instead of raised."""
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001
+            on_failure(where, e)
+            return None
+
+    return call
 
 
 # ---------------------------------------------------------------------------- workers
@@ -134,17 +159,19 @@ def worker_class():
         raise BridgeUnsupported(f"vllm.v1.worker.gpu_worker.Worker not found ({e})") from e
 
 
-def patch_worker(after_load, methods):
-    """Runs `after_load(worker)` after Worker.load_model, and adds `methods` to Worker so that
-    collective_rpc can call them. Idempotent."""
+def patch_worker(after_load, methods, on_failure):
+    """Runs `after_load(worker)` after Worker.load_model (an exception goes to
+    `on_failure("after_load", exc)`: the load itself always completes), and adds `methods` to
+    Worker so that collective_rpc can call them. Idempotent."""
     cls = worker_class()
     original = cls.load_model
     if not getattr(original, "_vsnap_wrapped", False):
+        hook = guarded("after_load", after_load, on_failure)
 
         @functools.wraps(original)
         def load_model(self, *args, **kwargs):
             result = original(self, *args, **kwargs)
-            after_load(self)
+            hook(self)
             return result
 
         load_model._vsnap_wrapped = True
@@ -169,10 +196,13 @@ def worker_rank(worker):
 
 
 def worker_device(worker):
-    device = getattr(worker, "local_rank", None)
-    if device is None:
-        device = getattr(getattr(worker, "device", None), "index", 0)
-    return int(device or 0)
+    """The CUDA device ordinal: `worker.device.index` (vllm/v1/worker/gpu_worker.py sets
+    `cuda:{visible id of local_rank}`; `local_rank` is adjusted for data parallelism and is not
+    the ordinal). `local_rank` only where a worker has no `device`."""
+    index = getattr(getattr(worker, "device", None), "index", None)
+    if index is None:
+        index = getattr(worker, "local_rank", 0)
+    return int(index or 0)
 
 
 def attention_backend(worker):
@@ -190,18 +220,45 @@ def attention_backend(worker):
 
 # ---------------------------------------------------------------------------- API server
 
-def patch_api_server(mount):
-    """Calls `mount(app)` on the app vLLM's API server builds (wrapping build_app). Returns False
-    where there is no such hook point: the dev routes are then the fallback."""
+def endpoint_plugins_available():
+    """True where this vLLM loads `vllm.endpoint_plugins` entry points (PR #47454, about v0.30):
+    vllm/plugins/__init__.py defines load_endpoint_plugins."""
     try:
-        module = importlib.import_module("vllm.entrypoints.openai.api_server")
+        plugins = importlib.import_module("vllm.plugins")
     except ImportError:
         return False
+    return callable(getattr(plugins, "load_endpoint_plugins", None))
+
+
+def endpoint_plugin_allowed(name="vsnap"):
+    """vLLM loads an endpoint plugin only when VLLM_PLUGINS is set and names it exactly
+    (split on ",", no stripping: vllm/plugins/__init__.py, vllm/envs.py)."""
+    allowed = os.environ.get("VLLM_PLUGINS")
+    return allowed is not None and name in allowed.split(",")
+
+
+def patch_api_server(mount):
+    """For vLLM without endpoint plugins: calls `mount(app)` on the app its API server builds, by
+    wrapping `build_app` in `vllm.entrypoints.openai.api_server`, which older versions (to about
+    v0.25) define there and call through the module global. Returns (True, how) or (False, why):
+    a `build_app` defined elsewhere (a re-export by a shim: newer vLLM calls it in
+    vllm/entrypoints/launchers/app.py) or never called through that global would silently add
+    no route, so it is refused."""
+    name = "vllm.entrypoints.openai.api_server"
+    try:
+        module = importlib.import_module(name)
+    except Exception as e:  # noqa: BLE001 - importing vLLM's server may fail in a worker
+        return False, f"{name} is not importable ({type(e).__name__}: {e})"
     original = getattr(module, "build_app", None)
     if not callable(original):
-        return False
+        return False, f"{name} has no build_app"
     if getattr(original, "_vsnap_wrapped", False):
-        return True
+        return True, f"wrapped {name}.build_app"
+    defined_in = getattr(original, "__module__", None)
+    if defined_in != module.__name__:
+        return False, f"{name}.build_app is a re-export of {defined_in}.build_app: wrapping it would add no route"
+    if not _calls_global(module, "build_app"):
+        return False, f"nothing in {name} calls build_app through its module global: wrapping it would add no route"
 
     @functools.wraps(original)
     def build_app(*args, **kwargs):
@@ -211,7 +268,22 @@ def patch_api_server(mount):
 
     build_app._vsnap_wrapped = True
     module.build_app = build_app
-    return True
+    return True, f"wrapped {name}.build_app"
+
+
+def _calls_global(module, name):
+    """True when a function defined in `module` (not build_app itself) names `name` as a global."""
+    for attr, value in vars(module).items():
+        code = getattr(value, "__code__", None)
+        if code is None or attr == name or getattr(value, "__module__", None) != module.__name__:
+            continue
+        stack = [code]
+        while stack:
+            c = stack.pop()
+            if name in c.co_names:
+                return True
+            stack.extend(k for k in c.co_consts if hasattr(k, "co_names"))
+    return False
 
 
 def add_route(app, path, endpoint, methods):
@@ -221,11 +293,18 @@ def add_route(app, path, endpoint, methods):
     add(path, endpoint, methods=methods)
 
 
+_NO_CLIENT = object()
+
+
 def engine_client(request):
+    """The engine client the endpoint plugin's init_state stored (None on a render server), else
+    (older vLLM, wrapped build_app) the app state's."""
     state = getattr(request.app, "state", None)
-    client = getattr(state, "engine_client", None)
+    client = getattr(state, "vsnap_engine_client", _NO_CLIENT)
+    if client is _NO_CLIENT:
+        client = getattr(state, "engine_client", None)
     if client is None:
-        raise BridgeUnsupported("request.app.state.engine_client is missing")
+        raise BridgeUnsupported("this API server has no engine client (a render server?): the vsnap routes need an engine")
     return client
 
 
@@ -269,7 +348,21 @@ async def collective_rpc(client, method, args=()):
 
 
 async def reset_prefix_cache(client):
-    await client.reset_prefix_cache()
+    """True when the engine reset its prefix cache. vllm/engine/protocol.py:
+    `reset_prefix_cache(reset_running_requests=False, reset_connector=False) -> bool`; older
+    versions return None (taken as done)."""
+    result = await client.reset_prefix_cache()
+    return True if result is None else bool(result)
+
+
+async def release_kv_cache_memory(client):
+    """The engine's own weight-resident suspend (PR #44890): pause keeping requests
+    (`sleep(0, "keep")`), then discard the KV cache; `wake_up(["kv_cache"])` undoes both."""
+    release = getattr(client, "release_kv_cache_memory", None)
+    if not callable(release):
+        raise BridgeUnsupported("this vLLM's engine client has no release_kv_cache_memory (added about v0.30, PR #44890)")
+    await sleep(client, 0, "keep")
+    await release()
 
 
 def engine_facts(owner):

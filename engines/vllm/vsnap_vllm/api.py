@@ -1,4 +1,6 @@
-"""The /vsnap/v1 routes on vLLM's API server: status, export, sleep, wake, reset_prefix_cache.
+"""The /vsnap/v1 routes on vLLM's API server: status, export, sleep, wake, reset_prefix_cache,
+release_kv_cache. How they got there (an endpoint plugin, a wrapped build_app, or not at all) is
+in MOUNTED and in the status answer.
 
 Every route needs `Authorization: Bearer $VSNAP_TOKEN` (compared in constant time), so the
 engine can be driven without VLLM_SERVER_DEV_MODE, whose routes nobody authenticates. With no
@@ -14,6 +16,9 @@ from . import adapter
 
 log = logging.getLogger("vsnap_vllm")
 PREFIX = "/vsnap/v1"
+# How this process's routes were attached: {"mechanism": "endpoint_plugins" | "build_app wrap" |
+# None, "detail": str}. Set by mount() and by the general plugin when no mechanism applies.
+MOUNTED = {"mechanism": None, "detail": "the vsnap routes were not attached in this process"}
 
 
 class HttpError(Exception):
@@ -52,6 +57,8 @@ def _route(handler):
             status, content = await handler(request, adapter.engine_client(request))
         except HttpError as e:
             status, content = e.status, {"error": str(e)}
+        except adapter.BridgeUnsupported as e:  # no engine here, or the engine lacks a feature
+            status, content = 503, {"error": str(e)}
         except Exception as e:  # the engine or a worker failed: say what happened
             log.exception("vsnap route failed")
             status, content = 500, {"error": f"{type(e).__name__}: {e}"}
@@ -64,7 +71,9 @@ def _route(handler):
 async def status(request, client):
     ranks = await adapter.collective_rpc(client, "vsnap_status")
     first = ranks[0] if ranks and isinstance(ranks[0], dict) else {}
-    return 200, {"engine": first.get("engine"), "model": first.get("model"), "sleeping": await adapter.is_sleeping(client), "ranks": ranks}
+    features = {"releaseKvCache": callable(getattr(client, "release_kv_cache_memory", None))}
+    return 200, {"engine": first.get("engine"), "model": first.get("model"), "sleeping": await adapter.is_sleeping(client),
+                 "routes": dict(MOUNTED), "features": features, "ranks": ranks}
 
 
 async def export(request, client):
@@ -102,8 +111,17 @@ async def wake(request, client):
 
 
 async def reset_prefix_cache(request, client):
-    await adapter.reset_prefix_cache(client)
-    return 200, {"status": "ok"}
+    if not await adapter.reset_prefix_cache(client):
+        raise HttpError(409, "the engine did not reset its prefix cache (requests running?): drain it and retry")
+    return 200, {"status": "ok", "success": True}
+
+
+async def release_kv_cache(request, client):
+    try:
+        await adapter.release_kv_cache_memory(client)
+    except adapter.BridgeUnsupported as e:
+        raise HttpError(501, str(e)) from e
+    return 200, {"status": "kv_cache_released"}
 
 
 ROUTES = [
@@ -112,11 +130,14 @@ ROUTES = [
     ("/sleep", sleep, ["POST"]),
     ("/wake", wake, ["POST"]),
     ("/reset_prefix_cache", reset_prefix_cache, ["POST"]),
+    ("/release_kv_cache", release_kv_cache, ["POST"]),
 ]
 
 
-def mount(app):
+def mount(app, mechanism="build_app wrap", detail=None):
     for path, handler, methods in ROUTES:
         adapter.add_route(app, PREFIX + path, _route(handler), methods)
+    MOUNTED.update(mechanism=mechanism, detail=detail or mechanism)
+    log.info("vsnap: routes %s/* attached (%s)", PREFIX, MOUNTED["detail"])
     if not os.environ.get("VSNAP_TOKEN"):
         log.warning("vsnap: VSNAP_TOKEN is not set; the /vsnap/v1 routes will refuse every request")

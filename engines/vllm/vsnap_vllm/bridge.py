@@ -28,6 +28,25 @@ class Bridge:
         self.weights_mapped = False
         self.load_report = None
         self.pending = {}  # va -> descriptor handed back by the SDK, mapped at the next wake
+        self.unsupported = None  # why the bridge stopped (a hook failed); vLLM carries on without it
+
+    def fail(self, where, exc):
+        """A hook failed: the bridge steps aside for the rest of this process (vLLM's own paths
+        run as if the plugin were absent) and says why in its status."""
+        reason = f"{where}: {type(exc).__name__}: {exc}"
+        if self.unsupported is None:
+            self.unsupported = reason
+        log.error("vsnap: the bridge is disabled in this worker (%s); vLLM carries on without it", reason, exc_info=exc)
+        for fd in self.pending.values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.pending = {}
+
+    def _check_supported(self):
+        if self.unsupported is not None:
+            raise BridgeError(f"the vsnap bridge is disabled in this worker: {self.unsupported}")
 
     def _ensure(self):
         if self.driver is None:
@@ -37,23 +56,34 @@ class Bridge:
     # ---- hooks
 
     def after_load(self, worker):
-        """After vLLM loaded the model: rehome the weights, and hook sleep/wake."""
+        """After vLLM loaded the model: make the weights exportable, and hook sleep/wake. Called
+        guarded (adapter.patch_worker): an exception disables the bridge, never the load."""
+        if self.unsupported is not None:
+            return
         if adapter.allocator() is None:
             log.warning("vsnap: sleep mode is off (--enable-sleep-mode): weights stay unexportable, the bridge is idle")
             return
         with self._lock:
             self._ensure()
-            self.load_report = self.exporter.make_all_exportable(adapter.allocations(TAG), copy=True)
-            self.hook_mode = adapter.install_hooks(TAG, self._on_create, self._after_map, self._before_unmap)
+            # Classify first (refuses ROCm's list-shaped handles before touching any memory).
+            allocations = adapter.allocations(TAG)
+            self.load_report = self.exporter.make_all_exportable(allocations, copy=True)
+            self.hook_mode = adapter.install_hooks(TAG, self._on_create, self._after_map, self._before_unmap, self.fail)
             self.weights_mapped = True
-        log.info("vsnap: bridge ready (%s)", self.hook_mode)
+        log.info("vsnap: bridge ready (%s; weights memory %s)", self.hook_mode, self.load_report.get("kinds"))
 
     def _on_create(self, allocation):
+        """In place of vLLM's create for one weights allocation; False: let vLLM create it."""
+        if self.unsupported is not None:
+            return False
         if not self._adopt_pending(allocation, in_place=False):
             self.exporter.create_on_wake(allocation)
         self.weights_mapped = True
+        return True
 
     def _after_map(self):
+        if self.unsupported is not None:
+            return
         allocations = adapter.allocations(TAG)
         for allocation in allocations:
             self._adopt_pending(allocation, in_place=True)
@@ -78,6 +108,7 @@ class Bridge:
         rank = adapter.worker_rank(worker)
         if rank >= len(nonces):
             raise BridgeError(f"no nonce for rank {rank} ({len(nonces)} given)")
+        self._check_supported()
         offer, fds = fetch_fds(socket_path, nonces[rank], {"rank": rank, "pid": os.getpid()})
         regions = offer.get("regions", []) if isinstance(offer, dict) else []
         if len(regions) != len(fds):
@@ -114,20 +145,35 @@ class Bridge:
 
     def _before_unmap(self):
         self.weights_mapped = False
+        if self.unsupported is not None:
+            return
         if self.exporter is not None:
             self.exporter.forget()
 
     # ---- worker methods
 
     def status(self, worker):
+        """Plain data only: it crosses processes serialised (msgpack in vLLM)."""
         self._ensure()
-        allocations = adapter.allocations(TAG)
-        device = adapter.worker_device(worker)
         facts = adapter.engine_facts(worker)
         facts["engine"]["pluginVersion"] = __version__
         backend = adapter.attention_backend(worker)
         facts["engine"]["attentionBackend"] = backend
+        device = adapter.worker_device(worker)
+        try:
+            allocations = adapter.allocations(TAG)
+        except Exception as e:  # noqa: BLE001 - e.g. ROCm handles: say so, do not fail the status
+            self.fail("status", e)
+            allocations = []
+        kinds = {}
+        for a in allocations:
+            kind = self.exporter.kinds.get(a.va)
+            kinds[kind or "unknown"] = kinds.get(kind or "unknown", 0) + 1
         return {
+            "supported": self.unsupported is None,
+            "unsupportedReason": self.unsupported,
+            "weightsMemory": kinds,
+            "otherTags": sorted({a.tag for a in self._all_allocations()} - {TAG}),
             **facts,
             "rank": adapter.worker_rank(worker),
             "pid": os.getpid(),
@@ -142,11 +188,18 @@ class Bridge:
             "rehome": self.load_report,
         }
 
+    def _all_allocations(self):
+        try:
+            return adapter.allocations()
+        except Exception:  # noqa: BLE001
+            return []
+
     def export(self, worker, socket_path, nonces):
         """Sends this rank's weights region table and descriptors to the SDK's socket."""
         rank = adapter.worker_rank(worker)
         if rank >= len(nonces):
             raise BridgeError(f"no nonce for rank {rank} ({len(nonces)} given)")
+        self._check_supported()
         with self._lock:
             self._ensure()
             allocations = adapter.allocations(TAG)
@@ -156,6 +209,8 @@ class Bridge:
                 raise BridgeError("the weights are asleep: wake them first (POST /vsnap/v1/wake with tags ['weights'])")
             self.exporter.make_all_exportable(allocations, copy=True)
             regions = describe(allocations, adapter.worker_model(worker))
+            for r in regions:
+                r["memory"] = self.exporter.kinds.get(r["va"])
             fds = self.exporter.export_fds(allocations)
         device = adapter.worker_device(worker)
         header = {
@@ -164,7 +219,7 @@ class Bridge:
             "pid": os.getpid(),
             "memory": self.driver.kind,
             "device": {"ordinal": device, "uuid": self.driver.device_uuid(device)},
-            "regions": [{k: r[k] for k in ("key", "tag", "va", "size", "tensors")} for r in regions],
+            "regions": [{k: r[k] for k in ("key", "tag", "va", "size", "memory", "tensors")} for r in regions],
         }
         try:
             send_fds(socket_path, nonces[rank], header, fds)

@@ -23,10 +23,17 @@ class NotExportable(DriverError):
     """The handle's memory was not created exportable as a POSIX descriptor."""
 
 
+# What memory a handle holds, as far as exporting it goes (one per allocation, see exportable.py):
+POSIX_FD = "posix-fd"  # requested with a POSIX-FD handle type: exported as it is, no copy
+NONE = "none"  # no export handle type (older vLLM): rehomed
+FABRIC = "fabric"  # FABRIC handles only (vLLM on IMEX systems, PR #33540): rehomed to POSIX-FD memory
+
+
 # ---------------------------------------------------------------------------- CUDA
 
 _CU_MEM_ALLOCATION_TYPE_PINNED = 1
 _CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1
+_CU_MEM_HANDLE_TYPE_FABRIC = 8
 _CU_MEM_LOCATION_TYPE_DEVICE = 1
 _CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3
 _CUDA_ERROR_INVALID_VALUE = 1
@@ -91,6 +98,7 @@ class CudaDriver:
         self._sig("cuMemUnmap", [u64, ctypes.c_size_t])
         self._sig("cuMemSetAccess", [u64, ctypes.c_size_t, ctypes.POINTER(_AccessDesc), ctypes.c_size_t])
         self._sig("cuMemcpyDtoD_v2", [u64, u64, ctypes.c_size_t])
+        self._sig("cuMemGetAllocationPropertiesFromHandle", [ctypes.POINTER(_AllocationProp), u64])
         self._check(self._cu.cuInit(0), "cuInit")
         self._contexts = {}
         self._lock = threading.Lock()
@@ -147,6 +155,16 @@ class CudaDriver:
         fd = ctypes.c_int(-1)
         self._check(self._cu.cuMemExportToShareableHandle(ctypes.byref(fd), handle, _CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), "cuMemExportToShareableHandle")
         return fd.value
+
+    def handle_kind(self, device, handle):
+        """POSIX_FD, FABRIC or NONE, from the handle types the memory was created with."""
+        self.ensure_context(device)
+        prop = _AllocationProp()
+        self._check(self._cu.cuMemGetAllocationPropertiesFromHandle(ctypes.byref(prop), handle), "cuMemGetAllocationPropertiesFromHandle")
+        types = prop.requestedHandleTypes
+        if types & _CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR:
+            return POSIX_FD
+        return FABRIC if types & _CU_MEM_HANDLE_TYPE_FABRIC else NONE
 
     def create_exportable(self, device, size):
         self.ensure_context(device)
@@ -212,10 +230,16 @@ def _mmap(addr, size, prot, flags, fd):
     return result
 
 
+HOST_FABRIC_BIT = 1 << 40
+"""Set in a host handle (a memfd number) by the reference engine's allocator when it simulates
+FABRIC-only memory: the descriptor exists but may not be exported as a POSIX descriptor."""
+
+
 class HostDriver:
     """The same operations on host memory: a handle is a memfd (0 for memory made without one,
     which cannot be exported: the analogue of CUDA memory created without an export handle
-    type), an address range is reserved with a PROT_NONE mapping, mapping places the memfd there
+    type; a memfd with HOST_FABRIC_BIT set: FABRIC-only memory), an address range is reserved
+    with a PROT_NONE mapping, mapping places the memfd there
     (MAP_FIXED | MAP_SHARED), and unmapping puts the reservation back, so addresses survive
     sleep as with CUDA VMM."""
 
@@ -227,7 +251,14 @@ class HostDriver:
     def export_fd(self, device, handle):
         if handle == 0:
             raise NotExportable("this host memory has no descriptor")
+        if handle & HOST_FABRIC_BIT:
+            raise NotExportable("this host memory is FABRIC-only (simulated)")
         return os.dup(handle)
+
+    def handle_kind(self, device, handle):
+        if handle == 0:
+            return NONE
+        return FABRIC if handle & HOST_FABRIC_BIT else POSIX_FD
 
     def create_exportable(self, device, size):
         fd = os.memfd_create("vsnap-region", os.MFD_CLOEXEC)
@@ -244,14 +275,14 @@ class HostDriver:
         _libc.munmap(ctypes.c_void_p(va), size)
 
     def map(self, device, va, size, handle):
-        _mmap(va, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED | _MAP_FIXED, handle)
+        _mmap(va, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED | _MAP_FIXED, handle & ~HOST_FABRIC_BIT)
 
     def unmap(self, device, va, size):
         _mmap(va, size, _PROT_NONE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_FIXED, -1)
 
     def release(self, device, handle):
         if handle:
-            os.close(handle)
+            os.close(handle & ~HOST_FABRIC_BIT)
 
     def copy(self, device, dst, src, size):
         ctypes.memmove(dst, src, size)

@@ -1,7 +1,10 @@
 """Making weights memory exportable as POSIX descriptors, in place, at the same addresses.
 
-vLLM creates its sleep-mode memory without an export handle type, so the driver refuses to
-export it. After the model is loaded, each weights allocation is "rehomed": exportable memory
+Each weights allocation is classified after the model is loaded (drivers.POSIX_FD / NONE /
+FABRIC): vLLM since PR #33540 creates POSIX-FD exportable memory on GPUs without IMEX (exported
+as it is: no rehome, no copy); older vLLM creates it without an export handle type, and IMEX
+systems (GB200 NVL) get FABRIC-only memory: the driver refuses a POSIX export of both. Such an
+allocation is "rehomed": exportable memory
 of the same size is created, the bytes are copied into it device-to-device, vLLM's memory is
 unmapped and released, the new memory is mapped at the original address, and vLLM's handle
 slot is pointed at it, so vLLM's own release frees it later. On every wake, memory of the
@@ -12,7 +15,7 @@ import logging
 import os
 import time
 
-from .drivers import NotExportable
+from .drivers import NONE, POSIX_FD, NotExportable
 
 log = logging.getLogger("vsnap_vllm")
 
@@ -24,6 +27,7 @@ class Exporter:
         # (device, handle) -> the descriptor memory mapped back from the SDK came in. An imported
         # handle cannot be exported again, so its exports are copies of that descriptor: no rehome.
         self._kept = {}
+        self.kinds = {}  # va -> what the memory was at load (drivers.POSIX_FD / NONE / FABRIC)
 
     def is_exportable(self, allocation):
         key = (allocation.device, allocation.handle)
@@ -118,22 +122,38 @@ class Exporter:
             os.close(fd)
         self._kept.clear()
 
+    def kind_of(self, allocation):
+        """What the allocation's memory is now: POSIX_FD when it exports, else NONE or FABRIC."""
+        if self.is_exportable(allocation):
+            return POSIX_FD
+        kind_fn = getattr(self.driver, "handle_kind", None)
+        kind = kind_fn(allocation.device, allocation.handle) if kind_fn else NONE
+        return NONE if kind == POSIX_FD else kind  # claims POSIX-FD but did not export: treat as none
+
     def make_all_exportable(self, allocations, copy=True):
-        """Rehomes every allocation that is not exportable yet; returns what it did."""
+        """Rehomes every allocation that is not exportable yet; returns what it did, per kind of
+        memory: {"kinds": {kind: count}, "seconds": {kind: s}, "rehomed", "alreadyExportable", "bytes"}."""
         started = time.perf_counter()
         rehomed = kept = moved = 0
+        counts, seconds_by = {}, {}
         for allocation in allocations:
-            if self.is_exportable(allocation):
+            t0 = time.perf_counter()
+            kind = self.kind_of(allocation)
+            if kind == POSIX_FD:
                 kept += 1
-                continue
-            self.rehome(allocation, copy=copy)
-            rehomed += 1
-            moved += allocation.size
+            else:
+                self.rehome(allocation, copy=copy)
+                rehomed += 1
+                moved += allocation.size
+            self.kinds.setdefault(allocation.va, kind)
+            counts[kind] = counts.get(kind, 0) + 1
+            seconds_by[kind] = seconds_by.get(kind, 0.0) + time.perf_counter() - t0
         seconds = time.perf_counter() - started
         if rehomed:
             log.info("vsnap: made %d weights allocation(s) exportable (%.2f GiB) in %.1f ms; %d already were",
                      rehomed, moved / 2**30, seconds * 1000, kept)
-        return {"rehomed": rehomed, "alreadyExportable": kept, "bytes": moved, "seconds": seconds}
+        return {"rehomed": rehomed, "alreadyExportable": kept, "bytes": moved, "seconds": seconds,
+                "kinds": counts, "secondsByKind": seconds_by}
 
     def export_fds(self, allocations):
         """A new descriptor for each allocation (the caller closes them)."""
