@@ -71,6 +71,57 @@ class SendFdsTest(unittest.TestCase):
             thread.join()
             self.assertEqual(cm.exception.code, "E_IPC_AUTH")
 
+    def test_refuses_a_receiver_of_another_uid_before_sending_anything(self):
+        # A real peer, checked through SO_PEERCRED; the allowed set excludes its (our) uid.
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "s")
+            server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            server.bind(path)
+            server.listen(1)
+            fd = os.memfd_create("secret")
+            try:
+                with self.assertRaises(ExportRefused) as cm:
+                    send_fds(path, "c" * 64, {"regions": 1}, [fd], peer_uids={os.geteuid() + 4242})
+                self.assertEqual(cm.exception.code, "E_IPC_PEER_UID")
+                conn, _ = server.accept()
+                with conn:
+                    conn.settimeout(2)
+                    self.assertEqual(conn.recv(100), b"")  # nothing was sent, not even the nonce
+            finally:
+                server.close()
+                os.close(fd)
+
+    @unittest.skipUnless(os.geteuid() == 0, "needs root to run a receiver as another user")
+    def test_refuses_a_receiver_running_as_nobody(self):
+        with tempfile.TemporaryDirectory() as d:
+            os.chmod(d, 0o777)
+            path = os.path.join(d, "s")
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the receiver, as nobody
+                try:
+                    os.close(r)
+                    os.setgid(65534)
+                    os.setuid(65534)
+                    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                    server.bind(path)
+                    server.listen(1)
+                    os.write(w, b"1")
+                    conn, _ = server.accept()
+                    conn.settimeout(5)
+                    got = conn.recv(100)
+                    os._exit(0 if got == b"" else 3)
+                except BaseException:
+                    os._exit(2)
+            os.close(w)
+            self.assertEqual(os.read(r, 1), b"1")
+            os.close(r)
+            with self.assertRaises(ExportRefused) as cm:
+                send_fds(path, "d" * 64, {}, [])
+            self.assertEqual(cm.exception.code, "E_IPC_PEER_UID")
+            _, status = os.waitpid(pid, 0)
+            self.assertEqual(os.waitstatus_to_exitcode(status), 0)  # it received nothing
+
     def test_rejects_a_malformed_nonce(self):
         with self.assertRaises(ValueError):
             send_fds("/nonexistent", "short", {}, [])

@@ -1,0 +1,141 @@
+"""How the /vsnap/v1 routes get onto vLLM's app: the endpoint plugin (init_state's engine
+client, None on a render server), a build_app wrap only where the running vLLM defines and
+calls build_app in vllm.entrypoints.openai.api_server, and never a silent no-op."""
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import unittest
+
+from tests import support
+from tests.test_api import FakeApp, FakeClient, call
+from vsnap_vllm import api
+from vsnap_vllm.endpoint import plugin
+
+AUTH = {"authorization": "Bearer s3cret"}
+
+
+class EndpointPluginTest(unittest.TestCase):
+    def setUp(self):
+        os.environ["VSNAP_TOKEN"] = "s3cret"
+        self.saved = dict(api.MOUNTED)
+
+    def tearDown(self):
+        os.environ.pop("VSNAP_TOKEN", None)
+        api.MOUNTED.clear()
+        api.MOUNTED.update(self.saved)
+
+    def test_attaches_and_uses_the_engine_client_from_init_state(self):
+        ep = plugin()
+        self.assertEqual((ep.name, ep.required_tasks), ("vsnap", None))
+        app = FakeApp(FakeClient())  # app.state.engine_client: not what the routes must use
+        ep.attach_router(app)
+        ours = FakeClient()
+        asyncio.run(ep.init_state(ours, app.state, None))
+        status, body = call(app, "GET", "/vsnap/v1/status", AUTH)
+        self.assertEqual(status, 200)
+        self.assertEqual(body["routes"]["mechanism"], "endpoint_plugins")
+        self.assertEqual(ours.calls, [("vsnap_status", ())])
+        self.assertEqual(app.state.engine_client.calls, [])
+
+    def test_a_render_server_has_no_engine_client_the_routes_say_so(self):
+        ep = plugin()
+        app = FakeApp(None)
+        ep.attach_router(app)
+        asyncio.run(ep.init_state(None, app.state, None))
+        status, body = call(app, "POST", "/vsnap/v1/sleep", AUTH, {"level": 1})
+        self.assertEqual(status, 503)
+        self.assertIn("no engine client", body["error"])
+
+    def test_attach_failure_is_reported_not_raised(self):
+        class NoRoutes:
+            state = type("S", (), {})()
+
+        plugin().attach_router(NoRoutes())  # must not raise into vLLM's build_app
+        self.assertIsNone(api.MOUNTED["mechanism"])
+        self.assertIn("add_api_route", api.MOUNTED["detail"])
+
+    def test_release_kv_cache_pauses_then_releases(self):
+        client = FakeClient()
+        released = []
+
+        async def sleep(level, mode="abort"):
+            client.calls.append(("sleep", level, mode))
+
+        async def release_kv_cache_memory():
+            released.append(True)
+
+        client.sleep, client.release_kv_cache_memory = sleep, release_kv_cache_memory
+        app = FakeApp(client)
+        api.mount(app)
+        self.assertEqual(call(app, "POST", "/vsnap/v1/release_kv_cache", AUTH), (200, {"status": "kv_cache_released"}))
+        self.assertEqual((client.calls, released), ([("sleep", 0, "keep")], [True]))
+        older = FakeApp(FakeClient())  # an engine client without release_kv_cache_memory
+        api.mount(older)
+        status, body = call(older, "POST", "/vsnap/v1/release_kv_cache", AUTH)
+        self.assertEqual(status, 501)
+        self.assertIn("release_kv_cache_memory", body["error"])
+
+    def test_reset_prefix_cache_false_is_an_error(self):
+        client = FakeClient()
+
+        async def reset_prefix_cache():
+            return False
+
+        client.reset_prefix_cache = reset_prefix_cache
+        app = FakeApp(client)
+        api.mount(app)
+        status, body = call(app, "POST", "/vsnap/v1/reset_prefix_cache", AUTH)
+        self.assertEqual(status, 409)
+
+
+PROBE = """
+import json, os, sys
+sys.path[:0] = [%r, %r]
+from vsnap_vllm import adapter
+ok, how = adapter.patch_api_server(lambda app: None)
+print(json.dumps({"ok": ok, "how": how, "endpoint_plugins": adapter.endpoint_plugins_available()}))
+""" % (support.FIXTURE, support.PLUGIN)
+
+
+def probe(**env):
+    out = subprocess.run([sys.executable, "-c", PROBE], env={**os.environ, **env}, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+class BuildAppDetectionTest(unittest.TestCase):
+    def test_newer_vllm_the_shim_is_not_wrapped(self):
+        r = probe()
+        self.assertTrue(r["endpoint_plugins"])
+        self.assertFalse(r["ok"])
+        self.assertIn("re-export of vllm.entrypoints.launchers.app.build_app", r["how"])
+
+    def test_older_vllm_build_app_defined_and_called_there_is_wrapped(self):
+        r = probe(VSNAP_REF_LEGACY_APP="1")
+        self.assertFalse(r["endpoint_plugins"])
+        self.assertEqual((r["ok"], r["how"]), (True, "wrapped vllm.entrypoints.openai.api_server.build_app"))
+
+    def test_older_vllm_without_build_app(self):
+        r = probe(VSNAP_REF_NO_BUILD_APP="1")
+        self.assertEqual((r["ok"], r["how"]), (False, "vllm.entrypoints.openai.api_server has no build_app"))
+
+
+class CallsGlobalTest(unittest.TestCase):
+    def test_a_build_app_defined_but_only_called_through_a_local_name_is_not_wrappable(self):
+        import types
+
+        from vsnap_vllm import adapter
+
+        mod = types.ModuleType("fake_api_server")
+        exec("def build_app(a):\n    return a\n"
+             "_local = build_app\n"
+             "def run_server(a):\n    return _local(a)\n", mod.__dict__)
+        self.assertFalse(adapter._calls_global(mod, "build_app"))
+        exec("def run_server(a):\n    def inner():\n        return build_app(a)\n    return inner()\n", mod.__dict__)
+        self.assertTrue(adapter._calls_global(mod, "build_app"))  # nested code counts
+
+
+if __name__ == "__main__":
+    unittest.main()
