@@ -55,6 +55,12 @@ export type {
   EngineSuspendOptions,
   EngineSuspendResult,
 } from './snapshot/engine-flows.js';
+export {
+  resumeEngineKeptWeights,
+  suspendEngineKeepingWeights,
+  type KeepWeightsSuspendOptions,
+  type KeepWeightsSuspendResult,
+} from './snapshot/engine-kv-release.js';
 
 export {
   Snapshot,

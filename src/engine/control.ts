@@ -15,6 +15,8 @@ export interface EngineControl {
   sleep(level: 1 | 2, mode: 'abort' | 'wait' | 'keep' | undefined, call?: CallOptions): Promise<void>;
   wake(tags: readonly string[] | undefined, call?: CallOptions, adopt?: { socket: string; nonces: readonly string[] }): Promise<void>;
   resetPrefixCache(call?: CallOptions): Promise<void>;
+  /** The engine's own weight-resident suspend: pause (level 0, keep) and release the KV cache. */
+  releaseKvCache(call?: CallOptions): Promise<void>;
 }
 
 function viaRoutes(client: EngineClient): EngineControl {
@@ -27,6 +29,7 @@ function viaRoutes(client: EngineClient): EngineControl {
     sleep: (level, mode, call) => client.vsnapSleep({ level, ...(mode ? { mode } : {}) }, call),
     wake: (tags, call, adopt) => client.vsnapWake({ ...(tags ? { tags } : {}), ...(adopt ? { adopt } : {}) }, call),
     resetPrefixCache: (call) => client.vsnapResetPrefixCache(call),
+    releaseKvCache: (call) => client.vsnapReleaseKvCache(call),
   };
 }
 
@@ -36,7 +39,8 @@ function viaDevRoutes(client: EngineClient): EngineControl {
     status: async (call) => {
       const ranks = (await client.collectiveRpc('vsnap_status', {}, call)) ?? [];
       const first = (ranks[0] ?? {}) as { engine?: unknown; model?: unknown };
-      const parsed = VsnapStatusSchema.safeParse({ engine: first.engine, model: first.model, sleeping: await client.isSleeping(call), ranks });
+      const routes = { mechanism: null, detail: 'no /vsnap/v1 routes on this engine: driven through the dev routes (see EngineClient.routeMechanism)' };
+      const parsed = VsnapStatusSchema.safeParse({ engine: first.engine, model: first.model, sleeping: await client.isSleeping(call), routes, ranks });
       if (!parsed.success) {
         throw new VsnapError('E_ENGINE_PROTOCOL', `the workers' vsnap_status has an unexpected shape: is the vsnap plugin of a matching version loaded?`, {
           issues: parsed.error.issues,
@@ -53,6 +57,10 @@ function viaDevRoutes(client: EngineClient): EngineControl {
       await client.wakeUp(tags ? { tags } : {}, call);
     },
     resetPrefixCache: (call) => client.resetPrefixCache(call),
+    releaseKvCache: async (call) => {
+      await client.sleep({ level: 0, mode: 'keep' }, call);
+      await client.releaseKvCacheMemory(call);
+    },
   };
 }
 

@@ -10,6 +10,8 @@ import {
   CompletionSchema,
   IsSleepingSchema,
   ModelListSchema,
+  ReleaseKvCacheSchema,
+  ResetPrefixCacheSchema,
   SleepAnswerSchema,
   VersionSchema,
   VsnapExportSchema,
@@ -56,8 +58,16 @@ export interface EngineStatus {
   readonly engine: EngineInfo;
   /** The model served. */
   readonly model: ModelInfo;
-  /** True while any memory tag is asleep. */
+  /** True while any memory tag is asleep (or, newer vLLM, while the scheduler is paused). */
   readonly sleeping: boolean;
+  /**
+   * How the plugin's routes got onto the engine's app: `endpoint_plugins` (vLLM's
+   * `vllm.endpoint_plugins` entry point), `build_app wrap` (older vLLM), or null with the reason
+   * when they could not be attached (the flows then use the dev routes). Absent from older plugins.
+   */
+  readonly routes?: { readonly mechanism: string | null; readonly detail: string };
+  /** Engine features the plugin found: `releaseKvCache`, the engine's own weight-resident suspend. */
+  readonly features?: { readonly releaseKvCache: boolean };
   /** One entry per worker (GPU). */
   readonly ranks: ReadonlyArray<{
     readonly rank: number;
@@ -70,6 +80,17 @@ export interface EngineStatus {
     readonly regions: number;
     readonly bytes: number;
     readonly attentionBackend: string | null;
+    /** False when a bridge hook failed in this worker: the engine runs on without vsnap (reason below). */
+    readonly supported?: boolean;
+    /** Why the bridge stepped aside, when it did. */
+    readonly unsupportedReason?: string | null;
+    /**
+     * Weights allocations per kind of memory at load: `posix-fd` (exported as it is), `none` or
+     * `fabric` (rehomed into POSIX-FD memory at load).
+     */
+    readonly weightsMemory?: Readonly<Record<string, number>>;
+    /** The allocator's other tags (`kv_cache`, `cudagraph`, ...): never exported as weights. */
+    readonly otherTags?: readonly string[];
   }>;
 }
 
@@ -183,9 +204,24 @@ export class EngineClient {
     return answer ? answer.results : null;
   }
 
-  /** vLLM's `/reset_prefix_cache` (dev route). */
+  /**
+   * vLLM's `/reset_prefix_cache` (dev route). Newer vLLM answers `{"success": bool}`: false (the
+   * engine had requests running) is `E_ENGINE_STATE`, since stale KV blocks could be served.
+   */
   async resetPrefixCache(options?: CallOptions): Promise<void> {
-    await this.call({ method: 'POST', path: '/reset_prefix_cache', options });
+    const answer = await this.optionalJson(ResetPrefixCacheSchema, { method: 'POST', path: '/reset_prefix_cache', options });
+    if (answer && !answer.success) {
+      throw new VsnapError('E_ENGINE_STATE', `${this.baseUrl} did not reset its prefix cache (requests running?): drain the engine and retry`, { url: this.baseUrl });
+    }
+  }
+
+  /**
+   * vLLM's `/release_kv_cache_memory` (dev route, about v0.30+): frees the KV cache while the
+   * weights stay on the GPU. It needs a completed pause first (`sleep({ level: 0, mode: 'keep' })`);
+   * `wakeUp({ tags: ['kv_cache'] })` brings the cache back and resumes.
+   */
+  async releaseKvCacheMemory(options?: CallOptions): Promise<void> {
+    await this.json(ReleaseKvCacheSchema, { method: 'POST', path: '/release_kv_cache_memory', options, defaultTimeoutMs: LONG_CALL_MS });
   }
 
   /** A completion (`/v1/completions`). Greedy unless the body says otherwise. */
@@ -235,6 +271,47 @@ export class EngineClient {
   async vsnapWake(args: { tags?: readonly string[]; adopt?: { socket: string; nonces: readonly string[] } } = {}, options?: CallOptions): Promise<void> {
     const body = { ...(args.tags ? { tags: [...args.tags] } : {}), ...(args.adopt ? { adopt: { socket: args.adopt.socket, nonces: [...args.adopt.nonces] } } : {}) };
     await this.call({ method: 'POST', path: '/vsnap/v1/wake', auth: 'vsnap', body, options, defaultTimeoutMs: LONG_CALL_MS });
+  }
+
+  /**
+   * The engine's own weight-resident suspend through the vsnap routes (no dev mode needed): the
+   * plugin pauses the engine (level 0, keeping requests) and releases the KV cache through the
+   * engine client. Undo with {@link EngineClient.vsnapWake} and tags `['kv_cache']`.
+   */
+  async vsnapReleaseKvCache(options?: CallOptions): Promise<void> {
+    await this.call({ method: 'POST', path: '/vsnap/v1/release_kv_cache', auth: 'vsnap', options, defaultTimeoutMs: LONG_CALL_MS });
+  }
+
+  /**
+   * How this engine can be driven: which mechanism put the vsnap routes on it (see
+   * {@link EngineStatus.routes}), or, when they are absent, why none did and whether vLLM's dev
+   * routes are there instead.
+   */
+  async routeMechanism(options?: CallOptions): Promise<{ mechanism: string | null; detail: string; devRoutes: boolean }> {
+    try {
+      const status = await this.vsnapStatus(options);
+      return { ...(status.routes ?? { mechanism: 'unknown', detail: 'an older vsnap plugin (it does not say how its routes were attached)' }), devRoutes: await this.hasDevRoutes(options) };
+    } catch (err) {
+      if (!(err instanceof VsnapError && err.code === 'E_ENGINE_HTTP' && err.details.status === 404)) throw err;
+    }
+    const devRoutes = await this.hasDevRoutes(options);
+    return {
+      mechanism: null,
+      detail:
+        'no /vsnap/v1 routes: the plugin is not loaded or could not attach them (vLLM with endpoint plugins needs VLLM_PLUGINS to name vsnap exactly; ' +
+        `older vLLM needs a build_app the plugin can wrap; the engine log says which)${devRoutes ? '; using the dev routes' : '; no dev routes either (VLLM_SERVER_DEV_MODE=1)'}`,
+      devRoutes,
+    };
+  }
+
+  private async hasDevRoutes(options?: CallOptions): Promise<boolean> {
+    try {
+      await this.isSleeping(options);
+      return true;
+    } catch (err) {
+      if (err instanceof VsnapError && err.code === 'E_ENGINE_HTTP' && err.details.status === 404) return false;
+      throw err;
+    }
   }
 
   /** Reset the prefix cache through the vsnap routes. */

@@ -50,8 +50,16 @@ const RankStatusSchema = z
     regions: z.number().int(),
     bytes: z.number(),
     attentionBackend: z.string().nullable(),
+    // Newer plugins: whether the bridge works in this worker (a hook that failed disables it, never the engine),
+    // how many weights allocations were of each kind at load, and the other memory tags.
+    supported: z.boolean().optional(),
+    unsupportedReason: z.string().nullable().optional(),
+    weightsMemory: z.record(z.string(), z.number()).optional(),
+    otherTags: z.array(z.string()).optional(),
   })
   .passthrough();
+
+export const RoutesSchema = z.object({ mechanism: z.string().nullable(), detail: z.string() });
 
 export const VsnapStatusSchema = z.object({
   engine: z.object({ kind: z.string(), version: z.string(), pluginVersion: z.string().nullable(), attentionBackend: z.string().nullable() }),
@@ -64,8 +72,13 @@ export const VsnapStatusSchema = z.object({
     pipelineParallelSize: z.number().int().positive(),
   }),
   sleeping: z.boolean(),
+  routes: RoutesSchema.optional(),
+  features: z.object({ releaseKvCache: z.boolean() }).passthrough().optional(),
   ranks: z.array(RankStatusSchema).min(1),
 });
+
+export const ReleaseKvCacheSchema = z.object({ status: z.string() }).passthrough();
+export const ResetPrefixCacheSchema = z.object({ success: z.boolean() }).passthrough();
 
 export const VsnapExportSchema = z.object({ ranks: z.array(z.object({ rank: z.number(), regions: z.number(), bytes: z.number() }).passthrough()) });
 

@@ -331,7 +331,9 @@ async function finishWake(
   call: { signal?: AbortSignal },
   lap: (name: string) => void,
 ): Promise<void> {
-  await control.wake(['kv_cache'], call);
+  // Everything still asleep: the KV cache, and any other tag (vLLM 0.33's `cudagraph` pool with
+  // --sleep-mode-offload-cudagraph, which a wake of `kv_cache` alone would leave asleep).
+  await control.wake(undefined, call);
   lap('wakeKvCache');
   await control.resetPrefixCache(call);
   lap('resetPrefixCache');

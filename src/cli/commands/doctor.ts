@@ -4,6 +4,7 @@ import { freemem, totalmem } from 'node:os';
 import { cudaStatus, formatCudaVersion, listDevices } from '../../gpu/cuda.js';
 import { native } from '../../native/index.js';
 import { VERSION } from '../../version.js';
+import type { EngineClient, EngineStatus } from '../../engine/engine-client.js';
 import type { Context } from '../context.js';
 import { EXIT } from '../context.js';
 import { formatBytes } from '../output.js';
@@ -26,9 +27,9 @@ export async function doctor(ctx: Context): Promise<number> {
     const client = ctx.engineClient();
     try {
       const s = await client.vsnapStatus();
-      engine = { ok: true, url: client.baseUrl, version: s.engine.version, plugin: s.engine.pluginVersion, sleeping: s.sleeping, attentionBackend: s.engine.attentionBackend };
+      engine = { ok: true, url: client.baseUrl, version: s.engine.version, plugin: s.engine.pluginVersion, sleeping: s.sleeping, attentionBackend: s.engine.attentionBackend, ...engineBridge(s) };
     } catch (err) {
-      engine = { ok: false, url: client.baseUrl, error: (err as Error).message };
+      engine = { ok: false, url: client.baseUrl, error: (err as Error).message, ...(await routesWhyNot(client)) };
     } finally {
       await client.close();
     }
@@ -59,9 +60,39 @@ export async function doctor(ctx: Context): Promise<number> {
       ? `store: ${ctx.storeRoot}: ${store.snapshots} snapshot(s), ${formatBytes(store.bytes as number)} in ${store.blobs} blob(s), ${formatBytes(store.freeBytes as number)} free`
       : `store: ${ctx.storeRoot}: ${store.error}`,
     ...(engine
-      ? [engine.ok ? `engine: ${engine.url}: vLLM ${engine.version}, plugin ${engine.plugin}, ${engine.sleeping ? 'asleep' : 'awake'}, attention ${engine.attentionBackend}` : `engine: ${engine.url}: ${engine.error}`]
+      ? [
+          engine.ok ? `engine: ${engine.url}: vLLM ${engine.version}, plugin ${engine.plugin}, ${engine.sleeping ? 'asleep' : 'awake'}, attention ${engine.attentionBackend}` : `engine: ${engine.url}: ${engine.error}`,
+          ...(engine.routes ? [`engine routes: ${describeRoutes(engine.routes as { mechanism: string | null; detail: string })}`] : []),
+          ...(engine.bridge ? [`engine bridge: ${engine.bridge as string}`] : []),
+        ]
       : []),
   ];
   ctx.print(lines.join('\n'), report);
   return store.ok && (engine === undefined || engine.ok) ? EXIT.ok : EXIT.failed;
+}
+
+/** Route mechanism, bridge support and weights-memory kinds from a plugin status (see engine-client.ts). */
+function engineBridge(s: EngineStatus): Record<string, unknown> {
+  const problems = s.ranks.filter((r) => r.supported === false).map((r) => `rank ${r.rank}: ${r.unsupportedReason ?? 'unsupported'}`);
+  const kinds = s.ranks.map((r) => r.weightsMemory).filter((k) => k !== undefined);
+  const memory = kinds.length ? ` (weights memory: ${kinds.map((k) => Object.entries(k!).map(([kind, n]) => `${n} ${kind}`).join(', ')).join('; ')})` : '';
+  return {
+    ...(problems.length ? { ok: false } : {}),
+    routes: s.routes ?? { mechanism: 'unknown', detail: 'an older plugin that does not say' },
+    bridge: problems.length ? `DISABLED: ${problems.join('; ')}` : `ok${memory}`,
+    releaseKvCache: s.features?.releaseKvCache ?? null,
+  };
+}
+
+async function routesWhyNot(client: EngineClient): Promise<Record<string, unknown>> {
+  try {
+    const r = await client.routeMechanism();
+    return { routes: { mechanism: r.mechanism, detail: r.detail } };
+  } catch {
+    return {};
+  }
+}
+
+function describeRoutes(r: { mechanism: string | null; detail: string }): string {
+  return r.mechanism ? `${r.mechanism} (${r.detail})` : `NONE: ${r.detail}`;
 }

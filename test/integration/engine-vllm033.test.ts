@@ -1,0 +1,148 @@
+import { afterEach, describe, expect, it } from 'vitest';
+
+import { EngineClient } from '../../src/engine/engine-client.js';
+import { VsnapError } from '../../src/errors.js';
+import { resumeEngineKeptWeights, suspendEngineKeepingWeights } from '../../src/snapshot/engine-kv-release.js';
+import { Snapshot } from '../../src/snapshot/snapshot.js';
+import { RegionStore } from '../../src/store/region-store.js';
+import { askCapital, startEngine, type EngineOptions, type TestEngine } from '../helpers/engine.js';
+import { tempDir } from '../helpers/tmp.js';
+
+// The reference engine shaped like vLLM 0.33 (API server and engine core in two processes,
+// endpoint plugins, handle-type modes; see test/fixtures/engine/README.md) and its older switches.
+
+const running: Array<TestEngine | EngineClient> = [];
+afterEach(async () => {
+  for (const x of running.splice(0)) await (x instanceof EngineClient ? x.close() : x.stop());
+});
+
+async function engine(options: EngineOptions = {}) {
+  const e = await startEngine(options);
+  const client = new EngineClient({ baseUrl: e.url, token: e.token });
+  running.push(e, client);
+  return { e, client };
+}
+
+const ask = async (client: EngineClient) => (await askCapital(client, 8)).ids;
+
+async function roundTrip(client: EngineClient): Promise<void> {
+  const store = await RegionStore.open(tempDir());
+  const before = await ask(client);
+  const snap = await Snapshot.captureEngine(store, 'ref', client);
+  await Snapshot.suspendEngine(store, 'ref', client);
+  expect(await ask(client).catch(() => 'refused')).toBe('refused'); // asleep: no answer
+  await snap.restoreEngine(client);
+  expect(await ask(client)).toEqual(before);
+}
+
+describe('routes: how they get onto the engine, and saying so', () => {
+  it('newer vLLM: the endpoint plugin, with the engine client from init_state', async () => {
+    const { client } = await engine({ devMode: false });
+    const s = await client.vsnapStatus();
+    expect(s.routes).toEqual({ mechanism: 'endpoint_plugins', detail: "vllm.endpoint_plugins entry point 'vsnap'" });
+    expect(s.features).toEqual({ releaseKvCache: true });
+    expect(await client.routeMechanism()).toMatchObject({ mechanism: 'endpoint_plugins', devRoutes: false });
+    await roundTrip(client); // no dev mode needed
+  });
+
+  it('older vLLM: a wrapped build_app where it is defined and called', async () => {
+    const { client } = await engine({ devMode: false, env: { VSNAP_REF_LEGACY_APP: '1' } });
+    expect((await client.vsnapStatus()).routes?.mechanism).toBe('build_app wrap');
+  });
+
+  it('VLLM_PLUGINS is matched exactly: a near miss loads nothing, and the client says why there are no routes', async () => {
+    const { client } = await engine({ env: { VLLM_PLUGINS: 'other, vsnap' } });
+    const r = await client.routeMechanism();
+    expect(r).toMatchObject({ mechanism: null, devRoutes: true });
+    expect(r.detail).toMatch(/VLLM_PLUGINS to name vsnap exactly/);
+    const both = await engine({ env: { VLLM_PLUGINS: 'other,vsnap' } });
+    expect((await both.client.vsnapStatus()).routes?.mechanism).toBe('endpoint_plugins');
+  });
+});
+
+describe('the kinds of weights memory', () => {
+  for (const [mode, kind, rehomed] of [
+    ['none', 'none', true],
+    ['fabric-posix', 'posix-fd', false],
+    ['fabric', 'fabric', true],
+  ] as const) {
+    it(`${mode}: ${kind} memory, ${rehomed ? 'rehomed at load' : 'exported as it is'}; capture, suspend and restore work`, async () => {
+      const { client } = await engine({ env: { VSNAP_REF_HANDLE_TYPES: mode } });
+      const rank = (await client.vsnapStatus()).ranks[0]!;
+      expect(rank.weightsMemory).toEqual({ [kind]: rank.regions });
+      expect((rank as { rehome?: { rehomed: number } }).rehome?.rehomed).toBe(rehomed ? rank.regions : 0);
+      await roundTrip(client);
+    });
+  }
+});
+
+describe('nothing the bridge does breaks the engine', () => {
+  it('ROCm-shaped handles: the bridge steps aside with the reason, the engine loads, serves, sleeps and wakes', async () => {
+    const { client } = await engine({ env: { VSNAP_REF_ROCM_HANDLES: '1' } });
+    const before = await ask(client);
+    const rank = (await client.vsnapStatus()).ranks[0]!;
+    expect(rank.supported).toBe(false);
+    expect(rank.unsupportedReason).toMatch(/ROCm/);
+    await client.sleep({ level: 1 });
+    await client.wakeUp();
+    expect(await ask(client)).toEqual(before);
+    const err = await Snapshot.captureEngine(await RegionStore.open(tempDir()), 'ref', client).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(VsnapError);
+    expect((err as Error).message).toMatch(/disabled/);
+  });
+});
+
+describe('vLLM 0.33 details', () => {
+  it('--sleep-mode-offload-cudagraph: the cudagraph pool is not weights, and a level-2 suspend and restore keep it right', async () => {
+    const { client } = await engine({ args: ['--sleep-mode-offload-cudagraph'] });
+    const rank = (await client.vsnapStatus()).ranks[0]!;
+    expect(rank.otherTags).toEqual(['cudagraph', 'kv_cache']);
+    const plain = await engine();
+    expect(rank.regions).toBe((await plain.client.vsnapStatus()).ranks[0]!.regions); // same weights regions
+    expect(await ask(client)).not.toEqual(await ask(plain.client)); // the answer reads the graph pool
+    await roundTrip(client);
+  });
+
+  it('the device ordinal is worker.device.index, not local_rank', async () => {
+    const { client } = await engine({ env: { VSNAP_REF_LOCAL_RANK: '3', VSNAP_REF_DEVICE_INDEX: '0' } });
+    expect((await client.vsnapStatus()).ranks[0]!.device.ordinal).toBe(0);
+  });
+
+  it('the worker runs in a process of its own (plugins loaded there too), results serialised', async () => {
+    const { e, client } = await engine();
+    const rank = (await client.vsnapStatus()).ranks[0]!;
+    expect(rank.pid).not.toBe(e.process.pid);
+    const err = await client.collectiveRpc('_pool', { args: ['weights'] }).catch((x: unknown) => x); // returns a context manager: not plain data
+    expect(err).toBeInstanceOf(VsnapError);
+    expect((err as VsnapError).details.status).toBe(500);
+    expect((err as Error).message).toMatch(/cannot be serialised/);
+  });
+});
+
+describe("the engine's own weight-resident suspend (release_kv_cache_memory)", () => {
+  it('through the plugin routes: weights stay mapped, the KV cache comes back, same answer', async () => {
+    const { client } = await engine({ devMode: false });
+    const r = await suspendEngineKeepingWeights(client, { probe: { prompt: 'The capital of France is', maxTokens: 8 } });
+    expect(r.via).toBe('vsnap');
+    const asleep = await client.vsnapStatus();
+    expect(asleep.sleeping).toBe(true);
+    expect(asleep.ranks[0]!.weightsMapped).toBe(true); // nothing of the weights was released
+    await expect(suspendEngineKeepingWeights(client)).rejects.toMatchObject({ code: 'E_ENGINE_STATE' });
+    await resumeEngineKeptWeights(client, { expected: r.expected! });
+    expect((await client.vsnapStatus()).sleeping).toBe(false);
+  });
+
+  it('through the dev routes, and refused cleanly where the engine has no such route', async () => {
+    const { client } = await engine({ env: { VSNAP_REF_NO_BUILD_APP: '1' } });
+    const before = await ask(client);
+    await expect(client.releaseKvCacheMemory()).rejects.toMatchObject({ code: 'E_ENGINE_HTTP' }); // needs a pause first
+    const r = await suspendEngineKeepingWeights(client);
+    expect(r.via).toBe('dev');
+    expect(await client.isSleeping()).toBe(true);
+    await resumeEngineKeptWeights(client);
+    expect(await ask(client)).toEqual(before);
+
+    const old = await engine({ env: { VSNAP_REF_NO_BUILD_APP: '1', VSNAP_REF_LEGACY_ROUTES: '1' } });
+    await expect(suspendEngineKeepingWeights(old.client)).rejects.toMatchObject({ code: 'E_ENGINE_STATE' });
+  });
+});
