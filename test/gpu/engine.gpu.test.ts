@@ -54,10 +54,10 @@ describe('GPU: capture, suspend and restore the reference engine', async () => {
     assert.equal(snap.manifest.data.platform.kind, 'cuda');
     assert.ok(snap.manifest.data.ranks[0]!.regions.some((r) => r.key.startsWith('anon:') || r.tensors.length > 0));
 
-    const awakeMiB = gpuMemoryOf(a.process.pid!);
+    const awakeMiB = gpuMemoryOf(a.enginePid);
     const s0 = performance.now();
     await Snapshot.suspendEngine(store, 'ref', client);
-    const asleepMiB = gpuMemoryOf(a.process.pid!);
+    const asleepMiB = gpuMemoryOf(a.enginePid);
     console.log(`suspend: ${((performance.now() - s0) / 1000).toFixed(3)} s; engine GPU memory ${awakeMiB} MiB awake -> ${asleepMiB} MiB asleep`);
     assert.ok(awakeMiB !== null && asleepMiB !== null && awakeMiB - asleepMiB >= 2 * 1024, 'sleep must free the weights');
 
@@ -126,4 +126,38 @@ describe('GPU: capture, suspend and restore the reference engine', async () => {
       await b.stop();
     }
   });
+});
+
+describe('GPU: the kinds of weights memory and their load-time cost', async () => {
+  const status = await cudaStatus();
+  if (!status.available) return;
+  // With VSNAP_VLLM_SRC vLLM's own allocator decides (PR #33540: FABRIC, else POSIX-FD): one engine.
+  const modes = process.env.VSNAP_VLLM_SRC ? ['vllm'] : ['none', 'fabric-posix', 'fabric'];
+  for (const mode of modes) {
+    it(`${mode}: load, classify, rehome or not; capture, suspend, restore bit-identical`, async () => {
+      const e = await startEngine({ device: 'cuda', seed: 3, args: MODEL_ARGS, ...(mode === 'vllm' ? {} : { env: { VSNAP_REF_HANDLE_TYPES: mode } }) });
+      const c = new EngineClient({ baseUrl: e.url, token: e.token });
+      const dir = mkdtempSync(join(process.env.VSNAP_GPU_STORE_DIR ?? tmpdir(), 'vsnap-gpu-kinds-'));
+      try {
+        const rank = (await c.vsnapStatus()).ranks[0]!;
+        const rehome = (rank as { rehome?: { rehomed: number; secondsByKind: Record<string, number>; seconds: number } }).rehome!;
+        const kinds = Object.entries(rank.weightsMemory ?? {}).map(([k, n]) => `${n} ${k}`).join(', ');
+        const perKind = Object.entries(rehome.secondsByKind).map(([k, v]) => `${k} ${(v * 1000).toFixed(1)} ms`).join(', ');
+        console.log(`memory ${mode}: engine load ${e.loadSeconds.toFixed(2)} s; ${rank.regions} regions (${(rank.bytes / GiB).toFixed(2)} GiB): ${kinds}; bridge at load ${(rehome.seconds * 1000).toFixed(1)} ms (${perKind}), ${rehome.rehomed} rehomed`);
+        if (mode === 'none') assert.deepEqual(rank.weightsMemory, { none: rank.regions });
+        // POSIX-FD memory is exported as it is: only other kinds are rehomed
+        assert.equal(rehome.rehomed, rank.regions - (rank.weightsMemory?.['posix-fd'] ?? 0));
+        const before = await ask(c);
+        const store = await RegionStore.open(dir);
+        const snap = await Snapshot.captureEngine(store, 'kinds', c);
+        await Snapshot.suspendEngine(store, 'kinds', c);
+        await snap.restoreEngine(c);
+        assert.deepEqual(await ask(c), before);
+      } finally {
+        await c.close();
+        await e.stop();
+        rmSync(dir, { recursive: true, force: true });
+      }
+    });
+  }
 });

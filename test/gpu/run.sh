@@ -20,6 +20,21 @@ if command -v cc >/dev/null && [ -f "${CUDA_PATH:-/usr/local/cuda}/include/cuda.
   cc -O2 -shared -fPIC -I"${CUDA_PATH:-/usr/local/cuda}/include" test/fixtures/engine/csrc/cumem_allocator.c -o "$lib" -ldl
 fi
 export VSNAP_REF_CUMEM_LIB="$PWD/$lib"
+# VSNAP_VLLM_SRC=<folder made by test/fixtures/engine/vllm_src.py>: the reference engine runs vLLM's
+# own allocator (device_allocator package + csrc/cumem_allocator.cpp) instead of its stand-in. The
+# extension is built here, as vLLM's build would, into <folder>/build/cumem_allocator<ext suffix>.
+if [ -n "${VSNAP_VLLM_SRC:-}" ]; then
+  export VSNAP_VLLM_SRC="$(cd "$VSNAP_VLLM_SRC" && pwd)"
+  python3 test/fixtures/engine/vllm_src.py --check --to "$VSNAP_VLLM_SRC"
+  cuda="${CUDA_PATH:-/usr/local/cuda}"
+  pyinc="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
+  ext="$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')"
+  mkdir -p "$VSNAP_VLLM_SRC/build"
+  libdirs=(); for d in "$cuda/lib64/stubs" "$cuda/lib64" /usr/lib/x86_64-linux-gnu; do [ -d "$d" ] && libdirs+=(-L"$d"); done
+  g++ -O2 -std=c++17 -shared -fPIC -I"$pyinc" -I"$cuda/include" "$VSNAP_VLLM_SRC/csrc/cumem_allocator.cpp" \
+    -o "$VSNAP_VLLM_SRC/build/cumem_allocator$ext" "${libdirs[@]}" -lcuda
+  echo "reference engine: vLLM's own allocator from $VSNAP_VLLM_SRC" >&2
+fi
 export VSNAP_GPU_PEER="$PWD/dist-gpu/peer.mjs"
 suites=("$@")
 [ ${#suites[@]} -gt 0 ] || suites=(dist-gpu/regions.gpu.test.mjs dist-gpu/engine.gpu.test.mjs dist-gpu/swap.gpu.test.mjs dist-gpu/tier0.gpu.test.mjs)

@@ -6,7 +6,17 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 
-import { cudaStatus, EngineClient, HostCache, RegionStore, releaseIdleResources, ResidentWeights, Snapshot } from '../../src/index.js';
+import {
+  cudaStatus,
+  EngineClient,
+  HostCache,
+  RegionStore,
+  releaseIdleResources,
+  ResidentWeights,
+  resumeEngineKeptWeights,
+  Snapshot,
+  suspendEngineKeepingWeights,
+} from '../../src/index.js';
 import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
 import { gpuMemoryOf, gpuUsedMiB } from './nvidia-smi.js';
 
@@ -48,6 +58,35 @@ describe('GPU: tier 0, weights resident across sleep', async () => {
     await releaseIdleResources();
   });
 
+  it("the engine's own tier 0 (release_kv_cache_memory) next to the SDK-held one: 10 rounds each, bit-identical answers", async () => {
+    const { e, c } = engines[0]!;
+    const answer = await ask(c);
+    const own = { suspend: [] as number[], resume: [] as number[] };
+    for (let i = 0; i < 10; i++) {
+      const s = await suspendEngineKeepingWeights(c);
+      own.suspend.push(s.seconds);
+      if (i === 0) console.log(`engine tier 0 (${s.via}): engine holds ${gpuMemoryOf(e.enginePid)} MiB while suspended`);
+      own.resume.push(await resumeEngineKeptWeights(c));
+      assert.deepEqual(await ask(c), answer);
+    }
+    const resident = new ResidentWeights();
+    const sdk = { suspend: [] as number[], resume: [] as number[] };
+    try {
+      for (let i = 0; i < 10; i++) {
+        const s = await Snapshot.suspendEngine(store, 'own-vs-sdk', c, { captureIfNeeded: true, resident });
+        sdk.suspend.push(s.seconds);
+        const r = await s.snapshot.restoreEngine(c, { resident });
+        assert.equal(r.tier, 'gpu');
+        sdk.resume.push(r.seconds);
+        assert.deepEqual(await ask(c), answer);
+      }
+    } finally {
+      resident.close();
+    }
+    console.log(`engine tier 0: suspend ${stats(own.suspend)}; resume ${stats(own.resume)}`);
+    console.log(`SDK-held tier 0: suspend ${stats(sdk.suspend.slice(1))} (first, with capture: ${ms(sdk.suspend[0]!)}); restore ${stats(sdk.resume)}`);
+  });
+
   it('20 tier-0 swaps between two 2.4 GiB engines: bit-identical answers, no bytes moved, memory accounted', async () => {
     const resident = new ResidentWeights();
     const [a, b] = engines as [{ e: TestEngine; c: EngineClient }, { e: TestEngine; c: EngineClient }];
@@ -55,7 +94,7 @@ describe('GPU: tier 0, weights resident across sleep', async () => {
     const usedAwake = gpuUsedMiB();
     const sa = await Snapshot.suspendEngine(store, 'a', a.c, { captureIfNeeded: true, resident });
     const usedHeld = gpuUsedMiB();
-    console.log(`tier 0 holds ${(resident.bytes / GiB).toFixed(2)} GiB; GPU used ${usedAwake} MiB awake -> ${usedHeld} MiB after a tier-0 suspend (engine ${gpuMemoryOf(a.e.process.pid!)} MiB, this process ${gpuMemoryOf(process.pid)} MiB)`);
+    console.log(`tier 0 holds ${(resident.bytes / GiB).toFixed(2)} GiB; GPU used ${usedAwake} MiB awake -> ${usedHeld} MiB after a tier-0 suspend (engine ${gpuMemoryOf(a.e.enginePid)} MiB, this process ${gpuMemoryOf(process.pid)} MiB)`);
     const sb = await Snapshot.suspendEngine(store, 'b', b.c, { captureIfNeeded: true, resident });
     const snaps = [sa.snapshot, sb.snapshot];
     const adopt: number[] = [];

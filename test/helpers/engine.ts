@@ -24,7 +24,12 @@ export interface TestEngine {
   stderr(): string;
   readonly url: string;
   readonly token: string;
+  /** The API-server process (what was spawned). */
   readonly process: ChildProcess;
+  /** Seconds the engine took to load its model (as serve.py reports it). */
+  readonly loadSeconds: number;
+  /** The engine-core process, which holds the GPU memory (the worker, as in vLLM, runs apart from the API server). */
+  readonly enginePid: number;
   stop(): Promise<void>;
 }
 
@@ -63,12 +68,12 @@ export async function startEngine(options: EngineOptions = {}): Promise<TestEngi
   const child = spawn('python3', args, { env, stdio: ['ignore', 'pipe', 'pipe'] });
   let stderr = '';
   child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
-  const port = await new Promise<number>((resolve, reject) => {
+  const [port, loadSeconds, enginePid] = await new Promise<[number, number, number]>((resolve, reject) => {
     let out = '';
     child.stdout.on('data', (d: Buffer) => {
       out += d.toString();
-      const m = /READY (\d+)/.exec(out);
-      if (m) resolve(Number(m[1]));
+      const m = /READY (\d+) ([\d.]+) (\d+)/.exec(out);
+      if (m) resolve([Number(m[1]), Number(m[2]), Number(m[3])]);
     });
     child.on('exit', (code) => reject(new Error(`the reference engine exited (${code}) before serving:\n${stderr}`)));
     const wait = options.startTimeoutMs ?? (device === 'cuda' ? 180_000 : 20_000);
@@ -79,13 +84,28 @@ export async function startEngine(options: EngineOptions = {}): Promise<TestEngi
     url: `http://127.0.0.1:${port}`,
     token: token ?? '',
     process: child,
+    loadSeconds,
+    enginePid,
     async stop() {
-      if (child.exitCode !== null) return;
-      const exited = new Promise((r) => child.on('exit', r));
-      child.kill('SIGTERM');
-      await exited;
+      if (child.exitCode === null) {
+        const exited = new Promise((r) => child.on('exit', r));
+        child.kill('SIGTERM');
+        await exited;
+      }
+      // The engine core leaves when its pipe to the API server closes; wait for it (it holds the memory).
+      for (let i = 0; i < 200 && alive(enginePid); i++) await new Promise((r) => setTimeout(r, 50));
+      if (alive(enginePid)) process.kill(enginePid, 'SIGKILL');
     },
   };
+}
+
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
 }
 
 /** The engine's greedy answer to the probe prompt: its token ids and their logprobs. */
