@@ -30,9 +30,12 @@ if [ -n "${VSNAP_VLLM_SRC:-}" ]; then
   pyinc="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
   ext="$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')"
   mkdir -p "$VSNAP_VLLM_SRC/build"
-  libdirs=(); for d in "$cuda/lib64/stubs" "$cuda/lib64" /usr/lib/x86_64-linux-gnu; do [ -d "$d" ] && libdirs+=(-L"$d"); done
+  # link libcuda: the toolkit's stub, else the driver's libcuda.so.1 itself
+  libcuda="$cuda/lib64/stubs/libcuda.so"
+  [ -f "$libcuda" ] || libcuda="$(ldconfig -p | awk '/libcuda\.so\.1 /{print $NF; exit}')"
+  [ -n "$libcuda" ] || { echo "VSNAP_VLLM_SRC: no libcuda to link against" >&2; exit 1; }
   g++ -O2 -std=c++17 -shared -fPIC -I"$pyinc" -I"$cuda/include" "$VSNAP_VLLM_SRC/csrc/cumem_allocator.cpp" \
-    -o "$VSNAP_VLLM_SRC/build/cumem_allocator$ext" "${libdirs[@]}" -lcuda
+    -o "$VSNAP_VLLM_SRC/build/cumem_allocator$ext" "$libcuda"
   echo "reference engine: vLLM's own allocator from $VSNAP_VLLM_SRC" >&2
 fi
 export VSNAP_GPU_PEER="$PWD/dist-gpu/peer.mjs"
