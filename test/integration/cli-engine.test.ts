@@ -37,6 +37,27 @@ describe('vsnap commands on an engine', () => {
     }
   });
 
+  it('doctor --engine says how the routes got there, the bridge state and memory kinds, or why there are no routes', async () => {
+    const store = ['--store', join(tempDir(), 's')];
+    const ok = await startEngine();
+    const none = await startEngine({ env: { VSNAP_REF_NO_BUILD_APP: '1' } });
+    const rocm = await startEngine({ env: { VSNAP_REF_ROCM_HANDLES: '1' } });
+    try {
+      const a = await runCli(['doctor', ...store, '--engine', ok.url], { VSNAP_TOKEN: ok.token });
+      expect(a.stdout).toMatch(/engine routes: endpoint_plugins/);
+      expect(a.stdout).toMatch(/engine bridge: ok \(weights memory: \d+ none\)/);
+      const b = await runCli(['doctor', ...store, '--engine', none.url, '--json'], { VSNAP_TOKEN: none.token });
+      expect(b.code).toBe(1);
+      expect(JSON.parse(b.stdout).engine).toMatchObject({ ok: false, routes: { mechanism: null } });
+      expect(JSON.parse(b.stdout).engine.routes.detail).toMatch(/using the dev routes/);
+      const c = await runCli(['doctor', ...store, '--engine', rocm.url], { VSNAP_TOKEN: rocm.token });
+      expect(c.code).toBe(1);
+      expect(c.stdout).toMatch(/engine bridge: DISABLED: rank 0: .*ROCm/);
+    } finally {
+      await Promise.all([ok.stop(), none.stop(), rocm.stop()]);
+    }
+  });
+
   it('vsnap serve: boots engines from a config one at a time, routes requests, swaps, stops them', async () => {
     const dir = tempDir();
     const [agentPort, p1, p2] = [await freePort(), await freePort(), await freePort()];
