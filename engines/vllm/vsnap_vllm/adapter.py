@@ -14,6 +14,7 @@ import functools
 import importlib
 import inspect
 import os
+import sys
 from dataclasses import dataclass
 
 
@@ -38,11 +39,26 @@ class Allocation:
         ctypes.c_uint64.from_address(self.handle_slot).value = value
 
 
+# Newest vLLM keeps the allocator in vllm/backends/platform/device_allocator/ and leaves
+# compatibility shims at the old paths (a lazy __getattr__ package, sys.modules aliases).
+_ALLOCATOR_MODULES = ("vllm.backends.platform.device_allocator.cumem", "vllm.device_allocator.cumem")
+
+
 def _cumem():
-    try:
-        return importlib.import_module("vllm.device_allocator.cumem")
-    except ImportError as e:
-        raise BridgeUnsupported(f"vllm.device_allocator.cumem is not importable ({e}): sleep mode is unavailable") from e
+    """The module that defines CuMemAllocator: its globals are what sleep and wake call, so its
+    module-level functions are the ones to wrap (wrapping a shim's attribute would change nothing)."""
+    errors = []
+    for name in _ALLOCATOR_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError as e:
+            errors.append(f"{name}: {e}")
+            continue
+        cls = getattr(module, "CuMemAllocator", None)
+        if cls is not None:
+            return sys.modules.get(getattr(cls, "__module__", name), module)
+        errors.append(f"{name} has no CuMemAllocator")
+    raise BridgeUnsupported("vLLM's sleep-mode allocator was not found (" + "; ".join(errors) + "): sleep mode is unavailable")
 
 
 def vllm_version():
@@ -95,12 +111,12 @@ def install_hooks(tag, on_create, after_map, before_unmap, on_failure):
     (False: vLLM's own create runs), and `before_unmap()` runs before the tag's memory is
     released. Every hook is guarded: an exception goes to `on_failure(where, exc)` and vLLM
     carries on as if the bridge were absent. Returns the way chosen."""
-    package = importlib.import_module("vllm.device_allocator")
+    cumem = _cumem()
+    package = importlib.import_module(cumem.__name__.rpartition(".")[0])
     register = getattr(package, "register_tag_hooks", None)
     if callable(register):
         register(tag, guarded("before_unmap", before_unmap, on_failure), guarded("after_map", after_map, on_failure))
         return "register_tag_hooks"
-    cumem = _cumem()
     create, release = getattr(cumem, "create_and_map", None), getattr(cumem, "unmap_and_release", None)
     if not callable(create) or not callable(release):
         raise BridgeUnsupported("this vLLM has neither register_tag_hooks nor module-level create_and_map/unmap_and_release to wrap")
