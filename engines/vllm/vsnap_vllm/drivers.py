@@ -37,6 +37,10 @@ _CU_MEM_HANDLE_TYPE_FABRIC = 8
 _CU_MEM_LOCATION_TYPE_DEVICE = 1
 _CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3
 _CUDA_ERROR_INVALID_VALUE = 1
+# What a POSIX export of memory made without that handle type answers: INVALID_VALUE (measured on
+# an H200 for memory with no type); NOT_PERMITTED / NOT_SUPPORTED are taken the same way (the
+# FABRIC-only case was not measured: no IMEX system was available).
+_NOT_EXPORTABLE_ERRORS = (_CUDA_ERROR_INVALID_VALUE, 800, 801)
 
 
 class _Location(ctypes.Structure):
@@ -113,7 +117,7 @@ class CudaDriver:
             name = ctypes.c_char_p()
             self._cu.cuGetErrorName(result, ctypes.byref(name))
             text = name.value.decode() if name.value else str(result)
-            if call == "cuMemExportToShareableHandle" and result == _CUDA_ERROR_INVALID_VALUE:
+            if call == "cuMemExportToShareableHandle" and result in _NOT_EXPORTABLE_ERRORS:
                 raise NotExportable(f"{call} failed with {text}: the memory was not created exportable")
             raise DriverError(f"{call} failed with {text}")
 
