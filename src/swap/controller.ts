@@ -7,6 +7,7 @@ import type { ResidentWeights } from '../cache/resident-weights.js';
 import { engineControl } from '../engine/control.js';
 import type { EngineClient } from '../engine/engine-client.js';
 import { abortError, invalidArgument, toVsnapError, VsnapError } from '../errors.js';
+import { resumeEngineKeptWeights, suspendEngineKeepingWeights } from '../snapshot/engine-kv-release.js';
 import { Snapshot } from '../snapshot/snapshot.js';
 import type { RegionStore } from '../store/region-store.js';
 import { SwapMetrics } from './metrics.js';
@@ -141,6 +142,8 @@ interface Slot {
   lastUsed: number;
   waiters: Waiter[];
   error?: string;
+  /** Suspended by the engine itself with its weights kept (suspend's keepWeightsInEngine). */
+  keptByEngine?: boolean;
 }
 
 /**
@@ -216,7 +219,8 @@ export class SwapController extends EventEmitter {
     const out: Record<number, number> = {};
     for (const d of Object.keys(this.options.budgets)) out[Number(d)] = 0;
     for (const s of this.slots.values()) {
-      const held = s.state === 'asleep' || s.state === 'failed' ? s.spec.asleepBytes + this.residentBytes(s) : s.spec.memoryBytes;
+      // An engine that suspended itself keeping its weights frees only its KV cache: counted as awake.
+      const held = (s.state === 'asleep' || s.state === 'failed') && !s.keptByEngine ? s.spec.asleepBytes + this.residentBytes(s) : s.spec.memoryBytes;
       for (const d of s.spec.devices) out[d] = (out[d] ?? 0) + held;
     }
     return out;
@@ -319,15 +323,38 @@ export class SwapController extends EventEmitter {
 
   /**
    * Suspends an engine now, if no request uses it. Refuses with E_NOT_RESTORABLE when no snapshot
-   * can bring it back (unless `captureIfNeeded`), E_BUSY while it is in use.
+   * can bring it back (unless `captureIfNeeded`), E_BUSY while it is in use. With
+   * `keepWeightsInEngine` (vLLM with `release_kv_cache_memory`), the engine pauses and frees only
+   * its KV cache, no snapshot needed; it still counts as awake in the budget and is never demoted
+   * by the controller: use it for an engine that keeps its GPU (see engines/vllm/README.md).
    */
-  async suspend(model: string, options: { captureIfNeeded?: boolean } = {}): Promise<SwapEvent | undefined> {
+  async suspend(model: string, options: { captureIfNeeded?: boolean; keepWeightsInEngine?: boolean } = {}): Promise<SwapEvent | undefined> {
     const slot = this.slot(model);
     if (slot.state === 'asleep') return undefined;
     if (slot.state !== 'awake' || slot.leases > 0) {
       throw new VsnapError('E_BUSY', `'${model}' is ${slot.leases > 0 ? `serving ${slot.leases} request(s)` : slot.state}; retry when it is idle`, { engine: model });
     }
+    if (options.keepWeightsInEngine) return this.keepInEngine(slot);
     return this.putToSleep(slot, options.captureIfNeeded ?? false, this.mayKeepResident(slot));
+  }
+
+  /** The engine's own tier 0: pause and release the KV cache, weights kept in the engine. */
+  private async keepInEngine(slot: Slot): Promise<SwapEvent> {
+    slot.state = 'suspending';
+    this.emit('swapStarted', { engine: slot.spec.name, action: 'suspend' });
+    try {
+      const r = await suspendEngineKeepingWeights(slot.spec.client);
+      Object.assign(slot, { state: 'asleep', keptByEngine: true });
+      const event: SwapEvent = { engine: slot.spec.name, action: 'suspend', seconds: r.seconds, captured: false };
+      this.metrics.swaps.inc({ engine: slot.spec.name, action: 'suspend', result: 'ok' });
+      this.changed();
+      this.emit('swap', event);
+      return event;
+    } catch (err) {
+      slot.state = 'awake';
+      this.changed();
+      throw toVsnapError(err);
+    }
   }
 
   /**
@@ -396,7 +423,8 @@ export class SwapController extends EventEmitter {
     const usage = this.usage();
     let fits = true;
     for (const d of slot.spec.devices) {
-      const after = (usage[d] ?? 0) - slot.spec.asleepBytes - this.residentBytes(slot) + slot.spec.memoryBytes;
+      const held = slot.keptByEngine ? slot.spec.memoryBytes : slot.spec.asleepBytes + this.residentBytes(slot);
+      const after = (usage[d] ?? 0) - held + slot.spec.memoryBytes;
       if (after > this.options.budgets[d]!) fits = false;
     }
     const groupMates = slot.spec.group
@@ -486,11 +514,13 @@ export class SwapController extends EventEmitter {
     this.changed();
     this.emit('swapStarted', { engine: slot.spec.name, action: 'restore' });
     try {
-      const snapshot = await Snapshot.open(this.options.store, slot.spec.snapshot);
-      const report = await snapshot.restoreEngine(slot.spec.client, {
-        ...(this.options.cache ? { cache: this.options.cache } : {}),
-        ...(this.options.resident ? { resident: this.options.resident } : {}),
-      });
+      const report = slot.keptByEngine
+        ? { phases: { resume: await resumeEngineKeptWeights(slot.spec.client) }, tier: 'gpu' as const, bytes: 0 }
+        : await (await Snapshot.open(this.options.store, slot.spec.snapshot)).restoreEngine(slot.spec.client, {
+            ...(this.options.cache ? { cache: this.options.cache } : {}),
+            ...(this.options.resident ? { resident: this.options.resident } : {}),
+          });
+      delete slot.keptByEngine;
       slot.state = 'awake';
       slot.lastUsed = Date.now();
       delete slot.error;

@@ -5,6 +5,7 @@ import { VsnapError } from '../../src/errors.js';
 import { resumeEngineKeptWeights, suspendEngineKeepingWeights } from '../../src/snapshot/engine-kv-release.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { RegionStore } from '../../src/store/region-store.js';
+import { SwapController, type SwapEvent } from '../../src/swap/controller.js';
 import { askCapital, startEngine, type EngineOptions, type TestEngine } from '../helpers/engine.js';
 import { tempDir } from '../helpers/tmp.js';
 
@@ -144,5 +145,33 @@ describe("the engine's own weight-resident suspend (release_kv_cache_memory)", (
 
     const old = await engine({ env: { VSNAP_REF_NO_BUILD_APP: '1', VSNAP_REF_LEGACY_ROUTES: '1' } });
     await expect(suspendEngineKeepingWeights(old.client)).rejects.toMatchObject({ code: 'E_ENGINE_STATE' });
+  });
+});
+
+describe('SwapController with the engine keeping its weights (option)', () => {
+  it('suspend keepWeightsInEngine: no snapshot needed, counted as awake, restore resumes it with the same answer', async () => {
+    const { client } = await engine();
+    const store = await RegionStore.open(tempDir());
+    const GB = 1e9;
+    const controller = await SwapController.create({ store, engines: [{ name: 'a', client, memoryBytes: 12 * GB, asleepBytes: 1 * GB }], budgets: { 0: 20 * GB } });
+    try {
+      await controller.restore('a');
+      const before = await ask(client);
+      const events: SwapEvent[] = [];
+      controller.on('swap', (e: SwapEvent) => events.push(e));
+      await expect(controller.suspend('a')).rejects.toMatchObject({ code: 'E_NOT_RESTORABLE' }); // no snapshot: a plain suspend refuses
+      await controller.suspend('a', { keepWeightsInEngine: true });
+      expect(controller.states()[0]!.state).toBe('asleep');
+      expect(controller.usage()[0]).toBe(12 * GB);
+      const status = await client.vsnapStatus();
+      expect(status.sleeping).toBe(true);
+      expect(status.ranks[0]!.weightsMapped).toBe(true);
+      await controller.restore('a');
+      expect(await ask(client)).toEqual(before);
+      expect(events.map((e) => [e.action, e.tier ?? null])).toEqual([['suspend', null], ['restore', 'gpu']]);
+      expect(await store.current('a')).toBeFalsy(); // nothing was captured
+    } finally {
+      controller.close();
+    }
   });
 });
