@@ -5,6 +5,7 @@ import { fileURLToPath } from 'node:url';
 
 import { describe, expect, it } from 'vitest';
 
+import { cudaStatus } from '../../src/gpu/cuda.js';
 import { packageRoot } from '../../src/native/index.js';
 import { tempDir } from '../helpers/tmp.js';
 
@@ -15,7 +16,9 @@ const addon = join(prebuilt, readdirSync(prebuilt).find((f) => f.endsWith('.node
 // Each stage of the addon's life, left in each way a process or a worker thread goes away:
 // the environment's cleanup hook (workers), the atexit handler (process.exit) and plain
 // finalisation (end) must leave no crash, no unhandled rejection and no socket file behind.
-const stages = ['loaded', 'pool', 'buffer', 'transfer', 'listener', 'offer', 'peer'] as const;
+// With a CUDA driver, device memory and pinned host memory too (the GPU suite's machine).
+const gpu = (await cudaStatus()).available;
+const stages = ['loaded', 'pool', 'buffer', 'transfer', 'listener', 'offer', 'peer', ...(gpu ? ['device', 'pinned'] : [])];
 const hows = ['exit', 'worker', 'end'] as const;
 
 describe('the addon ends cleanly at every lifecycle stage', () => {
