@@ -2,41 +2,53 @@
   "variables": {
     "cuda_include%": "<!(node -p \"process.env.CUDA_PATH ? process.env.CUDA_PATH + '/include' : '/usr/local/cuda/include'\")"
   },
+  "conditions": [
+    ["target_arch=='x64'", {
+      "targets": [
+        {
+          "target_name": "vsnap_hash_avx2",
+          "type": "static_library",
+          "sources": ["native/hash/checksum_avx2.cc"],
+          "include_dirs": ["native"],
+          "cflags_cc": ["-std=c++17", "-O3", "-fPIC", "-mavx2"]
+        },
+        {
+          "target_name": "vsnap_hash_avx512",
+          "type": "static_library",
+          "sources": ["native/hash/checksum_avx512.cc"],
+          "include_dirs": ["native"],
+          "cflags_cc": ["-std=c++17", "-O3", "-fPIC", "-mavx512f", "-mavx512bw", "-Wno-maybe-uninitialized", "-Wno-uninitialized"]
+        }
+      ]
+    }]
+  ],
   "targets": [
     {
-      "target_name": "vsnap_hash_avx2",
-      "type": "static_library",
-      "sources": ["native/hash/checksum_avx2.cc"],
-      "include_dirs": ["native"],
-      "cflags_cc": ["-std=c++17", "-O3", "-fPIC", "-mavx2"]
-    },
-    {
-      "target_name": "vsnap_hash_avx512",
-      "type": "static_library",
-      "sources": ["native/hash/checksum_avx512.cc"],
-      "include_dirs": ["native"],
-      "cflags_cc": ["-std=c++17", "-O3", "-fPIC", "-mavx512f", "-mavx512bw", "-Wno-maybe-uninitialized", "-Wno-uninitialized"]
-    },
-    {
       "target_name": "vsnap",
-      "dependencies": ["vsnap_hash_avx2", "vsnap_hash_avx512"],
+      "conditions": [
+        ["target_arch=='x64'", {"dependencies": ["vsnap_hash_avx2", "vsnap_hash_avx512"]}]
+      ],
       "sources": [
         "native/addon.cc",
         "native/common/error.cc",
+        "native/common/fault.cc",
         "native/cuda/driver.cc",
         "native/cuda/context.cc",
         "native/cuda/devices.cc",
         "native/cuda/vmm.cc",
         "native/cuda/stream.cc",
         "native/hash/checksum.cc",
-        "native/hash/checksum_sse2.cc",
+        "native/hash/checksum_base.cc",
         "native/io/files.cc",
         "native/ipc/fd_channel.cc",
+        "native/ipc/json_syntax.cc",
+        "native/ipc/wire.cc",
         "native/transfer/staging_pool.cc",
         "native/transfer/region.cc",
         "native/transfer/engine.cc",
         "native/transfer/host_buffer.cc",
         "native/js/js_util.cc",
+        "native/js/js_lifecycle.cc",
         "native/js/js_cuda.cc",
         "native/js/js_allocation.cc",
         "native/js/js_staging_pool.cc",
@@ -51,7 +63,7 @@
         "native",
         "<(cuda_include)"
       ],
-      "defines": ["NAPI_VERSION=8", "NODE_ADDON_API_DISABLE_DEPRECATED"],
+      "defines": ["NAPI_VERSION=8", "NODE_ADDON_API_DISABLE_DEPRECATED", "NODE_API_SWALLOW_UNTHROWABLE_EXCEPTIONS"],
       "cflags!": ["-fno-exceptions"],
       "cflags_cc!": ["-fno-exceptions", "-fno-rtti"],
       "cflags_cc": ["-std=c++17", "-O2", "-ffunction-sections", "-fdata-sections", "-fexceptions", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fvisibility=hidden"],

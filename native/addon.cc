@@ -7,7 +7,9 @@
 namespace {
 
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
-  env.SetInstanceData(new vsnap::js::AddonData());
+  auto* data = new vsnap::js::AddonData();
+  env.SetInstanceData(data);
+  vsnap::js::installLifecycle(env, data->lifecycle);
   vsnap::js::initCuda(env, exports);
   vsnap::js::initAllocation(env, exports);
   vsnap::js::initStagingPool(env, exports);
@@ -16,6 +18,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   vsnap::js::initTransfer(env, exports);
   vsnap::js::initFdListener(env, exports);
   vsnap::js::initFiles(env, exports);
+  exports.Set("setFault", Napi::Function::New(env, vsnap::js::SetFault, "setFault"));
   exports.Set("abiVersion", Napi::Number::New(env, 3));
   return exports;
 }

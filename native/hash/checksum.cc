@@ -8,10 +8,12 @@ namespace vsnap::hash {
 namespace {
 
 const Impl& pick() {
+#if defined(__x86_64__)
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) return kAvx512;
   if (__builtin_cpu_supports("avx2")) return kAvx2;
-  return kSse2;
+#endif
+  return kBase;
 }
 
 const Impl& impl() {

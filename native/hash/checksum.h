@@ -1,5 +1,6 @@
-// Chunk checksums: XXH3-128 from the xxHash library (libxxhash-dev, compiled in), with the
-// widest vector unit of this CPU picked at run time (AVX-512, AVX2, else SSE2).
+// Chunk checksums: XXH3-128 from the xxHash library (libxxhash-dev, compiled in). On x86-64 the
+// widest vector unit of this CPU is picked at run time (AVX-512, AVX2, else SSE2); on arm64 the
+// baseline build uses NEON. Every implementation gives the same digests.
 #pragma once
 
 #include <cstddef>
@@ -22,7 +23,7 @@ struct Digest {
   static Digest fromHex(const std::string& text);
 };
 
-// The instruction set in use: "avx512", "avx2" or "sse2".
+// The instruction set in use: "avx512", "avx2", "sse2", "neon" or "scalar".
 const char* implementation();
 
 Digest digest(const void* data, size_t length);
@@ -52,8 +53,10 @@ struct Impl {
   Digest (*finish)(const void*);
   Digest (*oneShot)(const void*, size_t);
 };
-extern const Impl kSse2;
+extern const Impl kBase;  // the architecture's baseline (checksum_base.cc)
+#if defined(__x86_64__)
 extern const Impl kAvx2;
 extern const Impl kAvx512;
+#endif
 
 }  // namespace vsnap::hash

@@ -8,21 +8,16 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 #include "common/error.h"
+#include "ipc/json_syntax.h"
 
 namespace vsnap::ipc {
 namespace {
 
 constexpr char kMagic[4] = {'V', 'S', 'N', '1'};
-constexpr int kPeerTimeoutMs = 10000;
-
-// A failure to report to the peer: code and message go back in the reply.
-struct PeerError {
-  std::string code;
-  std::string message;
-};
 
 sockaddr_un address(const std::string& path) {
   sockaddr_un addr{};
@@ -33,45 +28,6 @@ sockaddr_un address(const std::string& path) {
   }
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   return addr;
-}
-
-void setTimeouts(int fd, int ms) {
-  timeval tv{ms / 1000, (ms % 1000) * 1000};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-}
-
-void readExact(int fd, void* buf, size_t n) {
-  char* p = static_cast<char*>(buf);
-  while (n > 0) {
-    ssize_t r = recv(fd, p, n, 0);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) throw PeerError{"E_IPC_PROTOCOL", "peer timed out"};
-    if (r <= 0) throw PeerError{"E_IPC_PROTOCOL", r == 0 ? "peer closed the connection early" : std::strerror(errno)};
-    p += r;
-    n -= static_cast<size_t>(r);
-  }
-}
-
-void writeExact(int fd, const void* buf, size_t n) {
-  const char* p = static_cast<const char*>(buf);
-  while (n > 0) {
-    ssize_t r = send(fd, p, n, MSG_NOSIGNAL);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) throwSystemError("send", "fd socket", errno);
-    p += r;
-    n -= static_cast<size_t>(r);
-  }
-}
-
-uint32_t readU32(int fd) {
-  unsigned char b[4];
-  readExact(fd, b, 4);
-  return b[0] | (b[1] << 8) | (b[2] << 16) | (static_cast<uint32_t>(b[3]) << 24);
-}
-
-void putU32(std::string& out, uint32_t v) {
-  for (int i = 0; i < 4; i++) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
 }
 
 std::string jsonEscape(const std::string& s) {
@@ -95,8 +51,8 @@ void reply(int fd, const std::string& json) {
   frame += json;
   try {
     writeExact(fd, frame.data(), frame.size());
-  } catch (...) {
-    // the peer is gone; nothing to tell it
+  } catch (const NativeError&) {
+    // the peer is gone (or stopped reading): nothing to tell it
   }
 }
 
@@ -107,67 +63,11 @@ bool constantTimeEqual(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
-void closeAll(std::vector<int>& fds) {
-  for (int fd : fds) ::close(fd);
-  fds.clear();
-}
-
-void sendFdBatches(int sock, const std::vector<int>& fds, const std::string& what) {
-  for (size_t sent = 0; sent < fds.size();) {
-    size_t n = std::min<size_t>(kFdsPerBatch, fds.size() - sent);
-    char marker = 'F';
-    iovec iov{&marker, 1};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kFdsPerBatch)] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = CMSG_SPACE(sizeof(int) * n);
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * n);
-    std::memcpy(CMSG_DATA(c), fds.data() + sent, sizeof(int) * n);
-    ssize_t r = sendmsg(sock, &msg, MSG_NOSIGNAL);
-    if (r < 0 && errno == EINTR) continue;
-    if (r != 1) throwSystemError("sendmsg", what, errno);
-    sent += n;
-  }
-}
-
-// Receives `count` descriptors sent by sendFdBatches into `out` (appending as they come, so the
-// caller can close them on failure).
-void receiveFdBatches(int sock, size_t count, std::vector<int>& out) {
-  size_t want = out.size() + count;
-  while (out.size() < want) {
-    char marker = 0;
-    iovec iov{&marker, 1};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kFdsPerBatch)];
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    ssize_t r = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) throw PeerError{"E_IPC_PROTOCOL", r == 0 ? "peer closed before sending every descriptor" : std::strerror(errno)};
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-        size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        const int* p = reinterpret_cast<const int*>(CMSG_DATA(c));
-        out.insert(out.end(), p, p + n);
-      }
-    }
-    if (msg.msg_flags & MSG_CTRUNC) throw PeerError{"E_IPC_PROTOCOL", "descriptor batch truncated (over 250 in one frame?)"};
-    if (marker != 'F') throw PeerError{"E_IPC_PROTOCOL", "expected a descriptor frame"};
-  }
-  if (out.size() != want) throw PeerError{"E_IPC_PROTOCOL", "received more descriptors than announced"};
-}
-
 }  // namespace
 
-FdListener::FdListener(const std::string& path, OnDelivery onDelivery, OnReject onReject)
-    : path_(path), onDelivery_(std::move(onDelivery)), onReject_(std::move(onReject)) {
+FdListener::FdListener(const std::string& path, OnDelivery onDelivery, OnReject onReject, int peerDeadlineMs)
+    : path_(path), onDelivery_(std::move(onDelivery)), onReject_(std::move(onReject)), peerDeadlineMs_(peerDeadlineMs) {
+  if (peerDeadlineMs < 1) throwInvalid("the peer deadline must be at least 1 ms");
   sockaddr_un addr = address(path);
   listen_.reset(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!listen_.valid()) throwSystemError("socket", path, errno);
@@ -204,9 +104,15 @@ void FdListener::close() {
   if (closed_.exchange(true)) return;
   uint64_t one = 1;
   if (write(wake_.get(), &one, sizeof one) < 0) {
-    // cannot happen for a fresh eventfd; the thread still notices closed_ at its next poll
+    // cannot happen for a fresh eventfd; the threads still notice closed_ within a second
   }
   if (thread_.joinable()) thread_.join();
+  reap(true);  // every connection waits on wake_ too, so each ends promptly
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& [nonce, offer] : expected_) closeAll(offer.fds);
+    expected_.clear();
+  }
   ::unlink(path_.c_str());
   listen_.reset();
 }
@@ -246,13 +152,55 @@ void FdListener::loop() {
   pollfd fds[2] = {{listen_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}};
   while (!closed_) {
     int r = poll(fds, 2, 1000);
+    reap(false);
     if (r < 0 && errno != EINTR) break;
     if (closed_ || (fds[1].revents & POLLIN)) break;
     if (!(fds[0].revents & POLLIN)) continue;
     int conn = accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC);
-    if (conn < 0) continue;
-    UniqueFd owned(conn);
-    handle(conn);
+    if (conn >= 0) start(UniqueFd(conn));
+  }
+}
+
+// One thread per connection, so a peer that stalls holds up only itself.
+void FdListener::start(UniqueFd conn) {
+  std::unique_lock<std::mutex> lock(connectionsMutex_);
+  if (connections_.size() >= kMaxConnections) {
+    lock.unlock();
+    reply(conn.get(), "{\"ok\":false,\"code\":\"E_BUSY\",\"error\":\"too many connections at once; try again\"}");
+    onReject_("refused a connection: " + std::to_string(kMaxConnections) + " already in progress", 0);
+    return;
+  }
+  auto& entry = connections_.emplace_back();
+  entry.fd = std::move(conn);
+  auto self = std::prev(connections_.end());
+  try {
+    entry.thread = std::thread([this, self] {
+      handle(self->fd.get());
+      std::lock_guard<std::mutex> done(connectionsMutex_);
+      self->fd.reset();
+      self->done = true;
+    });
+  } catch (const std::system_error& e) {  // no thread to be had: refuse this peer, keep serving
+    int fd = entry.fd.get();
+    reply(fd, "{\"ok\":false,\"code\":\"E_BUSY\",\"error\":\"the receiver could not start a thread\"}");
+    connections_.erase(self);
+    lock.unlock();
+    onReject_(std::string("could not start a connection thread: ") + e.what(), 0);
+  }
+}
+
+void FdListener::reap(bool all) {
+  std::list<Connection> finished;
+  {
+    std::lock_guard<std::mutex> lock(connectionsMutex_);
+    for (auto it = connections_.begin(); it != connections_.end();) {
+      auto next = std::next(it);
+      if (all || it->done) finished.splice(finished.end(), connections_, it);
+      it = next;
+    }
+  }
+  for (auto& c : finished) {
+    if (c.thread.joinable()) c.thread.join();
   }
 }
 
@@ -263,6 +211,7 @@ void FdListener::handle(int conn) {
     onReject_("could not read the peer's credentials", 0);
     return;
   }
+  setTimeouts(conn, peerDeadlineMs_);  // bounds the replies we send, too
   if (cred.uid != geteuid()) {
     std::string why = "peer pid " + std::to_string(cred.pid) + " runs as uid " + std::to_string(cred.uid) +
                       ", not this process's uid " + std::to_string(geteuid());
@@ -270,27 +219,29 @@ void FdListener::handle(int conn) {
     onReject_(why, cred.pid);
     return;
   }
-  setTimeouts(conn, kPeerTimeoutMs);
+  Deadline deadline{std::chrono::steady_clock::now() + std::chrono::milliseconds(peerDeadlineMs_), wake_.get(),
+                    peerDeadlineMs_};
   std::vector<int> received;
   try {
     char magic[4];
-    readExact(conn, magic, 4);
+    readExact(conn, magic, 4, &deadline);
     if (std::memcmp(magic, kMagic, 4) != 0) throw PeerError{"E_IPC_PROTOCOL", "bad magic: not a vsnap fd message"};
     std::string nonce(kNonceLength, '\0');
-    readExact(conn, nonce.data(), kNonceLength);
+    readExact(conn, nonce.data(), kNonceLength, &deadline);
     Offer offer;
     if (!takeNonce(nonce, offer)) throw PeerError{"E_IPC_AUTH", "unknown or already used nonce"};
     struct CloseOffer {
       std::vector<int>& fds;
       ~CloseOffer() { closeAll(fds); }
     } closeOffer{offer.fds};
-    uint32_t headerBytes = readU32(conn);
-    uint32_t fdCount = readU32(conn);
+    uint32_t headerBytes = readU32(conn, &deadline);
+    uint32_t fdCount = readU32(conn, &deadline);
     if (headerBytes > kMaxHeaderBytes) throw PeerError{"E_IPC_PROTOCOL", "header too large"};
     if (fdCount > kMaxFds) throw PeerError{"E_IPC_PROTOCOL", "too many descriptors"};
     std::string header(headerBytes, '\0');
-    readExact(conn, header.data(), headerBytes);
-    receiveFdBatches(conn, fdCount, received);
+    readExact(conn, header.data(), headerBytes, &deadline);
+    if (!isJsonObject(header)) throw PeerError{"E_IPC_PROTOCOL", "the header is not a JSON object"};
+    receiveFdBatches(conn, fdCount, received, &deadline);
     if (offer.header.empty()) {
       reply(conn, "{\"ok\":true}");
     } else {
@@ -336,16 +287,16 @@ Reply sendFds(const std::string& path, const std::string& nonce, const std::stri
   }
   Reply out;
   try {
-    uint32_t length = readU32(sock.get());
+    uint32_t length = readU32(sock.get(), nullptr);
     if (length > (1u << 20)) throw NativeError("E_IPC_PROTOCOL", "oversized reply from '" + path + "'");
     out.json.assign(length, '\0');
-    readExact(sock.get(), out.json.data(), length);
+    readExact(sock.get(), out.json.data(), length, nullptr);
     // An offer's descriptors follow the reply: {"ok":true,"fds":M,...}
     auto at = out.json.find("\"fds\":");
     if (out.json.rfind("{\"ok\":true", 0) == 0 && at != std::string::npos) {
       size_t count = std::strtoul(out.json.c_str() + at + 6, nullptr, 10);
       if (count > kMaxFds) throw NativeError("E_IPC_PROTOCOL", "too many offered descriptors");
-      receiveFdBatches(sock.get(), count, out.fds);
+      receiveFdBatches(sock.get(), count, out.fds, nullptr);
     }
     return out;
   } catch (const PeerError& e) {

@@ -13,7 +13,10 @@
 // Descriptors travel only on the one-byte batch frames, so no read ever merges two batches.
 //
 // The listener accepts only peers with this process's uid (SO_PEERCRED) that present a nonce
-// it was told to expect; each nonce is accepted once. The socket file has mode 0600.
+// it was told to expect; each nonce is accepted once; a header that is not a JSON object is
+// refused. The socket file has mode 0600. Connections are served concurrently (at most
+// kMaxConnections at once, one thread each), each within kPeerDeadlineMs from accept to reply:
+// an idle or slow peer holds up only itself.
 #pragma once
 
 #include <sys/types.h>
@@ -21,20 +24,23 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
-#include <mutex>
+#include <list>
 #include <map>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "common/fd.h"
+#include "ipc/wire.h"
 
 namespace vsnap::ipc {
 
 constexpr size_t kNonceLength = 64;
 constexpr uint32_t kMaxHeaderBytes = 64u << 20;
 constexpr uint32_t kMaxFds = 65536;
-constexpr uint32_t kFdsPerBatch = 250;
+constexpr int kPeerDeadlineMs = 10000;
+constexpr size_t kMaxConnections = 32;
 
 struct Delivery {
   std::string nonce;
@@ -49,7 +55,8 @@ class FdListener {
   using OnDelivery = std::function<void(Delivery&&)>;
   using OnReject = std::function<void(const std::string& reason, pid_t pid)>;
 
-  FdListener(const std::string& path, OnDelivery onDelivery, OnReject onReject);
+  // peerDeadlineMs: how long one connection may take from accept to its reply.
+  FdListener(const std::string& path, OnDelivery onDelivery, OnReject onReject, int peerDeadlineMs = kPeerDeadlineMs);
   ~FdListener();
   FdListener(const FdListener&) = delete;
   FdListener& operator=(const FdListener&) = delete;
@@ -59,10 +66,19 @@ class FdListener {
   // offered descriptors (the listener's own duplicates, closed once sent or forgotten).
   void expect(const std::string& nonce, const std::string& offerHeader = "", std::vector<int> offerFds = {});
   void forget(const std::string& nonce);
-  void close();  // stops accepting, joins the thread, removes the socket file
+  // Stops accepting, cuts every connection short, joins every thread, closes the descriptors
+  // of offers nobody fetched and removes the socket file.
+  void close();
 
  private:
+  struct Connection {
+    UniqueFd fd;
+    std::thread thread;
+    bool done = false;
+  };
   void loop();
+  void start(UniqueFd conn);
+  void reap(bool all);
   void handle(int conn);
   struct Offer {
     std::string header;  // empty: nothing offered
@@ -73,11 +89,14 @@ class FdListener {
   std::string path_;
   OnDelivery onDelivery_;
   OnReject onReject_;
+  int peerDeadlineMs_;
   UniqueFd listen_;
   UniqueFd wake_;
   std::thread thread_;
   std::mutex mutex_;
   std::map<std::string, Offer> expected_;
+  std::mutex connectionsMutex_;
+  std::list<Connection> connections_;  // guarded by connectionsMutex_
   std::atomic<bool> closed_{false};
 };
 

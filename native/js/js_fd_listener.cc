@@ -1,4 +1,4 @@
-// FdListener(path, onEvent): a unix socket receiving descriptors from peers
+// FdListener(path, onEvent, peerDeadlineMs?): a unix socket receiving descriptors from peers
 // (see ipc/fd_channel.h for the protocol); sendFds(): the client side, off the JS thread.
 #include <fcntl.h>
 
@@ -30,11 +30,14 @@ class FdListener : public Napi::ObjectWrap<FdListener> {
     Napi::Env env = info.Env();
     std::string path = toString(info[0], "path");
     if (!info[1].IsFunction()) throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "FdListener(path, onEvent)"));
+    int deadlineMs = info.Length() > 2 && info[2].IsNumber() ? static_cast<int>(toI64(info[2], "peerDeadlineMs"))
+                                                             : ipc::kPeerDeadlineMs;
     events_ = Napi::ThreadSafeFunction::New(env, info[1].As<Napi::Function>(), "vsnap-fd-listener", 0, 1);
-    auto post = [this](Event&& e) {
+    lifecycle_ = addonData(env).lifecycle;
+    auto post = [this, lifecycle = lifecycle_](Event&& e) {
       auto* boxed = new Event(std::move(e));
-      napi_status s = events_.BlockingCall(boxed, [](Napi::Env env, Napi::Function onEvent, Event* ev) {
-        deliver(env, onEvent, ev);
+      napi_status s = events_.BlockingCall(boxed, [lifecycle](Napi::Env env, Napi::Function onEvent, Event* ev) {
+        deliver(lifecycle->stopping() ? Napi::Env(nullptr) : env, onEvent, ev);
       });
       if (s != napi_ok) {
         if (auto* d = std::get_if<ipc::Delivery>(boxed)) for (int fd : d->fds) ::close(fd);
@@ -44,14 +47,20 @@ class FdListener : public Napi::ObjectWrap<FdListener> {
     try {
       listener_ = std::make_unique<ipc::FdListener>(
           path, [post](ipc::Delivery&& d) { post(Event(std::move(d))); },
-          [post](const std::string& reason, pid_t pid) { post(Event(Rejection{reason, pid})); });
+          [post](const std::string& reason, pid_t pid) { post(Event(Rejection{reason, pid})); }, deadlineMs);
     } catch (const NativeError& e) {
       events_.Release();
       throw toJsError(env, e);
     }
+    lifecycle_->add(this, [this] { stop(); });  // closed when the environment goes
+    ipc::FdListener* raw = listener_.get();
+    Lifecycle::addAtExit(this, [raw] { raw->close(); });  // socket file and offers, at process.exit()
   }
 
-  ~FdListener() override { stop(); }
+  ~FdListener() override {
+    lifecycle_->remove(this);
+    stop();
+  }
 
  private:
   // Runs on the JS thread: onEvent({type:'delivery', nonce, header, fds, pid}) or
@@ -59,7 +68,7 @@ class FdListener : public Napi::ObjectWrap<FdListener> {
   static void deliver(Napi::Env env, Napi::Function onEvent, Event* ev) {
     std::unique_ptr<Event> owned(ev);
     auto* d = std::get_if<ipc::Delivery>(ev);
-    if (env == nullptr) {  // the environment is going away
+    if (env == nullptr) {  // the environment is going away: no JS to hand the descriptors to
       if (d) for (int fd : d->fds) ::close(fd);
       return;
     }
@@ -83,6 +92,7 @@ class FdListener : public Napi::ObjectWrap<FdListener> {
 
   void stop() {
     if (listener_) {
+      Lifecycle::removeAtExit(this);
       listener_->close();  // joins the accept thread: no event is posted after this
       listener_.reset();
       events_.Release();
@@ -136,6 +146,7 @@ class FdListener : public Napi::ObjectWrap<FdListener> {
 
   std::unique_ptr<ipc::FdListener> listener_;
   Napi::ThreadSafeFunction events_;
+  std::shared_ptr<Lifecycle> lifecycle_;
 };
 
 Napi::Value SendFds(const Napi::CallbackInfo& info) {

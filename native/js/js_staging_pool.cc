@@ -9,6 +9,7 @@ Napi::Function StagingPool::Define(Napi::Env env) {
                                   {InstanceAccessor<&StagingPool::SlotSize>("slotSize"),
                                    InstanceAccessor<&StagingPool::SlotCount>("slotCount"),
                                    InstanceAccessor<&StagingPool::Pinned>("pinned"),
+                                   InstanceAccessor<&StagingPool::FreeSlots>("freeSlots"),
                                    InstanceAccessor("closed", &StagingPool::Closed, nullptr),
                                    InstanceMethod("close", &StagingPool::Close)});
   constructor(env) = Napi::Persistent(fn);
@@ -23,6 +24,10 @@ Napi::Value StagingPool::SlotCount(const Napi::CallbackInfo& info) {
 }
 Napi::Value StagingPool::Pinned(const Napi::CallbackInfo& info) {
   return Napi::Boolean::New(info.Env(), live(info.Env())->pinned());
+}
+
+Napi::Value StagingPool::FreeSlots(const Napi::CallbackInfo& info) {
+  return Napi::Number::New(info.Env(), live(info.Env())->freeSlots());
 }
 
 void initStagingPool(Napi::Env env, Napi::Object exports) {

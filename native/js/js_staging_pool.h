@@ -20,6 +20,7 @@ class StagingPool : public SharedWrap<StagingPool, transfer::StagingPool> {
   Napi::Value SlotSize(const Napi::CallbackInfo& info);
   Napi::Value SlotCount(const Napi::CallbackInfo& info);
   Napi::Value Pinned(const Napi::CallbackInfo& info);
+  Napi::Value FreeSlots(const Napi::CallbackInfo& info);
 };
 
 }  // namespace vsnap::js

@@ -96,7 +96,10 @@ class TransferWorker : public Napi::AsyncWorker {
         op_(options.op),
         memory_(std::move(memory)),
         hostCopies_(std::move(hostCopies)),
-        job_(std::make_shared<transfer::TransferJob>(std::move(options), std::move(tasks), std::move(pool))) {
+        job_(std::make_shared<transfer::TransferJob>(std::move(options), std::move(tasks), std::move(pool))),
+        lifecycle_(addonData(env).lifecycle),
+        running_(std::make_shared<RunningJob>(job_)) {
+    lifecycle_->add(running_);  // cancelled and waited for if the environment goes first
     if (onProgress.IsFunction()) {
       progress_ = Napi::ThreadSafeFunction::New(env, onProgress.As<Napi::Function>(), "vsnap-progress", 0, 1);
       hasProgress_ = true;
@@ -126,6 +129,8 @@ class TransferWorker : public Napi::AsyncWorker {
     memory_.clear();
     hostCopies_.clear();
     seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    running_->finished();
+    lifecycle_->remove(running_);
   }
 
   void OnOK() override {
@@ -154,12 +159,20 @@ class TransferWorker : public Napi::AsyncWorker {
     deferred_.Reject(toJsError(Env(), *error_).Value());
   }
 
+  void OnWorkComplete(Napi::Env env, napi_status status) override {
+    if (lifecycle_->stopping()) {  // the environment is going away: no JS left to settle in
+      Destroy();
+      return;
+    }
+    Napi::AsyncWorker::OnWorkComplete(env, status);
+  }
+
  private:
   void report() {
     if (!hasProgress_) return;
     auto* update = new ProgressUpdate{job_->bytesDone(), job_->bytesTotal(), job_->phase()};
-    napi_status s = progress_.NonBlockingCall(update, [](Napi::Env env, Napi::Function fn, ProgressUpdate* u) {
-      if (env != nullptr && fn != nullptr) {
+    napi_status s = progress_.NonBlockingCall(update, [lifecycle = lifecycle_](Napi::Env env, Napi::Function fn, ProgressUpdate* u) {
+      if (env != nullptr && fn != nullptr && !lifecycle->stopping()) {
         fn.Call({Napi::Number::New(env, static_cast<double>(u->done)), Napi::Number::New(env, static_cast<double>(u->total)),
                  Napi::String::New(env, transfer::phaseName(u->phase))});
       }
@@ -180,6 +193,8 @@ class TransferWorker : public Napi::AsyncWorker {
   std::vector<MemorySpec> memory_;
   std::vector<MemorySpec> hostCopies_;
   std::shared_ptr<transfer::TransferJob> job_;
+  std::shared_ptr<Lifecycle> lifecycle_;
+  std::shared_ptr<RunningJob> running_;
   Napi::ThreadSafeFunction progress_;
   bool hasProgress_ = false;
   std::optional<NativeError> error_;

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "common/fault.h"
+
 namespace vsnap::js {
 
 AddonData& addonData(Napi::Env env) { return *env.GetInstanceData<AddonData>(); }
@@ -59,6 +61,16 @@ Napi::Value getRequired(const Napi::Object& object, const char* key) {
   Napi::Value v = object.Get(key);
   if (v.IsUndefined()) throw toJsError(object.Env(), NativeError("E_INVALID_ARGUMENT", std::string("missing option '") + key + "'"));
   return v;
+}
+
+Napi::Value SetFault(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  std::string name = toString(info[0], "point");
+  auto point = guard(env, [&] { return fault::parse(name); });
+  uint32_t times = static_cast<uint32_t>(toU64(info[1], "times"));
+  uint32_t arg = info.Length() > 2 && !info[2].IsUndefined() ? static_cast<uint32_t>(toU64(info[2], "arg")) : 0;
+  fault::set(point, times, arg);
+  return env.Undefined();
 }
 
 }  // namespace vsnap::js

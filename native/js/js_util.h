@@ -4,12 +4,16 @@
 
 #include <napi.h>
 
+#include <cxxabi.h>
+
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "common/error.h"
+#include "js/js_lifecycle.h"
 
 namespace vsnap::js {
 
@@ -21,7 +25,15 @@ int64_t toI64(const Napi::Value& value, const char* what);
 std::string toString(const Napi::Value& value, const char* what);
 Napi::Value getRequired(const Napi::Object& object, const char* key);
 
-// Runs fn, returning the NativeError it threw (E_INTERNAL for any other exception), if any.
+// Describes the exception in flight that is not a std::exception (its type's name, if known).
+inline std::string unknownException() {
+  const std::type_info* type = abi::__cxa_current_exception_type();
+  return std::string("a native exception of type ") + (type ? type->name() : "unknown") +
+         " escaped; please report it with the operation that failed";
+}
+
+// Runs fn, returning the NativeError it threw (E_INTERNAL, naming what was thrown, for any
+// other exception), if any. Nothing escapes: an exception off the JS thread would terminate.
 template <typename Fn>
 std::optional<NativeError> captureError(Fn&& fn) {
   try {
@@ -31,8 +43,21 @@ std::optional<NativeError> captureError(Fn&& fn) {
     return e;
   } catch (const std::exception& e) {
     return NativeError("E_INTERNAL", e.what());
+  } catch (...) {
+    return NativeError("E_INTERNAL", unknownException());
   }
 }
+
+// Per-environment state (constructors of the wrapped classes), so worker threads each get theirs.
+struct AddonData {
+  Napi::FunctionReference deviceAllocation;
+  Napi::FunctionReference stagingPool;
+  Napi::FunctionReference hostBuffer;
+  Napi::FunctionReference heldHandles;
+  // Shared with every object that registers in it, so teardown order does not matter.
+  std::shared_ptr<Lifecycle> lifecycle = std::make_shared<Lifecycle>();
+};
+AddonData& addonData(Napi::Env env);
 
 // Runs work() on the libuv thread pool and settles a promise with convert(result). A
 // NativeError rejects with the corresponding JS error. keepAlive values (buffers the work
@@ -67,11 +92,18 @@ class PromiseWorker : public Napi::AsyncWorker {
     Napi::HandleScope scope(Env());
     deferred_.Reject(toJsError(Env(), *error_).Value());
   }
+  void OnWorkComplete(Napi::Env env, napi_status status) override {
+    if (lifecycle_->stopping()) {  // the environment is going away: no JS left to settle in
+      Destroy();
+      return;
+    }
+    Napi::AsyncWorker::OnWorkComplete(env, status);
+  }
 
  private:
   PromiseWorker(Napi::Env env, Work work, Convert convert, const std::vector<Napi::Value>& keepAlive)
       : Napi::AsyncWorker(env, "vsnap"), deferred_(Napi::Promise::Deferred::New(env)),
-        work_(std::move(work)), convert_(std::move(convert)) {
+        work_(std::move(work)), convert_(std::move(convert)), lifecycle_(addonData(env).lifecycle) {
     for (const auto& v : keepAlive) keepAlive_.push_back(Napi::Persistent(v));
   }
 
@@ -81,6 +113,7 @@ class PromiseWorker : public Napi::AsyncWorker {
   std::vector<Napi::Reference<Napi::Value>> keepAlive_;
   std::optional<Result> result_;
   std::optional<NativeError> error_;
+  std::shared_ptr<Lifecycle> lifecycle_;
 };
 
 // Calls fn, turning a NativeError into a thrown JS error (for synchronous bindings).
@@ -94,17 +127,11 @@ auto guard(Napi::Env env, Fn&& fn) -> decltype(fn()) {
     throw;
   } catch (const std::exception& e) {
     throw toJsError(env, NativeError("E_INTERNAL", e.what()));
+  } catch (...) {
+    throw toJsError(env, NativeError("E_INTERNAL", unknownException()));
   }
 }
 
-// Per-environment state (constructors of the wrapped classes), so worker threads each get theirs.
-struct AddonData {
-  Napi::FunctionReference deviceAllocation;
-  Napi::FunctionReference stagingPool;
-  Napi::FunctionReference hostBuffer;
-  Napi::FunctionReference heldHandles;
-};
-AddonData& addonData(Napi::Env env);
 
 // Module pieces, one per binding file; each adds its exports.
 void initCuda(Napi::Env env, Napi::Object exports);
@@ -115,5 +142,8 @@ void initHeldHandles(Napi::Env env, Napi::Object exports);
 void initTransfer(Napi::Env env, Napi::Object exports);
 void initFdListener(Napi::Env env, Napi::Object exports);
 void initFiles(Napi::Env env, Napi::Object exports);
+
+// setFault(point, times, arg?): arms a test fault (common/fault.h). For tests only.
+Napi::Value SetFault(const Napi::CallbackInfo& info);
 
 }  // namespace vsnap::js

@@ -24,7 +24,11 @@ class SharedWrap : public Napi::ObjectWrap<Derived> {
                                                                         " objects come from vsnap's factories, not from new"));
     }
     value_ = *info[0].As<Napi::External<std::shared_ptr<T>>>().Data();
+    lifecycle_ = addonData(info.Env()).lifecycle;
+    lifecycle_->add(this, [this] { value_.reset(); });  // released when the environment goes
   }
+
+  ~SharedWrap() override { lifecycle_->remove(this); }
 
   // A new JS object holding `value`.
   static Napi::Value wrap(Napi::Env env, std::shared_ptr<T> value) {
@@ -52,6 +56,7 @@ class SharedWrap : public Napi::ObjectWrap<Derived> {
   }
 
   std::shared_ptr<T> value_;
+  std::shared_ptr<Lifecycle> lifecycle_;
 };
 
 }  // namespace vsnap::js

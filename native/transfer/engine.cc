@@ -4,8 +4,10 @@
 #include <map>
 #include <chrono>
 #include <condition_variable>
+#include <system_error>
 #include <thread>
 
+#include "common/fault.h"
 #include "io/files.h"
 
 namespace vsnap::transfer {
@@ -21,6 +23,13 @@ uint32_t defaultThreads() {
 
 std::string range(uint64_t offset, uint64_t length) {
   return std::to_string(offset) + ".." + std::to_string(offset + length - 1);
+}
+
+// The "chunk-delay" test fault: a transfer that is reliably still running when a test acts.
+void delayForTests() {
+  if (fault::hit(fault::Point::ChunkDelay)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(fault::arg(fault::Point::ChunkDelay)));
+  }
 }
 
 }  // namespace
@@ -182,36 +191,66 @@ void TransferJob::runPass(Operation op, uint32_t workers, const std::function<vo
     workers = static_cast<uint32_t>(slots.size() / 2);
   }
 
+  // Every started worker is joined and every slot returned on every path out of here: a
+  // thread that cannot be started (EAGAIN under a pids or ulimit cap) must not leave joinable
+  // threads behind (std::terminate) or slots borrowed from the shared pool.
   std::mutex doneMutex;
   std::condition_variable doneCv;
-  uint32_t running = workers;
+  uint32_t running = 0;
   std::vector<std::thread> threads;
+  threads.reserve(workers);  // emplace_back below then only throws from the thread's start
+  auto joinAll = [&] {
+    for (auto& t : threads) t.join();
+    threads.clear();
+    if (!slots.empty()) pool_->release(slots);
+    slots.clear();
+  };
+  std::string startError;
   for (uint32_t w = 0; w < workers; w++) {
-    threads.emplace_back([&, w] {
-      void* mine[2] = {nullptr, nullptr};
-      if (!slots.empty()) {
-        mine[0] = slots[2 * w];
-        mine[1] = slots[2 * w + 1];
+    {
+      std::lock_guard<std::mutex> lock(doneMutex);
+      running++;
+    }
+    try {
+      if (fault::hit(fault::Point::ThreadStart)) {
+        throw std::system_error(EAGAIN, std::generic_category(), "injected fault");
       }
-      try {
-        if (op == Operation::Capture) {
-          captureWorker(mine);
-        } else if (op == Operation::Copy) {
-          copyWorker();
-        } else {
-          hydrateWorker(op, mine);
+      threads.emplace_back([&, w] {
+        void* mine[2] = {nullptr, nullptr};
+        if (!slots.empty()) {
+          mine[0] = slots[2 * w];
+          mine[1] = slots[2 * w + 1];
         }
-      } catch (const NativeError& e) {
-        fail(e);
-      } catch (const std::exception& e) {
-        fail(NativeError("E_INTERNAL", std::string("transfer worker failed: ") + e.what()));
-      }
+        try {
+          if (op == Operation::Capture) {
+            captureWorker(mine);
+          } else if (op == Operation::Copy) {
+            copyWorker();
+          } else {
+            hydrateWorker(op, mine);
+          }
+        } catch (const NativeError& e) {
+          fail(e);
+        } catch (const std::exception& e) {
+          fail(NativeError("E_INTERNAL", std::string("transfer worker failed: ") + e.what()));
+        }
+        std::lock_guard<std::mutex> lock(doneMutex);
+        running--;
+        doneCv.notify_all();
+      });
+    } catch (const std::system_error& e) {
       std::lock_guard<std::mutex> lock(doneMutex);
       running--;
-      doneCv.notify_all();
-    });
+      startError = e.what();
+      break;  // carry on with the workers that did start: they share the chunks
+    }
   }
-  {
+  if (threads.empty()) {
+    joinAll();
+    throw NativeError("E_INTERNAL", "could not start a transfer thread (" + startError +
+                                        "): the process is at its thread limit (ulimit -u, the cgroup's pids.max)");
+  }
+  try {
     std::unique_lock<std::mutex> lock(doneMutex);
     while (running > 0) {
       doneCv.wait_for(lock, std::chrono::milliseconds(100));
@@ -219,9 +258,12 @@ void TransferJob::runPass(Operation op, uint32_t workers, const std::function<vo
       tick();
       lock.lock();
     }
+  } catch (...) {
+    cancel();  // stop the workers, wait for them, give the slots back, then report the failure
+    joinAll();
+    throw;
   }
-  for (auto& t : threads) t.join();
-  if (!slots.empty()) pool_->release(slots);
+  joinAll();
   if (error_) throw *error_;
   if (cancelled_) throw NativeError("E_ABORTED", "the transfer was cancelled");
 }
@@ -253,6 +295,7 @@ void TransferJob::hydrateWorker(Operation op, void* slots[2]) {
   while (!stopping()) {
     size_t i = cursor_.fetch_add(1);
     if (i >= chunks_.size()) break;
+    delayForTests();
     const Chunk& c = chunks_[i];
     RegionTask& task = tasks_[c.task];
     TaskState& st = *state_[c.task];
@@ -319,6 +362,7 @@ void TransferJob::captureWorker(void* slots[2]) {
       size_t i = cursor_.fetch_add(1);
       if (i < chunks_.size()) next = i;
     }
+    if (next) delayForTests();
     if (next) {
       const Chunk& c = chunks_[*next];
       RegionTask& task = tasks_[c.task];

@@ -35,6 +35,11 @@ StagingPool::~StagingPool() {
   if (base_) munmap(base_, slotSize_ * slotCount_);
 }
 
+uint32_t StagingPool::freeSlots() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return static_cast<uint32_t>(free_.size());
+}
+
 void StagingPool::release(const std::vector<void*>& slots) {
   {
     std::lock_guard<std::mutex> lock(mutex_);

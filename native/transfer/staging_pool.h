@@ -31,6 +31,7 @@ class StagingPool {
   uint32_t slotCount() const { return slotCount_; }
   bool pinned() const { return registration_ != nullptr; }
   uint64_t bytes() const { return slotSize_ * slotCount_; }
+  uint32_t freeSlots();  // not borrowed now (tests check that failures return what they took)
 
   // Borrows between min and max slots, waiting while fewer than min are free. Returns an
   // empty vector if cancelled() turns true while waiting.

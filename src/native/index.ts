@@ -1,8 +1,8 @@
 import { loadBinding } from './binding.js';
 import type { NativeBinding } from './types.js';
 
-export { loadBinding, packageRoot } from './binding.js';
-export type { LoadAttempt } from './binding.js';
+export { detectLibc, diagnose, loadBinding, packageRoot } from './binding.js';
+export type { LibcInfo, LoadAttempt } from './binding.js';
 export type * from './types.js';
 
 let cached: NativeBinding | undefined;

@@ -41,6 +41,8 @@ export interface NativeStagingPool {
   readonly slotSize: number;
   readonly slotCount: number;
   readonly pinned: boolean;
+  /** Slots not lent to a transfer now. */
+  readonly freeSlots: number;
   readonly closed: boolean;
   close(): void;
 }
@@ -126,9 +128,12 @@ export interface NativeBinding {
     spec: NativeTransferSpec,
     onProgress?: (done: number, total: number, phase: string) => void,
   ): NativeTransferHandle;
-  FdListener: new (path: string, onEvent: (event: NativeFdEvent) => void) => NativeFdListener;
+  /** peerDeadlineMs: how long one connection may take from accept to reply (default 10 s). */
+  FdListener: new (path: string, onEvent: (event: NativeFdEvent) => void, peerDeadlineMs?: number) => NativeFdListener;
   sendFds(path: string, nonce: string, header: string, fds: readonly number[], timeoutMs?: number): Promise<{ reply: string; fds: number[] }>;
   checksum(data: Uint8Array): string;
+  /** Tests only: arms a fault point (native/common/fault.h) for its next `times` hits. */
+  setFault(point: 'thread-start' | 'chunk-delay', times: number, arg?: number): void;
   checksumAlgorithm: string;
   checksumImplementation: string;
   createMemfd(name: string, size: number): number;

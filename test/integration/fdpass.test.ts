@@ -1,5 +1,5 @@
 import { execFile, spawn } from 'node:child_process';
-import { chmodSync, closeSync, existsSync, readdirSync, readSync, statSync } from 'node:fs';
+import { chmodSync, closeSync, copyFileSync, existsSync, readdirSync, readSync, statSync } from 'node:fs';
 import { connect } from 'node:net';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -101,8 +101,15 @@ describe('descriptor passing over the unix socket', () => {
     chmodSync(receiver.path, 0o666); // only the credential check is left
     const { nonce, message } = receiver.expect({ timeoutMs: 3000 });
     const refused = expect(message).rejects.toMatchObject({ code: 'E_TIMEOUT', message: expect.stringMatching(/uid 65534/) });
-    // The peer: this Node binary and the addon's own sender, run as nobody (uid 65534).
-    const addon = join(packageRoot(), 'prebuilds', 'linux-x64', readdirSync(join(packageRoot(), 'prebuilds', 'linux-x64')).find((f) => f.endsWith('.node'))!);
+    // The peer: this Node binary and the addon's own sender, run as nobody (uid 65534). It gets
+    // its own copy of the addon in a directory it can enter: the checkout may sit where other
+    // users cannot (a clean clone under `mktemp -d` is mode 0700).
+    const prebuilt = join(packageRoot(), 'prebuilds', `linux-${process.arch}`);
+    const shared = tempDir('vsnap-peer-');
+    chmodSync(shared, 0o755);
+    const addon = join(shared, 'vsnap.node');
+    copyFileSync(join(prebuilt, readdirSync(prebuilt).find((f) => f.endsWith('.node'))!), addon);
+    chmodSync(addon, 0o644);
     const script = `require(${JSON.stringify(addon)}).sendFds(${JSON.stringify(receiver.path)}, ${JSON.stringify(nonce)}, '{}', [0]).then((r) => console.log(r.reply), (e) => console.log(JSON.stringify({ failed: e.message })))`;
     const peer = spawn(process.execPath, ['-e', script], { uid: 65534, gid: 65534, cwd: '/' });
     let out = '';

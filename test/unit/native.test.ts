@@ -1,5 +1,5 @@
-import { execFileSync } from 'node:child_process';
-import { readdirSync } from 'node:fs';
+import { execFileSync, spawnSync } from 'node:child_process';
+import { readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 
 import { describe, expect, it } from 'vitest';
@@ -7,7 +7,7 @@ import { describe, expect, it } from 'vitest';
 import { VsnapError } from '../../src/errors.js';
 import { cudaStatus, listDevices } from '../../src/gpu/cuda.js';
 import { DeviceAllocation } from '../../src/gpu/device-allocation.js';
-import { loadBinding, native, packageRoot } from '../../src/native/index.js';
+import { diagnose, loadBinding, native, packageRoot } from '../../src/native/index.js';
 import { patternBytes } from '../helpers/regions.js';
 import { tempDir } from '../helpers/tmp.js';
 
@@ -17,7 +17,7 @@ describe('native addon loading', () => {
   it('the committed prebuild loads on its own (PREBUILDS_ONLY, no build/ directory used)', () => {
     const script = `
       const path = require('node-gyp-build').path(${JSON.stringify(root)});
-      if (!path.includes('/prebuilds/linux-x64/')) throw new Error('resolved ' + path);
+      if (!path.includes('/prebuilds/linux-${process.arch}/')) throw new Error('resolved ' + path);
       const b = require(path);
       console.log(JSON.stringify({ path, abi: b.abiVersion, checksum: b.checksum(Buffer.from('abc')) }));`;
     const out = JSON.parse(
@@ -25,7 +25,7 @@ describe('native addon loading', () => {
     ) as { path: string; abi: number; checksum: string };
     expect(out.abi).toBe(3);
     expect(out.checksum).toBe('06b05ab6733a618578af5f94892f3950');
-    expect(readdirSync(join(root, 'prebuilds', 'linux-x64')).some((f) => f.endsWith('.node'))).toBe(true);
+    expect(readdirSync(join(root, 'prebuilds', `linux-${process.arch}`)).some((f) => f.endsWith('.node'))).toBe(true);
   });
 
   it('fails with one error that lists every attempt and what to do', () => {
@@ -42,8 +42,60 @@ describe('native addon loading', () => {
     expect(attempts.map((a) => a.source)).toEqual(['VSNAP_NATIVE_PATH', 'node-gyp-build']);
     expect(attempts[0]!.error).toMatch(/no file at/);
     expect(attempts[1]!.error).toMatch(/No native build was found/);
-    expect(error!.message).toMatch(/Possible solutions/);
-    expect(error!.message).toMatch(/npm rebuild vsnap/);
+    expect(error!.message).toMatch(/What to do/);
+    expect(error!.message).not.toMatch(/reinstall|npm install|npm rebuild/i);
+    expect(error!.message).toMatch(/There is no prebuilt binary for linux-/);
+    expect(error!.message).toMatch(/glibc \d+\.\d+/); // the libc it found
+  });
+
+  it('under --no-addons, says so and nothing else', () => {
+    const run = spawnSync(process.execPath, ['--no-addons', '--import', 'tsx', '-e', loaderScript], { cwd: root, encoding: 'utf8' });
+    const out = JSON.parse(run.stdout) as { code: string; message: string };
+    expect(out.code).toBe('E_NATIVE_LOAD');
+    expect(out.message).toMatch(/started with --no-addons/);
+    expect(out.message).not.toMatch(/build it from source|reinstall/i);
+  });
+
+  it.each([
+    ['a newer glibc', 'GLIBC_2.2.5\0', 'GLIBC_2.995\0', /needs GLIBC_2\.995, and this system has glibc 2\.\d+/],
+    ['a libstdc++ symbol this system lacks', 'GLIBCXX_3.4.29\0', 'GLIBCXX_3.4.99\0', /libstdc\+\+ loaded here lacks GLIBCXX_3\.4\.99/],
+  ])('a real binary that needs %s is refused by the dynamic loader, and the error says so', (_what, from, to, expected) => {
+    const bytes = readFileSync(require_path());
+    const at = bytes.indexOf(Buffer.from(from));
+    expect(at).toBeGreaterThan(0);
+    Buffer.from(to).copy(bytes, at);
+    const patched = join(tempDir(), 'vsnap.node');
+    writeFileSync(patched, bytes);
+    let error: VsnapError | undefined;
+    try {
+      loadBinding(tempDir(), { VSNAP_NATIVE_PATH: patched });
+    } catch (err) {
+      error = err as VsnapError;
+    }
+    expect(error?.code).toBe('E_NATIVE_LOAD');
+    expect(error!.message).toMatch(expected);
+    expect(error!.message).not.toMatch(/reinstall|npm install|npm rebuild/i);
+  });
+
+  it('a prebuild that needs a newer glibc: names the version found and the one needed', () => {
+    const attempts = [{ source: 'node-gyp-build', error: "/lib/x86_64-linux-gnu/libc.so.6: version `GLIBC_2.39' not found (required by vsnap.node)" }];
+    const advice = diagnose(attempts, root, { family: 'glibc', version: '2.31' }, []).join('\n');
+    expect(advice).toMatch(/needs GLIBC_2\.39, and this system has glibc 2\.31/);
+    expect(advice).not.toMatch(/reinstall|npm install/i);
+  });
+
+  it('a libstdc++ that lacks a symbol version: names it and the likely culprit', () => {
+    const attempts = [{ source: 'node-gyp-build', error: "/opt/conda/lib/libstdc++.so.6: version `GLIBCXX_3.4.29' not found (required by vsnap.node)" }];
+    const advice = diagnose(attempts, root, { family: 'glibc', version: '2.35' }, []).join('\n');
+    expect(advice).toMatch(/lacks GLIBCXX_3\.4\.29 \(this system has glibc 2\.35\)/);
+    expect(advice).toMatch(/LD_LIBRARY_PATH/);
+  });
+
+  it('musl: says the prebuilds are for glibc and what they need', () => {
+    const attempts = [{ source: 'node-gyp-build', error: 'Error relocating vsnap.node: __libc_single_threaded: symbol not found' }];
+    const advice = diagnose(attempts, root, { family: 'musl' }, []).join('\n');
+    expect(advice).toMatch(/musl libc/);
+    expect(advice).toMatch(/glibc \d+\.\d+ or newer/);
   });
 
   it('VSNAP_NATIVE_PATH takes precedence', () => {
@@ -53,8 +105,10 @@ describe('native addon loading', () => {
   });
 });
 
+const loaderScript = `import('./src/native/binding.ts').then((m) => m.loadBinding()).then(() => console.log('{}'), (e) => console.log(JSON.stringify({ code: e.code, message: e.message })))`;
+
 function require_path(): string {
-  const dir = join(root, 'prebuilds', 'linux-x64');
+  const dir = join(root, 'prebuilds', `linux-${process.arch}`);
   return join(dir, readdirSync(dir).find((f) => f.endsWith('.node'))!);
 }
 
@@ -72,7 +126,7 @@ describe('checksums (xxh3-128)', () => {
 
   it('reports the algorithm and the vector unit in use', () => {
     expect(native().checksumAlgorithm).toBe('xxh3-128');
-    expect(['avx512', 'avx2', 'sse2']).toContain(native().checksumImplementation);
+    expect(['avx512', 'avx2', 'sse2', 'neon', 'scalar']).toContain(native().checksumImplementation);
   });
 });
 

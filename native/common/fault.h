@@ -1,0 +1,23 @@
+// Fault injection for tests (the binding's setFault): a named point fails, or waits, the next
+// N times it is reached. Process-wide; unset points cost one relaxed atomic load.
+//   "thread-start"  a transfer's worker thread fails to start (as std::thread does on EAGAIN),
+//                   after `arg` starts have been let through
+//   "chunk-delay"   each transfer chunk waits `arg` ms first (keeps a transfer running)
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace vsnap::fault {
+
+enum class Point { ThreadStart = 0, ChunkDelay = 1, Count = 2 };
+
+// Arms `point` for the next `times` hits (0 disarms) with an argument (ChunkDelay: ms).
+void set(Point point, uint32_t times, uint32_t arg = 0);
+// Throws E_INVALID_ARGUMENT for an unknown name.
+Point parse(const std::string& name);
+// True (and counts one hit) when the point is armed.
+bool hit(Point point);
+uint32_t arg(Point point);
+
+}  // namespace vsnap::fault
