@@ -1,8 +1,7 @@
-import { closeSync, statSync } from 'node:fs';
+import { statSync } from 'node:fs';
 
 import type { HostCache } from '../cache/host-cache.js';
 import type { ResidentWeights } from '../cache/resident-weights.js';
-import { FdReceiver } from '../ipc/fd-receiver.js';
 import { toVsnapError, VsnapError } from '../errors.js';
 import type { EngineClient, EngineStatus } from '../engine/engine-client.js';
 import { engineControl, type EngineControl } from '../engine/control.js';
@@ -271,24 +270,21 @@ export async function restoreEngine(snapshot: Snapshot, client: EngineClient, op
     status = await control.status(call);
   }
   const engineKey = client.baseUrl;
-  const held = options.resident?.peek(engineKey);
-  if (held && options.resident) {
-    const usable = held.snapshotId === snapshot.id && status.ranks.every((r) => held.ranks[r.rank]?.pid === r.pid) && status.ranks.every((r) => !r.weightsMapped);
-    if (usable) {
-      try {
-        const report = await adoptResident(control, held, call);
-        lap('adoptWeights');
-        await finishWake(control, client, snapshot, expected, options, call, lap);
-        options.resident.release(engineKey); // the engine holds its weights again
-        return { bytes: report.bytes, tier: 'gpu', seconds: (performance.now() - started) / 1000, phases };
-      } catch (err) {
-        // Put the engine back to sleep and fall back to the snapshot below.
-        warn(options, `tier-0 wake of '${snapshot.name}' failed (${(err as Error).message}); restoring from the snapshot instead`);
-        await putToSleep(control);
-        status = await control.status(call);
+  const resident = options.resident;
+  if (resident?.peek(engineKey)) {
+    try {
+      const held = resident.peek(engineKey)!;
+      const usable = held.snapshotId === snapshot.id && status.ranks.every((r) => held.ranks[r.rank]?.pid === r.pid) && status.ranks.every((r) => !r.weightsMapped);
+      if (usable) {
+        const outcome = await restoreFromResident(control, client, snapshot, resident, options, call, lap);
+        if ('report' in outcome) return { ...outcome.report, seconds: (performance.now() - started) / 1000, phases };
+        status = outcome.status;
       }
+    } finally {
+      // Tier 0 lets go on every path: after a success the engine holds its weights again; after a
+      // failure the snapshot brings them back (or the engine is gone, and so is their use).
+      resident.release(engineKey);
     }
-    options.resident.release(engineKey);
   }
   if (status.ranks.some((r) => !r.weightsMapped)) await control.wake(['weights'], call);
   lap('wakeWeights');
@@ -349,18 +345,64 @@ async function finishWake(
   }
 }
 
-/** Tier 0: offers each rank its held descriptors and wakes the weights mapping them back. */
-async function adoptResident(control: EngineControl, held: NonNullable<ReturnType<ResidentWeights['peek']>>, call: { signal?: AbortSignal }): Promise<{ bytes: number }> {
-  const receiver = await FdReceiver.listen();
+/** Whether an engine holds any weights memory now (awake, or woken part way). */
+function holdsWeights(status: EngineStatus): boolean {
+  return !status.sleeping || status.ranks.some((r) => r.weightsMapped);
+}
+
+/** Re-reads the engine after a failed step; an engine that no longer answers ends the restore. */
+async function reread(control: EngineControl, call: { signal?: AbortSignal }, what: string, cause: VsnapError): Promise<EngineStatus> {
   try {
-    const offers = held.ranks.map((r) => receiver.offer({ regions: r.regions }, r.fds, { timeoutMs: 120_000, ...(call.signal ? { signal: call.signal } : {}) }));
-    const taken = Promise.all(offers.map((o) => o.taken));
-    await control.wake(['weights'], call, { socket: receiver.path, nonces: offers.map((o) => o.nonce) });
-    for (const m of await taken) for (const fd of m.fds) closeSync(fd);
-    return { bytes: held.bytes };
-  } finally {
-    receiver.close();
+    return await control.status(call);
+  } catch (err) {
+    const e = toVsnapError(err);
+    throw new VsnapError(
+      e.code,
+      `${what} failed (${cause.message}), and the engine no longer answers (${e.message}). Restart it; its snapshot brings the weights back.`,
+      { ...e.details, recovered: false },
+      { cause: e },
+    );
   }
+}
+
+/**
+ * Tier 0: wakes the weights by mapping back the memory tier 0 held, then finishes the wake.
+ * Returns the report, or the engine's re-read status (asleep, weights unmapped) to fall back to
+ * the snapshot. An engine whose wake failed is only put back to sleep if it did map weights: a
+ * sleep on an engine that never woke is what crashed the reference engine.
+ */
+async function restoreFromResident(
+  control: EngineControl,
+  client: EngineClient,
+  snapshot: Snapshot,
+  resident: ResidentWeights,
+  options: EngineRestoreOptions,
+  call: { signal?: AbortSignal },
+  lap: (name: string) => void,
+): Promise<{ report: Omit<EngineRestoreReport, 'seconds' | 'phases'> } | { status: EngineStatus }> {
+  let failure: VsnapError;
+  let bytes = 0;
+  try {
+    ({ bytes } = await resident.adopt(client.baseUrl, (adopt) => control.wake(['weights'], call, adopt), call));
+    lap('adoptWeights');
+    await finishWake(control, client, snapshot, snapshot.manifest.data.expectedResponse, options, call, lap);
+    return { report: { bytes, tier: 'gpu' } };
+  } catch (err) {
+    failure = toVsnapError(err);
+  }
+  if (call.signal?.aborted) throw failure;
+  warn(options, `tier-0 wake of '${snapshot.name}' failed (${failure.message}); restoring from the snapshot instead`);
+  let status = await reread(control, call, `the tier-0 wake of '${snapshot.name}'`, failure);
+  if (holdsWeights(status)) {
+    try {
+      await control.sleep(2, undefined, call);
+    } catch (err) {
+      const e = toVsnapError(err);
+      throw new VsnapError(e.code, `the tier-0 wake of '${snapshot.name}' failed (${failure.message}) and putting the engine back to sleep failed too (${e.message}); check it before sending requests`, { ...e.details, recovered: false }, { cause: failure });
+    }
+    status = await reread(control, call, `the tier-0 wake of '${snapshot.name}'`, failure);
+  }
+  return { status };
 }
 
 /** The snapshot's blobs that are missing or of the wrong size, as problems. */
