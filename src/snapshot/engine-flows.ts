@@ -10,10 +10,15 @@ import type { LiveLayout, Mismatch } from '../manifest/compat.js';
 import type { ExpectedResponse } from '../manifest/types.js';
 import type { RegionStore } from '../store/region-store.js';
 import { passOn, type TransferOptions } from '../transfer/transfer.js';
-import type { CaptureOptions, PersistPolicy, Snapshot } from './snapshot.js';
+import { Snapshot, type CaptureOptions, type PersistPolicy } from './snapshot.js';
+
+/*
+ * The engine flows: capture, suspend and restore a running engine. A layer above Snapshot (which
+ * knows nothing of engines): this module uses Snapshot, never the other way round.
+ */
 
 /**
- * Options of {@link Snapshot.captureEngine}.
+ * Options of {@link captureEngine}.
  * @public
  */
 export interface EngineCaptureOptions extends TransferOptions {
@@ -38,7 +43,7 @@ export interface EngineCaptureOptions extends TransferOptions {
 }
 
 /**
- * Options of {@link Snapshot.restoreEngine}.
+ * Options of {@link restoreEngine}.
  * @public
  */
 export interface EngineRestoreOptions extends TransferOptions {
@@ -57,7 +62,7 @@ export interface EngineRestoreOptions extends TransferOptions {
 }
 
 /**
- * Options of {@link Snapshot.suspendEngine}.
+ * Options of {@link suspendEngine}.
  * @public
  */
 export interface EngineSuspendOptions {
@@ -195,13 +200,17 @@ async function putToSleep(control: EngineControl): Promise<string> {
   }
 }
 
-/** @internal */
+/**
+ * Captures a running engine's weights through its vsnap plugin: records a short greedy
+ * completion (the expected response), has every worker export its weights regions, copies them
+ * out per rank in parallel, and publishes the snapshot with the engine, model and platform facts.
+ * @public
+ */
 export async function captureEngine(
-  SnapshotClass: typeof Snapshot,
   store: RegionStore,
   name: string,
   client: EngineClient,
-  options: EngineCaptureOptions,
+  options: EngineCaptureOptions = {},
 ): Promise<Snapshot> {
   const { control, status } = await engineControl(client, options.signal ? { signal: options.signal } : {});
   preflight(status, options);
@@ -210,7 +219,7 @@ export async function captureEngine(
   }
   const exported = await exportRegions(control, status.ranks.length, options.signal ? { signal: options.signal } : {});
   try {
-    return await captureExported(SnapshotClass, store, name, client, status, exported, options);
+    return await captureExported(store, name, client, status, exported, options);
   } finally {
     exported.close();
   }
@@ -218,7 +227,6 @@ export async function captureEngine(
 
 /** Records the expected response and captures the regions the engine exported (left open). */
 async function captureExported(
-  SnapshotClass: typeof Snapshot,
   store: RegionStore,
   name: string,
   client: EngineClient,
@@ -227,7 +235,7 @@ async function captureExported(
   options: EngineCaptureOptions,
 ): Promise<Snapshot> {
   const expected = await probe(client, options.probePrompt ?? DEFAULT_PROMPT, options.probeMaxTokens ?? 16, options.signal);
-  return SnapshotClass.capture(store, name, {
+  return Snapshot.capture(store, name, {
     regions: exported.ranks.flatMap((r) =>
       r.regions.map((x) => ({ key: x.key, size: x.size, tag: x.tag, rank: x.rank, memory: x.memory, tensors: x.tensors, ...(x.device !== undefined ? { device: x.device } : {}) })),
     ),
@@ -242,8 +250,15 @@ async function captureExported(
   });
 }
 
-/** @internal */
-export async function restoreEngine(snapshot: Snapshot, client: EngineClient, options: EngineRestoreOptions): Promise<EngineRestoreReport> {
+/**
+ * Restores a snapshot into a suspended engine: wakes the weights, has the workers export them,
+ * checks the layout and facts, hydrates with every chunk verified, wakes the KV cache, resets the
+ * prefix cache, and re-runs the expected response; only then does it resolve. With tier 0
+ * holding the engine's weights, maps them back instead (falling back to the snapshot if that
+ * fails). Any failure puts an engine that woke back to sleep and says how to recover.
+ * @public
+ */
+export async function restoreEngine(snapshot: Snapshot, client: EngineClient, options: EngineRestoreOptions = {}): Promise<EngineRestoreReport> {
   const started = performance.now();
   const phases: Record<string, number> = {};
   let mark = performance.now();
@@ -405,8 +420,8 @@ async function restoreFromResident(
   return { status };
 }
 
-/** The snapshot's blobs that are missing or of the wrong size, as problems. */
-function blobProblems(snapshot: Snapshot): string[] {
+/** The snapshot's blobs that are missing or of the wrong size, as problems. @internal */
+export function blobProblems(snapshot: Snapshot): string[] {
   const problems: string[] = [];
   for (const { region } of snapshot.manifest.regions()) {
     let size: number | undefined;
@@ -431,9 +446,12 @@ async function restorable(snapshot: Snapshot, status: EngineStatus, exported: Ex
   return problems;
 }
 
-/** @internal */
+/**
+ * Whether the store's snapshot `name` could bring this engine's weights back (the check
+ * {@link suspendEngine} makes before sleeping), and if not, why.
+ * @public
+ */
 export async function restorableFor(
-  SnapshotClass: typeof Snapshot,
   store: RegionStore,
   name: string,
   client: EngineClient,
@@ -442,7 +460,7 @@ export async function restorableFor(
   const call = options.signal ? { signal: options.signal } : {};
   const current = await store.current(name);
   if (!current) return { restorable: false, cached: false, problems: [`the store has no snapshot '${name}'`] };
-  const snapshot = SnapshotClass.of(store, current);
+  const snapshot = Snapshot.of(store, current);
   const { control, status } = await engineControl(client, call);
   if (status.sleeping) {
     // Asleep: the layout cannot be read back; the snapshot must at least be whole.
@@ -458,13 +476,19 @@ export async function restorableFor(
   }
 }
 
-/** @internal */
+/**
+ * Puts an engine to sleep (level 2, freeing its weights) only if this store's snapshot `name`
+ * can bring them back: it must match the live layout and engine facts, with every blob
+ * present. Otherwise it captures first (`captureIfNeeded`) or refuses with E_NOT_RESTORABLE:
+ * weights that cannot come back are never discarded. With `resident`, tier 0 keeps the weights
+ * on the GPU and only the KV cache is freed.
+ * @public
+ */
 export async function suspendEngine(
-  SnapshotClass: typeof Snapshot,
   store: RegionStore,
   name: string,
   client: EngineClient,
-  options: EngineSuspendOptions,
+  options: EngineSuspendOptions = {},
 ): Promise<EngineSuspendResult> {
   const started = performance.now();
   const phases: Record<string, number> = {};
@@ -479,11 +503,11 @@ export async function suspendEngine(
   const current = await store.current(name);
   if (status.sleeping) {
     if (!current) throw new VsnapError('E_NOT_RESTORABLE', `the engine is already asleep and the store has no snapshot '${name}'`, { name });
-    return { snapshot: SnapshotClass.of(store, current), captured: false, alreadyAsleep: true, seconds: (performance.now() - started) / 1000, phases: {} };
+    return { snapshot: Snapshot.of(store, current), captured: false, alreadyAsleep: true, seconds: (performance.now() - started) / 1000, phases: {} };
   }
   lap('status');
   preflight(status, options.onWarning ? { onWarning: options.onWarning } : (options.capture ?? {}));
-  let snapshot = current ? SnapshotClass.of(store, current) : undefined;
+  let snapshot = current ? Snapshot.of(store, current) : undefined;
   // One export serves both the restorability check and tier 0's hold (a capture leaves the memory as it is).
   let exported: ExportedRegions | undefined;
   const exportWeights = async (): Promise<ExportedRegions> => (exported ??= await exportRegions(control, status.ranks.length, call));
@@ -496,12 +520,12 @@ export async function suspendEngine(
         throw new VsnapError(
           'E_NOT_RESTORABLE',
           `refusing to suspend: its weights could not be brought back, so they stay on the GPU.\n${problems.map((p) => `  - ${p}`).join('\n')}\n` +
-            'Capture a snapshot first (Snapshot.captureEngine), or pass captureIfNeeded.',
+            'Capture a snapshot first (captureEngine), or pass captureIfNeeded.',
           { name, problems },
         );
       }
       // The weights exported for the check (or now) are captured as they are: no second export.
-      snapshot = await captureExported(SnapshotClass, store, name, client, status, await exportWeights(), {
+      snapshot = await captureExported(store, name, client, status, await exportWeights(), {
         ...(options.capture ?? {}),
         ...(options.signal ? { signal: options.signal } : {}),
       });

@@ -1,6 +1,6 @@
 import { HostCache } from '../cache/host-cache.js';
 import { EngineClient } from '../engine/engine-client.js';
-import { Snapshot } from '../snapshot/snapshot.js';
+import { suspendEngine } from '../snapshot/engine-flows.js';
 import { RegionStore } from '../store/region-store.js';
 import { SwapAgent } from './agent.js';
 import type { ServeConfig } from './config.js';
@@ -60,7 +60,7 @@ export async function serve(config: ServeConfig, options: { log?: (line: string)
     await supervisor.start({
       onReady: async (name) => {
         const m = config.models[name]!;
-        const r = await Snapshot.suspendEngine(store, m.snapshot ?? name, clients.get(name)!, { captureIfNeeded: true });
+        const r = await suspendEngine(store, m.snapshot ?? name, clients.get(name)!, { captureIfNeeded: true });
         log(`vsnap: ${name} is up and suspended${r.captured ? ' (snapshot captured)' : ''} in ${r.seconds.toFixed(1)} s`);
       },
       onRestart: async (name) => {
