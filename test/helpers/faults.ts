@@ -15,6 +15,8 @@ export interface Fault {
   action?: () => unknown;
   /** How many times it fires (default 1). */
   times?: number;
+  /** Run `action` (a delay, say) and let the call go on as usual instead of failing it. */
+  pass?: boolean;
 }
 
 /**
@@ -40,6 +42,7 @@ export class FaultyClient extends EngineClient {
       if (!f) return;
       f.left--;
       if (f.action) await f.action();
+      if (f.pass) return;
       throw new VsnapError('E_ENGINE_HTTP', `injected fault: ${route} (${when})`, { status: 500, route });
     };
     await fire('before');
