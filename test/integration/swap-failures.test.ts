@@ -1,11 +1,13 @@
 import { chmodSync, openSync, readSync, writeSync, closeSync } from 'node:fs';
 
+import { request } from 'undici';
 import { afterEach, describe, expect, it } from 'vitest';
 
 import { HostCache } from '../../src/cache/host-cache.js';
 import { VsnapError } from '../../src/errors.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { RegionStore } from '../../src/store/region-store.js';
+import { SwapAgent } from '../../src/swap/agent.js';
 import { SwapController, type SwapControllerOptions } from '../../src/swap/controller.js';
 import { askCapital, startEngine } from '../helpers/engine.js';
 import { FaultyClient, openFds } from '../helpers/faults.js';
@@ -84,6 +86,10 @@ describe('swaps fail without collateral damage', () => {
     expect(failed.at(-1)!.code).toBe('E_CHECKSUM'); // the operator's detail
     expect(state(asleep.name)).toMatchObject({ state: 'asleep', snapshotProblem: expect.stringMatching(/E_CHECKSUM/) });
     expect(await controller.snapshotStatus(asleep.name)).toMatchObject({ restorable: false, problems: [expect.stringMatching(/E_CHECKSUM/)] });
+    const agent = await SwapAgent.listen({ controller, store, controlToken: 'ctl' });
+    cleanup.push(() => agent.close());
+    const status = await request(`${agent.url}/engines/${asleep.name}/snapshot_status`, { headers: { authorization: 'Bearer ctl' } });
+    expect(await status.body.json()).toMatchObject({ restorable: false, cached: true, reason: expect.stringMatching(/E_CHECKSUM/) });
     // the healthy engine comes back, and stays: further requests for the damaged one evict nobody
     expect(await ask(awake.name)).toEqual(awake.answer);
     started.length = 0;
