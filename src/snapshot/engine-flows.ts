@@ -191,12 +191,23 @@ function compareResponses(expected: ExpectedResponse, actual: ExpectedResponse, 
   return undefined;
 }
 
-async function putToSleep(control: EngineControl): Promise<string> {
+/**
+ * After a failed restore: reads the engine back and puts it to sleep only if it holds weights (an
+ * engine that never woke is left alone). Says what state it is in, and whether it is asleep.
+ */
+async function backToSleep(control: EngineControl): Promise<{ state: string; asleep: boolean }> {
+  let status: EngineStatus;
+  try {
+    status = await control.status();
+  } catch (err) {
+    return { state: `the engine no longer answers (${(err as Error).message}); restart it`, asleep: false };
+  }
+  if (!holdsWeights(status)) return { state: 'the engine is asleep', asleep: true };
   try {
     await control.sleep(2, undefined);
-    return 'the engine was put back to sleep';
+    return { state: 'the engine was put back to sleep', asleep: true };
   } catch (err) {
-    return `putting the engine back to sleep failed too (${(err as Error).message}); check it before sending requests`;
+    return { state: `putting the engine back to sleep failed too (${(err as Error).message}); check it before sending requests`, asleep: false };
   }
 }
 
@@ -301,10 +312,10 @@ export async function restoreEngine(snapshot: Snapshot, client: EngineClient, op
       resident.release(engineKey);
     }
   }
-  if (status.ranks.some((r) => !r.weightsMapped)) await control.wake(['weights'], call);
-  lap('wakeWeights');
   let exported: ExportedRegions | undefined;
   try {
+    if (status.ranks.some((r) => !r.weightsMapped)) await control.wake(['weights'], call);
+    lap('wakeWeights');
     exported = await exportRegions(control, status.ranks.length, call);
     lap('export');
     snapshot.manifest.assertCompatible({ ...liveFacts(status, exported, options.allowModelSwap ?? false), ranks: liveRanks(exported) });
@@ -322,11 +333,11 @@ export async function restoreEngine(snapshot: Snapshot, client: EngineClient, op
   } catch (err) {
     exported?.close();
     const e = toVsnapError(err);
-    const state = await putToSleep(control);
+    const { state, asleep } = await backToSleep(control);
     throw new VsnapError(
       e.code,
       `${e.message}\nRestore of '${snapshot.name}' failed; ${state}. Retry the restore, or wake the engine and reload its weights with vLLM's reload_weights.`,
-      { ...e.details, recovered: state.startsWith('the engine was put back') },
+      { ...e.details, recovered: asleep },
       { cause: e },
     );
   }
