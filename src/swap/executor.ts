@@ -109,7 +109,9 @@ export class SwapExecutor {
   /** Plans and takes one step; false when there is nothing to do now. */
   private async step(): Promise<boolean> {
     const action = plan(this.planInput());
-    const target = action.kind === 'wake' ? action.engine : action.kind === 'suspend' || action.kind === 'demote' ? action.for : undefined;
+    // A refusal for a known-damaged snapshot is checked again too: a new capture clears it.
+    const recheck = action.kind === 'reject' && action.code === 'E_NOT_RESTORABLE';
+    const target = action.kind === 'wake' || recheck ? action.engine : action.kind === 'suspend' || action.kind === 'demote' ? action.for : undefined;
     if (target !== undefined) {
       // Before anyone is suspended for it (or it is woken), make sure its snapshot can bring it back.
       const slot = this.slots.get(target)!;

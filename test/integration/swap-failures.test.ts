@@ -5,6 +5,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 
 import { HostCache } from '../../src/cache/host-cache.js';
 import { VsnapError } from '../../src/errors.js';
+import { captureEngine } from '../../src/snapshot/engine-flows.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { SwapAgent } from '../../src/swap/agent.js';
@@ -102,6 +103,23 @@ describe('swaps fail without collateral damage', () => {
     expect((await controller.verifySnapshot(asleep.name)).ok).toBe(true);
     expect(state(asleep.name).snapshotProblem).toBeUndefined();
     expect(await ask(asleep.name)).toEqual(asleep.answer);
+  });
+
+  it('a new capture clears the damage mark', async () => {
+    const { store, controller, state, asleep, ask } = await pair();
+    await corrupt(store, asleep.name);
+    expect(((await controller.acquire(asleep.name).catch((e: unknown) => e)) as VsnapError).code).toBe('E_NOT_RESTORABLE');
+    // The operator brings the engine up again (a real one is restarted and loads its checkpoint; the
+    // reference engine is just woken, holding whatever its memory now has) and captures it anew.
+    await asleep.client.vsnapWake();
+    await controller.resync(asleep.name);
+    expect(state(asleep.name).state).toBe('awake');
+    await captureEngine(store, asleep.name, asleep.client);
+    const captured = (await askCapital(asleep.client, 8)).ids;
+    expect((await controller.snapshotStatus(asleep.name)).restorable).toBe(true);
+    await controller.suspend(asleep.name);
+    expect(await ask(asleep.name)).toEqual(captured); // restored from the new capture, not refused
+    expect(state(asleep.name).snapshotProblem).toBeUndefined();
   });
 
   it('with a RAM tier, a damaged snapshot is found before anyone is suspended for it', async () => {
