@@ -26,7 +26,12 @@ export interface Slot {
   error?: string;
   /** Its snapshot cannot bring it back (until re-captured or verified). */
   damage?: Damage;
+  /** After a failed swap: left alone in the background until then. */
+  retryAt?: number;
 }
+
+/** How long an engine whose swap failed is left alone by background steps (pinned, default, TTL, budget). */
+const RETRY_MS = 10_000;
 
 /**
  * The one place where the controller's state changes under concurrency: every mutation (the
@@ -96,6 +101,7 @@ export class SwapExecutor {
       group: s.spec.group,
       idleTtlMs: s.spec.idleTtlMs,
       unrestorable: s.damage?.reason,
+      retryAt: s.retryAt,
     }));
     return { engines, budgets: this.options.budgets, defaultModel: this.options.defaultModel, tier0: this.options.resident !== undefined, now: Date.now() };
   }
@@ -136,7 +142,14 @@ export class SwapExecutor {
         await this.wake(this.slots.get(action.engine)!);
         return true;
       case 'suspend':
-        await this.suspend(this.slots.get(action.engine)!, this.options.captureIfNeeded ?? true, action.keepResident).catch(() => undefined);
+        try {
+          await this.suspend(this.slots.get(action.engine)!, this.options.captureIfNeeded ?? true, action.keepResident);
+        } catch (err) {
+          // No room was made: the requests it was for learn why now rather than at their timeout.
+          const target = action.for === undefined ? undefined : this.slots.get(action.for);
+          const e = toVsnapError(err);
+          if (target) this.rejectWaiters(target, new VsnapError(e.code, `'${target.spec.name}' could not be given room: suspending '${action.engine}' failed (${e.code}). Retry later.`, { engine: target.spec.name }, { cause: e }));
+        }
         return true;
       case 'demote':
         this.options.resident!.release(this.slots.get(action.engine)!.spec.client.baseUrl);
@@ -249,6 +262,7 @@ export class SwapExecutor {
       slot.state = 'awake';
       slot.lastUsed = Date.now();
       delete slot.error;
+      delete slot.retryAt;
       const event: SwapEvent = { engine: name, action: 'restore', seconds: (performance.now() - started) / 1000, phases: report.phases, tier: report.tier };
       this.metrics.swaps.inc({ engine: name, action: 'restore', result: 'ok' });
       this.metrics.swapSeconds.observe({ engine: name, action: 'restore', tier: report.tier }, event.seconds);
@@ -258,6 +272,7 @@ export class SwapExecutor {
     } catch (err) {
       const e = toVsnapError(err);
       this.metrics.swaps.inc({ engine: name, action: 'restore', result: 'error' });
+      slot.retryAt = Date.now() + RETRY_MS;
       if (SNAPSHOT_FAULTS.has(e.code)) this.markDamaged(slot, { snapshotId, reason: damageReason(e.code, snapshotId) }, e.message);
       // What the engine really is now. Awake after a failed restore means its weights are not
       // the verified ones (it could not be put back to sleep): never lease it.
@@ -289,6 +304,7 @@ export class SwapExecutor {
         ...(resident ? { resident } : {}),
       });
       slot.state = 'asleep';
+      delete slot.retryAt;
       if (result.captured) delete slot.damage; // a new capture: whatever was wrong with the old one is gone
       const event: SwapEvent = { engine: name, action: 'suspend', seconds: (performance.now() - started) / 1000, captured: result.captured };
       this.metrics.swaps.inc({ engine: name, action: 'suspend', result: 'ok' });
@@ -300,6 +316,7 @@ export class SwapExecutor {
       const e = toVsnapError(err);
       await this.readState(slot); // refused, failed half way, or the answer was lost: ask the engine
       slot.error = e.message;
+      slot.retryAt = Date.now() + RETRY_MS;
       this.metrics.swaps.inc({ engine: name, action: 'suspend', result: 'error' });
       this.changed();
       this.events.emit('swapFailed', { engine: name, action: 'suspend', error: e });

@@ -33,6 +33,8 @@ export interface PlanEngine {
   readonly idleTtlMs?: number | undefined;
   /** Why its snapshot cannot bring it back (a failed check or restore), if so. */
   readonly unrestorable?: string | undefined;
+  /** After a failed swap: not tried again in the background (nor suspended) before this time. */
+  readonly retryAt?: number | undefined;
 }
 
 /** @internal */
@@ -81,6 +83,8 @@ export function mayKeepResident(input: PlanInput, victim: PlanEngine, next?: Pla
   });
 }
 
+/** A swap of it failed a moment ago: leave it alone for now (requests for it still try). */
+const cooling = (input: PlanInput, e: PlanEngine): boolean => e.retryAt !== undefined && e.retryAt > input.now;
 const byLastUsed = (a: PlanEngine, b: PlanEngine): number => a.lastUsed - b.lastUsed;
 const shares = (a: PlanEngine, b: PlanEngine): boolean => a.devices.some((d) => b.devices.includes(d));
 
@@ -99,13 +103,13 @@ function bringUp(input: PlanInput, target: PlanEngine): Action {
   // still leave room) and tier-0 holdings (demoted), least recently used first.
   const awake = others.filter((e) => e.state === 'awake' && !e.pinned && (groupMates.includes(e) || shares(e, target)));
   const residents = others.filter((e) => asleep(e) && e.residentBytes > 0 && shares(e, target));
-  const victim = [...awake.filter((e) => e.leases === 0), ...residents].sort(byLastUsed)[0];
+  const victim = [...awake.filter((e) => e.leases === 0 && !cooling(input, e)), ...residents].sort(byLastUsed)[0];
   if (victim && asleep(victim)) return { kind: 'demote', engine: victim.name, for: target.name };
   if (victim) return { kind: 'suspend', engine: victim.name, keepResident: mayKeepResident(input, victim, target), reason: 'room', for: target.name };
   if (awake.length === 0) {
     return { kind: 'reject', engine: target.name, code: 'E_BUSY', message: `'${target.name}' cannot fit its GPU budget even with every unpinned engine suspended` };
   }
-  return { kind: 'wait' }; // every engine in the way serves requests: wait for one to finish
+  return { kind: 'wait' }; // every engine in the way serves requests (or just failed to suspend): wait
 }
 
 /** The step that brings every device within its budget, if one is over. */
@@ -117,7 +121,7 @@ function planBudget(input: PlanInput): Action | undefined {
   const resident = input.engines.filter((e) => asleep(e) && e.residentBytes > 0 && e.devices.includes(device)).sort(byLastUsed)[0];
   if (resident) return { kind: 'demote', engine: resident.name };
   const awake = input.engines.filter((e) => e.state === 'awake' && !e.pinned && e.devices.includes(device));
-  const victim = awake.filter((e) => e.leases === 0).sort(byLastUsed)[0];
+  const victim = awake.filter((e) => e.leases === 0 && !cooling(input, e)).sort(byLastUsed)[0];
   if (victim) return { kind: 'suspend', engine: victim.name, keepResident: false, reason: 'budget' };
   if (awake.length) return { kind: 'wait' };
   return { kind: 'overBudget', device, message: `device ${device} is over its budget with only pinned engines awake: raise the budget or unpin one` };
@@ -142,17 +146,17 @@ export function plan(input: PlanInput): Action {
   }
   if (wanted.length) return { kind: 'wait' };
   for (const e of input.engines) {
-    if (e.pinned && e.state === 'asleep' && e.unrestorable === undefined) {
+    if (e.pinned && e.state === 'asleep' && e.unrestorable === undefined && !cooling(input, e)) {
       const action = bringUp(input, e);
       if (action.kind !== 'reject' && action.kind !== 'wait') return action;
     }
   }
   const expired = input.engines
-    .filter((e) => e.state === 'awake' && !e.pinned && e.leases === 0 && e.idleTtlMs !== undefined && input.now - e.lastUsed > e.idleTtlMs && e.name !== input.defaultModel)
+    .filter((e) => e.state === 'awake' && !e.pinned && e.leases === 0 && !cooling(input, e) && e.idleTtlMs !== undefined && input.now - e.lastUsed > e.idleTtlMs && e.name !== input.defaultModel)
     .sort(byLastUsed)[0];
   if (expired) return { kind: 'suspend', engine: expired.name, keepResident: mayKeepResident(input, expired), reason: 'idle' };
   const fallback = input.engines.find((e) => e.name === input.defaultModel);
-  if (fallback && fallback.state === 'asleep' && fallback.unrestorable === undefined && input.engines.every((e) => e.pinned || asleep(e))) {
+  if (fallback && fallback.state === 'asleep' && fallback.unrestorable === undefined && !cooling(input, fallback) && input.engines.every((e) => e.pinned || asleep(e))) {
     const action = bringUp(input, fallback);
     if (action.kind !== 'reject' && action.kind !== 'wait') return action;
   }

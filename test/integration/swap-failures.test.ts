@@ -180,6 +180,27 @@ describe('swaps fail without collateral damage', () => {
     expect(openFds()).toEqual(fds);
   });
 
+  it('a suspend that fails to make room answers the request at once, and is not retried in a loop', async () => {
+    const { controller, awake, asleep, state } = await pair();
+    awake.client.inject({ route: 'sleep', times: 100 });
+    awake.client.calls.length = 0;
+    const err = (await controller.acquire(asleep.name).catch((e: unknown) => e)) as VsnapError;
+    expect(err.message).toMatch(/could not be given room/);
+    await new Promise((r) => setTimeout(r, 2500)); // two ticks of the background timer
+    expect(awake.client.calls.filter((c) => c === 'sleep')).toHaveLength(1);
+    expect(state(awake.name).state).toBe('awake');
+  });
+
+  it('a default model whose wake keeps failing is tried once, then left alone for a while (no hot loop)', async () => {
+    const { controller, engines, awake } = await pair({ defaultModel: 'm1' });
+    const m1 = engines.find((x) => x.name === 'm1')!;
+    for (const x of engines) x.client.inject({ route: 'wake', times: 100 });
+    await controller.suspend(awake.name, { captureIfNeeded: true }); // nothing awake: the default model is wanted
+    m1.client.calls.length = 0;
+    await new Promise((r) => setTimeout(r, 2500));
+    expect(m1.client.calls.filter((c) => c === 'wake').length).toBeLessThanOrEqual(1);
+  });
+
   it('an engine that dies while being suspended is read back as failed, not assumed awake', async () => {
     const { controller, state, awake } = await pair();
     awake.client.inject({ route: 'sleep', when: 'before', action: () => awake.e.stop() });

@@ -95,6 +95,19 @@ describe('planner: the next step from the state alone', () => {
     expect(plan(input([engine('a', { pinned: true })]))).toEqual({ kind: 'wake', engine: 'a' });
   });
 
+  it('leaves an engine whose swap just failed alone in the background, but a request still tries it', () => {
+    const now = 1_000_000;
+    expect(plan(input([engine('a', { pinned: true, retryAt: now + 1 })]))).toEqual({ kind: 'idle' });
+    expect(plan(input([engine('a', { pinned: true, retryAt: now - 1 })]))).toEqual({ kind: 'wake', engine: 'a' });
+    expect(plan(input([engine('a', { retryAt: now + 1, waitingSince: 1 })]))).toEqual({ kind: 'wake', engine: 'a' });
+    expect(plan(input([engine('a', { state: 'awake', idleTtlMs: 1, retryAt: now + 1 })]))).toEqual({ kind: 'idle' });
+    // a victim that failed to suspend is not picked again at once: the next one is, or the request waits
+    const room = [engine('a', { state: 'awake', lastUsed: 1, retryAt: now + 1 }), engine('c', { state: 'awake', lastUsed: 2 }), engine('b', { waitingSince: 5 })];
+    expect(plan(input(room, { budgets: { 0: 25 * GB } }))).toMatchObject({ kind: 'suspend', engine: 'c' });
+    expect(plan(input([room[0]!, room[2]!]))).toEqual({ kind: 'wait' });
+    expect(plan(input([engine('a', { state: 'awake', retryAt: now + 1 }), engine('b', { state: 'awake' })]))).toMatchObject({ kind: 'suspend', engine: 'b', reason: 'budget' });
+  });
+
   it('one engine of a group awake at a time', () => {
     const s = input([engine('a', { state: 'awake', group: 'g', devices: [1], memoryBytes: GB }), engine('b', { group: 'g', waitingSince: 1, memoryBytes: GB })], { budgets: { 0: 100 * GB, 1: 100 * GB } });
     expect(plan(s)).toEqual({ kind: 'suspend', engine: 'a', keepResident: false, reason: 'room', for: 'b' });
