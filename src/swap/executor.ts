@@ -68,6 +68,7 @@ export class SwapExecutor {
     this.pumpQueued = true;
     void this.serial(async () => {
       this.pumpQueued = false;
+      if (this.isClosed()) return; // no swap starts after close()
       if (await this.step()) this.pump();
     });
   }
