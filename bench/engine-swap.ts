@@ -23,17 +23,20 @@ import { basename, dirname, join } from 'node:path';
 import { isDeepStrictEqual, parseArgs } from 'node:util';
 
 import {
+  captureEngine,
   cudaStatus,
   EngineClient,
+  type EngineRestoreOptions,
+  type EngineSuspendOptions,
   HostCache,
   listDevices,
+  type Manifest,
   RegionStore,
   releaseIdleResources,
   ResidentWeights,
+  restoreEngine,
   Snapshot,
-  type EngineRestoreOptions,
-  type EngineSuspendOptions,
-  type Manifest,
+  suspendEngine,
 } from '../src/index.js';
 import { packageRoot } from '../src/native/index.js';
 import { askCapital, pluginSitePath, startEngine, type TestEngine } from '../test/helpers/engine.js';
@@ -213,10 +216,10 @@ async function swap(
     dropCachesSeconds = since(t);
   }
   const t0 = performance.now();
-  const suspended = await Snapshot.suspendEngine(store, from.name, from.client, mode.suspend);
+  const suspended = await suspendEngine(store, from.name, from.client, mode.suspend);
   const suspendSeconds = since(t0);
   if (suspended.captured || suspended.alreadyAsleep) throw new Error(`suspend of ${from.label} did not find a durable snapshot or the engine was asleep (captured ${suspended.captured}, alreadyAsleep ${suspended.alreadyAsleep})`);
-  const report = await to.snapshot!.restoreEngine(to.client, mode.restore);
+  const report = await restoreEngine(to.snapshot!, to.client, mode.restore);
   const wallSeconds = since(t0);
   awake = 1 - awake;
   if (mode.tier && report.tier !== mode.tier) throw new Error(`[${row}] swap ${index}: ${to.label} restored from the ${report.tier} tier, expected ${mode.tier}`);
@@ -376,14 +379,14 @@ try {
   // 2. Both captured, B suspended: A awake, B asleep.
   for (const s of sides) {
     const c = performance.now();
-    s.snapshot = await Snapshot.captureEngine(store, s.name, s.client);
+    s.snapshot = await captureEngine(store, s.name, s.client);
     const wall = since(c);
     const tr = s.snapshot.lastCapture!;
     capture[s.label] = { wallSeconds: wall, transferSeconds: tr.seconds, bytes: tr.bytes, GBps: tr.bytesPerSecond / 1e9, dedupedBytes: tr.dedupedBytes ?? 0 };
     log(`captured ${s.label}: ${gib(tr.bytes)} GiB in ${wall.toFixed(2)} s (transfer ${tr.seconds.toFixed(2)} s, ${(tr.bytesPerSecond / 1e9).toFixed(2)} GB/s)`);
   }
   const b = sides[1]!;
-  const suspendB = await Snapshot.suspendEngine(store, b.name, b.client, { captureIfNeeded: true });
+  const suspendB = await suspendEngine(store, b.name, b.client, { captureIfNeeded: true });
   b.snapshot = suspendB.snapshot;
   capture.suspendB = { seconds: suspendB.seconds, captured: suspendB.captured };
   awake = 0;

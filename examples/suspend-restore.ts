@@ -5,7 +5,7 @@ import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
-import { EngineClient, RegionStore, Snapshot } from 'vsnap';
+import { EngineClient, RegionStore, restoreEngine, suspendEngine } from 'vsnap';
 
 const client = new EngineClient({ baseUrl: process.env.VSNAP_ENGINE_URL ?? 'http://127.0.0.1:8000', token: process.env.VSNAP_TOKEN });
 const store = await RegionStore.open(process.argv[2] ?? mkdtempSync(join(tmpdir(), 'vsnap-engine-')));
@@ -13,12 +13,12 @@ const name = 'my-model';
 
 // Suspend: captures a snapshot first if the store has none that matches this engine, then
 // sleeps (level 2: the weights' GPU memory is freed). It refuses rather than lose weights.
-const suspended = await Snapshot.suspendEngine(store, name, client, { captureIfNeeded: true });
+const suspended = await suspendEngine(store, name, client, { captureIfNeeded: true });
 console.log(`suspended (${suspended.captured ? 'captured first' : 'snapshot already there'}) in ${suspended.seconds.toFixed(2)} s`);
 
 // Restore: wake, export, check the layout, hydrate with verification, wake the KV cache, reset
 // the prefix cache, and check the engine still gives the answer it gave at capture.
-const report = await suspended.snapshot.restoreEngine(client);
+const report = await restoreEngine(suspended.snapshot, client);
 const phases = Object.entries(report.phases)
   .map(([k, v]) => `${k} ${(v * 1000).toFixed(1)} ms`)
   .join(', ');

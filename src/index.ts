@@ -48,12 +48,16 @@ export {
   type EngineClientOptions,
   type EngineStatus,
 } from './engine/engine-client.js';
-export type {
-  EngineCaptureOptions,
-  EngineRestoreOptions,
-  EngineRestoreReport,
-  EngineSuspendOptions,
-  EngineSuspendResult,
+export {
+  captureEngine,
+  restorableFor,
+  restoreEngine,
+  suspendEngine,
+  type EngineCaptureOptions,
+  type EngineRestoreOptions,
+  type EngineRestoreReport,
+  type EngineSuspendOptions,
+  type EngineSuspendResult,
 } from './snapshot/engine-flows.js';
 export {
   resumeEngineKeptWeights,

@@ -142,9 +142,15 @@ export class FdReceiver {
     return { nonce, message };
   }
 
-  /** Stops listening and removes the socket; pending expectations reject with E_CLOSED. */
+  /**
+   * Stops listening and removes the socket; pending expectations reject with E_CLOSED and pending
+   * offers are withdrawn (their duplicated descriptors closed).
+   */
   close(): void {
     if (this.closed) return;
+    // Withdraw every pending offer first: the listener holds duplicates of the offered descriptors,
+    // and once it is closed nothing could close them any more.
+    for (const nonce of this.pending.keys()) this.listener.forget(nonce);
     this.closed = true;
     this.listener.close();
     for (const p of [...this.pending.values()]) p.reject(new VsnapError('E_CLOSED', 'the FdReceiver was closed'));

@@ -1,20 +1,23 @@
-import { closeSync, statSync } from 'node:fs';
-
 import type { HostCache } from '../cache/host-cache.js';
 import type { ResidentWeights } from '../cache/resident-weights.js';
-import { FdReceiver } from '../ipc/fd-receiver.js';
 import { toVsnapError, VsnapError } from '../errors.js';
 import type { EngineClient, EngineStatus } from '../engine/engine-client.js';
 import { engineControl, type EngineControl } from '../engine/control.js';
 import { exportRegions, type ExportedRegions } from '../engine/export.js';
-import type { LiveLayout, Mismatch } from '../manifest/compat.js';
+import type { Mismatch } from '../manifest/compat.js';
 import type { ExpectedResponse } from '../manifest/types.js';
 import type { RegionStore } from '../store/region-store.js';
 import { passOn, type TransferOptions } from '../transfer/transfer.js';
-import type { CaptureOptions, PersistPolicy, Snapshot } from './snapshot.js';
+import { blobProblems, compareResponses, DEFAULT_PROMPT, holdsWeights, liveFacts, liveRanks, preflight, probe, warn } from './engine-checks.js';
+import { Snapshot, type CaptureOptions, type PersistPolicy } from './snapshot.js';
+
+/*
+ * The engine flows: capture, suspend and restore a running engine. A layer above Snapshot (which
+ * knows nothing of engines): this module uses Snapshot, never the other way round.
+ */
 
 /**
- * Options of {@link Snapshot.captureEngine}.
+ * Options of {@link captureEngine}.
  * @public
  */
 export interface EngineCaptureOptions extends TransferOptions {
@@ -39,7 +42,7 @@ export interface EngineCaptureOptions extends TransferOptions {
 }
 
 /**
- * Options of {@link Snapshot.restoreEngine}.
+ * Options of {@link restoreEngine}.
  * @public
  */
 export interface EngineRestoreOptions extends TransferOptions {
@@ -58,7 +61,7 @@ export interface EngineRestoreOptions extends TransferOptions {
 }
 
 /**
- * Options of {@link Snapshot.suspendEngine}.
+ * Options of {@link suspendEngine}.
  * @public
  */
 export interface EngineSuspendOptions {
@@ -116,93 +119,37 @@ export interface EngineSuspendResult {
   readonly phases: Readonly<Record<string, number>>;
 }
 
-const DEFAULT_PROMPT = 'The capital of France is';
-const RISKY_BACKENDS = /FLASHINFER/i;
-
-function warn(options: { onWarning?: (m: string) => void }, message: string): void {
-  if (options.onWarning) options.onWarning(message);
-  else process.emitWarning(message, { code: 'VSNAP_ENGINE' });
-}
-
-function preflight(status: EngineStatus, options: { onWarning?: (m: string) => void }): void {
-  const backend = status.engine.attentionBackend;
-  if (backend && RISKY_BACKENDS.test(backend)) {
-    warn(
-      options,
-      `the engine uses the ${backend} attention backend, which keeps workspace outside the sleep-mode allocator: ` +
-        'after a wake its output can be fluent but wrong (vllm #31016). Serve with --attention-backend TRITON_ATTN; ' +
-        'the expected-response check after each restore will catch the fault.',
-    );
+/**
+ * After a failed restore: reads the engine back and puts it to sleep only if it holds weights (an
+ * engine that never woke is left alone). Says what state it is in, and whether it is asleep.
+ */
+async function backToSleep(control: EngineControl): Promise<{ state: string; asleep: boolean }> {
+  let status: EngineStatus;
+  try {
+    status = await control.status();
+  } catch (err) {
+    return { state: `the engine no longer answers (${(err as Error).message}); restart it`, asleep: false };
   }
-  const off = status.ranks.filter((r) => !r.sleepMode);
-  if (off.length) {
-    throw new VsnapError('E_ENGINE_STATE', 'the engine runs without sleep mode: start it with --enable-sleep-mode', { ranks: off.map((r) => r.rank) });
-  }
-}
-
-/** The engine, model and platform facts a snapshot must match. */
-function liveFacts(status: EngineStatus, exported: ExportedRegions, allowModelSwap: boolean): Omit<LiveLayout, 'ranks'> {
-  const m = status.model;
-  const model = allowModelSwap
-    ? { dtype: m.dtype, quantization: m.quantization, tensorParallelSize: m.tensorParallelSize, pipelineParallelSize: m.pipelineParallelSize }
-    : { id: m.id, revision: m.revision, dtype: m.dtype, quantization: m.quantization, tensorParallelSize: m.tensorParallelSize, pipelineParallelSize: m.pipelineParallelSize };
-  const engine = { kind: status.engine.kind, version: status.engine.version, pluginVersion: status.engine.pluginVersion, attentionBackend: status.engine.attentionBackend };
-  const first = exported.ranks[0]!;
-  if (first.memory === 'host') return { engine, model, platform: { kind: 'host' } };
-  const device = first.gpu; // found by the export
-  return {
-    engine,
-    model,
-    platform: { kind: 'cuda', gpuName: device?.name ?? null, computeCapability: device?.computeCapability ?? null, vmmGranularity: device?.vmmGranularity ?? null },
-  };
-}
-
-function liveRanks(exported: ExportedRegions): LiveLayout['ranks'] {
-  return exported.ranks.map((r) => ({ regions: r.regions.map((x) => ({ key: x.key, size: x.size, tag: x.tag })) }));
-}
-
-/** Records the engine's greedy answer to the probe prompt. */
-export async function probe(client: EngineClient, prompt: string, maxTokens: number, signal?: AbortSignal): Promise<ExpectedResponse> {
-  const r = await client.completions({ prompt, max_tokens: maxTokens, temperature: 0, logprobs: 1 }, signal ? { signal } : {});
-  return { prompt, maxTokens, tokenIds: r.tokenIds ?? [], text: r.text, logprobs: r.logprobs };
-}
-
-function compareResponses(expected: ExpectedResponse, actual: ExpectedResponse, tolerance: number): string | undefined {
-  if (expected.tokenIds.length && actual.tokenIds.length) {
-    const i = expected.tokenIds.findIndex((t, k) => actual.tokenIds[k] !== t);
-    if (i >= 0 || expected.tokenIds.length !== actual.tokenIds.length) {
-      const at = i >= 0 ? i : Math.min(expected.tokenIds.length, actual.tokenIds.length);
-      return `token ${at} differs: expected ${expected.tokenIds[at]}, got ${actual.tokenIds[at]}`;
-    }
-  } else if (expected.text !== actual.text) {
-    return `text differs: expected ${JSON.stringify(expected.text.slice(0, 80))}, got ${JSON.stringify(actual.text.slice(0, 80))}`;
-  }
-  if (expected.logprobs && actual.logprobs) {
-    let worst = 0;
-    expected.logprobs.forEach((lp, k) => {
-      worst = Math.max(worst, Math.abs(lp - (actual.logprobs![k] ?? Number.NaN)));
-    });
-    if (!(worst <= tolerance)) return `logprobs differ by up to ${worst} (tolerance ${tolerance})`;
-  }
-  return undefined;
-}
-
-async function putToSleep(control: EngineControl): Promise<string> {
+  if (!holdsWeights(status)) return { state: 'the engine is asleep', asleep: true };
   try {
     await control.sleep(2, undefined);
-    return 'the engine was put back to sleep';
+    return { state: 'the engine was put back to sleep', asleep: true };
   } catch (err) {
-    return `putting the engine back to sleep failed too (${(err as Error).message}); check it before sending requests`;
+    return { state: `putting the engine back to sleep failed too (${(err as Error).message}); check it before sending requests`, asleep: false };
   }
 }
 
-/** @internal */
+/**
+ * Captures a running engine's weights through its vsnap plugin: records a short greedy
+ * completion (the expected response), has every worker export its weights regions, copies them
+ * out per rank in parallel, and publishes the snapshot with the engine, model and platform facts.
+ * @public
+ */
 export async function captureEngine(
-  SnapshotClass: typeof Snapshot,
   store: RegionStore,
   name: string,
   client: EngineClient,
-  options: EngineCaptureOptions,
+  options: EngineCaptureOptions = {},
 ): Promise<Snapshot> {
   const { control, status } = await engineControl(client, options.signal ? { signal: options.signal } : {});
   preflight(status, options);
@@ -211,7 +158,7 @@ export async function captureEngine(
   }
   const exported = await exportRegions(control, status.ranks.length, options.signal ? { signal: options.signal } : {});
   try {
-    return await captureExported(SnapshotClass, store, name, client, status, exported, options);
+    return await captureExported(store, name, client, status, exported, options);
   } finally {
     exported.close();
   }
@@ -219,7 +166,6 @@ export async function captureEngine(
 
 /** Records the expected response and captures the regions the engine exported (left open). */
 async function captureExported(
-  SnapshotClass: typeof Snapshot,
   store: RegionStore,
   name: string,
   client: EngineClient,
@@ -228,7 +174,7 @@ async function captureExported(
   options: EngineCaptureOptions,
 ): Promise<Snapshot> {
   const expected = await probe(client, options.probePrompt ?? DEFAULT_PROMPT, options.probeMaxTokens ?? 16, options.signal);
-  return SnapshotClass.capture(store, name, {
+  return Snapshot.capture(store, name, {
     regions: exported.ranks.flatMap((r) =>
       r.regions.map((x) => ({ key: x.key, size: x.size, tag: x.tag, rank: x.rank, memory: x.memory, tensors: x.tensors, ...(x.device !== undefined ? { device: x.device } : {}) })),
     ),
@@ -243,8 +189,15 @@ async function captureExported(
   });
 }
 
-/** @internal */
-export async function restoreEngine(snapshot: Snapshot, client: EngineClient, options: EngineRestoreOptions): Promise<EngineRestoreReport> {
+/**
+ * Restores a snapshot into a suspended engine: wakes the weights, has the workers export them,
+ * checks the layout and facts, hydrates with every chunk verified, wakes the KV cache, resets the
+ * prefix cache, and re-runs the expected response; only then does it resolve. With tier 0
+ * holding the engine's weights, maps them back instead (falling back to the snapshot if that
+ * fails). Any failure puts an engine that woke back to sleep and says how to recover.
+ * @public
+ */
+export async function restoreEngine(snapshot: Snapshot, client: EngineClient, options: EngineRestoreOptions = {}): Promise<EngineRestoreReport> {
   const started = performance.now();
   const phases: Record<string, number> = {};
   let mark = performance.now();
@@ -271,29 +224,26 @@ export async function restoreEngine(snapshot: Snapshot, client: EngineClient, op
     status = await control.status(call);
   }
   const engineKey = client.baseUrl;
-  const held = options.resident?.peek(engineKey);
-  if (held && options.resident) {
-    const usable = held.snapshotId === snapshot.id && status.ranks.every((r) => held.ranks[r.rank]?.pid === r.pid) && status.ranks.every((r) => !r.weightsMapped);
-    if (usable) {
-      try {
-        const report = await adoptResident(control, held, call);
-        lap('adoptWeights');
-        await finishWake(control, client, snapshot, expected, options, call, lap);
-        options.resident.release(engineKey); // the engine holds its weights again
-        return { bytes: report.bytes, tier: 'gpu', seconds: (performance.now() - started) / 1000, phases };
-      } catch (err) {
-        // Put the engine back to sleep and fall back to the snapshot below.
-        warn(options, `tier-0 wake of '${snapshot.name}' failed (${(err as Error).message}); restoring from the snapshot instead`);
-        await putToSleep(control);
-        status = await control.status(call);
+  const resident = options.resident;
+  if (resident?.peek(engineKey)) {
+    try {
+      const held = resident.peek(engineKey)!;
+      const usable = held.snapshotId === snapshot.id && status.ranks.every((r) => held.ranks[r.rank]?.pid === r.pid) && status.ranks.every((r) => !r.weightsMapped);
+      if (usable) {
+        const outcome = await restoreFromResident(control, client, snapshot, resident, options, call, lap);
+        if ('report' in outcome) return { ...outcome.report, seconds: (performance.now() - started) / 1000, phases };
+        status = outcome.status;
       }
+    } finally {
+      // Tier 0 lets go on every path: after a success the engine holds its weights again; after a
+      // failure the snapshot brings them back (or the engine is gone, and so is their use).
+      resident.release(engineKey);
     }
-    options.resident.release(engineKey);
   }
-  if (status.ranks.some((r) => !r.weightsMapped)) await control.wake(['weights'], call);
-  lap('wakeWeights');
   let exported: ExportedRegions | undefined;
   try {
+    if (status.ranks.some((r) => !r.weightsMapped)) await control.wake(['weights'], call);
+    lap('wakeWeights');
     exported = await exportRegions(control, status.ranks.length, call);
     lap('export');
     snapshot.manifest.assertCompatible({ ...liveFacts(status, exported, options.allowModelSwap ?? false), ranks: liveRanks(exported) });
@@ -311,11 +261,11 @@ export async function restoreEngine(snapshot: Snapshot, client: EngineClient, op
   } catch (err) {
     exported?.close();
     const e = toVsnapError(err);
-    const state = await putToSleep(control);
+    const { state, asleep } = await backToSleep(control);
     throw new VsnapError(
       e.code,
       `${e.message}\nRestore of '${snapshot.name}' failed; ${state}. Retry the restore, or wake the engine and reload its weights with vLLM's reload_weights.`,
-      { ...e.details, recovered: state.startsWith('the engine was put back') },
+      { ...e.details, recovered: asleep },
       { cause: e },
     );
   }
@@ -351,33 +301,59 @@ async function finishWake(
   }
 }
 
-/** Tier 0: offers each rank its held descriptors and wakes the weights mapping them back. */
-async function adoptResident(control: EngineControl, held: NonNullable<ReturnType<ResidentWeights['peek']>>, call: { signal?: AbortSignal }): Promise<{ bytes: number }> {
-  const receiver = await FdReceiver.listen();
+/** Re-reads the engine after a failed step; an engine that no longer answers ends the restore. */
+async function reread(control: EngineControl, call: { signal?: AbortSignal }, what: string, cause: VsnapError): Promise<EngineStatus> {
   try {
-    const offers = held.ranks.map((r) => receiver.offer({ regions: r.regions }, r.fds, { timeoutMs: 120_000, ...(call.signal ? { signal: call.signal } : {}) }));
-    const taken = Promise.all(offers.map((o) => o.taken));
-    await control.wake(['weights'], call, { socket: receiver.path, nonces: offers.map((o) => o.nonce) });
-    for (const m of await taken) for (const fd of m.fds) closeSync(fd);
-    return { bytes: held.bytes };
-  } finally {
-    receiver.close();
+    return await control.status(call);
+  } catch (err) {
+    const e = toVsnapError(err);
+    throw new VsnapError(
+      e.code,
+      `${what} failed (${cause.message}), and the engine no longer answers (${e.message}). Restart it; its snapshot brings the weights back.`,
+      { ...e.details, recovered: false },
+      { cause: e },
+    );
   }
 }
 
-/** The snapshot's blobs that are missing or of the wrong size, as problems. */
-function blobProblems(snapshot: Snapshot): string[] {
-  const problems: string[] = [];
-  for (const { region } of snapshot.manifest.regions()) {
-    let size: number | undefined;
-    try {
-      size = statSync(snapshot.store.blobPath(region.blob)).size;
-    } catch {
-      size = undefined;
-    }
-    if (size !== region.size) problems.push(`blob of region ${JSON.stringify(region.key)} is ${size === undefined ? 'missing' : `${size} bytes, not ${region.size}`}`);
+/**
+ * Tier 0: wakes the weights by mapping back the memory tier 0 held, then finishes the wake.
+ * Returns the report, or the engine's re-read status (asleep, weights unmapped) to fall back to
+ * the snapshot. An engine whose wake failed is only put back to sleep if it did map weights: a
+ * sleep on an engine that never woke is what crashed the reference engine.
+ */
+async function restoreFromResident(
+  control: EngineControl,
+  client: EngineClient,
+  snapshot: Snapshot,
+  resident: ResidentWeights,
+  options: EngineRestoreOptions,
+  call: { signal?: AbortSignal },
+  lap: (name: string) => void,
+): Promise<{ report: Omit<EngineRestoreReport, 'seconds' | 'phases'> } | { status: EngineStatus }> {
+  let failure: VsnapError;
+  let bytes = 0;
+  try {
+    ({ bytes } = await resident.adopt(client.baseUrl, (adopt) => control.wake(['weights'], call, adopt), call));
+    lap('adoptWeights');
+    await finishWake(control, client, snapshot, snapshot.manifest.data.expectedResponse, options, call, lap);
+    return { report: { bytes, tier: 'gpu' } };
+  } catch (err) {
+    failure = toVsnapError(err);
   }
-  return problems;
+  if (call.signal?.aborted) throw failure;
+  warn(options, `tier-0 wake of '${snapshot.name}' failed (${failure.message}); restoring from the snapshot instead`);
+  let status = await reread(control, call, `the tier-0 wake of '${snapshot.name}'`, failure);
+  if (holdsWeights(status)) {
+    try {
+      await control.sleep(2, undefined, call);
+    } catch (err) {
+      const e = toVsnapError(err);
+      throw new VsnapError(e.code, `the tier-0 wake of '${snapshot.name}' failed (${failure.message}) and putting the engine back to sleep failed too (${e.message}); check it before sending requests`, { ...e.details, recovered: false }, { cause: failure });
+    }
+    status = await reread(control, call, `the tier-0 wake of '${snapshot.name}'`, failure);
+  }
+  return { status };
 }
 
 /** Why a snapshot cannot bring back the weights an engine exported, or [] if it can. */
@@ -391,9 +367,12 @@ async function restorable(snapshot: Snapshot, status: EngineStatus, exported: Ex
   return problems;
 }
 
-/** @internal */
+/**
+ * Whether the store's snapshot `name` could bring this engine's weights back (the check
+ * {@link suspendEngine} makes before sleeping), and if not, why.
+ * @public
+ */
 export async function restorableFor(
-  SnapshotClass: typeof Snapshot,
   store: RegionStore,
   name: string,
   client: EngineClient,
@@ -402,7 +381,7 @@ export async function restorableFor(
   const call = options.signal ? { signal: options.signal } : {};
   const current = await store.current(name);
   if (!current) return { restorable: false, cached: false, problems: [`the store has no snapshot '${name}'`] };
-  const snapshot = SnapshotClass.of(store, current);
+  const snapshot = Snapshot.of(store, current);
   const { control, status } = await engineControl(client, call);
   if (status.sleeping) {
     // Asleep: the layout cannot be read back; the snapshot must at least be whole.
@@ -418,13 +397,19 @@ export async function restorableFor(
   }
 }
 
-/** @internal */
+/**
+ * Puts an engine to sleep (level 2, freeing its weights) only if this store's snapshot `name`
+ * can bring them back: it must match the live layout and engine facts, with every blob
+ * present. Otherwise it captures first (`captureIfNeeded`) or refuses with E_NOT_RESTORABLE:
+ * weights that cannot come back are never discarded. With `resident`, tier 0 keeps the weights
+ * on the GPU and only the KV cache is freed.
+ * @public
+ */
 export async function suspendEngine(
-  SnapshotClass: typeof Snapshot,
   store: RegionStore,
   name: string,
   client: EngineClient,
-  options: EngineSuspendOptions,
+  options: EngineSuspendOptions = {},
 ): Promise<EngineSuspendResult> {
   const started = performance.now();
   const phases: Record<string, number> = {};
@@ -439,11 +424,11 @@ export async function suspendEngine(
   const current = await store.current(name);
   if (status.sleeping) {
     if (!current) throw new VsnapError('E_NOT_RESTORABLE', `the engine is already asleep and the store has no snapshot '${name}'`, { name });
-    return { snapshot: SnapshotClass.of(store, current), captured: false, alreadyAsleep: true, seconds: (performance.now() - started) / 1000, phases: {} };
+    return { snapshot: Snapshot.of(store, current), captured: false, alreadyAsleep: true, seconds: (performance.now() - started) / 1000, phases: {} };
   }
   lap('status');
   preflight(status, options.onWarning ? { onWarning: options.onWarning } : (options.capture ?? {}));
-  let snapshot = current ? SnapshotClass.of(store, current) : undefined;
+  let snapshot = current ? Snapshot.of(store, current) : undefined;
   // One export serves both the restorability check and tier 0's hold (a capture leaves the memory as it is).
   let exported: ExportedRegions | undefined;
   const exportWeights = async (): Promise<ExportedRegions> => (exported ??= await exportRegions(control, status.ranks.length, call));
@@ -456,12 +441,12 @@ export async function suspendEngine(
         throw new VsnapError(
           'E_NOT_RESTORABLE',
           `refusing to suspend: its weights could not be brought back, so they stay on the GPU.\n${problems.map((p) => `  - ${p}`).join('\n')}\n` +
-            'Capture a snapshot first (Snapshot.captureEngine), or pass captureIfNeeded.',
+            'Capture a snapshot first (captureEngine), or pass captureIfNeeded.',
           { name, problems },
         );
       }
       // The weights exported for the check (or now) are captured as they are: no second export.
-      snapshot = await captureExported(SnapshotClass, store, name, client, status, await exportWeights(), {
+      snapshot = await captureExported(store, name, client, status, await exportWeights(), {
         ...(options.capture ?? {}),
         ...(options.signal ? { signal: options.signal } : {}),
       });

@@ -1,14 +1,14 @@
 import { VsnapError } from '../errors.js';
 import type { CallOptions, EngineClient } from '../engine/engine-client.js';
 import { engineControl } from '../engine/control.js';
-import { probe } from './engine-flows.js';
+import { probe } from './engine-checks.js';
 import type { ExpectedResponse } from '../manifest/types.js';
 
 /**
  * The engine's own tier 0 (vLLM about v0.30+, `release_kv_cache_memory`, PR #44890): the engine
  * pauses, keeps its weights on the GPU and frees only its KV cache; resuming wakes the KV cache.
  * No descriptors leave the engine and nothing is copied, so it needs neither a snapshot nor the
- * SDK holding memory. Unlike the SDK-held tier 0 (`Snapshot.suspendEngine` with `resident`), the
+ * SDK holding memory. Unlike the SDK-held tier 0 (`suspendEngine` with `resident`), the
  * weights die with the engine process and cannot be demoted to RAM or the store without waking
  * it: use this for short idle periods of an engine that will come back as it was, and the
  * SDK-held tier 0 (or a plain suspend) where the weights may have to make room.

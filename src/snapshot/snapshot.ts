@@ -11,18 +11,6 @@ import { RegionStore, type VerifyReport } from '../store/region-store.js';
 import { persistFromRamTier } from './persist.js';
 import { DEFAULT_CHUNK_SIZE } from '../transfer/staging.js';
 import { passOn, runTransfer, type TransferOptions } from '../transfer/transfer.js';
-import type { EngineClient } from '../engine/engine-client.js';
-import {
-  captureEngine,
-  restorableFor,
-  restoreEngine,
-  suspendEngine,
-  type EngineCaptureOptions,
-  type EngineRestoreOptions,
-  type EngineRestoreReport,
-  type EngineSuspendOptions,
-  type EngineSuspendResult,
-} from './engine-flows.js';
 import { captureManifest, checkCaptureRegions, platformOf } from './capture-manifest.js';
 
 /**
@@ -365,47 +353,9 @@ export class Snapshot {
     return { bytes: result.bytes, seconds: result.seconds, bytesPerSecond: result.bytes / Math.max(result.seconds, 1e-9), tier: 'store' };
   }
 
-  /**
-   * Captures a running engine's weights through its vsnap plugin: records a short greedy
-   * completion (the expected response), has every worker export its weights regions, copies them
-   * out per rank in parallel, and publishes the snapshot with the engine, model and platform facts.
-   */
-  static async captureEngine(store: RegionStore, name: string, client: EngineClient, options: EngineCaptureOptions = {}): Promise<Snapshot> {
-    return captureEngine(Snapshot, store, name, client, options);
-  }
-
-  /**
-   * Puts an engine to sleep (level 2, freeing its weights) only if this store's snapshot `name`
-   * can bring them back: it must match the live layout and engine facts, with every blob
-   * present. Otherwise it captures first (`captureIfNeeded`) or refuses with E_NOT_RESTORABLE:
-   * weights that cannot come back are never discarded.
-   */
-  static async suspendEngine(store: RegionStore, name: string, client: EngineClient, options: EngineSuspendOptions = {}): Promise<EngineSuspendResult> {
-    return suspendEngine(Snapshot, store, name, client, options);
-  }
-
-  /**
-   * Whether the store's snapshot `name` could bring this engine's weights back (the check
-   * {@link Snapshot.suspendEngine} makes before sleeping), and if not, why.
-   */
-  static async restorableFor(store: RegionStore, name: string, client: EngineClient, options: { signal?: AbortSignal } = {}): Promise<{ restorable: boolean; cached: boolean; problems: string[] }> {
-    return restorableFor(Snapshot, store, name, client, options);
-  }
-
-  /**
-   * Restores this snapshot into a suspended engine: wakes the weights, has the workers export
-   * them, checks the layout and facts, hydrates with every chunk verified, wakes the KV cache,
-   * resets the prefix cache, and re-runs the expected response; only then does it resolve. Any
-   * failure puts the engine back to sleep and says how to recover.
-   */
-  async restoreEngine(client: EngineClient, options: EngineRestoreOptions = {}): Promise<EngineRestoreReport> {
-    return restoreEngine(this, client, options);
-  }
-
   /** Re-hashes every blob of this capture; see {@link RegionStore.verify}. */
   async verify(options: TransferOptions = {}): Promise<VerifyReport> {
     if (!this.isDurable) throw notDurable(this, 'verifying its blobs');
     return this.store.verify(this.name, { ...options, id: this.id });
   }
-
 }

@@ -5,7 +5,7 @@ import { pipeline } from 'node:stream/promises';
 import { timingSafeEqual } from 'node:crypto';
 
 import { toVsnapError, VsnapError, type ErrorCode } from '../errors.js';
-import { Snapshot } from '../snapshot/snapshot.js';
+import { captureEngine } from '../snapshot/engine-flows.js';
 import type { RegionStore } from '../store/region-store.js';
 import type { SwapController } from './controller.js';
 
@@ -148,13 +148,13 @@ async function handle(options: SwapAgentOptions, req: IncomingMessage, res: Serv
     const snapshotName = engine.snapshot ?? name;
     if (req.method === 'GET' && action === 'snapshot_status') {
       const states = controller.states().find((s) => s.name === name)!;
-      const check = states.state === 'awake' || states.state === 'asleep' ? await Snapshot.restorableFor(options.store, snapshotName, engine.client) : undefined;
+      const check = await controller.snapshotStatus(name); // a snapshot marked damaged by a failed restore included
       return send(res, 200, {
         is_sleeping: states.state !== 'awake',
         state: states.state,
-        cached: check?.cached ?? (await options.store.current(snapshotName)) !== undefined,
-        restorable: check?.restorable ?? false,
-        reason: check ? check.problems.join('; ') || null : `the engine is ${states.state}`,
+        cached: check.cached,
+        restorable: check.restorable,
+        reason: check.problems.join('; ') || null,
         free_gib: Number((freemem() / 2 ** 30).toFixed(2)),
       });
     }
@@ -172,7 +172,7 @@ async function handle(options: SwapAgentOptions, req: IncomingMessage, res: Serv
     if (existing && url.searchParams.get('force') !== '1') return send(res, 200, { cached: true, id: existing.id });
     const lease = await controller.acquire(name);
     try {
-      const snap = await Snapshot.captureEngine(options.store, snapshotName, lease.client);
+      const snap = await captureEngine(options.store, snapshotName, lease.client);
       return send(res, 200, { cached: false, id: snap.id, bytes: snap.manifest.totalBytes, seconds: snap.lastCapture?.seconds });
     } finally {
       lease.release();

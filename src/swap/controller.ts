@@ -4,13 +4,14 @@ import type { Registry } from 'prom-client';
 
 import type { HostCache } from '../cache/host-cache.js';
 import type { ResidentWeights } from '../cache/resident-weights.js';
-import { engineControl } from '../engine/control.js';
 import type { EngineClient } from '../engine/engine-client.js';
-import { abortError, invalidArgument, toVsnapError, VsnapError } from '../errors.js';
-import { resumeEngineKeptWeights, suspendEngineKeepingWeights } from '../snapshot/engine-kv-release.js';
+import { abortError, invalidArgument, VsnapError } from '../errors.js';
+import { restorableFor } from '../snapshot/engine-flows.js';
 import { Snapshot } from '../snapshot/snapshot.js';
-import type { RegionStore } from '../store/region-store.js';
+import type { RegionStore, VerifyReport } from '../store/region-store.js';
+import { SwapExecutor, type Slot, type Waiter } from './executor.js';
 import { SwapMetrics } from './metrics.js';
+import { type EngineState, usage } from './planner.js';
 
 /**
  * One engine the controller manages.
@@ -69,11 +70,7 @@ export interface SwapControllerOptions {
   readonly registry?: Registry;
 }
 
-/**
- * What an engine is doing.
- * @public
- */
-export type EngineState = 'awake' | 'asleep' | 'waking' | 'suspending' | 'failed';
+export type { EngineState } from './planner.js';
 
 /**
  * An engine's state, for status pages.
@@ -94,6 +91,12 @@ export interface EngineView {
   readonly pinned: boolean;
   /** The last failure, when state is `failed`. */
   readonly error?: string;
+  /**
+   * Why its snapshot cannot bring it back, when known (a restore failed on a damaged blob, its
+   * blobs are missing, the store has none): no engine is suspended for it until it is re-captured
+   * or {@link SwapController.verifySnapshot} passes. Short, without paths.
+   */
+  readonly snapshotProblem?: string;
 }
 
 /**
@@ -128,32 +131,19 @@ export interface SwapEvent {
   readonly captured?: boolean;
 }
 
-interface Waiter {
-  resolve: (lease: Lease) => void;
-  reject: (err: VsnapError) => void;
-  cleanup: () => void;
-  since: number;
-}
-
-interface Slot {
-  spec: SwapEngine & { snapshot: string; devices: readonly number[]; asleepBytes: number };
-  state: EngineState;
-  leases: number;
-  lastUsed: number;
-  waiters: Waiter[];
-  error?: string;
-  /** Suspended by the engine itself with its weights kept (suspend's keepWeightsInEngine). */
-  keptByEngine?: boolean;
-}
-
 /**
  * Time-shares GPUs between engines: keeps awake only what fits each device's budget, wakes the
  * engine a request asks for (suspending the least recently used idle ones to make room), and
- * hands out leases so that no request ever reaches a sleeping engine. Swaps run one at a time;
- * requests for an engine being woken wait in a bounded queue. Pinned engines stay awake, idle
- * engines with a TTL are suspended, and a default model is woken when nothing else is wanted.
- * Emits `swapStarted` (with engine and action), `swap` ({@link SwapEvent}, when one finished,
- * with phase timings), `swapFailed` (with engine, action and error) and `change` (after every
+ * hands out leases so that no request ever reaches a sleeping engine. Decisions come from a pure
+ * planner; every change of state (wake-ups, suspends, manual ones included, resyncs) runs through
+ * one serial executor, so swaps never overlap and requests for an engine being woken wait in a
+ * bounded queue. Before any engine is suspended to make room, the one asked for is checked to be
+ * restorable; a restore that fails on a damaged snapshot marks it (see
+ * {@link EngineView.snapshotProblem}) so no engine is evicted for it again. Pinned engines stay
+ * awake, idle engines with a TTL are suspended, and a default model is woken when nothing else is
+ * wanted. Emits `swapStarted` (with engine and action), `swap` ({@link SwapEvent}, when one
+ * finished, with phase timings), `swapFailed` (with engine, action and the full error, for the
+ * operator's log), `snapshotDamaged` (engine, snapshotId, reason, detail) and `change` (after every
  * state change); exports Prometheus metrics.
  * @public
  */
@@ -163,8 +153,7 @@ export class SwapController extends EventEmitter {
   private readonly options: SwapControllerOptions;
   private readonly slots = new Map<string, Slot>();
   private readonly metrics: SwapMetrics;
-  private running = false;
-  private released: Array<() => void> = [];
+  private readonly executor: SwapExecutor;
   private timer: NodeJS.Timeout | undefined;
   private closed = false;
 
@@ -183,6 +172,7 @@ export class SwapController extends EventEmitter {
       this.slots.set(e.name, { spec, state: 'asleep', leases: 0, lastUsed: 0, waiters: [] });
     }
     if (options.defaultModel !== undefined && !this.slots.has(options.defaultModel)) invalidArgument('defaultModel', 'one of the engines', options.defaultModel);
+    this.executor = new SwapExecutor(options, this.slots, this.metrics, this, () => this.closed, () => this.states());
   }
 
   /**
@@ -191,13 +181,11 @@ export class SwapController extends EventEmitter {
    */
   static async create(options: SwapControllerOptions): Promise<SwapController> {
     const c = new SwapController(options);
-    await Promise.all([...c.slots.values()].map((slot) => c.readState(slot)));
-    await c.fitToBudget();
-    for (const slot of c.slots.values()) if (slot.spec.pinned && slot.state === 'asleep') await c.bringUp(slot);
-    c.changed();
-    c.timer = setInterval(() => c.tick(), 1000);
+    await c.executor.serial(() => Promise.all([...c.slots.values()].map((slot) => c.executor.readState(slot))));
+    await c.executor.settle();
+    c.executor.changed();
+    c.timer = setInterval(() => c.executor.pump(), 1000);
     c.timer.unref();
-    c.tick();
     return c;
   }
 
@@ -211,37 +199,13 @@ export class SwapController extends EventEmitter {
       lastUsed: s.lastUsed,
       pinned: s.spec.pinned ?? false,
       ...(s.error ? { error: s.error } : {}),
+      ...(s.damage ? { snapshotProblem: s.damage.reason } : {}),
     }));
   }
 
   /** GPU memory accounted to the engines now (tier-0 weights included), per device. */
   usage(): Record<number, number> {
-    const out: Record<number, number> = {};
-    for (const d of Object.keys(this.options.budgets)) out[Number(d)] = 0;
-    for (const s of this.slots.values()) {
-      // An engine that suspended itself keeping its weights frees only its KV cache: counted as awake.
-      const held = (s.state === 'asleep' || s.state === 'failed') && !s.keptByEngine ? s.spec.asleepBytes + this.residentBytes(s) : s.spec.memoryBytes;
-      for (const d of s.spec.devices) out[d] = (out[d] ?? 0) + held;
-    }
-    return out;
-  }
-
-  /** Tier-0 bytes kept for a suspended engine, per device. */
-  private residentBytes(slot: Slot): number {
-    const e = this.options.resident?.peek(slot.spec.client.baseUrl);
-    return e ? (slot.spec.weightsBytes ?? e.bytes / slot.spec.devices.length) : 0;
-  }
-
-  /** Whether suspending `slot` may keep its weights on the GPU (and still leave room for `next`). */
-  private mayKeepResident(slot: Slot, next?: Slot): boolean {
-    const weights = slot.spec.weightsBytes;
-    if (!this.options.resident || weights === undefined) return false;
-    const usage = this.usage();
-    return slot.spec.devices.every((d) => {
-      let after = (usage[d] ?? 0) - slot.spec.memoryBytes + slot.spec.asleepBytes + weights;
-      if (next?.spec.devices.includes(d)) after += next.spec.memoryBytes - next.spec.asleepBytes - this.residentBytes(next);
-      return after <= this.options.budgets[d]!;
-    });
+    return usage(this.executor.planInput());
   }
 
   /** The model names served. */
@@ -256,7 +220,9 @@ export class SwapController extends EventEmitter {
 
   /**
    * A lease on the engine serving `model`, once it is awake (woken if needed). Rejects with
-   * E_UNKNOWN_MODEL, E_BUSY (its queue is full), E_TIMEOUT or E_ABORTED.
+   * E_UNKNOWN_MODEL, E_BUSY (its queue is full, or it cannot fit), E_NOT_RESTORABLE (its snapshot
+   * cannot bring it back), E_TIMEOUT or E_ABORTED; a failed restore rejects with a short message
+   * (the full error goes to `swapFailed`).
    */
   acquire(model: string, options: { signal?: AbortSignal; timeoutMs?: number } = {}): Promise<Lease> {
     if (this.closed) return Promise.reject(new VsnapError('E_CLOSED', 'the SwapController was closed'));
@@ -266,9 +232,9 @@ export class SwapController extends EventEmitter {
     } catch (err) {
       return Promise.reject(err);
     }
-    if (slot.state === 'awake') {
+    if (slot.state === 'awake' && slot.waiters.length === 0) {
       this.metrics.requests.inc({ engine: model, result: 'hit' });
-      return Promise.resolve(this.lease(slot));
+      return Promise.resolve(this.executor.lease(slot));
     }
     const limit = this.options.queueLimit ?? 64;
     if (slot.waiters.length >= limit) {
@@ -278,41 +244,40 @@ export class SwapController extends EventEmitter {
     if (options.signal?.aborted) return Promise.reject(abortError(options.signal, `waiting for '${model}'`));
     return new Promise<Lease>((resolve, reject) => {
       const timeoutMs = options.timeoutMs ?? this.options.queueTimeoutMs ?? 120_000;
-      const remove = (): void => {
+      const done = (): void => {
+        clearTimeout(timer);
+        options.signal?.removeEventListener('abort', onAbort);
         const i = slot.waiters.indexOf(waiter);
         if (i >= 0) slot.waiters.splice(i, 1);
         this.metrics.queueDepth.set({ engine: model }, slot.waiters.length);
       };
       const timer = setTimeout(() => {
-        remove();
+        done();
         this.metrics.requests.inc({ engine: model, result: 'timeout' });
         reject(new VsnapError('E_TIMEOUT', `'${model}' did not wake within ${timeoutMs} ms`, { engine: model, timeoutMs }));
+        this.executor.pump(); // what it waited for may no longer be needed
       }, timeoutMs);
       const onAbort = (): void => {
-        remove();
-        clearTimeout(timer);
+        done();
         reject(abortError(options.signal, `waiting for '${model}'`));
+        this.executor.pump();
       };
       const waiter: Waiter = {
         since: Date.now(),
         resolve: (lease) => {
-          waiter.cleanup();
+          done();
           this.metrics.requests.inc({ engine: model, result: 'woken' });
           resolve(lease);
         },
         reject: (err) => {
-          waiter.cleanup();
+          done();
           reject(err);
-        },
-        cleanup: () => {
-          clearTimeout(timer);
-          options.signal?.removeEventListener('abort', onAbort);
         },
       };
       options.signal?.addEventListener('abort', onAbort, { once: true });
       slot.waiters.push(waiter);
       this.metrics.queueDepth.set({ engine: model }, slot.waiters.length);
-      this.schedule();
+      this.executor.pump();
     });
   }
 
@@ -322,38 +287,28 @@ export class SwapController extends EventEmitter {
   }
 
   /**
-   * Suspends an engine now, if no request uses it. Refuses with E_NOT_RESTORABLE when no snapshot
-   * can bring it back (unless `captureIfNeeded`), E_BUSY while it is in use. With
+   * Suspends an engine now, if no request uses it; it waits for a swap in progress to finish
+   * first. Refuses with E_NOT_RESTORABLE when no snapshot can bring it back (unless
+   * `captureIfNeeded`), E_BUSY while it is in use or requests wait for it. With
    * `keepWeightsInEngine` (vLLM with `release_kv_cache_memory`), the engine pauses and frees only
    * its KV cache, no snapshot needed; it still counts as awake in the budget and is never demoted
    * by the controller: use it for an engine that keeps its GPU (see engines/vllm/README.md).
    */
   async suspend(model: string, options: { captureIfNeeded?: boolean; keepWeightsInEngine?: boolean } = {}): Promise<SwapEvent | undefined> {
     const slot = this.slot(model);
-    if (slot.state === 'asleep') return undefined;
-    if (slot.state !== 'awake' || slot.leases > 0) {
-      throw new VsnapError('E_BUSY', `'${model}' is ${slot.leases > 0 ? `serving ${slot.leases} request(s)` : slot.state}; retry when it is idle`, { engine: model });
-    }
-    if (options.keepWeightsInEngine) return this.keepInEngine(slot);
-    return this.putToSleep(slot, options.captureIfNeeded ?? false, this.mayKeepResident(slot));
-  }
-
-  /** The engine's own tier 0: pause and release the KV cache, weights kept in the engine. */
-  private async keepInEngine(slot: Slot): Promise<SwapEvent> {
-    slot.state = 'suspending';
-    this.emit('swapStarted', { engine: slot.spec.name, action: 'suspend' });
     try {
-      const r = await suspendEngineKeepingWeights(slot.spec.client);
-      Object.assign(slot, { state: 'asleep', keptByEngine: true });
-      const event: SwapEvent = { engine: slot.spec.name, action: 'suspend', seconds: r.seconds, captured: false };
-      this.metrics.swaps.inc({ engine: slot.spec.name, action: 'suspend', result: 'ok' });
-      this.changed();
-      this.emit('swap', event);
-      return event;
-    } catch (err) {
-      slot.state = 'awake';
-      this.changed();
-      throw toVsnapError(err);
+      return await this.executor.serial(async () => {
+        if (slot.state === 'failed') await this.executor.readState(slot);
+        if (slot.state === 'asleep') return undefined;
+        if (slot.state !== 'awake' || slot.leases > 0 || slot.waiters.length > 0) {
+          const what = slot.leases > 0 ? `serving ${slot.leases} request(s)` : slot.waiters.length > 0 ? `wanted by ${slot.waiters.length} request(s)` : slot.state;
+          throw new VsnapError('E_BUSY', `'${model}' is ${what}; retry when it is idle`, { engine: model });
+        }
+        if (options.keepWeightsInEngine) return this.executor.keepInEngine(slot);
+        return this.executor.suspend(slot, options.captureIfNeeded ?? false, this.executor.mayKeepResident(slot));
+      });
+    } finally {
+      this.executor.pump();
     }
   }
 
@@ -363,22 +318,47 @@ export class SwapController extends EventEmitter {
    */
   async resync(model: string): Promise<void> {
     const slot = this.slot(model);
-    await this.readState(slot);
-    if (slot.state !== 'failed') slot.lastUsed = Date.now();
-    this.changed();
-    await this.fitToBudget();
-    this.schedule();
+    await this.executor.serial(async () => {
+      await this.executor.readState(slot);
+      if (slot.state !== 'failed') slot.lastUsed = Date.now();
+      this.executor.changed();
+    });
+    try {
+      await this.executor.settle();
+    } finally {
+      this.executor.pump();
+    }
   }
 
-  /** Reads whether an engine is awake or asleep (through its vsnap routes, or the dev routes). */
-  private async readState(slot: Slot): Promise<void> {
-    try {
-      slot.state = (await engineControl(slot.spec.client)).status.sleeping ? 'asleep' : 'awake';
-      delete slot.error;
-    } catch (err) {
-      slot.state = 'failed';
-      slot.error = (err as Error).message;
+  /**
+   * Whether an engine's snapshot can bring its weights back, and if not, why: a snapshot marked
+   * damaged by a failed restore, else the check {@link suspendEngine} makes. Problems are short.
+   */
+  async snapshotStatus(model: string): Promise<{ restorable: boolean; cached: boolean; problems: string[] }> {
+    const slot = this.slot(model);
+    const current = await this.options.store.current(slot.spec.snapshot);
+    if (slot.damage && (slot.damage.snapshotId === undefined || slot.damage.snapshotId === current?.id)) {
+      return { restorable: false, cached: current !== undefined, problems: [slot.damage.reason] };
     }
+    if (slot.state !== 'awake' && slot.state !== 'asleep') return { restorable: false, cached: current !== undefined, problems: [`the engine is ${slot.state}`] };
+    return restorableFor(this.options.store, slot.spec.snapshot, slot.spec.client);
+  }
+
+  /**
+   * Re-hashes every blob of an engine's current snapshot: a snapshot that passes is no longer
+   * marked damaged (after its blobs were repaired, say); one that fails is marked.
+   */
+  async verifySnapshot(model: string): Promise<VerifyReport> {
+    const slot = this.slot(model);
+    const snapshot = await Snapshot.open(this.options.store, slot.spec.snapshot);
+    const report = await snapshot.verify();
+    await this.executor.serial(async () => {
+      if (report.ok) delete slot.damage;
+      else slot.damage = { snapshotId: snapshot.id, reason: `its snapshot (capture ${snapshot.id}) failed verification: ${report.problems.length} problem(s)` };
+      this.executor.changed();
+    });
+    this.executor.pump();
+    return report;
   }
 
   /** Stops the timers and rejects every waiting request (E_CLOSED). Engines are left as they are. */
@@ -386,7 +366,7 @@ export class SwapController extends EventEmitter {
     this.closed = true;
     if (this.timer) clearInterval(this.timer);
     for (const slot of this.slots.values()) {
-      for (const w of slot.waiters.splice(0)) w.reject(new VsnapError('E_CLOSED', 'the SwapController was closed'));
+      for (const w of [...slot.waiters]) w.reject(new VsnapError('E_CLOSED', 'the SwapController was closed'));
     }
   }
 
@@ -394,238 +374,5 @@ export class SwapController extends EventEmitter {
     const slot = this.slots.get(name);
     if (!slot) throw new VsnapError('E_UNKNOWN_MODEL', `no engine serves '${name}' (serving: ${[...this.slots.keys()].join(', ')})`, { model: name });
     return slot;
-  }
-
-  private lease(slot: Slot): Lease {
-    slot.leases++;
-    slot.lastUsed = Date.now();
-    let released = false;
-    return {
-      engine: slot.spec.name,
-      client: slot.spec.client,
-      release: () => {
-        if (released) return;
-        released = true;
-        slot.leases--;
-        slot.lastUsed = Date.now();
-        for (const notify of this.released.splice(0)) notify();
-      },
-    };
-  }
-
-  private changed(): void {
-    this.metrics.awake.set([...this.slots.values()].filter((s) => s.state === 'awake').length);
-    this.emit('change', this.states());
-  }
-
-  /** Whether `slot` fits next to what is awake, and who is in the way. */
-  private blockers(slot: Slot): { fits: boolean; candidates: Slot[] } {
-    const usage = this.usage();
-    let fits = true;
-    for (const d of slot.spec.devices) {
-      const held = slot.keptByEngine ? slot.spec.memoryBytes : slot.spec.asleepBytes + this.residentBytes(slot);
-      const after = (usage[d] ?? 0) - held + slot.spec.memoryBytes;
-      if (after > this.options.budgets[d]!) fits = false;
-    }
-    const groupMates = slot.spec.group
-      ? [...this.slots.values()].filter((s) => s !== slot && s.spec.group === slot.spec.group && s.state !== 'asleep' && s.state !== 'failed')
-      : [];
-    if (groupMates.length) fits = false;
-    const candidates = [...this.slots.values()]
-      .filter((s) => s !== slot && s.state === 'awake' && !s.spec.pinned)
-      .filter((s) => groupMates.includes(s) || s.spec.devices.some((d) => slot.spec.devices.includes(d)))
-      .sort((a, b) => a.lastUsed - b.lastUsed);
-    return { fits, candidates };
-  }
-
-  /** Runs queued wake-ups one at a time (single flight), oldest request first. */
-  private schedule(): void {
-    if (this.running || this.closed) return;
-    this.running = true;
-    void (async () => {
-      try {
-        for (;;) {
-          const next = [...this.slots.values()]
-            .filter((s) => s.waiters.length > 0 && s.state !== 'awake')
-            .sort((a, b) => a.waiters[0]!.since - b.waiters[0]!.since)[0];
-          if (!next) break;
-          try {
-            await this.bringUp(next);
-          } catch (err) {
-            const e = toVsnapError(err);
-            for (const w of next.waiters.splice(0)) w.reject(e);
-            this.metrics.queueDepth.set({ engine: next.spec.name }, 0);
-          }
-        }
-      } finally {
-        this.running = false;
-      }
-    })();
-  }
-
-  /** Makes room for `slot` (suspending idle engines) and restores it; grants its waiters. */
-  private async bringUp(slot: Slot): Promise<void> {
-    for (;;) {
-      if (slot.state === 'awake') break;
-      const { fits, candidates } = this.blockers(slot);
-      if (fits) {
-        await this.wake(slot);
-        break;
-      }
-      // The least recently used goes first: an idle awake engine is suspended (keeping its
-      // weights in tier 0 if they still leave room), a tier-0 holding is demoted (released).
-      const residents = [...this.slots.values()].filter(
-        (s) => s !== slot && s.state === 'asleep' && this.residentBytes(s) > 0 && s.spec.devices.some((d) => slot.spec.devices.includes(d)),
-      );
-      const victim = [...candidates.filter((s) => s.leases === 0), ...residents].sort((a, b) => a.lastUsed - b.lastUsed)[0];
-      if (victim?.state === 'asleep') {
-        this.demote(victim);
-        continue;
-      }
-      if (victim) {
-        await this.putToSleep(victim, this.options.captureIfNeeded ?? true, this.mayKeepResident(victim, slot));
-        continue;
-      }
-      if (candidates.length === 0) {
-        throw new VsnapError('E_BUSY', `'${slot.spec.name}' cannot fit its GPU budget even with every unpinned engine suspended`, { engine: slot.spec.name });
-      }
-      if (slot.waiters.length === 0 && !slot.spec.pinned) return; // nobody wants it any more
-      // wait for a request to finish (or re-check every half second: waiters may have given up)
-      await new Promise<void>((resolve) => {
-        const notify = (): void => {
-          clearTimeout(timer);
-          resolve();
-        };
-        // on timeout, take the notifier back: they would pile up, two a second, until a release
-        const timer = setTimeout(() => {
-          this.released = this.released.filter((n) => n !== notify);
-          resolve();
-        }, 500);
-        this.released.push(notify);
-      });
-    }
-    for (const w of slot.waiters.splice(0)) w.resolve(this.lease(slot));
-    this.metrics.queueDepth.set({ engine: slot.spec.name }, 0);
-  }
-
-  private async wake(slot: Slot): Promise<void> {
-    const started = performance.now();
-    slot.state = 'waking';
-    this.changed();
-    this.emit('swapStarted', { engine: slot.spec.name, action: 'restore' });
-    try {
-      const report = slot.keptByEngine
-        ? { phases: { resume: await resumeEngineKeptWeights(slot.spec.client) }, tier: 'gpu' as const, bytes: 0 }
-        : await (await Snapshot.open(this.options.store, slot.spec.snapshot)).restoreEngine(slot.spec.client, {
-            ...(this.options.cache ? { cache: this.options.cache } : {}),
-            ...(this.options.resident ? { resident: this.options.resident } : {}),
-          });
-      delete slot.keptByEngine;
-      slot.state = 'awake';
-      slot.lastUsed = Date.now();
-      delete slot.error;
-      const event: SwapEvent = { engine: slot.spec.name, action: 'restore', seconds: (performance.now() - started) / 1000, phases: report.phases, tier: report.tier };
-      this.metrics.swaps.inc({ engine: slot.spec.name, action: 'restore', result: 'ok' });
-      this.metrics.swapSeconds.observe({ engine: slot.spec.name, action: 'restore', tier: report.tier }, event.seconds);
-      this.metrics.bytesMoved.inc({ engine: slot.spec.name }, report.bytes);
-      this.changed();
-      this.emit('swap', event);
-    } catch (err) {
-      const e = toVsnapError(err);
-      slot.state = e.details.recovered === true || e.code === 'E_SNAPSHOT_NOT_FOUND' ? 'asleep' : 'failed';
-      slot.error = e.message;
-      this.metrics.swaps.inc({ engine: slot.spec.name, action: 'restore', result: 'error' });
-      this.changed();
-      this.emit('swapFailed', { engine: slot.spec.name, action: 'restore', error: e });
-      throw e;
-    }
-  }
-
-  private async putToSleep(slot: Slot, captureIfNeeded: boolean, keepResident = false): Promise<SwapEvent> {
-    const started = performance.now();
-    slot.state = 'suspending';
-    this.changed();
-    this.emit('swapStarted', { engine: slot.spec.name, action: 'suspend' });
-    try {
-      const resident = keepResident ? this.options.resident : undefined;
-      const result = await Snapshot.suspendEngine(this.options.store, slot.spec.snapshot, slot.spec.client, {
-        captureIfNeeded,
-        ...(this.options.cache ? { capture: { cache: this.options.cache } } : {}),
-        ...(resident ? { resident } : {}),
-      });
-      slot.state = 'asleep';
-      const event: SwapEvent = { engine: slot.spec.name, action: 'suspend', seconds: (performance.now() - started) / 1000, captured: result.captured };
-      this.metrics.swaps.inc({ engine: slot.spec.name, action: 'suspend', result: 'ok' });
-      this.metrics.swapSeconds.observe({ engine: slot.spec.name, action: 'suspend', tier: resident ? 'gpu' : 'store' }, event.seconds);
-      this.changed();
-      this.emit('swap', event);
-      return event;
-    } catch (err) {
-      const e = toVsnapError(err);
-      slot.state = 'awake'; // refused or failed: its weights stay where they are
-      slot.error = e.message;
-      this.metrics.swaps.inc({ engine: slot.spec.name, action: 'suspend', result: 'error' });
-      this.changed();
-      this.emit('swapFailed', { engine: slot.spec.name, action: 'suspend', error: e });
-      throw e;
-    }
-  }
-
-  /** Releases the weights tier 0 holds for a suspended engine (its snapshot brings them back). */
-  private demote(slot: Slot): void {
-    this.options.resident!.release(slot.spec.client.baseUrl);
-    this.changed();
-  }
-
-  /** Suspends least recently used unpinned engines until every device is within budget. */
-  private async fitToBudget(): Promise<void> {
-    for (;;) {
-      const usage = this.usage();
-      const over = Object.entries(usage).find(([d, used]) => used > this.options.budgets[Number(d)]!);
-      if (!over) return;
-      const device = Number(over[0]);
-      const resident = [...this.slots.values()].find((s) => s.state === 'asleep' && this.residentBytes(s) > 0 && s.spec.devices.includes(device));
-      if (resident) {
-        this.demote(resident);
-        continue;
-      }
-      const victim = [...this.slots.values()]
-        .filter((s) => s.state === 'awake' && !s.spec.pinned && s.spec.devices.includes(device))
-        .sort((a, b) => a.lastUsed - b.lastUsed)[0];
-      if (!victim) {
-        throw new VsnapError('E_BUSY', `device ${device} is over its budget with only pinned engines awake: raise the budget or unpin one`, { device });
-      }
-      await this.putToSleep(victim, this.options.captureIfNeeded ?? true, false);
-    }
-  }
-
-  /** Idle TTLs and the default model, checked every second. */
-  private tick(): void {
-    if (this.running || this.closed) return;
-    const now = Date.now();
-    const expired = [...this.slots.values()].find(
-      (s) => s.state === 'awake' && !s.spec.pinned && s.leases === 0 && s.spec.idleTtlMs !== undefined && now - s.lastUsed > s.spec.idleTtlMs && s.spec.name !== this.options.defaultModel,
-    );
-    if (expired) {
-      this.runExclusive(() => this.putToSleep(expired, this.options.captureIfNeeded ?? true, this.mayKeepResident(expired)));
-      return;
-    }
-    const name = this.options.defaultModel;
-    if (name === undefined) return;
-    // idle: no unpinned engine awake or waking, and nobody waiting
-    const idle = [...this.slots.values()].every((s) => (s.spec.pinned || (s.state !== 'awake' && s.state !== 'waking')) && s.waiters.length === 0);
-    const slot = this.slots.get(name)!;
-    if (idle && slot.state === 'asleep') this.runExclusive(() => this.bringUp(slot));
-  }
-
-  /** Runs one background step of tick() (its failure is already reported as an event). */
-  private runExclusive(step: () => Promise<unknown>): void {
-    this.running = true;
-    void step()
-      .catch(() => undefined)
-      .finally(() => {
-        this.running = false;
-        this.schedule();
-      });
   }
 }

@@ -1,6 +1,6 @@
 import { HostCache } from '../cache/host-cache.js';
 import { EngineClient } from '../engine/engine-client.js';
-import { Snapshot } from '../snapshot/snapshot.js';
+import { suspendEngine } from '../snapshot/engine-flows.js';
 import { RegionStore } from '../store/region-store.js';
 import { SwapAgent } from './agent.js';
 import type { ServeConfig } from './config.js';
@@ -60,7 +60,7 @@ export async function serve(config: ServeConfig, options: { log?: (line: string)
     await supervisor.start({
       onReady: async (name) => {
         const m = config.models[name]!;
-        const r = await Snapshot.suspendEngine(store, m.snapshot ?? name, clients.get(name)!, { captureIfNeeded: true });
+        const r = await suspendEngine(store, m.snapshot ?? name, clients.get(name)!, { captureIfNeeded: true });
         log(`vsnap: ${name} is up and suspended${r.captured ? ' (snapshot captured)' : ''} in ${r.seconds.toFixed(1)} s`);
       },
       onRestart: async (name) => {
@@ -89,6 +89,7 @@ export async function serve(config: ServeConfig, options: { log?: (line: string)
     });
     controller.on('swap', (e: SwapEvent) => log(`vsnap: ${e.action} ${e.engine} in ${(e.seconds * 1000).toFixed(0)} ms${e.tier ? ` (from ${e.tier})` : ''}`));
     controller.on('swapFailed', (e: { engine: string; action: string; error: Error }) => log(`vsnap: ${e.action} of ${e.engine} failed: ${e.error.message}`));
+    controller.on('snapshotDamaged', (e: { engine: string; reason: string; detail?: string }) => log(`vsnap: the snapshot of ${e.engine} is damaged: ${e.reason}${e.detail ? ` (${e.detail})` : ''}; re-capture it, or repair it and verify it`));
     const agent = await SwapAgent.listen({
       controller,
       store,

@@ -15,6 +15,7 @@ export function defaultThreads(devices = 1): number {
 
 interface PoolEntry {
   pool: Promise<NativeStagingPool>;
+  ready?: NativeStagingPool;
   users: number;
   timer?: NodeJS.Timeout;
 }
@@ -39,8 +40,10 @@ class StagingPools {
     if (!entry) {
       const slots = 2 * Math.max(threads, defaultThreads());
       const created = native().createStagingPool(slotSize, slots, pinDevice);
-      entry = { pool: created, users: 0 };
+      const made: PoolEntry = { pool: created, users: 0 };
+      entry = made;
       this.entries.set(key, entry);
+      created.then((p) => (made.ready = p), () => undefined);
       created.catch(() => this.entries.delete(key));
     }
     if (entry.timer) clearTimeout(entry.timer);
@@ -61,6 +64,13 @@ class StagingPools {
         entry.timer.unref();
       }
     }
+  }
+
+  /** Pinned host memory the pools hold now, in bytes (for leak checks). */
+  pinnedBytes(): number {
+    let n = 0;
+    for (const e of this.entries.values()) if (e.ready?.pinned && !e.ready.closed) n += e.ready.slotSize * e.ready.slotCount;
+    return n;
   }
 
   /** Frees every idle pool now. */

@@ -6,7 +6,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 
-import { cudaStatus, EngineClient, HostCache, RegionStore, releaseIdleResources, Snapshot, VsnapError } from '../../src/index.js';
+import { captureEngine, cudaStatus, EngineClient, HostCache, RegionStore, releaseIdleResources, restoreEngine, Snapshot, suspendEngine, VsnapError } from '../../src/index.js';
 import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
 import { gpuMemoryOf } from './nvidia-smi.js';
 
@@ -49,14 +49,14 @@ describe('GPU: capture, suspend and restore the reference engine', async () => {
     const before = await ask(client);
 
     const t0 = performance.now();
-    const snap = await Snapshot.captureEngine(store, 'ref', client);
+    const snap = await captureEngine(store, 'ref', client);
     console.log(`capture: ${((performance.now() - t0) / 1000).toFixed(2)} s (transfer ${snap.lastCapture!.seconds.toFixed(2)} s, ${(snap.lastCapture!.bytesPerSecond / 1e9).toFixed(2)} GB/s to disk)`);
     assert.equal(snap.manifest.data.platform.kind, 'cuda');
     assert.ok(snap.manifest.data.ranks[0]!.regions.some((r) => r.key.startsWith('anon:') || r.tensors.length > 0));
 
     const awakeMiB = gpuMemoryOf(a.enginePid);
     const s0 = performance.now();
-    await Snapshot.suspendEngine(store, 'ref', client);
+    await suspendEngine(store, 'ref', client);
     const asleepMiB = gpuMemoryOf(a.enginePid);
     console.log(`suspend: ${((performance.now() - s0) / 1000).toFixed(3)} s; engine GPU memory ${awakeMiB} MiB awake -> ${asleepMiB} MiB asleep`);
     assert.ok(awakeMiB !== null && asleepMiB !== null && awakeMiB - asleepMiB >= 2 * 1024, 'sleep must free the weights');
@@ -65,11 +65,11 @@ describe('GPU: capture, suspend and restore the reference engine', async () => {
     try {
       for (let round = 1; round <= 4; round++) {
         // rounds 1-2 stream from the store (page cache); 3 loads the RAM tier; 4 restores from it
-        const report = await snap.restoreEngine(client, round >= 3 ? { cache } : {});
+        const report = await restoreEngine(snap, client, round >= 3 ? { cache } : {});
         const phases = Object.entries(report.phases).map(([k, v]) => `${k} ${(v * 1000).toFixed(1)} ms`).join(', ');
         console.log(`restore ${round}: ${(report.seconds * 1000).toFixed(1)} ms total (${(report.bytes / GiB).toFixed(2)} GiB from ${report.tier}): ${phases}`);
         assert.deepEqual(await ask(client), before);
-        if (round < 4) await Snapshot.suspendEngine(store, 'ref', client);
+        if (round < 4) await suspendEngine(store, 'ref', client);
       }
     } finally {
       cache.close();
@@ -87,15 +87,15 @@ describe('GPU: capture, suspend and restore the reference engine', async () => {
     chmodSync(path, 0o644);
     writeFileSync(path, bad);
     const before = await ask(client);
-    await Snapshot.suspendEngine(store, 'ref', client);
-    await assert.rejects(snap.restoreEngine(client), (err: VsnapError) => {
+    await suspendEngine(store, 'ref', client);
+    await assert.rejects(restoreEngine(snap, client), (err: VsnapError) => {
       assert.equal(err.code, 'E_CHECKSUM');
       assert.equal(err.details.recovered, true);
       return true;
     });
     assert.equal((await client.vsnapStatus()).sleeping, true);
     writeFileSync(path, original); // the good bytes back: the same snapshot now restores
-    await snap.restoreEngine(client);
+    await restoreEngine(snap, client);
     assert.deepEqual(await ask(client), before);
   });
 
@@ -103,22 +103,22 @@ describe('GPU: capture, suspend and restore the reference engine', async () => {
     const b = await startEngine({ device: 'cuda', seed: 2, args: MODEL_ARGS });
     const clientB = new EngineClient({ baseUrl: b.url, token: b.token });
     try {
-      const snapB = await Snapshot.captureEngine(store, 'other', clientB);
-      await Snapshot.suspendEngine(store, 'ref', client);
-      await assert.rejects(snapB.restoreEngine(client), (err: VsnapError) => {
+      const snapB = await captureEngine(store, 'other', clientB);
+      await suspendEngine(store, 'ref', client);
+      await assert.rejects(restoreEngine(snapB, client), (err: VsnapError) => {
         assert.equal(err.code, 'E_MANIFEST_MISMATCH');
         const paths = (err.details.mismatches as Array<{ path: string }>).map((m) => m.path);
         assert.ok(paths.includes('model.id') && paths.includes('model.revision'), paths.join(','));
         return true;
       });
       assert.equal((await client.vsnapStatus()).sleeping, true);
-      await (await Snapshot.open(store, 'ref')).restoreEngine(client);
+      await restoreEngine((await Snapshot.open(store, 'ref')), client);
 
       await assert.rejects(new EngineClient({ baseUrl: a.url }).vsnapStatus(), (err: VsnapError) => err.code === 'E_ENGINE_HTTP' && err.details.status === 401);
       await assert.rejects(new EngineClient({ baseUrl: a.url, token: 'wrong' }).vsnapSleep({ level: 2 }), { code: 'E_ENGINE_HTTP' } as never);
 
       const answer = await ask(clientB);
-      await assert.rejects(Snapshot.suspendEngine(store, 'never-captured', clientB), { code: 'E_NOT_RESTORABLE' } as never);
+      await assert.rejects(suspendEngine(store, 'never-captured', clientB), { code: 'E_NOT_RESTORABLE' } as never);
       assert.equal((await clientB.vsnapStatus()).sleeping, false);
       assert.deepEqual(await ask(clientB), answer, 'weights kept');
     } finally {
@@ -149,9 +149,9 @@ describe('GPU: the kinds of weights memory and their load-time cost', async () =
         assert.equal(rehome.rehomed, rank.regions - (rank.weightsMemory?.['posix-fd'] ?? 0));
         const before = await ask(c);
         const store = await RegionStore.open(dir);
-        const snap = await Snapshot.captureEngine(store, 'kinds', c);
-        await Snapshot.suspendEngine(store, 'kinds', c);
-        await snap.restoreEngine(c);
+        const snap = await captureEngine(store, 'kinds', c);
+        await suspendEngine(store, 'kinds', c);
+        await restoreEngine(snap, c);
         assert.deepEqual(await ask(c), before);
       } finally {
         await c.close();

@@ -13,8 +13,10 @@ import {
   RegionStore,
   releaseIdleResources,
   ResidentWeights,
+  restoreEngine,
   resumeEngineKeptWeights,
   Snapshot,
+  suspendEngine,
   suspendEngineKeepingWeights,
 } from '../../src/index.js';
 import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
@@ -73,9 +75,9 @@ describe('GPU: tier 0, weights resident across sleep', async () => {
     const sdk = { suspend: [] as number[], resume: [] as number[] };
     try {
       for (let i = 0; i < 10; i++) {
-        const s = await Snapshot.suspendEngine(store, 'own-vs-sdk', c, { captureIfNeeded: true, resident });
+        const s = await suspendEngine(store, 'own-vs-sdk', c, { captureIfNeeded: true, resident });
         sdk.suspend.push(s.seconds);
-        const r = await s.snapshot.restoreEngine(c, { resident });
+        const r = await restoreEngine(s.snapshot, c, { resident });
         assert.equal(r.tier, 'gpu');
         sdk.resume.push(r.seconds);
         assert.deepEqual(await ask(c), answer);
@@ -92,10 +94,10 @@ describe('GPU: tier 0, weights resident across sleep', async () => {
     const [a, b] = engines as [{ e: TestEngine; c: EngineClient }, { e: TestEngine; c: EngineClient }];
     const answers = [await ask(a.c), await ask(b.c)];
     const usedAwake = gpuUsedMiB();
-    const sa = await Snapshot.suspendEngine(store, 'a', a.c, { captureIfNeeded: true, resident });
+    const sa = await suspendEngine(store, 'a', a.c, { captureIfNeeded: true, resident });
     const usedHeld = gpuUsedMiB();
     console.log(`tier 0 holds ${(resident.bytes / GiB).toFixed(2)} GiB; GPU used ${usedAwake} MiB awake -> ${usedHeld} MiB after a tier-0 suspend (engine ${gpuMemoryOf(a.e.enginePid)} MiB, this process ${gpuMemoryOf(process.pid)} MiB)`);
-    const sb = await Snapshot.suspendEngine(store, 'b', b.c, { captureIfNeeded: true, resident });
+    const sb = await suspendEngine(store, 'b', b.c, { captureIfNeeded: true, resident });
     const snaps = [sa.snapshot, sb.snapshot];
     const adopt: number[] = [];
     const total: number[] = [];
@@ -103,13 +105,13 @@ describe('GPU: tier 0, weights resident across sleep', async () => {
     for (let i = 0; i < 20; i++) {
       const k = i % 2;
       const x = engines[k]!;
-      const r = await snaps[k]!.restoreEngine(x.c, { resident });
+      const r = await restoreEngine(snaps[k]!, x.c, { resident });
       assert.equal(r.tier, 'gpu');
       adopt.push(r.phases.adoptWeights!);
       total.push(r.seconds);
       assert.deepEqual(await ask(x.c), answers[k], `round ${i}`);
       const t = performance.now();
-      await Snapshot.suspendEngine(store, k === 0 ? 'a' : 'b', x.c, { resident });
+      await suspendEngine(store, k === 0 ? 'a' : 'b', x.c, { resident });
       suspend.push((performance.now() - t) / 1000);
     }
     console.log(`tier-0 restore, 2.4 GiB: adopt weights ${stats(adopt)}; end to end incl. expected response ${stats(total)}; tier-0 suspend ${stats(suspend)}`);
@@ -120,7 +122,7 @@ describe('GPU: tier 0, weights resident across sleep', async () => {
     assert.ok(before - afterRelease >= 2 * 1024, 'releasing tier 0 frees the weights');
     resident.close();
     for (const [k, x] of engines.entries()) {
-      await snaps[k]!.restoreEngine(x.c);
+      await restoreEngine(snaps[k]!, x.c);
       assert.deepEqual(await ask(x.c), answers[k]);
     }
   });
@@ -141,32 +143,32 @@ describe('GPU: tier 0, weights resident across sleep', async () => {
     console.log(`SDK killed while holding tier 0: GPU used ${held} -> ${freed} MiB`);
     assert.ok(held - freed >= 2 * 1024, 'the driver freed the held weights');
     assert.equal((await a.c.vsnapStatus()).sleeping, true);
-    const r = await (await Snapshot.open(store, 'a')).restoreEngine(a.c, { resident: new ResidentWeights() });
+    const r = await restoreEngine((await Snapshot.open(store, 'a')), a.c, { resident: new ResidentWeights() });
     assert.equal(r.tier, 'store');
     assert.deepEqual(await ask(a.c), answer);
   });
 
   it('16 GiB engine: tier-0 restore vs RAM-tier restore', async () => {
-    for (const x of engines) await Snapshot.suspendEngine(store, x === engines[0] ? 'a' : 'b', x.c); // make room
+    for (const x of engines) await suspendEngine(store, x === engines[0] ? 'a' : 'b', x.c); // make room
     const big = await startEngine({ device: 'cuda', seed: 3, model: 'big', args: LARGE, startTimeoutMs: 400_000 });
     const c = new EngineClient({ baseUrl: big.url, token: big.token });
     const resident = new ResidentWeights();
     try {
       const bytes = (await c.vsnapStatus()).ranks[0]!.bytes;
       const answer = await ask(c);
-      const s = await Snapshot.suspendEngine(store, 'big', c, { captureIfNeeded: true, resident });
+      const s = await suspendEngine(store, 'big', c, { captureIfNeeded: true, resident });
       const gpu = [];
       for (let i = 0; i < 3; i++) {
-        const r = await s.snapshot.restoreEngine(c, { resident });
+        const r = await restoreEngine(s.snapshot, c, { resident });
         assert.equal(r.tier, 'gpu');
         gpu.push(r);
         assert.deepEqual(await ask(c), answer);
-        await Snapshot.suspendEngine(store, 'big', c, { resident: i < 2 ? resident : undefined });
+        await suspendEngine(store, 'big', c, { resident: i < 2 ? resident : undefined });
       }
       const cache = await HostCache.create({ budgetBytes: bytes + GiB });
       try {
         await cache.load(store, s.snapshot.manifest);
-        const ram = await s.snapshot.restoreEngine(c, { cache });
+        const ram = await restoreEngine(s.snapshot, c, { cache });
         assert.equal(ram.tier, 'ram');
         assert.deepEqual(await ask(c), answer);
         console.log(

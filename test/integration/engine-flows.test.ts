@@ -5,6 +5,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { HostCache } from '../../src/cache/host-cache.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
+import { captureEngine, restoreEngine, suspendEngine } from '../../src/snapshot/engine-flows.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { askCapital, startEngine, type EngineOptions, type TestEngine } from '../helpers/engine.js';
 import { tempDir } from '../helpers/tmp.js';
@@ -30,7 +31,7 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     const before = await ask(client);
     expect(before).toHaveLength(8);
 
-    const snap = await Snapshot.captureEngine(store, 'ref', client);
+    const snap = await captureEngine(store, 'ref', client);
     const m = snap.manifest.data;
     expect(m.engine).toMatchObject({ kind: 'vllm', version: '0.0.0+vsnap.reference', pluginVersion: '0.1.0', attentionBackend: 'TRITON_ATTN' });
     expect(m.model).toMatchObject({ id: 'vsnap/reference-host-1', revision: 'seed-1', dtype: 'bfloat16', tensorParallelSize: 1 });
@@ -43,14 +44,14 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     const layer = m.ranks[0]!.regions.find((r) => r.key === 'model.layers.0.mlp.weight')!;
     expect(layer.tensors.map((t) => t.name)).toEqual(['model.layers.0.mlp.weight', 'model.layers.0.mlp.scales']);
 
-    const suspended = await Snapshot.suspendEngine(store, 'ref', client);
+    const suspended = await suspendEngine(store, 'ref', client);
     expect(suspended).toMatchObject({ captured: false, alreadyAsleep: false });
     expect(Object.keys(suspended.phases)).toEqual(['status', 'check', 'sleep']);
     const asleep = await client.vsnapStatus();
     expect(asleep.sleeping).toBe(true);
     expect(asleep.ranks[0]!.weightsMapped).toBe(false);
 
-    const report = await snap.restoreEngine(client);
+    const report = await restoreEngine(snap, client);
     expect(Object.keys(report.phases)).toEqual(['wakeWeights', 'export', 'hydrate', 'wakeKvCache', 'resetPrefixCache', 'expectedResponse']);
     expect(report.bytes).toBe(snap.manifest.totalBytes);
     expect((await client.vsnapStatus()).sleeping).toBe(false);
@@ -60,8 +61,8 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     const cache = await HostCache.create({ budgetBytes: 64 * 1024 * 1024, pin: false });
     try {
       for (const tier of ['store', 'ram']) {
-        await Snapshot.suspendEngine(store, 'ref', client);
-        expect((await snap.restoreEngine(client, { cache })).tier).toBe(tier);
+        await suspendEngine(store, 'ref', client);
+        expect((await restoreEngine(snap, client, { cache })).tier).toBe(tier);
         expect(await ask(client)).toEqual(before);
       }
     } finally {
@@ -81,14 +82,14 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     const { client } = await engine();
     const store = await RegionStore.open(tempDir());
     const before = await ask(client);
-    await expect(Snapshot.suspendEngine(store, 'none', client)).rejects.toMatchObject({ code: 'E_NOT_RESTORABLE' });
+    await expect(suspendEngine(store, 'none', client)).rejects.toMatchObject({ code: 'E_NOT_RESTORABLE' });
     expect((await client.vsnapStatus()).sleeping).toBe(false);
     expect(await ask(client)).toEqual(before);
 
-    const done = await Snapshot.suspendEngine(store, 'none', client, { captureIfNeeded: true });
+    const done = await suspendEngine(store, 'none', client, { captureIfNeeded: true });
     expect(done.captured).toBe(true);
     expect((await client.vsnapStatus()).sleeping).toBe(true);
-    await done.snapshot.restoreEngine(client);
+    await restoreEngine(done.snapshot, client);
     expect(await ask(client)).toEqual(before);
   });
 
@@ -96,9 +97,9 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     const a = await engine({ seed: 1 });
     const b = await engine({ seed: 2 });
     const store = await RegionStore.open(tempDir());
-    const snapB = await Snapshot.captureEngine(store, 'b', b.client);
-    await Snapshot.suspendEngine(store, 'a', a.client, { captureIfNeeded: true });
-    const err = await snapB.restoreEngine(a.client).catch((e: unknown) => e);
+    const snapB = await captureEngine(store, 'b', b.client);
+    await suspendEngine(store, 'a', a.client, { captureIfNeeded: true });
+    const err = await restoreEngine(snapB, a.client).catch((e: unknown) => e);
     expect(err).toMatchObject({ code: 'E_MANIFEST_MISMATCH' });
     const paths = (err as { details: { mismatches: Array<{ path: string }> } }).details.mismatches.map((m) => m.path);
     expect(paths).toEqual(expect.arrayContaining(['model.id', 'model.revision']));
@@ -110,10 +111,10 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     const a = await engine({ seed: 1 });
     const b = await engine({ seed: 2 });
     const store = await RegionStore.open(tempDir());
-    const snapB = await Snapshot.captureEngine(store, 'b', b.client);
+    const snapB = await captureEngine(store, 'b', b.client);
     const answerB = await ask(b.client);
     expect(await ask(a.client)).not.toEqual(answerB);
-    const report = await snapB.restoreEngine(a.client, { allowModelSwap: true });
+    const report = await restoreEngine(snapB, a.client, { allowModelSwap: true });
     expect(Object.keys(report.phases)[0]).toBe('sleep');
     expect(await ask(a.client)).toEqual(answerB);
   });
@@ -122,21 +123,21 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     const { client } = await engine();
     const store = await RegionStore.open(tempDir());
     const before = await ask(client);
-    const snap = await Snapshot.captureEngine(store, 'ref', client);
+    const snap = await captureEngine(store, 'ref', client);
     const region = snap.manifest.data.ranks[0]!.regions.find((r) => r.key === 'model.embed_tokens.weight')!;
     const path = store.blobPath(region.blob);
     chmodSync(path, 0o644);
     const fd = openSync(path, 'r+');
     writeSync(fd, Buffer.from([0xff, 0xfe]), 0, 2, 1000);
     closeSync(fd);
-    await Snapshot.suspendEngine(store, 'ref', client);
-    await expect(snap.restoreEngine(client)).rejects.toMatchObject({ code: 'E_CHECKSUM', details: { region: 'model.embed_tokens.weight', recovered: true } });
+    await suspendEngine(store, 'ref', client);
+    await expect(restoreEngine(snap, client)).rejects.toMatchObject({ code: 'E_CHECKSUM', details: { region: 'model.embed_tokens.weight', recovered: true } });
     expect((await client.vsnapStatus()).sleeping).toBe(true);
 
     // recover: the snapshot is damaged, so capture again from an engine of the same model
     const twin = await engine({ seed: 1 });
-    const good = await Snapshot.captureEngine(store, 'ref', twin.client);
-    await good.restoreEngine(client);
+    const good = await captureEngine(store, 'ref', twin.client);
+    await restoreEngine(good, client);
     expect(await ask(client)).toEqual(before);
   });
 
@@ -144,10 +145,10 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     const warnings: string[] = [];
     const { client } = await engine({ env: { VSNAP_REF_ATTENTION: 'FLASHINFER' } });
     const store = await RegionStore.open(tempDir());
-    const snap = await Snapshot.captureEngine(store, 'fi', client, { onWarning: (w) => warnings.push(w) });
+    const snap = await captureEngine(store, 'fi', client, { onWarning: (w) => warnings.push(w) });
     expect(warnings.join('\n')).toMatch(/FLASHINFER.*TRITON_ATTN/s);
-    await Snapshot.suspendEngine(store, 'fi', client, { onWarning: () => undefined });
-    const err = await snap.restoreEngine(client, { onWarning: () => undefined }).catch((e: unknown) => e);
+    await suspendEngine(store, 'fi', client, { onWarning: () => undefined });
+    const err = await restoreEngine(snap, client, { onWarning: () => undefined }).catch((e: unknown) => e);
     expect(err).toMatchObject({ code: 'E_RESPONSE_MISMATCH' });
     expect((await client.vsnapStatus()).sleeping).toBe(true);
   });
@@ -157,8 +158,8 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     expect((await client.vsnapStatus()).ranks[0]).toMatchObject({ hooks: 'register_tag_hooks' });
     const store = await RegionStore.open(tempDir());
     const before = await ask(client);
-    await Snapshot.suspendEngine(store, 'th', client, { captureIfNeeded: true });
-    await (await Snapshot.open(store, 'th')).restoreEngine(client);
+    await suspendEngine(store, 'th', client, { captureIfNeeded: true });
+    await restoreEngine((await Snapshot.open(store, 'th')), client);
     expect(await ask(client)).toEqual(before);
   });
 
@@ -167,24 +168,24 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     await expect(client.vsnapStatus()).rejects.toMatchObject({ details: { status: 404 } });
     const store = await RegionStore.open(tempDir());
     const before = await ask(client);
-    const snap = await Snapshot.captureEngine(store, 'dev', client);
+    const snap = await captureEngine(store, 'dev', client);
     expect(snap.manifest.data.engine?.pluginVersion).toBe('0.1.0');
-    await Snapshot.suspendEngine(store, 'dev', client);
+    await suspendEngine(store, 'dev', client);
     expect(await client.isSleeping()).toBe(true);
-    await snap.restoreEngine(client);
+    await restoreEngine(snap, client);
     expect(await ask(client)).toEqual(before);
 
     const neither = await engine({ env: { VSNAP_REF_NO_BUILD_APP: '1' }, devMode: false });
-    await expect(Snapshot.captureEngine(store, 'x', neither.client)).rejects.toMatchObject({ code: 'E_ENGINE_STATE', message: expect.stringMatching(/VLLM_SERVER_DEV_MODE=1/) });
+    await expect(captureEngine(store, 'x', neither.client)).rejects.toMatchObject({ code: 'E_ENGINE_STATE', message: expect.stringMatching(/VLLM_SERVER_DEV_MODE=1/) });
   });
 
   it('refuses to capture an engine without sleep mode, or an asleep one', async () => {
     const off = await engine({ sleepMode: false });
     const store = await RegionStore.open(tempDir());
-    await expect(Snapshot.captureEngine(store, 'x', off.client)).rejects.toMatchObject({ code: 'E_ENGINE_STATE', message: expect.stringMatching(/--enable-sleep-mode/) });
+    await expect(captureEngine(store, 'x', off.client)).rejects.toMatchObject({ code: 'E_ENGINE_STATE', message: expect.stringMatching(/--enable-sleep-mode/) });
     const on = await engine();
     await on.client.vsnapSleep({ level: 1 });
-    await expect(Snapshot.captureEngine(store, 'x', on.client)).rejects.toMatchObject({ code: 'E_ENGINE_STATE' });
+    await expect(captureEngine(store, 'x', on.client)).rejects.toMatchObject({ code: 'E_ENGINE_STATE' });
   });
 
   it("a suspend can capture into the RAM tier with persist 'async': the restore comes from RAM, the store gets it in the background", async () => {
@@ -193,16 +194,16 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     const before = await ask(client);
     const cache = await HostCache.create({ budgetBytes: 64 * 1024 * 1024, pin: false });
     try {
-      const s = await Snapshot.suspendEngine(store, 'ref', client, { captureIfNeeded: true, capture: { cache, persist: 'async' } });
+      const s = await suspendEngine(store, 'ref', client, { captureIfNeeded: true, capture: { cache, persist: 'async' } });
       expect(s.captured).toBe(true);
       expect((await client.vsnapStatus()).sleeping).toBe(true);
-      const report = await s.snapshot.restoreEngine(client, { cache });
+      const report = await restoreEngine(s.snapshot, client, { cache });
       expect(report.tier).toBe('ram');
       expect(await ask(client)).toEqual(before);
       await s.snapshot.persist();
       expect((await store.current('ref'))?.id).toBe(s.snapshot.id);
       // durable now: the next suspend needs no capture
-      expect(await Snapshot.suspendEngine(store, 'ref', client)).toMatchObject({ captured: false });
+      expect(await suspendEngine(store, 'ref', client)).toMatchObject({ captured: false });
     } finally {
       cache.close();
     }

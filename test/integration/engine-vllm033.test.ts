@@ -3,6 +3,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { VsnapError } from '../../src/errors.js';
 import { resumeEngineKeptWeights, suspendEngineKeepingWeights } from '../../src/snapshot/engine-kv-release.js';
+import { captureEngine, restoreEngine, suspendEngine } from '../../src/snapshot/engine-flows.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { SwapController, type SwapEvent } from '../../src/swap/controller.js';
@@ -29,10 +30,10 @@ const ask = async (client: EngineClient) => (await askCapital(client, 8)).ids;
 async function roundTrip(client: EngineClient): Promise<void> {
   const store = await RegionStore.open(tempDir());
   const before = await ask(client);
-  const snap = await Snapshot.captureEngine(store, 'ref', client);
-  await Snapshot.suspendEngine(store, 'ref', client);
+  const snap = await captureEngine(store, 'ref', client);
+  await suspendEngine(store, 'ref', client);
   expect(await ask(client).catch(() => 'refused')).toBe('refused'); // asleep: no answer
-  await snap.restoreEngine(client);
+  await restoreEngine(snap, client);
   expect(await ask(client)).toEqual(before);
 }
 
@@ -87,7 +88,7 @@ describe('nothing the bridge does breaks the engine', () => {
     await client.sleep({ level: 1 });
     await client.wakeUp();
     expect(await ask(client)).toEqual(before);
-    const err = await Snapshot.captureEngine(await RegionStore.open(tempDir()), 'ref', client).catch((e: unknown) => e);
+    const err = await captureEngine(await RegionStore.open(tempDir()), 'ref', client).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(VsnapError);
     expect((err as Error).message).toMatch(/disabled/);
   });

@@ -1,4 +1,5 @@
 import { Snapshot } from '../../snapshot/snapshot.js';
+import { captureEngine, restoreEngine, suspendEngine } from '../../snapshot/engine-flows.js';
 import type { Context } from '../context.js';
 import { EXIT } from '../context.js';
 import { formatBytes, progressLine } from '../output.js';
@@ -15,7 +16,7 @@ export async function snapshot(ctx: Context): Promise<number> {
   const client = ctx.engineClient();
   try {
     const progress = progressLine('capture');
-    const snap = await Snapshot.captureEngine(store, name, client, { onProgress: progress.update }).finally(() => progress.done());
+    const snap = await captureEngine(store, name, client, { onProgress: progress.update }).finally(() => progress.done());
     const c = snap.lastCapture!;
     ctx.print(`captured ${name} (${snap.id}): ${formatBytes(c.bytes)} in ${snap.manifest.regionCount} regions, ${c.seconds.toFixed(2)} s`, {
       cached: false,
@@ -35,7 +36,7 @@ export async function suspend(ctx: Context): Promise<number> {
   const store = await ctx.openStore(true);
   const client = ctx.engineClient();
   try {
-    const r = await Snapshot.suspendEngine(store, name, client, { captureIfNeeded: ctx.options.capture });
+    const r = await suspendEngine(store, name, client, { captureIfNeeded: ctx.options.capture });
     ctx.print(
       r.alreadyAsleep ? `the engine was already asleep` : `suspended${r.captured ? ' (captured first)' : ''} in ${r.seconds.toFixed(2)} s; restore with: vsnap restore ${name}`,
       { id: r.snapshot.id, captured: r.captured, alreadyAsleep: r.alreadyAsleep, seconds: r.seconds },
@@ -54,7 +55,7 @@ export async function restore(ctx: Context): Promise<number> {
   try {
     const snap = await Snapshot.open(store, name, ctx.options.id ? { id: ctx.options.id } : {});
     const progress = progressLine('restore');
-    const report = await snap.restoreEngine(client, { onProgress: progress.update }).finally(() => progress.done());
+    const report = await restoreEngine(snap, client, { onProgress: progress.update }).finally(() => progress.done());
     const phases = Object.entries(report.phases).map(([k, v]) => `${k} ${(v * 1000).toFixed(1)} ms`).join(', ');
     ctx.print(`restored ${name}: ${formatBytes(report.bytes)} from the ${report.tier} tier in ${(report.seconds * 1000).toFixed(0)} ms (${phases})`, report);
     return EXIT.ok;

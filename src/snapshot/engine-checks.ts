@@ -1,0 +1,101 @@
+// What the engine flows check and compare, kept apart from the flows themselves (all @internal).
+import { statSync } from 'node:fs';
+
+import { VsnapError } from '../errors.js';
+import type { EngineClient, EngineStatus } from '../engine/engine-client.js';
+import type { ExportedRegions } from '../engine/export.js';
+import type { LiveLayout } from '../manifest/compat.js';
+import type { ExpectedResponse } from '../manifest/types.js';
+import type { Snapshot } from './snapshot.js';
+
+export const DEFAULT_PROMPT = 'The capital of France is';
+const RISKY_BACKENDS = /FLASHINFER/i;
+
+export function warn(options: { onWarning?: (m: string) => void }, message: string): void {
+  if (options.onWarning) options.onWarning(message);
+  else process.emitWarning(message, { code: 'VSNAP_ENGINE' });
+}
+
+export function preflight(status: EngineStatus, options: { onWarning?: (m: string) => void }): void {
+  const backend = status.engine.attentionBackend;
+  if (backend && RISKY_BACKENDS.test(backend)) {
+    warn(
+      options,
+      `the engine uses the ${backend} attention backend, which keeps workspace outside the sleep-mode allocator: ` +
+        'after a wake its output can be fluent but wrong (vllm #31016). Serve with --attention-backend TRITON_ATTN; ' +
+        'the expected-response check after each restore will catch the fault.',
+    );
+  }
+  const off = status.ranks.filter((r) => !r.sleepMode);
+  if (off.length) {
+    throw new VsnapError('E_ENGINE_STATE', 'the engine runs without sleep mode: start it with --enable-sleep-mode', { ranks: off.map((r) => r.rank) });
+  }
+}
+
+/** The engine, model and platform facts a snapshot must match. */
+export function liveFacts(status: EngineStatus, exported: ExportedRegions, allowModelSwap: boolean): Omit<LiveLayout, 'ranks'> {
+  const m = status.model;
+  const model = allowModelSwap
+    ? { dtype: m.dtype, quantization: m.quantization, tensorParallelSize: m.tensorParallelSize, pipelineParallelSize: m.pipelineParallelSize }
+    : { id: m.id, revision: m.revision, dtype: m.dtype, quantization: m.quantization, tensorParallelSize: m.tensorParallelSize, pipelineParallelSize: m.pipelineParallelSize };
+  const engine = { kind: status.engine.kind, version: status.engine.version, pluginVersion: status.engine.pluginVersion, attentionBackend: status.engine.attentionBackend };
+  const first = exported.ranks[0]!;
+  if (first.memory === 'host') return { engine, model, platform: { kind: 'host' } };
+  const device = first.gpu; // found by the export
+  return {
+    engine,
+    model,
+    platform: { kind: 'cuda', gpuName: device?.name ?? null, computeCapability: device?.computeCapability ?? null, vmmGranularity: device?.vmmGranularity ?? null },
+  };
+}
+
+export function liveRanks(exported: ExportedRegions): LiveLayout['ranks'] {
+  return exported.ranks.map((r) => ({ regions: r.regions.map((x) => ({ key: x.key, size: x.size, tag: x.tag })) }));
+}
+
+/** Records the engine's greedy answer to the probe prompt. */
+export async function probe(client: EngineClient, prompt: string, maxTokens: number, signal?: AbortSignal): Promise<ExpectedResponse> {
+  const r = await client.completions({ prompt, max_tokens: maxTokens, temperature: 0, logprobs: 1 }, signal ? { signal } : {});
+  return { prompt, maxTokens, tokenIds: r.tokenIds ?? [], text: r.text, logprobs: r.logprobs };
+}
+
+export function compareResponses(expected: ExpectedResponse, actual: ExpectedResponse, tolerance: number): string | undefined {
+  if (expected.tokenIds.length && actual.tokenIds.length) {
+    const i = expected.tokenIds.findIndex((t, k) => actual.tokenIds[k] !== t);
+    if (i >= 0 || expected.tokenIds.length !== actual.tokenIds.length) {
+      const at = i >= 0 ? i : Math.min(expected.tokenIds.length, actual.tokenIds.length);
+      return `token ${at} differs: expected ${expected.tokenIds[at]}, got ${actual.tokenIds[at]}`;
+    }
+  } else if (expected.text !== actual.text) {
+    return `text differs: expected ${JSON.stringify(expected.text.slice(0, 80))}, got ${JSON.stringify(actual.text.slice(0, 80))}`;
+  }
+  if (expected.logprobs && actual.logprobs) {
+    let worst = 0;
+    expected.logprobs.forEach((lp, k) => {
+      worst = Math.max(worst, Math.abs(lp - (actual.logprobs![k] ?? Number.NaN)));
+    });
+    if (!(worst <= tolerance)) return `logprobs differ by up to ${worst} (tolerance ${tolerance})`;
+  }
+  return undefined;
+}
+
+/** Whether an engine holds any weights memory now (awake, or woken part way). */
+export function holdsWeights(status: EngineStatus): boolean {
+  return !status.sleeping || status.ranks.some((r) => r.weightsMapped);
+}
+
+/** The snapshot's blobs that are missing or of the wrong size, as problems. @internal */
+export function blobProblems(snapshot: Snapshot): string[] {
+  const problems: string[] = [];
+  for (const { region } of snapshot.manifest.regions()) {
+    let size: number | undefined;
+    try {
+      size = statSync(snapshot.store.blobPath(region.blob)).size;
+    } catch {
+      size = undefined;
+    }
+    if (size !== region.size) problems.push(`blob of region ${JSON.stringify(region.key)} is ${size === undefined ? 'missing' : `${size} bytes, not ${region.size}`}`);
+  }
+  return problems;
+}
+

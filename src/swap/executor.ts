@@ -1,0 +1,381 @@
+import type { EventEmitter } from 'node:events';
+
+import { engineControl } from '../engine/control.js';
+import { toVsnapError, VsnapError } from '../errors.js';
+import { suspendEngine, restoreEngine } from '../snapshot/engine-flows.js';
+import { resumeEngineKeptWeights, suspendEngineKeepingWeights } from '../snapshot/engine-kv-release.js';
+import { Snapshot } from '../snapshot/snapshot.js';
+import type { Lease, SwapControllerOptions, SwapEngine, SwapEvent } from './controller.js';
+import type { SwapMetrics } from './metrics.js';
+import { mayKeepResident, plan, type Action, type EngineState, type PlanEngine, type PlanInput } from './planner.js';
+import { checkRestorable, damageReason, SNAPSHOT_FAULTS, type Damage } from './readiness.js';
+
+/** A request waiting for its engine. @internal */
+export interface Waiter {
+  resolve: (lease: Lease) => void;
+  reject: (err: VsnapError) => void;
+  since: number;
+}
+
+/** One engine's live state. @internal */
+export interface Slot {
+  spec: SwapEngine & { snapshot: string; devices: readonly number[]; asleepBytes: number };
+  state: EngineState;
+  leases: number;
+  lastUsed: number;
+  waiters: Waiter[];
+  error?: string;
+  /** Its snapshot cannot bring it back (until re-captured or verified). */
+  damage?: Damage;
+  /** After a failed swap: left alone in the background until then. */
+  retryAt?: number;
+  /** Suspended by the engine itself with its weights kept (suspend's keepWeightsInEngine). */
+  keptByEngine?: boolean;
+}
+
+/** How long an engine whose swap failed is left alone by background steps (pinned, default, TTL, budget). */
+const RETRY_MS = 10_000;
+
+/**
+ * The one place where the controller's state changes under concurrency: every mutation (the
+ * planner's steps, manual suspends, resyncs) runs through `serial`, one at a time, so no two swaps
+ * ever overlap and a decision is never made on a state another step is changing. After any failed
+ * step the engine's real state is read back instead of assumed.
+ * @internal
+ */
+export class SwapExecutor {
+  private queue: Promise<unknown> = Promise.resolve();
+  private pumpQueued = false;
+  /** Engines whose snapshot was checked restorable for the bring-up now in progress. */
+  private readonly checked = new Set<Slot>();
+
+  constructor(
+    private readonly options: SwapControllerOptions,
+    private readonly slots: ReadonlyMap<string, Slot>,
+    private readonly metrics: SwapMetrics,
+    private readonly events: EventEmitter,
+    private readonly isClosed: () => boolean,
+    private readonly views: () => unknown,
+  ) {}
+
+  /** Runs `job` after every job queued before it (and before any queued after). */
+  serial<T>(job: () => Promise<T>): Promise<T> {
+    const run = this.queue.then(job);
+    this.queue = run.catch(() => undefined);
+    return run;
+  }
+
+  /** Queues one planning step (at most one is queued at a time; each step queues the next). */
+  pump(): void {
+    if (this.pumpQueued || this.isClosed()) return;
+    this.pumpQueued = true;
+    void this.serial(async () => {
+      this.pumpQueued = false;
+      if (this.isClosed()) return; // no swap starts after close()
+      if (await this.step()) this.pump();
+    });
+  }
+
+  /** Takes steps until nothing is left to do now; throws E_BUSY when a device stays over budget. */
+  async settle(): Promise<void> {
+    for (;;) {
+      const action = await this.serial(async () => {
+        const next = plan(this.planInput());
+        if (next.kind === 'overBudget') return next;
+        return (await this.step()) ? undefined : next;
+      });
+      if (action?.kind === 'overBudget') throw new VsnapError('E_BUSY', action.message, { device: action.device });
+      if (action) return;
+    }
+  }
+
+  planInput(): PlanInput {
+    const engines: PlanEngine[] = [...this.slots.values()].map((s) => ({
+      name: s.spec.name,
+      state: s.state,
+      leases: s.leases,
+      waitingSince: s.waiters[0]?.since,
+      lastUsed: s.lastUsed,
+      pinned: s.spec.pinned ?? false,
+      devices: s.spec.devices,
+      memoryBytes: s.spec.memoryBytes,
+      asleepBytes: s.spec.asleepBytes,
+      residentBytes: this.residentBytes(s),
+      weightsBytes: s.spec.weightsBytes,
+      group: s.spec.group,
+      idleTtlMs: s.spec.idleTtlMs,
+      unrestorable: s.damage?.reason,
+      retryAt: s.retryAt,
+      keptByEngine: s.keptByEngine,
+    }));
+    return { engines, budgets: this.options.budgets, defaultModel: this.options.defaultModel, tier0: this.options.resident !== undefined, now: Date.now() };
+  }
+
+  /** Tier-0 bytes kept for a suspended engine, per device. */
+  residentBytes(slot: Slot): number {
+    const e = this.options.resident?.peek(slot.spec.client.baseUrl);
+    return e ? (slot.spec.weightsBytes ?? e.bytes / slot.spec.devices.length) : 0;
+  }
+
+  /** Plans and takes one step; false when there is nothing to do now. */
+  private async step(): Promise<boolean> {
+    const action = plan(this.planInput());
+    // A refusal for a known-damaged snapshot is checked again too: a new capture clears it.
+    const recheck = action.kind === 'reject' && action.code === 'E_NOT_RESTORABLE';
+    const target = action.kind === 'wake' || recheck ? action.engine : action.kind === 'suspend' || action.kind === 'demote' ? action.for : undefined;
+    if (target !== undefined) {
+      // Before anyone is suspended for it (or it is woken), make sure its snapshot can bring it back.
+      const slot = this.slots.get(target)!;
+      if (!this.checked.has(slot)) {
+        await this.check(slot);
+        return true; // plan again: the state may have changed meanwhile
+      }
+    }
+    return this.take(action);
+  }
+
+  private async take(action: Action): Promise<boolean> {
+    switch (action.kind) {
+      case 'grant': {
+        const slot = this.slots.get(action.engine)!;
+        this.checked.delete(slot);
+        for (const w of slot.waiters.splice(0)) w.resolve(this.lease(slot));
+        this.metrics.queueDepth.set({ engine: slot.spec.name }, 0);
+        return true;
+      }
+      case 'wake':
+        await this.wake(this.slots.get(action.engine)!);
+        return true;
+      case 'suspend':
+        try {
+          await this.suspend(this.slots.get(action.engine)!, this.options.captureIfNeeded ?? true, action.keepResident);
+        } catch (err) {
+          // No room was made: the requests it was for learn why now rather than at their timeout.
+          const target = action.for === undefined ? undefined : this.slots.get(action.for);
+          const e = toVsnapError(err);
+          if (target) this.rejectWaiters(target, new VsnapError(e.code, `'${target.spec.name}' could not be given room: suspending '${action.engine}' failed (${e.code}). Retry later.`, { engine: target.spec.name }, { cause: e }));
+        }
+        return true;
+      case 'demote':
+        this.options.resident!.release(this.slots.get(action.engine)!.spec.client.baseUrl);
+        this.changed();
+        return true;
+      case 'reject': {
+        const slot = this.slots.get(action.engine)!;
+        this.checked.delete(slot);
+        const err = new VsnapError(action.code, action.code === 'E_NOT_RESTORABLE' ? `${action.message}. Re-capture its snapshot, or repair it and verify it.` : action.message, { engine: action.engine });
+        this.rejectWaiters(slot, err);
+        return true;
+      }
+      case 'idle':
+        this.checked.clear();
+        return false;
+      default:
+        return false; // wait (a release or a new request pumps again), overBudget, idle
+    }
+  }
+
+  private async check(slot: Slot): Promise<void> {
+    if (slot.state === 'failed' && (await this.readState(slot)) === 'failed') {
+      // Nothing is suspended for an engine that does not answer.
+      this.rejectWaiters(slot, new VsnapError('E_ENGINE_UNREACHABLE', `the engine of '${slot.spec.name}' does not answer; retry later`, { engine: slot.spec.name }));
+      return;
+    }
+    if (slot.state === 'awake') return;
+    if (slot.keptByEngine) {
+      this.checked.add(slot); // the engine kept its weights: it resumes without a snapshot
+      return;
+    }
+    try {
+      const found = await checkRestorable({
+        store: this.options.store,
+        name: slot.spec.snapshot,
+        engineKey: slot.spec.client.baseUrl,
+        cache: this.options.cache,
+        resident: this.options.resident,
+        known: slot.damage,
+      });
+      if (found.damage) this.markDamaged(slot, found.damage, found.detail);
+      else delete slot.damage;
+      this.checked.add(slot);
+    } catch (err) {
+      const e = toVsnapError(err); // the store failed (not the snapshot): tell the waiters, try again later
+      this.events.emit('swapFailed', { engine: slot.spec.name, action: 'restore', error: e });
+      this.rejectWaiters(slot, new VsnapError(e.code, `'${slot.spec.name}' could not be checked for a restore (${e.code}); retry later`, { engine: slot.spec.name }, { cause: e }));
+    }
+  }
+
+  private markDamaged(slot: Slot, damage: Damage, detail: string | undefined): void {
+    const fresh = slot.damage?.reason !== damage.reason;
+    slot.damage = damage;
+    if (fresh) {
+      this.events.emit('snapshotDamaged', { engine: slot.spec.name, snapshotId: damage.snapshotId, reason: damage.reason, detail });
+      this.changed();
+    }
+  }
+
+  private rejectWaiters(slot: Slot, err: VsnapError): void {
+    for (const w of slot.waiters.splice(0)) w.reject(err);
+    this.metrics.queueDepth.set({ engine: slot.spec.name }, 0);
+  }
+
+  /** Reads whether an engine is awake or asleep (through its vsnap routes, or the dev routes). */
+  async readState(slot: Slot): Promise<EngineState> {
+    try {
+      slot.state = (await engineControl(slot.spec.client)).status.sleeping ? 'asleep' : 'awake';
+      if (slot.state === 'awake') delete slot.keptByEngine;
+      delete slot.error;
+    } catch (err) {
+      slot.state = 'failed';
+      slot.error = (err as Error).message;
+    }
+    return slot.state;
+  }
+
+  lease(slot: Slot): Lease {
+    slot.leases++;
+    slot.lastUsed = Date.now();
+    let released = false;
+    return {
+      engine: slot.spec.name,
+      client: slot.spec.client,
+      release: () => {
+        if (released) return;
+        released = true;
+        slot.leases--;
+        slot.lastUsed = Date.now();
+        this.pump();
+      },
+    };
+  }
+
+  changed(): void {
+    this.metrics.awake.set([...this.slots.values()].filter((s) => s.state === 'awake').length);
+    this.events.emit('change', this.views());
+  }
+
+  private async wake(slot: Slot): Promise<void> {
+    this.checked.delete(slot);
+    const name = slot.spec.name;
+    const started = performance.now();
+    slot.state = 'waking';
+    this.changed();
+    this.events.emit('swapStarted', { engine: name, action: 'restore' });
+    let snapshotId: string | undefined;
+    try {
+      const report = slot.keptByEngine ? await this.resumeKept(slot) : await this.restore(slot, (id) => (snapshotId = id));
+      delete slot.keptByEngine;
+      slot.state = 'awake';
+      slot.lastUsed = Date.now();
+      delete slot.error;
+      delete slot.retryAt;
+      const event: SwapEvent = { engine: name, action: 'restore', seconds: (performance.now() - started) / 1000, phases: report.phases, tier: report.tier };
+      this.metrics.swaps.inc({ engine: name, action: 'restore', result: 'ok' });
+      this.metrics.swapSeconds.observe({ engine: name, action: 'restore', tier: report.tier }, event.seconds);
+      this.metrics.bytesMoved.inc({ engine: name }, report.bytes);
+      this.changed();
+      this.events.emit('swap', event);
+    } catch (err) {
+      const e = toVsnapError(err);
+      this.metrics.swaps.inc({ engine: name, action: 'restore', result: 'error' });
+      slot.retryAt = Date.now() + RETRY_MS;
+      if (SNAPSHOT_FAULTS.has(e.code)) this.markDamaged(slot, { snapshotId, reason: damageReason(e.code, snapshotId) }, e.message);
+      // What the engine really is now. Awake after a failed restore means its weights are not
+      // the verified ones (it could not be put back to sleep): never lease it.
+      const now = await this.readState(slot);
+      if (now === 'awake' || e.details.recovered === false) slot.state = 'failed';
+      slot.error = e.message;
+      this.changed();
+      this.events.emit('swapFailed', { engine: name, action: 'restore', error: e });
+      // Clients get a short answer; the operator's detail (paths, mismatches) is the event's error.
+      const message = slot.damage
+        ? `'${name}' cannot be restored: ${slot.damage.reason}. Re-capture its snapshot, or repair it and verify it.`
+        : `the restore of '${name}' failed (${e.code}); the engine is ${slot.state}. Retry later.`;
+      this.rejectWaiters(slot, new VsnapError(slot.damage ? 'E_NOT_RESTORABLE' : e.code, message, { engine: name }, { cause: e }));
+    }
+  }
+
+  private async restore(slot: Slot, opened: (id: string) => void) {
+    const snapshot = await Snapshot.open(this.options.store, slot.spec.snapshot);
+    opened(snapshot.id);
+    return restoreEngine(snapshot, slot.spec.client, {
+      ...(this.options.cache ? { cache: this.options.cache } : {}),
+      ...(this.options.resident ? { resident: this.options.resident } : {}),
+    });
+  }
+
+  /** The engine's own tier 0: wake its KV cache (no snapshot, nothing moved). */
+  private async resumeKept(slot: Slot) {
+    return { phases: { resume: await resumeEngineKeptWeights(slot.spec.client) }, tier: "gpu" as const, bytes: 0 };
+  }
+
+  /**
+   * The engine's own tier 0 (vLLM's release_kv_cache_memory): the engine pauses and frees only its
+   * KV cache, weights kept. It still counts as awake in the budget and is never demoted.
+   */
+  async keepInEngine(slot: Slot): Promise<SwapEvent> {
+    const name = slot.spec.name;
+    slot.state = 'suspending';
+    this.changed();
+    this.events.emit('swapStarted', { engine: name, action: 'suspend' });
+    try {
+      const r = await suspendEngineKeepingWeights(slot.spec.client);
+      Object.assign(slot, { state: 'asleep', keptByEngine: true });
+      const event: SwapEvent = { engine: name, action: 'suspend', seconds: r.seconds, captured: false };
+      this.metrics.swaps.inc({ engine: name, action: 'suspend', result: 'ok' });
+      this.metrics.swapSeconds.observe({ engine: name, action: 'suspend', tier: 'engine' }, event.seconds);
+      this.changed();
+      this.events.emit('swap', event);
+      return event;
+    } catch (err) {
+      const e = toVsnapError(err);
+      await this.readState(slot);
+      slot.error = e.message;
+      this.metrics.swaps.inc({ engine: name, action: 'suspend', result: 'error' });
+      this.changed();
+      this.events.emit('swapFailed', { engine: name, action: 'suspend', error: e });
+      throw e;
+    }
+  }
+
+  /** Suspends an engine; on failure, reads back what it really is and rethrows. */
+  async suspend(slot: Slot, captureIfNeeded: boolean, keepResident: boolean): Promise<SwapEvent> {
+    const name = slot.spec.name;
+    const started = performance.now();
+    slot.state = 'suspending';
+    this.changed();
+    this.events.emit('swapStarted', { engine: name, action: 'suspend' });
+    try {
+      const resident = keepResident ? this.options.resident : undefined;
+      const result = await suspendEngine(this.options.store, slot.spec.snapshot, slot.spec.client, {
+        captureIfNeeded,
+        ...(this.options.cache ? { capture: { cache: this.options.cache } } : {}),
+        ...(resident ? { resident } : {}),
+      });
+      slot.state = 'asleep';
+      delete slot.retryAt;
+      if (result.captured) delete slot.damage; // a new capture: whatever was wrong with the old one is gone
+      const event: SwapEvent = { engine: name, action: 'suspend', seconds: (performance.now() - started) / 1000, captured: result.captured };
+      this.metrics.swaps.inc({ engine: name, action: 'suspend', result: 'ok' });
+      this.metrics.swapSeconds.observe({ engine: name, action: 'suspend', tier: resident ? 'gpu' : 'store' }, event.seconds);
+      this.changed();
+      this.events.emit('swap', event);
+      return event;
+    } catch (err) {
+      const e = toVsnapError(err);
+      await this.readState(slot); // refused, failed half way, or the answer was lost: ask the engine
+      slot.error = e.message;
+      slot.retryAt = Date.now() + RETRY_MS;
+      this.metrics.swaps.inc({ engine: name, action: 'suspend', result: 'error' });
+      this.changed();
+      this.events.emit('swapFailed', { engine: name, action: 'suspend', error: e });
+      throw e;
+    }
+  }
+
+  /** Whether suspending `slot` now may keep its weights in tier 0. */
+  mayKeepResident(slot: Slot): boolean {
+    const input = this.planInput();
+    return mayKeepResident(input, input.engines.find((e) => e.name === slot.spec.name)!);
+  }
+}

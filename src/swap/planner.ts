@@ -1,0 +1,168 @@
+/**
+ * The SwapController's decisions, as a pure function of its state: which one step to take next.
+ * No engine, clock or I/O here, so every decision is unit-tested on its own; the controller's
+ * executor carries the steps out one at a time.
+ */
+
+/**
+ * What an engine is doing.
+ * @public
+ */
+export type EngineState = 'awake' | 'asleep' | 'waking' | 'suspending' | 'failed';
+
+/** One engine as the planner sees it. @internal */
+export interface PlanEngine {
+  readonly name: string;
+  readonly state: EngineState;
+  /** Requests using it now. */
+  readonly leases: number;
+  /** When its oldest waiting request arrived (undefined: nobody waits). */
+  readonly waitingSince?: number | undefined;
+  readonly lastUsed: number;
+  readonly pinned: boolean;
+  readonly devices: readonly number[];
+  /** Per device, while awake. */
+  readonly memoryBytes: number;
+  /** Per device, while asleep. */
+  readonly asleepBytes: number;
+  /** Per device: the weights tier 0 holds for it now (0: none). */
+  readonly residentBytes: number;
+  /** Per device: what tier 0 would hold for it (undefined: tier 0 cannot keep it). */
+  readonly weightsBytes?: number | undefined;
+  readonly group?: string | undefined;
+  readonly idleTtlMs?: number | undefined;
+  /** Why its snapshot cannot bring it back (a failed check or restore), if so. */
+  readonly unrestorable?: string | undefined;
+  /** After a failed swap: not tried again in the background (nor suspended) before this time. */
+  readonly retryAt?: number | undefined;
+  /** Suspended by the engine itself with its weights kept (its own tier 0): counted as awake. */
+  readonly keptByEngine?: boolean | undefined;
+}
+
+/** @internal */
+export interface PlanInput {
+  readonly engines: readonly PlanEngine[];
+  readonly budgets: Readonly<Record<number, number>>;
+  readonly defaultModel?: string | undefined;
+  /** Whether tier 0 is configured. */
+  readonly tier0: boolean;
+  readonly now: number;
+}
+
+/** One step. `for`: the engine the step makes room for. @internal */
+export type Action =
+  | { readonly kind: 'grant'; readonly engine: string }
+  | { readonly kind: 'wake'; readonly engine: string }
+  | { readonly kind: 'suspend'; readonly engine: string; readonly keepResident: boolean; readonly reason: 'room' | 'budget' | 'idle'; readonly for?: string }
+  | { readonly kind: 'demote'; readonly engine: string; readonly for?: string }
+  | { readonly kind: 'reject'; readonly engine: string; readonly code: 'E_BUSY' | 'E_NOT_RESTORABLE'; readonly message: string }
+  | { readonly kind: 'overBudget'; readonly device: number; readonly message: string }
+  | { readonly kind: 'wait' }
+  | { readonly kind: 'idle' };
+
+const asleep = (e: PlanEngine): boolean => e.state === 'asleep' || e.state === 'failed';
+/** What an asleep engine still holds per device (an engine that kept its weights frees only its KV cache). */
+const heldAsleep = (e: PlanEngine): number => (e.keptByEngine ? e.memoryBytes : e.asleepBytes + e.residentBytes);
+
+/** GPU memory accounted to the engines, per device (tier-0 weights included). @internal */
+export function usage(input: Pick<PlanInput, 'engines' | 'budgets'>): Record<number, number> {
+  const out: Record<number, number> = {};
+  for (const d of Object.keys(input.budgets)) out[Number(d)] = 0;
+  for (const e of input.engines) {
+    const held = asleep(e) ? heldAsleep(e) : e.memoryBytes;
+    for (const d of e.devices) out[d] = (out[d] ?? 0) + held;
+  }
+  return out;
+}
+
+/** Whether suspending `victim` may keep its weights in tier 0 and still leave room for `next`. @internal */
+export function mayKeepResident(input: PlanInput, victim: PlanEngine, next?: PlanEngine): boolean {
+  const weights = victim.weightsBytes;
+  if (!input.tier0 || weights === undefined) return false;
+  const used = usage(input);
+  return victim.devices.every((d) => {
+    let after = (used[d] ?? 0) - victim.memoryBytes + victim.asleepBytes + weights;
+    if (next?.devices.includes(d)) after += next.memoryBytes - heldAsleep(next);
+    return after <= input.budgets[d]!;
+  });
+}
+
+/** A swap of it failed a moment ago: leave it alone for now (requests for it still try). */
+const cooling = (input: PlanInput, e: PlanEngine): boolean => e.retryAt !== undefined && e.retryAt > input.now;
+const byLastUsed = (a: PlanEngine, b: PlanEngine): number => a.lastUsed - b.lastUsed;
+const shares = (a: PlanEngine, b: PlanEngine): boolean => a.devices.some((d) => b.devices.includes(d));
+
+/** The step that brings `target` up: wake it, make room for it, wait for a request to finish, or refuse. */
+function bringUp(input: PlanInput, target: PlanEngine): Action {
+  if (target.state === 'awake') return { kind: 'grant', engine: target.name };
+  if (target.unrestorable !== undefined) {
+    return { kind: 'reject', engine: target.name, code: 'E_NOT_RESTORABLE', message: `'${target.name}' cannot be restored: ${target.unrestorable}` };
+  }
+  const used = usage(input);
+  const others = input.engines.filter((e) => e !== target);
+  const groupMates = target.group === undefined ? [] : others.filter((e) => e.group === target.group && !asleep(e));
+  const fits = groupMates.length === 0 && target.devices.every((d) => (used[d] ?? 0) - heldAsleep(target) + target.memoryBytes <= input.budgets[d]!);
+  if (fits) return { kind: 'wake', engine: target.name };
+  // Who is in the way: idle awake engines (suspended, keeping their weights in tier 0 if they
+  // still leave room) and tier-0 holdings (demoted), least recently used first.
+  const awake = others.filter((e) => e.state === 'awake' && !e.pinned && (groupMates.includes(e) || shares(e, target)));
+  const residents = others.filter((e) => asleep(e) && e.residentBytes > 0 && shares(e, target));
+  const victim = [...awake.filter((e) => e.leases === 0 && !cooling(input, e)), ...residents].sort(byLastUsed)[0];
+  if (victim && asleep(victim)) return { kind: 'demote', engine: victim.name, for: target.name };
+  if (victim) return { kind: 'suspend', engine: victim.name, keepResident: mayKeepResident(input, victim, target), reason: 'room', for: target.name };
+  if (awake.length === 0) {
+    return { kind: 'reject', engine: target.name, code: 'E_BUSY', message: `'${target.name}' cannot fit its GPU budget even with every unpinned engine suspended` };
+  }
+  return { kind: 'wait' }; // every engine in the way serves requests (or just failed to suspend): wait
+}
+
+/** The step that brings every device within its budget, if one is over. */
+function planBudget(input: PlanInput): Action | undefined {
+  const used = usage(input);
+  const over = Object.entries(used).find(([d, n]) => n > input.budgets[Number(d)]!);
+  if (!over) return undefined;
+  const device = Number(over[0]);
+  const resident = input.engines.filter((e) => asleep(e) && e.residentBytes > 0 && e.devices.includes(device)).sort(byLastUsed)[0];
+  if (resident) return { kind: 'demote', engine: resident.name };
+  const awake = input.engines.filter((e) => e.state === 'awake' && !e.pinned && e.devices.includes(device));
+  const victim = awake.filter((e) => e.leases === 0 && !cooling(input, e)).sort(byLastUsed)[0];
+  if (victim) return { kind: 'suspend', engine: victim.name, keepResident: false, reason: 'budget' };
+  if (awake.length) return { kind: 'wait' };
+  return { kind: 'overBudget', device, message: `device ${device} is over its budget with only pinned engines awake: raise the budget or unpin one` };
+}
+
+/**
+ * The next step: first bring every device within budget; then serve the oldest waiting request;
+ * then, with nobody waiting, wake pinned engines, suspend engines idle past their TTL, and wake
+ * the default model when nothing else is awake.
+ * @internal
+ */
+export function plan(input: PlanInput): Action {
+  const budget = planBudget(input);
+  if (budget) return budget;
+  const wanted = input.engines.filter((e) => e.waitingSince !== undefined).sort((a, b) => a.waitingSince! - b.waitingSince!);
+  for (const target of wanted) {
+    const action = bringUp(input, target);
+    // Oldest first; while it waits for a request to finish, younger ones are only granted or refused.
+    if (action.kind !== 'wait' || target !== wanted[0]) {
+      if (target === wanted[0] || action.kind === 'grant' || action.kind === 'reject') return action;
+    }
+  }
+  if (wanted.length) return { kind: 'wait' };
+  for (const e of input.engines) {
+    if (e.pinned && e.state === 'asleep' && e.unrestorable === undefined && !cooling(input, e)) {
+      const action = bringUp(input, e);
+      if (action.kind !== 'reject' && action.kind !== 'wait') return action;
+    }
+  }
+  const expired = input.engines
+    .filter((e) => e.state === 'awake' && !e.pinned && e.leases === 0 && !cooling(input, e) && e.idleTtlMs !== undefined && input.now - e.lastUsed > e.idleTtlMs && e.name !== input.defaultModel)
+    .sort(byLastUsed)[0];
+  if (expired) return { kind: 'suspend', engine: expired.name, keepResident: mayKeepResident(input, expired), reason: 'idle' };
+  const fallback = input.engines.find((e) => e.name === input.defaultModel);
+  if (fallback && fallback.state === 'asleep' && fallback.unrestorable === undefined && !cooling(input, fallback) && input.engines.every((e) => e.pinned || asleep(e))) {
+    const action = bringUp(input, fallback);
+    if (action.kind !== 'reject' && action.kind !== 'wait') return action;
+  }
+  return { kind: 'idle' };
+}

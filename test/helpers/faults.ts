@@ -1,0 +1,113 @@
+import { readdirSync, readFileSync, readlinkSync } from 'node:fs';
+
+import { EngineClient, type CallOptions, type CompletionResult, type EngineStatus } from '../../src/engine/engine-client.js';
+import { VsnapError } from '../../src/errors.js';
+
+/** The engine routes the flows drive, as the fault injector names them. */
+export type Route = 'status' | 'export' | 'sleep' | 'wake' | 'adopt' | 'wakeKv' | 'reset' | 'complete';
+
+export interface Fault {
+  /** Which call (`adopt`: a tier-0 wake; `wake`: a wake of the weights; `wakeKv`: of the KV cache). */
+  route: Route;
+  /** `before`: the engine never sees the call; `after`: it does the work, then the answer is lost. */
+  when?: 'before' | 'after';
+  /** What happens instead of the answer (default: throw an E_ENGINE_HTTP 500). */
+  action?: () => unknown;
+  /** How many times it fires (default 1). */
+  times?: number;
+  /** Run `action` (a delay, say) and let the call go on as usual instead of failing it. */
+  pass?: boolean;
+}
+
+/**
+ * An EngineClient of a real engine with faults injected at chosen calls: the engine itself runs
+ * unchanged, only this client's view of a call is broken. Records every call in `calls`.
+ */
+export class FaultyClient extends EngineClient {
+  readonly calls: Route[] = [];
+  private faults: Array<Fault & { left: number }> = [];
+
+  inject(fault: Fault): void {
+    this.faults.push({ ...fault, left: fault.times ?? 1 });
+  }
+
+  clearFaults(): void {
+    this.faults = [];
+  }
+
+  private async through<T>(route: Route, real: () => Promise<T>): Promise<T> {
+    this.calls.push(route);
+    const fire = async (when: 'before' | 'after'): Promise<void> => {
+      const f = this.faults.find((x) => x.route === route && (x.when ?? 'before') === when && x.left > 0);
+      if (!f) return;
+      f.left--;
+      if (f.action) await f.action();
+      if (f.pass) return;
+      throw new VsnapError('E_ENGINE_HTTP', `injected fault: ${route} (${when})`, { status: 500, route });
+    };
+    await fire('before');
+    const out = await real();
+    await fire('after');
+    return out;
+  }
+
+  override vsnapStatus(options?: CallOptions): Promise<EngineStatus> {
+    return this.through('status', () => super.vsnapStatus(options));
+  }
+  override vsnapExport(args: { socket: string; nonces: readonly string[] }, options?: CallOptions): Promise<Array<{ rank: number; regions: number; bytes: number }>> {
+    return this.through('export', () => super.vsnapExport(args, options));
+  }
+  override vsnapSleep(args: { level: 1 | 2; mode?: 'abort' | 'wait' | 'keep' }, options?: CallOptions): Promise<void> {
+    return this.through('sleep', () => super.vsnapSleep(args, options));
+  }
+  override vsnapWake(args: { tags?: readonly string[]; adopt?: { socket: string; nonces: readonly string[] } } = {}, options?: CallOptions): Promise<void> {
+    const route: Route = args.adopt ? 'adopt' : args.tags?.length === 1 && args.tags[0] === 'kv_cache' ? 'wakeKv' : 'wake';
+    return this.through(route, () => super.vsnapWake(args, options));
+  }
+  override vsnapResetPrefixCache(options?: CallOptions): Promise<void> {
+    return this.through('reset', () => super.vsnapResetPrefixCache(options));
+  }
+  override completions(body: Parameters<EngineClient['completions']>[0], options?: CallOptions): Promise<CompletionResult> {
+    return this.through('complete', () => super.completions(body, options));
+  }
+}
+
+/** This process's open descriptors other than sockets (connection pools come and go). */
+export function openFds(): string[] {
+  const out: string[] = [];
+  for (const fd of readdirSync('/proc/self/fd')) {
+    let target: string;
+    try {
+      target = readlinkSync(`/proc/self/fd/${fd}`);
+    } catch {
+      continue; // the directory's own descriptor, closed by now
+    }
+    if (!target.startsWith('socket:')) out.push(target);
+  }
+  return out.sort();
+}
+
+/** This process's resident set, in bytes. */
+export function rssBytes(): number {
+  const m = /VmRSS:\s+(\d+) kB/.exec(readFileSync('/proc/self/status', 'utf8'));
+  return m ? Number(m[1]) * 1024 : 0;
+}
+
+/** Collects unhandled rejections while `run` runs (and a little after). */
+export async function unhandledDuring<T>(run: () => Promise<T>): Promise<{ value?: T; error?: unknown; unhandled: unknown[] }> {
+  const unhandled: unknown[] = [];
+  const onRejection = (reason: unknown): void => {
+    unhandled.push(reason);
+  };
+  process.on('unhandledRejection', onRejection);
+  try {
+    const value = await run();
+    await new Promise((r) => setTimeout(r, 50));
+    return { value, unhandled };
+  } catch (error) {
+    await new Promise((r) => setTimeout(r, 50));
+    return { error, unhandled };
+  } finally {
+    process.off('unhandledRejection', onRejection);
+  }
+}
