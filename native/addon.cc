@@ -16,6 +16,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   vsnap::js::initTransfer(env, exports);
   vsnap::js::initFdListener(env, exports);
   vsnap::js::initFiles(env, exports);
+  vsnap::js::initDigest(env, exports);
   exports.Set("abiVersion", Napi::Number::New(env, 3));
   return exports;
 }

@@ -115,5 +115,6 @@ void initHeldHandles(Napi::Env env, Napi::Object exports);
 void initTransfer(Napi::Env env, Napi::Object exports);
 void initFdListener(Napi::Env env, Napi::Object exports);
 void initFiles(Napi::Env env, Napi::Object exports);
+void initDigest(Napi::Env env, Napi::Object exports);
 
 }  // namespace vsnap::js
