@@ -1,4 +1,5 @@
 import { changedChunks, digestRegions, type DigestTarget } from '../digest/index.js';
+import type { ResidentEntry } from '../cache/resident-weights.js';
 import type { ExportedRegions } from '../engine/export.js';
 import { VsnapError } from '../errors.js';
 import type { Manifest } from '../manifest/manifest.js';
@@ -39,6 +40,17 @@ const id = (rank: number, key: string): string => `${rank}/${key}`;
 /** The exported regions of an engine as live regions. @internal */
 export function liveRefs(exported: ExportedRegions): LiveRegionRef[] {
   return exported.ranks.flatMap((r) => r.regions.map((x) => ({ rank: x.rank, key: x.key, size: x.size, memory: x.memory })));
+}
+
+/**
+ * Tier 0: the dirty check on weights held for a suspended engine, before they are released
+ * (a demotion). The held descriptors are digested where they live (on the GPU for CUDA memory).
+ * @internal
+ */
+export async function checkResident(manifest: Manifest, entry: ResidentEntry): Promise<LiveCheckReport> {
+  const kind = manifest.data.platform.kind === 'cuda' ? 'imported' : 'host';
+  const live = entry.ranks.flatMap((r) => r.regions.map((x, i) => ({ rank: r.rank, key: x.key, size: x.size, memory: { kind, fd: r.fds[i]! } as RegionMemory })));
+  return checkLive(manifest, live);
 }
 
 /** Digests live regions with the chunking of the snapshot's regions (matched by rank and key). */

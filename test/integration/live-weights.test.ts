@@ -1,8 +1,10 @@
-import { chmodSync, readFileSync, unlinkSync, writeFileSync } from 'node:fs';
+import { chmodSync, readFileSync, unlinkSync, writeFileSync, readSync, writeSync } from 'node:fs';
 
 import { afterEach, describe, expect, it } from 'vitest';
 
+import { ResidentWeights } from '../../src/cache/resident-weights.js';
 import { EngineClient } from '../../src/engine/engine-client.js';
+import { checkResident } from '../../src/snapshot/live-check.js';
 import { VsnapError } from '../../src/errors.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { RegionStore } from '../../src/store/region-store.js';
@@ -93,6 +95,26 @@ describe('live weights: the dirty check before a discard, incremental capture, v
     expect(suspended).toMatchObject({ captured: false, liveCheck: { checked: true, changed: [] } });
     expect(suspended.snapshot.id).toBe(snap.id);
     expect(suspended.liveCheck!.bytes).toBe(snap.manifest.totalBytes);
+  });
+
+  it('tier 0: held weights are checked against the snapshot before a demotion releases them', async () => {
+    const client = await engine();
+    const store = await RegionStore.open(tempDir());
+    const resident = new ResidentWeights();
+    try {
+      const s = await Snapshot.suspendEngine(store, 'ref', client, { captureIfNeeded: true, resident });
+      const held = resident.peek(client.baseUrl)!;
+      expect(await checkResident(s.snapshot.manifest, held)).toMatchObject({ checked: true, changed: [] });
+      // One byte of one held region changes (the engine is asleep: nothing else writes there).
+      const rank = held.ranks[0]!;
+      const i = rank.regions.findIndex((r) => r.key === 'model.layers.3.mlp.weight');
+      const byte = Buffer.alloc(1);
+      readSync(rank.fds[i]!, byte, 0, 1, 777);
+      writeSync(rank.fds[i]!, Buffer.from([byte[0]! ^ 0xff]), 0, 1, 777);
+      expect(await checkResident(s.snapshot.manifest, held)).toMatchObject({ checked: true, changed: [layer(3)] });
+    } finally {
+      resident.close();
+    }
   });
 
   it('a version-1 snapshot (no digests) cannot be checked: refused with onStale refuse, else captured again in full', async () => {
