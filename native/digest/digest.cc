@@ -69,8 +69,9 @@ class Launch {
   Launch& operator=(const Launch&) = delete;
 
   // Enqueues the kernel over [address, +size); partial sums land in scratch.
-  void digest(CUfunction fn, uint64_t address, uint64_t size, uint64_t chunkSize, unsigned blocksPerChunk, uint64_t blocks) {
-    CUdeviceptr base = address, partials = scratch_;
+  void digest(CUfunction fn, uint64_t address, uint64_t size, uint64_t chunkSize, unsigned blocksPerChunk, uint64_t blocks,
+              uint64_t firstBlock = 0) {
+    CUdeviceptr base = address, partials = scratch_ + firstBlock * 16;
     unsigned long long sz = size, cs = chunkSize, span = kSpanBytes;
     void* args[] = {&base, &sz, &cs, &blocksPerChunk, &span, &partials};
     cuda::check(cu_.cuLaunchKernel(fn, static_cast<unsigned>(blocks), 1, 1, kThreads, 1, 1, 0, stream_, args, nullptr),
@@ -181,26 +182,45 @@ std::vector<Hash128> digestHost(const unsigned char* data, uint64_t size, uint64
   return out;
 }
 
-std::vector<Hash128> digestDevice(const std::shared_ptr<cuda::Context>& ctx, uint64_t address, uint64_t size,
-                                  uint64_t chunkSize, float* kernelMs) {
-  checkChunking(size, chunkSize);
-  if (address % 16 != 0) throwInvalid("device digest needs 16-byte aligned memory");
-  Plan p = plan(size, chunkSize);
-  if (p.chunks == 0) return {};
+std::vector<std::vector<Hash128>> digestDevice(const std::shared_ptr<cuda::Context>& ctx, const std::vector<DeviceSpan>& spans,
+                                               float* kernelMs) {
+  std::vector<Plan> plans;
+  uint64_t blocks = 0;
+  for (const auto& s : spans) {
+    checkChunking(s.size, s.chunkSize);
+    if (s.address % 16 != 0) throwInvalid("device digest needs 16-byte aligned memory");
+    plans.push_back(plan(s.size, s.chunkSize));
+    blocks += plans.back().blocks;
+  }
+  std::vector<std::vector<Hash128>> out(spans.size());
+  if (blocks == 0) return out;
   ctx->makeCurrent();
   CUfunction fn = kernelFor(ctx);
-  Launch launch(ctx, p.blocks * 16);
-  float ms = launch.timed([&] { launch.digest(fn, address, size, chunkSize, p.blocksPerChunk, p.blocks); });
-  if (kernelMs) *kernelMs = ms;
-  std::vector<uint64_t> partials(2 * p.blocks);
-  launch.fetch(partials.data(), partials.size() * sizeof(uint64_t));
-  std::vector<Hash128> out(p.chunks);
-  for (uint64_t c = 0; c < p.chunks; c++) {
-    vsnap_gd1::Acc acc{0, 0};
-    for (uint64_t b = c * p.blocksPerChunk; b < (c + 1) * p.blocksPerChunk; b++) {
-      vsnap_gd1::merge(acc, vsnap_gd1::Acc{partials[2 * b], partials[2 * b + 1]});
+  // Every span's kernel on one stream into one scratch buffer, then one copy back and one wait:
+  // an engine's hundreds of regions cost a launch each, not a round trip each.
+  Launch launch(ctx, blocks * 16);
+  float ms = launch.timed([&] {
+    uint64_t at = 0;
+    for (size_t i = 0; i < spans.size(); i++) {
+      if (plans[i].blocks) launch.digest(fn, spans[i].address, spans[i].size, spans[i].chunkSize, plans[i].blocksPerChunk, plans[i].blocks, at);
+      at += plans[i].blocks;
     }
-    vsnap_gd1::finish(acc, std::min(chunkSize, size - c * chunkSize), out[c].h);
+  });
+  if (kernelMs) *kernelMs = ms;
+  std::vector<uint64_t> partials(2 * blocks);
+  launch.fetch(partials.data(), partials.size() * sizeof(uint64_t));
+  uint64_t at = 0;
+  for (size_t i = 0; i < spans.size(); i++) {
+    const Plan& p = plans[i];
+    out[i].resize(p.chunks);
+    for (uint64_t c = 0; c < p.chunks; c++) {
+      vsnap_gd1::Acc acc{0, 0};
+      for (uint64_t b = at + c * p.blocksPerChunk; b < at + (c + 1) * p.blocksPerChunk; b++) {
+        vsnap_gd1::merge(acc, vsnap_gd1::Acc{partials[2 * b], partials[2 * b + 1]});
+      }
+      vsnap_gd1::finish(acc, std::min(spans[i].chunkSize, spans[i].size - c * spans[i].chunkSize), out[i][c].h);
+    }
+    at += p.blocks;
   }
   return out;
 }

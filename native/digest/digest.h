@@ -21,10 +21,17 @@ struct Hash128 {
 // The digests of host memory [data, data + size), one per chunkSize bytes.
 std::vector<Hash128> digestHost(const unsigned char* data, uint64_t size, uint64_t chunkSize);
 
-// The digests of device memory [address, address + size) in ctx's device; address must be
-// 16-byte aligned and chunkSize a multiple of 16. kernelMs, when given, gets the kernel's time.
-std::vector<Hash128> digestDevice(const std::shared_ptr<cuda::Context>& ctx, uint64_t address, uint64_t size,
-                                  uint64_t chunkSize, float* kernelMs = nullptr);
+// Device memory [address, address + size) of one context; address 16-byte aligned.
+struct DeviceSpan {
+  uint64_t address;
+  uint64_t size;
+  uint64_t chunkSize;  // a multiple of 16
+};
+
+// The digests of each span, per chunk (one launch per span, one stream, one wait). kernelMs,
+// when given, gets the time of all the kernels.
+std::vector<std::vector<Hash128>> digestDevice(const std::shared_ptr<cuda::Context>& ctx, const std::vector<DeviceSpan>& spans,
+                                               float* kernelMs = nullptr);
 
 // Bench: `repeats` timings (CUDA events, ms) of the digest kernel over [src, +size) and of a
 // device-to-device copy of the same bytes into dst, interleaved, on one stream.

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <map>
 
 #include "common/fd.h"
 #include "cuda/vmm.h"
@@ -55,32 +56,44 @@ std::vector<digest::Hash128> digestHostFd(int fd, uint64_t size, uint64_t chunkS
 DigestResult run(std::vector<DigestTarget>& targets) {
   auto start = std::chrono::steady_clock::now();
   DigestResult r;
-  for (auto& t : targets) {
-    float ms = 0;
+  r.digests.resize(targets.size());
+  r.backends.assign(targets.size(), "cpu");
+  r.kernelMs.assign(targets.size(), 0);
+  // GPU targets are grouped by device and digested in one batch each; imported memory is
+  // mapped for the batch only (the mappings are dropped when this function returns).
+  std::map<int, std::vector<size_t>> byDevice;
+  std::vector<std::shared_ptr<cuda::Mapping>> mappings(targets.size());
+  for (size_t i = 0; i < targets.size(); i++) {
+    auto& t = targets[i];
     switch (t.kind) {
       case DigestTarget::Kind::Host:
-        r.digests.push_back(digestHostFd(t.fd.get(), t.size, t.chunkSize));
-        r.backends.push_back("cpu");
+        r.digests[i] = digestHostFd(t.fd.get(), t.size, t.chunkSize);
         break;
       case DigestTarget::Kind::Buffer:
         if (t.offset > t.buffer->size() || t.size > t.buffer->size() - t.offset) throwInvalid("digest range is outside its HostBuffer");
-        r.digests.push_back(digest::digestHost(reinterpret_cast<const unsigned char*>(t.buffer->data()) + t.offset, t.size, t.chunkSize));
-        r.backends.push_back("cpu");
+        r.digests[i] = digest::digestHost(reinterpret_cast<const unsigned char*>(t.buffer->data()) + t.offset, t.size, t.chunkSize);
         break;
-      case DigestTarget::Kind::Imported: {
-        // Mapped for this digest only, unmapped when `mapping` goes out of scope.
-        std::shared_ptr<cuda::Mapping> mapping(cuda::Mapping::import(t.fd.get(), t.size));
-        r.digests.push_back(digest::digestDevice(mapping->context(), mapping->address(), t.size, t.chunkSize, &ms));
-        r.backends.push_back("gpu");
+      case DigestTarget::Kind::Imported:
+        mappings[i] = std::shared_ptr<cuda::Mapping>(cuda::Mapping::import(t.fd.get(), t.size));
+        byDevice[mappings[i]->device()].push_back(i);
         break;
-      }
       case DigestTarget::Kind::Device:
         if (t.size > t.mapping->size()) throwInvalid("digest range is larger than its device allocation");
-        r.digests.push_back(digest::digestDevice(t.mapping->context(), t.mapping->address(), t.size, t.chunkSize, &ms));
-        r.backends.push_back("gpu");
+        mappings[i] = t.mapping;
+        byDevice[mappings[i]->device()].push_back(i);
         break;
     }
-    r.kernelMs.push_back(ms);
+  }
+  for (auto& [device, indices] : byDevice) {
+    std::vector<digest::DeviceSpan> spans;
+    for (size_t i : indices) spans.push_back({mappings[i]->address(), targets[i].size, targets[i].chunkSize});
+    float ms = 0;
+    auto digests = digest::digestDevice(mappings[indices[0]]->context(), spans, &ms);
+    for (size_t k = 0; k < indices.size(); k++) {
+      r.digests[indices[k]] = std::move(digests[k]);
+      r.backends[indices[k]] = "gpu";
+    }
+    r.kernelMs[indices[0]] = ms;  // the batch's kernel time, once per device
   }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;

@@ -125,7 +125,7 @@ export interface NativeDigestResult {
   digests: string[][];
   /** Per region: `gpu` (device/imported memory, the kernel) or `cpu` (host memory). */
   backends: Array<'gpu' | 'cpu'>;
-  /** Per region, the kernel's time in ms (0 on the CPU). */
+  /** Kernel time in ms of each device's batch, at the index of its first region (0 elsewhere). */
   kernelMs: number[];
   seconds: number;
 }
