@@ -281,7 +281,7 @@ export class Snapshot {
       const result = fresh.length === 0 ? { checksums: [], seconds: 0 } : await runTransfer({
         op: 'capture',
         label: name,
-        regions: fresh.map((i) => ({ r: regions[i]!, i })).map(({ r, i }) => ({
+        regions: fresh.map((i) => ({ i, r: regions[i]! })).map(({ i, r }) => ({
           name: r.key,
           ...(txn ? { blobPath: txn.blobTmpPath(i) } : {}),
           size: r.size,
