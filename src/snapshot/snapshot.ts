@@ -268,14 +268,15 @@ export class Snapshot {
     const cache = options.cache;
     if (persist !== 'sync' && !cache) invalidArgument('cache', `a HostCache: persist '${persist}' keeps the capture in the RAM tier`, cache);
     const items = regions.map((r) => ({ rank: r.rank ?? 0, key: r.key, size: r.size }));
-    const digestStarted = performance.now();
-    const gpuDigests = await captureDigests(regions, chunkSize);
-    const digestSeconds = (performance.now() - digestStarted) / 1000;
     const id = RegionStore.newCaptureId();
     const txn = persist === 'sync' ? await store.beginCapture(name, total, id) : undefined;
     let reservation: CacheReservation | undefined;
     try {
       if (cache && (persist !== 'sync' || cache.fits(items))) reservation = cache.reserve(name, id, items);
+      // After the free-space check and the reservation: nothing is read from a capture that cannot fit.
+      const digestStarted = performance.now();
+      const gpuDigests = await captureDigests(regions, chunkSize);
+      const digestSeconds = (performance.now() - digestStarted) / 1000;
       const reused = reservation || !txn ? new Map<number, RegionInfo>() : reusableRegions(store, options.base?.manifest, regions, chunkSize, gpuDigests);
       const fresh = regions.map((_, i) => i).filter((i) => !reused.has(i));
       const result = fresh.length === 0 ? { checksums: [], seconds: 0 } : await runTransfer({
