@@ -56,7 +56,9 @@
         "native/js/js_held_handles.cc",
         "native/js/js_transfer.cc",
         "native/js/js_fd_listener.cc",
-        "native/js/js_files.cc"
+        "native/js/js_files.cc",
+        "native/digest/digest.cc",
+        "native/js/js_digest.cc"
       ],
       "include_dirs": [
         "<!(node -p \"require('node-addon-api').include_dir\")",

@@ -19,6 +19,7 @@ import { randomBytes } from 'node:crypto';
 
 import { cudaStatus, DeviceAllocation, HostCache, listDevices, RegionStore, releaseIdleResources, Snapshot } from '../src/index.js';
 import { native } from '../src/native/index.js';
+import { digestRegions } from '../src/digest/index.js';
 
 const MiB = 1024 * 1024;
 const GiB = 1024 * MiB;
@@ -152,7 +153,19 @@ if (dropCaches()) {
 }
 console.error(`hydrate cold: O_DIRECT ${coldDirect?.toFixed(2)} GB/s, buffered ${coldBuffered?.toFixed(2)} GB/s; dd O_DIRECT ${ddDirect?.toFixed(2)} GB/s`);
 
+// GPU digest (vsnap-gd1): every region through the SDK (wall: module load, launches, mapping),
+// then the kernel alone over one buffer of all the bytes vs a D2D copy of them (CUDA events).
+const sdkDigest = [];
+for (let r = 0; r < REPS; r++) sdkDigest.push(gbps(bytes, (await digestRegions(regions.map((x) => ({ size: x.size, chunkSize: 64 * MiB, memory: x.memory })))).seconds));
 for (const a of allocations) a.close();
+const [src, dst] = [await DeviceAllocation.allocate(0, bytes), await DeviceAllocation.allocate(0, bytes)];
+await src.fill(0, bytes, 0x5a);
+const dd = await native().digestBench(src.handle, dst.handle, bytes, 64 * MiB, 5);
+src.close();
+dst.close();
+const digestKernelGBps = Math.max(...dd.digestMs.map((ms) => gbps(bytes, ms / 1000)));
+const d2dCopyGBps = Math.max(...dd.copyMs.map((ms) => gbps(bytes, ms / 1000)));
+console.error(`GPU digest: kernel ${dd.digestMs.map((x) => x.toFixed(2)).join(', ')} ms; D2D copy ${dd.copyMs.map((x) => x.toFixed(2)).join(', ')} ms; SDK ${sdkDigest.map((x) => x.toFixed(1)).join(', ')} GB/s`);
 await releaseIdleResources();
 rmSync(storeRoot, { recursive: true, force: true });
 
@@ -194,6 +207,7 @@ const result = {
     verifyWarmGBps: Math.max(...verifyRuns),
     hydrateColdDirectGBps: coldDirect,
     hydrateColdBufferedGBps: coldBuffered,
+    digest: { algorithm: native().digestAlgorithm, kernelMs: dd.digestMs, d2dCopyMs: dd.copyMs, kernelGBps: digestKernelGBps, d2dCopyGBps, sdkAllRegionsGBps: Math.max(...sdkDigest) },
   },
 };
 const ratio = (x: number | null, c: number | null): string => (x && c ? `${(x / c).toFixed(2)}x` : 'n/a');
@@ -214,6 +228,9 @@ const table = [
   `| vsnap capture to disk (incl. fdatasync) | ${f(result.vsnap.captureGBps)} | ${ratio(result.vsnap.captureGBps, ceiling.d2hGBps.max)} D2H |`,
   `| vsnap verify (re-hash), page cache | ${f(result.vsnap.verifyWarmGBps)} | |`,
   `| xxh3-128, one thread (${result.checksum.implementation}) | ${f(result.checksum.singleThreadGBps)} | |`,
+  `| ceiling: D2D copy of ${(bytes / GiB).toFixed(1)} GiB (cuMemcpyDtoD; reads and writes each byte), best of 5 | ${f(d2dCopyGBps)} | 1.00x |`,
+  `| vsnap GPU digest kernel, same bytes (reads each byte once), best of 5: ${Math.min(...dd.digestMs).toFixed(2)} ms | ${f(digestKernelGBps)} | ${ratio(digestKernelGBps, d2dCopyGBps)} D2D |`,
+  `| vsnap GPU digest of all ${sizes.length} regions through the SDK (wall), best of ${REPS} | ${f(Math.max(...sdkDigest))} | |`,
 ].join('\n');
 const suffix = deviceCount > 1 ? `-${deviceCount}gpu` : '';
 const full = peers ? `${table}\n\n${peers.table}` : table;

@@ -19,6 +19,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   vsnap::js::initFdListener(env, exports);
   vsnap::js::initFiles(env, exports);
   exports.Set("setFault", Napi::Function::New(env, vsnap::js::SetFault, "setFault"));
+  vsnap::js::initDigest(env, exports);
   exports.Set("abiVersion", Napi::Number::New(env, 3));
   return exports;
 }

@@ -72,6 +72,10 @@ export type ErrorCode =
   | 'E_UNKNOWN_MODEL'
   /** A configuration file is invalid; `details.issues` lists each problem with its path and line. */
   | 'E_CONFIG'
+  /** Suspend refused (`onStale: 'refuse'`): the live weights differ from the snapshot; `details.regions` names the changed regions. */
+  | 'E_STALE'
+  /** Memory after a restore does not match the snapshot's GPU digests; `details.regions` says where. */
+  | 'E_DIGEST_MISMATCH'
   /** A bug in vsnap: please report it with the message. */
   | 'E_INTERNAL';
 
@@ -109,6 +113,8 @@ const CODES: Record<ErrorCode, true> = {
   E_BUSY: true,
   E_UNKNOWN_MODEL: true,
   E_CONFIG: true,
+  E_STALE: true,
+  E_DIGEST_MISMATCH: true,
   E_INTERNAL: true,
 };
 const KNOWN_CODES: ReadonlySet<string> = new Set(Object.keys(CODES));

@@ -21,6 +21,8 @@ export type { TransferOptions, TransferProgress } from './transfer/transfer.js';
 export { FdReceiver, fetchFds, sendFds, type FdMessage } from './ipc/fd-receiver.js';
 
 export { Manifest, type ManifestIssue } from './manifest/manifest.js';
+export { DIGEST_ALGORITHM } from './digest/index.js';
+export type { LiveCheckReport } from './snapshot/live-check.js';
 export type { LiveLayout, LiveRegion, Mismatch } from './manifest/compat.js';
 export type {
   EngineInfo,

@@ -32,7 +32,10 @@ const Status& status();
   X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) X(cuMemHostRegister) X(cuMemHostUnregister)     \
   X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemsetD8)     \
   X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize) X(cuEventCreate)                \
-  X(cuEventRecord) X(cuEventSynchronize) X(cuEventDestroy) X(cuCtxSynchronize)
+  X(cuEventRecord) X(cuEventSynchronize) X(cuEventDestroy) X(cuCtxSynchronize)               \
+  /* the GPU digest (native/digest) */                                                        \
+  X(cuModuleLoadData) X(cuModuleGetFunction) X(cuModuleUnload) X(cuLaunchKernel) X(cuMemAlloc) \
+  X(cuMemFree) X(cuMemcpyDtoDAsync) X(cuEventElapsedTime)
 
 // Present only on newer drivers; null when absent.
 #define VSNAP_CUDA_OPTIONAL_FUNCTIONS(X)                                                      \

@@ -142,6 +142,7 @@ void initHeldHandles(Napi::Env env, Napi::Object exports);
 void initTransfer(Napi::Env env, Napi::Object exports);
 void initFdListener(Napi::Env env, Napi::Object exports);
 void initFiles(Napi::Env env, Napi::Object exports);
+void initDigest(Napi::Env env, Napi::Object exports);
 
 // setFault(point, times, arg?): arms a test fault (common/fault.h). For tests only.
 Napi::Value SetFault(const Napi::CallbackInfo& info);

@@ -44,7 +44,7 @@ export class Manifest {
   }
 
   /**
-   * Validates `input` (parsed JSON, or a JSON string) against schema v1. Throws
+   * Validates `input` (parsed JSON, or a JSON string) against schema v2 (v1 is migrated: no GPU digests). Throws
    * E_MANIFEST_INVALID listing every problem with its path.
    */
   static parse(input: unknown, source = 'manifest'): Manifest {
@@ -59,8 +59,8 @@ export class Manifest {
       }
     }
     const version = (value as { schemaVersion?: unknown } | null)?.schemaVersion;
-    if (typeof version === 'number' && version > 1) {
-      throw new VsnapError('E_MANIFEST_INVALID', `${source} has schema version ${version}; this vsnap reads version 1. Upgrade vsnap.`, {
+    if (typeof version === 'number' && version > 2) {
+      throw new VsnapError('E_MANIFEST_INVALID', `${source} has schema version ${version}; this vsnap reads versions 1 and 2. Upgrade vsnap.`, {
         issues: [{ path: 'schemaVersion', message: `unsupported version ${version}` }],
       });
     }

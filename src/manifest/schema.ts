@@ -6,6 +6,7 @@ import type { ManifestData } from './types.js';
 const byteCount = z.number().int().nonnegative().max(Number.MAX_SAFE_INTEGER);
 const checksum = z.string().regex(/^[0-9a-f]{32}$/, 'a 32-digit lowercase hex xxh3-128 checksum');
 const digest = z.string().regex(/^[0-9a-f]{64}$/, 'a 64-digit lowercase hex sha256 digest');
+const gpuDigest = z.string().regex(/^[0-9a-f]{32}$/, 'a 32-digit lowercase hex vsnap-gd1 digest');
 
 export const TensorSchema = z.object({
   name: z.string().min(1),
@@ -26,9 +27,14 @@ export const RegionSchema = z
     /** The content digest naming the blob in the store. */
     blob: digest,
     tensors: z.array(TensorSchema).default([]),
+    /** Schema 2: the GPU digest of each chunk (null in migrated version-1 manifests). */
+    digests: z.array(gpuDigest).nullable().default(null),
   })
   .superRefine((region, ctx) => {
     const expected = Math.ceil(region.size / region.chunkSize);
+    if (region.digests && region.digests.length !== expected) {
+      ctx.addIssue({ code: 'custom', path: ['digests'], message: `${expected} chunks need ${expected} digests, found ${region.digests.length}` });
+    }
     if (region.checksums.length !== expected) {
       ctx.addIssue({
         code: 'custom',
@@ -89,12 +95,14 @@ export const ExpectedResponseSchema = z.object({
 
 export const ManifestSchema = z
   .object({
-    schemaVersion: z.literal(1),
+    /** Version 1 (no GPU digests) is migrated to 2 on read. */
+    schemaVersion: z.union([z.literal(1), z.literal(2)]).transform(() => 2 as const),
     id: z.string().regex(/^[0-9a-z-]{8,64}$/, 'a snapshot id (lowercase letters, digits, dashes)'),
     name: z.string().min(1),
     createdAt: z.iso.datetime(),
     vsnapVersion: z.string().min(1),
     checksumAlgorithm: z.literal('xxh3-128'),
+    digestAlgorithm: z.literal('vsnap-gd1').nullable().default(null),
     engine: EngineSchema.nullable().default(null),
     model: ModelSchema.nullable().default(null),
     platform: PlatformSchema,

@@ -1,5 +1,6 @@
 /**
- * The public shape of a manifest (schema version 1). schema.ts validates it; a compile-time
+ * The public shape of a manifest (schema version 2; version-1 manifests are read as version 2
+ * without GPU digests). schema.ts validates it; a compile-time
  * check there keeps the two identical.
  */
 
@@ -37,6 +38,8 @@ export interface RegionInfo {
   readonly blob: string;
   /** The tensors inside, when the engine described them. */
   readonly tensors: readonly TensorInfo[];
+  /** The GPU digest (`vsnap-gd1`) of each chunk, in order; null for a version-1 capture. */
+  readonly digests: readonly string[] | null;
 }
 
 /**
@@ -121,12 +124,12 @@ export interface ExpectedResponse {
 }
 
 /**
- * The JSON form of a manifest, schema version 1.
+ * The JSON form of a manifest, schema version 2.
  * @public
  */
 export interface ManifestData {
-  /** Always 1 for this format. */
-  readonly schemaVersion: 1;
+  /** 2 (version-1 manifests are migrated when read). */
+  readonly schemaVersion: 2;
   /** Unique in the store, sortable by creation time. */
   readonly id: string;
   /** The snapshot's name. */
@@ -137,6 +140,8 @@ export interface ManifestData {
   readonly vsnapVersion: string;
   /** The chunk checksum algorithm. */
   readonly checksumAlgorithm: 'xxh3-128';
+  /** The GPU digest algorithm of `digests` in the regions; null for a version-1 capture. */
+  readonly digestAlgorithm: 'vsnap-gd1' | null;
   /** The engine captured from (null for plain region captures). */
   readonly engine: EngineInfo | null;
   /** The model held (null for plain region captures). */

@@ -115,6 +115,23 @@ export interface NativeFdListener {
   close(): void;
 }
 
+/** One region to digest (native/js/js_digest.cc). */
+export interface NativeDigestRegion {
+  size: number;
+  chunkSize: number;
+  memory: NativeMemorySpec;
+}
+
+export interface NativeDigestResult {
+  /** Per region, one vsnap-gd1 digest (32 hex digits) per chunk. */
+  digests: string[][];
+  /** Per region: `gpu` (device/imported memory, the kernel) or `cpu` (host memory). */
+  backends: Array<'gpu' | 'cpu'>;
+  /** Kernel time in ms of each device's batch, at the index of its first region (0 elsewhere). */
+  kernelMs: number[];
+  seconds: number;
+}
+
 export interface NativeBinding {
   abiVersion: number;
   cudaStatus(): Promise<NativeCudaStatus>;
@@ -140,4 +157,8 @@ export interface NativeBinding {
   /** Returns the locked descriptor, or -1 if another holder conflicts. */
   tryLockFile(path: string, exclusive: boolean): number;
   fdSize(fd: number): number;
+  digestRegions(regions: readonly NativeDigestRegion[]): Promise<NativeDigestResult>;
+  digestBytes(data: Uint8Array, chunkSize: number): string[];
+  digestBench(src: NativeDeviceAllocation, dst: NativeDeviceAllocation, size: number, chunkSize: number, repeats: number): Promise<{ digestMs: number[]; copyMs: number[] }>;
+  digestAlgorithm: string;
 }

@@ -60,6 +60,8 @@ export function captureManifest(c: {
   chunkSize: number;
   checksums: readonly string[][];
   digests: readonly string[];
+  /** Per region, its chunks' GPU digests (null when they could not be taken). */
+  gpuDigests: ReadonlyArray<readonly string[] | null>;
   platform: PlatformInfo;
   gpus: readonly GpuDevice[];
   options: CaptureOptions;
@@ -81,17 +83,19 @@ export function captureManifest(c: {
         checksums: c.checksums[i]!,
         blob: c.digests[i]!,
         tensors: [...(r.tensors ?? [])],
+        digests: c.gpuDigests[i] ? [...c.gpuDigests[i]!] : null,
       })),
     });
   }
   return Manifest.parse(
     {
-      schemaVersion: 1,
+      schemaVersion: 2,
       id: c.id,
       name: c.name,
       createdAt: new Date().toISOString(),
       vsnapVersion: VERSION,
       checksumAlgorithm: 'xxh3-128',
+      digestAlgorithm: c.gpuDigests.every((d) => d) ? 'vsnap-gd1' : null,
       engine: c.options.engine ?? null,
       model: c.options.model ?? null,
       platform: c.platform,

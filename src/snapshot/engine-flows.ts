@@ -9,6 +9,7 @@ import type { ExpectedResponse } from '../manifest/types.js';
 import type { RegionStore } from '../store/region-store.js';
 import { passOn, type TransferOptions } from '../transfer/transfer.js';
 import { blobProblems, compareResponses, DEFAULT_PROMPT, holdsWeights, liveFacts, liveRanks, preflight, probe, warn } from './engine-checks.js';
+import { checkLive, liveRefs, staleError, type LiveCheckReport } from './live-check.js';
 import { Snapshot, type CaptureOptions, type PersistPolicy } from './snapshot.js';
 
 /*
@@ -39,6 +40,8 @@ export interface EngineCaptureOptions extends TransferOptions {
    * a crash of this process loses them and the engine must reload its checkpoint.
    */
   readonly persist?: PersistPolicy;
+  /** Incremental capture on top of this earlier capture; see {@link CaptureOptions.base}. */
+  readonly base?: Snapshot;
 }
 
 /**
@@ -58,6 +61,8 @@ export interface EngineRestoreOptions extends TransferOptions {
   readonly logprobTolerance?: number;
   /** Called with warnings. Default: process.emitWarning. */
   readonly onWarning?: (message: string) => void;
+  /** See {@link RestoreOptions.verifyDigests} (default true). */
+  readonly verifyDigests?: boolean;
 }
 
 /**
@@ -79,6 +84,13 @@ export interface EngineSuspendOptions {
   readonly onWarning?: (message: string) => void;
   /** Tier 0: keep the weights on the GPU (only the KV cache is freed); the next restore maps them back. */
   readonly resident?: ResidentWeights;
+  /**
+   * When the live weights differ from the snapshot (the dirty check, by GPU digest, before any
+   * discard): `capture` (default) captures again, reading only the changed regions, then
+   * suspends; `refuse` fails with E_STALE naming them. A version-1 snapshot (no digests)
+   * counts as stale.
+   */
+  readonly onStale?: 'capture' | 'refuse';
 }
 
 /**
@@ -115,8 +127,11 @@ export interface EngineSuspendResult {
   /**
    * Seconds per phase, in order: status, check (export and the restorability check), capture
    * (when one was made), hold (tier 0), sleep. Empty when the engine was already asleep.
+   * `digest` (the dirty check) comes after check when a snapshot was there to compare with.
    */
   readonly phases: Readonly<Record<string, number>>;
+  /** The dirty check's outcome (absent when there was no snapshot to compare with, or the engine was asleep). */
+  readonly liveCheck?: LiveCheckReport;
 }
 
 /**
@@ -185,6 +200,7 @@ async function captureExported(
     ...(options.chunkSize ? { chunkSize: options.chunkSize } : {}),
     ...(options.cache ? { cache: options.cache } : {}),
     ...(options.persist ? { persist: options.persist } : {}),
+    ...(options.base ? { base: options.base } : {}),
     ...passOn(options),
   });
 }
@@ -251,10 +267,15 @@ export async function restoreEngine(snapshot: Snapshot, client: EngineClient, op
       regions: exported.ranks.flatMap((r) => r.regions.map((x) => ({ key: x.key, size: x.size, tag: x.tag, rank: x.rank, memory: x.memory }))),
       ...(options.cache ? { cache: options.cache } : {}),
       ...(options.verify ? { verify: options.verify } : {}),
+      ...(options.verifyDigests !== undefined ? { verifyDigests: options.verifyDigests } : {}),
       ...passOn(options),
       directIo: options.directIo ?? false,
     });
     lap('hydrate');
+    if (result.digestSeconds !== undefined) {
+      phases.hydrate! -= result.digestSeconds;
+      phases.verifyDigests = result.digestSeconds;
+    }
     exported.close();
     await finishWake(control, client, snapshot, expected, options, call, lap);
     return { bytes: result.bytes, tier: result.tier ?? 'store', seconds: (performance.now() - started) / 1000, phases };
@@ -433,9 +454,25 @@ export async function suspendEngine(
   let exported: ExportedRegions | undefined;
   const exportWeights = async (): Promise<ExportedRegions> => (exported ??= await exportRegions(control, status.ranks.length, call));
   let captured = false;
+  let liveCheck: LiveCheckReport | undefined;
   try {
     const problems = snapshot ? await restorable(snapshot, status, await exportWeights(), options) : [`the store has no snapshot '${name}'`];
     lap('check');
+    // The dirty check: layout and blobs match, but do the bytes? Changed regions are captured again.
+    if (problems.length === 0 && snapshot) {
+      liveCheck = await checkLive(snapshot.manifest, liveRefs(await exportWeights()));
+      lap('digest');
+      if (!liveCheck.checked || liveCheck.changed.length) {
+        if (options.onStale === 'refuse') throw staleError(name, liveCheck);
+        snapshot = await captureExported(store, name, client, status, await exportWeights(), {
+          ...(options.capture ?? {}),
+          ...(liveCheck.checked ? { base: snapshot } : {}),
+          ...(options.signal ? { signal: options.signal } : {}),
+        });
+        captured = true;
+        lap('capture');
+      }
+    }
     if (problems.length) {
       if (!options.captureIfNeeded) {
         throw new VsnapError(
@@ -468,5 +505,5 @@ export async function suspendEngine(
     options.resident?.release(client.baseUrl);
     throw err;
   }
-  return { snapshot: snapshot!, captured, alreadyAsleep: false, seconds: (performance.now() - started) / 1000, phases };
+  return { snapshot: snapshot!, captured, alreadyAsleep: false, seconds: (performance.now() - started) / 1000, phases, ...(liveCheck ? { liveCheck } : {}) };
 }

@@ -2,7 +2,7 @@ import type { CacheReservation, HostCache } from '../cache/host-cache.js';
 import { invalidArgument, toVsnapError, VsnapError } from '../errors.js';
 import type { LiveLayout, LiveRegion } from '../manifest/compat.js';
 import { Manifest } from '../manifest/manifest.js';
-import type { EngineInfo, ExpectedResponse, ModelInfo, TensorInfo } from '../manifest/types.js';
+import type { EngineInfo, ExpectedResponse, ModelInfo, RegionInfo, TensorInfo } from '../manifest/types.js';
 import type { RegionMemory } from '../regions/memory.js';
 import { blobDigest } from '../store/digest.js';
 import { failpoint } from '../store/failpoints.js';
@@ -12,6 +12,7 @@ import { persistFromRamTier } from './persist.js';
 import { DEFAULT_CHUNK_SIZE } from '../transfer/staging.js';
 import { passOn, runTransfer, type TransferOptions } from '../transfer/transfer.js';
 import { captureManifest, checkCaptureRegions, platformOf } from './capture-manifest.js';
+import { captureDigests, reusableRegions, verifyRestored } from './live-check.js';
 
 /**
  * A region to capture.
@@ -60,6 +61,12 @@ export interface CaptureOptions extends TransferOptions {
   readonly cache?: HostCache;
   /** When the store gets the capture (default `sync`); see {@link PersistPolicy}. */
   readonly persist?: PersistPolicy;
+  /**
+   * Incremental capture: an earlier capture of these regions in the same store. Regions whose
+   * GPU digests are unchanged since it are not read again; the new snapshot shares their blobs.
+   * Not with a RAM-tier `cache` reservation (the RAM tier needs every byte).
+   */
+  readonly base?: Snapshot;
 }
 
 /**
@@ -111,6 +118,8 @@ export interface RestoreOptions extends TransferOptions {
    * the store as without it.
    */
   readonly cache?: HostCache;
+  /** Digest the restored memory (on the GPU) and compare with the snapshot's digests (default true; skipped when it has none). */
+  readonly verifyDigests?: boolean;
 }
 
 /**
@@ -128,6 +137,10 @@ export interface TransferSummary {
   readonly dedupedBytes?: number;
   /** restore only: `ram` when the bytes came from the RAM tier as it was, `store` otherwise. */
   readonly tier?: 'gpu' | 'ram' | 'store';
+  /** capture with a `base`: bytes not read again, shared with the base (total = bytes + reusedBytes). */
+  readonly reusedBytes?: number;
+  /** Seconds spent on GPU digests (capture: of the live regions; restore: verification). */
+  readonly digestSeconds?: number;
 }
 
 
@@ -248,10 +261,16 @@ export class Snapshot {
     let reservation: CacheReservation | undefined;
     try {
       if (cache && (persist !== 'sync' || cache.fits(items))) reservation = cache.reserve(name, id, items);
-      const result = await runTransfer({
+      // After the free-space check and the reservation: nothing is read from a capture that cannot fit.
+      const digestStarted = performance.now();
+      const gpuDigests = await captureDigests(regions, chunkSize);
+      const digestSeconds = (performance.now() - digestStarted) / 1000;
+      const reused = reservation || !txn ? new Map<number, RegionInfo>() : reusableRegions(store, options.base?.manifest, regions, chunkSize, gpuDigests);
+      const fresh = regions.map((_, i) => i).filter((i) => !reused.has(i));
+      const result = fresh.length === 0 ? { checksums: [], seconds: 0 } : await runTransfer({
         op: 'capture',
         label: name,
-        regions: regions.map((r, i) => ({
+        regions: fresh.map((i) => ({ i, r: regions[i]! })).map(({ i, r }) => ({
           name: r.key,
           ...(txn ? { blobPath: txn.blobTmpPath(i) } : {}),
           size: r.size,
@@ -262,14 +281,18 @@ export class Snapshot {
         ...passOn(options),
       });
       failpoint('capture.after-transfer');
-      const checksums = result.checksums ?? [];
-      const digests = regions.map((r, i) => blobDigest(r.size, chunkSize, checksums[i]!));
-      const manifest = captureManifest({ id, name, regions, chunkSize, checksums, digests, platform, gpus, options });
+      const read = result.checksums ?? [];
+      const checksums = regions.map((_, i) => (reused.has(i) ? [...reused.get(i)!.checksums] : read[fresh.indexOf(i)]!));
+      const digests = regions.map((r, i) => reused.get(i)?.blob ?? blobDigest(r.size, chunkSize, checksums[i]!));
+      const manifest = captureManifest({ id, name, regions, chunkSize, checksums, digests, gpuDigests, platform, gpus, options });
       let dedupedBytes = 0;
-      if (txn) ({ dedupedBytes } = await txn.publish(manifest, regions.map((r, i) => ({ tmpPath: txn.blobTmpPath(i), size: r.size, digest: digests[i]! }))));
+      const blobs = regions.map((r, i) => ({ ...(reused.has(i) ? {} : { tmpPath: txn?.blobTmpPath(i) }), size: r.size, digest: digests[i]! }));
+      if (txn) ({ dedupedBytes } = await txn.publish(manifest, blobs));
       reservation?.commit(txn !== undefined);
       const seconds = result.seconds;
-      const summary = { bytes: total, seconds, bytesPerSecond: total / Math.max(seconds, 1e-9), ...(txn ? { dedupedBytes } : {}) };
+      const reusedBytes = [...reused.values()].reduce((n, r) => n + r.size, 0);
+      const moved = total - reusedBytes;
+      const summary = { bytes: moved, seconds, bytesPerSecond: moved / Math.max(seconds, 1e-9), ...(txn ? { dedupedBytes } : {}), ...(options.base ? { reusedBytes } : {}), digestSeconds };
       const snapshot = new Snapshot(store, manifest, summary, txn ? undefined : cache);
       if (persist === 'async') snapshot.persistInBackground(options);
       return snapshot;
@@ -295,6 +318,13 @@ export class Snapshot {
    * listing every difference; then streams each blob, verifying every chunk before it is copied.
    */
   async restore(options: RestoreOptions): Promise<TransferSummary> {
+    const summary = await this.restoreBytes(options);
+    const live = options.regions.map((r) => ({ rank: r.rank ?? 0, key: r.key, size: r.size, memory: r.memory }));
+    const digestSeconds = await verifyRestored(this.manifest, live, options.verifyDigests ?? true);
+    return digestSeconds === undefined ? summary : { ...summary, digestSeconds };
+  }
+
+  private async restoreBytes(options: RestoreOptions): Promise<TransferSummary> {
     if (!Array.isArray(options?.regions)) invalidArgument('regions', 'an array of restore targets', options?.regions);
     const byRank: LiveRegion[][] = [];
     for (const r of options.regions) {

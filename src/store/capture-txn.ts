@@ -56,7 +56,7 @@ export class CaptureTransaction {
    * unreferenced blobs (removed by gc); before `current`, a complete but non-current capture.
    * Returns how many bytes were already stored (the store did not grow by them).
    */
-  async publish(manifest: Manifest, blobs: ReadonlyArray<{ tmpPath: string; digest: string; size: number }>): Promise<{ dedupedBytes: number }> {
+  async publish(manifest: Manifest, blobs: ReadonlyArray<{ tmpPath?: string | undefined; digest: string; size: number }>): Promise<{ dedupedBytes: number }> {
     let dedupedBytes = 0;
     try {
       await this.store.withLock(true, async () => {
@@ -64,6 +64,11 @@ export class CaptureTransaction {
         const placed = new Set<string>();
         for (const blob of blobs) {
           const dest = this.store.blobPath(blob.digest);
+          // No tmpPath: shared with an earlier capture (incremental), and it must still be stored.
+          if (blob.tmpPath === undefined) {
+            if (!existsSync(dest)) throw new VsnapError('E_BLOB_MISSING', `blob ${blob.digest} shared with an earlier capture was removed meanwhile; capture again`, { blob: blob.digest });
+            continue;
+          }
           if (placed.has(blob.digest)) {
             // the same bytes twice in this capture: one file serves both
             unlinkSync(blob.tmpPath);

@@ -46,13 +46,13 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
 
     const suspended = await suspendEngine(store, 'ref', client);
     expect(suspended).toMatchObject({ captured: false, alreadyAsleep: false });
-    expect(Object.keys(suspended.phases)).toEqual(['status', 'check', 'sleep']);
+    expect(Object.keys(suspended.phases)).toEqual(['status', 'check', 'digest', 'sleep']);
     const asleep = await client.vsnapStatus();
     expect(asleep.sleeping).toBe(true);
     expect(asleep.ranks[0]!.weightsMapped).toBe(false);
 
     const report = await restoreEngine(snap, client);
-    expect(Object.keys(report.phases)).toEqual(['wakeWeights', 'export', 'hydrate', 'wakeKvCache', 'resetPrefixCache', 'expectedResponse']);
+    expect(Object.keys(report.phases)).toEqual(['wakeWeights', 'export', 'hydrate', 'verifyDigests', 'wakeKvCache', 'resetPrefixCache', 'expectedResponse']);
     expect(report.bytes).toBe(snap.manifest.totalBytes);
     expect((await client.vsnapStatus()).sleeping).toBe(false);
     expect(await ask(client)).toEqual(before);

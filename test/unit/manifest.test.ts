@@ -79,7 +79,7 @@ describe('Manifest.parse', () => {
   });
 
   it('refuses newer schema versions with an upgrade hint, and non-JSON', () => {
-    expect(() => Manifest.parse({ ...valid(), schemaVersion: 2 })).toThrow(/schema version 2.*Upgrade vsnap/);
+    expect(() => Manifest.parse({ ...valid(), schemaVersion: 3 })).toThrow(/schema version 3.*Upgrade vsnap/);
     expect(issuesOf(() => Manifest.parse('{not json'))).toEqual([{ path: '(root)', message: 'not JSON' }]);
   });
 });
