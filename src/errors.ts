@@ -115,6 +115,8 @@ const CODES: Record<ErrorCode, true> = {
   E_INTERNAL: true,
 };
 const KNOWN_CODES: ReadonlySet<string> = new Set(Object.keys(CODES));
+/** EFBIG on Linux (the native addon reports errno numbers). */
+const EFBIG = 27;
 
 /**
  * A brand shared by every copy of this module in a process (the ESM and the CJS build are two
@@ -157,6 +159,10 @@ export function toVsnapError(err: unknown): VsnapError {
   if (err instanceof Error) {
     const raw = (err as { code?: unknown }).code;
     const details = ((err as { details?: unknown }).details ?? {}) as Record<string, unknown>;
+    if (raw === 'E_IO' && details.errno === EFBIG) {
+      // a write past the process file-size limit (RLIMIT_FSIZE): out of room, as for a full disk
+      return new VsnapError('E_NO_SPACE', `${err.message} (the process file-size limit, RLIMIT_FSIZE, was reached). Raise the limit or free space.`, details, { cause: err });
+    }
     if (typeof raw === 'string' && KNOWN_CODES.has(raw)) {
       return new VsnapError(raw as ErrorCode, err.message, details, { cause: err });
     }

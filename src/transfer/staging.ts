@@ -63,6 +63,11 @@ class StagingPools {
     }
   }
 
+  /** How many pools exist now (in use or idle). */
+  get size(): number {
+    return this.entries.size;
+  }
+
   /** Frees every idle pool now. */
   async releaseIdle(): Promise<void> {
     for (const [key, entry] of this.entries) if (entry.users === 0) this.drop(key);
