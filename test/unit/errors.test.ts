@@ -32,7 +32,7 @@ describe('errors', () => {
     expect(foreign instanceof VsnapError).toBe(true);
     expect(new Error('plain') instanceof VsnapError).toBe(false);
     expect(Object.assign(new Error('look-alike'), { code: 'E_IO', name: 'VsnapError' }) instanceof VsnapError).toBe(false);
-    expect(null instanceof VsnapError).toBe(false);
+    expect((null as unknown as object) instanceof VsnapError).toBe(false);
     const own = new VsnapError('E_IO', 'x');
     expect(own instanceof VsnapError && own instanceof Error).toBe(true);
     expect(Object.keys(own)).not.toContain(String(brand));
