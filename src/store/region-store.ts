@@ -215,14 +215,15 @@ export class RegionStore {
   }
 
   /**
-   * Where a blob lives. Throws E_STORE_UNSAFE if its prefix directory or the blob itself is a
-   * link (so no reader or writer goes through one). @internal
+   * Where a blob lives. Throws E_STORE_UNSAFE if blobs/, its prefix directory or the blob itself
+   * is a link (so no reader or writer goes through one). @internal
    */
   blobPath(digest: string): string {
     if (typeof digest !== 'string' || !DIGEST.test(digest)) invalidDigest(digest);
-    const prefix = join(this.root, 'blobs', digest.slice(0, 2));
+    const blobs = join(this.root, 'blobs');
+    const prefix = join(blobs, digest.slice(0, 2));
     const path = join(prefix, digest);
-    if (checkEntry(prefix, 'dir')) checkEntry(path, 'file');
+    if (checkEntry(blobs, 'dir') && checkEntry(prefix, 'dir')) checkEntry(path, 'file');
     return path;
   }
 
@@ -626,7 +627,9 @@ export class RegionStore {
       const tmp = join(this.root, 'tmp');
       checkEntry(tmp, 'dir');
       const now = Date.now();
-      for (const entry of await readdir(tmp, { withFileTypes: true })) {
+      // links first (removed as links), so a dead writer's directory is not kept for a lock link
+      const entries = (await readdir(tmp, { withFileTypes: true })).sort((x, y) => Number(y.isSymbolicLink()) - Number(x.isSymbolicLink()));
+      for (const entry of entries) {
         const path = join(tmp, entry.name);
         let mtime: number;
         try {
