@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import { type Dirent, lstatSync, mkdirSync, readdirSync, realpathSync, statfsSync } from 'node:fs';
+import { lstatSync, mkdirSync, readdirSync, realpathSync, statfsSync } from 'node:fs';
 import { readdir, rm, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
 
@@ -8,9 +8,11 @@ import { Manifest } from '../manifest/manifest.js';
 import type { TransferOptions } from '../transfer/transfer.js';
 import { CaptureTransaction } from './capture-txn.js';
 import { fsyncDir, replaceFileAtomic, writeFileDurable } from './fsutil.js';
-import { checkEntry, type CurrentPointer, linkRefused, parseCurrent, parseSeq, readStoreText, readStoreTextSync } from './layout.js';
-import { acquireLock, tryLock } from './lock.js';
+import { checkEntry, type CurrentPointer, parseCurrent, parseSeq, readStoreText, readStoreTextSync } from './layout.js';
+import { acquireLock } from './lock.js';
 import { validateName } from './names.js';
+import { blobFiles, cleanTmp, DIGEST, guard, snapshotEntries } from './scan.js';
+import type { RegionStoreOptions, SnapshotList, SnapshotSummary, VerifyReport } from './types.js';
 import { verifyManifest } from './verify.js';
 
 const FORMAT_FILE = 'vsnap-store.json';
@@ -19,101 +21,10 @@ const FORMAT = 1;
 const SEQ_FILE = 'publish-seq';
 /** Space kept free beyond what a capture writes. */
 const SPACE_MARGIN = 256 * 1024 * 1024;
-const DIGEST = /^[0-9a-f]{64}$/;
 /** tmp/ entries younger than this are never cleaned (their writer may be just starting). */
 const TMP_GRACE_MS = 60_000;
 
-/**
- * Options of {@link RegionStore.open}.
- * @public
- */
-export interface RegionStoreOptions {
-  /** Create the directory (and the store in it) if missing. Default true. */
-  create?: boolean;
-  /** How long to wait for another process's store lock. Default 30 s. */
-  lockTimeoutMs?: number;
-  /** @internal tmp/ entries younger than this are never cleaned (tests shorten it). */
-  tmpGraceMs?: number;
-  /** @internal Free space kept beyond what a capture writes (default 256 MiB; tests lower it). */
-  spaceMarginBytes?: number;
-}
-
-/**
- * Something in the store that {@link RegionStore.list} could not read as a snapshot: a damaged
- * manifest or pointer, a stray file, a link. Healthy snapshots are listed beside it.
- * @public
- */
-export interface StoreProblem {
-  /** The entry's name under `snapshots/` (a snapshot name, or whatever stray name is there). */
-  readonly name: string;
-  /** E_MANIFEST_INVALID, E_STORE_INVALID, E_STORE_UNSAFE, E_SNAPSHOT_NOT_FOUND, ... */
-  readonly code: string;
-  /** What was found and what to do. */
-  readonly message: string;
-}
-
-/**
- * The snapshots of a store, sorted by name, with `problems` listing every entry that could not
- * be read (one bad manifest never hides the healthy snapshots).
- * @public
- */
-export type SnapshotList = SnapshotSummary[] & {
-  /** Entries under `snapshots/` that are not readable snapshots. */
-  readonly problems: readonly StoreProblem[];
-};
-
-/**
- * One snapshot name in a store.
- * @public
- */
-export interface SnapshotSummary {
-  /** The snapshot's name. */
-  readonly name: string;
-  /** The id `current` names (the newest good capture). */
-  readonly id: string;
-  /** When the current capture was made (ISO 8601). */
-  readonly createdAt: string;
-  /** Bytes of region data in the current capture. */
-  readonly bytes: number;
-  /** Regions in the current capture. */
-  readonly regions: number;
-  /** Captures of this name kept in the store (current included). */
-  readonly versions: number;
-}
-
-/**
- * A problem found by {@link RegionStore.verify}.
- * @public
- */
-export interface VerifyProblem {
-  /** The rank of the damaged region. */
-  readonly rank: number;
-  /** The damaged region's key. */
-  readonly region: string;
-  /** The error code (E_CHECKSUM, E_BLOB_TRUNCATED, E_BLOB_MISSING, ...). */
-  readonly code: string;
-  /** What was found and what to do. */
-  readonly message: string;
-}
-
-/**
- * The result of re-hashing a snapshot's blobs.
- * @public
- */
-export interface VerifyReport {
-  /** The snapshot verified. */
-  readonly name: string;
-  /** The capture verified. */
-  readonly id: string;
-  /** True when no problem was found. */
-  readonly ok: boolean;
-  /** Bytes re-hashed. */
-  readonly bytes: number;
-  /** Wall time. */
-  readonly seconds: number;
-  /** Every problem found, one per damaged region. */
-  readonly problems: readonly VerifyProblem[];
-}
+export type { RegionStoreOptions, SnapshotList, SnapshotSummary, StoreProblem, VerifyProblem, VerifyReport } from './types.js';
 
 /**
  * Snapshots on disk. Region bytes are content-addressed blobs (`blobs/ab/<digest>`, identical
@@ -210,7 +121,7 @@ export class RegionStore {
       throw toVsnapError(err);
     }
     const store = new RegionStore(real, options.lockTimeoutMs ?? 30_000, options.spaceMarginBytes ?? SPACE_MARGIN);
-    await store.cleanTmp(options.tmpGraceMs ?? TMP_GRACE_MS);
+    await guard(() => cleanTmp(real, options.tmpGraceMs ?? TMP_GRACE_MS));
     return store;
   }
 
@@ -333,7 +244,7 @@ export class RegionStore {
    */
   async list(): Promise<SnapshotList> {
     return guard(async () => {
-      const { names, problems } = await this.snapshotEntries();
+      const { names, problems } = await snapshotEntries(this.root);
       const out: SnapshotSummary[] = [];
       for (const name of names.sort()) {
         try {
@@ -462,7 +373,7 @@ export class RegionStore {
       this.withLock(true, () =>
         this.withMetaLock(async () => {
           const referenced = new Set<string>();
-          const { names, problems } = await this.snapshotEntries();
+          const { names, problems } = await snapshotEntries(this.root);
           const unsafe = problems.find((p) => p.code === 'E_STORE_UNSAFE');
           if (unsafe) throw new VsnapError('E_STORE_UNSAFE', `gc refused: ${unsafe.message}`, { name: unsafe.name });
           for (const name of names) {
@@ -472,7 +383,7 @@ export class RegionStore {
           }
           let blobsRemoved = 0;
           let bytesFreed = 0;
-          for await (const blob of this.blobFiles()) {
+          for await (const blob of blobFiles(this.root)) {
             if (referenced.has(blob.digest)) continue;
             await unlink(blob.path);
             bytesFreed += blob.size;
@@ -489,66 +400,12 @@ export class RegionStore {
     return guard(async () => {
       let blobs = 0;
       let bytes = 0;
-      for await (const blob of this.blobFiles()) {
+      for await (const blob of blobFiles(this.root)) {
         blobs++;
         bytes += blob.size;
       }
       return { blobs, bytes };
     });
-  }
-
-  /**
-   * Every blob file on disk: regular files named by a digest inside a two-digit prefix directory.
-   * Stray files are skipped; a link anywhere in blobs/ is refused (E_STORE_UNSAFE).
-   */
-  private async *blobFiles(): AsyncGenerator<{ path: string; digest: string; size: number }> {
-    const root = join(this.root, 'blobs');
-    checkEntry(root, 'dir');
-    for (const prefix of await readdir(root, { withFileTypes: true })) {
-      const prefixPath = join(root, prefix.name);
-      if (prefix.isSymbolicLink()) throw linkRefused(prefixPath);
-      if (!prefix.isDirectory() || !/^[0-9a-f]{2}$/.test(prefix.name)) continue;
-      for (const entry of await readdir(prefixPath, { withFileTypes: true })) {
-        const path = join(prefixPath, entry.name);
-        if (entry.isSymbolicLink()) throw linkRefused(path);
-        if (!entry.isFile() || !DIGEST.test(entry.name) || !entry.name.startsWith(prefix.name)) continue;
-        let size: number;
-        try {
-          size = lstatSync(path).size;
-        } catch (err) {
-          if ((err as NodeJS.ErrnoException).code === 'ENOENT') continue; // removed meanwhile
-          throw err;
-        }
-        yield { path, digest: entry.name, size };
-      }
-    }
-  }
-
-  /**
-   * The snapshot directories under snapshots/ (dot-entries skipped), and every other entry there
-   * as a problem: a link (E_STORE_UNSAFE), a stray file or an invalid name (E_STORE_INVALID).
-   */
-  private async snapshotEntries(): Promise<{ names: string[]; problems: StoreProblem[] }> {
-    const root = join(this.root, 'snapshots');
-    checkEntry(root, 'dir');
-    const names: string[] = [];
-    const problems: StoreProblem[] = [];
-    for (const entry of (await readdir(root, { withFileTypes: true })) as Dirent[]) {
-      if (entry.name.startsWith('.')) continue;
-      const path = join(root, entry.name);
-      if (entry.isSymbolicLink()) {
-        problems.push({ name: entry.name, code: 'E_STORE_UNSAFE', message: linkRefused(path).message });
-      } else if (!entry.isDirectory()) {
-        problems.push({ name: entry.name, code: 'E_STORE_INVALID', message: `${path} is a stray file, not a snapshot directory: move it out of the store.` });
-      } else {
-        try {
-          names.push(validateName(entry.name));
-        } catch (err) {
-          problems.push({ name: entry.name, code: 'E_STORE_INVALID', message: `${path} is not a valid snapshot name: ${(err as Error).message}` });
-        }
-      }
-    }
-    return { names, problems };
   }
 
   /** Nothing to release today; present so stores can be used with `await using`. */
@@ -574,7 +431,7 @@ export class RegionStore {
     if (checkEntry(dir, 'dir')) return true;
     if (!create) return false;
     mkdirSync(dir);
-    fsyncParent(dir);
+    fsyncDir(join(this.root, 'snapshots'));
     return true;
   }
 
@@ -620,77 +477,8 @@ export class RegionStore {
     }
     return manifest;
   }
-
-  /** Removes tmp/ entries of writers that died: unlocked, and older than a grace period. */
-  private async cleanTmp(graceMs: number): Promise<void> {
-    await guard(async () => {
-      const tmp = join(this.root, 'tmp');
-      checkEntry(tmp, 'dir');
-      const now = Date.now();
-      // links first (removed as links), so a dead writer's directory is not kept for a lock link
-      const entries = (await readdir(tmp, { withFileTypes: true })).sort((x, y) => Number(y.isSymbolicLink()) - Number(x.isSymbolicLink()));
-      for (const entry of entries) {
-        const path = join(tmp, entry.name);
-        let mtime: number;
-        try {
-          mtime = lstatSync(path).mtimeMs;
-        } catch {
-          continue;
-        }
-        if (now - mtime < graceMs) continue;
-        if (entry.isSymbolicLink()) {
-          await unlink(path); // the link only, never its target
-        } else if (entry.name.endsWith('.lock') && entry.isFile()) {
-          const release = tryLock(path, true);
-          if (!release) continue; // its writer is alive
-          try {
-            await rmEntry(path.slice(0, -'.lock'.length));
-            await rm(path, { force: true });
-          } finally {
-            release();
-          }
-        } else if (!existsEntry(`${path}.lock`)) {
-          await rmEntry(path);
-        }
-      }
-    });
-  }
-}
-
-/** Runs `fn`, turning whatever it throws into a VsnapError. */
-async function guard<T>(fn: () => Promise<T>): Promise<T> {
-  try {
-    return await fn();
-  } catch (err) {
-    throw toVsnapError(err);
-  }
 }
 
 function invalidDigest(digest: unknown): never {
   throw new VsnapError('E_MANIFEST_INVALID', `${JSON.stringify(digest)} is not a blob digest (64 lowercase hex digits)`, { digest });
-}
-
-function existsEntry(path: string): boolean {
-  try {
-    lstatSync(path);
-    return true;
-  } catch {
-    return false;
-  }
-}
-
-/** Removes a tmp/ entry: a link is unlinked (its target untouched), a directory removed recursively. */
-async function rmEntry(path: string): Promise<void> {
-  let st;
-  try {
-    st = lstatSync(path);
-  } catch {
-    return;
-  }
-  if (st.isDirectory()) await rm(path, { recursive: true, force: true });
-  else await unlink(path);
-}
-
-function fsyncParent(dir: string): void {
-  fsyncDir(join(dir, '..'));
 }

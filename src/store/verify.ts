@@ -1,7 +1,8 @@
 import { toVsnapError } from '../errors.js';
 import type { Manifest } from '../manifest/manifest.js';
 import { runTransfer, type TransferOptions } from '../transfer/transfer.js';
-import type { RegionStore, VerifyProblem, VerifyReport } from './region-store.js';
+import type { RegionStore } from './region-store.js';
+import type { VerifyProblem, VerifyReport } from './types.js';
 
 /**
  * Re-hashes every blob of `manifest` (the caller holds the shared blob lock) and reports every
