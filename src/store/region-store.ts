@@ -266,7 +266,7 @@ export class RegionStore {
   /** The newest good capture of `name`, or undefined if there is none. */
   async current(name: string): Promise<Manifest | undefined> {
     const id = await this.currentId(name);
-    return id === undefined ? undefined : this.readManifest(name, id);
+    return id === undefined ? undefined : guard(() => this.readManifest(name, id));
   }
 
   /**
@@ -306,14 +306,16 @@ export class RegionStore {
       return m;
     }
     validateName(id, 'snapshot id');
-    return this.readManifest(name, id);
+    return guard(() => this.readManifest(name, id));
   }
 
   /** Every capture kept for `name`, oldest first. */
   async history(name: string): Promise<Manifest[]> {
     validateName(name);
-    const ids = await this.manifestIds(name);
-    return Promise.all(ids.map((id) => this.readManifest(name, id)));
+    return guard(async () => {
+      const ids = await this.manifestIds(name);
+      return Promise.all(ids.map((id) => this.readManifest(name, id)));
+    });
   }
 
   /**
