@@ -23,6 +23,8 @@ const SEQ_FILE = 'publish-seq';
 const SPACE_MARGIN = 256 * 1024 * 1024;
 /** tmp/ entries younger than this are never cleaned (their writer may be just starting). */
 const TMP_GRACE_MS = 60_000;
+/** Capture ids whose start sequence is remembered until they are published (or dropped). */
+const MAX_PENDING_IDS = 4096;
 
 export type { RegionStoreOptions, SnapshotList, SnapshotSummary, StoreProblem, VerifyProblem, VerifyReport } from './types.js';
 
@@ -216,6 +218,8 @@ export class RegionStore {
     const id = RegionStore.newCaptureId();
     try {
       this.startSeqs.set(id, this.readSeq());
+      // ids of RAM-only captures never persisted are not kept forever: the oldest go first
+      if (this.startSeqs.size > MAX_PENDING_IDS) this.startSeqs.delete(this.startSeqs.keys().next().value!);
     } catch (err) {
       throw toVsnapError(err);
     }
