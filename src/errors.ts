@@ -38,6 +38,8 @@ export type ErrorCode =
   | 'E_NOT_DURABLE'
   /** The directory is not a vsnap store (or a newer format). */
   | 'E_STORE_INVALID'
+  /** The store's layout has a symbolic link (or another foreign entry) where vsnap keeps its own files; vsnap never follows it. `details.path` names it. */
+  | 'E_STORE_UNSAFE'
   /** Another process held the store lock for longer than the timeout. */
   | 'E_STORE_LOCKED'
   /** The operation was cancelled through its AbortSignal. */
@@ -96,6 +98,7 @@ const CODES: Record<ErrorCode, true> = {
   E_SNAPSHOT_NOT_FOUND: true,
   E_NOT_DURABLE: true,
   E_STORE_INVALID: true,
+  E_STORE_UNSAFE: true,
   E_STORE_LOCKED: true,
   E_ABORTED: true,
   E_TIMEOUT: true,
@@ -118,12 +121,27 @@ const CODES: Record<ErrorCode, true> = {
   E_INTERNAL: true,
 };
 const KNOWN_CODES: ReadonlySet<string> = new Set(Object.keys(CODES));
+/** EFBIG on Linux (the native addon reports errno numbers). */
+const EFBIG = 27;
 
 /**
- * The one error class of vsnap.
+ * A brand shared by every copy of this module in a process (the ESM and the CJS build are two
+ * copies): `instanceof VsnapError` tests the brand, not the class object, so an error thrown by
+ * one build is a VsnapError to the other.
+ */
+const BRAND: unique symbol = Symbol.for('vsnap.VsnapError') as never;
+
+/**
+ * The one error class of vsnap. `instanceof VsnapError` holds for errors from either build
+ * (ESM or CommonJS) of vsnap loaded in the same process.
  * @public
  */
 export class VsnapError extends Error {
+  /** True for every VsnapError made by any copy of vsnap (the ESM and CommonJS builds alike). */
+  static override [Symbol.hasInstance](value: unknown): boolean {
+    return typeof value === 'object' && value !== null && (value as { [BRAND]?: unknown })[BRAND] === true;
+  }
+
   /** Stable code; see {@link ErrorCode}. */
   readonly code: ErrorCode;
   /** Structured facts about the failure (paths, regions, expected and actual values). */
@@ -132,6 +150,7 @@ export class VsnapError extends Error {
   constructor(code: ErrorCode, message: string, details: Record<string, unknown> = {}, options?: { cause?: unknown }) {
     super(message, options);
     this.name = 'VsnapError';
+    Object.defineProperty(this, BRAND, { value: true });
     this.code = code;
     this.details = details;
   }
@@ -146,11 +165,16 @@ export function toVsnapError(err: unknown): VsnapError {
   if (err instanceof Error) {
     const raw = (err as { code?: unknown }).code;
     const details = ((err as { details?: unknown }).details ?? {}) as Record<string, unknown>;
+    if (raw === 'E_IO' && details.errno === EFBIG) {
+      // a write past the process file-size limit (RLIMIT_FSIZE): out of room, as for a full disk
+      return new VsnapError('E_NO_SPACE', `${err.message} (the process file-size limit, RLIMIT_FSIZE, was reached). Raise the limit or free space.`, details, { cause: err });
+    }
     if (typeof raw === 'string' && KNOWN_CODES.has(raw)) {
       return new VsnapError(raw as ErrorCode, err.message, details, { cause: err });
     }
-    if (typeof raw === 'string' && (raw === 'ENOSPC' || raw === 'EDQUOT')) {
-      return new VsnapError('E_NO_SPACE', `${err.message}. Free space or choose another store root.`, { errno: raw }, { cause: err });
+    if (typeof raw === 'string' && (raw === 'ENOSPC' || raw === 'EDQUOT' || raw === 'EFBIG')) {
+      const limit = raw === 'EFBIG' ? ' (the process file-size limit, RLIMIT_FSIZE, was reached)' : '';
+      return new VsnapError('E_NO_SPACE', `${err.message}${limit}. Free space or choose another store root.`, { errno: raw, path: (err as { path?: unknown }).path }, { cause: err });
     }
     if (typeof raw === 'string' && raw.startsWith('E')) {
       return new VsnapError('E_IO', err.message, { errno: raw, path: (err as { path?: unknown }).path }, { cause: err });

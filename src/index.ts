@@ -38,7 +38,9 @@ export type {
 export {
   RegionStore,
   type RegionStoreOptions,
+  type SnapshotList,
   type SnapshotSummary,
+  type StoreProblem,
   type VerifyProblem,
   type VerifyReport,
 } from './store/region-store.js';
@@ -89,5 +91,5 @@ export {
 } from './swap/controller.js';
 export { SwapAgent, type SwapAgentOptions } from './swap/agent.js';
 export { Supervisor, type SupervisedEngine, type SupervisorOptions } from './swap/supervisor.js';
-export { loadConfig, type ServeConfig, type ServeModelConfig } from './swap/config.js';
+export { checkPorts, loadConfig, snapshotNameForModel, type ServeConfig, type ServeModelConfig } from './swap/config.js';
 export { serve, type ServeHandle } from './swap/serve.js';

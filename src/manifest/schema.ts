@@ -1,5 +1,6 @@
 import { z } from 'zod';
 
+import { blobDigest } from '../store/digest.js';
 import type { ManifestData } from './types.js';
 
 /** Sizes and offsets are JSON numbers: exact up to 2^53 bytes (8 PiB). */
@@ -41,7 +42,16 @@ export const RegionSchema = z
         path: ['checksums'],
         message: `${region.size} bytes in chunks of ${region.chunkSize} need ${expected} checksums, found ${region.checksums.length}`,
       });
+    } else if (blobDigest(region.size, region.chunkSize, region.checksums) !== region.blob) {
+      // The blob's name is derived from the region's size, chunk size and checksums: a manifest
+      // naming another blob would restore bytes it cannot vouch for.
+      ctx.addIssue({ code: 'custom', path: ['blob'], message: 'the blob name is not the digest of the region\'s size, chunk size and checksums' });
     }
+    region.tensors.forEach((t, i) => {
+      if (t.offset > region.size) {
+        ctx.addIssue({ code: 'custom', path: ['tensors', i, 'offset'], message: `offset ${t.offset} lies beyond the region's ${region.size} bytes` });
+      }
+    });
   });
 
 export const RankSchema = z
@@ -85,13 +95,22 @@ export const PlatformSchema = z.object({
   vmmGranularity: z.number().int().positive().nullable().default(null),
 });
 
-export const ExpectedResponseSchema = z.object({
-  prompt: z.string(),
-  maxTokens: z.number().int().positive(),
-  tokenIds: z.array(z.number().int().nonnegative()),
-  text: z.string(),
-  logprobs: z.array(z.number()).nullable().default(null),
-});
+export const ExpectedResponseSchema = z
+  .object({
+    prompt: z.string(),
+    maxTokens: z.number().int().positive(),
+    tokenIds: z.array(z.number().int().nonnegative()),
+    text: z.string(),
+    logprobs: z.array(z.number()).nullable().default(null),
+  })
+  .superRefine((r, ctx) => {
+    if (r.tokenIds.length > r.maxTokens) {
+      ctx.addIssue({ code: 'custom', path: ['tokenIds'], message: `${r.tokenIds.length} token ids, more than maxTokens (${r.maxTokens})` });
+    }
+    if (r.logprobs !== null && r.logprobs.length !== r.tokenIds.length) {
+      ctx.addIssue({ code: 'custom', path: ['logprobs'], message: `${r.logprobs.length} logprobs for ${r.tokenIds.length} token ids: one per token expected` });
+    }
+  });
 
 export const ManifestSchema = z
   .object({
@@ -115,6 +134,12 @@ export const ManifestSchema = z
     m.ranks.forEach((r, i) => {
       if (r.rank !== i) ctx.addIssue({ code: 'custom', path: ['ranks', i, 'rank'], message: `ranks must be listed in order: expected ${i}` });
     });
+    // Manifest.totalBytes must be exact: the sum of every region's size stays a safe integer.
+    let total = 0;
+    for (const rank of m.ranks) for (const region of rank.regions) total += region.size;
+    if (!Number.isSafeInteger(total)) {
+      ctx.addIssue({ code: 'custom', path: ['ranks'], message: `the regions total ${total} bytes, beyond 2^53 - 1: sizes cannot be exact` });
+    }
   });
 
 // The schemas must produce exactly the public interfaces of types.ts (checked at compile time).

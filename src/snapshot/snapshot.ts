@@ -256,7 +256,7 @@ export class Snapshot {
     const cache = options.cache;
     if (persist !== 'sync' && !cache) invalidArgument('cache', `a HostCache: persist '${persist}' keeps the capture in the RAM tier`, cache);
     const items = regions.map((r) => ({ rank: r.rank ?? 0, key: r.key, size: r.size }));
-    const id = RegionStore.newCaptureId();
+    const id = store.newCaptureId();
     const txn = persist === 'sync' ? await store.beginCapture(name, total, id) : undefined;
     let reservation: CacheReservation | undefined;
     try {

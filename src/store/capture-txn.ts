@@ -1,4 +1,4 @@
-import { chmodSync, existsSync, mkdirSync, renameSync, unlinkSync } from 'node:fs';
+import { chmodSync, lstatSync, mkdirSync, renameSync, unlinkSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 
@@ -19,24 +19,27 @@ export class CaptureTransaction {
   readonly dir: string;
   private readonly store: RegionStore;
   private readonly name: string;
+  /** The store's publish sequence number when this capture started. */
+  readonly startSeq: number;
   private readonly releaseOwnLock: () => void;
   private done = false;
 
-  private constructor(store: RegionStore, name: string, id: string, releaseOwnLock: () => void) {
+  private constructor(store: RegionStore, name: string, id: string, startSeq: number, releaseOwnLock: () => void) {
     this.store = store;
     this.name = name;
     this.id = id;
+    this.startSeq = startSeq;
     this.dir = join(store.root, 'tmp', id);
     this.releaseOwnLock = releaseOwnLock;
   }
 
-  static begin(store: RegionStore, name: string, id: string): CaptureTransaction {
+  static begin(store: RegionStore, name: string, id: string, startSeq: number): CaptureTransaction {
     // The lock file comes first and stays locked while this capture lives: cleaners skip it.
     const release = tryLock(join(store.root, 'tmp', `${id}.lock`), true);
     if (!release) throw new VsnapError('E_INTERNAL', `capture id ${id} is already in use`);
-    const txn = new CaptureTransaction(store, name, id, release);
+    const txn = new CaptureTransaction(store, name, id, startSeq, release);
     try {
-      mkdirSync(txn.dir);
+      mkdirSync(txn.dir); // fails on anything already there, a link included
     } catch (err) {
       release();
       throw toVsnapError(err);
@@ -50,20 +53,25 @@ export class CaptureTransaction {
   }
 
   /**
-   * Publishes the captured blobs and the manifest, under the exclusive store lock:
-   * blobs renamed into blobs/ (over an identical stored blob, which they replace), their
-   * directories fsynced; then the manifest; then `current` (unless it names a newer capture). A crash before the manifest leaves only
-   * unreferenced blobs (removed by gc); before `current`, a complete but non-current capture.
-   * Returns how many bytes were already stored (the store did not grow by them).
+   * Publishes the captured blobs and the manifest. Blobs are placed holding the blob lock shared
+   * (only gc is excluded; restores and verifies go on): renamed into blobs/ (over an identical
+   * stored blob, which they replace), their directories fsynced. Then, holding the meta lock for
+   * a moment: the manifest, and `current` unless a capture of this name was published after this
+   * one started (the store's publish sequence, not the wall clock, decides). A crash before the
+   * manifest leaves only unreferenced blobs (removed by gc); before `current`, a complete but
+   * non-current capture. Returns how many bytes were already stored.
    */
   async publish(manifest: Manifest, blobs: ReadonlyArray<{ tmpPath?: string | undefined; digest: string; size: number }>): Promise<{ dedupedBytes: number }> {
     let dedupedBytes = 0;
     try {
-      await this.store.withLock(true, async () => {
+      if (manifest.name !== this.name || manifest.id !== this.id) {
+        throw new VsnapError('E_INTERNAL', `capture ${this.id} of '${this.name}' was asked to publish manifest ${manifest.id} of '${manifest.name}'`);
+      }
+      await this.store.withLock(false, async () => {
         const touched = new Set<string>();
         const placed = new Set<string>();
         for (const blob of blobs) {
-          const dest = this.store.blobPath(blob.digest);
+          const dest = this.store.blobPath(blob.digest); // refuses a linked prefix or blob
           // No tmpPath: shared with an earlier capture (incremental), and it must still be stored.
           if (blob.tmpPath === undefined) {
             if (!existsSync(dest)) throw new VsnapError('E_BLOB_MISSING', `blob ${blob.digest} shared with an earlier capture was removed meanwhile; capture again`, { blob: blob.digest });
@@ -78,28 +86,37 @@ export class CaptureTransaction {
           // An identical blob may already be stored. The fresh copy replaces it anyway: it was just
           // written and checksummed from the source, so a stored copy that rotted since is healed
           // rather than trusted. Readers holding the old file keep reading it.
-          if (existsSync(dest)) dedupedBytes += blob.size;
+          if (exists(dest)) dedupedBytes += blob.size;
           mkdirDurable(dirname(dest));
           chmodSync(blob.tmpPath, 0o444);
           renameSync(blob.tmpPath, dest);
           placed.add(blob.digest);
           touched.add(dirname(dest));
+          failpoint('publish.blob');
         }
         for (const dir of touched) fsyncDir(dir);
         failpoint('publish.after-blobs');
 
-        const snapshotDir = join(this.store.root, 'snapshots', this.name);
-        mkdirDurable(snapshotDir);
-        const manifestTmp = join(this.dir, 'manifest.json');
-        this.store.writeManifestTmp(manifestTmp, manifest);
-        renameSync(manifestTmp, this.store.manifestPath(this.name, manifest.id));
-        fsyncDir(snapshotDir);
-        failpoint('publish.after-manifest');
+        await this.store.withMetaLock(async () => {
+          failpoint('publish.meta-locked');
+          this.store.snapshotDirExists(this.name, true); // a real directory, never a link
+          const manifestTmp = join(this.dir, 'manifest.json');
+          this.store.writeManifestTmp(manifestTmp, manifest);
+          failpoint('publish.manifest-written');
+          renameSync(manifestTmp, this.store.manifestPath(this.name, manifest.id));
+          fsyncDir(dirname(this.store.manifestPath(this.name, manifest.id)));
+          failpoint('publish.after-manifest');
 
-        // Ids are time-ordered: a capture persisted late (persist 'async' or 'off') never
-        // replaces a newer one as `current`.
-        const current = await this.store.currentId(this.name);
-        if (current === undefined || current < manifest.id) this.store.writeCurrent(this.name, manifest.id, join(this.dir, 'current'));
+          // `current` moves unless a capture of this name was published after this one started.
+          const current = await this.store.readCurrent(this.name);
+          const newer = current !== undefined && !('junk' in current) && current.id !== manifest.id && current.seq > this.startSeq;
+          if (!newer) {
+            const seq = this.store.nextSeq(current && !('junk' in current) ? current.seq : 0);
+            failpoint('publish.seq-taken');
+            this.store.writeCurrent(this.name, manifest.id, seq, join(this.dir, 'current'));
+            failpoint('publish.after-current');
+          }
+        });
       });
     } catch (err) {
       await this.abort();
@@ -113,8 +130,20 @@ export class CaptureTransaction {
   async abort(): Promise<void> {
     if (this.done) return;
     this.done = true;
-    await rm(this.dir, { recursive: true, force: true });
-    await rm(`${this.dir}.lock`, { force: true });
-    this.releaseOwnLock();
+    try {
+      await rm(this.dir, { recursive: true, force: true });
+      await rm(`${this.dir}.lock`, { force: true });
+    } finally {
+      this.releaseOwnLock();
+    }
+  }
+}
+
+function exists(path: string): boolean {
+  try {
+    lstatSync(path);
+    return true;
+  } catch {
+    return false;
   }
 }

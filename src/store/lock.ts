@@ -3,6 +3,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 
 import { toVsnapError, VsnapError } from '../errors.js';
 import { native } from '../native/index.js';
+import { checkEntry } from './layout.js';
 
 /**
  * Takes an flock(2) on `path`: shared (readers) or exclusive (writers). Locks are per open file,
@@ -30,8 +31,14 @@ export async function acquireLock(path: string, exclusive: boolean, timeoutMs: n
   }
 }
 
-/** Takes the lock only if free now; returns its (idempotent) release, or undefined. @internal */
+/**
+ * Takes the lock only if free now; returns its (idempotent) release, or undefined. A lock file
+ * that is a link is refused (E_STORE_UNSAFE) rather than followed: the native open creates it
+ * with O_CREAT, which would create the link's target.
+ * @internal
+ */
 export function tryLock(path: string, exclusive: boolean): (() => void) | undefined {
+  checkEntry(path, 'file');
   let fd: number;
   try {
     fd = native().tryLockFile(path, exclusive);

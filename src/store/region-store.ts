@@ -1,108 +1,68 @@
 import { randomBytes } from 'node:crypto';
-import { existsSync, mkdirSync, readdirSync, statfsSync, statSync } from 'node:fs';
-import { readdir, readFile, rm, stat, unlink } from 'node:fs/promises';
+import { lstatSync, mkdirSync, readdirSync, realpathSync, statfsSync } from 'node:fs';
+import { readdir, rm, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
 
 import { toVsnapError, VsnapError } from '../errors.js';
 import { Manifest } from '../manifest/manifest.js';
-import { runTransfer, type TransferOptions } from '../transfer/transfer.js';
+import type { TransferOptions } from '../transfer/transfer.js';
 import { CaptureTransaction } from './capture-txn.js';
-import { blobDigest } from './digest.js';
-import { readTextIfExists, replaceFileAtomic, writeFileDurable } from './fsutil.js';
-import { acquireLock, tryLock } from './lock.js';
+import { fsyncDir, replaceFileAtomic, writeFileDurable } from './fsutil.js';
+import { checkEntry, type CurrentPointer, parseCurrent, parseSeq, readStoreText, readStoreTextSync } from './layout.js';
+import { acquireLock } from './lock.js';
 import { validateName } from './names.js';
+import { blobFiles, cleanTmp, DIGEST, guard, snapshotEntries } from './scan.js';
+import type { RegionStoreOptions, SnapshotList, SnapshotSummary, VerifyReport } from './types.js';
+import { verifyManifest } from './verify.js';
 
 const FORMAT_FILE = 'vsnap-store.json';
 const FORMAT = 1;
+/** The store's publish sequence: a counter raised by every change of a `current` pointer. */
+const SEQ_FILE = 'publish-seq';
 /** Space kept free beyond what a capture writes. */
 const SPACE_MARGIN = 256 * 1024 * 1024;
 /** tmp/ entries younger than this are never cleaned (their writer may be just starting). */
 const TMP_GRACE_MS = 60_000;
+/** Capture ids whose start sequence is remembered until they are published (or dropped). */
+const MAX_PENDING_IDS = 4096;
 
-/**
- * Options of {@link RegionStore.open}.
- * @public
- */
-export interface RegionStoreOptions {
-  /** Create the directory (and the store in it) if missing. Default true. */
-  create?: boolean;
-  /** How long to wait for another process's store lock. Default 30 s. */
-  lockTimeoutMs?: number;
-  /** @internal tmp/ entries younger than this are never cleaned (tests shorten it). */
-  tmpGraceMs?: number;
-}
-
-/**
- * One snapshot name in a store.
- * @public
- */
-export interface SnapshotSummary {
-  /** The snapshot's name. */
-  readonly name: string;
-  /** The id `current` names (the newest good capture). */
-  readonly id: string;
-  /** When the current capture was made (ISO 8601). */
-  readonly createdAt: string;
-  /** Bytes of region data in the current capture. */
-  readonly bytes: number;
-  /** Regions in the current capture. */
-  readonly regions: number;
-  /** Captures of this name kept in the store (current included). */
-  readonly versions: number;
-}
-
-/**
- * A problem found by {@link RegionStore.verify}.
- * @public
- */
-export interface VerifyProblem {
-  /** The rank of the damaged region. */
-  readonly rank: number;
-  /** The damaged region's key. */
-  readonly region: string;
-  /** The error code (E_CHECKSUM, E_BLOB_TRUNCATED, E_BLOB_MISSING, ...). */
-  readonly code: string;
-  /** What was found and what to do. */
-  readonly message: string;
-}
-
-/**
- * The result of re-hashing a snapshot's blobs.
- * @public
- */
-export interface VerifyReport {
-  /** The snapshot verified. */
-  readonly name: string;
-  /** The capture verified. */
-  readonly id: string;
-  /** True when no problem was found. */
-  readonly ok: boolean;
-  /** Bytes re-hashed. */
-  readonly bytes: number;
-  /** Wall time. */
-  readonly seconds: number;
-  /** Every problem found, one per damaged region. */
-  readonly problems: readonly VerifyProblem[];
-}
+export type { RegionStoreOptions, SnapshotList, SnapshotSummary, StoreProblem, VerifyProblem, VerifyReport } from './types.js';
 
 /**
  * Snapshots on disk. Region bytes are content-addressed blobs (`blobs/ab/<digest>`, identical
  * regions stored once); each capture is a manifest (`snapshots/<name>/<id>.json`) and
  * `snapshots/<name>/current` names the newest good one. Every file is published by
  * write-to-tmp, fsync, rename, fsync of the directory, manifest last: a crash at any point
- * leaves the old snapshot or the new one, never a torn one. Processes coordinate through an
- * flock on `.lock`. Stale `tmp/` entries of dead writers are removed at open.
+ * leaves the old snapshot or the new one, never a torn one. Stale `tmp/` entries of dead
+ * writers are removed at open.
+ *
+ * The store never follows a symbolic link below its root (a store whose layout has links is
+ * refused with E_STORE_UNSAFE), and every error it throws is a {@link VsnapError}.
+ *
+ * Processes coordinate through two flocks. `.lock` guards blobs: readers (restores, verifies,
+ * RAM-tier loads) and publishes hold it shared, `gc` exclusive, so no blob is deleted while
+ * read or while a capture places it. `.meta.lock` guards manifests and `current` pointers, held
+ * exclusive for a moment by publish, `remove` and `gc`. So a publish waits only for `gc`,
+ * `remove` and other publishes, never for a long restore.
+ *
+ * Which capture is `current` does not depend on the wall clock: every publish takes the next
+ * number of a store-wide sequence, and a capture becomes `current` unless a capture of the same
+ * name was published after it started.
  * @public
  */
 export class RegionStore {
-  /** The store's directory. */
+  /** The store's directory (the real path, links above the root resolved once at open). */
   readonly root: string;
   /** @internal */
   readonly lockTimeoutMs: number;
+  private readonly spaceMargin: number;
+  /** The publish sequence number read when each capture id of this store was made. */
+  private readonly startSeqs = new Map<string, number>();
 
-  private constructor(root: string, lockTimeoutMs: number) {
+  private constructor(root: string, lockTimeoutMs: number, spaceMargin: number) {
     this.root = root;
     this.lockTimeoutMs = lockTimeoutMs;
+    this.spaceMargin = spaceMargin;
   }
 
   /** Opens (and by default creates) the store at `root`. */
@@ -111,15 +71,26 @@ export class RegionStore {
       throw new VsnapError('E_INVALID_ARGUMENT', `store root must be a directory path, got ${JSON.stringify(root)}`);
     }
     const create = options.create ?? true;
+    let real: string;
     try {
-      const formatPath = join(root, FORMAT_FILE);
-      if (!existsSync(root)) {
+      let exists = true;
+      try {
+        lstatSync(root);
+      } catch {
+        exists = false;
+      }
+      if (!exists) {
         if (!create) throw new VsnapError('E_STORE_INVALID', `no store at ${root} (pass create: true to make one)`, { root });
         mkdirSync(root, { recursive: true, mode: 0o755 });
       }
-      const formatText = await readTextIfExists(formatPath);
+      // The root itself may be reached through links (a mount point, /data -> /mnt/...): resolved
+      // here, once. Below it, nothing is followed.
+      real = realpathSync(root);
+      checkEntry(real, 'dir');
+      const formatPath = join(real, FORMAT_FILE);
+      const formatText = await readStoreText(formatPath);
       if (formatText === undefined) {
-        const entries = readdirSync(root).filter((e) => e !== '.lock');
+        const entries = readdirSync(real).filter((e) => e !== '.lock' && e !== '.meta.lock');
         if (entries.length > 0) {
           throw new VsnapError(
             'E_STORE_INVALID',
@@ -128,7 +99,7 @@ export class RegionStore {
           );
         }
         if (!create) throw new VsnapError('E_STORE_INVALID', `no store at ${root}`, { root });
-        replaceFileAtomic(formatPath, join(root, `.${FORMAT_FILE}.tmp`), `${JSON.stringify({ format: FORMAT })}\n`);
+        replaceFileAtomic(formatPath, join(real, `.${FORMAT_FILE}.tmp`), `${JSON.stringify({ format: FORMAT })}\n`);
       } else {
         let format: unknown;
         try {
@@ -144,18 +115,29 @@ export class RegionStore {
           );
         }
       }
-      for (const dir of ['blobs', 'snapshots', 'tmp']) mkdirSync(join(root, dir), { recursive: true });
+      for (const dir of ['blobs', 'snapshots', 'tmp']) {
+        if (!checkEntry(join(real, dir), 'dir')) mkdirSync(join(real, dir));
+      }
+      for (const file of ['.lock', '.meta.lock', SEQ_FILE]) checkEntry(join(real, file), 'file');
     } catch (err) {
       throw toVsnapError(err);
     }
-    const store = new RegionStore(root, options.lockTimeoutMs ?? 30_000);
-    await store.cleanTmp(options.tmpGraceMs ?? TMP_GRACE_MS);
+    const store = new RegionStore(real, options.lockTimeoutMs ?? 30_000, options.spaceMarginBytes ?? SPACE_MARGIN);
+    await guard(() => cleanTmp(real, options.tmpGraceMs ?? TMP_GRACE_MS));
     return store;
   }
 
-  /** Where a blob lives. @internal */
+  /**
+   * Where a blob lives. Throws E_STORE_UNSAFE if blobs/, its prefix directory or the blob itself
+   * is a link (so no reader or writer goes through one). @internal
+   */
   blobPath(digest: string): string {
-    return join(this.root, 'blobs', digest.slice(0, 2), digest);
+    if (typeof digest !== 'string' || !DIGEST.test(digest)) invalidDigest(digest);
+    const blobs = join(this.root, 'blobs');
+    const prefix = join(blobs, digest.slice(0, 2));
+    const path = join(prefix, digest);
+    if (checkEntry(blobs, 'dir') && checkEntry(prefix, 'dir')) checkEntry(path, 'file');
+    return path;
   }
 
   /** @internal */
@@ -163,7 +145,10 @@ export class RegionStore {
     return join(this.root, '.lock');
   }
 
-  /** Runs `fn` holding the store lock (shared for readers, exclusive for writers). @internal */
+  /**
+   * Runs `fn` holding the blob lock: shared (reading blobs, or placing new ones) or exclusive
+   * (gc, which deletes them). @internal
+   */
   async withLock<T>(exclusive: boolean, fn: () => Promise<T>): Promise<T> {
     const release = await acquireLock(this.lockPath, exclusive, this.lockTimeoutMs);
     try {
@@ -173,67 +158,147 @@ export class RegionStore {
     }
   }
 
+  /** Runs `fn` holding the exclusive lock on manifests and `current` pointers (held briefly). @internal */
+  async withMetaLock<T>(fn: () => Promise<T>): Promise<T> {
+    const release = await acquireLock(join(this.root, '.meta.lock'), true, this.lockTimeoutMs);
+    try {
+      return await fn();
+    } finally {
+      release();
+    }
+  }
+
+  /** The store's publish sequence number now. @internal */
+  readSeq(): number {
+    return parseSeq(readStoreTextSync(join(this.root, SEQ_FILE)));
+  }
+
+  /** Takes the next publish sequence number; call holding the meta lock. @internal */
+  nextSeq(atLeast: number): number {
+    const next = Math.max(this.readSeq(), atLeast) + 1;
+    replaceFileAtomic(join(this.root, SEQ_FILE), join(this.root, 'tmp', `.seq-${randomBytes(6).toString('hex')}`), `${next}\n`);
+    return next;
+  }
+
+  /** The publish sequence number a capture id started at, if this store made the id. @internal */
+  takeStartSeq(id: string): number | undefined {
+    const seq = this.startSeqs.get(id);
+    this.startSeqs.delete(id);
+    return seq;
+  }
+
   /**
    * Starts a capture: checks free space for `bytes`, then makes a private tmp directory that
    * this process holds a lock on (so no cleaner removes it while in use).
    * @internal
    */
-  async beginCapture(name: string, bytes: number, id: string = RegionStore.newCaptureId()): Promise<CaptureTransaction> {
+  async beginCapture(name: string, bytes: number, id: string = this.newCaptureId()): Promise<CaptureTransaction> {
     validateName(name);
-    this.checkFreeSpace(bytes);
-    return CaptureTransaction.begin(this, name, id);
+    try {
+      const startSeq = this.takeStartSeq(id) ?? this.readSeq();
+      this.checkFreeSpace(bytes);
+      checkEntry(join(this.root, 'tmp'), 'dir');
+      return CaptureTransaction.begin(this, name, id, startSeq);
+    } catch (err) {
+      throw toVsnapError(err);
+    }
   }
 
-  /** A fresh capture id: time-ordered, unique. @internal */
+  /** A fresh capture id (unique; its time part orders history, not `current`). @internal */
   static newCaptureId(): string {
     return `${Date.now().toString(36).padStart(9, '0')}-${randomBytes(4).toString('hex')}`;
+  }
+
+  /**
+   * A fresh capture id that remembers the store's publish sequence number now: a capture made
+   * with it (even one persisted later from the RAM tier) becomes `current` unless another
+   * capture of its name was published after this moment. @internal
+   */
+  newCaptureId(): string {
+    const id = RegionStore.newCaptureId();
+    try {
+      this.startSeqs.set(id, this.readSeq());
+      // ids of RAM-only captures never persisted are not kept forever: the oldest go first
+      if (this.startSeqs.size > MAX_PENDING_IDS) this.startSeqs.delete(this.startSeqs.keys().next().value!);
+    } catch (err) {
+      throw toVsnapError(err);
+    }
+    return id;
   }
 
   /** Throws E_NO_SPACE if the store's file system cannot take `bytes` more (plus a margin). */
   private checkFreeSpace(bytes: number): void {
     const fs = statfsSync(this.root);
     const free = fs.bavail * fs.bsize;
-    if (free < bytes + SPACE_MARGIN) {
+    if (free < bytes + this.spaceMargin) {
       const gib = (n: number): string => `${(n / 2 ** 30).toFixed(2)} GiB`;
       throw new VsnapError(
         'E_NO_SPACE',
-        `the store at ${this.root} has ${gib(free)} free; this capture needs up to ${gib(bytes)} plus a ${gib(SPACE_MARGIN)} margin. ` +
+        `the store at ${this.root} has ${gib(free)} free; this capture needs up to ${gib(bytes)} plus a ${gib(this.spaceMargin)} margin. ` +
           'Free space (`vsnap rm` old snapshots, then `vsnap gc`) or use another store.',
-        { root: this.root, freeBytes: free, neededBytes: bytes + SPACE_MARGIN },
+        { root: this.root, freeBytes: free, neededBytes: bytes + this.spaceMargin },
       );
     }
   }
 
-  /** Names of all snapshots with their current capture, sorted by name. */
-  async list(): Promise<SnapshotSummary[]> {
-    const names = (await this.snapshotNames()).sort();
-    const out: SnapshotSummary[] = [];
-    for (const name of names) {
-      const manifest = await this.current(name);
-      if (!manifest) continue;
-      const versions = (await this.manifestIds(name)).length;
-      out.push({
-        name,
-        id: manifest.id,
-        createdAt: manifest.data.createdAt,
-        bytes: manifest.totalBytes,
-        regions: manifest.regionCount,
-        versions,
-      });
-    }
-    return out;
+  /**
+   * Every snapshot with its current capture, sorted by name. Entries that cannot be read (a
+   * damaged manifest or `current`, a stray file, a link) are reported in `problems` beside the
+   * healthy ones.
+   */
+  async list(): Promise<SnapshotList> {
+    return guard(async () => {
+      const { names, problems } = await snapshotEntries(this.root);
+      const out: SnapshotSummary[] = [];
+      for (const name of names.sort()) {
+        try {
+          const manifest = await this.current(name);
+          if (!manifest) continue;
+          const versions = (await this.manifestIds(name)).length;
+          out.push({ name, id: manifest.id, createdAt: manifest.data.createdAt, bytes: manifest.totalBytes, regions: manifest.regionCount, versions });
+        } catch (err) {
+          const e = toVsnapError(err);
+          problems.push({ name, code: e.code, message: e.message });
+        }
+      }
+      problems.sort((x, y) => (x.name < y.name ? -1 : x.name > y.name ? 1 : 0));
+      // not enumerable: the list stays a plain array to compare, spread and serialize
+      return Object.defineProperty(out, 'problems', { value: problems, enumerable: false }) as SnapshotList;
+    });
   }
 
   /** The newest good capture of `name`, or undefined if there is none. */
   async current(name: string): Promise<Manifest | undefined> {
     const id = await this.currentId(name);
-    return id === undefined ? undefined : this.readManifest(name, id);
+    return id === undefined ? undefined : guard(() => this.readManifest(name, id));
   }
 
-  /** The id `current` names, if any. @internal */
+  /**
+   * The id `current` names, if any. Throws E_STORE_INVALID when `current` holds something that
+   * is not a capture id (it is never used as a path). @internal
+   */
   async currentId(name: string): Promise<string | undefined> {
     validateName(name);
-    return (await readTextIfExists(this.currentPath(name)))?.trim() || undefined;
+    const pointer = await this.readCurrent(name);
+    if (pointer === undefined) return undefined;
+    if ('junk' in pointer) {
+      throw new VsnapError(
+        'E_STORE_INVALID',
+        `${this.currentPath(name)} does not name a capture (it holds ${JSON.stringify(pointer.junk.slice(0, 60))}). ` +
+          `Capture '${name}' again (the new capture replaces it), or \`vsnap rm ${name}\`.`,
+        { name, path: this.currentPath(name) },
+      );
+    }
+    return pointer.id;
+  }
+
+  /** The `current` pointer of `name`, undefined when absent. @internal */
+  async readCurrent(name: string): Promise<CurrentPointer | undefined> {
+    return guard(async () => {
+      if (!this.snapshotDirExists(name)) return undefined;
+      const text = await readStoreText(this.currentPath(name));
+      return text === undefined ? undefined : parseCurrent(text);
+    });
   }
 
   /** A capture of `name`: the current one, or the one with `id`. Throws E_SNAPSHOT_NOT_FOUND. */
@@ -245,77 +310,25 @@ export class RegionStore {
       return m;
     }
     validateName(id, 'snapshot id');
-    if (!existsSync(this.manifestPath(name, id))) {
-      throw new VsnapError('E_SNAPSHOT_NOT_FOUND', `no capture '${id}' of snapshot '${name}' in ${this.root}`, { name, id });
-    }
-    return this.readManifest(name, id);
+    return guard(() => this.readManifest(name, id));
   }
 
   /** Every capture kept for `name`, oldest first. */
   async history(name: string): Promise<Manifest[]> {
     validateName(name);
-    const ids = await this.manifestIds(name);
-    return Promise.all(ids.map((id) => this.readManifest(name, id)));
+    return guard(async () => {
+      const ids = await this.manifestIds(name);
+      return Promise.all(ids.map((id) => this.readManifest(name, id)));
+    });
   }
 
   /**
    * Re-hashes every blob of a snapshot (at line rate, in parallel) against its manifest and
-   * reports every problem found (a corrupt chunk, a truncated or missing blob, a blob whose
-   * name does not match its checksums).
+   * reports every problem found (a corrupt chunk, a truncated or missing blob).
    */
   async verify(name: string, options: TransferOptions & { id?: string } = {}): Promise<VerifyReport> {
     const manifest = await this.get(name, options.id);
-    const started = performance.now();
-    const problems: VerifyProblem[] = [];
-    await this.withLock(false, async () => {
-      const regions = [...manifest.regions()].filter(({ rank, region }) => {
-        if (blobDigest(region.size, region.chunkSize, region.checksums) === region.blob) return true;
-        problems.push({ rank, region: region.key, code: 'E_MANIFEST_INVALID', message: `blob name ${region.blob} does not match the region's checksums` });
-        return false;
-      });
-      const job = (subset: typeof regions, onProgress?: TransferOptions['onProgress']) =>
-        runTransfer({
-          op: 'verify',
-          label: name,
-          regions: subset.map(({ region }) => ({
-            name: region.key,
-            blobPath: this.blobPath(region.blob),
-            size: region.size,
-            chunkSize: region.chunkSize,
-            checksums: region.checksums,
-          })),
-          ...(options.signal ? { signal: options.signal } : {}),
-          ...(options.threads ? { threads: options.threads } : {}),
-          directIo: options.directIo ?? false,
-          ...(onProgress ? { onProgress } : {}),
-        });
-      try {
-        // One job over every region keeps all threads busy; it stops at the first problem.
-        await job(regions, options.onProgress);
-        return;
-      } catch (err) {
-        const e = toVsnapError(err);
-        if (e.code === 'E_ABORTED' || e.code === 'E_NATIVE_LOAD' || e.code === 'E_INVALID_ARGUMENT') throw e;
-      }
-      // Something is damaged: go region by region to report every problem, not just the first.
-      for (const entry of regions) {
-        try {
-          await job([entry]);
-        } catch (err) {
-          const e = toVsnapError(err);
-          if (e.code === 'E_ABORTED') throw e;
-          problems.push({ rank: entry.rank, region: entry.region.key, code: e.code, message: e.message });
-        }
-      }
-    });
-    return {
-      name,
-      id: manifest.id,
-      ok: problems.length === 0,
-      bytes: manifest.totalBytes,
-      seconds: (performance.now() - started) / 1000,
-      problems,
-    };
+    return guard(() => this.withLock(false, () => verifyManifest(this, manifest, options)));
   }
 
   /**
@@ -326,79 +339,79 @@ export class RegionStore {
   async remove(name: string, options: { id?: string } = {}): Promise<string[]> {
     validateName(name);
     if (options.id !== undefined) validateName(options.id, 'snapshot id');
-    return this.withLock(true, async () => {
-      const dir = join(this.root, 'snapshots', name);
-      const ids = await this.manifestIds(name);
-      const targets = options.id === undefined ? ids : ids.filter((i) => i === options.id);
-      if (targets.length === 0) {
-        throw new VsnapError('E_SNAPSHOT_NOT_FOUND', `no snapshot '${name}'${options.id ? ` with id '${options.id}'` : ''} in ${this.root}`, {
-          name,
-          id: options.id,
-        });
-      }
-      const remaining = ids.filter((i) => !targets.includes(i));
-      const tmp = join(this.root, 'tmp', `.current-${randomBytes(6).toString('hex')}`);
-      if (remaining.length > 0) {
-        // Move `current` first, so a crash in between leaves a valid pointer.
-        this.writeCurrent(name, remaining[remaining.length - 1]!, tmp);
-      } else {
-        await rm(join(dir, 'current'), { force: true });
-      }
-      for (const id of targets) await unlink(this.manifestPath(name, id));
-      if (remaining.length === 0) await rm(dir, { recursive: true, force: true });
-      return targets;
-    });
+    return guard(() =>
+      this.withMetaLock(async () => {
+        const dir = join(this.root, 'snapshots', name);
+        const ids = await this.manifestIds(name);
+        const targets = options.id === undefined ? ids : ids.filter((i) => i === options.id);
+        if (targets.length === 0) {
+          throw new VsnapError('E_SNAPSHOT_NOT_FOUND', `no snapshot '${name}'${options.id ? ` with id '${options.id}'` : ''} in ${this.root}`, {
+            name,
+            id: options.id,
+          });
+        }
+        const remaining = ids.filter((i) => !targets.includes(i));
+        const tmp = join(this.root, 'tmp', `.current-${randomBytes(6).toString('hex')}`);
+        if (remaining.length > 0) {
+          // Move `current` first, so a crash in between leaves a valid pointer.
+          const current = await this.readCurrent(name);
+          if (current === undefined || 'junk' in current || targets.includes(current.id)) {
+            this.writeCurrent(name, remaining[remaining.length - 1]!, this.nextSeq(0), tmp);
+          }
+        } else {
+          await rm(join(dir, 'current'), { force: true });
+        }
+        // unlink never follows a link: a manifest that is a link loses the link only
+        for (const id of targets) await unlink(this.manifestPath(name, id));
+        if (remaining.length === 0) await rm(dir, { recursive: true, force: true });
+        return targets;
+      }),
+    );
   }
 
   /**
-   * Deletes blobs no manifest references. Refuses (E_MANIFEST_INVALID) if any manifest cannot
-   * be read, rather than risk deleting what it references.
+   * Deletes blobs no manifest references. Refuses (E_MANIFEST_INVALID, E_STORE_INVALID,
+   * E_STORE_UNSAFE) if any manifest or snapshot directory cannot be read, rather than risk
+   * deleting what it references. Stray files in `blobs/` or `snapshots/` are left alone.
    */
   async gc(): Promise<{ blobsRemoved: number; bytesFreed: number }> {
-    return this.withLock(true, async () => {
-      const referenced = new Set<string>();
-      for (const name of await this.snapshotNames()) {
-        for (const id of await this.manifestIds(name)) {
-          for (const { region } of (await this.readManifest(name, id)).regions()) referenced.add(region.blob);
-        }
-      }
-      let blobsRemoved = 0;
-      let bytesFreed = 0;
-      for await (const blob of this.blobFiles()) {
-        if (referenced.has(blob.digest)) continue;
-        await unlink(blob.path);
-        bytesFreed += blob.size;
-        blobsRemoved++;
-      }
-      return { blobsRemoved, bytesFreed };
-    });
+    return guard(() =>
+      this.withLock(true, () =>
+        this.withMetaLock(async () => {
+          const referenced = new Set<string>();
+          const { names, problems } = await snapshotEntries(this.root);
+          const unsafe = problems.find((p) => p.code === 'E_STORE_UNSAFE');
+          if (unsafe) throw new VsnapError('E_STORE_UNSAFE', `gc refused: ${unsafe.message}`, { name: unsafe.name });
+          for (const name of names) {
+            for (const id of await this.manifestIds(name)) {
+              for (const { region } of (await this.readManifest(name, id)).regions()) referenced.add(region.blob);
+            }
+          }
+          let blobsRemoved = 0;
+          let bytesFreed = 0;
+          for await (const blob of blobFiles(this.root)) {
+            if (referenced.has(blob.digest)) continue;
+            await unlink(blob.path);
+            bytesFreed += blob.size;
+            blobsRemoved++;
+          }
+          return { blobsRemoved, bytesFreed };
+        }),
+      ),
+    );
   }
 
   /** Bytes and count of blobs on disk (after dedupe). */
   async usage(): Promise<{ blobs: number; bytes: number }> {
-    let blobs = 0;
-    let bytes = 0;
-    for await (const blob of this.blobFiles()) {
-      blobs++;
-      bytes += blob.size;
-    }
-    return { blobs, bytes };
-  }
-
-  /** Every blob file on disk. */
-  private async *blobFiles(): AsyncGenerator<{ path: string; digest: string; size: number }> {
-    const root = join(this.root, 'blobs');
-    for (const prefix of await readdir(root)) {
-      for (const digest of await readdir(join(root, prefix))) {
-        const path = join(root, prefix, digest);
-        yield { path, digest, size: (await stat(path)).size };
+    return guard(async () => {
+      let blobs = 0;
+      let bytes = 0;
+      for await (const blob of blobFiles(this.root)) {
+        blobs++;
+        bytes += blob.size;
       }
-    }
-  }
-
-  /** The snapshot names (directories under snapshots/, dot-entries skipped). */
-  private async snapshotNames(): Promise<string[]> {
-    return (await readdir(join(this.root, 'snapshots'))).filter((n) => !n.startsWith('.'));
+      return { blobs, bytes };
+    });
   }
 
   /** Nothing to release today; present so stores can be used with `await using`. */
@@ -414,9 +427,23 @@ export class RegionStore {
     return join(this.root, 'snapshots', name, `${id}.json`);
   }
 
-  /** @internal */
-  writeCurrent(name: string, id: string, tmpPath: string): void {
-    replaceFileAtomic(this.currentPath(name), tmpPath, `${id}\n`);
+  /**
+   * Whether snapshots/<name> exists: a real directory (never a link: E_STORE_UNSAFE), or absent.
+   * `create` makes it (durably) when absent. @internal
+   */
+  snapshotDirExists(name: string, create = false): boolean {
+    checkEntry(join(this.root, 'snapshots'), 'dir');
+    const dir = join(this.root, 'snapshots', name);
+    if (checkEntry(dir, 'dir')) return true;
+    if (!create) return false;
+    mkdirSync(dir);
+    fsyncDir(join(this.root, 'snapshots'));
+    return true;
+  }
+
+  /** @internal Writes `current` (atomically: the rename replaces a link rather than following it). */
+  writeCurrent(name: string, id: string, seq: number, tmpPath: string): void {
+    replaceFileAtomic(this.currentPath(name), tmpPath, `${id}\n${seq}\n`);
   }
 
   private currentPath(name: string): string {
@@ -429,55 +456,35 @@ export class RegionStore {
   }
 
   private async manifestIds(name: string): Promise<string[]> {
-    let entries: string[];
-    try {
-      entries = await readdir(join(this.root, 'snapshots', name));
-    } catch (err) {
-      if ((err as NodeJS.ErrnoException).code === 'ENOENT') return [];
-      throw toVsnapError(err);
-    }
-    return entries.filter((e) => e.endsWith('.json') && !e.startsWith('.')).map((e) => e.slice(0, -5)).sort();
+    if (!this.snapshotDirExists(name)) return [];
+    const entries = await readdir(join(this.root, 'snapshots', name), { withFileTypes: true });
+    return entries
+      .filter((e) => (e.isFile() || e.isSymbolicLink()) && e.name.endsWith('.json') && !e.name.startsWith('.'))
+      .map((e) => e.name.slice(0, -5))
+      .sort();
   }
 
   private async readManifest(name: string, id: string): Promise<Manifest> {
     const path = this.manifestPath(name, id);
-    let text: string;
-    try {
-      text = await readFile(path, 'utf8');
-    } catch (err) {
-      if ((err as NodeJS.ErrnoException).code === 'ENOENT') {
-        throw new VsnapError('E_SNAPSHOT_NOT_FOUND', `snapshot '${name}' names capture '${id}', whose manifest ${path} is missing`, { name, id });
-      }
-      throw toVsnapError(err);
+    if (!this.snapshotDirExists(name)) {
+      throw new VsnapError('E_SNAPSHOT_NOT_FOUND', `no snapshot named '${name}' in ${this.root}`, { name, id });
     }
-    return Manifest.parse(text, path);
+    const text = await readStoreText(path);
+    if (text === undefined) {
+      throw new VsnapError('E_SNAPSHOT_NOT_FOUND', `no capture '${id}' of snapshot '${name}' in ${this.root} (${path} is missing)`, { name, id });
+    }
+    const manifest = Manifest.parse(text, path);
+    if (manifest.id !== id || manifest.name !== name) {
+      throw new VsnapError('E_MANIFEST_INVALID', `${path} holds capture '${manifest.id}' of '${manifest.name}', not '${id}' of '${name}': the store was edited by hand.`, {
+        name,
+        id,
+        issues: [{ path: 'id', message: 'does not match the file name' }],
+      });
+    }
+    return manifest;
   }
+}
 
-  /** Removes tmp/ entries of writers that died: unlocked, and older than a grace period. */
-  private async cleanTmp(graceMs: number): Promise<void> {
-    const tmp = join(this.root, 'tmp');
-    const now = Date.now();
-    for (const entry of await readdir(tmp)) {
-      const path = join(tmp, entry);
-      let mtime: number;
-      try {
-        mtime = statSync(path).mtimeMs;
-      } catch {
-        continue;
-      }
-      if (now - mtime < graceMs) continue;
-      if (entry.endsWith('.lock')) {
-        const release = tryLock(path, true);
-        if (!release) continue; // its writer is alive
-        try {
-          await rm(path.slice(0, -'.lock'.length), { recursive: true, force: true });
-          await rm(path, { force: true });
-        } finally {
-          release();
-        }
-      } else if (!existsSync(`${path}.lock`)) {
-        await rm(path, { recursive: true, force: true });
-      }
-    }
-  }
+function invalidDigest(digest: unknown): never {
+  throw new VsnapError('E_MANIFEST_INVALID', `${JSON.stringify(digest)} is not a blob digest (64 lowercase hex digits)`, { digest });
 }

@@ -1,9 +1,11 @@
 import { readFileSync } from 'node:fs';
+import { createServer } from 'node:net';
 
 import { LineCounter, parseDocument } from 'yaml';
 import { z } from 'zod';
 
 import { VsnapError } from '../errors.js';
+import { NAME, snapshotNameFor } from '../store/names.js';
 
 const ModelSchema = z
   .object({
@@ -19,7 +21,7 @@ const ModelSchema = z
     token: z.string().min(1).optional(),
     /** vLLM's --api-key, for /v1 routes. */
     apiKey: z.string().min(1).optional(),
-    snapshot: z.string().min(1).optional(),
+    snapshot: z.string().regex(NAME, 'a snapshot name: 1-128 letters, digits, ".", "_" or "-", starting with a letter or digit').optional(),
     gpus: z.array(z.number().int().nonnegative()).min(1).default([0]),
     memoryGiB: z.number().positive(),
     asleepGiB: z.number().nonnegative().default(0),
@@ -49,9 +51,40 @@ export const ConfigSchema = z
   .strict()
   .superRefine((c, ctx) => {
     if (c.defaultModel && !c.models[c.defaultModel]) ctx.addIssue({ code: 'custom', path: ['defaultModel'], message: `'${c.defaultModel}' is not one of the models` });
+    const snapshots = new Map<string, string>();
+    const ports = new Map<number, string>();
+    if (c.listen.port !== 0) ports.set(c.listen.port, 'listen.port');
+    const pinned = new Map<number, number>();
     for (const [name, m] of Object.entries(c.models)) {
       for (const g of m.gpus) {
-        if (!c.gpus[String(g)]) ctx.addIssue({ code: 'custom', path: ['models', name, 'gpus'], message: `gpu ${g} has no budget under gpus:` });
+        const budget = c.gpus[String(g)]?.budgetGiB;
+        if (budget === undefined) {
+          ctx.addIssue({ code: 'custom', path: ['models', name, 'gpus'], message: `gpu ${g} has no budget under gpus:` });
+        } else if (m.memoryGiB > budget) {
+          // it could never be woken: a config error now, not an E_BUSY on every request later
+          ctx.addIssue({ code: 'custom', path: ['models', name, 'memoryGiB'], message: `${m.memoryGiB} GiB does not fit gpu ${g}'s budget of ${budget} GiB` });
+        }
+        if (m.pinned) pinned.set(g, (pinned.get(g) ?? 0) + m.memoryGiB);
+      }
+      if (m.asleepGiB > m.memoryGiB) {
+        ctx.addIssue({ code: 'custom', path: ['models', name, 'asleepGiB'], message: `${m.asleepGiB} GiB asleep is more than the ${m.memoryGiB} GiB awake` });
+      }
+      const snapshot = m.snapshot ?? snapshotNameFor(name);
+      const other = snapshots.get(snapshot);
+      if (other !== undefined) {
+        ctx.addIssue({ code: 'custom', path: ['models', name, 'snapshot'], message: `snapshot '${snapshot}' is also model '${other}''s: give each model its own (snapshot:)` });
+      }
+      snapshots.set(snapshot, name);
+      if (m.command && m.port !== undefined) {
+        const taken = ports.get(m.port);
+        if (taken !== undefined) ctx.addIssue({ code: 'custom', path: ['models', name, 'port'], message: `port ${m.port} is also ${taken}` });
+        ports.set(m.port, `models.${name}.port`);
+      }
+    }
+    for (const [g, total] of pinned) {
+      const budget = c.gpus[String(g)]?.budgetGiB;
+      if (budget !== undefined && total > budget) {
+        ctx.addIssue({ code: 'custom', path: ['gpus', String(g), 'budgetGiB'], message: `the pinned models need ${total} GiB of gpu ${g}, more than its ${budget} GiB: they can never all be awake` });
       }
     }
   });
@@ -77,7 +110,7 @@ export interface ServeModelConfig {
   readonly token?: string | undefined;
   /** vLLM's --api-key, for /v1 routes. */
   readonly apiKey?: string | undefined;
-  /** Its snapshot's name (default: the model name). */
+  /** Its snapshot's name. Filled in at load when absent: the model name with `/` as `--` and `:` as `-` (see {@link snapshotNameForModel}). */
   readonly snapshot?: string | undefined;
   /** The GPUs it uses. */
   readonly gpus: number[];
@@ -188,7 +221,54 @@ export function parseConfig(text: string, source: string, env: NodeJS.ProcessEnv
         })),
   ];
   if (issues.length || !result.success) throw configError(source, issues);
+  // Every model gets a valid snapshot name now, so a model name never fails later as one.
+  for (const [name, m] of Object.entries(result.data.models)) m.snapshot ??= snapshotNameFor(name);
   return result.data;
+}
+
+/**
+ * The snapshot name a model of a `vsnap serve` configuration gets when it names none: the model
+ * name with `/` as `--` and `:` as `-` (`meta-llama/Llama-3.1-8B` → `meta-llama--Llama-3.1-8B`).
+ * @public
+ */
+export function snapshotNameForModel(model: string): string {
+  return snapshotNameFor(model);
+}
+
+/**
+ * Checks, before any engine boots, that the agent's listen address and the port of every engine
+ * vsnap starts are free: binds each for a moment and lets it go. Throws E_ADDRESS_IN_USE naming
+ * every port in use (or E_CONFIG for an address that cannot be bound at all).
+ * @public
+ */
+export async function checkPorts(config: ServeConfig): Promise<void> {
+  const wanted: Array<{ what: string; host: string; port: number }> = [];
+  if (config.listen.port !== 0) wanted.push({ what: 'listen', host: config.listen.host, port: config.listen.port });
+  for (const [name, m] of Object.entries(config.models)) {
+    if (m.command && m.port !== undefined) wanted.push({ what: `models.${name}.port`, host: '127.0.0.1', port: m.port });
+  }
+  const problems: Array<{ what: string; host: string; port: number; errno: string }> = [];
+  for (const w of wanted) {
+    const errno = await tryBind(w.host, w.port);
+    if (errno) problems.push({ ...w, errno });
+  }
+  if (problems.length === 0) return;
+  const lines = problems.map((p) => `  ${p.what}: ${p.host}:${p.port} (${p.errno})`).join('\n');
+  const inUse = problems.every((p) => p.errno === 'EADDRINUSE');
+  throw new VsnapError(
+    inUse ? 'E_ADDRESS_IN_USE' : 'E_CONFIG',
+    `${inUse ? 'ports already in use' : 'addresses that cannot be bound'}; nothing was started:\n${lines}\nStop what holds them or choose other ports.`,
+    { ports: problems },
+  );
+}
+
+/** Binds host:port for a moment; returns the error code, or undefined when free. */
+function tryBind(host: string, port: number): Promise<string | undefined> {
+  return new Promise((resolve) => {
+    const server = createServer();
+    server.once('error', (err: NodeJS.ErrnoException) => resolve(err.code ?? 'EUNKNOWN'));
+    server.listen({ host, port, exclusive: true }, () => server.close(() => resolve(undefined)));
+  });
 }
 
 /** The offset of the deepest node of `path` that exists in the document. */

@@ -73,6 +73,11 @@ class StagingPools {
     return n;
   }
 
+  /** How many pools exist now (in use or idle). */
+  get size(): number {
+    return this.entries.size;
+  }
+
   /** Frees every idle pool now. */
   async releaseIdle(): Promise<void> {
     for (const [key, entry] of this.entries) if (entry.users === 0) this.drop(key);
@@ -87,8 +92,16 @@ class StagingPools {
   }
 }
 
+/**
+ * One registry per process: the ESM and the CommonJS build of vsnap are two copies of this module,
+ * and both must lend from the same pools (pinned memory is made once per process, not per build).
+ * The key carries a layout version, so a copy with an incompatible registry makes its own.
+ */
+const REGISTRY = Symbol.for('vsnap.stagingPools.v1');
+
 /** @internal */
-export const stagingPools = new StagingPools();
+export const stagingPools: StagingPools = ((globalThis as Record<symbol, unknown>)[REGISTRY] as StagingPools | undefined) ??
+  ((globalThis as Record<symbol, unknown>)[REGISTRY] = new StagingPools()) as StagingPools;
 
 /**
  * Frees the staging memory vsnap keeps pinned between transfers (it is otherwise freed after

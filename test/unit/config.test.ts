@@ -4,7 +4,10 @@ import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 
 import { VsnapError } from '../../src/errors.js';
-import { loadConfig, parseConfig } from '../../src/swap/config.js';
+import { createServer, type Server } from 'node:net';
+
+import { validateName } from '../../src/store/names.js';
+import { checkPorts, loadConfig, parseConfig, snapshotNameForModel } from '../../src/swap/config.js';
 import { tempDir } from '../helpers/tmp.js';
 
 const good = `
@@ -76,5 +79,74 @@ describe('serve configuration', () => {
 
   it('the message names the file and line', () => {
     expect(() => parseConfig('store: /s\ngpus: {}\nmodels: {}\n', 'my.yaml')).toThrow(/my\.yaml:3:\d+ models: at least one model/);
+  });
+
+  it('a model name with / and : gets a valid default snapshot name, distinct per model', () => {
+    const c = parseConfig(
+      'store: /s\ngpus: { "0": { budgetGiB: 80 } }\nmodels:\n  meta-llama/Llama-3.1-8B: { url: "http://h:1", memoryGiB: 20 }\n  qwen:7b: { url: "http://h:2", memoryGiB: 20 }\n  own: { url: "http://h:3", memoryGiB: 1, snapshot: mine }\n',
+      'v.yaml',
+    );
+    expect(c.models['meta-llama/Llama-3.1-8B']!.snapshot).toBe('meta-llama--Llama-3.1-8B');
+    expect(c.models['qwen:7b']!.snapshot).toBe('qwen-7b');
+    expect(c.models.own!.snapshot).toBe('mine');
+    for (const m of Object.values(c.models)) expect(validateName(m.snapshot)).toBe(m.snapshot);
+    // every model name the schema accepts maps to a valid snapshot name, long ones included
+    for (const name of ['a/'.repeat(63) + 'b', `${'x'.repeat(127)}:`, 'org/m:v1/q', '0/0']) {
+      expect(validateName(snapshotNameForModel(name))).toBeTruthy();
+    }
+    expect(snapshotNameForModel('a/'.repeat(63) + 'b')).not.toBe(snapshotNameForModel('a/'.repeat(63) + 'c'));
+  });
+
+  it('refuses an invalid snapshot name, and two models sharing one', () => {
+    const two = issues('store: /s\ngpus: { "0": { budgetGiB: 80 } }\nmodels:\n  a/b: { url: "http://h:1", memoryGiB: 1 }\n  a--b: { url: "http://h:2", memoryGiB: 1 }\n');
+    expect(two).toEqual([expect.objectContaining({ path: 'models.a--b.snapshot', message: expect.stringMatching(/also model 'a\/b'/) })]);
+    const bad = issues('store: /s\ngpus: { "0": { budgetGiB: 80 } }\nmodels:\n  m: { url: "http://h:1", memoryGiB: 1, snapshot: ../x }\n');
+    expect(bad).toEqual([expect.objectContaining({ path: 'models.m.snapshot', line: 4 })]);
+  });
+
+  it('budgets are checked at load: an engine larger than its GPU, pinned engines that cannot all fit, asleep above awake', () => {
+    const found = issues(
+      'store: /s\ngpus: { "0": { budgetGiB: 80 }, "1": { budgetGiB: 40 } }\nmodels:\n' +
+        '  big: { url: "http://h:1", memoryGiB: 60, gpus: [0, 1] }\n' +
+        '  p1: { url: "http://h:2", memoryGiB: 50, pinned: true }\n' +
+        '  p2: { url: "http://h:3", memoryGiB: 40, pinned: true, asleepGiB: 41 }\n',
+    );
+    expect(found.map((i) => `${i.path}: ${i.message}`).sort()).toEqual([
+      "gpus.0.budgetGiB: the pinned models need 90 GiB of gpu 0, more than its 80 GiB: they can never all be awake",
+      "models.big.memoryGiB: 60 GiB does not fit gpu 1's budget of 40 GiB",
+      'models.p2.asleepGiB: 41 GiB asleep is more than the 40 GiB awake',
+    ]);
+    expect(found.find((i) => i.path === 'models.big.memoryGiB')!.line).toBe(4);
+  });
+
+  it('two started engines on one port, or on the listen port, are refused', () => {
+    const found = issues(
+      'store: /s\nlisten: { port: 9000 }\ngpus: { "0": { budgetGiB: 80 } }\nmodels:\n  a: { command: x, port: 9000, memoryGiB: 1 }\n  b: { command: x, port: 9001, memoryGiB: 1 }\n  c: { command: x, port: 9001, memoryGiB: 1 }\n',
+    );
+    expect(found.map((i) => `${i.path}: ${i.message}`)).toEqual(['models.a.port: port 9000 is also listen.port', 'models.c.port: port 9001 is also models.b.port']);
+  });
+
+  it('checkPorts finds a listen or engine port in use before anything starts', async () => {
+    const busy: Server = createServer();
+    await new Promise<void>((resolve) => busy.listen(0, '127.0.0.1', resolve));
+    const port = (busy.address() as { port: number }).port;
+    try {
+      const config = (listen: number, engine: number) =>
+        parseConfig(`store: /s\nlisten: { port: ${listen} }\ngpus: { "0": { budgetGiB: 80 } }\nmodels:\n  m: { command: x, port: ${engine}, memoryGiB: 1 }\n`, 'v.yaml');
+      const free = await new Promise<number>((resolve) => {
+        const s = createServer().listen(0, '127.0.0.1', () => {
+          const p = (s.address() as { port: number }).port;
+          s.close(() => resolve(p));
+        });
+      });
+      const err = await checkPorts(config(port, free)).catch((e: unknown) => e);
+      expect(err).toBeInstanceOf(VsnapError);
+      expect(err).toMatchObject({ code: 'E_ADDRESS_IN_USE', details: { ports: [expect.objectContaining({ what: 'listen', port })] } });
+      expect((err as VsnapError).details.ports).toHaveLength(1);
+      await expect(checkPorts(config(0, port))).rejects.toMatchObject({ code: 'E_ADDRESS_IN_USE', details: { ports: [expect.objectContaining({ what: 'models.m.port' })] } });
+      await expect(checkPorts(config(0, free))).resolves.toBeUndefined();
+    } finally {
+      busy.close();
+    }
   });
 });

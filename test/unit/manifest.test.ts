@@ -2,9 +2,9 @@ import { describe, expect, it } from 'vitest';
 
 import { VsnapError } from '../../src/errors.js';
 import { Manifest } from '../../src/manifest/manifest.js';
+import { blobDigest } from '../../src/store/digest.js';
 
 const sum = (n: number): string => n.toString(16).padStart(32, '0');
-const blob = (n: number): string => n.toString(16).padStart(64, '0');
 
 function valid(): Record<string, unknown> {
   return {
@@ -22,9 +22,9 @@ function valid(): Record<string, unknown> {
         rank: 0,
         device: { uuid: 'GPU-1', name: 'NVIDIA H200' },
         regions: [
-          { key: 'embed.weight', tag: 'weights', size: 8192, chunkSize: 4096, checksums: [sum(1), sum(2)], blob: blob(1), tensors: [{ name: 'embed.weight', offset: 0, dtype: 'bfloat16', shape: [2, 2048] }] },
-          { key: 'layers.0.weight', tag: 'weights', size: 4097, chunkSize: 4096, checksums: [sum(3), sum(4)], blob: blob(2) },
-          { key: 'anon:0', tag: 'weights', size: 0, chunkSize: 4096, checksums: [], blob: blob(3) },
+          { key: 'embed.weight', tag: 'weights', size: 8192, chunkSize: 4096, checksums: [sum(1), sum(2)], blob: blobDigest(8192, 4096, [sum(1), sum(2)]), tensors: [{ name: 'embed.weight', offset: 0, dtype: 'bfloat16', shape: [2, 2048] }] },
+          { key: 'layers.0.weight', tag: 'weights', size: 4097, chunkSize: 4096, checksums: [sum(3), sum(4)], blob: blobDigest(4097, 4096, [sum(3), sum(4)]) },
+          { key: 'anon:0', tag: 'weights', size: 0, chunkSize: 4096, checksums: [], blob: blobDigest(0, 4096, []) },
         ],
       },
     ],
@@ -76,6 +76,34 @@ describe('Manifest.parse', () => {
     (bad.ranks as Array<{ regions: Array<Record<string, unknown>> }>)[0]!.regions[1]!.checksums = [sum(1)];
     const issues = issuesOf(() => Manifest.parse(bad));
     expect(issues).toEqual([{ path: 'ranks[0].regions[1].checksums', message: '4097 bytes in chunks of 4096 need 2 checksums, found 1' }]);
+  });
+
+  it('checks that each blob name is derived from its region (size, chunk size, checksums)', () => {
+    const bad = valid();
+    const regions = (bad.ranks as Array<{ regions: Array<Record<string, unknown>> }>)[0]!.regions;
+    regions[0]!.blob = regions[1]!.blob; // another region's blob
+    regions[1]!.checksums = [sum(3), sum(5)]; // checksums changed, blob name kept
+    const issues = issuesOf(() => Manifest.parse(bad));
+    expect(issues.map((i) => i.path).sort()).toEqual(['ranks[0].regions[0].blob', 'ranks[0].regions[1].blob']);
+  });
+
+  it('checks the expected response: logprobs one per token id, no more token ids than maxTokens', () => {
+    const response = { prompt: 'hi', maxTokens: 2, tokenIds: [1, 2], text: 'ab', logprobs: [-0.1, -0.2] };
+    expect(Manifest.parse({ ...valid(), expectedResponse: response }).data.expectedResponse?.tokenIds).toEqual([1, 2]);
+    expect(issuesOf(() => Manifest.parse({ ...valid(), expectedResponse: { ...response, logprobs: [-0.1] } }))).toEqual([
+      { path: 'expectedResponse.logprobs', message: '1 logprobs for 2 token ids: one per token expected' },
+    ]);
+    expect(issuesOf(() => Manifest.parse({ ...valid(), expectedResponse: { ...response, tokenIds: [1, 2, 3], logprobs: null } }))).toEqual([
+      { path: 'expectedResponse.tokenIds', message: '3 token ids, more than maxTokens (2)' },
+    ]);
+  });
+
+  it('checks sizes: tensors inside their region', () => {
+    const bad = valid();
+    const regions = (bad.ranks as Array<{ regions: Array<Record<string, unknown>> }>)[0]!.regions;
+    (regions[0]!.tensors as Array<Record<string, unknown>>)[0]!.offset = 8193;
+    expect(issuesOf(() => Manifest.parse(bad)).map((i) => i.path)).toEqual(['ranks[0].regions[0].tensors[0].offset']);
+    // (a total beyond 2^53 is refused too, but needs over 8 million checksums to build: not run here)
   });
 
   it('refuses newer schema versions with an upgrade hint, and non-JSON', () => {

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 
-import { validateName } from '../../src/store/names.js';
+import { snapshotNameFor, validateName } from '../../src/store/names.js';
 
 describe('snapshot names', () => {
   it.each(['llama-3.1-8b', 'a', 'Model_v2', '0day', 'x'.repeat(128)])('accepts %s', (name) => {
@@ -20,5 +20,21 @@ describe('snapshot names', () => {
 
   it('rejects non-strings', () => {
     expect(() => validateName(42)).toThrowError(expect.objectContaining({ code: 'E_INVALID_NAME' }));
+  });
+
+  it.each([
+    ['meta-llama/Llama-3.1-8B', 'meta-llama--Llama-3.1-8B'],
+    ['qwen:7b', 'qwen-7b'],
+    ['plain', 'plain'],
+  ])('derives a snapshot name from the model name %s', (model, name) => {
+    expect(snapshotNameFor(model)).toBe(name);
+  });
+
+  it('derives valid, distinct names from model names too long once mapped', () => {
+    const a = snapshotNameFor(`${'ab/'.repeat(42)}x`);
+    const b = snapshotNameFor(`${'ab/'.repeat(42)}y`);
+    expect(validateName(a)).toBe(a);
+    expect(validateName(b)).toBe(b);
+    expect(a).not.toBe(b);
   });
 });

@@ -8,6 +8,8 @@ export async function ls(ctx: Context): Promise<number> {
   const human = list.length
     ? list.map((s) => `${s.name}\t${s.id}\t${s.createdAt}\t${formatBytes(s.bytes)}\t${s.regions} regions\t${s.versions} capture(s)`).join('\n')
     : `no snapshots in ${ctx.storeRoot}`;
+  // entries that are not readable snapshots: on stderr, so the listing itself stays as it was
+  for (const p of list.problems) console.error(`vsnap: ${p.name}: [${p.code}] ${p.message}`);
   ctx.print(human, list);
   return EXIT.ok;
 }

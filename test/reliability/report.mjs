@@ -1,0 +1,100 @@
+// Prints the reliability figures the suite recorded (node_modules/.cache/vsnap-reliability/);
+// with --readme, also writes them into README.md between the reliability markers (only figures
+// of a full run: `npm run test:reliability`).
+import { readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { cpus, release, totalmem } from 'node:os';
+import { fileURLToPath } from 'node:url';
+
+const dir = fileURLToPath(new URL('../../node_modules/.cache/vsnap-reliability/', import.meta.url));
+const readme = fileURLToPath(new URL('../../README.md', import.meta.url));
+const BEGIN = '<!-- reliability:begin -->';
+const END = '<!-- reliability:end -->';
+
+let parts = {};
+try {
+  for (const f of readdirSync(dir).filter((f) => f.endsWith('.json'))) {
+    const p = JSON.parse(readFileSync(`${dir}/${f}`, 'utf8'));
+    parts[p.part] = p;
+  }
+} catch {
+  parts = {};
+}
+const want = ['kill', 'enospc', 'manifest-fuzz', 'layouts'];
+const missing = want.filter((p) => !parts[p]);
+if (missing.length) {
+  console.error(`reliability: no figures for ${missing.join(', ')} (run the suite first: npm run test:reliability)`);
+  process.exit(1);
+}
+const { kill, enospc, 'manifest-fuzz': fuzz, layouts } = parts;
+const n = (x) => Number(x).toLocaleString('en-US');
+const points = (p) =>
+  Object.entries(p ?? {})
+    .sort((a, b) => b[1] - a[1])
+    .map(([k, v]) => `${k.replace(/^publish\./, '')} ${v}`)
+    .join(', ');
+const leakLines = [...(enospc.leaks ?? []), ...(layouts.leaks ?? [])];
+const killFds = [kill.publish, kill.capture].filter(Boolean);
+const fdsFlat = leakLines.every((l) => l.fdsAfter <= l.fdsBefore) && killFds.every((k) => k.fdsAfter <= k.fdsBefore);
+const rssGrowth = Math.max(0, ...leakLines.map((l) => l.rssAfterMiB - l.rssBeforeMiB));
+const modes = [...new Set(Object.values(parts).map((p) => p.mode))];
+const when = Object.values(parts)
+  .map((p) => p.at)
+  .sort()
+  .pop();
+const machine = `${cpus()[0]?.model?.trim() ?? 'unknown CPU'}, ${cpus().length} cores, ${Math.round(totalmem() / 2 ** 30)} GiB RAM, Linux ${release()}, Node ${process.version}`;
+
+const rows = [
+  ['Check', 'Cases', 'Result'],
+  [
+    'kill -9 at a random failpoint of publish (from the end of the transfer to `current`)',
+    `${n(kill.publish.trials)} trials, ${n(kill.publish.killed)} killed before the capture resolved (${points(kill.publish.points)})`,
+    `**${kill.publish.torn} torn**; ${kill.publish.keptOld} kept the previous snapshot, ${kill.publish.tookNew} the new one`,
+  ],
+  [
+    'kill -9 at a random moment of capture',
+    `${n(kill.capture.trials)} trials, ${n(kill.capture.killed)} killed before the capture resolved`,
+    `**${kill.capture.torn} torn**; ${kill.capture.keptOld} kept the previous snapshot, ${kill.capture.tookNew} the new one`,
+  ],
+  [
+    `ENOSPC in the middle of a capture (${enospc.method})`,
+    `${(enospc.attempts ?? []).length} capture(s)`,
+    `every one E_NO_SPACE; previous snapshot current and byte-exact: ${enospc.previousIntact ? 'yes' : 'NO'}; tmp/ empty; a capture afterwards ${enospc.captureAfterwards}`,
+  ],
+  [
+    `Manifest.parse, property-based (fast-check ${fuzz.fastCheck}: valid, mutated, arbitrary, damaged text)`,
+    `${n(fuzz.cases)} cases (${n(fuzz.accepted)} accepted, ${n(fuzz.rejected)} rejected)`,
+    `**${fuzz.crashes} crashes**, ${fuzz.uncoded} rejections without E_MANIFEST_INVALID and its issues; every acceptance consistent`,
+  ],
+  [
+    'Link and stray-file layouts × store operations (running store and reopened)',
+    `${layouts.layouts} layouts × 11 = ${n(layouts.operations)} operations`,
+    `**${layouts.raw} raw errors** (${layouts.coded} coded refusals, ${layouts.ok} resolved); ${layouts.outsideChanged} changes outside the store; every link refused (links left in tmp/ by a dead writer: removed as links)`,
+  ],
+  [
+    'Descriptors and RSS around the failure tests',
+    `${leakLines.length + killFds.length} tests`,
+    `descriptors after ≤ before in every one: ${fdsFlat ? 'yes' : 'NO'}; largest RSS growth ${rssGrowth.toFixed(1)} MiB`,
+  ],
+];
+const table = rows.map((r, i) => `| ${r.join(' | ')} |${i === 0 ? `\n|${' --- |'.repeat(r.length)}` : ''}`).join('\n');
+const text =
+  `Figures of \`npm run test:reliability\` (${modes.join('/')} run, ${when?.slice(0, 16).replace('T', ' ')} UTC, seeds ${kill.seed}/${fuzz.seed}) on ${machine}:\n\n` +
+  `${table}\n`;
+
+console.log(`\nvsnap reliability figures\n\n${text}`);
+
+if (process.argv.includes('--readme')) {
+  if (modes.length !== 1 || modes[0] !== 'full') {
+    console.error('reliability: not writing README.md: these figures are not all from a full run (VSNAP_RELIABILITY=full)');
+    process.exit(1);
+  }
+  const current = readFileSync(readme, 'utf8');
+  const a = current.indexOf(BEGIN);
+  const b = current.indexOf(END);
+  if (a < 0 || b < a) {
+    console.error(`reliability: README.md has no ${BEGIN} ... ${END} section`);
+    process.exit(1);
+  }
+  writeFileSync(readme, `${current.slice(0, a + BEGIN.length)}\n${text}${current.slice(b)}`);
+  console.log('reliability: README.md updated');
+}
