@@ -74,7 +74,7 @@ export class CaptureTransaction {
           const dest = this.store.blobPath(blob.digest); // refuses a linked prefix or blob
           // No tmpPath: shared with an earlier capture (incremental), and it must still be stored.
           if (blob.tmpPath === undefined) {
-            if (!existsSync(dest)) throw new VsnapError('E_BLOB_MISSING', `blob ${blob.digest} shared with an earlier capture was removed meanwhile; capture again`, { blob: blob.digest });
+            if (!lstatSync(dest, { throwIfNoEntry: false })?.isFile()) throw new VsnapError('E_BLOB_MISSING', `blob ${blob.digest} shared with an earlier capture was removed meanwhile; capture again`, { blob: blob.digest });
             continue;
           }
           if (placed.has(blob.digest)) {
