@@ -10,7 +10,7 @@ export const STATUS_PAGE = `<!doctype html>
 <title>vsnap serve</title>
 <link rel="icon" href="data:,">
 <style>
-:root{--fg:#1d232a;--muted:#66707a;--line:#e3e7eb;--awake:#2f9e44;--held:#e8a33d;--asleep:#8a94a0;--failed:#d9480f;--free:#f1f3f5;--suspend:#748ffc;--hydrate:#2f9e44;--check:#e8a33d;--other:#adb5bd}
+:root{--fg:#1d232a;--muted:#66707a;--line:#e3e7eb;--awake:#2f9e44;--held:#e8a33d;--asleep:#8a94a0;--failed:#d9480f;--free:#f1f3f5;--suspend:#748ffc}
 body{font:14px/1.4 system-ui,sans-serif;color:var(--fg);margin:0;background:#fafbfc}
 header{display:flex;gap:1rem;align-items:baseline;padding:.8rem 1.2rem;border-bottom:1px solid var(--line);background:#fff}
 h1{font-size:1.1rem;margin:0}h2{font-size:.95rem;margin:1.2rem 0 .4rem}
@@ -35,7 +35,7 @@ th{color:var(--muted);font-weight:500}.num{text-align:right;font-variant-numeric
 <h2>Snapshots</h2>
 <table><thead><tr><th>name</th><th>capture</th><th>created</th><th class="num">size</th><th class="num">captures</th><th>state</th></tr></thead><tbody id="snapshots"></tbody></table>
 <h2>Queue</h2><div id="queue"></div>
-<h2>Recent swaps</h2><div class="legend muted"><span><i style="background:var(--suspend)"></i>suspend</span><span><i style="background:var(--hydrate)"></i>hydrate</span><span><i style="background:var(--check)"></i>check</span><span><i style="background:var(--other)"></i>other</span></div>
+<h2>Recent swaps</h2><div id="phases" class="legend muted"></div>
 <svg id="chart" width="100%" height="40" role="img" aria-label="recent swaps"></svg>
 </main>
 <script>
@@ -72,20 +72,24 @@ function render(r) {
   chart(r.swaps);
 }
 
+const PALETTE = ["#748ffc", "#2f9e44", "#e8a33d", "#d6336c", "#1098ad", "#7048e8", "#f76707", "#66a80f", "#868e96", "#c2255c"];
+const phaseColor = new Map();
+const colorOf = (name) => { if (!phaseColor.has(name)) phaseColor.set(name, PALETTE[phaseColor.size % PALETTE.length]); return phaseColor.get(name); };
+
 function chart(swaps) {
-  const svg = $("chart"), row = 18, left = 190, width = Math.max(svg.clientWidth || 800, 400) - left - 60;
+  const svg = $("chart"), row = 18, left = 190, width = Math.max(svg.clientWidth || 800, 400) - left - 120;
   const max = Math.max(0.001, ...swaps.map((s) => s.seconds || 0));
-  const color = { suspend: "var(--suspend)", hydrate: "var(--hydrate)", check: "var(--check)" };
   const shown = swaps.slice(-20).reverse();
   svg.setAttribute("height", String(Math.max(1, shown.length) * row + 4));
   svg.innerHTML = shown.length ? shown.map((s, i) => {
     const y = i * row + 2;
     let x = left, parts = "";
-    const phases = s.phases && Object.keys(s.phases).length ? Object.entries(s.phases) : [[s.action === "suspend" ? "suspend" : "other", s.seconds || 0]];
-    for (const [name, sec] of phases) { const w = (sec / max) * width; parts += "<rect x='" + x.toFixed(1) + "' y='" + y + "' width='" + Math.max(w, 1).toFixed(1) + "' height='" + (row - 5) + "' fill='" + (color[name] || "var(--other)") + "'><title>" + esc(name) + " " + ms(sec) + "</title></rect>"; x += w; }
+    const phases = s.phases && Object.keys(s.phases).length ? Object.entries(s.phases) : [[s.action, s.seconds || 0]];
+    for (const [name, sec] of phases) { const w = (sec / max) * width; parts += "<rect x='" + x.toFixed(1) + "' y='" + y + "' width='" + Math.max(w, 1).toFixed(1) + "' height='" + (row - 5) + "' fill='" + colorOf(name) + "'><title>" + esc(name) + " " + ms(sec) + "</title></rect>"; x += w; }
     const label = new Date(s.at).toLocaleTimeString() + " " + s.action + " " + s.engine;
     return "<text x='0' y='" + (y + 11) + "' font-size='11'>" + esc(label.slice(0, 34)) + "</text>" + (s.ok ? parts + "<text x='" + (x + 4).toFixed(1) + "' y='" + (y + 11) + "' font-size='11'>" + ms(s.seconds) + (s.tier ? " from " + esc(s.tier) : "") + "</text>" : "<text x='" + left + "' y='" + (y + 11) + "' font-size='11' fill='var(--failed)'>failed: " + esc(s.error || "") + "</text>");
   }).join("") : "<text x='0' y='14' font-size='12' fill='var(--muted)'>no swaps yet</text>";
+  $("phases").innerHTML = [...phaseColor.entries()].map(([n, c]) => "<span><i style='background:" + c + "'></i>" + esc(n) + "</span>").join("");
 }
 
 async function poll() {
