@@ -79,8 +79,8 @@ describe.skipIf(!chromium && process.env.CI !== 'true')('the status page of vsna
       });
       expect(r.statusCode).toBe(200);
       await r.body.dump();
-      await page.waitForFunction(() => document.querySelector('#chart')?.textContent?.includes('restore reference-b'));
-      await page.waitForFunction(() => /reference-b\s*awake/.test(document.querySelector('#engines')?.textContent ?? ''));
+      await page.waitForFunction("document.querySelector('#chart').textContent.includes('restore reference-b')");
+      await page.waitForFunction("/reference-b\\s*awake/.test(document.querySelector('#engines').textContent)");
       expect(await page.textContent('#gpus')).toMatch(/614\.40 MiB awake, 0 B held, 409\.60 MiB free of 1\.00 GiB/);
       expect(await page.textContent('#snapshots')).toMatch(/reference-a.*reference-b/s);
       mkdirSync(ARTIFACTS, { recursive: true });
