@@ -29,14 +29,15 @@ const opt = {
 };
 
 /** The command line: one commander program, each command with only its own options. */
-export function program(run: (command: string, fn: Run, args: string[], options: Options) => Promise<void>): Command {
+export function program(run: (command: string, fn: Run, args: string[], options: Options) => Promise<void>, json = false): Command {
   const p = new Command('vsnap')
     .description(`vsnap ${VERSION}: suspend and restore LLM inference engines on a GPU in well under a second`)
     .version(VERSION, '-v, --version')
     .addOption(opt.json())
     .showHelpAfterError('(add --help for usage)')
     .addHelpText('after', EPILOG)
-    .exitOverride();
+    .exitOverride()
+    .configureOutput({ writeErr: (s) => (json ? undefined : process.stderr.write(s)) }); // --json: the error goes to stdout as JSON
   const def = (name: string, description: string, fn: Run, ...options: Option[]): Command => {
     const c = p.command(name).description(description).exitOverride();
     for (const o of [...options, opt.json()]) c.addOption(o);
@@ -84,8 +85,7 @@ export async function main(argv: string[]): Promise<number> {
   const prog = program(async (name, fn, args, options) => {
     command = name;
     code = await fn(new Context(name, args, options, interrupt.signal));
-  });
-  prog.configureOutput({ writeErr: (s) => (json ? undefined : process.stderr.write(s)) });
+  }, json);
   try {
     await prog.parseAsync(argv, { from: 'user' });
     return code;
