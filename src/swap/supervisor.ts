@@ -79,6 +79,12 @@ export class Supervisor extends EventEmitter {
   private readonly options: SupervisorOptions;
   private onRestart: ((name: string) => Promise<void>) | undefined;
   private stopped = false;
+  /** If this process exits without stop() (a second Ctrl-C, process.exit), its engines go with it. */
+  private readonly killOnExit = (): void => {
+    for (const r of this.engines.values()) {
+      if (r.child && r.child.exitCode === null && r.child.signalCode === null) signalGroup(r.child, 'SIGKILL');
+    }
+  };
 
   constructor(engines: readonly SupervisedEngine[], options: SupervisorOptions = {}) {
     super();
@@ -92,6 +98,7 @@ export class Supervisor extends EventEmitter {
    */
   async start(hooks: { onReady?: (name: string) => Promise<void>; onRestart?: (name: string) => Promise<void> } = {}): Promise<void> {
     this.onRestart = hooks.onRestart;
+    process.once('exit', this.killOnExit);
     for (const running of this.engines.values()) {
       this.launch(running);
       await this.waitHealthy(running);
@@ -105,6 +112,7 @@ export class Supervisor extends EventEmitter {
   async stop(): Promise<void> {
     this.stopped = true;
     await Promise.all([...this.engines.values()].map((r) => this.kill(r)));
+    process.off('exit', this.killOnExit);
   }
 
   /** Every engine's process state (for `/healthz` and the status page). */
