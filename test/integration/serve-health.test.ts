@@ -41,7 +41,7 @@ describe('vsnap serve: health and the RAM tier at boot', () => {
 
     const health = async () => (await (await request(`${url}/healthz`)).body.json()) as { ok: boolean; status: string; degraded?: Array<{ engine: string; reason: string }> };
     expect(await health()).toMatchObject({ ok: true, status: 'ok' });
-    process.kill(handle.supervisor.pid('m2')!, 'SIGKILL');
+    process.kill(-handle.supervisor.pid('m2')!, 'SIGKILL'); // the engine's whole process group: it crashed
     const degraded = await until(async () => {
       const h = await health();
       return h.status === 'degraded' ? h : undefined;
