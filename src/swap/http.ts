@@ -141,6 +141,10 @@ export function readBody(req: IncomingMessage, res: ServerResponse, limit: numbe
     req.on('data', onData);
     req.on('end', onEnd);
     req.once('error', reject);
+    // a client that goes away mid-body: settle, so nothing waits on it (its bytes are given back on close)
+    req.once('close', () => {
+      if (!req.complete) reject(new HttpError('E_BAD_REQUEST', 'the client closed the connection before the body ended', true));
+    });
   });
 }
 

@@ -1,4 +1,7 @@
+import { mkdtempSync, rmSync } from 'node:fs';
 import { connect, type Socket } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 
 import fc from 'fast-check';
 import { request } from 'undici';
@@ -9,7 +12,6 @@ import { RegionStore } from '../../src/store/region-store.js';
 import { SwapAgent } from '../../src/swap/agent.js';
 import { SwapController } from '../../src/swap/controller.js';
 import { startEngine, type TestEngine } from '../helpers/engine.js';
-import { tempDir } from '../helpers/tmp.js';
 
 const GB = 1e9;
 const MODEL = 'model-1';
@@ -17,12 +19,14 @@ let engine: TestEngine;
 let client: EngineClient;
 let controller: SwapController;
 let store: RegionStore;
+let storeDir: string;
 const agents: SwapAgent[] = [];
 
 beforeAll(async () => {
   engine = await startEngine({ seed: 1, model: MODEL });
   client = new EngineClient({ baseUrl: engine.url, token: engine.token });
-  store = await RegionStore.open(tempDir('vsnap-agent-hostile-'));
+  storeDir = mkdtempSync(join(tmpdir(), 'vsnap-agent-hostile-')); // for the whole file (tempDir() is per test)
+  store = await RegionStore.open(storeDir);
   controller = await SwapController.create({ store, engines: [{ name: MODEL, client, memoryBytes: 10 * GB }], budgets: { 0: 20 * GB } });
 });
 afterAll(async () => {
@@ -30,6 +34,7 @@ afterAll(async () => {
   controller?.close();
   await client?.close();
   await engine?.stop();
+  if (storeDir) rmSync(storeDir, { recursive: true, force: true });
 });
 
 async function agent(options: Partial<Parameters<typeof SwapAgent.listen>[0]> = {}): Promise<SwapAgent> {
