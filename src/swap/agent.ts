@@ -141,13 +141,16 @@ async function handle(ctx: AgentContext, req: IncomingMessage, res: ServerRespon
     return;
   }
   if (get && (path === '/' || path === '/index.html')) {
-    res.writeHead(200, { 'content-type': 'text/html; charset=utf-8', 'cache-control': 'no-store', 'content-security-policy': "default-src 'self'; style-src 'unsafe-inline'; script-src 'unsafe-inline'" });
+    res.writeHead(200, { 'content-type': 'text/html; charset=utf-8', 'cache-control': 'no-store', 'content-security-policy': "default-src 'self'; img-src 'self' data:; style-src 'unsafe-inline'; script-src 'unsafe-inline'" });
     res.end(STATUS_PAGE);
     return;
   }
-  if (get && (path === '/api/status' || path === '/api/events')) {
+  if (get && path === '/api/status') {
     requireControl(options, req);
-    if (path === '/api/status') return send(res, 200, await board.snapshot());
+    return send(res, 200, await board.snapshot());
+  }
+  if (req.method === 'GET' && path === '/api/events') {
+    requireControl(options, req);
     return board.stream(req, res);
   }
   if (path.startsWith('/v1/')) {
