@@ -1,4 +1,4 @@
-import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -102,6 +102,10 @@ describe('error output of every command', () => {
       expect(bench.code).toBe(1);
       expect(bench.stderr.trim().split('\n')).toHaveLength(1);
       expect(bench.stderr).toMatch(/bench needs an NVIDIA GPU/);
+      expect(readdirSync(out)).toEqual([]); // nothing written
+      const json = await runCli(['bench', '--json']);
+      expect(json.code).toBe(1);
+      expect(JSON.parse(json.stdout)).toMatchObject({ ok: false, code: 'E_CUDA_UNAVAILABLE', hint: expect.stringMatching(/vsnap doctor/) as string });
     }
   });
 });

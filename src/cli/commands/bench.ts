@@ -3,6 +3,7 @@ import { existsSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 
+import { VsnapError } from '../../errors.js';
 import { cudaStatus } from '../../gpu/cuda.js';
 import { packageRoot } from '../../native/index.js';
 import type { Context } from '../context.js';
@@ -15,15 +16,14 @@ import { EXIT, UsageError } from '../context.js';
  */
 export async function bench(ctx: Context): Promise<number> {
   const script = join(packageRoot(), 'bench', 'run.sh');
-  if (!existsSync(script)) {
-    console.error('vsnap: bench runs from a source checkout of vsnap (bench/run.sh is not in the installed package)');
+  const cannot = (code: 'E_INVALID_ARGUMENT' | 'E_CUDA_UNAVAILABLE', why: string): number => {
+    if (ctx.json) throw new VsnapError(code, why); // {"code", "message", "hint"} on stdout
+    console.error(`vsnap: ${why}`); // one line: why it cannot run
     return EXIT.failed;
-  }
+  };
+  if (!existsSync(script)) return cannot('E_INVALID_ARGUMENT', 'bench runs from a source checkout of vsnap (bench/run.sh is not in the installed package)');
   const cuda = await cudaStatus();
-  if (!cuda.available) {
-    console.error(`vsnap: bench needs an NVIDIA GPU, and this machine has none usable: ${cuda.reason}`);
-    return EXIT.failed;
-  }
+  if (!cuda.available) return cannot('E_CUDA_UNAVAILABLE', `bench needs an NVIDIA GPU, and this machine has none usable: ${cuda.reason}`);
   const env = { ...process.env, VSNAP_BENCH_DROP_CACHES: ctx.options.dropCaches ? '1' : '0' };
   if (ctx.args[0] === 'swap') return spawnSync('bash', [script, ...ctx.args], { stdio: 'inherit', env }).status ?? EXIT.failed;
   if (ctx.args.length) throw new UsageError(`bench takes no argument but \`swap\` (got ${ctx.args.join(' ')})`);
