@@ -43,6 +43,7 @@ function regionSizes(total: number): number[] {
 const gbps = (bytes: number, s: number): number => bytes / s / 1e9;
 const median = (v: number[]): number => [...v].sort((a, b) => a - b)[Math.floor(v.length / 2)]!;
 function dropCaches(): boolean {
+  if (process.env.VSNAP_BENCH_DROP_CACHES === '0') return false; // `vsnap bench` without --drop-caches
   try {
     execSync('sync; echo 3 > /proc/sys/vm/drop_caches', { stdio: 'ignore' });
     return true;

@@ -90,6 +90,6 @@ export {
   type SwapEvent,
 } from './swap/controller.js';
 export { SwapAgent, type SwapAgentOptions } from './swap/agent.js';
-export { Supervisor, type SupervisedEngine, type SupervisorOptions } from './swap/supervisor.js';
+export { Supervisor, type EngineProcessState, type SupervisedEngine, type SupervisorOptions } from './swap/supervisor.js';
 export { checkPorts, loadConfig, snapshotNameForModel, type ServeConfig, type ServeModelConfig } from './swap/config.js';
 export { serve, type ServeHandle } from './swap/serve.js';

@@ -3,58 +3,94 @@ import { join } from 'node:path';
 
 import { EngineClient } from '../engine/engine-client.js';
 import { RegionStore } from '../store/region-store.js';
+import { validateName } from '../store/names.js';
 
 /** Exit codes (also in the README and --help). */
-export const EXIT = { ok: 0, failed: 1, usage: 2, verifyFailed: 3 } as const;
+export const EXIT = { ok: 0, failed: 1, usage: 2, verifyFailed: 3, interrupted: 130 } as const;
 
+/** Bad usage: exit 2, with the command's help named. */
 export class UsageError extends Error {}
 
+/** Every option any command takes (each command declares its own subset). */
 export interface Options {
+  json?: boolean;
   store?: string;
   id?: string;
-  json: boolean;
   size?: string;
-  cpu: boolean;
+  cpu?: boolean;
   engine?: string;
   token?: string;
   agent?: string;
   config?: string;
-  force: boolean;
-  capture: boolean;
+  force?: boolean;
+  capture?: boolean;
+  all?: boolean;
+  out?: string;
+  gib?: string;
+  gpus?: string;
+  dropCaches?: boolean;
 }
 
-/** What every command gets. */
+/** The default store: $VSNAP_STORE, else $XDG_DATA_HOME/vsnap, else ~/.local/share/vsnap. */
+export function defaultStoreRoot(): string {
+  if (process.env.VSNAP_STORE) return process.env.VSNAP_STORE;
+  return join(process.env.XDG_DATA_HOME || join(homedir(), '.local', 'share'), 'vsnap');
+}
+
+/** What every command gets: its arguments, its options, an AbortSignal that Ctrl-C fires, and output helpers. */
 export class Context {
   constructor(
     readonly command: string,
     readonly args: string[],
     readonly options: Options,
+    readonly signal: AbortSignal,
   ) {}
 
-  get storeRoot(): string {
-    if (this.options.store) return this.options.store;
-    if (process.env.VSNAP_STORE) return process.env.VSNAP_STORE;
-    return join(process.env.XDG_DATA_HOME || join(homedir(), '.local', 'share'), 'vsnap');
+  get json(): boolean {
+    return this.options.json === true;
   }
 
+  get storeRoot(): string {
+    if (this.options.store !== undefined) {
+      if (this.options.store.trim() === '') throw new UsageError('--store needs a directory (it was empty)');
+      return this.options.store;
+    }
+    return defaultStoreRoot();
+  }
+
+  /** The store; `create` only for commands that write a capture (the rest never make one). */
   openStore(create = false): Promise<RegionStore> {
     return RegionStore.open(this.storeRoot, { create });
   }
 
+  /** The first argument as a snapshot (or model) name, checked: a bad one is a usage error. */
   name(what = 'a snapshot name'): string {
     const n = this.args[0];
     if (!n) throw new UsageError(`${this.command} needs ${what}`);
+    if (what === 'a snapshot name') {
+      try {
+        validateName(n);
+      } catch (err) {
+        throw new UsageError((err as Error).message);
+      }
+    }
     return n;
   }
 
+  /** The engine named by --engine or $VSNAP_ENGINE_URL, with --token or $VSNAP_TOKEN. */
   engineClient(): EngineClient {
     const url = this.options.engine ?? process.env.VSNAP_ENGINE_URL;
-    if (!url) throw new UsageError(`${this.command} needs --engine <url> (or VSNAP_ENGINE_URL)`);
+    if (!url) throw new UsageError(`${this.command} needs --engine <url> (or $VSNAP_ENGINE_URL)`);
     const token = this.options.token ?? process.env.VSNAP_TOKEN;
     return new EngineClient({ baseUrl: url, ...(token ? { token } : {}) });
   }
 
   print(human: string, json: unknown): void {
-    console.log(this.options.json ? JSON.stringify(json, null, 2) : human);
+    console.log(this.json ? JSON.stringify(json, null, 2) : human);
+  }
+
+  /** A line for people (stderr, so --json output stays one document). */
+  note(line: string): void {
+    if (!this.json) console.error(line);
   }
 }

@@ -1,14 +1,17 @@
 import { createCipheriv, createHash } from 'node:crypto';
-import { tmpdir } from 'node:os';
+import { homedir } from 'node:os';
 import { join } from 'node:path';
 
 import { cudaStatus, listDevices } from '../gpu/cuda.js';
+import { abortError } from '../errors.js';
 import { DeviceAllocation } from '../gpu/device-allocation.js';
 import { HostRegion } from '../regions/host-region.js';
 import type { RegionMemory } from '../regions/memory.js';
 import { Snapshot } from '../snapshot/snapshot.js';
 import { RegionStore } from '../store/region-store.js';
 import { releaseIdleResources } from '../transfer/staging.js';
+import type { Context } from './context.js';
+import { EXIT, UsageError } from './context.js';
 import { formatBytes, formatRate, progressLine } from './output.js';
 
 /** Deterministic pseudo-random bytes (AES-128-CTR keystream of a seed): fast and reproducible. */
@@ -35,19 +38,57 @@ interface DemoRegion {
 
 const PIECE = 64 * 1024 * 1024;
 
-async function fill(region: DemoRegion): Promise<void> {
+/** Lets signals (Ctrl-C) through between pieces, and stops when aborted. */
+async function yieldTo(signal: AbortSignal | undefined, what: string): Promise<void> {
+  await new Promise((resolve) => setImmediate(resolve));
+  if (signal?.aborted) throw abortError(signal, what);
+}
+
+async function fill(region: DemoRegion, signal?: AbortSignal): Promise<void> {
   for (let off = 0; off < region.size; off += PIECE) {
+    await yieldTo(signal, 'filling the demo regions');
     const n = Math.min(PIECE, region.size - off);
     await region.write(off, patternBytes(region.key, off, n));
   }
 }
 
-async function check(region: DemoRegion): Promise<boolean> {
+async function check(region: DemoRegion, signal?: AbortSignal): Promise<boolean> {
   for (let off = 0; off < region.size; off += PIECE) {
+    await yieldTo(signal, 'checking the restored bytes');
     const n = Math.min(PIECE, region.size - off);
     if (!(await region.read(off, n)).equals(patternBytes(region.key, off, n))) return false;
   }
   return true;
+}
+
+/** What `vsnap demo` did (its `--json` output). */
+export interface DemoReport {
+  ok: boolean;
+  device: 'gpu' | 'cpu';
+  store: string;
+  regions: number;
+  capture: { id: string; bytes: number; seconds: number; dedupedBytes: number };
+  restore: { bytes: number; seconds: number };
+}
+
+/** The demo's store, per user: $XDG_CACHE_HOME/vsnap/demo-store, else ~/.cache/vsnap/demo-store. */
+export function demoStoreRoot(): string {
+  return join(process.env.XDG_CACHE_HOME || join(homedir(), '.cache'), 'vsnap', 'demo-store');
+}
+
+/** vsnap demo [--size MiB] [--cpu] [--store dir]. */
+export async function demo(ctx: Context): Promise<number> {
+  const totalMiB = Number(ctx.options.size ?? '1024');
+  if (!Number.isInteger(totalMiB) || totalMiB < 1) throw new UsageError('--size must be a whole number of MiB >= 1');
+  const report = await runDemo({
+    totalMiB,
+    cpu: ctx.options.cpu === true,
+    signal: ctx.signal,
+    ...(ctx.options.store !== undefined ? { store: ctx.storeRoot } : {}),
+    ...(ctx.json ? { log: () => undefined } : {}),
+  });
+  if (ctx.json) ctx.print('', report);
+  return report.ok ? EXIT.ok : EXIT.failed;
 }
 
 /**
@@ -55,8 +96,9 @@ async function check(region: DemoRegion): Promise<boolean> {
  * one, else host memory), fills them with a seeded pattern, captures them into a real store,
  * wipes them, restores, and checks every byte.
  */
-export async function runDemo(options: { store?: string; totalMiB?: number; cpu?: boolean; log?: (s: string) => void }): Promise<boolean> {
+export async function runDemo(options: { store?: string; totalMiB?: number; cpu?: boolean; log?: (s: string) => void; signal?: AbortSignal }): Promise<DemoReport> {
   const log = options.log ?? ((s: string) => console.log(s));
+  const signal = options.signal ? { signal: options.signal } : {};
   const status = await cudaStatus();
   const useGpu = !options.cpu && status.available && (await listDevices()).length > 0;
   const total = (options.totalMiB ?? 1024) * 1024 * 1024;
@@ -91,17 +133,18 @@ export async function runDemo(options: { store?: string; totalMiB?: number; cpu?
         });
       }
     }
-    for (const r of regions) await fill(r);
+    for (const r of regions) await fill(r, options.signal);
 
-    const root = options.store ?? join(tmpdir(), 'vsnap-demo-store');
+    const root = options.store ?? demoStoreRoot();
     const store = await RegionStore.open(root);
+    log(`capturing ${formatBytes(sizes.reduce((a, b) => a + b, 0))} into ${root}`);
     const captureProgress = progressLine('capture');
     const snap = await Snapshot.capture(store, 'demo', {
       regions: regions.map((r) => ({ key: r.key, size: r.size, memory: r.memory })),
       model: { id: 'vsnap/demo-pattern' },
       onProgress: captureProgress.update,
-    });
-    captureProgress.done();
+      ...signal,
+    }).finally(() => captureProgress.done());
     const c = snap.lastCapture!;
     log(`captured  ${formatBytes(c.bytes)} in ${c.seconds.toFixed(3)} s (${formatRate(c.bytes, c.seconds)}), to ${root}` +
       (c.dedupedBytes ? ` (${formatBytes(c.dedupedBytes)} already stored: deduplicated)` : ''));
@@ -113,15 +156,22 @@ export async function runDemo(options: { store?: string; totalMiB?: number; cpu?
     const restored = await (await Snapshot.open(store, 'demo')).restore({
       regions: regions.map((r) => ({ key: r.key, size: r.size, memory: r.memory })),
       onProgress: restoreProgress.update,
-    });
-    restoreProgress.done();
+      ...signal,
+    }).finally(() => restoreProgress.done());
     log(`restored  ${formatBytes(restored.bytes)} in ${restored.seconds.toFixed(3)} s (${formatRate(restored.bytes, restored.seconds)}), every chunk verified`);
 
     let ok = true;
-    for (const r of regions) ok = (await check(r)) && ok;
+    for (const r of regions) ok = (await check(r, options.signal)) && ok;
     log(ok ? 'checked   every byte: identical to what was captured' : 'MISMATCH: restored bytes differ from the captured ones');
     log(`store     ${root} (list it with: npx vsnap ls --store ${root})`);
-    return ok;
+    return {
+      ok,
+      device: useGpu ? 'gpu' : 'cpu',
+      store: root,
+      regions: sizes.length,
+      capture: { id: snap.id, bytes: c.bytes, seconds: c.seconds, dedupedBytes: c.dedupedBytes ?? 0 },
+      restore: { bytes: restored.bytes, seconds: restored.seconds },
+    };
   } finally {
     for (const r of regions) r.close();
     await releaseIdleResources();

@@ -2,12 +2,16 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { AddressInfo } from 'node:net';
 import { freemem } from 'node:os';
 import { pipeline } from 'node:stream/promises';
-import { timingSafeEqual } from 'node:crypto';
 
+import type { HostCache } from '../cache/host-cache.js';
 import { toVsnapError, VsnapError, type ErrorCode } from '../errors.js';
 import { captureEngine } from '../snapshot/engine-flows.js';
 import type { RegionStore } from '../store/region-store.js';
 import type { SwapController } from './controller.js';
+import { bearerMatches, BodyBudget, decodeSegment, HttpError, readBody, send, sendError } from './http.js';
+import { StatusBoard } from './status/board.js';
+import { STATUS_PAGE } from './status/page.js';
+import type { Supervisor } from './supervisor.js';
 
 /**
  * Options of {@link SwapAgent.listen}.
@@ -26,52 +30,22 @@ export interface SwapAgentOptions {
   readonly controlToken?: string;
   /** Bearer token clients must send on /v1 routes (none: open). */
   readonly apiKey?: string;
-  /** Largest request body accepted (default 32 MiB). */
+  /** Largest request body accepted (default 32 MiB); larger ones get 413 and the connection is closed. */
   readonly maxBodyBytes?: number;
-}
-
-const STATUS: Partial<Record<ErrorCode, number>> = {
-  E_UNKNOWN_MODEL: 404,
-  E_BUSY: 503,
-  E_TIMEOUT: 504,
-  E_NOT_RESTORABLE: 409,
-  E_INVALID_ARGUMENT: 400,
-  E_ENGINE_UNREACHABLE: 502,
-  E_ENGINE_HTTP: 502,
-  E_SNAPSHOT_NOT_FOUND: 404,
-  E_CLOSED: 503,
-};
-
-function send(res: ServerResponse, status: number, body: unknown): void {
-  if (res.headersSent) {
-    res.destroy();
-    return;
-  }
-  const text = JSON.stringify(body);
-  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) });
-  res.end(text);
-}
-
-function sendError(res: ServerResponse, err: unknown): void {
-  const e = toVsnapError(err);
-  send(res, STATUS[e.code] ?? 500, { error: { message: e.message, type: e.code, code: e.code } });
-}
-
-function tokenMatches(header: string | undefined, token: string): boolean {
-  const presented = Buffer.from((header ?? '').replace(/^Bearer\s+/i, ''));
-  const expected = Buffer.from(token);
-  return presented.length === expected.length && timingSafeEqual(presented, expected);
-}
-
-async function readBody(req: IncomingMessage, limit: number): Promise<Buffer> {
-  const chunks: Buffer[] = [];
-  let size = 0;
-  for await (const chunk of req) {
-    size += (chunk as Buffer).length;
-    if (size > limit) throw new VsnapError('E_INVALID_ARGUMENT', `request body over ${limit} bytes`);
-    chunks.push(chunk as Buffer);
-  }
-  return Buffer.concat(chunks);
+  /** Request-body bytes held at once across all requests (default 256 MiB); beyond that, 429. */
+  readonly maxInFlightBodyBytes?: number;
+  /**
+   * Whether `/healthz` names the engines and `/metrics` answers without the control token.
+   * Default: true without a control token, false with one (then `/healthz` says only ok or
+   * degraded, and `/metrics` needs the token).
+   */
+  readonly publicStatus?: boolean;
+  /** For the status page: the RAM tier. */
+  readonly cache?: HostCache;
+  /** For the status page and `/healthz`: the supervisor of the engines `vsnap serve` started. */
+  readonly supervisor?: Supervisor;
+  /** For the status page: GPU budgets per device ordinal, bytes. */
+  readonly budgets?: Readonly<Record<number, number>>;
 }
 
 /**
@@ -81,35 +55,46 @@ async function readBody(req: IncomingMessage, limit: number): Promise<Buffer> {
  * `/v1/models` lists the models. Per-engine control routes in the vllm-snapshot style, behind a
  * bearer token: `POST /engines/:name/snapshot` (`?force=1`), `/suspend` (409 when not
  * restorable), `/restore`, `GET /engines/:name/snapshot_status`. Also `GET /metrics`
- * (Prometheus) and `GET /healthz`. Binds 127.0.0.1 unless told otherwise.
+ * (Prometheus), `GET /healthz` (`degraded` with the engines that failed or are down), and a
+ * read-only status page at `GET /` (data at `/api/status`, live at `/api/events`, behind the control
+ * token when one is set). Binds 127.0.0.1 unless told otherwise.
  * @public
  */
 export class SwapAgent {
   /** Where it listens, e.g. `http://127.0.0.1:8080`. */
   readonly url: string;
   private readonly server: Server;
+  private readonly board: StatusBoard;
 
-  private constructor(server: Server) {
+  private constructor(server: Server, board: StatusBoard) {
     this.server = server;
+    this.board = board;
     const a = server.address() as AddressInfo;
     this.url = `http://${a.family === 'IPv6' ? `[${a.address}]` : a.address}:${a.port}`;
   }
 
   /** Starts listening. */
   static async listen(options: SwapAgentOptions): Promise<SwapAgent> {
+    const ctx: AgentContext = {
+      options,
+      budget: new BodyBudget(options.maxInFlightBodyBytes ?? 256 * 1024 * 1024),
+      board: new StatusBoard(options),
+      publicStatus: options.publicStatus ?? !options.controlToken,
+    };
     const server = createServer((req, res) => {
-      handle(options, req, res).catch((err: unknown) => sendError(res, err));
+      handle(ctx, req, res).catch((err: unknown) => sendError(res, err));
     });
     server.keepAliveTimeout = 65_000;
     await new Promise<void>((resolve, reject) => {
       server.once('error', reject);
       server.listen(options.port ?? 0, options.host ?? '127.0.0.1', () => resolve());
     });
-    return new SwapAgent(server);
+    return new SwapAgent(server, ctx.board);
   }
 
-  /** Stops accepting connections and closes idle ones. */
+  /** Stops accepting connections, ends the status streams and closes idle connections. */
   async close(): Promise<void> {
+    this.board.close();
     await new Promise<void>((resolve) => {
       this.server.close(() => resolve());
       this.server.closeIdleConnections();
@@ -117,36 +102,75 @@ export class SwapAgent {
   }
 }
 
-async function handle(options: SwapAgentOptions, req: IncomingMessage, res: ServerResponse): Promise<void> {
-  const url = new URL(req.url ?? '/', 'http://agent');
+interface AgentContext {
+  readonly options: SwapAgentOptions;
+  readonly budget: BodyBudget;
+  readonly board: StatusBoard;
+  readonly publicStatus: boolean;
+}
+
+function requireControl(options: SwapAgentOptions, req: IncomingMessage): void {
+  if (!options.controlToken) return;
+  if (!bearerMatches(req.headers.authorization, options.controlToken)) throw new HttpError('E_UNAUTHORIZED', 'missing or wrong bearer token (send Authorization: Bearer <control token>)');
+}
+
+async function handle(ctx: AgentContext, req: IncomingMessage, res: ServerResponse): Promise<void> {
+  const { options, board } = ctx;
+  let url: URL;
+  try {
+    url = new URL(req.url ?? '/', 'http://agent');
+  } catch {
+    throw new HttpError('E_BAD_REQUEST', 'the request target is not a valid path');
+  }
   const path = url.pathname;
   const { controller } = options;
-  if (req.method === 'GET' && path === '/healthz') return send(res, 200, { ok: true, engines: controller.states() });
-  if (req.method === 'GET' && path === '/metrics') {
+  const get = req.method === 'GET' || req.method === 'HEAD';
+  if (get && path === '/healthz') {
+    const health = board.health();
+    const authorized = ctx.publicStatus || (options.controlToken !== undefined && bearerMatches(req.headers.authorization, options.controlToken));
+    return send(res, 200, authorized ? { ...health, engines: controller.states() } : { ok: health.ok, status: health.status });
+  }
+  if (get && path === '/metrics') {
+    if (!ctx.publicStatus) {
+      if (!options.controlToken) throw new HttpError('E_UNAUTHORIZED', 'metrics are private and no control token is configured');
+      requireControl(options, req);
+    }
     const text = await controller.registry.metrics();
     res.writeHead(200, { 'content-type': controller.registry.contentType });
     res.end(text);
     return;
   }
+  if (get && (path === '/' || path === '/index.html')) {
+    res.writeHead(200, { 'content-type': 'text/html; charset=utf-8', 'cache-control': 'no-store', 'content-security-policy': "default-src 'self'; img-src 'self' data:; style-src 'unsafe-inline'; script-src 'unsafe-inline'" });
+    res.end(STATUS_PAGE);
+    return;
+  }
+  if (get && path === '/api/status') {
+    requireControl(options, req);
+    return send(res, 200, await board.snapshot());
+  }
+  if (req.method === 'GET' && path === '/api/events') {
+    requireControl(options, req);
+    return board.stream(req, res);
+  }
   if (path.startsWith('/v1/')) {
-    if (options.apiKey && !tokenMatches(req.headers.authorization, options.apiKey)) {
-      return send(res, 401, { error: { message: 'missing or wrong API key', type: 'E_UNAUTHORIZED', code: 'E_UNAUTHORIZED' } });
-    }
-    if (req.method === 'GET' && path === '/v1/models') {
+    if (options.apiKey && !bearerMatches(req.headers.authorization, options.apiKey)) throw new HttpError('E_UNAUTHORIZED', 'missing or wrong API key (send Authorization: Bearer <api key>)');
+    if (get && path === '/v1/models') {
       return send(res, 200, { object: 'list', data: controller.models().map((id) => ({ id, object: 'model', owned_by: 'vsnap' })) });
     }
-    if (req.method === 'POST' && (path === '/v1/completions' || path === '/v1/chat/completions')) return proxy(options, req, res, path);
-    return send(res, 404, { error: { message: `no route ${req.method} ${path}`, type: 'E_NOT_FOUND', code: 'E_NOT_FOUND' } });
+    if (req.method === 'POST' && (path === '/v1/completions' || path === '/v1/chat/completions')) return proxy(ctx, req, res, path);
+    throw new HttpError('E_NOT_FOUND', `no route ${req.method} ${path}`);
   }
   const control = /^\/engines\/([^/]+)\/(snapshot|suspend|restore|snapshot_status)$/.exec(path);
   if (control) {
-    if (!options.controlToken) return send(res, 503, { error: { message: 'no control token is configured: the control routes are off', code: 'E_UNAUTHORIZED' } });
-    if (!tokenMatches(req.headers.authorization, options.controlToken)) return send(res, 401, { error: { message: 'missing or wrong bearer token', code: 'E_UNAUTHORIZED' } });
-    const name = decodeURIComponent(control[1]!);
+    if (!options.controlToken) throw new HttpError('E_CONTROL_OFF', 'no control token is configured: the control routes are off (set controlToken in the configuration)');
+    requireControl(options, req);
+    const name = decodeSegment(control[1]!);
     const action = control[2]!;
     const engine = controller.engine(name);
     const snapshotName = engine.snapshot ?? name;
-    if (req.method === 'GET' && action === 'snapshot_status') {
+    if (action === 'snapshot_status') {
+      if (!get) throw new HttpError('E_METHOD_NOT_ALLOWED', 'use GET for snapshot_status');
       const states = controller.states().find((s) => s.name === name)!;
       const check = await controller.snapshotStatus(name); // a snapshot marked damaged by a failed restore included
       return send(res, 200, {
@@ -158,7 +182,7 @@ async function handle(options: SwapAgentOptions, req: IncomingMessage, res: Serv
         free_gib: Number((freemem() / 2 ** 30).toFixed(2)),
       });
     }
-    if (req.method !== 'POST') return send(res, 405, { error: { message: `use POST for ${action}` } });
+    if (req.method !== 'POST') throw new HttpError('E_METHOD_NOT_ALLOWED', `use POST for ${action}`);
     if (action === 'suspend') {
       const event = await controller.suspend(name);
       return send(res, 200, { suspended: true, ...(event ? { seconds: event.seconds } : { already: true }) });
@@ -178,14 +202,15 @@ async function handle(options: SwapAgentOptions, req: IncomingMessage, res: Serv
       lease.release();
     }
   }
-  return send(res, 404, { error: { message: `no route ${req.method} ${path}` } });
+  throw new HttpError('E_NOT_FOUND', `no route ${req.method} ${path}`);
 }
 
-async function proxy(options: SwapAgentOptions, req: IncomingMessage, res: ServerResponse, path: string): Promise<void> {
-  const body = await readBody(req, options.maxBodyBytes ?? 32 * 1024 * 1024);
+async function proxy(ctx: AgentContext, req: IncomingMessage, res: ServerResponse, path: string): Promise<void> {
+  const { options } = ctx;
+  const body = await readBody(req, res, options.maxBodyBytes ?? 32 * 1024 * 1024, ctx.budget);
   let model: unknown;
   try {
-    model = (JSON.parse(body.toString('utf8')) as { model?: unknown }).model;
+    model = (JSON.parse(body.toString('utf8')) as { model?: unknown } | null)?.model;
   } catch {
     throw new VsnapError('E_INVALID_ARGUMENT', 'the body is not JSON');
   }

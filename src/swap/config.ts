@@ -41,6 +41,7 @@ export const ConfigSchema = z
     store: z.string().min(1),
     controlToken: z.string().min(1).optional(),
     apiKey: z.string().min(1).optional(),
+    publicStatus: z.boolean().optional(),
     ramTierGiB: z.number().nonnegative().default(0),
     gpus: z.record(z.string().regex(/^\d+$/, 'a device ordinal'), z.object({ budgetGiB: z.number().positive() }).strict()),
     defaultModel: z.string().optional(),
@@ -139,6 +140,8 @@ export interface ServeConfig {
   readonly controlToken?: string | undefined;
   /** Bearer token clients must send on /v1 routes. */
   readonly apiKey?: string | undefined;
+  /** Whether /healthz names engines and /metrics is open without the control token (default: only without one). */
+  readonly publicStatus?: boolean | undefined;
   /** Pinned RAM tier, GiB (0: none). */
   readonly ramTierGiB: number;
   /** GPU memory budgets, per device ordinal. */

@@ -60,7 +60,8 @@ export async function serve(config: ServeConfig, options: { log?: (line: string)
     await supervisor.start({
       onReady: async (name) => {
         const m = config.models[name]!;
-        const r = await suspendEngine(store, m.snapshot ?? name, clients.get(name)!, { captureIfNeeded: true });
+        // The boot-time capture lands in the RAM tier too (one pass), so the first wake is a bulk copy from RAM.
+        const r = await suspendEngine(store, m.snapshot ?? name, clients.get(name)!, { captureIfNeeded: true, ...(cache ? { capture: { cache } } : {}) });
         log(`vsnap: ${name} is up and suspended${r.captured ? ' (snapshot captured)' : ''} in ${r.seconds.toFixed(1)} s`);
       },
       onRestart: async (name) => {
@@ -97,6 +98,10 @@ export async function serve(config: ServeConfig, options: { log?: (line: string)
       port: config.listen.port,
       ...(config.controlToken ? { controlToken: config.controlToken } : {}),
       ...(config.apiKey ? { apiKey: config.apiKey } : {}),
+      ...(cache ? { cache } : {}),
+      supervisor,
+      budgets: Object.fromEntries(Object.entries(config.gpus).map(([d, g]) => [Number(d), Math.floor(g.budgetGiB * GiB)])),
+      ...(config.publicStatus !== undefined ? { publicStatus: config.publicStatus } : {}),
     });
     const ctl = controller;
     return {

@@ -43,11 +43,27 @@ export interface SupervisorOptions {
   readonly log?: (engine: string, line: string) => void;
 }
 
+/**
+ * An engine process as the supervisor sees it.
+ * @public
+ */
+export interface EngineProcessState {
+  /** The engine's name. */
+  readonly name: string;
+  /** `starting` until healthy, `running`, `restarting` after a crash, `gaveUp` after too many, `stopped`. */
+  readonly status: 'starting' | 'running' | 'restarting' | 'gaveUp' | 'stopped';
+  /** Its process id while it runs. */
+  readonly pid?: number;
+  /** Crashes in a row. */
+  readonly restarts: number;
+}
+
 interface Running {
   spec: SupervisedEngine;
   child?: ChildProcess;
   restarts: number;
   stopping: boolean;
+  status: EngineProcessState['status'];
 }
 
 /**
@@ -63,11 +79,17 @@ export class Supervisor extends EventEmitter {
   private readonly options: SupervisorOptions;
   private onRestart: ((name: string) => Promise<void>) | undefined;
   private stopped = false;
+  /** If this process exits without stop() (a second Ctrl-C, process.exit), its engines go with it. */
+  private readonly killOnExit = (): void => {
+    for (const r of this.engines.values()) {
+      if (r.child && r.child.exitCode === null && r.child.signalCode === null) signalGroup(r.child, 'SIGKILL');
+    }
+  };
 
   constructor(engines: readonly SupervisedEngine[], options: SupervisorOptions = {}) {
     super();
     this.options = options;
-    for (const e of engines) this.engines.set(e.name, { spec: e, restarts: 0, stopping: false });
+    for (const e of engines) this.engines.set(e.name, { spec: e, restarts: 0, stopping: false, status: 'stopped' });
   }
 
   /**
@@ -76,9 +98,11 @@ export class Supervisor extends EventEmitter {
    */
   async start(hooks: { onReady?: (name: string) => Promise<void>; onRestart?: (name: string) => Promise<void> } = {}): Promise<void> {
     this.onRestart = hooks.onRestart;
+    process.once('exit', this.killOnExit);
     for (const running of this.engines.values()) {
       this.launch(running);
       await this.waitHealthy(running);
+      running.status = 'running';
       await hooks.onReady?.(running.spec.name);
       this.emit('ready', { name: running.spec.name });
     }
@@ -88,6 +112,17 @@ export class Supervisor extends EventEmitter {
   async stop(): Promise<void> {
     this.stopped = true;
     await Promise.all([...this.engines.values()].map((r) => this.kill(r)));
+    process.off('exit', this.killOnExit);
+  }
+
+  /** Every engine's process state (for `/healthz` and the status page). */
+  states(): EngineProcessState[] {
+    return [...this.engines.values()].map((r) => ({
+      name: r.spec.name,
+      status: r.status,
+      restarts: r.restarts,
+      ...(r.child?.pid !== undefined && r.child.exitCode === null && r.child.signalCode === null ? { pid: r.child.pid } : {}),
+    }));
   }
 
   /** The pid of an engine's process, if it runs. */
@@ -97,8 +132,10 @@ export class Supervisor extends EventEmitter {
 
   private launch(running: Running): void {
     const { spec } = running;
-    const child = spawn(spec.command, [...spec.args], { env: { ...process.env, ...(spec.env ?? {}) }, stdio: ['ignore', 'pipe', 'pipe'] });
+    // Its own process group: Ctrl-C in vsnap's terminal does not reach it; vsnap stops it (SIGTERM) itself.
+    const child = spawn(spec.command, [...spec.args], { env: { ...process.env, ...(spec.env ?? {}) }, stdio: ['ignore', 'pipe', 'pipe'], detached: true });
     running.child = child;
+    running.status = 'starting';
     const log = this.options.log ?? ((name: string, line: string) => process.stderr.write(`[${name}] ${line}\n`));
     for (const stream of [child.stdout, child.stderr]) {
       if (stream) createInterface({ input: stream }).on('line', (line) => log(spec.name, line));
@@ -106,7 +143,11 @@ export class Supervisor extends EventEmitter {
     child.on('error', (err) => log(spec.name, `could not start ${spec.command}: ${err.message}`));
     child.on('exit', (code, signal) => {
       this.emit('exit', { name: spec.name, code, signal });
-      if (running.stopping || this.stopped) return;
+      if (running.stopping || this.stopped) {
+        running.status = 'stopped';
+        return;
+      }
+      running.status = 'restarting';
       void this.restart(running);
     });
   }
@@ -115,6 +156,7 @@ export class Supervisor extends EventEmitter {
     running.restarts++;
     const max = this.options.maxRestarts ?? 5;
     if (running.restarts > max) {
+      running.status = 'gaveUp';
       this.emit('gaveUp', { name: running.spec.name, restarts: running.restarts - 1 });
       return;
     }
@@ -126,6 +168,7 @@ export class Supervisor extends EventEmitter {
     try {
       await this.waitHealthy(running);
       running.restarts = 0;
+      running.status = 'running';
       await this.onRestart?.(running.spec.name);
     } catch {
       // it died again (the exit handler restarts it) or never became healthy
@@ -162,14 +205,24 @@ export class Supervisor extends EventEmitter {
     const child = running.child;
     if (!child || child.exitCode !== null || child.signalCode !== null) return;
     const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
-    child.kill('SIGTERM');
+    signalGroup(child, 'SIGTERM');
     const timer = new AbortController(); // cancelled once it exits, so no timer outlives the stop
     const grace = sleep(this.options.graceMs ?? 20_000, 'timeout' as const, { signal: timer.signal }).catch(() => 'cancelled' as const);
     const first = await Promise.race([exited.then(() => 'exited' as const), grace]);
     timer.abort();
     if (first === 'timeout') {
-      child.kill('SIGKILL');
+      signalGroup(child, 'SIGKILL');
       await exited;
     }
+  }
+}
+
+/** Signals the child's whole process group (it leads one: `detached`), so its workers stop with it. */
+function signalGroup(child: ChildProcess, signal: NodeJS.Signals): void {
+  try {
+    if (child.pid !== undefined) process.kill(-child.pid, signal);
+    else child.kill(signal);
+  } catch {
+    child.kill(signal);
   }
 }

@@ -1,26 +1,38 @@
-import { chmodSync, openSync, readdirSync, writeSync, closeSync } from 'node:fs';
+import { spawn } from 'node:child_process';
+import { chmodSync, closeSync, existsSync, openSync, readdirSync, writeSync } from 'node:fs';
 import { join } from 'node:path';
 
 import { describe, expect, it } from 'vitest';
 
-import { runCli, type CliResult } from '../helpers/cli.js';
+import { cliPath, runCli, type CliResult } from '../helpers/cli.js';
 import { tempDir } from '../helpers/tmp.js';
 
 /** The command, with no store from the environment. */
 const vsnap = (...args: string[]): Promise<CliResult> => runCli(args, { VSNAP_STORE: '' });
 
 describe('the vsnap command', () => {
-  it('runs the CPU demo through a real store, then lists, verifies, detects damage and removes', async () => {
+  it('runs the CPU demo through a real store, then lists (with a header, and --all), verifies, detects damage and removes', async () => {
     const store = join(tempDir(), 'store');
     const demo = await vsnap('demo', '--cpu', '--size', '24', '--store', store);
     expect(demo.code).toBe(0);
     expect(demo.stdout).toMatch(/captured .* to /);
     expect(demo.stdout).toMatch(/checked +every byte: identical/);
+    const again = await vsnap('demo', '--cpu', '--size', '24', '--store', store, '--json');
+    expect(again.code).toBe(0);
+    expect(JSON.parse(again.stdout)).toMatchObject({ ok: true, device: 'cpu', store, regions: 5, capture: { bytes: expect.any(Number) as number } });
 
     const ls = await vsnap('ls', '--store', store, '--json');
     expect(ls.code).toBe(0);
     const list = JSON.parse(ls.stdout) as Array<{ name: string; regions: number }>;
-    expect(list).toEqual([expect.objectContaining({ name: 'demo', regions: 5 })]);
+    expect(list).toEqual([expect.objectContaining({ name: 'demo', regions: 5, versions: 2 })]);
+    const human = (await vsnap('ls', '--store', store)).stdout.split('\n');
+    expect(human[0]).toMatch(/^NAME +CAPTURE +CREATED +SIZE +REGIONS +CAPTURES$/);
+    expect(human[1]).toMatch(/^demo +\S+ +\S+ +2[34]\.\d\d MiB +5 +2$/);
+    const all = await vsnap('ls', '--all', '--store', store);
+    expect(all.stdout.split('\n')[0]).toMatch(/^NAME +CAPTURE +CURRENT +CREATED +SIZE +REGIONS +DURABLE$/);
+    expect(all.stdout.trim().split('\n')).toHaveLength(3);
+    const allJson = JSON.parse((await vsnap('ls', '--all', '--store', store, '--json')).stdout) as Array<{ id: string; current: boolean; durable: boolean }>;
+    expect(allJson.map((c) => c.current)).toEqual([false, true]);
 
     expect((await vsnap('verify', 'demo', '--store', store)).stdout).toMatch(/demo \(.*\): ok/);
     const blobs = join(store, 'blobs');
@@ -34,28 +46,78 @@ describe('the vsnap command', () => {
     expect(damaged.code).toBe(3);
     expect(damaged.stdout).toMatch(/DAMAGED, 1 problem/);
     expect(damaged.stdout).toMatch(/E_CHECKSUM/);
+    expect(damaged.stdout).toMatch(/remove it with: vsnap rm demo --id \S+/);
+    expect(damaged.stdout).not.toMatch(/vsnap verify/);
 
     const rm = await vsnap('rm', 'demo', '--store', store, '--json');
     expect(rm.code).toBe(0);
     expect(JSON.parse(rm.stdout)).toMatchObject({ blobsRemoved: 5 });
   });
 
-  it('prints the error code and the fix, with documented exit codes', async () => {
-    const missing = await vsnap('verify', 'nope', '--store', join(tempDir(), 'absent'));
-    expect(missing.code).toBe(1);
-    expect(missing.stderr).toMatch(/\[E_STORE_INVALID\]/);
+  it('per-command help, `help <cmd>`, usage errors exit 2', async () => {
+    const help = await vsnap('--help');
+    expect(help.stdout).toMatch(/Exit codes/);
+    const suspend = await vsnap('suspend', '--help');
+    expect(suspend.code).toBe(0);
+    expect(suspend.stdout).toMatch(/--capture/);
+    expect(suspend.stdout).not.toMatch(/--size|--config|--agent/);
+    const swap = await vsnap('help', 'swap');
+    expect(swap.stdout).toMatch(/\$VSNAP_CONTROL_TOKEN/);
+    expect(swap.stdout).not.toMatch(/--capture/);
     expect((await vsnap('frobnicate')).code).toBe(2);
-    expect((await vsnap('verify', '--store', tempDir())).stderr).toMatch(/needs a snapshot name/);
     expect((await vsnap('--bogus')).code).toBe(2);
-    expect((await vsnap('--help')).stdout).toMatch(/Exit codes/);
+    expect((await vsnap('ls', '--capture')).code).toBe(2);
+    expect((await vsnap('verify', '--store', tempDir())).stderr).toMatch(/missing required argument 'name'/);
+    expect((await vsnap('demo', '--size', '0')).code).toBe(2);
   });
 
-  it('doctor reports the machine and the store', async () => {
-    const out = await vsnap('doctor', '--store', join(tempDir(), 's'), '--json');
+  it('doctor reports the machine and the store, and creates nothing', async () => {
+    const root = join(tempDir(), 'not', 'yet');
+    const out = await vsnap('doctor', '--store', root, '--json');
     expect(out.code).toBe(0);
-    const report = JSON.parse(out.stdout) as { checksum: { algorithm: string }; cuda: { available: boolean }; store: { ok: boolean } };
+    const report = JSON.parse(out.stdout) as { checksum: { algorithm: string }; cuda: { available: boolean }; store: { ok: boolean; exists: boolean } };
     expect(report.checksum.algorithm).toBe('xxh3-128');
-    expect(report.store.ok).toBe(true);
+    expect(report.store).toMatchObject({ ok: true, exists: false });
     expect(typeof report.cuda.available).toBe('boolean');
+    expect(existsSync(join(root, '..'))).toBe(false);
+  });
+
+  it('the demo store is per user (under $XDG_CACHE_HOME)', async () => {
+    const cache = tempDir();
+    const out = await runCli(['demo', '--cpu', '--size', '8', '--json'], { VSNAP_STORE: '', XDG_CACHE_HOME: cache });
+    expect(out.code).toBe(0);
+    expect(JSON.parse(out.stdout)).toMatchObject({ store: join(cache, 'vsnap', 'demo-store') });
+  });
+
+  it('Ctrl-C during a capture aborts it through its AbortSignal, says so, exits 130 and leaves no temporary files', async () => {
+    const store = join(tempDir(), 'store');
+    const child = spawn(process.execPath, [cliPath, 'demo', '--cpu', '--size', '256', '--store', store], { stdio: ['ignore', 'pipe', 'pipe'] });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
+    child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+    const exited = new Promise<number | null>((r) => child.once('exit', (code) => r(code)));
+    // interrupt once the capture has begun writing into the store's tmp/
+    for (;;) {
+      const tmp = join(store, 'tmp');
+      if (existsSync(tmp) && readdirSync(tmp).some((e) => !e.endsWith('.lock'))) break;
+      if (child.exitCode !== null) break;
+      await new Promise((r) => setTimeout(r, 5));
+    }
+    child.kill('SIGINT');
+    expect(await exited, stderr).toBe(130);
+    expect(stderr).toMatch(/interrupted: stopping and removing temporary files/);
+    expect(stderr).toMatch(/\[E_ABORTED\]/);
+    expect(readdirSync(join(store, 'tmp'))).toEqual([]);
+    if (!/captured /.test(stdout)) expect(JSON.parse((await vsnap('ls', '--store', store, '--json')).stdout)).toEqual([]);
+  });
+
+  it('a second Ctrl-C exits at once', async () => {
+    const child = spawn(process.execPath, [cliPath, 'demo', '--cpu', '--size', '4096', '--store', join(tempDir(), 's')], { stdio: ['ignore', 'pipe', 'pipe'] });
+    await new Promise<void>((resolve) => child.stdout.once('data', () => resolve()));
+    const exited = new Promise<number | null>((r) => child.once('exit', (code) => r(code)));
+    child.kill('SIGINT');
+    child.kill('SIGINT');
+    expect(await exited).toBe(130);
   });
 });

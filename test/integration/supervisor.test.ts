@@ -1,5 +1,7 @@
-import { existsSync } from 'node:fs';
+import { execFile, spawn } from 'node:child_process';
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { promisify } from 'node:util';
 
 import { afterEach, describe, expect, it } from 'vitest';
 
@@ -74,5 +76,83 @@ describe('Supervisor', () => {
     expect(exits).toEqual([expect.objectContaining({ name: 'stubborn', signal: 'SIGKILL' })]);
     expect(() => process.kill(pid, 0)).toThrow();
     expect(existsSync(dir)).toBe(true);
+  });
+});
+
+/** Whether a process runs (a zombie, killed but not yet reaped by init, does not). */
+function alive(pid: number): boolean {
+  try {
+    return readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]![0] !== 'Z';
+  } catch {
+    return false;
+  }
+}
+
+async function until(check: () => boolean): Promise<void> {
+  while (!check()) await new Promise((r) => setTimeout(r, 20)); // signals are delivered asynchronously; the test's timeout bounds this
+}
+
+describe('Supervisor: process groups', () => {
+  it('engines run in their own process group: Ctrl-C to the terminal reaches only vsnap, which stops them with SIGTERM; states() follows them', async () => {
+    const dir = tempDir();
+    const port = await freePort();
+    // an engine that says which signal it got, and a grandchild of its own (stopped with its group)
+    const engine = `
+      const { spawn } = require('child_process');
+      const g = spawn(process.execPath, ['-e', 'setInterval(() => {}, 1000)'], { stdio: 'ignore' });
+      console.log('grandchild ' + g.pid);
+      for (const s of ['SIGINT', 'SIGTERM']) process.on(s, () => { console.log('engine got ' + s); process.exit(0); });
+      require('http').createServer((q, r) => r.end('ok')).listen(${port}, '127.0.0.1', () => console.log('listening'));`;
+    const host = join(dir, 'host.mts');
+    writeFileSync(
+      host,
+      `import { Supervisor } from ${JSON.stringify(join(process.cwd(), 'src/swap/supervisor.ts'))};
+      const sup = new Supervisor([{ name: 'e', command: process.execPath, args: ['-e', ${JSON.stringify(engine)}], url: 'http://127.0.0.1:${port}' }],
+        { log: (n, l) => console.log('[' + n + '] ' + l), graceMs: 5000 });
+      process.on('SIGINT', async () => { console.log('host got SIGINT'); console.log('states ' + JSON.stringify(sup.states().map((s) => s.status))); await sup.stop(); console.log('states ' + JSON.stringify(sup.states().map((s) => s.status))); process.exit(0); });
+      console.log('states ' + JSON.stringify(sup.states().map((s) => s.status)));
+      await sup.start();
+      console.log('ready ' + sup.pid('e'));`,
+    );
+    // the host leads a process group, as a shell's foreground job does; Ctrl-C signals that whole group
+    const child = spawn(process.execPath, ['--import', 'tsx', host], { detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+    child.stderr.on('data', (d: Buffer) => (out += d.toString()));
+    const exited = new Promise<number | null>((r) => child.once('exit', (code) => r(code)));
+    await new Promise<void>((resolve, reject) => {
+      const t = setInterval(() => {
+        if (/ready \d+/.test(out) && /grandchild \d+/.test(out)) resolve(clearInterval(t));
+        if (child.exitCode !== null) reject(new Error(out));
+      }, 20);
+    });
+    const enginePid = Number(/ready (\d+)/.exec(out)![1]);
+    const grandchild = Number(/grandchild (\d+)/.exec(out)![1]);
+    expect(readFileSync(`/proc/${enginePid}/stat`, 'utf8').split(') ')[1]!.split(' ')[2]).toBe(String(enginePid)); // its own group
+    process.kill(-child.pid!, 'SIGINT');
+    expect(await exited, out).toBe(0);
+    expect(out).toContain('host got SIGINT');
+    expect(out).toContain('engine got SIGTERM');
+    expect(out).not.toContain('engine got SIGINT');
+    expect(out).toMatch(/states \["stopped"\][\s\S]*states \["running"\][\s\S]*states \["stopped"\]/);
+    await until(() => !alive(grandchild));
+  });
+
+  it('an engine is SIGKILLed with its group when the host exits without stopping it (a second Ctrl-C)', async () => {
+    const dir = tempDir();
+    const port = await freePort();
+    const host = join(dir, 'host.mts');
+    writeFileSync(
+      host,
+      `import { Supervisor } from ${JSON.stringify(join(process.cwd(), 'src/swap/supervisor.ts'))};
+      const sup = new Supervisor([{ name: 'e', command: process.execPath, args: ['-e', "process.on('SIGTERM', () => {}); require('http').createServer((q, r) => r.end('ok')).listen(${port}, '127.0.0.1')"], url: 'http://127.0.0.1:${port}' }], { log: () => undefined });
+      await sup.start();
+      console.log('ready ' + sup.pid('e'));
+      process.exit(130);`,
+    );
+    const { stdout } = await promisify(execFile)(process.execPath, ['--import', 'tsx', host]).catch((e: { stdout: string }) => e);
+    const pid = Number(/ready (\d+)/.exec(stdout)![1]);
+    expect(pid).toBeGreaterThan(0);
+    await until(() => !alive(pid));
   });
 });

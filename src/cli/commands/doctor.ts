@@ -1,4 +1,5 @@
-import { statfsSync } from 'node:fs';
+import { existsSync, statfsSync } from 'node:fs';
+import { dirname } from 'node:path';
 import { freemem, totalmem } from 'node:os';
 
 import { cudaStatus, formatCudaVersion, listDevices } from '../../gpu/cuda.js';
@@ -13,14 +14,23 @@ import { formatBytes } from '../output.js';
 export async function doctor(ctx: Context): Promise<number> {
   const status = await cudaStatus();
   const devices = status.available ? await listDevices({ freeMemory: true }) : [];
+  // Read only: a missing store is reported, never made (the first `vsnap snapshot` makes it).
   let store: Record<string, unknown>;
-  try {
-    const s = await ctx.openStore(true);
-    const usage = await s.usage();
-    const fs = statfsSync(ctx.storeRoot);
-    store = { root: ctx.storeRoot, ok: true, snapshots: (await s.list()).length, ...usage, freeBytes: fs.bavail * fs.bsize };
-  } catch (err) {
-    store = { root: ctx.storeRoot, ok: false, error: (err as Error).message };
+  const root = ctx.storeRoot;
+  if (!existsSync(root)) {
+    let parent = dirname(root);
+    while (!existsSync(parent) && dirname(parent) !== parent) parent = dirname(parent);
+    const fs = statfsSync(parent);
+    store = { root, ok: true, exists: false, snapshots: 0, blobs: 0, bytes: 0, freeBytes: fs.bavail * fs.bsize };
+  } else {
+    try {
+      const s = await ctx.openStore(false);
+      const usage = await s.usage();
+      const fs = statfsSync(root);
+      store = { root, ok: true, exists: true, snapshots: (await s.list()).length, ...usage, freeBytes: fs.bavail * fs.bsize };
+    } catch (err) {
+      store = { root, ok: false, exists: true, error: (err as Error).message };
+    }
   }
   let engine: Record<string, unknown> | undefined;
   if (ctx.options.engine || process.env.VSNAP_ENGINE_URL) {
@@ -56,9 +66,11 @@ export async function doctor(ctx: Context): Promise<number> {
         `VMM ${d.vmmSupported ? `granularity ${formatBytes(d.vmmGranularity)}` : 'unsupported'}, POSIX-FD handles ${d.posixFdHandlesSupported ? 'yes' : 'no'}`,
     ),
     `host memory: ${formatBytes(freemem())} free of ${formatBytes(totalmem())}`,
-    store.ok
-      ? `store: ${ctx.storeRoot}: ${store.snapshots} snapshot(s), ${formatBytes(store.bytes as number)} in ${store.blobs} blob(s), ${formatBytes(store.freeBytes as number)} free`
-      : `store: ${ctx.storeRoot}: ${store.error}`,
+    !store.ok
+      ? `store: ${root}: ${store.error}`
+      : store.exists
+        ? `store: ${root}: ${store.snapshots} snapshot(s), ${formatBytes(store.bytes as number)} in ${store.blobs} blob(s), ${formatBytes(store.freeBytes as number)} free`
+        : `store: ${root}: none yet (the first \`vsnap snapshot\` makes it), ${formatBytes(store.freeBytes as number)} free there`,
     ...(engine
       ? [
           engine.ok ? `engine: ${engine.url}: vLLM ${engine.version}, plugin ${engine.plugin}, ${engine.sleeping ? 'asleep' : 'awake'}, attention ${engine.attentionBackend}` : `engine: ${engine.url}: ${engine.error}`,

@@ -7,16 +7,16 @@ import { formatBytes, progressLine } from '../output.js';
 /** vsnap snapshot <name> --engine URL [--force]: capture a running engine. */
 export async function snapshot(ctx: Context): Promise<number> {
   const name = ctx.name();
-  const store = await ctx.openStore(true);
-  const existing = await store.current(name);
-  if (existing && !ctx.options.force) {
-    ctx.print(`${name} already has a snapshot (${existing.id}); --force captures again`, { cached: true, id: existing.id });
-    return EXIT.ok;
-  }
   const client = ctx.engineClient();
   try {
+    const store = await ctx.openStore(true);
+    const existing = await store.current(name);
+    if (existing && !ctx.options.force) {
+      ctx.print(`${name} already has a snapshot (${existing.id}); --force captures again`, { cached: true, id: existing.id });
+      return EXIT.ok;
+    }
     const progress = progressLine('capture');
-    const snap = await captureEngine(store, name, client, { onProgress: progress.update }).finally(() => progress.done());
+    const snap = await captureEngine(store, name, client, { onProgress: progress.update, signal: ctx.signal }).finally(() => progress.done());
     const c = snap.lastCapture!;
     ctx.print(`captured ${name} (${snap.id}): ${formatBytes(c.bytes)} in ${snap.manifest.regionCount} regions, ${c.seconds.toFixed(2)} s`, {
       cached: false,
@@ -33,10 +33,10 @@ export async function snapshot(ctx: Context): Promise<number> {
 /** vsnap suspend <name> --engine URL [--capture]: sleep the engine if the snapshot can bring it back. */
 export async function suspend(ctx: Context): Promise<number> {
   const name = ctx.name();
-  const store = await ctx.openStore(true);
   const client = ctx.engineClient();
   try {
-    const r = await suspendEngine(store, name, client, { captureIfNeeded: ctx.options.capture });
+    const store = await ctx.openStore(true);
+    const r = await suspendEngine(store, name, client, { captureIfNeeded: ctx.options.capture === true, signal: ctx.signal });
     ctx.print(
       r.alreadyAsleep ? `the engine was already asleep` : `suspended${r.captured ? ' (captured first)' : ''} in ${r.seconds.toFixed(2)} s; restore with: vsnap restore ${name}`,
       { id: r.snapshot.id, captured: r.captured, alreadyAsleep: r.alreadyAsleep, seconds: r.seconds },
@@ -50,12 +50,12 @@ export async function suspend(ctx: Context): Promise<number> {
 /** vsnap restore <name> --engine URL: bring the weights back and check the expected response. */
 export async function restore(ctx: Context): Promise<number> {
   const name = ctx.name();
-  const store = await ctx.openStore();
   const client = ctx.engineClient();
   try {
+    const store = await ctx.openStore();
     const snap = await Snapshot.open(store, name, ctx.options.id ? { id: ctx.options.id } : {});
     const progress = progressLine('restore');
-    const report = await restoreEngine(snap, client, { onProgress: progress.update }).finally(() => progress.done());
+    const report = await restoreEngine(snap, client, { onProgress: progress.update, signal: ctx.signal }).finally(() => progress.done());
     const phases = Object.entries(report.phases).map(([k, v]) => `${k} ${(v * 1000).toFixed(1)} ms`).join(', ');
     ctx.print(`restored ${name}: ${formatBytes(report.bytes)} from the ${report.tier} tier in ${(report.seconds * 1000).toFixed(0)} ms (${phases})`, report);
     return EXIT.ok;

@@ -1,0 +1,40 @@
+// What each key of `vsnap serve`'s configuration means: the descriptions of the JSON Schema
+// (schema/serve-config.schema.json) and the configuration reference (docs/configuration.md) both come
+// from this one table; test/unit/config-schema.test.ts fails when a key of the zod schema has no entry.
+export const CONFIG_KEYS: Record<string, string> = {
+  listen: 'Where the agent (the OpenAI-compatible API, the control routes and the status page) listens.',
+  'listen.host': 'Address to bind. Default 127.0.0.1 (this machine only).',
+  'listen.port': 'TCP port. Default 8080; 0 picks a free one (printed at start).',
+  store: 'The snapshot store directory (made if missing). `${env:HOME}` and other `${env:NAME}` work here.',
+  controlToken:
+    'Bearer token of the control routes (`/engines/:name/...`), the status page data and `vsnap swap` ($VSNAP_CONTROL_TOKEN). Without one the control routes are off.',
+  apiKey: 'Bearer token clients must send on the /v1 routes. Without one they are open.',
+  publicStatus:
+    'Whether /healthz names the engines and /metrics answers without the control token. Default: true without a control token, false with one.',
+  ramTierGiB: 'Pinned host memory for the RAM tier, GiB: restores from it are bulk copies, and captures land in it too. Default 0 (none).',
+  gpus: 'GPU memory budgets, by device ordinal ("0", "1", ...): the engines awake on a device never add up to more.',
+  'gpus.*.budgetGiB': 'GiB of that GPU the engines may use.',
+  defaultModel: 'A model woken whenever nothing else is awake or asked for.',
+  queue: 'Requests waiting for an engine to wake.',
+  'queue.limit': 'Requests that may wait for one engine. Default 64; beyond that, 503 E_BUSY.',
+  'queue.timeoutSeconds': 'How long a request may wait for its engine. Default 120; then 504 E_TIMEOUT.',
+  startup: 'How engines that vsnap starts are brought up and stopped.',
+  'startup.healthTimeoutSeconds': 'How long an engine may take to answer its health route. Default 900 (loading is slow).',
+  'startup.graceSeconds': 'After SIGTERM, how long before SIGKILL. Default 20.',
+  models: 'The models served, by name (the OpenAI `model` field): each an engine that is running (url) or that vsnap starts (command).',
+  'models.*.url': 'The base URL of an engine that is already running.',
+  'models.*.command': 'Or the program that starts the engine; vsnap supervises it (its own process group, restarts with backoff).',
+  'models.*.args': 'The command\'s arguments; `${PORT}` is replaced by `port`.',
+  'models.*.env': 'Environment variables added for the started engine.',
+  'models.*.port': 'The port a started engine listens on (needed with command).',
+  'models.*.healthPath': 'The engine\'s health route, polled until it answers 200. Default /health.',
+  'models.*.token': 'The engine\'s VSNAP_TOKEN (the vsnap plugin\'s token); also given to a started engine.',
+  'models.*.apiKey': 'The engine\'s own --api-key, sent on the /v1 requests vsnap forwards.',
+  'models.*.snapshot': 'The name of its snapshot in the store. Default: the model name.',
+  'models.*.gpus': 'The GPUs it uses (device ordinals). Default [0].',
+  'models.*.memoryGiB': 'GPU memory it holds on each of its GPUs while awake (weights, KV cache, graphs, context).',
+  'models.*.asleepGiB': 'GPU memory it still holds on each GPU while suspended. Default 0.',
+  'models.*.pinned': 'Never suspended to make room; woken at start. Default false.',
+  'models.*.ttlSeconds': 'Suspended after this long without requests.',
+  'models.*.group': 'At most one engine of a group is awake at a time.',
+};

@@ -1,0 +1,173 @@
+import { mkdtempSync, rmSync } from 'node:fs';
+import { connect, type Socket } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+
+import fc from 'fast-check';
+import { request } from 'undici';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+
+import { EngineClient } from '../../src/engine/engine-client.js';
+import { RegionStore } from '../../src/store/region-store.js';
+import { SwapAgent } from '../../src/swap/agent.js';
+import { SwapController } from '../../src/swap/controller.js';
+import { startEngine, type TestEngine } from '../helpers/engine.js';
+
+const GB = 1e9;
+const MODEL = 'model-1';
+let engine: TestEngine;
+let client: EngineClient;
+let controller: SwapController;
+let store: RegionStore;
+let storeDir: string;
+const agents: SwapAgent[] = [];
+
+beforeAll(async () => {
+  engine = await startEngine({ seed: 1, model: MODEL });
+  client = new EngineClient({ baseUrl: engine.url, token: engine.token });
+  storeDir = mkdtempSync(join(tmpdir(), 'vsnap-agent-hostile-')); // for the whole file (tempDir() is per test)
+  store = await RegionStore.open(storeDir);
+  controller = await SwapController.create({ store, engines: [{ name: MODEL, client, memoryBytes: 10 * GB }], budgets: { 0: 20 * GB } });
+});
+afterAll(async () => {
+  for (const a of agents) await a.close();
+  controller?.close();
+  await client?.close();
+  await engine?.stop();
+  if (storeDir) rmSync(storeDir, { recursive: true, force: true });
+});
+
+async function agent(options: Partial<Parameters<typeof SwapAgent.listen>[0]> = {}): Promise<SwapAgent> {
+  const a = await SwapAgent.listen({ controller, store, ...options });
+  agents.push(a);
+  return a;
+}
+
+/** A raw connection to the agent: what came back, and whether the agent closed it. */
+function raw(url: string): { socket: Socket; received: () => string; closed: Promise<void> } {
+  const { hostname, port } = new URL(url);
+  const socket = connect(Number(port), hostname);
+  let text = '';
+  socket.on('data', (d: Buffer) => (text += d.toString('latin1')));
+  socket.on('error', () => undefined);
+  const closed = new Promise<void>((resolve) => socket.once('close', () => resolve()));
+  return { socket, received: () => text, closed };
+}
+
+describe('the agent against hostile or broken peers', () => {
+  it('an oversize body (declared or chunked) gets 413 E_BODY_TOO_LARGE and the keep-alive connection is closed, not left stuck', async () => {
+    const a = await agent({ maxBodyBytes: 1024 });
+    const declared = raw(a.url);
+    declared.socket.write(`POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\nContent-Type: application/json\r\nContent-Length: 5000\r\n\r\n${'x'.repeat(100)}`);
+    await declared.closed;
+    expect(declared.received()).toMatch(/^HTTP\/1\.1 413 /);
+    expect(declared.received()).toMatch(/connection: close/i);
+    expect(declared.received()).toContain('E_BODY_TOO_LARGE');
+
+    const chunked = raw(a.url);
+    chunked.socket.write('POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n');
+    for (let i = 0; i < 4; i++) chunked.socket.write(`200\r\n${'y'.repeat(0x200)}\r\n`); // 2 KiB, never terminated
+    await chunked.closed;
+    expect(chunked.received()).toMatch(/^HTTP\/1\.1 413 /);
+    expect(chunked.received()).toContain('E_BODY_TOO_LARGE');
+  });
+
+  it('total in-flight body bytes are bounded across requests: beyond the budget, 429 E_OVERLOADED; the budget comes back', async () => {
+    const a = await agent({ maxBodyBytes: 3000, maxInFlightBodyBytes: 4000 });
+    const first = raw(a.url);
+    first.socket.write(`POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 3000\r\n\r\n{"model":`);
+    await new Promise((r) => setTimeout(r, 50)); // let the agent take the first body's bytes (ordering only, no threshold)
+    const second = raw(a.url);
+    second.socket.write(`POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 3000\r\n\r\n`);
+    await second.closed;
+    expect(second.received()).toMatch(/^HTTP\/1\.1 429 /);
+    expect(second.received()).toContain('E_OVERLOADED');
+    // the first completes (not JSON: 400) and gives its bytes back
+    first.socket.end(' '.repeat(3000 - '{"model":'.length));
+    await first.closed;
+    expect(first.received()).toMatch(/^HTTP\/1\.1 400 /);
+    const third = await request(`${a.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'nope', pad: 'z'.repeat(2500) }) });
+    expect(third.statusCode).toBe(404);
+    expect(((await third.body.json()) as { error: { code: string } }).error.code).toBe('E_UNKNOWN_MODEL');
+  });
+
+  it('a bare token without "Bearer " is refused, on control routes and on /v1 with an API key', async () => {
+    const a = await agent({ controlToken: 'ctl', apiKey: 'key' });
+    const status = async (path: string, authorization?: string) => (await request(`${a.url}${path}`, { headers: authorization ? { authorization } : {} })).statusCode;
+    expect(await status(`/engines/${MODEL}/snapshot_status`, 'ctl')).toBe(401);
+    expect(await status(`/engines/${MODEL}/snapshot_status`, 'Bearer ctl')).toBe(200);
+    expect(await status('/v1/models', 'key')).toBe(401);
+    expect(await status('/v1/models', 'Bearer key')).toBe(200);
+  });
+
+  it('a malformed percent-encoding in a route is a 400 E_BAD_REQUEST, not a 500', async () => {
+    const a = await agent({ controlToken: 'ctl' });
+    const r = await request(`${a.url}/engines/%E0%A4%A/snapshot_status`, { headers: { authorization: 'Bearer ctl' } });
+    expect(r.statusCode).toBe(400);
+    expect(((await r.body.json()) as { error: { code: string } }).error.code).toBe('E_BAD_REQUEST');
+  });
+
+  it('/healthz and /metrics: private by default with a control token, public without one or when told', async () => {
+    const priv = await agent({ controlToken: 'ctl' });
+    const health = (await (await request(`${priv.url}/healthz`)).body.json()) as Record<string, unknown>;
+    expect(health).toEqual({ ok: true, status: 'ok' });
+    expect(JSON.stringify(health)).not.toContain(MODEL);
+    const m = await request(`${priv.url}/metrics`);
+    expect(m.statusCode).toBe(401);
+    await m.body.dump();
+    expect(JSON.stringify(await (await request(`${priv.url}/healthz`, { headers: { authorization: 'Bearer ctl' } })).body.json())).toContain(MODEL);
+    expect(await (await request(`${priv.url}/metrics`, { headers: { authorization: 'Bearer ctl' } })).body.text()).toContain('vsnap_awake_engines');
+
+    for (const open of [await agent({}), await agent({ controlToken: 'ctl', publicStatus: true })]) {
+      expect(JSON.stringify(await (await request(`${open.url}/healthz`)).body.json())).toContain(MODEL);
+      const r = await request(`${open.url}/metrics`);
+      expect(r.statusCode).toBe(200);
+      await r.body.dump();
+    }
+  });
+
+  it(`property: ${Number(process.env.VSNAP_FUZZ_RUNS ?? 10_000)} random requests on every route: no crash, every rejection a coded 4xx`, async () => {
+    const a = await agent({ controlToken: 'ctl', apiKey: 'key', maxBodyBytes: 64 * 1024 });
+    const segment = fc.oneof(
+      fc.constantFrom(MODEL, 'nope', 'a%2Fb', '%E0%A4%A', '%', '%zz', '..', '%2e%2e', 'model%2D1', ''),
+      fc.stringMatching(/^[A-Za-z0-9._~%-]{0,24}$/),
+    );
+    const path = fc.oneof(
+      fc.constantFrom('/', '/index.html', '/healthz', '/metrics', '/api/status', '/v1/models', '/v1/completions', '/v1/chat/completions', '/v1/', '/v1/embeddings', '/engines/'),
+      fc.tuple(segment, fc.constantFrom('snapshot_status', 'snapshot_status', 'snapshot', 'suspend', 'restore', 'other')).map(([n, act]) => `/engines/${n}/${act}`),
+      fc.tuple(fc.constantFrom('/v1/', '/engines/', '/api/', '/'), segment, fc.constantFrom('', '?force=1', '?x=%zz', '#f')).map(([p, s, q]) => `${p}${s}${q}`),
+    );
+    const auth = fc.constantFrom(undefined, 'Bearer ctl', 'Bearer key', 'ctl', 'key', 'Bearer', 'Bearer  ', 'bearer ctl', 'Basic Y3Rs', 'Bearer wrong');
+    const body = fc.oneof(
+      fc.constant(undefined),
+      fc.json({ maxDepth: 3 }),
+      fc.string({ maxLength: 64 }),
+      fc.record({ model: fc.oneof(fc.constantFrom(MODEL, 'nope', ''), fc.integer(), fc.constant(null)), prompt: fc.oneof(fc.string({ maxLength: 16 }), fc.integer()), max_tokens: fc.integer({ min: -2, max: 4 }) }).map((o) => JSON.stringify(o)),
+    );
+    const method = fc.constantFrom('GET', 'GET', 'POST', 'POST', 'PUT', 'DELETE', 'HEAD', 'PATCH', 'OPTIONS');
+    let count = 0;
+    const codes = new Map<string, number>();
+    await fc.assert(
+      fc.asyncProperty(method, path, auth, body, async (m, p, authorization, b) => {
+        count++;
+        const r = await request(`${a.url}${p}`, {
+          method: m as 'GET',
+          headers: { ...(authorization ? { authorization } : {}), 'content-type': 'application/json' },
+          ...(b !== undefined && m !== 'GET' && m !== 'HEAD' ? { body: b } : {}),
+        });
+        const text = await r.body.text();
+        const proxied = r.headers['x-vsnap-engine'] !== undefined; // the engine's own answer, passed through
+        expect(r.statusCode, `${m} ${p} -> ${r.statusCode} ${text.slice(0, 200)}`).toBeLessThan(500);
+        if (r.statusCode >= 400 && !proxied && m !== 'HEAD') {
+          const code = (JSON.parse(text) as { error?: { code?: unknown } }).error?.code;
+          expect(code, `${m} ${p}: ${text}`).toMatch(/^E_[A-Z_]+$/);
+          codes.set(String(code), (codes.get(String(code)) ?? 0) + 1);
+        }
+      }),
+      { numRuns: Number(process.env.VSNAP_FUZZ_RUNS ?? 10_000) },
+    );
+    expect(count).toBe(Number(process.env.VSNAP_FUZZ_RUNS ?? 10_000));
+    // the generators reach the rejections they are meant to
+    for (const c of ['E_UNAUTHORIZED', 'E_NOT_FOUND', 'E_BAD_REQUEST', 'E_UNKNOWN_MODEL', 'E_INVALID_ARGUMENT', 'E_METHOD_NOT_ALLOWED']) expect(codes.get(c) ?? 0, c).toBeGreaterThan(0);
+  });
+});

@@ -1,0 +1,111 @@
+import { existsSync, mkdirSync, readdirSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+
+import { cudaStatus } from '../../src/gpu/cuda.js';
+import { RegionStore } from '../../src/store/region-store.js';
+import { runCli } from '../helpers/cli.js';
+import { startEngine, type TestEngine } from '../helpers/engine.js';
+import { tempDir } from '../helpers/tmp.js';
+
+// Every command's error output, in the command line's own terms: human (stderr: `[CODE] message`
+// and a `hint:` line) and --json (one object with code, message and hint on stdout), exit codes.
+const SDK_TERMS = /captureIfNeeded|EngineClientOptions|create: true|Snapshot\.captureEngine|run `?vsnap verify/;
+const DEAD = 'http://127.0.0.1:9'; // nothing listens on the discard port
+
+let engine: TestEngine;
+beforeAll(async () => {
+  engine = await startEngine();
+});
+afterAll(async () => {
+  await engine?.stop();
+});
+
+interface Case {
+  args: string[];
+  env?: Record<string, string>;
+  code: string;
+  exit: number;
+  message?: RegExp;
+  hint: RegExp;
+}
+
+async function expectError(c: Case): Promise<void> {
+  const env = { VSNAP_STORE: '', VSNAP_ENGINE_URL: '', VSNAP_TOKEN: '', VSNAP_CONTROL_TOKEN: '', VSNAP_AGENT_URL: '', ...(c.env ?? {}) };
+  const human = await runCli(c.args, env);
+  expect(human.code, `${c.args.join(' ')}: ${human.stderr}`).toBe(c.exit);
+  expect(human.stderr).toMatch(c.code === 'E_USAGE' ? /^vsnap: |error: / : new RegExp(`\\[${c.code}\\]`));
+  expect(human.stderr).toMatch(c.code === 'E_USAGE' ? /hint: |--help/ : /\nhint: /);
+  expect(human.stderr + human.stdout).not.toMatch(SDK_TERMS);
+  const json = await runCli([...c.args, '--json'], env);
+  expect(json.code).toBe(c.exit);
+  const body = JSON.parse(json.stdout) as { ok: boolean; code: string; message: string; hint: string };
+  expect(body).toMatchObject({ ok: false, code: c.code });
+  expect(body.hint).toMatch(c.hint);
+  if (c.message) expect(body.message).toMatch(c.message);
+  expect(json.stdout).not.toMatch(SDK_TERMS);
+  expect(json.stderr).toBe('');
+}
+
+describe('error output of every command', () => {
+  it('store commands: ls, verify, rm, gc, restore without a store or snapshot; bad names and an empty --store are usage errors', async () => {
+    const absent = join(tempDir(), 'absent');
+    for (const cmd of [['ls'], ['verify', 'x'], ['rm', 'x'], ['gc']]) {
+      await expectError({ args: [...cmd, '--store', absent], code: 'E_STORE_INVALID', exit: 1, hint: /--store/ });
+    }
+    expect(existsSync(absent)).toBe(false); // none of them made it
+    const store = join(tempDir(), 'store');
+    (await RegionStore.open(store)).toString();
+    await expectError({ args: ['verify', 'nope', '--store', store], code: 'E_SNAPSHOT_NOT_FOUND', exit: 1, hint: /vsnap ls --all/ });
+    await expectError({ args: ['rm', 'nope', '--store', store], code: 'E_SNAPSHOT_NOT_FOUND', exit: 1, hint: /vsnap ls --all/ });
+    await expectError({ args: ['restore', 'nope', '--store', store, '--engine', engine.url], env: { VSNAP_TOKEN: engine.token }, code: 'E_SNAPSHOT_NOT_FOUND', exit: 1, hint: /vsnap snapshot/ });
+    await expectError({ args: ['verify', '../etc', '--store', store], code: 'E_USAGE', exit: 2, message: /invalid snapshot name/, hint: /vsnap verify --help/ });
+    await expectError({ args: ['ls', '--store', ''], code: 'E_USAGE', exit: 2, message: /--store needs a directory/, hint: /vsnap ls --help/ });
+    await expectError({ args: ['frobnicate'], code: 'E_USAGE', exit: 2, message: /unknown command/, hint: /^see `vsnap --help`$/ });
+    await expectError({ args: ['demo', '--size', 'lots'], code: 'E_USAGE', exit: 2, message: /--size/, hint: /vsnap demo --help/ });
+  });
+
+  it('engine commands speak of --engine, --token and --capture', async () => {
+    const store = join(tempDir(), 'store');
+    await expectError({ args: ['status'], code: 'E_USAGE', exit: 2, message: /needs --engine/, hint: /vsnap status --help/ });
+    await expectError({ args: ['snapshot', 'x', '--store', store], code: 'E_USAGE', exit: 2, message: /needs --engine/, hint: /snapshot --help/ });
+    await expectError({ args: ['status', '--engine', DEAD], code: 'E_ENGINE_UNREACHABLE', exit: 1, hint: /--engine/ });
+    await expectError({ args: ['snapshot', 'x', '--engine', DEAD, '--store', store], code: 'E_ENGINE_UNREACHABLE', exit: 1, hint: /--engine/ });
+    await expectError({ args: ['status', '--engine', engine.url, '--token', 'wrong'], code: 'E_ENGINE_HTTP', exit: 1, message: /401.*--token/, hint: /--token/ });
+    await expectError({
+      args: ['suspend', 'ref', '--store', store, '--engine', engine.url],
+      env: { VSNAP_TOKEN: engine.token },
+      code: 'E_NOT_RESTORABLE',
+      exit: 1,
+      message: /pass --capture/,
+      hint: /--capture/,
+    });
+    const doctor = await runCli(['doctor', '--engine', DEAD, '--store', store, '--json'], { VSNAP_STORE: '' });
+    expect(doctor.code).toBe(1);
+    expect(JSON.parse(doctor.stdout)).toMatchObject({ engine: { ok: false, url: DEAD } });
+  });
+
+  it('serve, swap and bench', async () => {
+    const dir = tempDir();
+    const bad = join(dir, 'bad.yaml');
+    writeFileSync(bad, 'store: /tmp/x\ngpus: {}\nmodels: {}\n');
+    await expectError({ args: ['serve', '--config', bad], code: 'E_CONFIG', exit: 1, message: /bad\.yaml/, hint: /--config/ });
+    await expectError({ args: ['serve', '--config', join(dir, 'missing.yaml')], code: 'E_CONFIG', exit: 1, hint: /--config/ });
+    await expectError({ args: ['serve'], code: 'E_USAGE', exit: 2, message: /--config/, hint: /serve --help/ });
+    await expectError({ args: ['swap', 'm', '--agent', DEAD], code: 'E_ENGINE_UNREACHABLE', exit: 1, hint: /--agent/ });
+    await expectError({ args: ['swap'], code: 'E_USAGE', exit: 2, message: /model/, hint: /swap --help/ });
+    if (!(await cudaStatus()).available) {
+      const out = join(dir, 'results');
+      mkdirSync(out);
+      const bench = await runCli(['bench', '--out', out]);
+      expect(bench.code).toBe(1);
+      expect(bench.stderr.trim().split('\n')).toHaveLength(1);
+      expect(bench.stderr).toMatch(/bench needs an NVIDIA GPU/);
+      expect(readdirSync(out)).toEqual([]); // nothing written
+      const json = await runCli(['bench', '--json']);
+      expect(json.code).toBe(1);
+      expect(JSON.parse(json.stdout)).toMatchObject({ ok: false, code: 'E_CUDA_UNAVAILABLE', hint: expect.stringMatching(/vsnap doctor/) as string });
+    }
+  });
+});
