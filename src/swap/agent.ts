@@ -46,6 +46,11 @@ export interface SwapAgentOptions {
   readonly supervisor?: Supervisor;
   /** For the status page: GPU budgets per device ordinal, bytes. */
   readonly budgets?: Readonly<Record<number, number>>;
+  /**
+   * The operator's log: a failed request whose error has a cause (the detail clients are not
+   * shown: paths, mismatches) is written here with it. Default: nothing is written.
+   */
+  readonly log?: (line: string) => void;
 }
 
 /**
@@ -82,7 +87,11 @@ export class SwapAgent {
       publicStatus: options.publicStatus ?? !options.controlToken,
     };
     const server = createServer((req, res) => {
-      handle(ctx, req, res).catch((err: unknown) => sendError(res, err));
+      handle(ctx, req, res).catch((err: unknown) => {
+        const cause = err instanceof Error ? err.cause : undefined;
+        if (cause !== undefined && options.log) options.log(`vsnap: ${req.method} ${req.url?.split('?')[0]} failed: ${(err as Error).message} (cause: ${cause instanceof Error ? cause.message : String(cause)})`);
+        sendError(res, err);
+      });
     });
     server.keepAliveTimeout = 65_000;
     await new Promise<void>((resolve, reject) => {

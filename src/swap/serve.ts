@@ -3,7 +3,7 @@ import { EngineClient } from '../engine/engine-client.js';
 import { suspendEngine } from '../snapshot/engine-flows.js';
 import { RegionStore } from '../store/region-store.js';
 import { SwapAgent } from './agent.js';
-import type { ServeConfig } from './config.js';
+import { checkPorts, type ServeConfig } from './config.js';
 import { SwapController, type SwapEvent } from './controller.js';
 import { Supervisor } from './supervisor.js';
 
@@ -27,11 +27,13 @@ export interface ServeHandle {
 /**
  * Runs a configuration: starts the engines that have a command (one at a time; each is captured
  * if no snapshot matches it, then suspended, so N engines boot warm with none resident), then the
- * SwapController (which wakes the pinned engines and the default model) and the HTTP agent.
+ * SwapController (which wakes the pinned engines and the default model) and the HTTP agent. A
+ * listen or engine port already in use is refused (`E_ADDRESS_IN_USE`) before any engine boots.
  * @public
  */
 export async function serve(config: ServeConfig, options: { log?: (line: string) => void } = {}): Promise<ServeHandle> {
   const log = options.log ?? ((line: string) => process.stderr.write(`${line}\n`));
+  await checkPorts(config);
   const store = await RegionStore.open(config.store);
   const clients = new Map<string, EngineClient>();
   const url = (name: string): string => {
@@ -102,6 +104,7 @@ export async function serve(config: ServeConfig, options: { log?: (line: string)
       supervisor,
       budgets: Object.fromEntries(Object.entries(config.gpus).map(([d, g]) => [Number(d), Math.floor(g.budgetGiB * GiB)])),
       ...(config.publicStatus !== undefined ? { publicStatus: config.publicStatus } : {}),
+      log,
     });
     const ctl = controller;
     return {
