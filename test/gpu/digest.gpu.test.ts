@@ -35,13 +35,17 @@ describe('GPU: the digest kernel', async () => {
       for (const size of [13, 4096, 4096 + 8, 5 * MiB + 40, bytes.length]) {
         for (const chunkSize of [4096, MiB, 5 * MiB + 4096, 64 * MiB]) {
           const expected = native().digestBytes(bytes.subarray(0, size), chunkSize);
+          // Imported memory is mapped whole (the driver refuses a partial mapping of an imported
+          // handle, CUDA_ERROR_NOT_SUPPORTED, as for transfers: engine regions are whole
+          // allocations), so it is digested at the allocation's full size only.
+          const whole = size === bytes.length;
           const r = await digestRegions([
             { size, chunkSize, memory: { kind: 'device', allocation: alloc } },
-            { size, chunkSize, memory: { kind: 'imported', fd } },
+            ...(whole ? [{ size, chunkSize, memory: { kind: 'imported' as const, fd } }] : []),
           ]);
-          assert.deepEqual(r.backends, ['gpu', 'gpu']);
+          assert.deepEqual(r.backends, whole ? ['gpu', 'gpu'] : ['gpu']);
           assert.deepEqual(r.digests[0], expected, `device, size ${size}, chunk ${chunkSize}`);
-          assert.deepEqual(r.digests[1], expected, `imported, size ${size}, chunk ${chunkSize}`);
+          if (whole) assert.deepEqual(r.digests[1], expected, `imported, size ${size}, chunk ${chunkSize}`);
         }
       }
     } finally {
