@@ -4,6 +4,7 @@ import { engineControl } from '../engine/control.js';
 import { toVsnapError, VsnapError } from '../errors.js';
 import { suspendEngine, restoreEngine } from '../snapshot/engine-flows.js';
 import { resumeEngineKeptWeights, suspendEngineKeepingWeights } from '../snapshot/engine-kv-release.js';
+import { checkResident } from '../snapshot/live-check.js';
 import { Snapshot } from '../snapshot/snapshot.js';
 import type { Lease, SwapControllerOptions, SwapEngine, SwapEvent } from './controller.js';
 import type { SwapMetrics } from './metrics.js';
@@ -31,6 +32,8 @@ export interface Slot {
   retryAt?: number;
   /** Suspended by the engine itself with its weights kept (suspend's keepWeightsInEngine). */
   keptByEngine?: boolean;
+  /** Its tier-0 weights failed the dirty check before a demotion: kept, never demoted. */
+  holdLocked?: boolean;
 }
 
 /** How long an engine whose swap failed is left alone by background steps (pinned, default, TTL, budget). */
@@ -107,6 +110,7 @@ export class SwapExecutor {
       unrestorable: s.damage?.reason,
       retryAt: s.retryAt,
       keptByEngine: s.keptByEngine,
+      holdLocked: s.holdLocked,
     }));
     return { engines, budgets: this.options.budgets, defaultModel: this.options.defaultModel, tier0: this.options.resident !== undefined, now: Date.now() };
   }
@@ -157,8 +161,7 @@ export class SwapExecutor {
         }
         return true;
       case 'demote':
-        this.options.resident!.release(this.slots.get(action.engine)!.spec.client.baseUrl);
-        this.changed();
+        await this.demote(this.slots.get(action.engine)!);
         return true;
       case 'reject': {
         const slot = this.slots.get(action.engine)!;
@@ -265,6 +268,7 @@ export class SwapExecutor {
     try {
       const report = slot.keptByEngine ? await this.resumeKept(slot) : await this.restore(slot, (id) => (snapshotId = id));
       delete slot.keptByEngine;
+      delete slot.holdLocked;
       slot.state = 'awake';
       slot.lastUsed = Date.now();
       delete slot.error;
@@ -336,6 +340,40 @@ export class SwapExecutor {
       this.events.emit('swapFailed', { engine: name, action: 'suspend', error: e });
       throw e;
     }
+  }
+
+  /**
+   * Releases the weights tier 0 holds for a suspended engine, after the dirty check: the held
+   * memory must still equal the snapshot that brings the engine back (a weight update racing the
+   * suspend would otherwise be lost). Weights that differ, or cannot be checked, are kept: the
+   * engine is marked so the planner never demotes it, and `swapFailed` says why.
+   */
+  private async demote(slot: Slot): Promise<void> {
+    const resident = this.options.resident!;
+    const entry = resident.peek(slot.spec.client.baseUrl);
+    if (entry) {
+      let problem: string | undefined;
+      let cause: unknown;
+      try {
+        const snapshot = await Snapshot.open(this.options.store, slot.spec.snapshot, { id: entry.snapshotId });
+        const report = await checkResident(snapshot.manifest, entry);
+        if (!report.checked) problem = `snapshot ${entry.snapshotId} has no GPU digests to check them against`;
+        else if (report.changed.length) problem = `they differ from snapshot ${entry.snapshotId} in ${report.changed.length} region(s): ${report.changed.slice(0, 5).join(', ')}`;
+      } catch (err) {
+        cause = err;
+        problem = `they could not be checked against snapshot ${entry.snapshotId} (${toVsnapError(err).code})`;
+      }
+      if (problem !== undefined) {
+        slot.holdLocked = true;
+        slot.error = `tier-0 weights kept, not demoted: ${problem}`;
+        const e = new VsnapError('E_STALE', `the weights tier 0 holds for '${slot.spec.name}' were not released: ${problem}. Wake it (they come back as they are), then capture it again.`, { engine: slot.spec.name }, cause === undefined ? {} : { cause });
+        this.events.emit('swapFailed', { engine: slot.spec.name, action: 'demote', error: e });
+        this.changed();
+        return;
+      }
+    }
+    resident.release(slot.spec.client.baseUrl);
+    this.changed();
   }
 
   /** Suspends an engine; on failure, reads back what it really is and rethrows. */

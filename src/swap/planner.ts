@@ -37,6 +37,8 @@ export interface PlanEngine {
   readonly retryAt?: number | undefined;
   /** Suspended by the engine itself with its weights kept (its own tier 0): counted as awake. */
   readonly keptByEngine?: boolean | undefined;
+  /** Its tier-0 weights differ from its snapshot (or could not be checked): never demoted. */
+  readonly holdLocked?: boolean | undefined;
 }
 
 /** @internal */
@@ -106,7 +108,7 @@ function bringUp(input: PlanInput, target: PlanEngine): Action {
   // Who is in the way: idle awake engines (suspended, keeping their weights in tier 0 if they
   // still leave room) and tier-0 holdings (demoted), least recently used first.
   const awake = others.filter((e) => e.state === 'awake' && !e.pinned && (groupMates.includes(e) || shares(e, target)));
-  const residents = others.filter((e) => asleep(e) && e.residentBytes > 0 && shares(e, target));
+  const residents = others.filter((e) => asleep(e) && e.residentBytes > 0 && !e.holdLocked && shares(e, target));
   const victim = [...awake.filter((e) => e.leases === 0 && !cooling(input, e)), ...residents].sort(byLastUsed)[0];
   if (victim && asleep(victim)) return { kind: 'demote', engine: victim.name, for: target.name };
   if (victim) return { kind: 'suspend', engine: victim.name, keepResident: mayKeepResident(input, victim, target), reason: 'room', for: target.name };
@@ -122,7 +124,7 @@ function planBudget(input: PlanInput): Action | undefined {
   const over = Object.entries(used).find(([d, n]) => n > input.budgets[Number(d)]!);
   if (!over) return undefined;
   const device = Number(over[0]);
-  const resident = input.engines.filter((e) => asleep(e) && e.residentBytes > 0 && e.devices.includes(device)).sort(byLastUsed)[0];
+  const resident = input.engines.filter((e) => asleep(e) && e.residentBytes > 0 && !e.holdLocked && e.devices.includes(device)).sort(byLastUsed)[0];
   if (resident) return { kind: 'demote', engine: resident.name };
   const awake = input.engines.filter((e) => e.state === 'awake' && !e.pinned && e.devices.includes(device));
   const victim = awake.filter((e) => e.leases === 0 && !cooling(input, e)).sort(byLastUsed)[0];

@@ -67,6 +67,23 @@ describe('planner: the next step from the state alone', () => {
     expect(plan(s)).toEqual({ kind: 'demote', engine: 'a', for: 'c' });
   });
 
+  it('never demotes a holding whose weights failed the dirty check (holdLocked): suspends someone else', () => {
+    const s = input(
+      [
+        engine('a', { state: 'asleep', residentBytes: 4 * GB, lastUsed: 1, holdLocked: true }),
+        engine('b', { state: 'awake', lastUsed: 5, memoryBytes: 6 * GB }),
+        engine('c', { waitingSince: 9, memoryBytes: 6 * GB }),
+      ],
+      { budgets: { 0: 15 * GB }, tier0: true },
+    );
+    expect(plan(s)).toEqual({ kind: 'suspend', engine: 'b', keepResident: false, reason: 'room', for: 'c' });
+  });
+
+  it('an engine that kept its own weights (keptByEngine) counts as awake in the budget', () => {
+    const s = input([engine('a', { state: 'asleep', keptByEngine: true, memoryBytes: 10 * GB }), engine('b', { memoryBytes: 6 * GB })]);
+    expect(usage(s)[0]).toBe(10 * GB);
+  });
+
   it('keeps a suspended engine in tier 0 only while its weights still leave room for the one woken', () => {
     const a = engine('a', { state: 'awake', weightsBytes: 4 * GB, memoryBytes: 10 * GB });
     const b = engine('b', { waitingSince: 1, memoryBytes: 10 * GB });
