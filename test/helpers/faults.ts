@@ -61,7 +61,8 @@ export class FaultyClient extends EngineClient {
     return this.through('sleep', () => super.vsnapSleep(args, options));
   }
   override vsnapWake(args: { tags?: readonly string[]; adopt?: { socket: string; nonces: readonly string[] } } = {}, options?: CallOptions): Promise<void> {
-    const route: Route = args.adopt ? 'adopt' : args.tags?.length === 1 && args.tags[0] === 'kv_cache' ? 'wakeKv' : 'wake';
+    // the weights' wake names them; the last wake of a restore wakes the KV cache (and any other tag left)
+    const route: Route = args.adopt ? 'adopt' : args.tags?.includes('weights') ? 'wake' : 'wakeKv';
     return this.through(route, () => super.vsnapWake(args, options));
   }
   override vsnapResetPrefixCache(options?: CallOptions): Promise<void> {

@@ -8,6 +8,7 @@ import { VsnapError } from '../../src/errors.js';
 import { Manifest } from '../../src/manifest/manifest.js';
 import { native } from '../../src/native/index.js';
 import { HostRegion } from '../../src/regions/host-region.js';
+import { blobDigest } from '../../src/store/digest.js';
 
 // Fixed vectors of vsnap-gd1 (native/digest/digest_mix.h). They were computed three ways that
 // agree: the native CPU code, the TypeScript port, and a big-integer Python transcription of the
@@ -87,7 +88,8 @@ describe('vsnap-gd1, the GPU digest, on the CPU', () => {
 });
 
 describe('manifest schema 2: GPU digests', () => {
-  const region = (extra: Record<string, unknown> = {}) => ({ key: 'w', tag: 'weights', size: 8192, chunkSize: 4096, checksums: ['0'.repeat(32), '1'.repeat(32)], blob: 'a'.repeat(64), ...extra });
+  const checksums = ['0'.repeat(32), '1'.repeat(32)];
+  const region = (extra: Record<string, unknown> = {}) => ({ key: 'w', tag: 'weights', size: 8192, chunkSize: 4096, checksums, blob: blobDigest(8192, 4096, checksums), ...extra });
   const manifest = (version: number, regionExtra: Record<string, unknown> = {}, top: Record<string, unknown> = {}) => ({
     schemaVersion: version,
     id: '0mx26rc38-dff83be0',
