@@ -30,7 +30,7 @@ export const CONFIG_KEYS: Record<string, string> = {
   'models.*.healthPath': 'The engine\'s health route, polled until it answers 200. Default /health.',
   'models.*.token': 'The engine\'s VSNAP_TOKEN (the vsnap plugin\'s token); also given to a started engine.',
   'models.*.apiKey': 'The engine\'s own --api-key, sent on the /v1 requests vsnap forwards.',
-  'models.*.snapshot': 'The name of its snapshot in the store. Default: the model name.',
+  'models.*.snapshot': 'The name of its snapshot in the store. Default: derived from the model name (`meta-llama/Llama-3.1-8B` becomes `meta-llama--Llama-3.1-8B`).',
   'models.*.gpus': 'The GPUs it uses (device ordinals). Default [0].',
   'models.*.memoryGiB': 'GPU memory it holds on each of its GPUs while awake (weights, KV cache, graphs, context).',
   'models.*.asleepGiB': 'GPU memory it still holds on each GPU while suspended. Default 0.',
