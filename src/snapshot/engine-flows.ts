@@ -239,6 +239,7 @@ export async function restoreEngine(snapshot: Snapshot, client: EngineClient, op
     lap('sleep');
     status = await control.status(call);
   }
+  const rest = tagsAfterWeights(status);
   const engineKey = client.baseUrl;
   const resident = options.resident;
   if (resident?.peek(engineKey)) {
@@ -246,7 +247,7 @@ export async function restoreEngine(snapshot: Snapshot, client: EngineClient, op
       const held = resident.peek(engineKey)!;
       const usable = held.snapshotId === snapshot.id && status.ranks.every((r) => held.ranks[r.rank]?.pid === r.pid) && status.ranks.every((r) => !r.weightsMapped);
       if (usable) {
-        const outcome = await restoreFromResident(control, client, snapshot, resident, options, call, lap);
+        const outcome = await restoreFromResident(control, client, snapshot, resident, rest, options, call, lap);
         if ('report' in outcome) return { ...outcome.report, seconds: (performance.now() - started) / 1000, phases };
         status = outcome.status;
       }
@@ -277,7 +278,7 @@ export async function restoreEngine(snapshot: Snapshot, client: EngineClient, op
       phases.verifyDigests = result.digestSeconds;
     }
     exported.close();
-    await finishWake(control, client, snapshot, expected, options, call, lap);
+    await finishWake(control, client, snapshot, expected, rest, options, call, lap);
     return { bytes: result.bytes, tier: result.tier ?? 'store', seconds: (performance.now() - started) / 1000, phases };
   } catch (err) {
     exported?.close();
@@ -293,18 +294,27 @@ export async function restoreEngine(snapshot: Snapshot, client: EngineClient, op
 }
 
 /** Wakes the KV cache, resets the prefix cache and checks the expected response. */
+/** The tags a restore wakes after the weights: the KV cache and any other the plugin reports. */
+function tagsAfterWeights(status: EngineStatus): string[] {
+  const other = status.ranks.flatMap((r) => r.otherTags ?? []).filter((t) => t !== 'weights' && t !== 'kv_cache');
+  return ['kv_cache', ...new Set(other)];
+}
+
 async function finishWake(
   control: EngineControl,
   client: EngineClient,
   snapshot: Snapshot,
   expected: ExpectedResponse | null,
+  rest: readonly string[],
   options: EngineRestoreOptions,
   call: { signal?: AbortSignal },
   lap: (name: string) => void,
 ): Promise<void> {
-  // Everything still asleep: the KV cache, and any other tag (vLLM 0.33's `cudagraph` pool with
-  // --sleep-mode-offload-cudagraph, which a wake of `kv_cache` alone would leave asleep).
-  await control.wake(undefined, call);
+  // Every tag still asleep, by name: the KV cache, and any other (vLLM 0.33's `cudagraph` pool
+  // with --sleep-mode-offload-cudagraph, which a wake of `kv_cache` alone would leave asleep).
+  // Never a wake of all tags: before vLLM PR #52514 that maps the woken weights a second time
+  // (vllm/device_allocator/cumem.py `wake_up`), which fails and unmaps them.
+  await control.wake(rest, call);
   lap('wakeKvCache');
   await control.resetPrefixCache(call);
   lap('resetPrefixCache');
@@ -348,6 +358,7 @@ async function restoreFromResident(
   client: EngineClient,
   snapshot: Snapshot,
   resident: ResidentWeights,
+  rest: readonly string[],
   options: EngineRestoreOptions,
   call: { signal?: AbortSignal },
   lap: (name: string) => void,
@@ -357,7 +368,7 @@ async function restoreFromResident(
   try {
     ({ bytes } = await resident.adopt(client.baseUrl, (adopt) => control.wake(['weights'], call, adopt), call));
     lap('adoptWeights');
-    await finishWake(control, client, snapshot, snapshot.manifest.data.expectedResponse, options, call, lap);
+    await finishWake(control, client, snapshot, snapshot.manifest.data.expectedResponse, rest, options, call, lap);
     return { report: { bytes, tier: 'gpu' } };
   } catch (err) {
     failure = toVsnapError(err);

@@ -37,6 +37,16 @@ async function roundTrip(client: EngineClient): Promise<void> {
   expect(await ask(client)).toEqual(before);
 }
 
+describe('wake semantics before vLLM PR #52514', () => {
+  it('a wake maps every allocation of its tags, awake or not: a restore wakes the rest by name, and works', async () => {
+    // A wake of all tags after the weights woke would map them again: the driver refuses, and
+    // old vLLM unmaps what that call had mapped (vllm/device_allocator/cumem.py at 010c2112).
+    const { client } = await engine({ env: { VSNAP_REF_WAKE_ALL: '1' } });
+    await roundTrip(client);
+    await expect(client.vsnapWake({})).rejects.toThrow(/mapped already/);
+  });
+});
+
 describe('routes: how they get onto the engine, and saying so', () => {
   it('newer vLLM: the endpoint plugin, with the engine client from init_state', async () => {
     const { client } = await engine({ devMode: false });
