@@ -85,7 +85,7 @@ export class RegionStore {
         exists = false;
       }
       if (!exists) {
-        if (!create) throw new VsnapError('E_STORE_INVALID', `no store at ${root} (pass create: true to make one)`, { root });
+        if (!create) throw new VsnapError('E_STORE_INVALID', `no store at ${root}${readOnly ? '' : ' (pass create: true to make one)'}`, { root });
         mkdirSync(root, { recursive: true, mode: 0o755 });
       }
       // The root itself may be reached through links (a mount point, /data -> /mnt/...): resolved
