@@ -1,7 +1,8 @@
 #!/usr/bin/env node
 // Starts the reference engine (a small stand-in for vLLM with the vsnap plugin, in host memory: no
-// GPU needed) from a source checkout of vsnap. `vsnap serve --config examples/quickstart/serve.yaml`
-// runs two of these. Usage: node examples/quickstart/reference-engine.mjs --port N [--seed S] [--model NAME]
+// GPU needed) from vsnap's package root: a checkout, or an installed package, which ships
+// test/fixtures/engine for this. `vsnap serve --config examples/quickstart/serve.yaml`, run in
+// the package root (`npm run quickstart`), runs two of these. Usage: node examples/quickstart/reference-engine.mjs --port N [--seed S] [--model NAME]
 // Its options are those of test/fixtures/engine/serve.py.
 import { execFileSync, spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';

@@ -29,8 +29,9 @@ uint64_t fdSize(int fd) {
   return static_cast<uint64_t>(st.st_size);
 }
 
-int lockFile(const std::string& path, bool exclusive, bool nonBlocking) {
-  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+int lockFile(const std::string& path, bool exclusive, bool nonBlocking, bool readOnly) {
+  int fd = readOnly ? open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC) : open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0 && readOnly && errno == ENOENT) return -2;
   if (fd < 0) throwSystemError("open", path, errno);
   int op = (exclusive ? LOCK_EX : LOCK_SH) | (nonBlocking ? LOCK_NB : 0);
   while (flock(fd, op) != 0) {

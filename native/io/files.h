@@ -17,7 +17,9 @@ uint64_t fdSize(int fd);
 
 // flock(2) on a lock file, created if needed. Returns the open descriptor holding the lock,
 // or -1 when nonBlocking and another descriptor holds a conflicting lock.
-int lockFile(const std::string& path, bool exclusive, bool nonBlocking);
+// readOnly: opens an existing lock file O_RDONLY (creating nothing; flock(2) needs no write
+// access) and returns -2 when there is none; a link there is refused (O_NOFOLLOW: ELOOP).
+int lockFile(const std::string& path, bool exclusive, bool nonBlocking, bool readOnly = false);
 
 // A blob file being written: space reserved up front (E_NO_SPACE before any data moves),
 // writeback started as chunks land, flushed to stable storage by finish().

@@ -21,7 +21,8 @@ Napi::Value CreateMemfd(const Napi::CallbackInfo& info) {
 Napi::Value LockFile(const Napi::CallbackInfo& info) {
   std::string path = toString(info[0], "path");
   bool exclusive = info[1].ToBoolean().Value();
-  return Napi::Number::New(info.Env(), guard(info.Env(), [&] { return io::lockFile(path, exclusive, true); }));
+  bool readOnly = info.Length() > 2 && info[2].ToBoolean().Value();
+  return Napi::Number::New(info.Env(), guard(info.Env(), [&] { return io::lockFile(path, exclusive, true, readOnly); }));
 }
 
 Napi::Value FdSize(const Napi::CallbackInfo& info) {

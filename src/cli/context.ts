@@ -58,9 +58,13 @@ export class Context {
     return defaultStoreRoot();
   }
 
-  /** The store; `create` only for commands that write a capture (the rest never make one). */
-  openStore(create = false): Promise<RegionStore> {
-    return RegionStore.open(this.storeRoot, { create });
+  /**
+   * The store: `read` for commands that only read it (opened read-only: they work on a store
+   * they may not write), `write` for rm and gc, `create` only for commands that write a capture
+   * (the rest never make one).
+   */
+  openStore(access: 'read' | 'write' | 'create'): Promise<RegionStore> {
+    return RegionStore.open(this.storeRoot, access === 'read' ? { readOnly: true } : { create: access === 'create' });
   }
 
   /** The first argument as a snapshot (or model) name, checked: a bad one is a usage error. */

@@ -154,8 +154,11 @@ export interface NativeBinding {
   checksumAlgorithm: string;
   checksumImplementation: string;
   createMemfd(name: string, size: number): number;
-  /** Returns the locked descriptor, or -1 if another holder conflicts. */
-  tryLockFile(path: string, exclusive: boolean): number;
+  /**
+   * Returns the locked descriptor, or -1 if another holder conflicts. `readOnly`: opens an
+   * existing file read-only (creates nothing) and returns -2 when there is none.
+   */
+  tryLockFile(path: string, exclusive: boolean, readOnly?: boolean): number;
   fdSize(fd: number): number;
   digestRegions(regions: readonly NativeDigestRegion[]): Promise<NativeDigestResult>;
   digestBytes(data: Uint8Array, chunkSize: number): string[];

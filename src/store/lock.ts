@@ -12,11 +12,11 @@ import { checkEntry } from './layout.js';
  * loop; throws E_STORE_LOCKED after `timeoutMs`. Returns the release function.
  * @internal
  */
-export async function acquireLock(path: string, exclusive: boolean, timeoutMs: number): Promise<() => void> {
+export async function acquireLock(path: string, exclusive: boolean, timeoutMs: number, readOnly = false): Promise<() => void> {
   const deadline = Date.now() + timeoutMs;
   let wait = 5;
   for (;;) {
-    const release = tryLock(path, exclusive);
+    const release = tryLock(path, exclusive, readOnly);
     if (release) return release;
     if (Date.now() >= deadline) {
       throw new VsnapError(
@@ -34,17 +34,20 @@ export async function acquireLock(path: string, exclusive: boolean, timeoutMs: n
 /**
  * Takes the lock only if free now; returns its (idempotent) release, or undefined. A lock file
  * that is a link is refused (E_STORE_UNSAFE) rather than followed: the native open creates it
- * with O_CREAT, which would create the link's target.
+ * with O_CREAT, which would create the link's target. `readOnly`: the file is opened read-only
+ * (flock needs no write access) and never created; when there is none, no writer has locked
+ * the store yet (every writer creates it first), and the release does nothing.
  * @internal
  */
-export function tryLock(path: string, exclusive: boolean): (() => void) | undefined {
+export function tryLock(path: string, exclusive: boolean, readOnly = false): (() => void) | undefined {
   checkEntry(path, 'file');
   let fd: number;
   try {
-    fd = native().tryLockFile(path, exclusive);
+    fd = native().tryLockFile(path, exclusive, readOnly);
   } catch (err) {
     throw toVsnapError(err);
   }
+  if (fd === -2 && readOnly) return () => {};
   if (fd < 0) return undefined;
   let released = false;
   return () => {

@@ -3,7 +3,7 @@ import { lstatSync, mkdirSync, readdirSync, realpathSync, statfsSync } from 'nod
 import { readdir, rm, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
 
-import { toVsnapError, VsnapError } from '../errors.js';
+import { invalidArgument, toVsnapError, VsnapError } from '../errors.js';
 import { Manifest } from '../manifest/manifest.js';
 import type { TransferOptions } from '../transfer/transfer.js';
 import { CaptureTransaction } from './capture-txn.js';
@@ -55,22 +55,27 @@ export class RegionStore {
   readonly root: string;
   /** @internal */
   readonly lockTimeoutMs: number;
+  /** Opened with `readOnly`: nothing is written; captures, `remove` and `gc` are refused. */
+  readonly readOnly: boolean;
   private readonly spaceMargin: number;
   /** The publish sequence number read when each capture id of this store was made. */
   private readonly startSeqs = new Map<string, number>();
 
-  private constructor(root: string, lockTimeoutMs: number, spaceMargin: number) {
+  private constructor(root: string, lockTimeoutMs: number, spaceMargin: number, readOnly: boolean) {
     this.root = root;
     this.lockTimeoutMs = lockTimeoutMs;
+    this.readOnly = readOnly;
     this.spaceMargin = spaceMargin;
   }
 
-  /** Opens (and by default creates) the store at `root`. */
+  /** Opens (and by default creates) the store at `root`; with `readOnly`, only reads an existing one. */
   static async open(root: string, options: RegionStoreOptions = {}): Promise<RegionStore> {
     if (typeof root !== 'string' || root.length === 0) {
       throw new VsnapError('E_INVALID_ARGUMENT', `store root must be a directory path, got ${JSON.stringify(root)}`);
     }
-    const create = options.create ?? true;
+    const readOnly = options.readOnly ?? false;
+    if (readOnly && options.create === true) invalidArgument('create', 'false with readOnly (a read-only open creates nothing)', true);
+    const create = !readOnly && (options.create ?? true);
     let real: string;
     try {
       let exists = true;
@@ -80,7 +85,7 @@ export class RegionStore {
         exists = false;
       }
       if (!exists) {
-        if (!create) throw new VsnapError('E_STORE_INVALID', `no store at ${root} (pass create: true to make one)`, { root });
+        if (!create) throw new VsnapError('E_STORE_INVALID', `no store at ${root}${readOnly ? '' : ' (pass create: true to make one)'}`, { root });
         mkdirSync(root, { recursive: true, mode: 0o755 });
       }
       // The root itself may be reached through links (a mount point, /data -> /mnt/...): resolved
@@ -116,14 +121,14 @@ export class RegionStore {
         }
       }
       for (const dir of ['blobs', 'snapshots', 'tmp']) {
-        if (!checkEntry(join(real, dir), 'dir')) mkdirSync(join(real, dir));
+        if (!checkEntry(join(real, dir), 'dir') && !readOnly) mkdirSync(join(real, dir));
       }
       for (const file of ['.lock', '.meta.lock', SEQ_FILE]) checkEntry(join(real, file), 'file');
     } catch (err) {
       throw toVsnapError(err);
     }
-    const store = new RegionStore(real, options.lockTimeoutMs ?? 30_000, options.spaceMarginBytes ?? SPACE_MARGIN);
-    await guard(() => cleanTmp(real, options.tmpGraceMs ?? TMP_GRACE_MS));
+    const store = new RegionStore(real, options.lockTimeoutMs ?? 30_000, options.spaceMarginBytes ?? SPACE_MARGIN, readOnly);
+    if (!readOnly) await guard(() => cleanTmp(real, options.tmpGraceMs ?? TMP_GRACE_MS));
     return store;
   }
 
@@ -150,7 +155,8 @@ export class RegionStore {
    * (gc, which deletes them). @internal
    */
   async withLock<T>(exclusive: boolean, fn: () => Promise<T>): Promise<T> {
-    const release = await acquireLock(this.lockPath, exclusive, this.lockTimeoutMs);
+    if (exclusive) this.writable('gc');
+    const release = await acquireLock(this.lockPath, exclusive, this.lockTimeoutMs, this.readOnly);
     try {
       return await fn();
     } finally {
@@ -160,6 +166,7 @@ export class RegionStore {
 
   /** Runs `fn` holding the exclusive lock on manifests and `current` pointers (held briefly). @internal */
   async withMetaLock<T>(fn: () => Promise<T>): Promise<T> {
+    this.writable('publish');
     const release = await acquireLock(join(this.root, '.meta.lock'), true, this.lockTimeoutMs);
     try {
       return await fn();
@@ -194,6 +201,7 @@ export class RegionStore {
    */
   async beginCapture(name: string, bytes: number, id: string = this.newCaptureId()): Promise<CaptureTransaction> {
     validateName(name);
+    this.writable('capture');
     try {
       const startSeq = this.takeStartSeq(id) ?? this.readSeq();
       this.checkFreeSpace(bytes);
@@ -338,6 +346,7 @@ export class RegionStore {
    */
   async remove(name: string, options: { id?: string } = {}): Promise<string[]> {
     validateName(name);
+    this.writable('remove');
     if (options.id !== undefined) validateName(options.id, 'snapshot id');
     return guard(() =>
       this.withMetaLock(async () => {
@@ -375,6 +384,7 @@ export class RegionStore {
    * deleting what it references. Stray files in `blobs/` or `snapshots/` are left alone.
    */
   async gc(): Promise<{ blobsRemoved: number; bytesFreed: number }> {
+    this.writable('gc');
     return guard(() =>
       this.withLock(true, () =>
         this.withMetaLock(async () => {
@@ -420,6 +430,15 @@ export class RegionStore {
   /** Same as {@link RegionStore.close}. */
   async [Symbol.asyncDispose](): Promise<void> {
     await this.close();
+  }
+
+  /** Refuses `what` on a store opened read-only. */
+  private writable(what: string): void {
+    if (this.readOnly) {
+      throw new VsnapError('E_INVALID_ARGUMENT', `cannot ${what}: the store at ${this.root} was opened read-only (readOnly: true); open it without readOnly to write`, {
+        root: this.root,
+      });
+    }
   }
 
   /** @internal */

@@ -5,8 +5,15 @@
  * @public
  */
 export interface RegionStoreOptions {
-  /** Create the directory (and the store in it) if missing. Default true. */
+  /** Create the directory (and the store in it) if missing. Default true (false when `readOnly`). */
   create?: boolean;
+  /**
+   * Open for reading only (list, verify, restore, load into a RAM tier): nothing is created,
+   * written or cleaned, and blob reads take a shared flock on an existing `.lock` opened
+   * read-only, so a store the process may not write (a read-only mount, another user's files)
+   * opens. Captures, `remove` and `gc` are refused with E_INVALID_ARGUMENT. Default false.
+   */
+  readOnly?: boolean;
   /** How long to wait for another process's store lock. Default 30 s. */
   lockTimeoutMs?: number;
   /** @internal tmp/ entries younger than this are never cleaned (tests shorten it). */

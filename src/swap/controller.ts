@@ -97,6 +97,11 @@ export interface EngineView {
    * or {@link SwapController.verifySnapshot} passes. Short, without paths.
    */
   readonly snapshotProblem?: string;
+  /**
+   * With tier 0 ({@link SwapControllerOptions.resident}): GPU memory per device that still holds
+   * its weights while it is suspended (a wake maps them back, no copy). Absent when none is held.
+   */
+  readonly weightsHeldBytes?: number;
 }
 
 /**
@@ -191,16 +196,20 @@ export class SwapController extends EventEmitter {
 
   /** Every engine's state. */
   states(): EngineView[] {
-    return [...this.slots.values()].map((s) => ({
-      name: s.spec.name,
-      state: s.state,
-      leases: s.leases,
-      waiting: s.waiters.length,
-      lastUsed: s.lastUsed,
-      pinned: s.spec.pinned ?? false,
-      ...(s.error ? { error: s.error } : {}),
-      ...(s.damage ? { snapshotProblem: s.damage.reason } : {}),
-    }));
+    return [...this.slots.values()].map((s) => {
+      const held = this.executor.residentBytes(s);
+      return {
+        name: s.spec.name,
+        state: s.state,
+        leases: s.leases,
+        waiting: s.waiters.length,
+        lastUsed: s.lastUsed,
+        pinned: s.spec.pinned ?? false,
+        ...(s.error ? { error: s.error } : {}),
+        ...(s.damage ? { snapshotProblem: s.damage.reason } : {}),
+        ...(held > 0 ? { weightsHeldBytes: held } : {}),
+      };
+    });
   }
 
   /** GPU memory accounted to the engines now (tier-0 weights included), per device. */

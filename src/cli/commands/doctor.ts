@@ -24,7 +24,7 @@ export async function doctor(ctx: Context): Promise<number> {
     store = { root, ok: true, exists: false, snapshots: 0, blobs: 0, bytes: 0, freeBytes: fs.bavail * fs.bsize };
   } else {
     try {
-      const s = await ctx.openStore(false);
+      const s = await ctx.openStore('read');
       const usage = await s.usage();
       const fs = statfsSync(root);
       store = { root, ok: true, exists: true, snapshots: (await s.list()).length, ...usage, freeBytes: fs.bavail * fs.bsize };

@@ -9,7 +9,7 @@ export async function snapshot(ctx: Context): Promise<number> {
   const name = ctx.name();
   const client = ctx.engineClient();
   try {
-    const store = await ctx.openStore(true);
+    const store = await ctx.openStore('create');
     const existing = await store.current(name);
     if (existing && !ctx.options.force) {
       ctx.print(`${name} already has a snapshot (${existing.id}); --force captures again`, { cached: true, id: existing.id });
@@ -35,7 +35,7 @@ export async function suspend(ctx: Context): Promise<number> {
   const name = ctx.name();
   const client = ctx.engineClient();
   try {
-    const store = await ctx.openStore(true);
+    const store = await ctx.openStore('create');
     const r = await suspendEngine(store, name, client, { captureIfNeeded: ctx.options.capture === true, signal: ctx.signal });
     ctx.print(
       r.alreadyAsleep ? `the engine was already asleep` : `suspended${r.captured ? ' (captured first)' : ''} in ${r.seconds.toFixed(2)} s; restore with: vsnap restore ${name}`,
@@ -52,7 +52,7 @@ export async function restore(ctx: Context): Promise<number> {
   const name = ctx.name();
   const client = ctx.engineClient();
   try {
-    const store = await ctx.openStore();
+    const store = await ctx.openStore('read');
     const snap = await Snapshot.open(store, name, ctx.options.id ? { id: ctx.options.id } : {});
     const progress = progressLine('restore');
     const report = await restoreEngine(snap, client, { onProgress: progress.update, signal: ctx.signal }).finally(() => progress.done());

@@ -11,7 +11,7 @@ function table(header: string[], rows: string[][]): string {
 
 /** vsnap ls [--all]: one row per snapshot, or with --all one per capture. */
 export async function ls(ctx: Context): Promise<number> {
-  const store = await ctx.openStore();
+  const store = await ctx.openStore('read');
   const list = await store.list();
   if (ctx.options.all) {
     const captures = [];
@@ -38,7 +38,7 @@ export async function ls(ctx: Context): Promise<number> {
 /** vsnap verify <name> [--id]: re-hash the blobs (never creates or changes the store). */
 export async function verify(ctx: Context): Promise<number> {
   const name = ctx.name();
-  const store = await ctx.openStore();
+  const store = await ctx.openStore('read');
   const progress = progressLine('verify');
   const found = await store
     .verify(name, { ...(ctx.options.id ? { id: ctx.options.id } : {}), onProgress: progress.update, signal: ctx.signal })
@@ -58,7 +58,7 @@ export async function verify(ctx: Context): Promise<number> {
 /** vsnap rm <name> [--id]: remove, then free unreferenced blobs. */
 export async function rm(ctx: Context): Promise<number> {
   const name = ctx.name();
-  const store = await ctx.openStore();
+  const store = await ctx.openStore('write');
   const removed = await store.remove(name, ctx.options.id ? { id: ctx.options.id } : {});
   const gc = await store.gc();
   ctx.print(`removed ${removed.join(', ')}; freed ${formatBytes(gc.bytesFreed)} in ${gc.blobsRemoved} blob(s)`, { removed, ...gc });
@@ -67,7 +67,7 @@ export async function rm(ctx: Context): Promise<number> {
 
 /** vsnap gc: delete unreferenced blobs. */
 export async function gc(ctx: Context): Promise<number> {
-  const store = await ctx.openStore();
+  const store = await ctx.openStore('write');
   const result = await store.gc();
   ctx.print(`freed ${formatBytes(result.bytesFreed)} in ${result.blobsRemoved} blob(s)`, result);
   return EXIT.ok;

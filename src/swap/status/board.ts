@@ -24,6 +24,7 @@ export interface StatusReport {
   readonly engines: Array<EngineView & { devices: readonly number[]; memoryBytes: number; asleepBytes: number; process?: EngineProcessState }>;
   readonly gpus: Array<{ device: number; budgetBytes: number | null; awakeBytes: number; heldBytes: number; usedBytes: number }>;
   readonly ramTier: { budgetBytes: number; usedBytes: number; entries: Array<{ name: string; id: string; bytes: number; durable: boolean }> } | null;
+  /** The store's snapshots; `damaged: true` with a `reason` when one cannot bring its engine back. */
   readonly snapshots: Array<Record<string, unknown>>;
   readonly snapshotsError?: string;
   readonly queue: { waiting: number; leases: number };
@@ -98,7 +99,13 @@ export class StatusBoard {
     let snapshots: Array<Record<string, unknown>> = [];
     let snapshotsError: string | undefined;
     try {
-      snapshots = (await store.list()).map((s) => ({ ...s }));
+      // A snapshot an engine cannot be restored from (a failed restore, missing blobs) is shown
+      // damaged, with the controller's reason; so is a name whose manifest the store cannot read.
+      const damaged = new Map<string, string>();
+      for (const e of engines) if (e.snapshotProblem) damaged.set(controller.engine(e.name).snapshot ?? e.name, e.snapshotProblem);
+      const list = await store.list();
+      snapshots = list.map((s) => ({ ...s, ...(damaged.has(s.name) ? { damaged: true, reason: damaged.get(s.name) } : {}) }));
+      for (const p of list.problems) snapshots.push({ name: p.name, damaged: true, reason: `${p.code}: ${p.message}` });
     } catch (err) {
       snapshotsError = (err as Error).message;
     }

@@ -53,10 +53,12 @@ function render(r) {
   $("health").className = r.health.status;
   $("updated").textContent = "updated " + new Date(r.at).toLocaleTimeString();
   $("engines").innerHTML = r.engines.map((e) => {
-    const label = e.state === "asleep" && e.weightsHeld ? "weights held on GPU" : e.state;
-    const cls = e.state === "asleep" && e.weightsHeld ? "held" : e.state;
+    const held = e.state === "asleep" && e.weightsHeldBytes > 0;
+    const label = held ? "weights held on the GPU" : e.state;
+    const cls = held ? "held" : e.state;
     return "<tr data-engine='" + esc(e.name) + "'><td>" + esc(e.name) + (e.pinned ? " <span class=muted>(pinned)</span>" : "") + "</td><td><span class='pill " + esc(cls) + "'>" + esc(label) + "</span>" +
-      (e.error ? " <span class=muted>" + esc(e.error) + "</span>" : "") + "</td><td>" + e.devices.join(", ") + "</td><td class=num>" + bytes(e.memoryBytes) + "</td><td class=num>" + bytes(e.asleepBytes) +
+      (held ? " <span class=muted>" + bytes(e.weightsHeldBytes) + "</span>" : "") + (e.error ? " <span class=muted>" + esc(e.error) + "</span>" : "") +
+      (e.snapshotProblem ? " <span class='pill failed'>snapshot damaged</span> <span class=muted>" + esc(e.snapshotProblem) + "</span>" : "") + "</td><td>" + e.devices.join(", ") + "</td><td class=num>" + bytes(e.memoryBytes) + "</td><td class=num>" + bytes(e.asleepBytes) +
       "</td><td class=num>" + e.leases + "</td><td class=num>" + e.waiting + "</td><td>" + (e.process ? esc(e.process.status) + (e.process.pid ? " (pid " + e.process.pid + ")" : "") : "<span class=muted>external</span>") + "</td></tr>";
   }).join("");
   $("gpus").innerHTML = r.gpus.map((g) => {
@@ -66,7 +68,7 @@ function render(r) {
       bytes(g.awakeBytes) + " awake, " + bytes(g.heldBytes) + " held, " + (g.budgetBytes == null ? "no budget" : bytes(Math.max(0, g.budgetBytes - g.usedBytes)) + " free of " + bytes(g.budgetBytes)) + "</td></tr>";
   }).join("");
   $("ram").textContent = r.ramTier ? bytes(r.ramTier.usedBytes) + " of " + bytes(r.ramTier.budgetBytes) + " used, " + r.ramTier.entries.length + " snapshot(s): " + r.ramTier.entries.map((e) => e.name + (e.durable ? "" : " (not yet durable)")).join(", ") : "no RAM tier configured (ramTierGiB: 0)";
-  $("snapshots").innerHTML = r.snapshots.length ? r.snapshots.map((s) => "<tr><td>" + esc(s.name) + "</td><td class=muted>" + esc(s.id) + "</td><td>" + esc(new Date(s.createdAt).toLocaleString()) + "</td><td class=num>" + bytes(s.bytes) + "</td><td class=num>" + s.versions + "</td><td>" +
+  $("snapshots").innerHTML = r.snapshots.length ? r.snapshots.map((s) => "<tr data-snapshot='" + esc(s.name) + "'><td>" + esc(s.name) + "</td><td class=muted>" + esc(s.id || "–") + "</td><td>" + (s.createdAt ? esc(new Date(s.createdAt).toLocaleString()) : "–") + "</td><td class=num>" + bytes(s.bytes) + "</td><td class=num>" + (s.versions ?? "–") + "</td><td>" +
     (s.damaged ? "<span class='pill failed'>damaged</span> " + esc(s.reason || "") : s.durable === false ? "<span class='pill held'>not durable</span>" : "<span class='pill awake'>durable</span>") + "</td></tr>").join("") : "<tr><td colspan=6 class=muted>" + esc(r.snapshotsError || "no snapshots yet") + "</td></tr>";
   $("queue").textContent = r.queue.leases + " request(s) running, " + r.queue.waiting + " waiting for an engine";
   chart(r.swaps);
