@@ -1,6 +1,6 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
@@ -15,7 +15,11 @@ const pluginSiteScript = join(fixture, 'plugin_site.py');
 let pluginSite: string | undefined;
 /** A PYTHONPATH entry where the vsnap plugin is installed (entry point included). */
 export function pluginSitePath(): string {
-  pluginSite ??= execFileSync('python3', [pluginSiteScript, mkdtempSync(join(tmpdir(), 'vsnap-plugin-site-'))], { encoding: 'utf8' }).trim();
+  if (pluginSite === undefined) {
+    const dir = mkdtempSync(join(tmpdir(), 'vsnap-plugin-site-'));
+    process.once('exit', () => rmSync(dir, { recursive: true, force: true })); // one per test process, removed with it
+    pluginSite = execFileSync('python3', [pluginSiteScript, dir], { encoding: 'utf8' }).trim();
+  }
   return pluginSite;
 }
 
@@ -87,7 +91,7 @@ export async function startEngine(options: EngineOptions = {}): Promise<TestEngi
     loadSeconds,
     enginePid,
     async stop() {
-      if (child.exitCode === null) {
+      if (child.exitCode === null && child.signalCode === null) {
         const exited = new Promise((r) => child.on('exit', r));
         child.kill('SIGTERM');
         await exited;
