@@ -101,7 +101,7 @@ describe('native addon loading', () => {
   it('VSNAP_NATIVE_PATH takes precedence', () => {
     const path = require_path();
     const b = loadBinding(tempDir(), { VSNAP_NATIVE_PATH: path });
-    expect(b.abiVersion).toBe(3);
+    expect(b.abiVersion).toBe(4);
   });
 });
 
