@@ -38,6 +38,12 @@ export interface SwapEngine {
   readonly group?: string;
   /** Weights bytes per device: with tier 0, what stays on the GPU while it is suspended. */
   readonly weightsBytes?: number;
+  /**
+   * Suspend it deep (`suspendEngine`'s `deep`): its worker processes are checkpointed to host
+   * RAM, so while suspended it counts as 0 bytes on its GPUs (its `asleepBytes` is ignored).
+   * Tier 0 does not keep its weights.
+   */
+  readonly deepSuspend?: boolean;
 }
 
 /**

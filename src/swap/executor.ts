@@ -102,9 +102,9 @@ export class SwapExecutor {
       pinned: s.spec.pinned ?? false,
       devices: s.spec.devices,
       memoryBytes: s.spec.memoryBytes,
-      asleepBytes: s.spec.asleepBytes,
+      asleepBytes: s.spec.deepSuspend ? 0 : s.spec.asleepBytes,
       residentBytes: this.residentBytes(s),
-      weightsBytes: s.spec.weightsBytes,
+      weightsBytes: s.spec.deepSuspend ? undefined : s.spec.weightsBytes, // tier 0 never holds a deep engine's weights
       group: s.spec.group,
       idleTtlMs: s.spec.idleTtlMs,
       unrestorable: s.damage?.reason,
@@ -384,9 +384,10 @@ export class SwapExecutor {
     this.changed();
     this.events.emit('swapStarted', { engine: name, action: 'suspend' });
     try {
-      const resident = keepResident ? this.options.resident : undefined;
+      const resident = keepResident && !slot.spec.deepSuspend ? this.options.resident : undefined;
       const result = await suspendEngine(this.options.store, slot.spec.snapshot, slot.spec.client, {
         captureIfNeeded,
+        ...(slot.spec.deepSuspend ? { deep: true } : {}),
         ...(this.options.cache ? { capture: { cache: this.options.cache } } : {}),
         ...(resident ? { resident } : {}),
       });
