@@ -5,6 +5,7 @@ import { VsnapError } from '../../src/errors.js';
 import { native } from '../../src/native/index.js';
 import { captureEngine, restoreEngine, suspendEngine } from '../../src/snapshot/engine-flows.js';
 import { RegionStore } from '../../src/store/region-store.js';
+import { SwapController } from '../../src/swap/controller.js';
 import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
 import { FakeCheckpointDriver } from '../helpers/fake-checkpoint.js';
 import { tempDir } from '../helpers/tmp.js';
@@ -94,5 +95,21 @@ describe('deep suspend through suspendEngine / restoreEngine', () => {
     const status = await client.vsnapStatus();
     expect(status.sleeping).toBe(false);
     expect((await askCapital(client, 8)).ids).toEqual(before);
+  });
+
+  it('the SwapController counts a deep-suspended engine as 0 bytes on its GPU', async () => {
+    const { client, store } = await setUp();
+    await suspendEngine(store, 'ref', client);
+    const usage = async (deepSuspend: boolean) => {
+      const c = await SwapController.create({ store, engines: [{ name: 'ref', client, memoryBytes: 10e9, asleepBytes: 2e9, deepSuspend }], budgets: { 0: 20e9 } });
+      try {
+        expect(c.states()[0]!.state).toBe('asleep');
+        return c.usage()[0];
+      } finally {
+        await c.close();
+      }
+    };
+    expect(await usage(false)).toBe(2e9);
+    expect(await usage(true)).toBe(0);
   });
 });
