@@ -145,8 +145,8 @@ export async function deepSuspendRanks(ranks: readonly DeepRank[], backend: Chec
 
 /**
  * Brings every rank of a deep-suspended engine back: restores each checkpointed rank, then (only
- * when all are restored) unlocks every rank. Returns undefined when no rank was deep-suspended
- * (or the driver has no checkpoint API, so none can be).
+ * when all are restored) unlocks every rank. Returns undefined when the driver reports no rank
+ * locked or checkpointed (or has no checkpoint API, so none can be).
  * @internal
  */
 export async function deepRestoreRanks(ranks: readonly DeepRank[], backend: CheckpointBackend): Promise<DeepTimes | undefined> {
@@ -160,13 +160,15 @@ export async function deepRestoreRanks(ranks: readonly DeepRank[], backend: Chec
   const states: Array<NativeProcessState | undefined> = ranks.map(() => undefined);
   const read = await each(ranks, async (pid) => (states[ranks.findIndex((r) => r.pid === pid)] = await backend.state(pid)));
   if (read.some((o) => o.error?.code === 'E_CHECKPOINT_UNSUPPORTED')) return undefined;
+  // Deep only where the driver says a rank is locked or checkpointed: pids this process cannot
+  // read (another PID namespace, another user) never make a plain restore fail.
+  if (!states.some((s) => s === 'locked' || s === 'checkpointed')) return undefined;
   const unreadable = read.filter((o) => o.error && o.error.details.reason !== 'gone');
   if (unreadable.length) {
     const first = unreadable[0]!.error!;
     throw new VsnapError(first.code, `could not read the checkpoint state of the engine's workers (nothing was changed): ${unreadable.map(describe).join('; ')}`, { ...first.details, step: 'state' }, { cause: first });
   }
   const gone = read.filter((o) => o.error);
-  if (gone.length === 0 && states.every((s) => s === 'running')) return undefined;
   const survivors = ranks.filter((_, i) => !read[i]!.error);
   const restored = await each(
     survivors.filter((r) => states[ranks.indexOf(r)] === 'checkpointed'),

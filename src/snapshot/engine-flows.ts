@@ -121,7 +121,8 @@ export interface EngineRestoreReport {
   readonly seconds: number;
   /**
    * Seconds per phase, in order: sleep (model swap only), then wakeWeights, export, hydrate (or
-   * adoptWeights for tier 0), then wakeKvCache, resetPrefixCache, expectedResponse.
+   * adoptWeights for tier 0), then wakeKvCache, resetPrefixCache, expectedResponse. A
+   * deep-suspended engine starts with `deep.restore`, `deep.unlock`.
    */
   readonly phases: Readonly<Record<string, number>>;
 }
@@ -143,6 +144,7 @@ export interface EngineSuspendResult {
    * Seconds per phase, in order: status, check (export and the restorability check), capture
    * (when one was made), hold (tier 0), sleep. Empty when the engine was already asleep.
    * `digest` (the dirty check) comes after check when a snapshot was there to compare with.
+   * With `deep`: `deep.checkState`, `deep.lock`, `deep.checkpoint` after sleep.
    */
   readonly phases: Readonly<Record<string, number>>;
   /** The dirty check's outcome (absent when there was no snapshot to compare with, or the engine was asleep). */

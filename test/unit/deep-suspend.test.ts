@@ -134,6 +134,16 @@ describe('deep suspend state machine (fake driver)', () => {
   });
 });
 
+describe('detection by driver state', () => {
+  it('pids this process cannot read never fail a plain restore: deep only where a rank is locked or checkpointed', async () => {
+    const d = new FakeCheckpointDriver([1000, 1001]);
+    d.fail('state', 1000, 'permission');
+    d.exit(1001);
+    expect(await deepRestoreRanks(RANKS, d)).toBeUndefined();
+    expect(d.calls.every((c) => c.startsWith('state'))).toBe(true);
+  });
+});
+
 describe('the real binding without a driver', () => {
   it('every call rejects E_CHECKPOINT_UNSUPPORTED, saying why', async (ctx) => {
     const status = await native().cudaStatus();
