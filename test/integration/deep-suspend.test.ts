@@ -70,15 +70,20 @@ describe('deep suspend through suspendEngine / restoreEngine', () => {
     expect((await askCapital(client, 8)).ids).toEqual(before);
   });
 
-  it('a worker gone while checkpointed: the restore says to restart the engine, and changes nothing', async () => {
-    const { client, store, snap, pid } = await setUp();
+  it('a failed process restore: E_CHECKPOINT saying to retry, no wake attempted; the retry restores it', async () => {
+    const { client, store, before, snap, pid } = await setUp();
     const driver = new FakeCheckpointDriver([pid]);
     await suspendEngine(store, 'ref', client, { deep: true, checkpointBackend: driver });
-    driver.exit(pid);
+    driver.fail('restore', pid, 'driver');
     const err = await rejection(restoreEngine(snap, client, { checkpointBackend: driver }));
     expect(err.code).toBe('E_CHECKPOINT');
-    expect(err.details.reason).toBe('gone');
+    expect(err.details).toMatchObject({ step: 'restore', ranks: [0] });
+    expect(err.message).toMatch(/Retry the restore/);
+    expect(driver.states.get(pid)).toBe('checkpointed');
     expect((await client.vsnapStatus()).sleeping).toBe(true); // no wake was attempted
+    await restoreEngine(snap, client, { checkpointBackend: driver });
+    expect(driver.notRunning()).toEqual([]);
+    expect((await askCapital(client, 8)).ids).toEqual(before);
   });
 
   it('refuses deep together with tier 0', async () => {
@@ -111,5 +116,31 @@ describe('deep suspend through suspendEngine / restoreEngine', () => {
     };
     expect(await usage(false)).toBe(2e9);
     expect(await usage(true)).toBe(0);
+  });
+
+  it('the SwapController suspends a deepSuspend engine deep; after a failed deep step it counts its asleepBytes again', async () => {
+    const { client, store, before, pid } = await setUp();
+    const driver = new FakeCheckpointDriver([pid]);
+    const c = await SwapController.create({ store, engines: [{ name: 'ref', client, memoryBytes: 10e9, asleepBytes: 2e9, deepSuspend: true }], budgets: { 0: 20e9 }, checkpointBackend: driver });
+    try {
+      expect(c.states()[0]!.state).toBe('awake');
+      driver.fail('checkpoint', pid, 'driver');
+      await expect(c.suspend('ref')).rejects.toMatchObject({ code: 'E_CHECKPOINT' });
+      expect(driver.notRunning()).toEqual([]);
+      expect(c.states()[0]!.state).toBe('asleep');
+      expect(c.usage()[0]).toBe(2e9); // level 2 only: its context is still on the GPU
+      const lease = await c.acquire('ref');
+      expect((await askCapital(client, 8)).ids).toEqual(before);
+      lease.release();
+      await c.suspend('ref');
+      expect(driver.states.get(pid)).toBe('checkpointed');
+      expect(c.usage()[0]).toBe(0);
+      const again = await c.acquire('ref'); // restored from deep: processes first, then the weights
+      expect(driver.notRunning()).toEqual([]);
+      expect((await askCapital(client, 8)).ids).toEqual(before);
+      again.release();
+    } finally {
+      await c.close();
+    }
   });
 });
