@@ -37,6 +37,7 @@
         "native/cuda/devices.cc",
         "native/cuda/vmm.cc",
         "native/cuda/stream.cc",
+        "native/cuda/checkpoint.cc",
         "native/hash/checksum.cc",
         "native/hash/checksum_base.cc",
         "native/io/files.cc",
@@ -58,7 +59,8 @@
         "native/js/js_fd_listener.cc",
         "native/js/js_files.cc",
         "native/digest/digest.cc",
-        "native/js/js_digest.cc"
+        "native/js/js_digest.cc",
+        "native/js/js_checkpoint.cc"
       ],
       "include_dirs": [
         "<!(node -p \"require('node-addon-api').include_dir\")",

@@ -20,7 +20,8 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   vsnap::js::initFiles(env, exports);
   exports.Set("setFault", Napi::Function::New(env, vsnap::js::SetFault, "setFault"));
   vsnap::js::initDigest(env, exports);
-  exports.Set("abiVersion", Napi::Number::New(env, 3));
+  vsnap::js::initCheckpoint(env, exports);
+  exports.Set("abiVersion", Napi::Number::New(env, 4));
   return exports;
 }
 

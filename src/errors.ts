@@ -78,6 +78,10 @@ export type ErrorCode =
   | 'E_STALE'
   /** Memory after a restore does not match the snapshot's GPU digests; `details.regions` says where. */
   | 'E_DIGEST_MISMATCH'
+  /** Deep suspend needs the driver's process checkpoint API (r570+), and this driver (or machine) lacks it. */
+  | 'E_CHECKPOINT_UNSUPPORTED'
+  /** A process checkpoint call failed; `details.call`, `details.pid`, `details.cudaError` and `details.reason` (timeout, gone, permission, state, ...) say which and why. */
+  | 'E_CHECKPOINT'
   /** A bug in vsnap: please report it with the message. */
   | 'E_INTERNAL';
 
@@ -118,6 +122,8 @@ const CODES: Record<ErrorCode, true> = {
   E_CONFIG: true,
   E_STALE: true,
   E_DIGEST_MISMATCH: true,
+  E_CHECKPOINT_UNSUPPORTED: true,
+  E_CHECKPOINT: true,
   E_INTERNAL: true,
 };
 const KNOWN_CODES: ReadonlySet<string> = new Set(Object.keys(CODES));

@@ -143,6 +143,7 @@ void initTransfer(Napi::Env env, Napi::Object exports);
 void initFdListener(Napi::Env env, Napi::Object exports);
 void initFiles(Napi::Env env, Napi::Object exports);
 void initDigest(Napi::Env env, Napi::Object exports);
+void initCheckpoint(Napi::Env env, Napi::Object exports);
 
 // setFault(point, times, arg?): arms a test fault (common/fault.h). For tests only.
 Napi::Value SetFault(const Napi::CallbackInfo& info);

@@ -24,6 +24,7 @@ export interface Options {
   config?: string;
   force?: boolean;
   capture?: boolean;
+  deep?: boolean;
   all?: boolean;
   out?: string;
   gib?: string;

@@ -33,6 +33,8 @@ const HINTS: Partial<Record<ErrorCode | 'E_USAGE', Hint>> = {
   E_ENGINE_STATE: 'see `vsnap status --engine <url>`',
   E_NO_SPACE: 'free space with `vsnap rm <name>` and `vsnap gc`, or choose another --store',
   E_CUDA_UNAVAILABLE: '`vsnap doctor` says why; `vsnap demo --cpu` runs without a GPU',
+  E_CHECKPOINT_UNSUPPORTED: '`vsnap doctor` shows checkpointApi; suspend without --deep',
+  E_CHECKPOINT: 'see `vsnap status --engine <url>`; `vsnap restore <name>` restores and unlocks a deep-suspended engine',
   E_CONFIG: 'fix the file given to --config (its JSON Schema: schema/serve-config.schema.json)',
   E_ADDRESS_IN_USE: "another process listens there: change listen.port in the --config file",
   E_ABORTED: 'interrupted: nothing was kept, temporary files were removed',

@@ -164,4 +164,17 @@ export interface NativeBinding {
   digestBytes(data: Uint8Array, chunkSize: number): string[];
   digestBench(src: NativeDeviceAllocation, dst: NativeDeviceAllocation, size: number, chunkSize: number, repeats: number): Promise<{ digestMs: number[]; copyMs: number[] }>;
   digestAlgorithm: string;
+  /** The driver's state of a CUDA process (native/js/js_checkpoint.cc); E_CHECKPOINT_UNSUPPORTED without the API. */
+  checkpointState(pid: number): Promise<NativeProcessState>;
+  /** Locks a CUDA process (its CUDA calls then block); timeoutMs 0 waits without limit. */
+  checkpointLock(pid: number, timeoutMs: number): Promise<void>;
+  /** Moves a locked process's GPU memory to host RAM and releases its GPU resources. */
+  checkpointCheckpoint(pid: number): Promise<void>;
+  /** Brings a checkpointed process back onto its GPUs; it stays locked. */
+  checkpointRestore(pid: number): Promise<void>;
+  /** Lets a locked process make CUDA calls again. */
+  checkpointUnlock(pid: number): Promise<void>;
 }
+
+/** CUprocessState as the addon names it. */
+export type NativeProcessState = 'running' | 'locked' | 'checkpointed' | 'failed' | 'unknown';

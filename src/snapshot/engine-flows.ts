@@ -1,6 +1,6 @@
 import type { HostCache } from '../cache/host-cache.js';
 import type { ResidentWeights } from '../cache/resident-weights.js';
-import { toVsnapError, VsnapError } from '../errors.js';
+import { invalidArgument, toVsnapError, VsnapError } from '../errors.js';
 import type { EngineClient, EngineStatus } from '../engine/engine-client.js';
 import { engineControl, type EngineControl } from '../engine/control.js';
 import { exportRegions, type ExportedRegions } from '../engine/export.js';
@@ -9,6 +9,7 @@ import type { ExpectedResponse } from '../manifest/types.js';
 import type { RegionStore } from '../store/region-store.js';
 import { passOn, type TransferOptions } from '../transfer/transfer.js';
 import { blobProblems, compareResponses, DEFAULT_PROMPT, holdsWeights, liveFacts, liveRanks, preflight, probe, warn } from './engine-checks.js';
+import { deepPrecheck, deepSuspendRanks, nativeCheckpointBackend, resumeIfDeep, type CheckpointBackend } from './deep-suspend.js';
 import { checkLive, liveRefs, staleError, type LiveCheckReport } from './live-check.js';
 import { Snapshot, type CaptureOptions, type PersistPolicy } from './snapshot.js';
 
@@ -63,6 +64,8 @@ export interface EngineRestoreOptions extends TransferOptions {
   readonly onWarning?: (message: string) => void;
   /** See {@link RestoreOptions.verifyDigests} (default true). */
   readonly verifyDigests?: boolean;
+  /** @internal The process checkpoint calls (tests inject a fake). */
+  readonly checkpointBackend?: CheckpointBackend;
 }
 
 /**
@@ -91,6 +94,18 @@ export interface EngineSuspendOptions {
    * counts as stale.
    */
   readonly onStale?: 'capture' | 'refuse';
+  /**
+   * Deep suspend: after the level-2 sleep, lock and then checkpoint every worker process with the
+   * driver's process checkpoint API (r570+), so the engine holds no GPU memory at all (its CUDA
+   * context, graph pool and NCCL buffers move to host RAM). {@link restoreEngine} brings the
+   * processes back first. Fails with E_CHECKPOINT_UNSUPPORTED, before anything changes, where
+   * the driver lacks the API. Not with `resident`.
+   */
+  readonly deep?: boolean;
+  /** How long deep suspend waits for each worker to reach a lockable point (default 10 s). */
+  readonly lockTimeoutMs?: number;
+  /** @internal The process checkpoint calls (tests inject a fake). */
+  readonly checkpointBackend?: CheckpointBackend;
 }
 
 /**
@@ -106,7 +121,8 @@ export interface EngineRestoreReport {
   readonly seconds: number;
   /**
    * Seconds per phase, in order: sleep (model swap only), then wakeWeights, export, hydrate (or
-   * adoptWeights for tier 0), then wakeKvCache, resetPrefixCache, expectedResponse.
+   * adoptWeights for tier 0), then wakeKvCache, resetPrefixCache, expectedResponse. A
+   * deep-suspended engine starts with `deep.restore`, `deep.unlock`.
    */
   readonly phases: Readonly<Record<string, number>>;
 }
@@ -128,6 +144,7 @@ export interface EngineSuspendResult {
    * Seconds per phase, in order: status, check (export and the restorability check), capture
    * (when one was made), hold (tier 0), sleep. Empty when the engine was already asleep.
    * `digest` (the dirty check) comes after check when a snapshot was there to compare with.
+   * With `deep`: `deep.checkState`, `deep.lock`, `deep.checkpoint` after sleep.
    */
   readonly phases: Readonly<Record<string, number>>;
   /** The dirty check's outcome (absent when there was no snapshot to compare with, or the engine was asleep). */
@@ -228,6 +245,13 @@ export async function restoreEngine(snapshot: Snapshot, client: EngineClient, op
   const control = found.control;
   let status = found.status;
   preflight(status, options);
+  // A deep-suspended engine (found by the driver's state of its pids): restore and unlock every rank first.
+  const deep = await resumeIfDeep(status, options.checkpointBackend);
+  if (deep) {
+    for (const [step, seconds] of Object.entries(deep)) phases[`deep.${step}`] = seconds;
+    mark = performance.now();
+    status = await control.status(call);
+  }
   if (!status.sleeping) {
     if (!options.allowModelSwap) {
       throw new VsnapError(
@@ -454,9 +478,17 @@ export async function suspendEngine(
   const call = options.signal ? { signal: options.signal } : {};
   const { control, status } = await engineControl(client, call);
   const current = await store.current(name);
+  if (options.deep && options.resident) invalidArgument('options', 'either deep or resident (tier 0 keeps weights on the GPU)', { deep: true, resident: true });
+  const backend = options.deep ? (options.checkpointBackend ?? nativeCheckpointBackend()) : undefined;
+  // Deep: the API is there and every worker runs, checked before anything changes.
+  const deepRanks = backend ? await deepPrecheck(status, backend) : undefined;
+  const goDeep = async (): Promise<void> => {
+    for (const [step, seconds] of Object.entries(await deepSuspendRanks(deepRanks!, backend!, options.lockTimeoutMs))) phases[`deep.${step}`] = seconds;
+  };
   if (status.sleeping) {
     if (!current) throw new VsnapError('E_NOT_RESTORABLE', `the engine is already asleep and the store has no snapshot '${name}'`, { name });
-    return { snapshot: Snapshot.of(store, current), captured: false, alreadyAsleep: true, seconds: (performance.now() - started) / 1000, phases: {} };
+    if (deepRanks) await goDeep();
+    return { snapshot: Snapshot.of(store, current), captured: false, alreadyAsleep: true, seconds: (performance.now() - started) / 1000, phases };
   }
   lap('status');
   preflight(status, options.onWarning ? { onWarning: options.onWarning } : (options.capture ?? {}));
@@ -516,5 +548,6 @@ export async function suspendEngine(
     options.resident?.release(client.baseUrl);
     throw err;
   }
+  if (deepRanks) await goDeep();
   return { snapshot: snapshot!, captured, alreadyAsleep: false, seconds: (performance.now() - started) / 1000, phases, ...(liveCheck ? { liveCheck } : {}) };
 }

@@ -4,6 +4,7 @@ import type { Registry } from 'prom-client';
 
 import type { HostCache } from '../cache/host-cache.js';
 import type { ResidentWeights } from '../cache/resident-weights.js';
+import type { CheckpointBackend } from '../snapshot/deep-suspend.js';
 import type { EngineClient } from '../engine/engine-client.js';
 import { abortError, invalidArgument, VsnapError } from '../errors.js';
 import { restorableFor } from '../snapshot/engine-flows.js';
@@ -38,6 +39,12 @@ export interface SwapEngine {
   readonly group?: string;
   /** Weights bytes per device: with tier 0, what stays on the GPU while it is suspended. */
   readonly weightsBytes?: number;
+  /**
+   * Suspend it deep (`suspendEngine`'s `deep`): its worker processes are checkpointed to host
+   * RAM, so while suspended it counts as 0 bytes on its GPUs (its `asleepBytes` is ignored).
+   * Tier 0 does not keep its weights.
+   */
+  readonly deepSuspend?: boolean;
 }
 
 /**
@@ -58,6 +65,8 @@ export interface SwapControllerOptions {
    * `weightsBytes`); the least recently suspended are demoted (released) first when room is needed.
    */
   readonly resident?: ResidentWeights;
+  /** @internal The process checkpoint calls for deepSuspend engines (tests inject a fake). */
+  readonly checkpointBackend?: CheckpointBackend;
   /** Woken whenever nothing else is awake or asked for. */
   readonly defaultModel?: string;
   /** Requests that may wait for one engine (default 64); beyond that, E_BUSY. */

@@ -32,6 +32,8 @@ export interface Slot {
   retryAt?: number;
   /** Suspended by the engine itself with its weights kept (suspend's keepWeightsInEngine). */
   keptByEngine?: boolean;
+  /** A deepSuspend engine asleep at level 2 only (its deep step failed): it holds its asleepBytes. */
+  shallow?: boolean;
   /** Its tier-0 weights failed the dirty check before a demotion: kept, never demoted. */
   holdLocked?: boolean;
 }
@@ -102,9 +104,9 @@ export class SwapExecutor {
       pinned: s.spec.pinned ?? false,
       devices: s.spec.devices,
       memoryBytes: s.spec.memoryBytes,
-      asleepBytes: s.spec.asleepBytes,
+      asleepBytes: s.spec.deepSuspend && !s.shallow ? 0 : s.spec.asleepBytes,
       residentBytes: this.residentBytes(s),
-      weightsBytes: s.spec.weightsBytes,
+      weightsBytes: s.spec.deepSuspend ? undefined : s.spec.weightsBytes, // tier 0 never holds a deep engine's weights
       group: s.spec.group,
       idleTtlMs: s.spec.idleTtlMs,
       unrestorable: s.damage?.reason,
@@ -305,6 +307,7 @@ export class SwapExecutor {
     return restoreEngine(snapshot, slot.spec.client, {
       ...(this.options.cache ? { cache: this.options.cache } : {}),
       ...(this.options.resident ? { resident: this.options.resident } : {}),
+      ...(this.options.checkpointBackend ? { checkpointBackend: this.options.checkpointBackend } : {}),
     });
   }
 
@@ -384,13 +387,15 @@ export class SwapExecutor {
     this.changed();
     this.events.emit('swapStarted', { engine: name, action: 'suspend' });
     try {
-      const resident = keepResident ? this.options.resident : undefined;
+      const resident = keepResident && !slot.spec.deepSuspend ? this.options.resident : undefined;
       const result = await suspendEngine(this.options.store, slot.spec.snapshot, slot.spec.client, {
         captureIfNeeded,
+        ...(slot.spec.deepSuspend ? { deep: true, ...(this.options.checkpointBackend ? { checkpointBackend: this.options.checkpointBackend } : {}) } : {}),
         ...(this.options.cache ? { capture: { cache: this.options.cache } } : {}),
         ...(resident ? { resident } : {}),
       });
       slot.state = 'asleep';
+      delete slot.shallow;
       delete slot.retryAt;
       if (result.captured) delete slot.damage; // a new capture: whatever was wrong with the old one is gone
       const event: SwapEvent = { engine: name, action: 'suspend', seconds: (performance.now() - started) / 1000, captured: result.captured };
@@ -402,6 +407,8 @@ export class SwapExecutor {
     } catch (err) {
       const e = toVsnapError(err);
       await this.readState(slot); // refused, failed half way, or the answer was lost: ask the engine
+      // a failed deep step rolls back to a level-2 sleep: the engine holds its context again
+      if (slot.spec.deepSuspend && slot.state === 'asleep') slot.shallow = true;
       slot.error = e.message;
       slot.retryAt = Date.now() + RETRY_MS;
       this.metrics.swaps.inc({ engine: name, action: 'suspend', result: 'error' });

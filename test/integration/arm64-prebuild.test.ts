@@ -56,7 +56,7 @@ describe('the linux-arm64 prebuild under qemu-user', () => {
     const got = JSON.parse(out) as { arch: string; path: string; abi: number; impl: string; sums: string[]; capture: string[] };
     expect(got.arch).toBe('arm64');
     expect(got.path).toContain('/prebuilds/linux-arm64/');
-    expect(got.abi).toBe(3);
+    expect(got.abi).toBe(4);
     expect(got.impl).toBe('neon');
     expect(got.sums).toEqual(lengths.map((n) => native().checksum(pattern(n))));
     const chunks = Array.from({ length: 16 }, (_, i) => native().checksum(pattern(1 << 20).subarray(i << 16, (i + 1) << 16)));

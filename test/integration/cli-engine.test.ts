@@ -26,6 +26,11 @@ describe('vsnap commands on an engine', () => {
       const snap = await runCli(['snapshot', 'ref', ...store, '--json'], env);
       expect(JSON.parse(snap.stdout)).toMatchObject({ cached: false });
       expect(JSON.parse((await runCli(['snapshot', 'ref', ...store, '--json'], env)).stdout)).toMatchObject({ cached: true });
+      // --deep without the driver's process checkpoint API (no GPU here): refused before anything changes
+      const deep = await runCli(['suspend', 'ref', ...store, '--deep'], env);
+      expect(deep.code).toBe(1);
+      expect(deep.stderr).toMatch(/\[E_CHECKPOINT_UNSUPPORTED\][\s\S]*suspend without --deep/);
+      expect(JSON.parse((await runCli(['status', '--json'], env)).stdout)).toMatchObject({ sleeping: false });
       expect((await runCli(['suspend', 'ref', ...store], env)).stdout).toMatch(/suspended in/);
       const restored = await runCli(['restore', 'ref', ...store], env);
       expect(restored.code).toBe(0);

@@ -87,6 +87,14 @@ class HookFailureTest(unittest.TestCase):
         worker.wake_up(None)
         self.assertEqual(self.answer(worker), expected)
 
+    def test_status_reads_the_device_uuid_once(self):
+        """A deep-suspended worker is locked: any CUDA call blocks, so the status (which the SDK
+        reads to find the pids) must make none after the first one."""
+        worker = self.load()
+        first = self.bridge.status(worker)
+        self.bridge.driver.device_uuid = boom
+        self.assertEqual(self.bridge.status(worker)["device"], first["device"])
+
     # ---- a failure at each hook
 
     def test_a_failing_after_load_leaves_the_load_and_sleep_intact(self):

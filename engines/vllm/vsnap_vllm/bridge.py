@@ -29,6 +29,9 @@ class Bridge:
         self.load_report = None
         self.pending = {}  # va -> descriptor handed back by the SDK, mapped at the next wake
         self.unsupported = None  # why the bridge stopped (a hook failed); vLLM carries on without it
+        # device ordinal -> UUID, read once: while the SDK holds this process locked or
+        # checkpointed (deep suspend) any CUDA call blocks, and the status must still answer.
+        self._uuids = {}
 
     def fail(self, where, exc):
         """A hook failed: the bridge steps aside for the rest of this process (vLLM's own paths
@@ -177,7 +180,7 @@ class Bridge:
             **facts,
             "rank": adapter.worker_rank(worker),
             "pid": os.getpid(),
-            "device": {"ordinal": device, "uuid": self.driver.device_uuid(device)},
+            "device": {"ordinal": device, "uuid": self._device_uuid(device)},
             "memory": self.driver.kind,
             "sleepMode": adapter.allocator() is not None,
             "hooks": self.hook_mode,
@@ -187,6 +190,11 @@ class Bridge:
             "attentionBackend": backend,
             "rehome": self.load_report,
         }
+
+    def _device_uuid(self, device):
+        if device not in self._uuids:
+            self._uuids[device] = self.driver.device_uuid(device)
+        return self._uuids[device]
 
     def _all_allocations(self):
         try:
@@ -218,7 +226,7 @@ class Bridge:
             "rank": rank,
             "pid": os.getpid(),
             "memory": self.driver.kind,
-            "device": {"ordinal": device, "uuid": self.driver.device_uuid(device)},
+            "device": {"ordinal": device, "uuid": self._device_uuid(device)},
             "regions": [{k: r[k] for k in ("key", "tag", "va", "size", "memory", "tensors")} for r in regions],
         }
         try:

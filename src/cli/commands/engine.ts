@@ -30,15 +30,15 @@ export async function snapshot(ctx: Context): Promise<number> {
   }
 }
 
-/** vsnap suspend <name> --engine URL [--capture]: sleep the engine if the snapshot can bring it back. */
+/** vsnap suspend <name> --engine URL [--capture] [--deep]: sleep the engine if the snapshot can bring it back. */
 export async function suspend(ctx: Context): Promise<number> {
   const name = ctx.name();
   const client = ctx.engineClient();
   try {
     const store = await ctx.openStore('create');
-    const r = await suspendEngine(store, name, client, { captureIfNeeded: ctx.options.capture === true, signal: ctx.signal });
+    const r = await suspendEngine(store, name, client, { captureIfNeeded: ctx.options.capture === true, deep: ctx.options.deep === true, signal: ctx.signal });
     ctx.print(
-      r.alreadyAsleep ? `the engine was already asleep` : `suspended${r.captured ? ' (captured first)' : ''} in ${r.seconds.toFixed(2)} s; restore with: vsnap restore ${name}`,
+      r.alreadyAsleep ? `the engine was already asleep` : `suspended${r.captured ? ' (captured first)' : ''}${ctx.options.deep === true ? ' deep' : ''} in ${r.seconds.toFixed(2)} s; restore with: vsnap restore ${name}`,
       { id: r.snapshot.id, captured: r.captured, alreadyAsleep: r.alreadyAsleep, seconds: r.seconds },
     );
     return EXIT.ok;

@@ -1,0 +1,234 @@
+import { toVsnapError, VsnapError } from '../errors.js';
+import type { EngineStatus } from '../engine/engine-client.js';
+import { native, type NativeProcessState } from '../native/index.js';
+
+/*
+ * Deep suspend: after a level-2 sleep, the driver's process checkpoint API moves what the engine's
+ * workers still hold on the GPU (CUDA context, CUDA-graph pool, NCCL buffers) into host RAM, so
+ * the engine holds 0 bytes of GPU memory. Every rank is locked before any is checkpointed, and
+ * every rank is restored before any is unlocked (as vLLM's experimental ProcessCheckpointExecutor
+ * does for level 1: vllm/v1/executor/process_checkpoint_executor.py), so no rank runs while
+ * another is gone. The state lives in the driver, so a new SDK process finds it by pid.
+ */
+
+/**
+ * The driver's process checkpoint calls, by pid: the native addon's by default, a fake in tests.
+ * @internal
+ */
+export interface CheckpointBackend {
+  state(pid: number): Promise<NativeProcessState>;
+  lock(pid: number, timeoutMs: number): Promise<void>;
+  checkpoint(pid: number): Promise<void>;
+  restore(pid: number): Promise<void>;
+  unlock(pid: number): Promise<void>;
+}
+
+/** @internal */
+export function nativeCheckpointBackend(): CheckpointBackend {
+  const b = native();
+  // The addon rejects with plain Errors carrying code and details: make them VsnapErrors.
+  const call = <T>(p: () => Promise<T>): Promise<T> =>
+    p().catch((err: unknown) => {
+      throw toVsnapError(err);
+    });
+  return {
+    state: (pid) => call(() => b.checkpointState(pid)),
+    lock: (pid, timeoutMs) => call(() => b.checkpointLock(pid, timeoutMs)),
+    checkpoint: (pid) => call(() => b.checkpointCheckpoint(pid)),
+    restore: (pid) => call(() => b.checkpointRestore(pid)),
+    unlock: (pid) => call(() => b.checkpointUnlock(pid)),
+  };
+}
+
+/** One worker process of an engine. @internal */
+export interface DeepRank {
+  readonly rank: number;
+  readonly pid: number;
+}
+
+/** Seconds each deep step took. @internal */
+export interface DeepTimes {
+  [step: string]: number;
+}
+
+/** The default lock timeout: a worker mid-kernel gets this long to reach a lockable point. */
+export const DEFAULT_LOCK_TIMEOUT_MS = 10_000;
+
+/** The worker processes of an engine, from the plugin's status (each rank reports its pid). @internal */
+export function engineRanks(status: EngineStatus): DeepRank[] {
+  if (status.ranks.length === 0) {
+    throw new VsnapError('E_ENGINE_STATE', 'deep suspend needs the pid of every worker, and the engine reports no ranks: load the vsnap plugin (VLLM_PLUGINS=vsnap)');
+  }
+  return status.ranks.map((r) => ({ rank: r.rank, pid: r.pid }));
+}
+
+type Outcome = { rank: DeepRank; error?: VsnapError };
+
+/** Runs step on every rank at once and reports each outcome (never throws). */
+async function each(ranks: readonly DeepRank[], step: (pid: number) => Promise<unknown>): Promise<Outcome[]> {
+  const settled = await Promise.allSettled(ranks.map((r) => step(r.pid)));
+  return settled.map((s, i) => (s.status === 'fulfilled' ? { rank: ranks[i]! } : { rank: ranks[i]!, error: toVsnapError(s.reason) }));
+}
+
+const describe = (o: Outcome): string => `rank ${o.rank.rank} (pid ${o.rank.pid}): ${o.error!.message}`;
+
+/** The driver's state of every rank, in rank order. Throws E_CHECKPOINT_UNSUPPORTED without the API. @internal */
+export async function processStates(ranks: readonly DeepRank[], backend: CheckpointBackend): Promise<NativeProcessState[]> {
+  return Promise.all(ranks.map((r) => backend.state(r.pid)));
+}
+
+/**
+ * Puts every rank back to running from wherever a failed step left it: restores what is
+ * checkpointed, then unlocks what is locked. Returns what could not be undone (empty: nothing is
+ * stranded).
+ */
+async function rollback(ranks: readonly DeepRank[], backend: CheckpointBackend): Promise<string[]> {
+  const left: string[] = [];
+  const states = await each(ranks, async (pid) => {
+    const state = await backend.state(pid);
+    if (state === 'checkpointed') await backend.restore(pid);
+    if (state === 'checkpointed' || state === 'locked') await backend.unlock(pid);
+  });
+  for (const o of states) if (o.error) left.push(describe(o));
+  return left;
+}
+
+/**
+ * Locks every rank, then (only when all are locked) checkpoints every rank. On any failure every
+ * rank is put back to running (the engine stays asleep at level 2, usable) and the error says
+ * which rank failed and why; `details.stranded` lists what could not be undone.
+ * @internal
+ */
+export async function deepSuspendRanks(ranks: readonly DeepRank[], backend: CheckpointBackend, lockTimeoutMs = DEFAULT_LOCK_TIMEOUT_MS): Promise<DeepTimes> {
+  const times: DeepTimes = {};
+  let mark = performance.now();
+  const lap = (step: string): void => {
+    const now = performance.now();
+    times[step] = (now - mark) / 1000;
+    mark = now;
+  };
+  // Before anything changes: the API is there (else E_CHECKPOINT_UNSUPPORTED), every rank runs.
+  const states = await processStates(ranks, backend);
+  const notRunning = ranks.filter((_, i) => states[i] !== 'running');
+  if (notRunning.length === ranks.length && states.every((s) => s === 'checkpointed')) return times; // already deep
+  if (notRunning.length) {
+    throw new VsnapError(
+      'E_CHECKPOINT',
+      `deep suspend needs every worker running, and ${notRunning.map((r) => `rank ${r.rank} (pid ${r.pid}) is ${states[ranks.indexOf(r)]}`).join(', ')}. ` +
+        'Restore the engine first (restoreEngine restores and unlocks every rank), then suspend again.',
+      { reason: 'state', ranks: notRunning.map((r) => r.rank), states },
+    );
+  }
+  lap('checkState');
+  const failed = async (step: string, outcomes: Outcome[]): Promise<never> => {
+    const bad = outcomes.filter((o) => o.error);
+    const stranded = await rollback(ranks, backend);
+    const first = bad[0]!.error!;
+    throw new VsnapError(
+      first.code,
+      `deep suspend failed at ${step}: ${bad.map(describe).join('; ')}\n` +
+        (stranded.length
+          ? `and these ranks could not be put back to running: ${stranded.join('; ')}. Restart the engine; its snapshot brings the weights back.`
+          : 'Every rank was put back to running: the engine is asleep (level 2) and restores as usual.'),
+      { ...first.details, step, ranks: bad.map((o) => o.rank.rank), stranded },
+      { cause: first },
+    );
+  };
+  const locked = await each(ranks, (pid) => backend.lock(pid, lockTimeoutMs));
+  if (locked.some((o) => o.error)) await failed('lock', locked);
+  lap('lock');
+  const checkpointed = await each(ranks, (pid) => backend.checkpoint(pid));
+  if (checkpointed.some((o) => o.error)) await failed('checkpoint', checkpointed);
+  lap('checkpoint');
+  return times;
+}
+
+/**
+ * Brings every rank of a deep-suspended engine back: restores each checkpointed rank, then (only
+ * when all are restored) unlocks every rank. Returns undefined when the driver reports no rank
+ * locked or checkpointed (or has no checkpoint API, so none can be).
+ * @internal
+ */
+export async function deepRestoreRanks(ranks: readonly DeepRank[], backend: CheckpointBackend): Promise<DeepTimes | undefined> {
+  const times: DeepTimes = {};
+  let mark = performance.now();
+  const lap = (step: string): void => {
+    const now = performance.now();
+    times[step] = (now - mark) / 1000;
+    mark = now;
+  };
+  const states: Array<NativeProcessState | undefined> = ranks.map(() => undefined);
+  const read = await each(ranks, async (pid) => (states[ranks.findIndex((r) => r.pid === pid)] = await backend.state(pid)));
+  if (read.some((o) => o.error?.code === 'E_CHECKPOINT_UNSUPPORTED')) return undefined;
+  // Deep only where the driver says a rank is locked or checkpointed: pids this process cannot
+  // read (another PID namespace, another user) never make a plain restore fail.
+  if (!states.some((s) => s === 'locked' || s === 'checkpointed')) return undefined;
+  const unreadable = read.filter((o) => o.error && o.error.details.reason !== 'gone');
+  if (unreadable.length) {
+    const first = unreadable[0]!.error!;
+    throw new VsnapError(first.code, `could not read the checkpoint state of the engine's workers (nothing was changed): ${unreadable.map(describe).join('; ')}`, { ...first.details, step: 'state' }, { cause: first });
+  }
+  const gone = read.filter((o) => o.error);
+  const survivors = ranks.filter((_, i) => !read[i]!.error);
+  const restored = await each(
+    survivors.filter((r) => states[ranks.indexOf(r)] === 'checkpointed'),
+    (pid) => backend.restore(pid),
+  );
+  lap('restore');
+  const failedRestore = restored.filter((o) => o.error);
+  if (gone.length) {
+    // A worker exited while suspended: the engine cannot serve. Let the others run, so they can exit cleanly.
+    await each(survivors, async (pid) => ((await backend.state(pid)) === 'locked' ? backend.unlock(pid) : undefined));
+    const first = gone[0]!.error!;
+    throw new VsnapError(
+      'E_CHECKPOINT',
+      `the engine cannot be restored: ${gone.map(describe).join('; ')}. A worker process of a deep-suspended engine is gone; ` +
+        'restart the engine (its snapshot brings the weights back).',
+      { ...first.details, reason: 'gone', ranks: gone.map((o) => o.rank.rank) },
+      { cause: first },
+    );
+  }
+  if (failedRestore.length) {
+    const first = failedRestore[0]!.error!;
+    throw new VsnapError(
+      first.code,
+      `restoring the deep-suspended engine failed: ${failedRestore.map(describe).join('; ')}. ` +
+        'The ranks that did restore stay locked, so nothing runs half-restored. Retry the restore (it restores what is still ' +
+        "checkpointed, then unlocks every rank); if a rank's state is 'failed' or its process is gone, restart the engine: its snapshot brings the weights back.",
+      { ...first.details, step: 'restore', ranks: failedRestore.map((o) => o.rank.rank) },
+      { cause: first },
+    );
+  }
+  const unlocked = await each(ranks, (pid) => backend.unlock(pid));
+  lap('unlock');
+  const failedUnlock = unlocked.filter((o) => o.error);
+  if (failedUnlock.length) {
+    const first = failedUnlock[0]!.error!;
+    throw new VsnapError(
+      first.code,
+      `unlocking the restored engine failed: ${failedUnlock.map(describe).join('; ')}. Retry the restore; if it fails again, restart the engine.`,
+      { ...first.details, step: 'unlock', ranks: failedUnlock.map((o) => o.rank.rank) },
+      { cause: first },
+    );
+  }
+  return times;
+}
+
+/**
+ * Deep-restores the engine if the driver says its workers are locked or checkpointed (a deep
+ * suspend by this or another SDK process); undefined when they all run. Host-memory engines
+ * have nothing on a GPU and are left alone.
+ * @internal
+ */
+export async function resumeIfDeep(status: EngineStatus, backend?: CheckpointBackend): Promise<DeepTimes | undefined> {
+  if (!backend && !status.ranks.some((r) => r.memory === 'cuda')) return undefined;
+  if (status.ranks.length === 0) return undefined;
+  return deepRestoreRanks(engineRanks(status), backend ?? nativeCheckpointBackend());
+}
+
+/** Checks, before anything changes, that every worker can be deep-suspended (the API is there, each runs). @internal */
+export async function deepPrecheck(status: EngineStatus, backend: CheckpointBackend): Promise<DeepRank[]> {
+  const ranks = engineRanks(status);
+  await processStates(ranks, backend);
+  return ranks;
+}

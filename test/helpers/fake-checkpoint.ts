@@ -1,0 +1,75 @@
+import { VsnapError } from '../../src/errors.js';
+import type { NativeProcessState } from '../../src/native/index.js';
+import type { CheckpointBackend } from '../../src/snapshot/deep-suspend.js';
+
+type Op = 'state' | 'lock' | 'checkpoint' | 'restore' | 'unlock';
+
+/**
+ * The driver's process checkpoint state machine, per pid, as cuda.h documents it: lock
+ * (running -> locked; on timeout stays running), checkpoint (locked -> checkpointed), restore
+ * (checkpointed -> locked), unlock (locked -> running); any other transition is
+ * CUDA_ERROR_ILLEGAL_STATE. Faults fail one call on one pid; `exit` makes a process gone.
+ */
+export class FakeCheckpointDriver implements CheckpointBackend {
+  readonly states = new Map<number, NativeProcessState>();
+  readonly calls: string[] = [];
+  private readonly faults: Array<{ op: Op; pid: number; reason: string }> = [];
+  private readonly gone = new Set<number>();
+  unsupported = false;
+
+  constructor(pids: readonly number[]) {
+    for (const pid of pids) this.states.set(pid, 'running');
+  }
+
+  /** The next `op` on `pid` fails with E_CHECKPOINT of this reason (timeout, permission, driver). */
+  fail(op: Op, pid: number, reason: string): void {
+    this.faults.push({ op, pid, reason });
+  }
+
+  /** The process exits (its checkpoint, if any, is lost with it). */
+  exit(pid: number): void {
+    this.gone.add(pid);
+    this.states.delete(pid);
+  }
+
+  /** Pids whose state is not running (what a failure must never leave behind). */
+  notRunning(): Array<[number, NativeProcessState]> {
+    return [...this.states].filter(([, s]) => s !== 'running');
+  }
+
+  private step(op: Op, pid: number, from: NativeProcessState, to: NativeProcessState): void {
+    this.calls.push(`${op}:${pid}`);
+    if (this.unsupported) throw new VsnapError('E_CHECKPOINT_UNSUPPORTED', 'the driver lacks the process checkpoint API');
+    if (this.gone.has(pid)) throw this.error(op, pid, 'gone', 'CUDA_ERROR_INVALID_VALUE');
+    const i = this.faults.findIndex((f) => f.op === op && f.pid === pid);
+    if (i >= 0) {
+      const [f] = this.faults.splice(i, 1);
+      throw this.error(op, pid, f!.reason, f!.reason === 'timeout' ? 'CUDA_ERROR_NOT_READY' : 'CUDA_ERROR_UNKNOWN');
+    }
+    if (op === 'state') return;
+    const now = this.states.get(pid);
+    if (now !== from) throw this.error(op, pid, 'state', 'CUDA_ERROR_ILLEGAL_STATE');
+    this.states.set(pid, to);
+  }
+
+  private error(op: Op, pid: number, reason: string, cudaError: string): VsnapError {
+    return new VsnapError('E_CHECKPOINT', `cuCheckpointProcess ${op}(pid ${pid}) failed: ${cudaError}`, { pid, reason, cudaError, call: op });
+  }
+
+  async state(pid: number): Promise<NativeProcessState> {
+    this.step('state', pid, 'running', 'running');
+    return this.states.get(pid)!;
+  }
+  async lock(pid: number): Promise<void> {
+    this.step('lock', pid, 'running', 'locked');
+  }
+  async checkpoint(pid: number): Promise<void> {
+    this.step('checkpoint', pid, 'locked', 'checkpointed');
+  }
+  async restore(pid: number): Promise<void> {
+    this.step('restore', pid, 'checkpointed', 'locked');
+  }
+  async unlock(pid: number): Promise<void> {
+    this.step('unlock', pid, 'locked', 'running');
+  }
+}
