@@ -35,6 +35,7 @@ export const CONFIG_KEYS: Record<string, string> = {
   'models.*.memoryGiB': 'GPU memory it holds on each of its GPUs while awake (weights, KV cache, graphs, context).',
   'models.*.asleepGiB': 'GPU memory it still holds on each GPU while suspended. Default 0.',
   'models.*.pinned': 'Never suspended to make room; woken at start. Default false.',
+  'models.*.deepSuspend': 'Suspend deep: after the level-2 sleep the driver checkpoints the engine processes (driver r570+), so it holds 0 bytes of GPU memory while asleep. Default false.',
   'models.*.ttlSeconds': 'Suspended after this long without requests.',
   'models.*.group': 'At most one engine of a group is awake at a time.',
 };

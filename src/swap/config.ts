@@ -26,6 +26,7 @@ const ModelSchema = z
     memoryGiB: z.number().positive(),
     asleepGiB: z.number().nonnegative().default(0),
     pinned: z.boolean().default(false),
+    deepSuspend: z.boolean().default(false),
     ttlSeconds: z.number().positive().optional(),
     group: z.string().min(1).optional(),
   })
@@ -121,6 +122,8 @@ export interface ServeModelConfig {
   readonly asleepGiB: number;
   /** Never suspended to make room. */
   readonly pinned: boolean;
+  /** Its suspends are deep (the driver's process checkpoint): 0 bytes on its GPUs while asleep. */
+  readonly deepSuspend: boolean;
   /** Suspended after this long idle. */
   readonly ttlSeconds?: number | undefined;
   /** At most one engine of a group awake at a time. */

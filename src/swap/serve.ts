@@ -81,6 +81,7 @@ export async function serve(config: ServeConfig, options: { log?: (line: string)
         memoryBytes: Math.floor(m.memoryGiB * GiB),
         asleepBytes: Math.floor(m.asleepGiB * GiB),
         pinned: m.pinned,
+        ...(m.deepSuspend ? { deepSuspend: true } : {}),
         ...(m.ttlSeconds !== undefined ? { idleTtlMs: m.ttlSeconds * 1000 } : {}),
         ...(m.group ? { group: m.group } : {}),
       })),

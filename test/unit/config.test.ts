@@ -27,6 +27,7 @@ models:
     url: http://10.0.0.2:8000
     memoryGiB: 20
     pinned: true
+    deepSuspend: true
 `;
 
 function issues(text: string, env: NodeJS.ProcessEnv = { CTL: 'x' }) {
@@ -46,8 +47,8 @@ describe('serve configuration', () => {
     expect(c.controlToken).toBe('secret');
     expect(c.listen).toEqual({ host: '127.0.0.1', port: 8080 });
     expect(c.queue).toEqual({ limit: 64, timeoutSeconds: 120 });
-    expect(c.models.llama).toMatchObject({ gpus: [0], asleepGiB: 0, pinned: false, healthPath: '/health' });
-    expect(c.models.qwen!.pinned).toBe(true);
+    expect(c.models.llama).toMatchObject({ gpus: [0], asleepGiB: 0, pinned: false, deepSuspend: false, healthPath: '/health' });
+    expect(c.models.qwen).toMatchObject({ pinned: true, deepSuspend: true });
   });
 
   it('reads JSON too, from a file', () => {
