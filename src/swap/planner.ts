@@ -109,7 +109,21 @@ function bringUp(input: PlanInput, target: PlanEngine): Action {
   // still leave room) and tier-0 holdings (demoted), least recently used first.
   const awake = others.filter((e) => e.state === 'awake' && !e.pinned && (groupMates.includes(e) || shares(e, target)));
   const residents = others.filter((e) => asleep(e) && e.residentBytes > 0 && !e.holdLocked && shares(e, target));
-  const victim = [...awake.filter((e) => e.leases === 0 && !cooling(input, e)), ...residents].sort(byLastUsed)[0];
+  const idle = awake.filter((e) => e.leases === 0 && !cooling(input, e)).sort(byLastUsed);
+  // When demoting every holding in the way would still leave no room, an awake engine has to be
+  // suspended anyway: suspend it first (keeping its weights if they still fit), so the holdings
+  // are demoted only if room is still missing after that.
+  const demotable = (d: number): number => residents.filter((e) => e.devices.includes(d)).reduce((n, e) => n + e.residentBytes, 0);
+  const roomByDemoting = groupMates.length === 0 && target.devices.every((d) => (used[d] ?? 0) - demotable(d) - heldAsleep(target) + target.memoryBytes <= input.budgets[d]!);
+  if (!roomByDemoting && idle.length > 0) {
+    // It may keep its weights if they fit once the holdings older than it are demoted (the next
+    // steps demote those, least recently used first, while room is still missing).
+    const victim = idle[0]!;
+    const older = new Set(residents.filter((e) => e.lastUsed <= victim.lastUsed));
+    const relaxed = { ...input, engines: input.engines.map((e) => (older.has(e) ? { ...e, residentBytes: 0 } : e)) };
+    return { kind: 'suspend', engine: victim.name, keepResident: mayKeepResident(relaxed, victim, target), reason: 'room', for: target.name };
+  }
+  const victim = [...idle, ...residents].sort(byLastUsed)[0];
   if (victim && asleep(victim)) return { kind: 'demote', engine: victim.name, for: target.name };
   if (victim) return { kind: 'suspend', engine: victim.name, keepResident: mayKeepResident(input, victim, target), reason: 'room', for: target.name };
   if (awake.length === 0) {

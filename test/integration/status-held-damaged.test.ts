@@ -37,7 +37,7 @@ async function corrupt(store: RegionStore, name: string): Promise<void> {
   closeSync(fd);
 }
 
-/** Three reference engines with tier 0, room for one awake plus held weights; each woken once (c last). */
+/** Three reference engines with tier 0, room for one awake engine and one holding (13 GB: 10 + 2); each woken once (c last). */
 async function setup() {
   const names = ['a', 'b', 'c'];
   const engines = [];
@@ -54,11 +54,11 @@ async function setup() {
     store,
     resident,
     engines: engines.map((x) => ({ name: x.name, client: x.client, memoryBytes: 10 * GB, weightsBytes: 2 * GB })),
-    budgets: { 0: 15 * GB },
+    budgets: { 0: 13 * GB },
   });
   cleanup.push(() => controller.close());
   for (const name of names) await controller.restore(name);
-  const agent = await SwapAgent.listen({ controller, store, controlToken: TOKEN, budgets: { 0: 15 * GB } });
+  const agent = await SwapAgent.listen({ controller, store, controlToken: TOKEN, budgets: { 0: 13 * GB } });
   cleanup.push(() => agent.close());
   return { store, controller, agent };
 }
@@ -83,7 +83,7 @@ describe('the status page shows weights held on the GPU and damaged snapshots', 
     expect(engine('b')).toMatchObject({ state: 'asleep', weightsHeldBytes: 2 * GB });
     expect(engine('a')).toMatchObject({ state: 'asleep', snapshotProblem: expect.stringMatching(/failed verification/) });
     expect(engine('c').snapshotProblem).toBeUndefined();
-    expect(status.gpus).toEqual([{ device: 0, budgetBytes: 15 * GB, awakeBytes: 10 * GB, heldBytes: 2 * GB, usedBytes: 12 * GB }]);
+    expect(status.gpus).toEqual([{ device: 0, budgetBytes: 13 * GB, awakeBytes: 10 * GB, heldBytes: 2 * GB, usedBytes: 12 * GB }]);
     const snapshot = (n: string) => status.snapshots.find((s) => s.name === n)!;
     expect(snapshot('a')).toMatchObject({ damaged: true, reason: expect.stringMatching(/failed verification: 1 problem/) });
     expect(snapshot('b').damaged).toBeUndefined();

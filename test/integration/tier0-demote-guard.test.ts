@@ -23,17 +23,18 @@ async function engine(options: EngineOptions = {}) {
 }
 
 describe('tier 0: the dirty check before a demotion (SwapController)', () => {
-  it('held weights that no longer equal their snapshot are kept, not released, and the swap goes on without them', async () => {
+  it('held weights that no longer equal their snapshot are kept, not released, even when that leaves no room', async () => {
     const GB = 1e9;
     const clients = [await engine({ seed: 1, model: 'a' }), await engine({ seed: 2, model: 'b' }), await engine({ seed: 3, model: 'c' })];
     const store = await RegionStore.open(tempDir());
     const resident = new ResidentWeights();
     cleanup.push(() => resident.close());
-    // awake 12 GB (4 GB of weights), budget 16 GB: one awake engine and one tier-0 holding fit.
+    // a and b: awake 12 GB (4 GB of weights); c: 13 GB. Budget 16 GB: one awake engine and one
+    // holding fit; c fits only once a's holding is demoted.
     const controller = await SwapController.create({
       store,
       resident,
-      engines: clients.map((client, i) => ({ name: ['a', 'b', 'c'][i]!, client, memoryBytes: 12 * GB, weightsBytes: 4 * GB })),
+      engines: clients.map((client, i) => ({ name: ['a', 'b', 'c'][i]!, client, memoryBytes: (i === 2 ? 13 : 12) * GB, weightsBytes: 4 * GB })),
       budgets: { 0: 16 * GB },
       queueLimit: 100,
     });
@@ -51,11 +52,13 @@ describe('tier 0: the dirty check before a demotion (SwapController)', () => {
     readSync(rank.fds[0]!, byte, 0, 1, 123);
     writeSync(rank.fds[0]!, Buffer.from([byte[0]! ^ 0xff]), 0, 1, 123);
 
-    await use('c'); // needs room: the oldest holding (a) would be demoted, but its check fails
+    // c needs room: b is suspended, then a's holding would be demoted, but its check fails
+    await expect(use('c')).rejects.toMatchObject({ code: 'E_BUSY' });
     expect(resident.peek(clients[0]!.baseUrl)).toBeDefined(); // kept: releasing would lose the new bytes
     expect(failures).toMatchObject([{ engine: 'a', action: 'demote', error: { code: 'E_STALE' } }]);
     expect(controller.usage()[0]).toBeLessThanOrEqual(16 * GB);
-    await use('c'); // and it stays held: never picked for demotion again
+    await expect(use('c')).rejects.toMatchObject({ code: 'E_BUSY' }); // and a stays held: never picked for demotion again
     expect(failures).toHaveLength(1);
+    await use('b'); // the others are still served
   });
 });

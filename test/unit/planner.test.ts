@@ -67,6 +67,20 @@ describe('planner: the next step from the state alone', () => {
     expect(plan(s)).toEqual({ kind: 'demote', engine: 'a', for: 'c' });
   });
 
+  it('suspends (keeping weights) before demoting when demoting alone could not make room: more weights stay on the GPU', () => {
+    // one awake (10 GB, 2 GB of weights) and one holding (2 GB) in 15 GB; c needs 10 GB: b must be
+    // suspended anyway, and keeping its weights leaves a's holding in place (2 + 2 + 10 <= 15)
+    const s = input(
+      [
+        engine('a', { state: 'asleep', residentBytes: 2 * GB, weightsBytes: 2 * GB, lastUsed: 1 }),
+        engine('b', { state: 'awake', lastUsed: 5, weightsBytes: 2 * GB }),
+        engine('c', { waitingSince: 9, weightsBytes: 2 * GB }),
+      ],
+      { budgets: { 0: 15 * GB }, tier0: true },
+    );
+    expect(plan(s)).toEqual({ kind: 'suspend', engine: 'b', keepResident: true, reason: 'room', for: 'c' });
+  });
+
   it('never demotes a holding whose weights failed the dirty check (holdLocked): suspends someone else', () => {
     const s = input(
       [
