@@ -1,6 +1,7 @@
 import { toVsnapError, VsnapError } from '../errors.js';
 import type { EngineStatus } from '../engine/engine-client.js';
 import { native, type NativeProcessState } from '../native/index.js';
+import { phaseTimer } from './engine-checks.js';
 
 /*
  * Deep suspend: after a level-2 sleep, the driver's process checkpoint API moves what the engine's
@@ -101,12 +102,7 @@ async function rollback(ranks: readonly DeepRank[], backend: CheckpointBackend):
  */
 export async function deepSuspendRanks(ranks: readonly DeepRank[], backend: CheckpointBackend, lockTimeoutMs = DEFAULT_LOCK_TIMEOUT_MS): Promise<DeepTimes> {
   const times: DeepTimes = {};
-  let mark = performance.now();
-  const lap = (step: string): void => {
-    const now = performance.now();
-    times[step] = (now - mark) / 1000;
-    mark = now;
-  };
+  const lap = phaseTimer(times);
   // Before anything changes: the API is there (else E_CHECKPOINT_UNSUPPORTED), every rank runs.
   const states = await processStates(ranks, backend);
   const notRunning = ranks.filter((_, i) => states[i] !== 'running');
@@ -151,12 +147,7 @@ export async function deepSuspendRanks(ranks: readonly DeepRank[], backend: Chec
  */
 export async function deepRestoreRanks(ranks: readonly DeepRank[], backend: CheckpointBackend): Promise<DeepTimes | undefined> {
   const times: DeepTimes = {};
-  let mark = performance.now();
-  const lap = (step: string): void => {
-    const now = performance.now();
-    times[step] = (now - mark) / 1000;
-    mark = now;
-  };
+  const lap = phaseTimer(times);
   const states: Array<NativeProcessState | undefined> = ranks.map(() => undefined);
   const read = await each(ranks, async (pid) => (states[ranks.findIndex((r) => r.pid === pid)] = await backend.state(pid)));
   if (read.some((o) => o.error?.code === 'E_CHECKPOINT_UNSUPPORTED')) return undefined;

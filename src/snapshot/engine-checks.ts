@@ -99,3 +99,16 @@ export function blobProblems(snapshot: Snapshot): string[] {
   return problems;
 }
 
+/**
+ * A stopwatch for phases: each call records the seconds since the previous one under `name`;
+ * `restart()` starts the next phase now (time spent in between is not counted).
+ */
+export function phaseTimer(into: Record<string, number>): ((name: string) => void) & { restart(): void } {
+  let mark = performance.now();
+  const lap = (name: string): void => {
+    const now = performance.now();
+    into[name] = (now - mark) / 1000;
+    mark = now;
+  };
+  return Object.assign(lap, { restart: () => void (mark = performance.now()) });
+}

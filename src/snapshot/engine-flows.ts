@@ -8,7 +8,7 @@ import type { Mismatch } from '../manifest/compat.js';
 import type { ExpectedResponse } from '../manifest/types.js';
 import type { RegionStore } from '../store/region-store.js';
 import { passOn, type TransferOptions } from '../transfer/transfer.js';
-import { blobProblems, compareResponses, DEFAULT_PROMPT, holdsWeights, liveFacts, liveRanks, preflight, probe, warn } from './engine-checks.js';
+import { blobProblems, compareResponses, DEFAULT_PROMPT, holdsWeights, liveFacts, liveRanks, phaseTimer, preflight, probe, warn } from './engine-checks.js';
 import { deepPrecheck, deepSuspendRanks, nativeCheckpointBackend, resumeIfDeep, type CheckpointBackend } from './deep-suspend.js';
 import { checkLive, liveRefs, staleError, type LiveCheckReport } from './live-check.js';
 import { Snapshot, type CaptureOptions, type PersistPolicy } from './snapshot.js';
@@ -233,12 +233,7 @@ async function captureExported(
 export async function restoreEngine(snapshot: Snapshot, client: EngineClient, options: EngineRestoreOptions = {}): Promise<EngineRestoreReport> {
   const started = performance.now();
   const phases: Record<string, number> = {};
-  let mark = performance.now();
-  const lap = (name: string): void => {
-    const now = performance.now();
-    phases[name] = (now - mark) / 1000;
-    mark = now;
-  };
+  const lap = phaseTimer(phases);
   const call = options.signal ? { signal: options.signal } : {};
   const expected = snapshot.manifest.data.expectedResponse;
   const found = await engineControl(client, call);
@@ -249,7 +244,7 @@ export async function restoreEngine(snapshot: Snapshot, client: EngineClient, op
   const deep = await resumeIfDeep(status, options.checkpointBackend);
   if (deep) {
     for (const [step, seconds] of Object.entries(deep)) phases[`deep.${step}`] = seconds;
-    mark = performance.now();
+    lap.restart();
     status = await control.status(call);
   }
   if (!status.sleeping) {
@@ -469,12 +464,7 @@ export async function suspendEngine(
 ): Promise<EngineSuspendResult> {
   const started = performance.now();
   const phases: Record<string, number> = {};
-  let mark = started;
-  const lap = (phase: string): void => {
-    const now = performance.now();
-    phases[phase] = (now - mark) / 1000;
-    mark = now;
-  };
+  const lap = phaseTimer(phases);
   const call = options.signal ? { signal: options.signal } : {};
   const { control, status } = await engineControl(client, call);
   const current = await store.current(name);
