@@ -48,7 +48,7 @@ import {
 } from '../src/index.js';
 import { packageRoot } from '../src/native/index.js';
 import { askCapital, pluginSitePath, startEngine, type TestEngine } from '../test/helpers/engine.js';
-import { capture2Table, type PhaseRow, phaseTable, sweepTable, vllmTable } from './swap-report.js';
+import { capture2Table, type PhaseRow, phaseTable, sweepTable, targetsTable, vllmTable } from './swap-report.js';
 import { type Capture2Result, runCapture2, runSweep, type SweepRow } from './swap-sweep.js';
 import { runVllmLevel1, type VllmLevel1Result } from './swap-vllm.js';
 
@@ -210,7 +210,7 @@ if (!existsSync(fixture)) {
 const cuda = await cudaStatus();
 if (device === 'cuda' && !cuda.available) throw new Error(`--device cuda needs a GPU: ${cuda.reason}`);
 const gpu = cuda.available ? (await listDevices())[0] : undefined;
-log(`engine swap: two reference engines on ${device} (--layers ${layers} --hidden ${hidden}${device === 'host' ? ': the host model ignores --hidden' : ''}), ${reps} swaps a row, rows ${rowsToRun.join(', ')}`);
+log(`engine swap: two reference engines on ${device} (--layers ${layers} --hidden ${hidden}${device === 'host' ? ': the host model ignores --hidden' : ''}), ${reps} swaps a row, rows ${[...extras, ...rowsToRun].join(', ')}`);
 
 const cleanup: Array<[string, () => unknown]> = [];
 const sides: Side[] = [];
@@ -497,6 +497,7 @@ const result = {
   capture,
   rows,
   phases: phaseRows(),
+  targets: null as string | null,
   sweep,
   capture2,
   vllmLevel1,
@@ -550,6 +551,21 @@ lines.push(
 );
 if (rows.length === 0) lines.length = 0; // no engine rows: only the tables below
 const byRow = (row: RowName): PhaseRow | undefined => phased.find((p) => p.label === LABEL[row]);
+// The raw H2D of the sweep's layout closest to the engines' region count stands for the engines' ceiling.
+const engineRegions = sides[0]?.regions ?? 0;
+const nearest = sweep?.rows.filter((r) => r.ceiling).sort((x, y) => Math.abs(x.regions - engineRegions) - Math.abs(y.regions - engineRegions))[0];
+const targets = targetsTable({
+  ram: byRow('ram'),
+  tier0: byRow('tier0'),
+  ramHydrateGBps: rows.find((r) => r.row === 'ram')?.summary?.hydrateGBpsMedian ?? null,
+  h2dCeiling: nearest?.ceiling ? { GBps: nearest.ceiling.h2dGBps.max, regions: nearest.regions } : null,
+  engineBytes: bytes,
+  sweep: sweep?.rows ?? null,
+  capture2,
+  vllm: vllmLevel1,
+});
+if (targets) lines.unshift(targets, '');
+result.targets = targets || null;
 for (const t of [
   sweep ? sweepTable(sweep.rows, `${device}${gpu ? `, ${gpu.name}` : ''}`, sweep.ceilingNote) : '',
   capture2Table(capture2),

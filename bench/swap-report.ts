@@ -118,3 +118,45 @@ export function vllmTable(v: VllmLevel1Result | null, ram: PhaseRow | undefined,
   );
   return lines.join('\n');
 }
+
+export interface TargetsInput {
+  ram?: PhaseRow | undefined;
+  tier0?: PhaseRow | undefined;
+  /** Median hydrate GB/s of the RAM row's restores (inside restoreEngine). */
+  ramHydrateGBps: number | null;
+  /** Raw pinned H2D measured in the same run (the sweep's ceiling), and for how many regions. */
+  h2dCeiling: { GBps: number; regions: number } | null;
+  engineBytes: number;
+  sweep: readonly SweepRow[] | null;
+  capture2: Capture2Result | null;
+  vllm: VllmLevel1Result | null;
+}
+
+/** The compact summary: each target of issue 14 this run measured, its value, and whether it was met. */
+export function targetsTable(t: TargetsInput): string {
+  const lines = ['| target (issue 14) | this run | verdict |', '|---|---|---|'];
+  const verdict = (ok: boolean): string => (ok ? 'met' : 'not met');
+  const small = t.engineBytes > 0 && t.engineBytes < 16 * GiB ? ' (engines under 16 GiB: does not test the target)' : '';
+  const wake = t.vllm?.summary?.wakeMedianSeconds;
+  const ramNoCheck = t.ram ? withoutCheck(t.ram.restoreMedian, t.ram.restorePhases) : null;
+  if (wake && ramNoCheck !== null) {
+    lines.push(`| RAM-tier restore without the check <= 0.9x vLLM level-1 wake | ${f(ramNoCheck)} s vs ${f(wake)} s = ${f(ramNoCheck / wake)}x | ${verdict(ramNoCheck / wake <= 0.9)}${small} |`);
+  }
+  if (t.ram?.swapMedian != null) lines.push(`| RAM-tier swap of two engines incl. the check <= 0.5 s median | ${f(t.ram.swapMedian)} s | ${verdict(t.ram.swapMedian <= 0.5)}${small} |`);
+  if (t.tier0?.swapMedian != null) lines.push(`| tier-0 swap incl. the check <= 0.1 s median | ${f(t.tier0.swapMedian)} s | ${verdict(t.tier0.swapMedian <= 0.1)}${small} |`);
+  if (t.ramHydrateGBps !== null && t.h2dCeiling) {
+    const r = t.ramHydrateGBps / t.h2dCeiling.GBps;
+    lines.push(`| hydrate inside the engine flow >= 0.97x raw H2D, same run | ${f(t.ramHydrateGBps, 2)} / ${f(t.h2dCeiling.GBps, 2)} GB/s (raw, ${t.h2dCeiling.regions} regions) = ${f(r)}x | ${verdict(r >= 0.97)} |`);
+  }
+  if (t.sweep && t.sweep.length > 1) {
+    const worst = Math.max(...t.sweep.map((r) => r.vsFirst ?? 0));
+    const im = t.sweep.every((r) => r.imported) ? Math.max(...t.sweep.map((r) => r.imported!.vsFirst ?? 0)) : null;
+    const counts = t.sweep.map((r) => r.regions).join(' / ');
+    lines.push(`| ${counts} regions restore within 10% of the ${t.sweep[0]!.regions}-region time | worst ${f(worst)}x mapped${im === null ? '' : `, ${f(im)}x via fds`} | ${verdict(Math.max(worst, im ?? 0) <= 1.1)} |`);
+  }
+  if (t.capture2) {
+    const c = t.capture2;
+    lines.push(c.skipped ? `| two-GPU capture into the RAM tier >= 0.9x aggregate D2H | skipped: ${cell(c.skipped)} | |` : `| two-GPU capture into the RAM tier >= 0.9x aggregate D2H | ${f(c.captureGBps, 2)} / ${f(c.ceiling?.d2hGBps.max, 2)} GB/s = ${c.vsD2h == null ? 'n/a' : `${f(c.vsD2h)}x`} | ${c.vsD2h == null ? 'n/a' : verdict(c.vsD2h >= 0.9)} |`);
+  }
+  return lines.length > 2 ? lines.join('\n') : '';
+}
