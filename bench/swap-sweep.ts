@@ -107,6 +107,8 @@ export interface SweepRow {
    * restoreEngine's hydrate does with the exported regions).
    */
   imported: { exportSeconds: number; restoreSeconds: number[]; restoreMedianSeconds: number; vsFirst: number | null; vsCeiling: number | null } | null;
+  /** Why the via-fds restores did not run to the end (e.g. the process's fd limit), if they did not. */
+  importedError: string | null;
 }
 
 export interface SweepOptions {
@@ -152,6 +154,7 @@ export async function runSweep(o: SweepOptions): Promise<{ rows: SweepRow[]; cac
         const m = median(restoreSeconds);
         const first = rows[0]?.restoreMedianSeconds;
         let imported: SweepRow['imported'] = null;
+        let importedError: string | null = null;
         if (o.device === 'cuda') {
           const fds: number[] = [];
           try {
@@ -168,6 +171,9 @@ export async function runSweep(o: SweepOptions): Promise<{ rows: SweepRow[]; cac
             const im = median(times);
             const firstImported = rows[0]?.imported?.restoreMedianSeconds;
             imported = { exportSeconds, restoreSeconds: times, restoreMedianSeconds: im, vsFirst: firstImported ? im / firstImported : 1, vsCeiling: ceiling ? gbps(bytes, im) / ceiling.h2dGBps.max : null };
+          } catch (err) {
+            importedError = (err as Error).message.split('\n')[0]!;
+            o.log(`[sweep] ${sizes.length} regions via fds failed (the mapped row stands): ${importedError}`);
           } finally {
             for (const fd of fds) closeSync(fd);
           }
@@ -186,6 +192,7 @@ export async function runSweep(o: SweepOptions): Promise<{ rows: SweepRow[]; cac
           vsFirst: first ? m / first : 1,
           vsCeiling: ceiling ? gbps(bytes, m) / ceiling.h2dGBps.max : null,
           imported,
+          importedError,
         };
         rows.push(row);
         o.log(
