@@ -2,6 +2,7 @@
 # The benchmarks, on a GPU machine (run as root, so cold reads can drop the page cache):
 #   npm run bench [GiB] [out-dir] [devices]     transfers of GiB bytes, with the ceiling and the
 #                                               peers (bench/transfer.ts, bench/peers.py)
+#   npm run bench -- bundle                     only the bundles (dist-gpu/bench-*.mjs), to carry
 #   npm run bench -- swap [options]             end-to-end swaps of two reference engines, the
 #                                               region-count sweep, the two-GPU capture and vLLM's
 #                                               level-1 sleep (bench/engine-swap.ts; options there;
@@ -16,6 +17,10 @@ if [ -x node_modules/.bin/esbuild ]; then
   node_modules/.bin/esbuild bench/transfer.ts bench/engine-swap.ts --bundle --platform=node --format=esm --target=node20 \
     --outdir=dist-gpu --entry-names='bench-[name]' --out-extension:.js=.mjs --log-level=warning --external:node-gyp-build \
     --banner:js="import { createRequire as __cr } from 'module'; const require = __cr(import.meta.url);"
+fi
+if [ "${1:-}" = bundle ]; then  # `npm run bench -- bundle`: only the bundles (dist-gpu/), to carry to a machine without npm
+  [ -x node_modules/.bin/esbuild ] || { echo "bench bundle: no node_modules/.bin/esbuild (npm ci first)" >&2; exit 1; }
+  exit 0
 fi
 if [ -z "${VSNAP_NATIVE_PATH:-}" ]; then
   export VSNAP_NATIVE_PATH="$(ls "$PWD"/prebuilds/linux-x64/*.node | head -1)"

@@ -20,7 +20,7 @@ export interface PhaseRow {
 
 /** The flows' own phase names (src/snapshot/engine-flows.ts, phaseTimer laps), in the order they run. */
 const SUSPEND_ORDER = ['status', 'check', 'digest', 'capture', 'hold', 'sleep'];
-const RESTORE_ORDER = ['sleep', 'wakeWeights', 'export', 'hydrate', 'verifyDigests', 'adoptWeights', 'wakeKvCache', 'resetPrefixCache', 'expectedResponse'];
+const RESTORE_ORDER = ['sleep', 'wakeWeights', 'export', 'validate', 'hydrate', 'verifyDigests', 'adoptWeights', 'wakeKvCache', 'resetPrefixCache', 'expectedResponse'];
 
 function ordered(names: Iterable<string>, order: readonly string[]): string[] {
   const all = [...new Set(names)];
@@ -43,7 +43,7 @@ export function phaseTable(rows: readonly PhaseRow[]): string {
         `${msCell(r.restoreMedian ?? undefined)} | ${res.map((n) => msCell(r.restorePhases[n])).join(' | ')} | ${msCell(withoutCheck(r.restoreMedian, r.restorePhases) ?? undefined)} |`,
     );
   }
-  lines.push('', 's.* = suspendEngine phases, r.* = restoreEngine phases (each the median over the row\'s measured swaps, so the phases need not add up to the median total exactly). The layout check (assertCompatible) has no lap of its own: it is inside r.hydrate.');
+  lines.push('', 's.* = suspendEngine phases, r.* = restoreEngine phases (each the median over the row\'s measured swaps, so the phases need not add up to the median total exactly).');
   return lines.join('\n');
 }
 
