@@ -86,6 +86,8 @@ export function capture2Table(c: Capture2Result | null): string {
     `| raw pinned D2H, both GPUs at once (ceiling) | ${f(c.ceiling?.d2hGBps.max, 2)} | 1.00x |`,
     `| raw pinned D2H, both GPUs, while ${c.hashLoad?.threads ?? 'n/a'} threads run XXH3 over DRAM (${f(c.hashLoad?.GBps, 1)} GB/s hashed) | ${f(c.ceilingUnderHashing?.d2hGBps.max, 2)} | ${c.ceiling && c.ceilingUnderHashing ? `${f(c.ceilingUnderHashing.d2hGBps.max / c.ceiling.d2hGBps.max)}x` : 'n/a'} |`,
     `| vsnap capture into the RAM tier, both GPUs at once (hashed), best of ${c.captureSeconds?.length ?? 0} | ${f(c.captureGBps, 2)} | ${c.vsD2h === null || c.vsD2h === undefined ? 'n/a' : `${f(c.vsD2h)}x`} |`,
+    ...(c.captureByThreads ?? []).map((t) => `| vsnap capture into the RAM tier, both GPUs, ${t.threads} worker threads, best of 2 | ${f(t.GBps, 2)} | ${c.ceiling ? `${f(t.GBps / c.ceiling.d2hGBps.max)}x` : 'n/a'} |`),
+    `| XXH3 on ${c.hashAlone?.threads ?? 'n/a'} threads, no DMA running (GB/s hashed) | ${f(c.hashAlone?.GBps, 1)} | |`,
     `| raw pinned D2H, one GPU (its half) | ${f(c.oneGpuCeiling?.d2hGBps.max, 2)} | |`,
     `| vsnap capture into the RAM tier, one GPU (its half) | ${f(c.oneGpuCaptureGBps, 2)} | ${c.oneGpuCeiling ? `${f((c.oneGpuCaptureGBps ?? 0) / c.oneGpuCeiling.d2hGBps.max)}x one-GPU D2H` : ''} |`,
     '',

@@ -266,6 +266,10 @@ export interface Capture2Result {
   ceiling?: Ceiling | null;
   ceilingUnderHashing?: Ceiling | null;
   hashLoad?: HashLoad | null;
+  /** The same hashing threads with no DMA running (1 s): their aggregate XXH3 GB/s alone. */
+  hashAlone?: HashLoad | null;
+  /** Capture into the RAM tier, both GPUs, per worker-thread count: best seconds of 2. */
+  captureByThreads?: Array<{ threads: number; seconds: number; GBps: number }>;
   captureSeconds?: number[];
   captureGBps?: number;
   oneGpuCaptureGBps?: number;
@@ -298,11 +302,13 @@ export async function runCapture2(o: Capture2Options): Promise<Capture2Result> {
   const oneGpuCeiling = runCeiling(o.ceilingBin, oneGpuSizes, o.reps, 1);
   let ceilingUnderHashing: Ceiling | null = null;
   let hashLoad: HashLoad | null = null;
+  let hashAlone: HashLoad | null = null;
   if (ceiling) {
     const loaded = await withHashLoad(o.nativePath, o.hashThreads, () => runCeiling(o.ceilingBin, sizes, o.reps, 2));
     ceilingUnderHashing = loaded.value;
     hashLoad = loaded.load;
-    o.log(`[capture2] raw D2H, 2 GPUs: ${ceiling.d2hGBps.max} GB/s alone, ${ceilingUnderHashing?.d2hGBps.max} GB/s while ${o.hashThreads} threads hash at ${hashLoad.GBps.toFixed(1)} GB/s`);
+    hashAlone = (await withHashLoad(o.nativePath, o.hashThreads, () => new Promise((r) => setTimeout(r, 1000)))).load;
+    o.log(`[capture2] raw D2H, 2 GPUs: ${ceiling.d2hGBps.max} GB/s alone, ${ceilingUnderHashing?.d2hGBps.max} GB/s while ${o.hashThreads} threads hash at ${hashLoad.GBps.toFixed(1)} GB/s (${hashAlone.GBps.toFixed(1)} GB/s with no DMA)`);
   }
   const cache = await HostCache.create({ budgetBytes: bytes + 64 * MiB, pin: true });
   const held = await makeRegions('cuda', sizes, 2);
@@ -322,6 +328,18 @@ export async function runCapture2(o: Capture2Options): Promise<Capture2Result> {
       if (r === 0) progress = trace;
       cache.evict(snap.id);
     }
+    // How the capture scales with its worker threads (each hashes the chunks it copied).
+    const captureByThreads: Capture2Result['captureByThreads'] = [];
+    for (const threads of [2, 4, 8, 16]) {
+      const runs: number[] = [];
+      for (let r = 0; r < 2; r++) {
+        const snap = await Snapshot.capture(o.store, 'capture2', { regions: held.regions, cache, persist: 'off', threads });
+        runs.push(snap.lastCapture!.seconds);
+        cache.evict(snap.id);
+      }
+      captureByThreads.push({ threads, seconds: Math.min(...runs), GBps: gbps(bytes, Math.min(...runs)) });
+    }
+    o.log(`[capture2] by worker threads: ${captureByThreads.map((c) => `${c.threads}: ${c.GBps.toFixed(1)} GB/s`).join(', ')}`);
     const oneGpu = held.regions.filter((_, i) => i % 2 === 0);
     const one = await Snapshot.capture(o.store, 'capture1', { regions: oneGpu, cache, persist: 'off' });
     const oneGpuCaptureGBps = gbps(one.lastCapture!.bytes, one.lastCapture!.seconds);
@@ -338,6 +356,8 @@ export async function runCapture2(o: Capture2Options): Promise<Capture2Result> {
       oneGpuCeiling,
       ceilingUnderHashing,
       hashLoad,
+      hashAlone,
+      captureByThreads,
       captureSeconds,
       captureGBps,
       oneGpuCaptureGBps,
