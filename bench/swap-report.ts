@@ -106,7 +106,7 @@ export function vllmTable(v: VllmLevel1Result | null, ram: PhaseRow | undefined,
   const lines = [
     '| one 16 GiB-class engine back to serving | sleep / suspend (s) | wake / restore (s) | restore w/o check (s) | vs vLLM level-1 wake | host memory held asleep (GiB) | GPU memory held asleep (GiB) |',
     '|---|---:|---:|---:|---:|---:|---:|',
-    `| vLLM level-1 sleep + /wake_up, ${cell(v.allocator)} | first ${f(s.firstSleepSeconds)}, later ${f(s.laterSleepMedianSeconds)} | ${f(s.wakeMedianSeconds)} | ${f(s.wakeMedianSeconds)} | 1.00x | ${g(s.hostHeldBytes)} (own pinned copy, per engine) | ${g(s.gpuBytesAsleep)} |`,
+    `| vLLM level-1 sleep + /wake_up, ${cell(v.allocator)} | first ${f(s.firstSleepSeconds)}, later ${f(s.laterSleepMedianSeconds)} | ${f(s.wakeMedianSeconds)} | ${f(s.wakeMedianSeconds)} | 1.00x | ${g(s.hostHeldBytes)} (own pinned copy, per engine; ${g(s.hostHeldAfterWakeBytes)} still held awake after the last wake) | ${g(s.gpuBytesAsleep)} |`,
   ];
   if (ram) lines.push(`| vsnap RAM tier (suspend + restoreEngine) | ${f(ram.suspendMedian)} | ${f(ram.restoreMedian)} | ${f(ramNoCheck)} | ${ramNoCheck === null ? 'n/a' : `${f(ramNoCheck / s.wakeMedianSeconds)}x`} | ${g(hostCacheBytes)} (one shared, budgeted RAM tier for both engines) | |`);
   if (tier0) {

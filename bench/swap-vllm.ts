@@ -70,9 +70,9 @@ export interface SleepCycle {
   index: number;
   sleepSeconds: number;
   wakeSeconds: number;
-  /** MemAvailable before the sleep minus while asleep: host memory the sleeping engine holds. */
+  /** MemAvailable before the first sleep minus while asleep: host memory the sleeping engine holds. */
   hostHeldBytes: number | null;
-  /** MemAvailable before the sleep minus after the wake: what stays held (torch's host cache) once awake. */
+  /** MemAvailable before the first sleep minus after this wake: what stays held once awake (torch's host cache keeps freed pinned blocks). */
   hostHeldAfterWakeBytes: number | null;
   /** Deltas of the engine core's /proc status fields, asleep minus before. */
   processDeltaBytes: Record<string, number>;
@@ -90,6 +90,7 @@ export interface VllmLevel1Result {
     laterSleepMedianSeconds: number | null;
     wakeMedianSeconds: number;
     hostHeldBytes: number | null;
+    hostHeldAfterWakeBytes: number | null;
     gpuBytesAsleep: number | null;
   } | null;
 }
@@ -110,6 +111,9 @@ export async function runVllmLevel1(
   const allocator = process.env.VSNAP_VLLM_SRC ? `vLLM's own (VSNAP_VLLM_SRC=${process.env.VSNAP_VLLM_SRC})` : "the reference engine's stand-in (no VSNAP_VLLM_SRC)";
   if (await client.isSleeping()) return { skipped: 'the engine to measure is asleep', allocator, cycles: [], summary: null };
   const out: SleepCycle[] = [];
+  // One baseline for every cycle: after the first, torch's host allocator keeps the freed backup
+  // blocks, so "before this sleep" would hide what the engine holds.
+  const baseline = hostMemory(enginePid);
   for (let i = 0; i < cycles; i++) {
     const before = hostMemory(enginePid);
     const gpuBytesAwake = gpuBytesOf(enginePid);
@@ -129,8 +133,8 @@ export async function runVllmLevel1(
       index: i,
       sleepSeconds,
       wakeSeconds,
-      hostHeldBytes: delta(before.memAvailableBytes, asleep.memAvailableBytes),
-      hostHeldAfterWakeBytes: delta(before.memAvailableBytes, after.memAvailableBytes),
+      hostHeldBytes: delta(baseline.memAvailableBytes, asleep.memAvailableBytes),
+      hostHeldAfterWakeBytes: delta(baseline.memAvailableBytes, after.memAvailableBytes),
       processDeltaBytes,
       gpuBytesAwake,
       gpuBytesAsleep,
@@ -153,6 +157,7 @@ export async function runVllmLevel1(
       laterSleepMedianSeconds: median(out.slice(1).map((c) => c.sleepSeconds)),
       wakeMedianSeconds: median(out.map((c) => c.wakeSeconds))!,
       hostHeldBytes: median(out.flatMap((c) => (c.hostHeldBytes === null ? [] : [c.hostHeldBytes]))),
+      hostHeldAfterWakeBytes: out.at(-1)!.hostHeldAfterWakeBytes,
       gpuBytesAsleep: median(out.flatMap((c) => (c.gpuBytesAsleep === null ? [] : [c.gpuBytesAsleep]))),
     },
   };

@@ -118,7 +118,7 @@ describe('bench swap: vLLM row probes and tables', () => {
         skipped: null,
         allocator: 'test',
         cycles: [],
-        summary: { firstSleepSeconds: 12, laterSleepMedianSeconds: 0.4, wakeMedianSeconds: 0.4, hostHeldBytes: 23 * 2 ** 30, gpuBytesAsleep: null },
+        summary: { firstSleepSeconds: 12, laterSleepMedianSeconds: 0.4, wakeMedianSeconds: 0.4, hostHeldBytes: 23 * 2 ** 30, hostHeldAfterWakeBytes: 23 * 2 ** 30, gpuBytesAsleep: null },
       },
       ram,
       undefined,
