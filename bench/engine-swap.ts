@@ -50,7 +50,7 @@ import { packageRoot } from '../src/native/index.js';
 import { askCapital, pluginSitePath, startEngine, type TestEngine } from '../test/helpers/engine.js';
 import { capture2Table, type PhaseRow, phaseTable, sweepTable, targetsTable, vllmTable } from './swap-report.js';
 import { type Capture2Result, runCapture2, runSweep, type SweepRow } from './swap-sweep.js';
-import { runVllmLevel1, type VllmLevel1Result } from './swap-vllm.js';
+import { gpuBytesOf, runVllmLevel1, type VllmLevel1Result } from './swap-vllm.js';
 
 const MiB = 1024 * 1024;
 const GiB = 1024 * MiB;
@@ -180,6 +180,8 @@ interface SwapRecord {
   hydrateGBps: number | null;
   /** Cold only: the page-cache drop before the swap (not in wallSeconds). */
   dropCachesSeconds?: number;
+  /** GPU memory the engine put to sleep still holds (nvidia-smi, its engine core), read after the swap; cuda only. */
+  asleepGpuBytes?: number | null;
 }
 
 interface RowResult {
@@ -197,6 +199,7 @@ interface RowResult {
     suspendPhasesMedian: Record<string, number>;
     phasesMedian: Record<string, number>;
     hydrateGBpsMedian: number | null;
+    asleepGpuBytesMedian: number | null;
     tiers: Tier[];
   } | null;
 }
@@ -260,6 +263,7 @@ async function swap(
     throw new Error(`[${row}] swap ${index}: engine ${to.label} answers differently after the restore:\n  before ${JSON.stringify(to.answer)}\n  after  ${JSON.stringify(answer)}`);
   }
   const hydrate = report.phases.hydrate;
+  const asleepGpuBytes = device === 'cuda' ? gpuBytesOf(from.engine.enginePid) : undefined;
   const record: SwapRecord = {
     row,
     warmup,
@@ -275,6 +279,7 @@ async function swap(
     phases: { ...report.phases },
     hydrateGBps: hydrate ? report.bytes / hydrate / 1e9 : null,
     ...(dropCachesSeconds !== undefined ? { dropCachesSeconds } : {}),
+    ...(asleepGpuBytes !== undefined ? { asleepGpuBytes } : {}),
   };
   const listed = (p: Readonly<Record<string, number>>): string => Object.entries(p).map(([k, v]) => `${k} ${ms(v)}`).join(', ');
   log(
@@ -314,6 +319,7 @@ function summarise(result: RowResult): void {
     suspendPhasesMedian: mediansOf((s) => s.suspendPhases),
     phasesMedian,
     hydrateGBpsMedian: medianOf(measured.flatMap((s) => (s.hydrateGBps !== null ? [s.hydrateGBps] : []))),
+    asleepGpuBytesMedian: medianOf(measured.flatMap((s) => (typeof s.asleepGpuBytes === 'number' ? [s.asleepGpuBytes] : []))),
     tiers: [...new Set(measured.map((s) => s.tier))],
   };
 }
@@ -482,7 +488,7 @@ const size = bytes >= GiB ? `${Math.round(bytes / GiB)}GiB` : `${Math.max(1, Mat
 function phaseRows(): PhaseRow[] {
   return rows.flatMap((r) =>
     r.summary
-      ? [{ label: r.label, swapMedian: r.summary.swapSeconds?.median ?? null, suspendMedian: r.summary.suspendSeconds?.median ?? null, restoreMedian: r.summary.restoreSeconds?.median ?? null, suspendPhases: r.summary.suspendPhasesMedian, restorePhases: r.summary.phasesMedian }]
+      ? [{ label: r.label, swapMedian: r.summary.swapSeconds?.median ?? null, suspendMedian: r.summary.suspendSeconds?.median ?? null, restoreMedian: r.summary.restoreSeconds?.median ?? null, suspendPhases: r.summary.suspendPhasesMedian, restorePhases: r.summary.phasesMedian, asleepGpuBytes: r.summary.asleepGpuBytesMedian }]
       : [],
   );
 }

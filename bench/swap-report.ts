@@ -16,6 +16,8 @@ export interface PhaseRow {
   restoreMedian: number | null;
   suspendPhases: Record<string, number>;
   restorePhases: Record<string, number>;
+  /** Median GPU memory the engine put to sleep still held (its engine core, nvidia-smi); null where not measured. */
+  asleepGpuBytes?: number | null;
 }
 
 /** The flows' own phase names (src/snapshot/engine-flows.ts, phaseTimer laps), in the order they run. */
@@ -108,10 +110,10 @@ export function vllmTable(v: VllmLevel1Result | null, ram: PhaseRow | undefined,
     '|---|---:|---:|---:|---:|---:|---:|',
     `| vLLM level-1 sleep + /wake_up, ${cell(v.allocator)} | first ${f(s.firstSleepSeconds)}, later ${f(s.laterSleepMedianSeconds)} | ${f(s.wakeMedianSeconds)} | ${f(s.wakeMedianSeconds)} | 1.00x | ${g(s.hostHeldBytes)} (own pinned copy, per engine; ${g(s.hostHeldAfterWakeBytes)} still held awake after the last wake) | ${g(s.gpuBytesAsleep)} |`,
   ];
-  if (ram) lines.push(`| vsnap RAM tier (suspend + restoreEngine) | ${f(ram.suspendMedian)} | ${f(ram.restoreMedian)} | ${f(ramNoCheck)} | ${ramNoCheck === null ? 'n/a' : `${f(ramNoCheck / s.wakeMedianSeconds)}x`} | ${g(hostCacheBytes)} (one shared, budgeted RAM tier for both engines) | |`);
+  if (ram) lines.push(`| vsnap RAM tier (suspend + restoreEngine) | ${f(ram.suspendMedian)} | ${f(ram.restoreMedian)} | ${f(ramNoCheck)} | ${ramNoCheck === null ? 'n/a' : `${f(ramNoCheck / s.wakeMedianSeconds)}x`} | ${g(hostCacheBytes)} (one shared, budgeted RAM tier for both engines) | ${g(ram.asleepGpuBytes)} |`);
   if (tier0) {
     const t0 = withoutCheck(tier0.restoreMedian, tier0.restorePhases);
-    lines.push(`| vsnap tier 0 (weights kept on the GPU) | ${f(tier0.suspendMedian)} | ${f(tier0.restoreMedian)} | ${f(t0)} | ${t0 === null ? 'n/a' : `${f(t0 / s.wakeMedianSeconds)}x`} | 0 | weights kept |`);
+    lines.push(`| vsnap tier 0 (weights kept on the GPU) | ${f(tier0.suspendMedian)} | ${f(tier0.restoreMedian)} | ${f(t0)} | ${t0 === null ? 'n/a' : `${f(t0 / s.wakeMedianSeconds)}x`} | 0 | ${g(tier0.asleepGpuBytes)} in the engine, its weights kept by vsnap |`);
   }
   lines.push(
     '',
