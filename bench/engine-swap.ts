@@ -11,13 +11,21 @@
 // resolves. After every swap the woken engine must give the same greedy answer to the probe
 // question as before any swap. Target: a hot swap of two 16 GiB engines in <= 1.0 s end to end.
 //
+// Issue 14 adds rows that run before the engines start (bench/swap-sweep.ts): `sweep`, the same
+// bytes in 36 / 252 / 1,000 / 4,000 regions restored from the RAM tier beside the raw pinned H2D of
+// the same regions; `capture2`, capture into the RAM tier on two GPUs at once vs their aggregate
+// D2H, with and without XXH3 hashing load; and `vllm-l1` (bench/swap-vllm.ts), vLLM's own level-1
+// sleep and wake of the awake engine, beside the tier0 and ram rows. Every row prints and saves
+// the phase breakdown of its swaps (bench/swap-report.ts).
 // Bundle it into dist-gpu/ (the test helpers find test/fixtures from the package root above the
 // bundle) and run it as root, where test/gpu/run.sh has set VSNAP_REF_CUMEM_LIB:
 //   node dist-gpu/bench-engine-swap.mjs [--device cuda|host] [--layers 36] [--hidden 4096] [--reps 5]
-//     [--rows tier0,ram,pagecache,cold] [--out bench/results] [--store /tmp/vsnap-swap-store]
+//     [--rows sweep,capture2,tier0,ram,vllm-l1,pagecache,cold] [--out bench/results] [--store /tmp/vsnap-swap-store]
+//     [--sweep-regions 36,252,1000,4000] [--sweep-gib 16] [--capture2-gib 16] [--ceiling dist-gpu/ceiling]
+//     [--vllm-cycles 3] [--hash-threads N]
 // Writes <out>/engine-swap-<GiB>GiB.json (every swap) and .md, prints the table; progress on stderr.
 import { execSync } from 'node:child_process';
-import { existsSync, mkdirSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { cpus, tmpdir } from 'node:os';
 import { basename, dirname, join } from 'node:path';
 import { isDeepStrictEqual, parseArgs } from 'node:util';
@@ -40,6 +48,9 @@ import {
 } from '../src/index.js';
 import { packageRoot } from '../src/native/index.js';
 import { askCapital, pluginSitePath, startEngine, type TestEngine } from '../test/helpers/engine.js';
+import { capture2Table, type PhaseRow, phaseTable, sweepTable, targetsTable, vllmTable } from './swap-report.js';
+import { type Capture2Result, runCapture2, runSweep, type SweepRow } from './swap-sweep.js';
+import { gpuBytesOf, runVllmLevel1, type VllmLevel1Result } from './swap-vllm.js';
 
 const MiB = 1024 * 1024;
 const GiB = 1024 * MiB;
@@ -51,6 +62,9 @@ const PROBE_TOKENS = 16;
 type RowName = 'tier0' | 'ram' | 'pagecache' | 'cold';
 type Tier = 'gpu' | 'ram' | 'store';
 const ROWS: readonly RowName[] = ['tier0', 'ram', 'pagecache', 'cold'];
+type ExtraRow = 'sweep' | 'capture2' | 'vllm-l1';
+const EXTRA: readonly ExtraRow[] = ['sweep', 'capture2', 'vllm-l1'];
+const ALL_ROWS = ['sweep', 'capture2', 'tier0', 'ram', 'vllm-l1', 'pagecache', 'cold'];
 const LABEL: Record<RowName, string> = {
   tier0: 'tier 0 (weights kept on the GPU)',
   ram: 'RAM tier (hot, pinned HostCache)',
@@ -64,7 +78,13 @@ const { values: args } = parseArgs({
     layers: { type: 'string', default: '36' },
     hidden: { type: 'string', default: '4096' },
     reps: { type: 'string', default: '5' },
-    rows: { type: 'string', default: ROWS.join(',') },
+    rows: { type: 'string', default: ALL_ROWS.join(',') },
+    'sweep-regions': { type: 'string', default: '36,252,1000,4000' },
+    'sweep-gib': { type: 'string' },
+    'capture2-gib': { type: 'string', default: '16' },
+    ceiling: { type: 'string', default: 'dist-gpu/ceiling' },
+    'vllm-cycles': { type: 'string', default: '3' },
+    'hash-threads': { type: 'string', default: String(Math.min(cpus().length, 16)) },
     out: { type: 'string', default: 'bench/results' },
     store: { type: 'string', default: '/tmp/vsnap-swap-store' },
   },
@@ -81,8 +101,16 @@ const layers = positive('layers', args.layers);
 const hidden = positive('hidden', args.hidden);
 const reps = positive('reps', args.reps);
 const selected = args.rows.split(',').map((r) => r.trim()).filter(Boolean);
-for (const r of selected) if (!ROWS.includes(r as RowName)) throw new Error(`--rows: unknown row ${JSON.stringify(r)} (rows: ${ROWS.join(', ')})`);
+for (const r of selected) if (!ALL_ROWS.includes(r)) throw new Error(`--rows: unknown row ${JSON.stringify(r)} (rows: ${ALL_ROWS.join(', ')})`);
 const rowsToRun = ROWS.filter((r) => selected.includes(r)); // always in this order: cold last, after the page cache was used
+const extras = EXTRA.filter((r) => selected.includes(r));
+const sweepCounts = args['sweep-regions'].split(',').map((x) => positive('sweep-regions', x.trim()));
+// On the host the sweep's bytes are memfds: a small default keeps a dry run quick (timings there mean nothing).
+const sweepBytes = Math.round(Number(args['sweep-gib'] ?? (device === 'cuda' ? '16' : '0.25')) * 1024 ** 3);
+const capture2Bytes = Math.round(Number(args['capture2-gib']) * 1024 ** 3);
+const vllmCycles = positive('vllm-cycles', args['vllm-cycles']);
+const hashThreads = positive('hash-threads', args['hash-threads']);
+const needEngines = rowsToRun.length > 0 || extras.includes('vllm-l1');
 const outDir = args.out;
 const storeRoot = args.store;
 
@@ -152,6 +180,8 @@ interface SwapRecord {
   hydrateGBps: number | null;
   /** Cold only: the page-cache drop before the swap (not in wallSeconds). */
   dropCachesSeconds?: number;
+  /** GPU memory the engine put to sleep still holds (nvidia-smi, its engine core), read after the swap; cuda only. */
+  asleepGpuBytes?: number | null;
 }
 
 interface RowResult {
@@ -169,6 +199,7 @@ interface RowResult {
     suspendPhasesMedian: Record<string, number>;
     phasesMedian: Record<string, number>;
     hydrateGBpsMedian: number | null;
+    asleepGpuBytesMedian: number | null;
     tiers: Tier[];
   } | null;
 }
@@ -182,7 +213,7 @@ if (!existsSync(fixture)) {
 const cuda = await cudaStatus();
 if (device === 'cuda' && !cuda.available) throw new Error(`--device cuda needs a GPU: ${cuda.reason}`);
 const gpu = cuda.available ? (await listDevices())[0] : undefined;
-log(`engine swap: two reference engines on ${device} (--layers ${layers} --hidden ${hidden}${device === 'host' ? ': the host model ignores --hidden' : ''}), ${reps} swaps a row, rows ${rowsToRun.join(', ')}`);
+log(`engine swap: two reference engines on ${device} (--layers ${layers} --hidden ${hidden}${device === 'host' ? ': the host model ignores --hidden' : ''}), ${reps} swaps a row, rows ${[...extras, ...rowsToRun].join(', ')}`);
 
 const cleanup: Array<[string, () => unknown]> = [];
 const sides: Side[] = [];
@@ -190,6 +221,10 @@ const rows: RowResult[] = [];
 const capture: Record<string, unknown> = {};
 let engineStartSeconds = 0;
 let awake = 0; // index into sides of the engine that is awake
+let sweep: { rows: SweepRow[]; cacheCreateSeconds: number; ceilingNote: string | null } | null = null;
+let capture2: Capture2Result | null = null;
+let vllmLevel1: VllmLevel1Result | null = null;
+let ramTierBytes: number | null = null;
 let failure: unknown;
 
 /** How a row swaps: the options of both halves, the tier the restore must come from, and what to do first. */
@@ -228,6 +263,7 @@ async function swap(
     throw new Error(`[${row}] swap ${index}: engine ${to.label} answers differently after the restore:\n  before ${JSON.stringify(to.answer)}\n  after  ${JSON.stringify(answer)}`);
   }
   const hydrate = report.phases.hydrate;
+  const asleepGpuBytes = device === 'cuda' ? gpuBytesOf(from.engine.enginePid) : undefined;
   const record: SwapRecord = {
     row,
     warmup,
@@ -243,6 +279,7 @@ async function swap(
     phases: { ...report.phases },
     hydrateGBps: hydrate ? report.bytes / hydrate / 1e9 : null,
     ...(dropCachesSeconds !== undefined ? { dropCachesSeconds } : {}),
+    ...(asleepGpuBytes !== undefined ? { asleepGpuBytes } : {}),
   };
   const listed = (p: Readonly<Record<string, number>>): string => Object.entries(p).map(([k, v]) => `${k} ${ms(v)}`).join(', ');
   log(
@@ -282,12 +319,33 @@ function summarise(result: RowResult): void {
     suspendPhasesMedian: mediansOf((s) => s.suspendPhases),
     phasesMedian,
     hydrateGBpsMedian: medianOf(measured.flatMap((s) => (s.hydrateGBps !== null ? [s.hydrateGBps] : []))),
+    asleepGpuBytesMedian: medianOf(measured.flatMap((s) => (typeof s.asleepGpuBytes === 'number' ? [s.asleepGpuBytes] : []))),
     tiers: [...new Set(measured.map((s) => s.tier))],
   };
 }
 
 /** The RAM tier's bytes for a snapshot (HostCache places every region at a 4 KiB boundary). */
 const cacheBytes = (m: Manifest): number => [...m.regions()].reduce((n, { region }) => n + Math.ceil(region.size / 4096) * 4096, 0);
+
+/** Thrown (and not a failure) when no selected row needs the engines. */
+class NoEngines extends Error {}
+
+/** The addon's file, for worker threads to load (bench/run.sh sets VSNAP_NATIVE_PATH). */
+function nativePath(): string {
+  if (process.env.VSNAP_NATIVE_PATH) return process.env.VSNAP_NATIVE_PATH;
+  const dir = join(packageRoot(), 'prebuilds', 'linux-x64');
+  const file = existsSync(dir) ? readdirSync(dir).find((f) => f.endsWith('.node')) : undefined;
+  if (!file) throw new Error(`no prebuilt addon in ${dir}: set VSNAP_NATIVE_PATH`);
+  return join(dir, file);
+}
+
+/** vLLM's level-1 sleep and wake of the awake engine, once per run (bench/swap-vllm.ts). */
+async function vllmRow(): Promise<void> {
+  if (!extras.includes('vllm-l1') || vllmLevel1) return;
+  const s = sides[awake]!;
+  log(`[vllm-l1] vLLM's level-1 sleep of engine ${s.label} (engine core pid ${s.engine.enginePid}), ${vllmCycles} cycles`);
+  vllmLevel1 = await runVllmLevel1(s.client, s.engine.enginePid, vllmCycles, s.answer, () => askCapital(s.client, PROBE_TOKENS), log);
+}
 
 async function runRow(row: RowName): Promise<RowResult> {
   const result: RowResult = { row, label: LABEL[row], skipped: null, reps, warmup: WARMUP, setup: {}, swaps: [], summary: null };
@@ -303,6 +361,7 @@ async function runRow(row: RowName): Promise<RowResult> {
     }
   } else if (row === 'ram') {
     const budgetBytes = sides.reduce((n, s) => n + cacheBytes(s.snapshot!.manifest), 0) + 64 * MiB;
+    ramTierBytes = budgetBytes;
     let t = performance.now();
     const cache = await HostCache.create({ budgetBytes, pin: cuda.available });
     result.setup.cacheCreateSeconds = since(t);
@@ -343,6 +402,17 @@ cleanup.push(['remove the store', () => rmSync(storeRoot, { recursive: true, for
 const store = await RegionStore.open(storeRoot);
 
 try {
+  // 0. The transfer-level rows, before any engine holds GPU or pinned memory.
+  if (extras.includes('sweep')) {
+    log(`[sweep] ${(sweepBytes / GiB).toFixed(2)} GiB in ${sweepCounts.join(', ')} regions, ${reps} restores each`);
+    sweep = await runSweep({ device, totalBytes: sweepBytes, counts: sweepCounts, reps: Math.min(reps, 5), ceilingBin: args.ceiling, store, log });
+  }
+  if (extras.includes('capture2')) {
+    const gpus = cuda.available ? (await listDevices()).length : 0;
+    capture2 = await runCapture2({ gpus, totalBytes: capture2Bytes, reps: 3, ceilingBin: args.ceiling, hashThreads, nativePath: nativePath(), store, log });
+    if (capture2.skipped) log(`[capture2] skipped: ${capture2.skipped}`);
+  }
+  if (!needEngines) throw new NoEngines();
   // 1. Both engines, started at once; the weights bytes and the probe answer before any swap.
   const site = pluginSitePath(); // made once (a temporary folder) and shared by both engines
   if (dirname(site) === tmpdir() && basename(site).startsWith('vsnap-plugin-site-')) cleanup.push(['remove the plugin site', () => rmSync(site, { recursive: true, force: true })]);
@@ -392,10 +462,14 @@ try {
   awake = 0;
   log(`suspended B in ${ms(suspendB.seconds)}${suspendB.captured ? ' (it captured again)' : ''}`);
 
-  // 3. The rows.
-  for (const row of rowsToRun) rows.push(await runRow(row));
+  // 3. The rows; vLLM's level-1 sleep after the RAM tier's (then before the page cache's).
+  for (const row of rowsToRun) {
+    if (row === 'pagecache' || row === 'cold') await vllmRow();
+    rows.push(await runRow(row));
+  }
+  await vllmRow();
 } catch (err) {
-  failure = err;
+  if (!(err instanceof NoEngines)) failure = err;
 } finally {
   for (const [what, fn] of cleanup.reverse()) {
     try {
@@ -410,16 +484,30 @@ try {
 // 4. The report.
 const bytes = sides[0]?.bytes ?? 0;
 const size = bytes >= GiB ? `${Math.round(bytes / GiB)}GiB` : `${Math.max(1, Math.round(bytes / MiB))}MiB`;
+/** Per engine row: the medians the phase table and the vLLM comparison use. */
+function phaseRows(): PhaseRow[] {
+  return rows.flatMap((r) =>
+    r.summary
+      ? [{ label: r.label, swapMedian: r.summary.swapSeconds?.median ?? null, suspendMedian: r.summary.suspendSeconds?.median ?? null, restoreMedian: r.summary.restoreSeconds?.median ?? null, suspendPhases: r.summary.suspendPhasesMedian, restorePhases: r.summary.phasesMedian, asleepGpuBytes: r.summary.asleepGpuBytesMedian }]
+      : [],
+  );
+}
 const result = {
   date: new Date().toISOString(),
   benchmark: 'engine-swap',
   target: { hotSwapSeconds: TARGET_SECONDS, description: 'hot swap of two 16 GiB engines <= 1.0 s end to end (issue 5)' },
   machine: { device, gpu: gpu?.name ?? null, driverCuda: cuda.available ? cuda.driverVersion : null, cpu: cpus()[0]?.model, cores: cpus().length, node: process.versions.node },
-  args: { device, layers, hidden, reps, rows: rowsToRun, warmup: WARMUP, coldReps: COLD_REPS, probeTokens: PROBE_TOKENS },
+  args: { device, layers, hidden, reps, rows: [...extras, ...rowsToRun], warmup: WARMUP, coldReps: COLD_REPS, probeTokens: PROBE_TOKENS, sweepRegions: sweepCounts, sweepBytes, capture2Bytes, vllmCycles, hashThreads, vllmAllocator: process.env.VSNAP_VLLM_SRC ? 'vllm' : 'stand-in' },
   engines: sides.map((s) => ({ label: s.label, name: s.name, model: s.model, seed: s.seed, url: s.engine.url, bytes: s.bytes, regions: s.regions, answer: s.answer })),
   engineStartSeconds,
   capture,
   rows,
+  phases: phaseRows(),
+  targets: null as string | null,
+  sweep,
+  capture2,
+  vllmLevel1,
+  ramTierBytes,
   ...(failure ? { error: failure instanceof Error ? (failure.stack ?? failure.message) : String(failure) } : {}),
 };
 
@@ -444,12 +532,8 @@ for (const r of rows) {
 }
 for (const r of rowsToRun.filter((row) => !rows.some((x) => x.row === row))) lines.push(`| ${LABEL[r]} | not run: ${failure ? 'an earlier step failed' : 'no result'} | | | | | | | | |`);
 // Where the time goes: the median of every phase of the suspend and of the restore, per row.
-lines.push('', '| where the time goes (medians, ms) | suspend phases | restore phases |', '|---|---|---|');
-for (const r of rows) {
-  if (!r.summary) continue;
-  const list = (p: Record<string, number>): string => Object.entries(p).map(([k, v]) => `${k} ${(v * 1000).toFixed(0)}`).join(', ');
-  lines.push(`| ${r.label} | ${list(r.summary.suspendPhasesMedian)} | ${list(r.summary.phasesMedian)} |`);
-}
+const phased = phaseRows();
+lines.push('', phaseTable(phased));
 const captureNote = (): string =>
   sides
     .map((s) => {
@@ -471,15 +555,41 @@ lines.push(
   `Setup: both engines up in ${engineStartSeconds.toFixed(1)} s; capture ${captureNote()}.`,
   `A swap = suspend of the awake engine + restoreEngine of the other; medians of ${reps} swaps a row (cold: ${COLD_REPS}) after ${WARMUP} unmeasured warm-up swaps (cold: none); every restore gave the answer recorded before any swap.`,
 );
+if (rows.length === 0) lines.length = 0; // no engine rows: only the tables below
+const byRow = (row: RowName): PhaseRow | undefined => phased.find((p) => p.label === LABEL[row]);
+// The raw H2D of the sweep's layout closest to the engines' region count stands for the engines' ceiling.
+const engineRegions = sides[0]?.regions ?? 0;
+const nearest = sweep?.rows.filter((r) => r.ceiling).sort((x, y) => Math.abs(x.regions - engineRegions) - Math.abs(y.regions - engineRegions))[0];
+const targets = targetsTable({
+  ram: byRow('ram'),
+  tier0: byRow('tier0'),
+  ramHydrateGBps: rows.find((r) => r.row === 'ram')?.summary?.hydrateGBpsMedian ?? null,
+  h2dCeiling: nearest?.ceiling ? { GBps: nearest.ceiling.h2dGBps.max, regions: nearest.regions } : null,
+  engineBytes: bytes,
+  sweep: sweep?.rows ?? null,
+  capture2,
+  vllm: vllmLevel1,
+});
+if (targets) lines.unshift(targets, '');
+result.targets = targets || null;
+for (const t of [
+  sweep ? sweepTable(sweep.rows, `${device}${gpu ? `, ${gpu.name}` : ''}`, sweep.ceilingNote) : '',
+  capture2Table(capture2),
+  vllmTable(vllmLevel1, byRow('ram'), byRow('tier0'), ramTierBytes),
+]) {
+  if (t) lines.push('', t);
+}
 if (failure) lines.push('', `FAILED: ${cell(failure instanceof Error ? failure.message : String(failure))}`);
 const table = lines.join('\n');
 
-if (rows.length > 0) {
+const anything = rows.length > 0 || sweep !== null || capture2 !== null || vllmLevel1 !== null;
+if (anything || failure) {
   mkdirSync(outDir, { recursive: true });
-  const base = join(outDir, `engine-swap-${size}${failure ? '-failed' : ''}`);
+  const name = sides.length > 0 ? `engine-swap-${size}` : `swap-${extras.join('-') || 'none'}`;
+  const base = join(outDir, `${name}${failure ? '-failed' : ''}`);
   writeFileSync(`${base}.json`, `${JSON.stringify(result, null, 2)}\n`);
   writeFileSync(`${base}.md`, `${table}\n`);
   log(`wrote ${base}.json and ${base}.md`);
 }
-if (rows.length > 0) console.log(table);
+if (anything || failure) console.log(table.replace(/^\n+/, ''));
 if (failure) throw failure;

@@ -2,8 +2,13 @@
 # The benchmarks, on a GPU machine (run as root, so cold reads can drop the page cache):
 #   npm run bench [GiB] [out-dir] [devices]     transfers of GiB bytes, with the ceiling and the
 #                                               peers (bench/transfer.ts, bench/peers.py)
-#   npm run bench -- swap [options]             end-to-end swaps of two reference engines
-#                                               (bench/engine-swap.ts; options there)
+#   npm run bench -- bundle                     only the bundles (dist-gpu/bench-*.mjs), to carry
+#   npm run bench -- swap [options]             end-to-end swaps of two reference engines, the
+#                                               region-count sweep, the two-GPU capture and vLLM's
+#                                               level-1 sleep (bench/engine-swap.ts; options there;
+#                                               --rows picks rows). VSNAP_VLLM_SRC=<folder made by
+#                                               test/fixtures/engine/vllm_src.py>: the engines run
+#                                               vLLM's real allocator (built here, as test/gpu/run.sh does)
 # Builds the bundles, the ceiling program and the reference engine's allocator where the tools
 # are here; on a machine without npm, carry dist-gpu/ and run this same script.
 set -euo pipefail
@@ -13,11 +18,34 @@ if [ -x node_modules/.bin/esbuild ]; then
     --outdir=dist-gpu --entry-names='bench-[name]' --out-extension:.js=.mjs --log-level=warning --external:node-gyp-build \
     --banner:js="import { createRequire as __cr } from 'module'; const require = __cr(import.meta.url);"
 fi
+if [ "${1:-}" = bundle ]; then  # `npm run bench -- bundle`: only the bundles (dist-gpu/), to carry to a machine without npm
+  [ -x node_modules/.bin/esbuild ] || { echo "bench bundle: no node_modules/.bin/esbuild (npm ci first)" >&2; exit 1; }
+  exit 0
+fi
 if [ -z "${VSNAP_NATIVE_PATH:-}" ]; then
   export VSNAP_NATIVE_PATH="$(ls "$PWD"/prebuilds/linux-x64/*.node | head -1)"
 fi
+build_ceiling() {
+  if command -v nvcc >/dev/null && { [ ! -x dist-gpu/ceiling ] || [ bench/ceiling.cu -nt dist-gpu/ceiling ]; }; then
+    mkdir -p dist-gpu && nvcc -O2 -o dist-gpu/ceiling bench/ceiling.cu
+  fi
+}
 if [ "${1:-}" = swap ]; then
   shift
+  build_ceiling
+  if [ -n "${VSNAP_VLLM_SRC:-}" ]; then
+    export VSNAP_VLLM_SRC="$(cd "$VSNAP_VLLM_SRC" && pwd)"
+    python3 test/fixtures/engine/vllm_src.py --check --to "$VSNAP_VLLM_SRC"
+    cuda="${CUDA_PATH:-/usr/local/cuda}"
+    pyinc="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
+    ext="$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')"
+    libcuda="$cuda/lib64/stubs/libcuda.so"
+    [ -f "$libcuda" ] || libcuda="$(ldconfig -p | awk '/libcuda\.so\.1 /{print $NF; exit}')"
+    mkdir -p "$VSNAP_VLLM_SRC/build"
+    g++ -O2 -std=c++17 -shared -fPIC -I"$pyinc" -I"$cuda/include" "$VSNAP_VLLM_SRC/csrc/cumem_allocator.cpp" \
+      -o "$VSNAP_VLLM_SRC/build/cumem_allocator$ext" "$libcuda"
+    echo "bench: the engines run vLLM's own allocator from $VSNAP_VLLM_SRC" >&2
+  fi
   lib=dist-gpu/libvsnap_ref_cumem.so
   if command -v cc >/dev/null && [ -f "${CUDA_PATH:-/usr/local/cuda}/include/cuda.h" ]; then
     cc -O2 -shared -fPIC -I"${CUDA_PATH:-/usr/local/cuda}/include" test/fixtures/engine/csrc/cumem_allocator.c -o "$lib" -ldl
@@ -28,7 +56,5 @@ fi
 gib="${1:-16}"
 out="${2:-bench/results}"
 devices="${3:-1}"
-if [ ! -x dist-gpu/ceiling ] || [ bench/ceiling.cu -nt dist-gpu/ceiling ]; then
-  mkdir -p dist-gpu && nvcc -O2 -o dist-gpu/ceiling bench/ceiling.cu
-fi
+build_ceiling
 exec node dist-gpu/bench-transfer.mjs "$gib" "$out" "${VSNAP_BENCH_STORE:-/tmp/vsnap-bench-store}" dist-gpu/ceiling "$devices"

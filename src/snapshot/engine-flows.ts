@@ -120,8 +120,9 @@ export interface EngineRestoreReport {
   /** Wall time of the whole restore. */
   readonly seconds: number;
   /**
-   * Seconds per phase, in order: sleep (model swap only), then wakeWeights, export, hydrate (or
-   * adoptWeights for tier 0), then wakeKvCache, resetPrefixCache, expectedResponse. A
+   * Seconds per phase, in order: sleep (model swap only), then wakeWeights, export, validate
+   * (the snapshot's layout and facts checked against the engine's), hydrate (or adoptWeights for
+   * tier 0), then wakeKvCache, resetPrefixCache, expectedResponse. A
    * deep-suspended engine starts with `deep.restore`, `deep.unlock`.
    */
   readonly phases: Readonly<Record<string, number>>;
@@ -283,6 +284,7 @@ export async function restoreEngine(snapshot: Snapshot, client: EngineClient, op
     exported = await exportRegions(control, status.ranks.length, call);
     lap('export');
     snapshot.manifest.assertCompatible({ ...liveFacts(status, exported, options.allowModelSwap ?? false), ranks: liveRanks(exported) });
+    lap('validate');
     const result = await snapshot.restore({
       regions: exported.ranks.flatMap((r) => r.regions.map((x) => ({ key: x.key, size: x.size, tag: x.tag, rank: x.rank, memory: x.memory }))),
       ...(options.cache ? { cache: options.cache } : {}),

@@ -1,0 +1,166 @@
+// Markdown tables of `npm run bench -- swap` for the rows of issue 14: the phase breakdown per
+// swap, the region-count sweep, the two-GPU capture and vLLM's level-1 sleep beside vsnap.
+import type { Capture2Result, SweepRow } from './swap-sweep.js';
+import type { VllmLevel1Result } from './swap-vllm.js';
+
+const GiB = 2 ** 30;
+const f = (x: number | null | undefined, digits = 3): string => (x === null || x === undefined || !Number.isFinite(x) ? 'n/a' : x.toFixed(digits));
+const msCell = (s: number | undefined): string => (s === undefined ? '' : (s * 1000).toFixed(1));
+const cell = (s: string): string => s.replace(/\|/g, '\\|').replace(/\n/g, ' ');
+
+/** What the phase table needs of an engine row. */
+export interface PhaseRow {
+  label: string;
+  swapMedian: number | null;
+  suspendMedian: number | null;
+  restoreMedian: number | null;
+  suspendPhases: Record<string, number>;
+  restorePhases: Record<string, number>;
+  /** Median GPU memory the engine put to sleep still held (its engine core, nvidia-smi); null where not measured. */
+  asleepGpuBytes?: number | null;
+}
+
+/** The flows' own phase names (src/snapshot/engine-flows.ts, phaseTimer laps), in the order they run. */
+const SUSPEND_ORDER = ['status', 'check', 'digest', 'capture', 'hold', 'sleep'];
+const RESTORE_ORDER = ['sleep', 'wakeWeights', 'export', 'validate', 'hydrate', 'verifyDigests', 'adoptWeights', 'wakeKvCache', 'resetPrefixCache', 'expectedResponse'];
+
+function ordered(names: Iterable<string>, order: readonly string[]): string[] {
+  const all = [...new Set(names)];
+  return [...order.filter((n) => all.includes(n)), ...all.filter((n) => !order.includes(n)).sort()];
+}
+
+/** Restore seconds without the expected-response check (the check is the last phase of a restore). */
+export const withoutCheck = (restore: number | null, phases: Record<string, number>): number | null => (restore === null ? null : restore - (phases.expectedResponse ?? 0));
+
+/** One line per row: the median of every suspend and restore phase, in ms, and what they leave unaccounted. */
+export function phaseTable(rows: readonly PhaseRow[]): string {
+  if (rows.length === 0) return '';
+  const sus = ordered(rows.flatMap((r) => Object.keys(r.suspendPhases)), SUSPEND_ORDER);
+  const res = ordered(rows.flatMap((r) => Object.keys(r.restorePhases)), RESTORE_ORDER);
+  const head = ['phases, medians in ms', 'swap', 'suspend', ...sus.map((n) => `s.${n}`), 'restore', ...res.map((n) => `r.${n}`), 'restore w/o check'];
+  const lines = [`| ${head.join(' | ')} |`, `|---|${head.slice(1).map(() => '---:').join('|')}|`];
+  for (const r of rows) {
+    lines.push(
+      `| ${r.label} | ${msCell(r.swapMedian ?? undefined)} | ${msCell(r.suspendMedian ?? undefined)} | ${sus.map((n) => msCell(r.suspendPhases[n])).join(' | ')} | ` +
+        `${msCell(r.restoreMedian ?? undefined)} | ${res.map((n) => msCell(r.restorePhases[n])).join(' | ')} | ${msCell(withoutCheck(r.restoreMedian, r.restorePhases) ?? undefined)} |`,
+    );
+  }
+  lines.push('', 's.* = suspendEngine phases, r.* = restoreEngine phases (each the median over the row\'s measured swaps, so the phases need not add up to the median total exactly).');
+  return lines.join('\n');
+}
+
+export function sweepTable(rows: readonly SweepRow[], device: string, note: string | null): string {
+  if (rows.length === 0) return '';
+  const n0 = rows[0]!.regions;
+  const lines = [
+    `| region-count sweep, RAM-tier restore (${device}) | regions | region size (MiB) | restore median (ms) | GB/s | vs ${n0} regions | raw pinned H2D, same regions (GB/s) | vs raw H2D | export fds (ms) | restore via fds: import, map, copy (ms) | vs ${n0} regions | vs raw H2D |`,
+    '|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
+  ];
+  const x = (v: number | null | undefined): string => (v === null || v === undefined ? 'n/a' : `${f(v)}x`);
+  for (const r of rows) {
+    const mib = (b: number): string => f(b / 2 ** 20, b < 2 ** 20 ? 3 : 1);
+    const size = r.minRegionBytes === r.maxRegionBytes ? mib(r.minRegionBytes) : `${mib(r.minRegionBytes)}-${mib(r.maxRegionBytes)}`;
+    const im = r.imported;
+    lines.push(
+      `| ${f(r.bytes / GiB, 2)} GiB | ${r.regions} | ${size} | ${msCell(r.restoreMedianSeconds)} | ${f(r.restoreGBps, 2)} | ${x(r.vsFirst)} | ${f(r.ceiling?.h2dGBps.max, 2)} | ${x(r.vsCeiling)} | ` +
+        `${im ? msCell(im.exportSeconds) : 'n/a'} | ${im ? msCell(im.restoreMedianSeconds) : 'n/a'} | ${x(im?.vsFirst)} | ${x(im?.vsCeiling)} |`,
+    );
+  }
+  const worst = Math.max(...rows.map((r) => r.vsFirst ?? 0));
+  const worstImported = rows.every((r) => r.imported) ? Math.max(...rows.map((r) => r.imported!.vsFirst ?? 0)) : null;
+  lines.push(
+    '',
+    `Target (issue 14): every count within 10% of the ${n0}-region time; this run: worst ${f(worst)}x mapped (${worst <= 1.1 ? 'met' : 'not met'})` +
+      (worstImported === null ? '' : `, ${f(worstImported)}x via fds (${worstImported <= 1.1 ? 'met' : 'not met'})`) +
+      `. Snapshot.restore from the pinned RAM tier into one device allocation per region, median of the reps after one warm-up; "via fds" gives the restore each allocation's exported POSIX fd, so it imports and maps every region as restoreEngine's hydrate does (the engine's export, which the plugin does in the engine process, is timed here as the same exports in one process). ` +
+      `Not the reference engine: its regions are PyTorch caching-allocator segments, and every request under 10 MiB shares a 20 MiB segment, so 16 GiB in 4,000 own segments (4.2 MiB) cannot be made there.` +
+      (note ? ` Ceiling: ${note}.` : ''),
+  );
+  return lines.join('\n');
+}
+
+export function capture2Table(c: Capture2Result | null): string {
+  if (!c) return '';
+  if (c.skipped) return `| two-GPU capture into the RAM tier | skipped: ${cell(c.skipped)} |\n|---|---|`;
+  const lines = [
+    `| two-GPU capture, ${f((c.bytes ?? 0) / GiB, 2)} GiB in ${c.regions} regions (half on each GPU) | GB/s | vs aggregate D2H |`,
+    '|---|---:|---:|',
+    `| raw pinned D2H, both GPUs at once (ceiling) | ${f(c.ceiling?.d2hGBps.max, 2)} | 1.00x |`,
+    `| raw pinned D2H, both GPUs, while ${c.hashLoad?.threads ?? 'n/a'} threads run XXH3 over DRAM (${f(c.hashLoad?.GBps, 1)} GB/s hashed) | ${f(c.ceilingUnderHashing?.d2hGBps.max, 2)} | ${c.ceiling && c.ceilingUnderHashing ? `${f(c.ceilingUnderHashing.d2hGBps.max / c.ceiling.d2hGBps.max)}x` : 'n/a'} |`,
+    `| vsnap capture into the RAM tier, both GPUs at once (hashed), best of ${c.captureSeconds?.length ?? 0} | ${f(c.captureGBps, 2)} | ${c.vsD2h === null || c.vsD2h === undefined ? 'n/a' : `${f(c.vsD2h)}x`} |`,
+    ...(c.captureByThreads ?? []).map((t) => `| vsnap capture into the RAM tier, both GPUs, ${t.threads} worker threads, best of 2 | ${f(t.GBps, 2)} | ${c.ceiling ? `${f(t.GBps / c.ceiling.d2hGBps.max)}x` : 'n/a'} |`),
+    `| XXH3 on ${c.hashAlone?.threads ?? 'n/a'} threads, no DMA running (GB/s hashed) | ${f(c.hashAlone?.GBps, 1)} | |`,
+    `| raw pinned D2H, one GPU (its half) | ${f(c.oneGpuCeiling?.d2hGBps.max, 2)} | |`,
+    `| vsnap capture into the RAM tier, one GPU (its half) | ${f(c.oneGpuCaptureGBps, 2)} | ${c.oneGpuCeiling ? `${f((c.oneGpuCaptureGBps ?? 0) / c.oneGpuCeiling.d2hGBps.max)}x one-GPU D2H` : ''} |`,
+    '',
+    `Target (issue 14): >= 0.9x of the aggregate D2H. Capture mode: ${c.captureMode}. The second row tests the suspect (host memory traffic from hashing while the DMA writes) without vsnap: if raw D2H drops under hashing load as far as the capture does, hashing is the cause; per-pass timestamps of every hashing thread and the capture's progress trace (~100 ms) are in the JSON.`,
+  ];
+  return lines.join('\n');
+}
+
+/** vLLM's level-1 row beside vsnap's RAM-tier and tier-0 restores of the same engines, same run. */
+export function vllmTable(v: VllmLevel1Result | null, ram: PhaseRow | undefined, tier0: PhaseRow | undefined, hostCacheBytes: number | null): string {
+  if (!v) return '';
+  if (v.skipped || !v.summary) return `| vLLM level-1 sleep | skipped: ${cell(v.skipped ?? 'no result')} |\n|---|---|`;
+  const s = v.summary;
+  const g = (b: number | null | undefined): string => (b === null || b === undefined ? 'n/a' : f(b / GiB, 2));
+  const ramNoCheck = ram ? withoutCheck(ram.restoreMedian, ram.restorePhases) : null;
+  const lines = [
+    '| one 16 GiB-class engine back to serving | sleep / suspend (s) | wake / restore (s) | restore w/o check (s) | vs vLLM level-1 wake | host memory held asleep (GiB) | GPU memory held asleep (GiB) |',
+    '|---|---:|---:|---:|---:|---:|---:|',
+    `| vLLM level-1 sleep + /wake_up, ${cell(v.allocator)} | first ${f(s.firstSleepSeconds)}, later ${f(s.laterSleepMedianSeconds)} | ${f(s.wakeMedianSeconds)} | ${f(s.wakeMedianSeconds)} | 1.00x | ${g(s.hostHeldBytes)} (own pinned copy, per engine; ${g(s.hostHeldAfterWakeBytes)} still held awake after the last wake) | ${g(s.gpuBytesAsleep)} |`,
+  ];
+  if (ram) lines.push(`| vsnap RAM tier (suspend + restoreEngine) | ${f(ram.suspendMedian)} | ${f(ram.restoreMedian)} | ${f(ramNoCheck)} | ${ramNoCheck === null ? 'n/a' : `${f(ramNoCheck / s.wakeMedianSeconds)}x`} | ${g(hostCacheBytes)} (one shared, budgeted RAM tier for both engines) | ${g(ram.asleepGpuBytes)} |`);
+  if (tier0) {
+    const t0 = withoutCheck(tier0.restoreMedian, tier0.restorePhases);
+    lines.push(`| vsnap tier 0 (weights kept on the GPU) | ${f(tier0.suspendMedian)} | ${f(tier0.restoreMedian)} | ${f(t0)} | ${t0 === null ? 'n/a' : `${f(t0 / s.wakeMedianSeconds)}x`} | 0 | ${g(tier0.asleepGpuBytes)} in the engine, its weights kept by vsnap |`);
+  }
+  lines.push(
+    '',
+    `Target (issue 14): vsnap RAM-tier restore without the check <= 0.9x of vLLM's level-1 wake: ${ramNoCheck === null ? 'no RAM row this run' : `${f(ramNoCheck / s.wakeMedianSeconds)}x, ${ramNoCheck / s.wakeMedianSeconds <= 0.9 ? 'met' : 'not met'}`}. ` +
+      `vLLM: ${v.cycles.length} cycles of /sleep?level=1 then /wake_up on the awake engine, every wake checked against the probe answer; host memory held = MemAvailable drop while asleep (the engine core's /proc status deltas are in the JSON); GPU = nvidia-smi used_memory of the engine core while asleep.`,
+  );
+  return lines.join('\n');
+}
+
+export interface TargetsInput {
+  ram?: PhaseRow | undefined;
+  tier0?: PhaseRow | undefined;
+  /** Median hydrate GB/s of the RAM row's restores (inside restoreEngine). */
+  ramHydrateGBps: number | null;
+  /** Raw pinned H2D measured in the same run (the sweep's ceiling), and for how many regions. */
+  h2dCeiling: { GBps: number; regions: number } | null;
+  engineBytes: number;
+  sweep: readonly SweepRow[] | null;
+  capture2: Capture2Result | null;
+  vllm: VllmLevel1Result | null;
+}
+
+/** The compact summary: each target of issue 14 this run measured, its value, and whether it was met. */
+export function targetsTable(t: TargetsInput): string {
+  const lines = ['| target (issue 14) | this run | verdict |', '|---|---|---|'];
+  const verdict = (ok: boolean): string => (ok ? 'met' : 'not met');
+  const small = t.engineBytes > 0 && t.engineBytes < 16 * GiB ? ' (engines under 16 GiB: does not test the target)' : '';
+  const wake = t.vllm?.summary?.wakeMedianSeconds;
+  const ramNoCheck = t.ram ? withoutCheck(t.ram.restoreMedian, t.ram.restorePhases) : null;
+  if (wake && ramNoCheck !== null) {
+    lines.push(`| RAM-tier restore without the check <= 0.9x vLLM level-1 wake | ${f(ramNoCheck)} s vs ${f(wake)} s = ${f(ramNoCheck / wake)}x | ${verdict(ramNoCheck / wake <= 0.9)}${small} |`);
+  }
+  if (t.ram?.swapMedian != null) lines.push(`| RAM-tier swap of two engines incl. the check <= 0.5 s median | ${f(t.ram.swapMedian)} s | ${verdict(t.ram.swapMedian <= 0.5)}${small} |`);
+  if (t.tier0?.swapMedian != null) lines.push(`| tier-0 swap incl. the check <= 0.1 s median | ${f(t.tier0.swapMedian)} s | ${verdict(t.tier0.swapMedian <= 0.1)}${small} |`);
+  if (t.ramHydrateGBps !== null && t.h2dCeiling) {
+    const r = t.ramHydrateGBps / t.h2dCeiling.GBps;
+    lines.push(`| hydrate inside the engine flow >= 0.97x raw H2D, same run | ${f(t.ramHydrateGBps, 2)} / ${f(t.h2dCeiling.GBps, 2)} GB/s (raw, ${t.h2dCeiling.regions} regions) = ${f(r)}x | ${verdict(r >= 0.97)} |`);
+  }
+  if (t.sweep && t.sweep.length > 1) {
+    const worst = Math.max(...t.sweep.map((r) => r.vsFirst ?? 0));
+    const im = t.sweep.every((r) => r.imported) ? Math.max(...t.sweep.map((r) => r.imported!.vsFirst ?? 0)) : null;
+    const counts = t.sweep.map((r) => r.regions).join(' / ');
+    lines.push(`| ${counts} regions restore within 10% of the ${t.sweep[0]!.regions}-region time | worst ${f(worst)}x mapped${im === null ? '' : `, ${f(im)}x via fds`} | ${verdict(Math.max(worst, im ?? 0) <= 1.1)} |`);
+  }
+  if (t.capture2) {
+    const c = t.capture2;
+    lines.push(c.skipped ? `| two-GPU capture into the RAM tier >= 0.9x aggregate D2H | skipped: ${cell(c.skipped)} | |` : `| two-GPU capture into the RAM tier >= 0.9x aggregate D2H | ${f(c.captureGBps, 2)} / ${f(c.ceiling?.d2hGBps.max, 2)} GB/s = ${c.vsD2h == null ? 'n/a' : `${f(c.vsD2h)}x`} | ${c.vsD2h == null ? 'n/a' : verdict(c.vsD2h >= 0.9)} |`);
+  }
+  return lines.length > 2 ? lines.join('\n') : '';
+}

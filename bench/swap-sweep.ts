@@ -1,0 +1,372 @@
+// Transfer-level rows of `npm run bench -- swap` (issue 14), run before the engines start:
+//   sweep     the same bytes split into 36, 252, 1,000 and 4,000 near-equal regions, captured into
+//             the RAM tier and restored from it (Snapshot.restore, the hydrate inside restoreEngine),
+//             beside the raw pinned H2D of the same regions (bench/ceiling.cu) measured in the same run
+//   capture2  capture into the RAM tier with the regions on two GPUs at once vs both GPUs'
+//             aggregate raw D2H, plus the profile of the suspect: the same raw D2H while XXH3
+//             hashing threads (vsnap's own checksum, one per capture worker) stream host memory
+// Why not the engine: the reference engine's regions are its allocator's segments, and PyTorch's
+// caching allocator gives every request under 10 MiB a shared 20 MiB segment; 16 GiB in 4,000
+// own segments (4.2 MiB each) cannot be made from it, so the sweep is run on device allocations
+// (src/gpu/device-allocation.ts), one per region, which is what a region is to the transfer engine.
+import { execFileSync } from 'node:child_process';
+import { closeSync, existsSync } from 'node:fs';
+import { Worker } from 'node:worker_threads';
+
+import { DeviceAllocation, HostCache, HostRegion, type RegionMemory, type RegionStore, Snapshot } from '../src/index.js';
+
+const MiB = 1024 * 1024;
+const GiB = 1024 * MiB;
+
+export type Log = (message: string) => void;
+type Memory = RegionMemory;
+interface Held {
+  regions: Array<{ key: string; size: number; memory: Memory }>;
+  close(): void;
+}
+
+export interface Ceiling {
+  bytes: number;
+  regions: number;
+  devices: number;
+  pinSeconds: number;
+  h2dGBps: { max: number; median: number };
+  d2hGBps: { max: number; median: number };
+}
+
+/** `count` near-equal region sizes of `granule`-multiples that add up to `total` (rounded down to a granule). */
+export function splitEvenly(total: number, count: number, granule: number): number[] {
+  const units = Math.floor(total / granule);
+  if (count < 1 || units < count) throw new Error(`cannot split ${total} bytes into ${count} regions of at least ${granule} bytes`);
+  const base = Math.floor(units / count);
+  const extra = units % count;
+  return Array.from({ length: count }, (_, i) => (base + (i < extra ? 1 : 0)) * granule);
+}
+
+/** Raw cudaMemcpy between pinned memory and cudaMalloc'd buffers of these sizes (bench/ceiling.cu); null without the binary. */
+export function runCeiling(bin: string | null, sizes: readonly number[], reps: number, devices = 1): Ceiling | null {
+  if (!bin || !existsSync(bin)) return null;
+  const args = [String(reps), ...(devices > 1 ? ['--devices', String(devices)] : []), ...sizes.map(String)];
+  return JSON.parse(execFileSync(bin, args, { encoding: 'utf8', maxBuffer: 1 << 20 })) as Ceiling;
+}
+
+/** One region per size, filled with distinct bytes (no dedupe between regions); on GPU i % devices, or memfds on the host. */
+async function makeRegions(device: 'cuda' | 'host', sizes: readonly number[], devices = 1): Promise<Held> {
+  const closers: Array<() => void> = [];
+  const regions: Held['regions'] = [];
+  const close = (): void => {
+    for (const c of closers.splice(0).reverse()) c();
+  };
+  try {
+    for (const [i, size] of sizes.entries()) {
+      const value = (i * 37 + 1) & 0xff;
+      let memory: Memory;
+      if (device === 'cuda') {
+        const a = await DeviceAllocation.allocate(i % devices, size);
+        closers.push(() => a.close());
+        await a.fill(0, size, value);
+        memory = { kind: 'device', allocation: a };
+      } else {
+        const r = HostRegion.create(size, `vsnap-bench-${i}`);
+        closers.push(() => r.close());
+        r.write(0, Buffer.alloc(size, value));
+        memory = r.memory;
+      }
+      regions.push({ key: `model.layers.${i}.weight`, size, memory });
+    }
+  } catch (err) {
+    close();
+    throw err;
+  }
+  return { regions, close };
+}
+
+const gbps = (bytes: number, s: number): number => bytes / s / 1e9;
+const median = (v: readonly number[]): number => [...v].sort((a, b) => a - b)[Math.floor(v.length / 2)]!;
+const since = (t: number): number => (performance.now() - t) / 1000;
+
+export interface SweepRow {
+  regions: number;
+  bytes: number;
+  minRegionBytes: number;
+  maxRegionBytes: number;
+  setupSeconds: number;
+  captureSeconds: number;
+  restoreSeconds: number[];
+  restoreMedianSeconds: number;
+  restoreGBps: number;
+  ceiling: Ceiling | null;
+  /** restore median / the 36-region (first count's) restore median. */
+  vsFirst: number | null;
+  /** restore GB/s / this row's raw pinned H2D (best of the ceiling's reps). */
+  vsCeiling: number | null;
+  /**
+   * GPU only: the engine flow's per-region work around the copy. Each allocation exported as a
+   * POSIX fd (what the vsnap plugin does in the engine for the export phase), then the restore
+   * given those fds, so it imports and maps every region before copying and unmaps after (what
+   * restoreEngine's hydrate does with the exported regions).
+   */
+  imported: { exportSeconds: number; restoreSeconds: number[]; restoreMedianSeconds: number; vsFirst: number | null; vsCeiling: number | null } | null;
+  /** Why the via-fds restores did not run to the end (e.g. the process's fd limit), if they did not. */
+  importedError: string | null;
+}
+
+export interface SweepOptions {
+  device: 'cuda' | 'host';
+  totalBytes: number;
+  counts: readonly number[];
+  reps: number;
+  ceilingBin: string | null;
+  store: RegionStore;
+  log: Log;
+}
+
+/** The region-count sweep: one pinned RAM tier for all counts, each count captured into it, restored `reps` times, evicted. */
+export async function runSweep(o: SweepOptions): Promise<{ rows: SweepRow[]; cacheCreateSeconds: number; ceilingNote: string | null }> {
+  const granule = o.device === 'cuda' ? 2 * MiB : 4096;
+  const layouts = o.counts.map((n) => splitEvenly(o.totalBytes, n, granule));
+  const budget = Math.max(...layouts.map((s) => s.reduce((a, b) => a + b, 0))) + 64 * MiB;
+  let t = performance.now();
+  const cache = await HostCache.create({ budgetBytes: budget, pin: o.device === 'cuda' });
+  const cacheCreateSeconds = since(t);
+  o.log(`[sweep] RAM tier of ${(budget / GiB).toFixed(2)} GiB (${cache.pinned ? 'pinned' : 'not pinned'}) in ${cacheCreateSeconds.toFixed(2)} s`);
+  const rows: SweepRow[] = [];
+  const ceilingNote = o.ceilingBin && existsSync(o.ceilingBin) ? null : `no ceiling binary${o.ceilingBin ? ` at ${o.ceilingBin}` : ''} (bench/run.sh builds it with nvcc)`;
+  try {
+    for (const sizes of layouts) {
+      const bytes = sizes.reduce((a, b) => a + b, 0);
+      // The ceiling first, in its own process: its buffers are gone before vsnap allocates.
+      const ceiling = o.device === 'cuda' ? runCeiling(o.ceilingBin, sizes, o.reps) : null;
+      t = performance.now();
+      const held = await makeRegions(o.device, sizes);
+      const setupSeconds = since(t);
+      let snap: Snapshot | undefined;
+      try {
+        const name = `sweep-${sizes.length}`;
+        snap = await Snapshot.capture(o.store, name, { regions: held.regions, cache, persist: 'off' });
+        const captureSeconds = snap.lastCapture!.seconds;
+        const restoreSeconds: number[] = [];
+        for (let r = 0; r < o.reps + 1; r++) {
+          const res = await snap.restore({ regions: held.regions, cache });
+          if (res.tier !== 'ram') throw new Error(`[sweep] ${sizes.length} regions: restored from ${res.tier ?? 'store'}, expected the RAM tier`);
+          if (r > 0) restoreSeconds.push(res.seconds); // the first is a warm-up (first touch of the mappings)
+        }
+        const m = median(restoreSeconds);
+        const first = rows[0]?.restoreMedianSeconds;
+        let imported: SweepRow['imported'] = null;
+        let importedError: string | null = null;
+        if (o.device === 'cuda') {
+          const fds: number[] = [];
+          try {
+            const e0 = performance.now();
+            for (const r of held.regions) if (r.memory.kind === 'device') fds.push(r.memory.allocation.exportFd());
+            const exportSeconds = since(e0);
+            const viaFds = held.regions.map((r, i) => ({ key: r.key, size: r.size, memory: { kind: 'imported' as const, fd: fds[i]!, device: 0 } }));
+            const times: number[] = [];
+            for (let r = 0; r < o.reps + 1; r++) {
+              const res = await snap.restore({ regions: viaFds, cache });
+              if (res.tier !== 'ram') throw new Error(`[sweep] ${sizes.length} imported regions: restored from ${res.tier ?? 'store'}, expected the RAM tier`);
+              if (r > 0) times.push(res.seconds);
+            }
+            const im = median(times);
+            const firstImported = rows[0]?.imported?.restoreMedianSeconds;
+            imported = { exportSeconds, restoreSeconds: times, restoreMedianSeconds: im, vsFirst: firstImported ? im / firstImported : 1, vsCeiling: ceiling ? gbps(bytes, im) / ceiling.h2dGBps.max : null };
+          } catch (err) {
+            importedError = (err as Error).message.split('\n')[0]!;
+            o.log(`[sweep] ${sizes.length} regions via fds failed (the mapped row stands): ${importedError}`);
+          } finally {
+            for (const fd of fds) closeSync(fd);
+          }
+        }
+        const row: SweepRow = {
+          regions: sizes.length,
+          bytes,
+          minRegionBytes: Math.min(...sizes),
+          maxRegionBytes: Math.max(...sizes),
+          setupSeconds,
+          captureSeconds,
+          restoreSeconds,
+          restoreMedianSeconds: m,
+          restoreGBps: gbps(bytes, m),
+          ceiling,
+          vsFirst: first ? m / first : 1,
+          vsCeiling: ceiling ? gbps(bytes, m) / ceiling.h2dGBps.max : null,
+          imported,
+          importedError,
+        };
+        rows.push(row);
+        o.log(
+          `[sweep] ${sizes.length} regions of ${(row.minRegionBytes / MiB).toFixed(1)}-${(row.maxRegionBytes / MiB).toFixed(1)} MiB: restore ${(m * 1000).toFixed(1)} ms ` +
+            `(${row.restoreGBps.toFixed(2)} GB/s, ${row.vsFirst!.toFixed(3)}x of ${rows[0]!.regions} regions${ceiling ? `, ${row.vsCeiling!.toFixed(3)}x of raw H2D ${ceiling.h2dGBps.max} GB/s` : ''}); ` +
+            (imported ? `via fds: export ${(imported.exportSeconds * 1000).toFixed(1)} ms, restore ${(imported.restoreMedianSeconds * 1000).toFixed(1)} ms (${imported.vsFirst!.toFixed(3)}x); ` : '') +
+            `setup ${setupSeconds.toFixed(1)} s`,
+        );
+      } finally {
+        if (snap) cache.evict(snap.id);
+        held.close();
+      }
+    }
+  } finally {
+    cache.close();
+  }
+  return { rows, cacheCreateSeconds, ceilingNote };
+}
+
+export interface HashLoad {
+  threads: number;
+  /** Per thread: [start ms, end ms, bytes] of every XXH3 pass, on the process's common clock (performance.timeOrigin + now). */
+  passes: Array<Array<[number, number, number]>>;
+  /** Aggregate XXH3 GB/s over the window. */
+  GBps: number;
+  windowSeconds: number;
+}
+
+/**
+ * XXH3 (vsnap's own checksum) on `threads` worker threads, each over its own 256 MiB buffer (well
+ * beyond the caches: every pass reads DRAM, as the capture's hashing of just-landed chunks does),
+ * while `during` runs; returns per-pass timestamps.
+ */
+export async function withHashLoad<T>(nativePath: string, threads: number, during: () => T | Promise<T>, bufferBytes = 256 * MiB): Promise<{ value: T; load: HashLoad }> {
+  const code = `const { parentPort, workerData } = require('node:worker_threads');
+const n = require(workerData.path);
+const buf = new Uint8Array(workerData.bytes).fill(7);
+const now = () => performance.timeOrigin + performance.now();
+const passes = [];
+let stop = false;
+parentPort.on('message', () => { stop = true; });
+parentPort.postMessage('ready');
+(function loop() {
+  if (stop) { parentPort.postMessage(passes); return; }
+  const t0 = now(); n.checksum(buf); passes.push([t0, now(), buf.length]);
+  setImmediate(loop);
+})();`;
+  const workers = Array.from({ length: threads }, () => new Worker(code, { eval: true, workerData: { path: nativePath, bytes: bufferBytes } }));
+  try {
+    await Promise.all(workers.map((w) => new Promise((resolve, reject) => (w.once('message', resolve), w.once('error', reject)))));
+    const t0 = performance.now();
+    const value = await during();
+    const windowSeconds = since(t0);
+    const passes = await Promise.all(
+      workers.map((w) => new Promise<Array<[number, number, number]>>((resolve, reject) => (w.once('message', resolve), w.once('error', reject), w.postMessage('stop')))),
+    );
+    const start = performance.timeOrigin + t0;
+    const end = start + windowSeconds * 1000;
+    const inWindow = passes.flat().filter(([a, b]) => a >= start && b <= end);
+    const bytes = inWindow.reduce((n, [, , b]) => n + b, 0);
+    return { value, load: { threads, passes, GBps: gbps(bytes, windowSeconds), windowSeconds } };
+  } finally {
+    await Promise.all(workers.map((w) => w.terminate()));
+  }
+}
+
+export interface Capture2Result {
+  skipped: string | null;
+  bytes?: number;
+  regions?: number;
+  ceiling?: Ceiling | null;
+  ceilingUnderHashing?: Ceiling | null;
+  hashLoad?: HashLoad | null;
+  /** The same hashing threads with no DMA running (1 s): their aggregate XXH3 GB/s alone. */
+  hashAlone?: HashLoad | null;
+  /** Capture into the RAM tier, both GPUs, per worker-thread count: best seconds of 2. */
+  captureByThreads?: Array<{ threads: number; seconds: number; GBps: number }>;
+  captureSeconds?: number[];
+  captureGBps?: number;
+  oneGpuCaptureGBps?: number;
+  vsD2h?: number | null;
+  oneGpuCeiling?: Ceiling | null;
+  progress?: Array<[number, number]>;
+  captureMode?: string;
+}
+
+export interface Capture2Options {
+  gpus: number;
+  totalBytes: number;
+  reps: number;
+  ceilingBin: string | null;
+  hashThreads: number;
+  nativePath: string;
+  store: RegionStore;
+  log: Log;
+}
+
+/** Capture into the RAM tier with half the regions on each of two GPUs, beside the aggregate D2H and the D2H under hashing load. */
+export async function runCapture2(o: Capture2Options): Promise<Capture2Result> {
+  if (o.gpus < 2) return { skipped: `needs 2 GPUs, ${o.gpus} visible (run on nvidia-h200-x2)` };
+  // The layout of bench/transfer.ts: embeddings and head of 1 GiB, norms of 2 MiB, layers of 448 MiB; region i on GPU i % 2.
+  const sizes = [GiB, GiB, 2 * MiB, 2 * MiB];
+  for (let left = o.totalBytes - sizes.reduce((a, b) => a + b, 0); left >= 448 * MiB; left -= 448 * MiB) sizes.push(448 * MiB);
+  const bytes = sizes.reduce((a, b) => a + b, 0);
+  const ceiling = runCeiling(o.ceilingBin, sizes, o.reps, 2);
+  const oneGpuSizes = sizes.filter((_, i) => i % 2 === 0);
+  const oneGpuCeiling = runCeiling(o.ceilingBin, oneGpuSizes, o.reps, 1);
+  let ceilingUnderHashing: Ceiling | null = null;
+  let hashLoad: HashLoad | null = null;
+  let hashAlone: HashLoad | null = null;
+  if (ceiling) {
+    const loaded = await withHashLoad(o.nativePath, o.hashThreads, () => runCeiling(o.ceilingBin, sizes, o.reps, 2));
+    ceilingUnderHashing = loaded.value;
+    hashLoad = loaded.load;
+    hashAlone = (await withHashLoad(o.nativePath, o.hashThreads, () => new Promise((r) => setTimeout(r, 1000)))).load;
+    o.log(`[capture2] raw D2H, 2 GPUs: ${ceiling.d2hGBps.max} GB/s alone, ${ceilingUnderHashing?.d2hGBps.max} GB/s while ${o.hashThreads} threads hash at ${hashLoad.GBps.toFixed(1)} GB/s (${hashAlone.GBps.toFixed(1)} GB/s with no DMA)`);
+  }
+  const cache = await HostCache.create({ budgetBytes: bytes + 64 * MiB, pin: true });
+  const held = await makeRegions('cuda', sizes, 2);
+  try {
+    const captureSeconds: number[] = [];
+    let progress: Array<[number, number]> = [];
+    for (let r = 0; r < o.reps; r++) {
+      const trace: Array<[number, number]> = [];
+      const t0 = performance.now();
+      const snap = await Snapshot.capture(o.store, 'capture2', {
+        regions: held.regions,
+        cache,
+        persist: 'off',
+        onProgress: (p) => trace.push([Math.round((performance.now() - t0) * 10) / 10, p.bytesDone]),
+      });
+      captureSeconds.push(snap.lastCapture!.seconds);
+      if (r === 0) progress = trace;
+      cache.evict(snap.id);
+    }
+    // How the capture scales with its worker threads (each hashes the chunks it copied).
+    const captureByThreads: Capture2Result['captureByThreads'] = [];
+    for (const threads of [2, 4, 8, 16]) {
+      const runs: number[] = [];
+      for (let r = 0; r < 2; r++) {
+        const snap = await Snapshot.capture(o.store, 'capture2', { regions: held.regions, cache, persist: 'off', threads });
+        runs.push(snap.lastCapture!.seconds);
+        cache.evict(snap.id);
+      }
+      captureByThreads.push({ threads, seconds: Math.min(...runs), GBps: gbps(bytes, Math.min(...runs)) });
+    }
+    o.log(`[capture2] by worker threads: ${captureByThreads.map((c) => `${c.threads}: ${c.GBps.toFixed(1)} GB/s`).join(', ')}`);
+    const oneGpu = held.regions.filter((_, i) => i % 2 === 0);
+    const one = await Snapshot.capture(o.store, 'capture1', { regions: oneGpu, cache, persist: 'off' });
+    const oneGpuCaptureGBps = gbps(one.lastCapture!.bytes, one.lastCapture!.seconds);
+    cache.evict(one.id);
+    const best = Math.min(...captureSeconds);
+    const captureGBps = gbps(bytes, best);
+    const vsD2h = ceiling ? captureGBps / ceiling.d2hGBps.max : null;
+    o.log(`[capture2] capture into the RAM tier, 2 GPUs: ${captureGBps.toFixed(2)} GB/s (${vsD2h?.toFixed(3) ?? 'n/a'}x of aggregate D2H); one GPU ${oneGpuCaptureGBps.toFixed(2)} GB/s`);
+    return {
+      skipped: null,
+      bytes,
+      regions: sizes.length,
+      ceiling,
+      oneGpuCeiling,
+      ceilingUnderHashing,
+      hashLoad,
+      hashAlone,
+      captureByThreads,
+      captureSeconds,
+      captureGBps,
+      oneGpuCaptureGBps,
+      vsD2h,
+      progress,
+      captureMode: 'hashed (XXH3 per chunk on the capture workers, as today); no capture mode without host hashing exists in this release',
+    };
+  } finally {
+    held.close();
+    cache.close();
+  }
+}

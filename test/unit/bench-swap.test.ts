@@ -1,0 +1,131 @@
+// The CPU parts of `npm run bench -- swap` (issue 14): the sweep's region layouts and its RAM-tier
+// restores on host memory, the hashing-load profiler, the host-memory probes of the vLLM row, and
+// the tables. No timing is asserted: only that every part runs and reports what it measured.
+import { mkdtempSync, rmSync } from 'node:fs';
+import { readdirSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+
+import { afterAll, describe, expect, it } from 'vitest';
+
+import { capture2Table, phaseTable, sweepTable, vllmTable, withoutCheck } from '../../bench/swap-report.js';
+import { runCapture2, runCeiling, runSweep, splitEvenly, withHashLoad } from '../../bench/swap-sweep.js';
+import { gpuBytesOf, hostMemory } from '../../bench/swap-vllm.js';
+import { RegionStore } from '../../src/index.js';
+import { packageRoot } from '../../src/native/index.js';
+
+const MiB = 1024 * 1024;
+const dirs: string[] = [];
+afterAll(() => {
+  for (const d of dirs) rmSync(d, { recursive: true, force: true });
+});
+const tmp = (): string => {
+  const d = mkdtempSync(join(tmpdir(), 'vsnap-bench-swap-'));
+  dirs.push(d);
+  return d;
+};
+const addon = (): string => {
+  const dir = join(packageRoot(), 'prebuilds', 'linux-x64');
+  return process.env.VSNAP_NATIVE_PATH ?? join(dir, readdirSync(dir).find((f) => f.endsWith('.node'))!);
+};
+
+describe('bench swap: region layouts', () => {
+  it('splits the same bytes into near-equal granule multiples', () => {
+    for (const n of [36, 252, 1000, 4000]) {
+      const sizes = splitEvenly(16 * 1024 * MiB, n, 2 * MiB);
+      expect(sizes).toHaveLength(n);
+      expect(sizes.reduce((a, b) => a + b, 0)).toBe(16 * 1024 * MiB); // 8192 granules: none lost
+      expect(sizes.every((s) => s % (2 * MiB) === 0)).toBe(true);
+      expect(Math.max(...sizes) - Math.min(...sizes)).toBeLessThanOrEqual(2 * MiB);
+    }
+  });
+  it('refuses a split into regions smaller than a granule', () => {
+    expect(() => splitEvenly(8 * MiB, 5, 2 * MiB)).toThrow(/cannot split/);
+    expect(() => splitEvenly(8 * MiB, 0, 2 * MiB)).toThrow(/cannot split/);
+  });
+});
+
+describe('bench swap: sweep on host memory', () => {
+  it('captures each layout into the RAM tier and restores it from there', async () => {
+    const store = await RegionStore.open(tmp());
+    const logs: string[] = [];
+    const out = await runSweep({ device: 'host', totalBytes: 4 * MiB, counts: [4, 64], reps: 1, ceilingBin: null, store, log: (m) => logs.push(m) });
+    expect(out.rows.map((r) => r.regions)).toEqual([4, 64]);
+    for (const r of out.rows) {
+      expect(r.bytes).toBe(4 * MiB);
+      expect(r.restoreSeconds).toHaveLength(1);
+      expect(r.restoreMedianSeconds).toBeGreaterThan(0);
+      expect(r.ceiling).toBeNull();
+      expect(r.vsCeiling).toBeNull();
+    }
+    expect(out.rows[0]!.vsFirst).toBe(1);
+    expect(out.rows[1]!.vsFirst).toBeCloseTo(out.rows[1]!.restoreMedianSeconds / out.rows[0]!.restoreMedianSeconds, 9);
+    expect(out.ceilingNote).toMatch(/no ceiling binary/);
+    expect(logs.some((l) => l.includes('64 regions'))).toBe(true);
+    const table = sweepTable(out.rows, 'host', out.ceilingNote);
+    expect(table).toContain('| 64 |');
+    expect(table).toMatch(/worst \d\.\d{3}x/);
+  });
+  it('has no ceiling without the binary', () => {
+    expect(runCeiling(null, [MiB], 1)).toBeNull();
+    expect(runCeiling('/nonexistent/ceiling', [MiB], 1)).toBeNull();
+  });
+});
+
+describe('bench swap: two-GPU capture row', () => {
+  it('is skipped with a reason on fewer than two GPUs', async () => {
+    const store = await RegionStore.open(tmp());
+    const r = await runCapture2({ gpus: 1, totalBytes: 16 * 1024 * MiB, reps: 1, ceilingBin: null, hashThreads: 1, nativePath: addon(), store, log: () => {} });
+    expect(r.skipped).toMatch(/needs 2 GPUs, 1 visible/);
+    expect(capture2Table(r)).toContain('skipped: needs 2 GPUs');
+  });
+  it('hashes on every thread while the measured work runs, with per-pass timestamps', async () => {
+    const { value, load } = await withHashLoad(addon(), 2, () => new Promise<string>((r) => setTimeout(() => r('done'), 200)), 4 * MiB);
+    expect(value).toBe('done');
+    expect(load.threads).toBe(2);
+    expect(load.passes).toHaveLength(2);
+    for (const passes of load.passes) {
+      expect(passes.length).toBeGreaterThan(0);
+      for (const [start, end, bytes] of passes) {
+        expect(end).toBeGreaterThanOrEqual(start);
+        expect(bytes).toBe(4 * MiB);
+      }
+    }
+    expect(load.GBps).toBeGreaterThan(0);
+  });
+  it('stops the hashing threads when the measured work fails', async () => {
+    await expect(withHashLoad(addon(), 1, () => Promise.reject(new Error('boom')), MiB)).rejects.toThrow('boom');
+  });
+});
+
+describe('bench swap: vLLM row probes and tables', () => {
+  it('reads the host memory of a process and no GPU memory without nvidia-smi', () => {
+    const m = hostMemory(process.pid);
+    expect(m.memAvailableBytes).toBeGreaterThan(0);
+    expect(m.process.VmRSS).toBeGreaterThan(0);
+    expect(hostMemory(2 ** 30).process).toEqual({}); // no such process
+    expect(gpuBytesOf(process.pid)).toBeNull();
+  });
+  it('puts the phases in flow order and compares the RAM tier without its check to the vLLM wake', () => {
+    const ram = { label: 'RAM tier', swapMedian: 0.7, suspendMedian: 0.2, restoreMedian: 0.5, suspendPhases: { sleep: 0.1, status: 0.01 }, restorePhases: { expectedResponse: 0.2, hydrate: 0.25, wakeWeights: 0.02 } };
+    expect(withoutCheck(ram.restoreMedian, ram.restorePhases)).toBeCloseTo(0.3, 9);
+    const t = phaseTable([ram]);
+    expect(t.indexOf('s.status')).toBeLessThan(t.indexOf('s.sleep'));
+    expect(t.indexOf('r.wakeWeights')).toBeLessThan(t.indexOf('r.hydrate'));
+    expect(t.indexOf('r.hydrate')).toBeLessThan(t.indexOf('r.expectedResponse'));
+    const v = vllmTable(
+      {
+        skipped: null,
+        allocator: 'test',
+        cycles: [],
+        summary: { firstSleepSeconds: 12, laterSleepMedianSeconds: 0.4, wakeMedianSeconds: 0.4, hostHeldBytes: 23 * 2 ** 30, hostHeldAfterWakeBytes: 23 * 2 ** 30, gpuBytesAsleep: null },
+      },
+      ram,
+      undefined,
+      34 * 2 ** 30,
+    );
+    expect(v).toContain('0.750x'); // 0.3 / 0.4
+    expect(v).toMatch(/0\.750x, met/);
+    expect(v).toContain('23.00');
+  });
+});
