@@ -180,6 +180,33 @@ describe('tensor parallel size 2 (one worker process per rank)', () => {
     expect(await ask(client)).toEqual(before);
   });
 
+  it("deep suspend faults on one rank of two: rank 1's lock timeout leaves both running; rank 1 gone while checkpointed: the engine goes, said", async () => {
+    const { e, client } = await engine();
+    const store = await RegionStore.open(tempDir());
+    const before = await ask(client);
+    const snap = await captureEngine(store, 'tp', client);
+    const driver = new FakeCheckpointDriver(e.workerPids);
+    driver.fail('lock', e.workerPids[1]!, 'timeout');
+    const err = await rejection(suspendEngine(store, 'tp', client, { deep: true, checkpointBackend: driver }));
+    expect(err.code).toBe('E_CHECKPOINT');
+    expect(err.details).toMatchObject({ step: 'lock', ranks: [1], stranded: [] });
+    expect(err.message).toMatch(new RegExp(`rank 1 \\(pid ${e.workerPids[1]}\\)`));
+    expect(driver.notRunning()).toEqual([]);
+    await restoreEngine(snap, client, { checkpointBackend: driver });
+    expect(await ask(client)).toEqual(before);
+
+    // A worker that dies while checkpointed: as in vLLM, the executor takes the engine down with it
+    // (the other worker too), so the restore finds no engine to answer and says so.
+    await suspendEngine(store, 'tp', client, { deep: true, checkpointBackend: driver });
+    process.kill(e.workerPids[1]!, 'SIGKILL');
+    driver.exit(e.workerPids[1]!);
+    for (let i = 0; i < 100 && [e.enginePid, ...e.workerPids].some(alive); i++) await new Promise((r) => setTimeout(r, 50));
+    expect([e.enginePid, ...e.workerPids].filter(alive)).toEqual([]);
+    const gone = await rejection(restoreEngine(snap, client, { checkpointBackend: driver }));
+    expect(gone.code).toBe('E_ENGINE_HTTP');
+    expect(gone.message).toMatch(/EngineDeadError: the engine core process is dead/);
+  });
+
   it('a worker process dying mid-restore: a clear error, the whole engine gone, nothing leaked here', async () => {
     const { e, client } = await engine();
     const store = await RegionStore.open(tempDir());
