@@ -129,5 +129,41 @@ class HostModelShardsTest(unittest.TestCase):
         self.assertEqual(model.params["model.layers.0.mlp.weight"].shape, (1024, 256))
 
 
+class ParallelDecodingTest(unittest.TestCase):
+    """The GPU model's combine step (EngineCore._generate_parallel), with fixed per-rank logits."""
+
+    def test_sums_the_ranks_logits_in_rank_order_and_decodes_greedily(self):
+        import array
+        import base64
+        import math
+
+        from vllm.v1.engine.core import EngineCore
+
+        vocab = 6
+        rank_logits = [[0.5, 2.0, -1.0, 0.0, 1.5, 0.25], [0.0, -1.5, 1.4, 0.0, 1.2, 0.5]]
+        calls = []
+
+        class Executor:
+            def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+                if method == "ref_memory_asleep":
+                    return [False, False]
+                calls.append((method, args))
+                shift = len(calls) - 1  # a different winner each step
+                return [base64.b64encode(array.array("f", [v + (shift if i == (shift % vocab) else 0) for i, v in enumerate(r)]).tobytes()).decode()
+                        for r in rank_logits]
+
+        core = EngineCore(Executor(), types.SimpleNamespace(device="cuda"))
+        ids, logprobs = core.generate([11, 12, 13], 3)
+        total = [a + b for a, b in zip(*rank_logits)]  # 0.5, 0.5, 0.4, 0.0, 2.7, 0.75
+        self.assertEqual(ids[0], 4)  # neither rank's own best (rank 0 alone: 1, rank 1 alone: 2): the sum decides
+        norm = math.log(sum(math.exp(v) for v in total))
+        self.assertAlmostEqual(logprobs[0], total[ids[0]] - norm, places=5)
+        # the prompt first (from 0), then one token at a time after it
+        self.assertEqual(calls[0], ("ref_logits", ([11, 12, 13], 0)))
+        self.assertEqual(calls[1], ("ref_logits", ([ids[0]], 3)))
+        self.assertEqual(calls[2], ("ref_logits", ([ids[1]], 4)))
+        self.assertEqual(len(ids), 3)
+
+
 if __name__ == "__main__":
     unittest.main()
