@@ -144,6 +144,11 @@ export interface TransferSummary {
 }
 
 
+/** How a region is named in transfer errors: its key, prefixed with its rank when there are several ranks. */
+function regionLabel(rank: number, key: string, multiRank: boolean): string {
+  return multiRank ? `rank ${rank}/${key}` : key;
+}
+
 function notDurable(snapshot: Snapshot, what: string): VsnapError {
   return new VsnapError(
     'E_NOT_DURABLE',
@@ -271,7 +276,7 @@ export class Snapshot {
         op: 'capture',
         label: name,
         regions: fresh.map((i) => ({ i, r: regions[i]! })).map(({ i, r }) => ({
-          name: r.key,
+          name: regionLabel(r.rank ?? 0, r.key, regions.some((x) => (x.rank ?? 0) > 0)),
           ...(txn ? { blobPath: txn.blobTmpPath(i) } : {}),
           size: r.size,
           chunkSize,
@@ -337,6 +342,7 @@ export class Snapshot {
     if (!this.isDurable && !options.cache?.has(this.id)) throw notDurable(this, 'a restore');
     const targets = new Map(options.regions.map((r) => [`${r.rank ?? 0}/${r.key}`, r]));
     const verify = options.verify ?? 'chunk';
+    const multiRank = this.manifest.data.ranks.length > 1;
     if (verify !== 'chunk' && verify !== 'all-first') invalidArgument('verify', "'chunk' or 'all-first'", verify);
     const common = {
       label: this.name,
@@ -351,7 +357,7 @@ export class Snapshot {
           ...common,
           op: 'copy',
           regions: [...this.manifest.regions()].map(({ rank, region }) => ({
-            name: region.key,
+            name: regionLabel(rank, region.key, multiRank),
             size: region.size,
             chunkSize: region.chunkSize,
             hostCopy: { kind: 'buffer' as const, buffer: lease.buffer, offset: lease.offsets.get(`${rank}/${region.key}`)! },
@@ -370,7 +376,7 @@ export class Snapshot {
         op: 'hydrate',
         verifyFirst: verify === 'all-first',
         regions: [...this.manifest.regions()].map(({ rank, region }) => ({
-          name: region.key,
+          name: regionLabel(rank, region.key, multiRank),
           blobPath: this.store.blobPath(region.blob),
           size: region.size,
           chunkSize: region.chunkSize,

@@ -15,3 +15,11 @@ export function gpuMemoryOf(pid: number): number | null {
 export function gpuUsedMiB(): number {
   return Number(execFileSync('nvidia-smi', ['--query-gpu=memory.used', '--format=csv,noheader,nounits'], { encoding: 'utf8' }).trim().split('\n')[0]);
 }
+
+/** GPU memory in use on every visible GPU, in nvidia-smi's order (MiB). */
+export function gpuUsedPerGpuMiB(): number[] {
+  return execFileSync('nvidia-smi', ['--query-gpu=memory.used', '--format=csv,noheader,nounits'], { encoding: 'utf8' })
+    .trim()
+    .split('\n')
+    .map(Number);
+}

@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 if [ -x node_modules/.bin/esbuild ]; then
-  node_modules/.bin/esbuild test/gpu/regions.gpu.test.ts test/gpu/engine.gpu.test.ts test/gpu/swap.gpu.test.ts test/gpu/tier0.gpu.test.ts test/gpu/soak.gpu.test.ts test/gpu/digest.gpu.test.ts test/gpu/deep.gpu.test.ts test/gpu/peer.ts test/gpu/resident-child.ts --bundle --platform=node --format=esm \
+  node_modules/.bin/esbuild test/gpu/regions.gpu.test.ts test/gpu/engine.gpu.test.ts test/gpu/swap.gpu.test.ts test/gpu/tier0.gpu.test.ts test/gpu/soak.gpu.test.ts test/gpu/digest.gpu.test.ts test/gpu/deep.gpu.test.ts test/gpu/tp.gpu.test.ts test/gpu/peer.ts test/gpu/resident-child.ts --bundle --platform=node --format=esm \
     --target=node20 --outdir=dist-gpu --out-extension:.js=.mjs --log-level=warning \
     --external:node-gyp-build --banner:js="import { createRequire as __cr } from 'module'; const require = __cr(import.meta.url);"
 fi
@@ -39,6 +39,15 @@ if [ -n "${VSNAP_VLLM_SRC:-}" ]; then
   echo "reference engine: vLLM's own allocator from $VSNAP_VLLM_SRC" >&2
 fi
 export VSNAP_GPU_PEER="$PWD/dist-gpu/peer.mjs"
+# The raw H2D ceiling (bench/ceiling.cu), for the suites that compare with it in the same run.
+if command -v nvcc >/dev/null && { [ ! -x dist-gpu/ceiling ] || [ bench/ceiling.cu -nt dist-gpu/ceiling ]; }; then
+  mkdir -p dist-gpu && nvcc -O2 -o dist-gpu/ceiling bench/ceiling.cu
+fi
+[ -x dist-gpu/ceiling ] && export VSNAP_GPU_CEILING="$PWD/dist-gpu/ceiling"
 suites=("$@")
-[ ${#suites[@]} -gt 0 ] || suites=(dist-gpu/regions.gpu.test.mjs dist-gpu/engine.gpu.test.mjs dist-gpu/swap.gpu.test.mjs dist-gpu/tier0.gpu.test.mjs dist-gpu/digest.gpu.test.mjs dist-gpu/deep.gpu.test.mjs dist-gpu/soak.gpu.test.mjs)
+if [ ${#suites[@]} -eq 0 ]; then
+  suites=(dist-gpu/regions.gpu.test.mjs dist-gpu/engine.gpu.test.mjs dist-gpu/swap.gpu.test.mjs dist-gpu/tier0.gpu.test.mjs dist-gpu/digest.gpu.test.mjs dist-gpu/deep.gpu.test.mjs dist-gpu/soak.gpu.test.mjs)
+  # the two-GPU suites only where two GPUs are visible
+  if [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')" -ge 2 ]; then suites+=(dist-gpu/tp.gpu.test.mjs); fi
+fi
 exec node --test --test-concurrency=1 --test-reporter=spec "${suites[@]}"

@@ -1,6 +1,6 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
@@ -34,6 +34,8 @@ export interface TestEngine {
   readonly loadSeconds: number;
   /** The engine-core process, which holds the GPU memory (the worker, as in vLLM, runs apart from the API server). */
   readonly enginePid: number;
+  /** With tensorParallelSize > 1: the worker process of each rank, in rank order (else empty). */
+  readonly workerPids: number[];
   stop(): Promise<void>;
 }
 
@@ -51,6 +53,8 @@ export interface EngineOptions {
   sleepMode?: boolean;
   token?: string | null;
   env?: Record<string, string>;
+  /** Ranks (serve.py --tensor-parallel-size): > 1 runs one worker process per rank. */
+  tensorParallelSize?: number;
 }
 
 /** Starts the CPU reference engine (test/fixtures/engine) with the vsnap plugin on an ephemeral port. */
@@ -60,6 +64,7 @@ export async function startEngine(options: EngineOptions = {}): Promise<TestEngi
   const device = options.device ?? 'host';
   const args = [serve, '--device', device, '--port', '0', '--seed', String(seed), '--revision', `seed-${seed}`, '--model', options.model ?? `vsnap/reference-${device}-${seed}`, ...(options.args ?? [])];
   if (options.sleepMode !== false) args.push('--enable-sleep-mode');
+  if (options.tensorParallelSize !== undefined) args.push('--tensor-parallel-size', String(options.tensorParallelSize));
   const env: Record<string, string> = {
     ...(process.env as Record<string, string>),
     PYTHONPATH: options.plugin === false ? '' : pluginSitePath(),
@@ -72,12 +77,12 @@ export async function startEngine(options: EngineOptions = {}): Promise<TestEngi
   const child = spawn('python3', args, { env, stdio: ['ignore', 'pipe', 'pipe'] });
   let stderr = '';
   child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
-  const [port, loadSeconds, enginePid] = await new Promise<[number, number, number]>((resolve, reject) => {
+  const [port, loadSeconds, enginePid, workerPids] = await new Promise<[number, number, number, number[]]>((resolve, reject) => {
     let out = '';
     child.stdout.on('data', (d: Buffer) => {
       out += d.toString();
-      const m = /READY (\d+) ([\d.]+) (\d+)/.exec(out);
-      if (m) resolve([Number(m[1]), Number(m[2]), Number(m[3])]);
+      const m = /READY (\d+) ([\d.]+) (\d+) ([\d,]+|-)\n/.exec(out);
+      if (m) resolve([Number(m[1]), Number(m[2]), Number(m[3]), m[4] === '-' ? [] : m[4]!.split(',').map(Number)]);
     });
     child.on('exit', (code) => reject(new Error(`the reference engine exited (${code}) before serving:\n${stderr}`)));
     const wait = options.startTimeoutMs ?? (device === 'cuda' ? 180_000 : 20_000);
@@ -90,23 +95,34 @@ export async function startEngine(options: EngineOptions = {}): Promise<TestEngi
     process: child,
     loadSeconds,
     enginePid,
+    workerPids,
     async stop() {
       if (child.exitCode === null && child.signalCode === null) {
         const exited = new Promise((r) => child.on('exit', r));
         child.kill('SIGTERM');
         await exited;
       }
-      // The engine core leaves when its pipe to the API server closes; wait for it (it holds the memory).
-      for (let i = 0; i < 200 && alive(enginePid); i++) await new Promise((r) => setTimeout(r, 50));
-      if (alive(enginePid)) process.kill(enginePid, 'SIGKILL');
+      // The engine core leaves when its pipe to the API server closes, and its workers with it;
+      // wait for them (they hold the memory).
+      for (const pid of [enginePid, ...workerPids]) {
+        for (let i = 0; i < 200 && alive(pid); i++) await new Promise((r) => setTimeout(r, 50));
+        if (alive(pid)) process.kill(pid, 'SIGKILL');
+      }
     },
   };
 }
 
-function alive(pid: number): boolean {
+/** Whether a process with this pid runs (a zombie, exited but not yet reaped by its parent, does not). */
+export function alive(pid: number): boolean {
   try {
     process.kill(pid, 0);
-    return true;
+  } catch {
+    return false;
+  }
+  try {
+    // /proc/<pid>/stat: "pid (comm) S ...", S the state; the comm may hold spaces and parentheses
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3) !== 'Z';
   } catch {
     return false;
   }
