@@ -14,7 +14,37 @@ export interface NeighbourTierOptions {
   readonly device: number;
   /** The most bytes this tier may hold on that GPU (allocation granularity included). */
   readonly budgetBytes: number;
+  /** Where the memory and copies come from (default: CUDA). Tests pass a host-memory one. @internal */
+  readonly backend?: NeighbourBackend;
 }
+
+/** The memory and copies behind a NeighbourTier. @internal */
+export interface NeighbourBackend {
+  /** The GPU a region's memory is on, if known. */
+  deviceOf(memory: RegionMemory): number | undefined;
+  granularity(device: number): Promise<number>;
+  allocate(device: number, size: number): Promise<{ readonly memory: RegionMemory; close(): void }>;
+  /** Copies every pair on a stream of `device`. */
+  copy(device: number, pairs: ReadonlyArray<{ src: RegionMemory; dst: RegionMemory; size: number }>): Promise<{ bytes: number; seconds: number }>;
+}
+
+/** GPU memory (VMM allocations) and peer copies (native/cuda/peer). */
+const cudaBackend: NeighbourBackend = {
+  deviceOf: memoryDevice,
+  async granularity(device) {
+    const info = (await native().cudaDevices(false)).find((d) => d.ordinal === device);
+    if (!info) throw new VsnapError('E_INVALID_ARGUMENT', `there is no GPU ${device} in this process`);
+    return info.vmmGranularity;
+  },
+  async allocate(device, size) {
+    const allocation = await DeviceAllocation.allocate(device, size);
+    return { memory: { kind: 'device', allocation }, close: () => allocation.close() };
+  },
+  async copy(device, pairs) {
+    const r = await native().peerCopy({ device, pairs: pairs.map((p) => ({ src: toNativeMemory(p.src), dst: toNativeMemory(p.dst), size: p.size })) });
+    return { bytes: r.bytes, seconds: r.seconds };
+  },
+};
 
 /**
  * A region to park, or to restore into: the engine's memory (live regions, or tier-0 held
@@ -42,8 +72,15 @@ export interface NeighbourTransfer {
   readonly digestSeconds?: number;
 }
 
+interface Held {
+  readonly id: string;
+  readonly size: number;
+  readonly memory: RegionMemory;
+  close(): void;
+}
+
 interface Parked {
-  readonly regions: ReadonlyArray<{ id: string; size: number; allocation: DeviceAllocation }>;
+  readonly regions: readonly Held[];
   readonly bytes: number;
 }
 
@@ -67,13 +104,14 @@ export class NeighbourTier {
     readonly device: number,
     /** The tier's byte budget. */
     readonly budgetBytes: number,
+    private readonly backend: NeighbourBackend,
   ) {}
 
   /** A tier on `options.device`; allocates nothing until {@link NeighbourTier.park}. */
   static create(options: NeighbourTierOptions): NeighbourTier {
     if (!Number.isInteger(options?.device) || options.device < 0) invalidArgument('device', 'a GPU ordinal (integer >= 0)', options?.device);
     if (!Number.isSafeInteger(options.budgetBytes) || options.budgetBytes <= 0) invalidArgument('budgetBytes', 'a positive integer byte count', options.budgetBytes);
-    return new NeighbourTier(options.device, options.budgetBytes);
+    return new NeighbourTier(options.device, options.budgetBytes, options.backend ?? cudaBackend);
   }
 
   /** Bytes held now. */
@@ -115,17 +153,17 @@ export class NeighbourTier {
       });
     }
     this.used += bytes; // reserved now, so concurrent parks cannot both fit
-    const held: Array<{ id: string; size: number; allocation: DeviceAllocation }> = [];
+    const held: Held[] = [];
     try {
-      for (const r of regions) held.push({ id: ref(r.rank, r.key), size: r.size, allocation: await DeviceAllocation.allocate(this.device, r.size) });
-      const result = await this.copy(source, regions.map((r, i) => ({ src: toNativeMemory(r.memory), dst: { kind: 'device' as const, allocation: held[i]!.allocation.handle }, size: r.size })));
+      for (const r of regions) held.push({ id: ref(r.rank, r.key), size: r.size, ...(await this.call(() => this.backend.allocate(this.device, r.size))) });
+      const result = await this.copy(source, regions.map((r, i) => ({ src: r.memory, dst: held[i]!.memory, size: r.size })));
       if (options.manifest) {
-        await verifyRestored(options.manifest, held.map((h) => ({ rank: Number(h.id.split('/')[0]), key: h.id.slice(h.id.indexOf('/') + 1), size: h.size, memory: { kind: 'device', allocation: h.allocation } })));
+        await verifyRestored(options.manifest, regions.map((r, i) => ({ rank: r.rank ?? 0, key: r.key, size: r.size, memory: held[i]!.memory })));
       }
       this.parked.set(id, { regions: held, bytes });
       return result;
     } catch (err) {
-      for (const h of held) h.allocation.close();
+      for (const h of held) h.close();
       this.used -= bytes;
       throw toVsnapError(err);
     }
@@ -149,7 +187,7 @@ export class NeighbourTier {
     const devices = new Set(regions.map((r) => this.sourceDevice(r)));
     if (devices.size !== 1) invalidArgument('regions', 'regions on one GPU', [...devices]);
     const target = [...devices][0]!;
-    const result = await this.copy(target, regions.map((r) => ({ src: { kind: 'device' as const, allocation: byRef.get(ref(r.rank, r.key))!.allocation.handle }, dst: toNativeMemory(r.memory), size: r.size })));
+    const result = await this.copy(target, regions.map((r) => ({ src: byRef.get(ref(r.rank, r.key))!.memory, dst: r.memory, size: r.size })));
     if (!options.manifest) return result;
     const digestSeconds = await verifyRestored(options.manifest, regions.map((r) => ({ rank: r.rank ?? 0, key: r.key, size: r.size, memory: r.memory })), options.verifyDigests ?? true);
     return digestSeconds === undefined ? result : { ...result, digestSeconds };
@@ -159,7 +197,7 @@ export class NeighbourTier {
   evict(id: string): boolean {
     const entry = this.parked.get(id);
     if (!entry) return false;
-    for (const h of entry.regions) h.allocation.close();
+    for (const h of entry.regions) h.close();
     this.parked.delete(id);
     this.used -= entry.bytes;
     return true;
@@ -181,26 +219,24 @@ export class NeighbourTier {
   }
 
   private sourceDevice(r: NeighbourRegion): number {
-    const d = memoryDevice(r.memory);
+    const d = this.backend.deviceOf(r.memory);
     if (d === undefined) invalidArgument(`regions['${r.key}'].memory`, "GPU memory ('device', or 'imported' with its device)", r.memory.kind);
     if (d === this.device) invalidArgument(`regions['${r.key}'].memory`, `memory on a GPU other than the tier's (${this.device})`, d);
     return d;
   }
 
-  private async granularity(): Promise<number> {
-    try {
-      const info = (await native().cudaDevices(false)).find((d) => d.ordinal === this.device);
-      if (!info) throw new VsnapError('E_INVALID_ARGUMENT', `there is no GPU ${this.device} in this process`);
-      return info.vmmGranularity;
-    } catch (err) {
-      throw toVsnapError(err);
-    }
+  private granularity(): Promise<number> {
+    return this.call(() => this.backend.granularity(this.device));
   }
 
-  private async copy(device: number, pairs: Parameters<ReturnType<typeof native>['peerCopy']>[0]['pairs']): Promise<NeighbourTransfer> {
+  private async copy(device: number, pairs: ReadonlyArray<{ src: RegionMemory; dst: RegionMemory; size: number }>): Promise<NeighbourTransfer> {
+    const r = await this.call(() => this.backend.copy(device, pairs));
+    return { bytes: r.bytes, seconds: r.seconds, bytesPerSecond: r.bytes / Math.max(r.seconds, 1e-9) };
+  }
+
+  private async call<T>(fn: () => Promise<T>): Promise<T> {
     try {
-      const r = await native().peerCopy({ device, pairs });
-      return { bytes: r.bytes, seconds: r.seconds, bytesPerSecond: r.bytes / Math.max(r.seconds, 1e-9) };
+      return await fn();
     } catch (err) {
       throw toVsnapError(err);
     }
