@@ -52,8 +52,11 @@ const cudaBackend: NeighbourBackend = {
  * @public
  */
 export interface NeighbourRegion {
+  /** The engine rank (default 0). */
   readonly rank?: number;
+  /** The region's key, as in the manifest. */
   readonly key: string;
+  /** Bytes to copy. */
   readonly size: number;
   /** `device` or `imported` memory on a GPU other than the tier's. */
   readonly memory: RegionMemory;
@@ -64,9 +67,11 @@ export interface NeighbourRegion {
  * @public
  */
 export interface NeighbourTransfer {
+  /** Bytes copied. */
   readonly bytes: number;
   /** Wall time of the peer copies. */
   readonly seconds: number;
+  /** bytes / seconds. */
   readonly bytesPerSecond: number;
   /** restore: seconds spent on the GPU digest of the restored memory (when a manifest with digests was given). */
   readonly digestSeconds?: number;

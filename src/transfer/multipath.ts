@@ -44,7 +44,7 @@ export interface MultipathOptions {
  * @public
  */
 export interface MultipathStats {
-  /** Bytes that went host -> target directly. */
+  /** Bytes that went from host memory to the target directly. */
   readonly bytesDirect: number;
   /** Bytes that went through the neighbour. */
   readonly bytesNeighbour: number;
