@@ -60,7 +60,12 @@
         "native/js/js_files.cc",
         "native/digest/digest.cc",
         "native/js/js_digest.cc",
-        "native/js/js_checkpoint.cc"
+        "native/js/js_checkpoint.cc",
+        "native/cuda/peer.cc",
+        "native/transfer/multipath.cc",
+        "native/transfer/multipath_cuda.cc",
+        "native/js/js_peer.cc",
+        "native/js/js_multipath.cc"
       ],
       "include_dirs": [
         "<!(node -p \"require('node-addon-api').include_dir\")",

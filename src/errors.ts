@@ -83,7 +83,9 @@ export type ErrorCode =
   /** A process checkpoint call failed; `details.call`, `details.pid`, `details.cudaError` and `details.reason` (timeout, gone, permission, state, ...) say which and why. */
   | 'E_CHECKPOINT'
   /** A bug in vsnap: please report it with the message. */
-  | 'E_INTERNAL';
+  | 'E_INTERNAL'
+  /** Two GPUs cannot copy to each other directly (no NVLink or PCIe peer-to-peer between them): the neighbour tier and multi-path hydrate need it. */
+  | 'E_PEER_UNSUPPORTED';
 
 // Every code once: the compiler checks this record against ErrorCode, so no code is missed.
 const CODES: Record<ErrorCode, true> = {
@@ -125,6 +127,7 @@ const CODES: Record<ErrorCode, true> = {
   E_CHECKPOINT_UNSUPPORTED: true,
   E_CHECKPOINT: true,
   E_INTERNAL: true,
+  E_PEER_UNSUPPORTED: true,
 };
 const KNOWN_CODES: ReadonlySet<string> = new Set(Object.keys(CODES));
 /** EFBIG on Linux (the native addon reports errno numbers). */

@@ -9,6 +9,8 @@ export { VsnapError, type ErrorCode } from './errors.js';
 
 export { cudaStatus, listDevices, type CudaStatus, type GpuDevice } from './gpu/cuda.js';
 export { DeviceAllocation } from './gpu/device-allocation.js';
+export { NeighbourTier } from './gpu/neighbour-tier.js';
+export type { NeighbourRegion, NeighbourTierOptions, NeighbourTransfer } from './gpu/neighbour-tier.js';
 
 export { HostRegion } from './regions/host-region.js';
 export type { RegionMemory } from './regions/memory.js';
@@ -17,6 +19,7 @@ export { releaseIdleResources } from './transfer/staging.js';
 export { HostCache, type HostCacheOptions, type CacheEntryInfo } from './cache/host-cache.js';
 export { ResidentWeights, type ResidentInfo } from './cache/resident-weights.js';
 export type { TransferOptions, TransferProgress } from './transfer/transfer.js';
+export type { MultipathOptions, MultipathStats } from './transfer/multipath.js';
 
 export { FdReceiver, fetchFds, sendFds, type FdMessage } from './ipc/fd-receiver.js';
 

@@ -35,7 +35,12 @@ const Status& status();
   X(cuEventRecord) X(cuEventSynchronize) X(cuEventDestroy) X(cuCtxSynchronize)               \
   /* the GPU digest (native/digest) */                                                        \
   X(cuModuleLoadData) X(cuModuleGetFunction) X(cuModuleUnload) X(cuLaunchKernel) X(cuMemAlloc) \
-  X(cuMemFree) X(cuMemcpyDtoDAsync) X(cuEventElapsedTime)
+  X(cuMemFree) X(cuMemcpyDtoDAsync) X(cuEventElapsedTime)                                   \
+  /* peer copies between GPUs (native/cuda/peer) */                                           \
+  VSNAP_CUDA_PEER_FUNCTIONS(X)
+
+#define VSNAP_CUDA_PEER_FUNCTIONS(X) \
+  X(cuDeviceCanAccessPeer) X(cuCtxEnablePeerAccess) X(cuStreamWaitEvent) X(cuEventQuery)
 
 // Present only on newer drivers; null when absent.
 #define VSNAP_CUDA_OPTIONAL_FUNCTIONS(X)                                                      \

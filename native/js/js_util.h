@@ -144,6 +144,8 @@ void initFdListener(Napi::Env env, Napi::Object exports);
 void initFiles(Napi::Env env, Napi::Object exports);
 void initDigest(Napi::Env env, Napi::Object exports);
 void initCheckpoint(Napi::Env env, Napi::Object exports);
+void initPeer(Napi::Env env, Napi::Object exports);       // js_peer.cc
+void initMultipath(Napi::Env env, Napi::Object exports);  // js_multipath.cc
 
 // setFault(point, times, arg?): arms a test fault (common/fault.h). For tests only.
 Napi::Value SetFault(const Napi::CallbackInfo& info);

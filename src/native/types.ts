@@ -132,6 +132,57 @@ export interface NativeDigestResult {
   seconds: number;
 }
 
+/** A multi-path restore (native/js/js_multipath.cc). */
+export interface NativeMultipathSpec {
+  label: string;
+  /** `cuda`: targets on one GPU, a ring on the neighbour; `host`: the same scheduler in host memory (tests, CPU backend). */
+  backend: 'cuda' | 'host';
+  chunkSize: number;
+  directSlots?: number;
+  relaySlots?: number;
+  /** cuda: the neighbour GPU; absent: the direct path only. */
+  neighbour?: number;
+  /** cuda: throw instead of running on the direct path alone when the neighbour cannot be used. */
+  requireRelay?: boolean;
+  /** The neighbour path is released before the job starts (it takes no chunk). */
+  relayReleased?: boolean;
+  /** host backend only: copy number N (1-based) of a path fails at its wait; each copy waits delay ms. */
+  faults?: { failRelayAt?: number; failDirectAt?: number; relayDelayMs?: number; directDelayMs?: number };
+  regions: Array<{ name: string; size: number; memory: NativeMemorySpec; source: { kind: 'buffer'; buffer: NativeHostBuffer; offset: number } }>;
+}
+
+export interface NativeMultipathResult {
+  bytes: number;
+  seconds: number;
+  bytesDirect: number;
+  bytesRelay: number;
+  chunksDirect: number;
+  chunksRelay: number;
+  /** Chunks the neighbour path gave back to the direct path (cancelled or failed). */
+  requeued: number;
+  maxRelayInFlight: number;
+  relayUsed: boolean;
+  relayCancelled: boolean;
+  /** Why the neighbour path stopped early or was not used; empty otherwise. */
+  relayError: string;
+}
+
+export interface NativeMultipathHandle {
+  promise: Promise<NativeMultipathResult>;
+  cancel(): void;
+  /** Stops the neighbour path (its in-flight chunks drain, its ring is freed); the direct path finishes. */
+  cancelRelay(): void;
+  /** Neighbour memory the ring holds now. */
+  ringBytes(): number;
+}
+
+export interface NativePeerCopySpec {
+  /** The GPU whose stream runs the copies (granted access to both sides). */
+  device: number;
+  pairs: Array<{ src: NativeMemorySpec; dst: NativeMemorySpec; size: number }>;
+  repeats?: number;
+}
+
 export interface NativeBinding {
   abiVersion: number;
   cudaStatus(): Promise<NativeCudaStatus>;
@@ -174,6 +225,11 @@ export interface NativeBinding {
   checkpointRestore(pid: number): Promise<void>;
   /** Lets a locked process make CUDA calls again. */
   checkpointUnlock(pid: number): Promise<void>;
+  /** cuDeviceCanAccessPeer (native/js/js_peer.cc). */
+  canAccessPeer(device: number, peer: number): boolean;
+  /** Device-to-device copies between GPUs, on one stream of `device`; per repeat, its wall time. */
+  peerCopy(spec: NativePeerCopySpec): Promise<{ bytes: number; seconds: number; copySeconds: number[] }>;
+  startMultipath(spec: NativeMultipathSpec, onProgress?: (done: number, total: number) => void): NativeMultipathHandle;
 }
 
 /** CUprocessState as the addon names it. */

@@ -1,4 +1,4 @@
-import type { CacheReservation, HostCache } from '../cache/host-cache.js';
+import type { CacheLease, CacheReservation, HostCache } from '../cache/host-cache.js';
 import { invalidArgument, toVsnapError, VsnapError } from '../errors.js';
 import type { LiveLayout, LiveRegion } from '../manifest/compat.js';
 import { Manifest } from '../manifest/manifest.js';
@@ -11,6 +11,7 @@ import { RegionStore, type VerifyReport } from '../store/region-store.js';
 import { persistFromRamTier } from './persist.js';
 import { DEFAULT_CHUNK_SIZE } from '../transfer/staging.js';
 import { passOn, runTransfer, type TransferOptions } from '../transfer/transfer.js';
+import { multipathStats, runMultipath, type MultipathOptions, type MultipathStats } from '../transfer/multipath.js';
 import { captureManifest, checkCaptureRegions, platformOf } from './capture-manifest.js';
 import { captureDigests, reusableRegions, verifyRestored } from './live-check.js';
 
@@ -120,6 +121,12 @@ export interface RestoreOptions extends TransferOptions {
   readonly cache?: HostCache;
   /** Digest the restored memory (on the GPU) and compare with the snapshot's digests (default true; skipped when it has none). */
   readonly verifyDigests?: boolean;
+  /**
+   * With `cache`: copy from the RAM tier over two PCIe links, the target's and a neighbour GPU's
+   * (docs/multipath.md). Every region must be on one GPU. The restored memory is then checked
+   * with the GPU digest as after any restore.
+   */
+  readonly multipath?: MultipathOptions;
 }
 
 /**
@@ -141,6 +148,8 @@ export interface TransferSummary {
   readonly reusedBytes?: number;
   /** Seconds spent on GPU digests (capture: of the live regions; restore: verification). */
   readonly digestSeconds?: number;
+  /** restore with `multipath`: how the bytes were split between the paths. */
+  readonly multipath?: MultipathStats;
 }
 
 
@@ -353,6 +362,7 @@ export class Snapshot {
       const wasHeld = options.cache.has(this.id);
       const lease = await options.cache.acquire(this.store, this.manifest, { ...common, directIo: options.directIo ?? false });
       try {
+        if (options.multipath) return await this.restoreMultipath(options.multipath, lease, targets, common, wasHeld, started);
         const result = await runTransfer({
           ...common,
           op: 'copy',
@@ -387,6 +397,28 @@ export class Snapshot {
       }),
     );
     return { bytes: result.bytes, seconds: result.seconds, bytesPerSecond: result.bytes / Math.max(result.seconds, 1e-9), tier: 'store' };
+  }
+
+  private async restoreMultipath(
+    multipath: MultipathOptions,
+    lease: CacheLease,
+    targets: ReadonlyMap<string, RestoreRegion>,
+    common: { label: string } & Pick<TransferOptions, 'onProgress' | 'signal'>,
+    wasHeld: boolean,
+    started: number,
+  ): Promise<TransferSummary> {
+    const result = await runMultipath({
+      ...multipath,
+      ...common,
+      regions: [...this.manifest.regions()].map(({ rank, region }) => ({
+        name: region.key,
+        size: region.size,
+        memory: targets.get(`${rank}/${region.key}`)!.memory,
+        source: { buffer: lease.buffer, offset: lease.offsets.get(`${rank}/${region.key}`)! },
+      })),
+    });
+    const seconds = wasHeld ? result.seconds : (performance.now() - started) / 1000;
+    return { bytes: result.bytes, seconds, bytesPerSecond: result.bytes / Math.max(seconds, 1e-9), tier: wasHeld ? 'ram' : 'store', multipath: multipathStats(result) };
   }
 
   /** Re-hashes every blob of this capture; see {@link RegionStore.verify}. */

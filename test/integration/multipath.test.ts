@@ -1,0 +1,176 @@
+import { afterEach, describe, expect, it } from 'vitest';
+
+import { HostCache } from '../../src/cache/host-cache.js';
+import { native, type NativeHostBuffer, type NativeMultipathSpec } from '../../src/native/index.js';
+import { HostRegion } from '../../src/regions/host-region.js';
+import { Snapshot } from '../../src/snapshot/snapshot.js';
+import { RegionStore } from '../../src/store/region-store.js';
+import { runMultipath } from '../../src/transfer/multipath.js';
+import { fillRegion, holdsPattern, patternedRegions } from '../helpers/regions.js';
+import { tempDir } from '../helpers/tmp.js';
+
+// Multi-path hydrate's scheduler (native/transfer/multipath.cc) on the host backend: the real
+// job, its worker threads and its queue, with copies in host memory that complete only when
+// waited for (as asynchronous GPU copies do), so a ring slot reused before its peer copy
+// completed is caught by the backend (E_INTERNAL) and corrupts the bytes.
+
+const KiB = 1024;
+const cleanup: Array<{ close(): void }> = [];
+afterEach(() => {
+  for (const c of cleanup.splice(0)) c.close();
+});
+
+/** Sources in a HostBuffer (filled by a real capture into it) and zeroed host targets. */
+async function setup(sizes: Record<string, number>) {
+  const src = patternedRegions(sizes);
+  for (const r of src.values()) cleanup.push(r);
+  const total = Object.values(sizes).reduce((s, n) => s + n, 0);
+  const buffer = await native().createHostBuffer(total, -1);
+  cleanup.push(buffer);
+  const offsets = new Map<string, number>();
+  let at = 0;
+  for (const [k, n] of Object.entries(sizes)) {
+    offsets.set(k, at);
+    at += n;
+  }
+  await native().startTransfer({
+    op: 'capture',
+    label: 'fill',
+    regions: [...src].map(([key, r]) => ({ name: key, size: r.size, chunkSize: 64 * KiB, memory: r.memory, hostCopy: { kind: 'buffer', buffer, offset: offsets.get(key)! } })),
+  }).promise;
+  const targets = patternedRegions(sizes);
+  for (const r of targets.values()) {
+    cleanup.push(r);
+    fillRegion(r, 0);
+  }
+  const regions = [...targets].map(([key, r]) => ({ name: key, size: r.size, memory: r.memory, source: { buffer, offset: offsets.get(key)! } }));
+  const intact = () => [...targets].every(([key, r]) => holdsPattern(r, key));
+  return { buffer, targets, regions, intact, total };
+}
+
+function nativeSpec(regions: Awaited<ReturnType<typeof setup>>['regions'], extra: Partial<NativeMultipathSpec>): NativeMultipathSpec {
+  return {
+    label: 'mp',
+    backend: 'host',
+    chunkSize: 64 * KiB,
+    relaySlots: 4,
+    regions: regions.map((r) => ({ name: r.name, size: r.size, memory: { kind: 'host', fd: (r.memory as { fd: number }).fd }, source: { kind: 'buffer', buffer: r.source.buffer as NativeHostBuffer, offset: r.source.offset } })),
+    ...extra,
+  };
+}
+
+describe('multi-path hydrate: the scheduler on the host backend', () => {
+  it('splits the chunks between both paths from one queue and writes every byte', async () => {
+    const { regions, intact, total } = await setup({ a: 3 * 1024 * KiB + 5, b: 1024 * KiB, c: 4096 });
+    const r = await runMultipath({ label: 'mp', neighbour: 1, chunkSize: 64 * KiB, regions, testFaults: { relayDelayMs: 1, directDelayMs: 1 } });
+    expect(r.bytes).toBe(total);
+    expect(r.bytesDirect + r.bytesRelay).toBe(total);
+    // each path fills its slots before it waits for any: both take chunks, whatever the timing
+    expect(r.chunksDirect).toBeGreaterThanOrEqual(4);
+    expect(r.chunksRelay).toBeGreaterThanOrEqual(4);
+    expect(r).toMatchObject({ relayUsed: true, relayCancelled: false, relayError: '', requeued: 0 });
+    expect(intact()).toBe(true);
+  });
+
+  it('a slow (busy) neighbour takes fewer chunks: the split follows the paths\' rates', async () => {
+    const { regions, intact } = await setup({ a: 48 * 64 * KiB });
+    const r = await runMultipath({ label: 'mp', neighbour: 1, chunkSize: 64 * KiB, regions, testFaults: { relayDelayMs: 100 } });
+    expect(r.chunksRelay).toBeGreaterThan(0);
+    expect(r.chunksRelay).toBeLessThan(r.chunksDirect);
+    expect(intact()).toBe(true);
+  });
+
+  it('back-pressure: a ring slot is refilled only after its peer copy completed', async () => {
+    const { regions, intact } = await setup({ a: 40 * 64 * KiB });
+    // 2 ring slots; the backend rejects a slot reused before its wait (E_INTERNAL)
+    const r = await runMultipath({ label: 'mp', neighbour: 1, chunkSize: 64 * KiB, ringSlots: 2, regions, testFaults: { directDelayMs: 5 } });
+    expect(r.relayError).toBe(''); // no slot was reused early (the backend would have failed the relay path)
+    expect(r.maxRelayInFlight).toBeLessThanOrEqual(2);
+    expect(r.chunksRelay).toBeGreaterThan(2);
+    expect(intact()).toBe(true);
+  });
+
+  it('the neighbour released mid-restore: its ring is freed at once, the direct path finishes, every byte is right', async () => {
+    const { regions, intact, total } = await setup({ a: 40 * 64 * KiB });
+    const h = native().startMultipath(nativeSpec(regions, { faults: { relayDelayMs: 30, directDelayMs: 30 } }), () => {});
+    let settled = false;
+    const done = h.promise.finally(() => (settled = true));
+    while (h.ringBytes() === 0 && !settled) await new Promise((r) => setTimeout(r, 5)); // the job has started
+    expect(h.ringBytes()).toBe(4 * 64 * KiB);
+    h.cancelRelay();
+    while (h.ringBytes() > 0) await new Promise((r) => setTimeout(r, 5));
+    expect(settled).toBe(false); // freed while the direct path still works (about 1 s of chunks left)
+    const r = await done;
+    expect(r).toMatchObject({ relayUsed: true, relayCancelled: true, bytes: total });
+    expect(r.bytesDirect + r.bytesRelay).toBe(total);
+    expect(r.chunksRelay).toBeLessThan(40);
+    expect(intact()).toBe(true);
+  });
+
+  it('releaseNeighbour already aborted: all bytes go direct', async () => {
+    const { regions, intact, total } = await setup({ a: 16 * 64 * KiB });
+    const r = await runMultipath({ label: 'mp', neighbour: 1, chunkSize: 64 * KiB, regions, releaseNeighbour: AbortSignal.abort() });
+    expect(r).toMatchObject({ bytesDirect: total, bytesRelay: 0, relayCancelled: true });
+    expect(intact()).toBe(true);
+  });
+
+  it('a chunk failing on the neighbour path goes back to the direct path (after a partial write), and the restore succeeds', async () => {
+    const { regions, intact, total } = await setup({ a: 32 * 64 * KiB });
+    const r = await runMultipath({ label: 'mp', neighbour: 1, chunkSize: 64 * KiB, regions, testFaults: { failRelayAt: 3, relayDelayMs: 2, directDelayMs: 2 } });
+    expect(r.relayError).toMatch(/injected fault: peer copy 3 failed/);
+    expect(r.requeued).toBeGreaterThanOrEqual(1);
+    expect(r.bytesDirect + r.bytesRelay).toBe(total);
+    expect(intact()).toBe(true); // the garbage the failed copy left was written over
+  });
+
+  it('a chunk failing on the direct path fails the restore (never reported as success) and frees the ring', async () => {
+    const { regions } = await setup({ a: 32 * 64 * KiB });
+    const h = native().startMultipath(nativeSpec(regions, { faults: { failDirectAt: 5, relayDelayMs: 2, directDelayMs: 2 } }));
+    await expect(h.promise).rejects.toMatchObject({ code: 'E_CUDA', message: expect.stringMatching(/direct copy 5 failed/) });
+    expect(h.ringBytes()).toBe(0);
+  });
+
+  it('a cancelled restore rejects with E_ABORTED and frees the ring', async () => {
+    const { regions } = await setup({ a: 32 * 64 * KiB });
+    const h = native().startMultipath(nativeSpec(regions, { faults: { relayDelayMs: 20, directDelayMs: 20 } }));
+    while (h.ringBytes() === 0) await new Promise((r) => setTimeout(r, 5));
+    h.cancel();
+    await expect(h.promise).rejects.toMatchObject({ code: 'E_ABORTED' });
+    expect(h.ringBytes()).toBe(0);
+    const ac = new AbortController(); // and through the SDK, with a signal
+    const p = runMultipath({ label: 'mp', neighbour: 1, chunkSize: 64 * KiB, regions, signal: ac.signal, testFaults: { relayDelayMs: 20, directDelayMs: 20 } });
+    setTimeout(() => ac.abort(), 50);
+    await expect(p).rejects.toMatchObject({ code: 'E_ABORTED' });
+  });
+
+  it('checks its options', async () => {
+    const { regions } = await setup({ a: 64 * KiB });
+    await expect(runMultipath({ label: 'mp', neighbour: -1, regions })).rejects.toMatchObject({ code: 'E_INVALID_ARGUMENT' });
+    await expect(runMultipath({ label: 'mp', neighbour: 1, chunkSize: 1000, regions })).rejects.toMatchObject({ code: 'E_INVALID_ARGUMENT' });
+    await expect(runMultipath({ label: 'mp', neighbour: 1, ringSlots: 0, regions })).rejects.toMatchObject({ code: 'E_INVALID_ARGUMENT' });
+  });
+});
+
+describe('multi-path hydrate through Snapshot.restore (RAM tier, host memory)', () => {
+  it('restores bit-exact over both paths and reports the split', async () => {
+    const store = await RegionStore.open(tempDir());
+    const sizes = { a: 3 * 1024 * KiB + 5, b: 2 * 1024 * KiB };
+    const src = patternedRegions(sizes);
+    for (const r of src.values()) cleanup.push(r);
+    const snap = await Snapshot.capture(store, 'm', { regions: [...src].map(([key, r]) => ({ key, size: r.size, memory: r.memory })), chunkSize: 256 * KiB });
+    const cache = await HostCache.create({ budgetBytes: 16 * 1024 * KiB, pin: false });
+    cleanup.push(cache);
+    const targets = patternedRegions(sizes);
+    for (const r of targets.values()) {
+      cleanup.push(r);
+      fillRegion(r, 0);
+    }
+    const regions = [...targets].map(([key, r]) => ({ key, size: r.size, memory: r.memory }));
+    const r = await snap.restore({ regions, cache, multipath: { neighbour: 1, chunkSize: 64 * KiB, testFaults: { relayDelayMs: 1, directDelayMs: 1 } } });
+    expect(r.multipath).toMatchObject({ neighbourUsed: true, neighbourReleased: false, requeuedChunks: 0 });
+    expect(r.multipath!.bytesDirect + r.multipath!.bytesNeighbour).toBe(r.bytes);
+    expect(r.multipath!.bytesNeighbour).toBeGreaterThan(0);
+    for (const [key, t] of targets) expect(holdsPattern(t, key)).toBe(true);
+    expect(r.digestSeconds).toBeDefined(); // and the restored memory was digested against the manifest
+  });
+});
