@@ -83,7 +83,11 @@ export type ErrorCode =
   /** A process checkpoint call failed; `details.call`, `details.pid`, `details.cudaError` and `details.reason` (timeout, gone, permission, state, ...) say which and why. */
   | 'E_CHECKPOINT'
   /** A bug in vsnap: please report it with the message. */
-  | 'E_INTERNAL';
+  | 'E_INTERNAL'
+  /** A registry transfer failed (unreachable, TLS, an HTTP error, not a vsnap artifact); `details` has the status and URL. */
+  | 'E_REGISTRY'
+  /** A registry refused the credentials (or needs some); log in (docker login) or pass credentials. */
+  | 'E_REGISTRY_AUTH';
 
 // Every code once: the compiler checks this record against ErrorCode, so no code is missed.
 const CODES: Record<ErrorCode, true> = {
@@ -125,6 +129,8 @@ const CODES: Record<ErrorCode, true> = {
   E_CHECKPOINT_UNSUPPORTED: true,
   E_CHECKPOINT: true,
   E_INTERNAL: true,
+  E_REGISTRY: true,
+  E_REGISTRY_AUTH: true,
 };
 const KNOWN_CODES: ReadonlySet<string> = new Set(Object.keys(CODES));
 /** EFBIG on Linux (the native addon reports errno numbers). */
