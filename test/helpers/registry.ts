@@ -134,22 +134,22 @@ export async function startRegistry(dir: string, options: { tls?: boolean; auth?
   }
   const host = `127.0.0.1:${port}`;
   let lastMark = 0;
+  // the access log: combined log format lines, "METHOD /path HTTP/1.1" status
+  const requests = (): Array<{ method: string; path: string; status: number }> =>
+    [...log.matchAll(/"(GET|HEAD|POST|PATCH|PUT|DELETE) ([^ "]+) HTTP\/[0-9.]+" (\d+)/g)].map((m) => ({ method: m[1]!, path: m[2]!, status: Number(m[3]) }));
   return {
     host,
     prefix: tls ? host : `http://${host}`,
     storage: join(dir, 'storage'),
     ...(tls ? { ca: tls.ca } : {}),
     tokenRequests,
-    requests() {
-      // the access log: combined log format lines, "METHOD /path HTTP/1.1"
-      return [...log.matchAll(/"(GET|HEAD|POST|PATCH|PUT|DELETE) ([^ "]+) HTTP\/[0-9.]+" (\d+)/g)].map((m) => ({ method: m[1]!, path: m[2]!, status: Number(m[3]) }));
-    },
+    requests,
     async mark() {
       const id = randomBytes(6).toString('hex');
       const res = await request(`${base}/v2/vsnap-mark-${id}/tags/list`, { dispatcher: agent });
       await res.body.dump();
       while (!log.includes(`vsnap-mark-${id}`)) await sleep(10);
-      const all = this.requests();
+      const all = requests();
       const at = all.findIndex((r) => r.path.includes(`vsnap-mark-${id}`));
       const since = all.slice(lastMark, at);
       lastMark = at + 1;
