@@ -4,6 +4,7 @@
 #                                               peers (bench/transfer.ts, bench/peers.py)
 #   npm run bench -- swap [options]             end-to-end swaps of two reference engines
 #                                               (bench/engine-swap.ts; options there)
+#   npm run bench -- registry [GiB] [out-dir]   pull from a local registry vs curl (CPU only)
 # Builds the bundles, the ceiling program and the reference engine's allocator where the tools
 # are here; on a machine without npm, carry dist-gpu/ and run this same script.
 set -euo pipefail
@@ -15,6 +16,11 @@ if [ -x node_modules/.bin/esbuild ]; then
 fi
 if [ -z "${VSNAP_NATIVE_PATH:-}" ]; then
   export VSNAP_NATIVE_PATH="$(ls "$PWD"/prebuilds/linux-x64/*.node | head -1)"
+fi
+if [ "${1:-}" = registry ]; then
+  # CPU only: pull from a local distribution registry into the store vs curl (bench/registry.ts)
+  shift
+  exec node_modules/.bin/tsx bench/registry.ts "$@"
 fi
 if [ "${1:-}" = swap ]; then
   shift

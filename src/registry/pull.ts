@@ -165,12 +165,43 @@ async function fetchPart(job: PullJob, plan: BlobPlan, start: number, end: numbe
     signal: job.signal,
     what: `download layer ${layer.digest}`,
   });
+  // One chunk buffer per part, filled in place: a fresh buffer per chunk costs a page fault per
+  // 4 KiB, which halved the rate on the machines measured.
+  const buf = Buffer.allocUnsafe(Math.min(region.chunkSize, end - start));
   let pos = start;
-  let pending: Buffer[] = [];
-  let pendingBytes = 0;
-  const flush = async (length: number): Promise<void> => {
-    const all = pending.length === 1 ? pending[0]! : Buffer.concat(pending, pendingBytes);
-    const chunk = all.subarray(0, length);
+  let filled = 0;
+  let extra = 0;
+  try {
+    for await (const data of res.body as AsyncIterable<Buffer>) {
+      if (job.signal?.aborted) throw abortError(job.signal, 'the pull');
+      job.http.counters.bytesReceived += data.length;
+      progress(data.length);
+      let off = 0;
+      while (off < data.length) {
+        const want = Math.min(region.chunkSize, end - pos);
+        if (want === 0) {
+          extra += data.length - off; // more than asked for
+          break;
+        }
+        const n = Math.min(want - filled, data.length - off);
+        data.copy(buf, filled, off, off + n);
+        filled += n;
+        off += n;
+        if (filled === want) {
+          await storeChunk(buf.subarray(0, want));
+          filled = 0;
+        }
+      }
+      if (extra > 0) break;
+    }
+  } finally {
+    await res.body.dump().catch(() => undefined);
+  }
+  if (pos !== end || filled !== 0 || extra !== 0) {
+    throw new VsnapError('E_BLOB_TRUNCATED', `layer ${layer.digest} (region ${region.key}): expected bytes ${start}-${end - 1}, the registry sent ${pos - start + filled + extra}; nothing of it was stored`, { region: region.key });
+  }
+
+  async function storeChunk(chunk: Buffer): Promise<void> {
     const index = pos / region.chunkSize;
     if (native().checksum(chunk) !== region.checksums[index]) {
       throw new VsnapError('E_CHECKSUM', `layer ${layer.digest} (region ${region.key}): chunk ${index} does not match its checksum; the registry's copy is damaged. Nothing of it was stored; push it again from a good store.`, {
@@ -180,30 +211,8 @@ async function fetchPart(job: PullJob, plan: BlobPlan, start: number, end: numbe
     }
     hash?.update(chunk);
     let written = 0;
-    while (written < length) written += (await handle.write(chunk, written, length - written, pos + written)).bytesWritten;
-    pos += length;
-    const rest = all.subarray(length);
-    pending = rest.length ? [rest] : [];
-    pendingBytes = rest.length;
-  };
-  try {
-    for await (const data of res.body as AsyncIterable<Buffer>) {
-      if (job.signal?.aborted) throw abortError(job.signal, 'the pull');
-      pending.push(data);
-      pendingBytes += data.length;
-      job.http.counters.bytesReceived += data.length;
-      progress(data.length);
-      for (let want = Math.min(region.chunkSize, end - pos); pendingBytes >= want && pos < end; want = Math.min(region.chunkSize, end - pos)) {
-        if (pos + want > end) break;
-        await flush(want);
-      }
-      if (pos === end && pendingBytes > 0) break;
-    }
-  } finally {
-    await res.body.dump().catch(() => undefined);
-  }
-  if (pos !== end || pendingBytes !== 0) {
-    throw new VsnapError('E_BLOB_TRUNCATED', `layer ${layer.digest} (region ${region.key}): expected bytes ${start}-${end - 1}, the registry sent ${pos - start + pendingBytes}; nothing of it was stored`, { region: region.key });
+    while (written < chunk.length) written += (await handle.write(chunk, written, chunk.length - written, pos + written)).bytesWritten;
+    pos += chunk.length;
   }
 }
 

@@ -80,7 +80,9 @@ export async function pushManifest(store: RegionStore, manifest: Manifest, tag: 
         report('uploading');
         return;
       }
-      const r = await uploadBlob(job, digest, size, async (offset, length) => readAt(store.blobPath(blob), offset, length), (n) => {
+      // one buffer per blob, reused by every PATCH (each is sent before the next is read)
+      const buf = Buffer.allocUnsafe(Math.min(job.chunkBytes, size));
+      const r = await uploadBlob(job, digest, size, async (offset, length) => readAt(store.blobPath(blob), offset, buf.subarray(0, length)), (n) => {
         done += n;
         report('uploading');
       });
@@ -190,10 +192,10 @@ function locationOf(res: { headers: Record<string, string | string[] | undefined
   return new URL(value, res.url).href;
 }
 
-async function readAt(path: string, offset: number, length: number): Promise<Buffer> {
+async function readAt(path: string, offset: number, buf: Buffer): Promise<Buffer> {
+  const length = buf.length;
   const handle = await open(path, READ);
   try {
-    const buf = Buffer.allocUnsafe(length);
     let got = 0;
     while (got < length) {
       const { bytesRead } = await handle.read(buf, got, length - got, offset + got);
