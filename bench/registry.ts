@@ -3,12 +3,12 @@
 // docker-registry) on loopback, plain HTTP, anonymous.
 //   npm run bench -- registry [GiB] [out-dir]
 import { execFileSync } from 'node:child_process';
-import { createHash } from 'node:crypto';
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { cpus, tmpdir } from 'node:os';
 import { join } from 'node:path';
 
 import { HostRegion, RegionStore, Registry, Snapshot } from '../src/index.js';
+import { hashFile } from '../src/registry/push.js';
 import { startRegistry } from '../test/helpers/registry.js';
 
 const gib = Number(process.argv[2] ?? '2');
@@ -34,7 +34,7 @@ try {
   const ref = `${reg.prefix}/bench/w:v1`;
   const pushed = await registry.push(src, 'bench', ref);
   const blob = [...(await src.get('bench')).regions()][0]!.region.blob;
-  const sha = `sha256:${createHash('sha256').update(readFileSync(src.blobPath(blob))).digest('hex')}`;
+  const sha = await hashFile(src.blobPath(blob), size, undefined, () => undefined);
   const url = `http://${reg.host}/v2/bench/w/blobs/${sha}`;
 
   const rows: Array<{ what: string; bytes: number; seconds: number; gbps: number }> = [];

@@ -22,7 +22,8 @@ const HINTS: Partial<Record<ErrorCode | 'E_USAGE', Hint>> = {
   E_STORE_INVALID: (c) =>
     c === 'snapshot' || c === 'suspend' ? 'check --store (or $VSNAP_STORE)' : 'check --store (or $VSNAP_STORE); a store is made by the first `vsnap snapshot` (or `vsnap demo`)',
   E_STORE_LOCKED: 'another vsnap process is using the store; let it finish, then try again',
-  E_SNAPSHOT_NOT_FOUND: 'list what the store has with `vsnap ls --all`; make a snapshot with `vsnap snapshot <name> --engine <url>`',
+  E_SNAPSHOT_NOT_FOUND: (c) =>
+    c === 'pull' ? 'check the repository and tag: the registry has no snapshot there' : 'list what the store has with `vsnap ls --all`; make a snapshot with `vsnap snapshot <name> --engine <url>`',
   E_NOT_RESTORABLE: (c) => (c === 'suspend' ? 'pass --capture to capture one first, or run `vsnap snapshot <name> --engine <url>`' : 'run `vsnap snapshot <name> --engine <url>` first'),
   E_CHECKSUM: (c) => (c === 'verify' ? 'remove the damaged capture with `vsnap rm <name> --id <id>` and capture again' : 'check the snapshot with `vsnap verify <name>`; if damaged, `vsnap rm` it and capture again'),
   E_BLOB_TRUNCATED: 'the snapshot is damaged: `vsnap rm <name> --id <id>`, then capture again with `vsnap snapshot <name> --force`',

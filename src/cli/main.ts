@@ -19,7 +19,9 @@ Exit codes: 0 ok; 1 failed (the error code, what happened and a hint are printed
 {"code", "message", "hint"} on stdout); 2 bad usage; 3 verify found damage; 130 interrupted (Ctrl-C).
 Ctrl-C stops a capture or restore and removes its temporary files; a second Ctrl-C exits at once.
 Environment: VSNAP_STORE (the store), VSNAP_ENGINE_URL and VSNAP_TOKEN (an engine and its token),
-VSNAP_AGENT_URL and VSNAP_CONTROL_TOKEN (a running vsnap serve and its control token).`;
+VSNAP_AGENT_URL and VSNAP_CONTROL_TOKEN (a running vsnap serve and its control token),
+VSNAP_REGISTRY_CA, VSNAP_REGISTRY_USERNAME and VSNAP_REGISTRY_PASSWORD (push and pull; else the
+Docker config file, DOCKER_CONFIG or ~/.docker/config.json).`;
 
 const opt = {
   json: () => new Option('--json', 'machine-readable output (errors too)'),

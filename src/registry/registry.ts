@@ -2,11 +2,13 @@ import { VsnapError } from '../errors.js';
 import type { Manifest } from '../manifest/manifest.js';
 import { validateName } from '../store/names.js';
 import type { RegionStore } from '../store/region-store.js';
+import { Snapshot } from '../snapshot/snapshot.js';
 import { OciHttp } from './http.js';
 import { checkCompatible, pullInto, resolveArtifact } from './pull.js';
 import { pushManifest } from './push.js';
 import { formatReference, parseReference } from './reference.js';
 import { PushState } from './state.js';
+import type { RegistryReference } from './reference.js';
 import type { PullOptions, PullReport, PushOptions, PushReport, RegistryOptions } from './types.js';
 
 const MiB = 1024 * 1024;
@@ -123,4 +125,25 @@ export class Registry {
       await http.close();
     }
   }
+
+  /**
+   * A registry reference as a snapshot source: pulled into `store` on first use, then opened
+   * from the store with no network (pass `refresh` to pull again; only blobs the store lacks
+   * move). The local name is `options.name`, else the repository's last component and the tag
+   * (`team/llama-8b:v1` -> `llama-8b-v1`; a digest gives its first 12 hex digits). Use the
+   * result with `restoreEngine` or `Snapshot.restore` as any local snapshot.
+   */
+  async openSnapshot(store: RegionStore, reference: string, options: PullOptions & { refresh?: boolean } = {}): Promise<Snapshot> {
+    const name = options.name ?? localName(parseReference(reference));
+    validateName(name);
+    if (options.refresh || !(await store.current(name))) await this.pull(store, reference, { ...options, name });
+    return Snapshot.open(store, name);
+  }
+}
+
+/** The store name a reference is pulled under by default. @internal */
+export function localName(ref: RegistryReference): string {
+  const last = ref.repository.split('/').pop()!;
+  const tag = ref.reference.startsWith('sha256:') ? ref.reference.slice(7, 19) : ref.reference;
+  return `${last}-${tag}`.slice(0, 128);
 }

@@ -46,7 +46,7 @@ describe.skipIf(!run)('registry: the command line, and a killed push', () => {
       expect((await (await RegionStore.open(join(dir, 'd'))).verify('copy')).ok).toBe(true);
       const missing = await runCli(['pull', `${reg.prefix}/cli/none:v1`, '--store', join(dir, 'd')], env);
       expect(missing.code).toBe(1);
-      expect(missing.stderr).toMatch(/E_SNAPSHOT_NOT_FOUND/);
+      expect(missing.stderr).toMatch(/E_SNAPSHOT_NOT_FOUND[^]*hint: check the repository and tag/);
       const badRef = await runCli(['push', 'm', 'not a ref', '--store', join(dir, 's')], env);
       expect(badRef.code).toBe(1);
       expect(badRef.stderr).toMatch(/E_INVALID_ARGUMENT.*registry reference/);

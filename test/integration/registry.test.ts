@@ -197,6 +197,14 @@ describe.skipIf(!run)('registry: anonymous, plain HTTP', () => {
       expect(pulled.name).toBe('m');
       expect((await dst.verify('m')).ok).toBe(true);
       expect((await r.inspect(`${reg.prefix}/open/model@${pulled.digest}`)).manifest.id).toBe((await src.get('m')).id);
+      // a registry reference as a snapshot source: pulled on first use, then local (no request)
+      const snap = await r.openSnapshot(dst, `${reg.prefix}/open/model:latest`);
+      expect(snap.name).toBe('model-latest');
+      expect(snap.manifest.id).toBe((await src.get('m')).id);
+      await reg.mark();
+      const again = await r.openSnapshot(dst, `${reg.prefix}/open/model:latest`);
+      expect(again.manifest.id).toBe(snap.manifest.id);
+      expect(await reg.mark()).toEqual([]);
     } finally {
       await reg.close();
     }
