@@ -10,7 +10,9 @@ import { VsnapError } from '../errors.js';
  * @public
  */
 export interface RegistryCredentials {
+  /** The user name (for a token, whatever name the registry expects with it). */
   readonly username: string;
+  /** The password, or a personal access token. */
   readonly password: string;
 }
 

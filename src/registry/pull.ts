@@ -151,6 +151,8 @@ export async function pullInto(store: RegionStore, resolved: ResolvedArtifact, n
     return { manifest, bytesDownloaded, bytesSkipped };
   } catch (err) {
     await txn.abort();
+    // a cancelled request fails inside undici with its own error: reported as the cancellation
+    if (job.signal?.aborted) throw abortError(job.signal, 'the pull');
     throw toVsnapError(err);
   }
 }

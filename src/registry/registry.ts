@@ -1,4 +1,4 @@
-import { VsnapError } from '../errors.js';
+import { abortError, VsnapError } from '../errors.js';
 import type { Manifest } from '../manifest/manifest.js';
 import { validateName } from '../store/names.js';
 import type { RegionStore } from '../store/region-store.js';
@@ -70,6 +70,9 @@ export class Registry {
         onProgress: options.onProgress,
       });
       return { reference: formatReference(ref), ...r, seconds: (performance.now() - started) / 1000 };
+    } catch (err) {
+      if (options.signal?.aborted) throw abortError(options.signal, 'the push');
+      throw err;
     } finally {
       await http.close();
     }

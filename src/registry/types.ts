@@ -6,6 +6,7 @@ import type { RegistryConnectOptions } from './http.js';
  * @public
  */
 export interface RegistryProgress {
+  /** What is happening now. */
   readonly phase: string;
   /** Bytes of the phase done so far. */
   readonly bytesDone: number;
@@ -35,7 +36,9 @@ export interface PushOptions {
   readonly id?: string;
   /** Ask the registry to mount blobs it has in this other repository instead of uploading them. */
   readonly mountFrom?: string;
+  /** Cancels the push (E_ABORTED); the uploads done so far are resumed by the next push. */
   readonly signal?: AbortSignal;
+  /** Called as bytes are hashed and sent. */
   readonly onProgress?: (p: RegistryProgress) => void;
 }
 
@@ -77,7 +80,9 @@ export interface PullOptions {
   readonly name?: string;
   /** Refuse (E_MANIFEST_MISMATCH, every difference listed) before downloading when the snapshot does not fit. */
   readonly live?: PullCompatibility;
+  /** Cancels the pull (E_ABORTED); nothing of it is left in the store. */
   readonly signal?: AbortSignal;
+  /** Called as bytes arrive. */
   readonly onProgress?: (p: RegistryProgress) => void;
 }
 

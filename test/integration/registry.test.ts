@@ -154,6 +154,27 @@ describe.skipIf(!run)('registry: TLS + htpasswd', () => {
     expect(readdirSync(join(root, 'tmp'))).toEqual([]);
   }, 30_000);
 
+  it('a pull cancelled midway leaves nothing in the store and no descriptor open', async () => {
+    const src = await captured(join(tempDir(), 's'), { w: 4 * MiB }, 'p');
+    const ref = `${reg.host}/team/cancel:v1`;
+    await client().push(src, 'p', ref);
+    const root = join(tempDir(), 'd');
+    const dst = await RegionStore.open(root);
+    const fds = readdirSync('/proc/self/fd').length;
+    const abort = new AbortController();
+    const pulling = client({ rangeMinBytes: MiB, connections: 2 }).pull(dst, ref, {
+      signal: abort.signal,
+      onProgress: (p) => {
+        if (p.phase === 'downloading' && p.bytesDone >= MiB) abort.abort();
+      },
+    });
+    expect(await code(pulling)).toBe('E_ABORTED');
+    expect(await dst.list()).toEqual([]);
+    expect((await dst.usage()).blobs).toBe(0);
+    expect(readdirSync(join(root, 'tmp'))).toEqual([]);
+    expect(readdirSync('/proc/self/fd').length).toBeLessThanOrEqual(fds); // (a socket of earlier work may close meanwhile)
+  }, 30_000);
+
   it('bad or missing credentials and an untrusted CA fail with clear errors; Docker config credentials work', async () => {
     const src = await captured(join(tempDir(), 's'), { w: MiB }, 'a');
     const ref = `${reg.host}/team/auth:v1`;
