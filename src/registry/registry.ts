@@ -133,7 +133,7 @@ export class Registry {
    * A registry reference as a snapshot source: pulled into `store` on first use, then opened
    * from the store with no network (pass `refresh` to pull again; only blobs the store lacks
    * move). The local name is `options.name`, else the repository's last component and the tag
-   * (`team/llama-8b:v1` -> `llama-8b-v1`; a digest gives its first 12 hex digits). Use the
+   * (`team/llama-8b:v1` gives `llama-8b-v1`; a digest gives its first 12 hex digits). Use the
    * result with `restoreEngine` or `Snapshot.restore` as any local snapshot.
    */
   async openSnapshot(store: RegionStore, reference: string, options: PullOptions & { refresh?: boolean } = {}): Promise<Snapshot> {
