@@ -87,8 +87,9 @@ export async function pushManifest(store: RegionStore, manifest: Manifest, tag: 
         report('uploading');
       });
       bytesUploaded += r.sent;
-      bytesResumed += r.resumedAt;
-      done += r.resumedAt;
+      if (r.mounted) bytesSkipped += size;
+      else bytesResumed += r.resumedAt;
+      done += r.mounted ? size : r.resumedAt;
       report('uploading');
     });
 
@@ -124,7 +125,7 @@ async function hasBlob(job: PushJob, digest: string): Promise<boolean> {
  * new Location after each (the registry may encode its state there), and closes with
  * PUT ?digest=. Returns the bytes sent and the offset it resumed at.
  */
-async function uploadBlob(job: PushJob, digest: string, size: number, read: (offset: number, length: number) => Promise<Buffer>, sent: (n: number) => void): Promise<{ sent: number; resumedAt: number }> {
+async function uploadBlob(job: PushJob, digest: string, size: number, read: (offset: number, length: number) => Promise<Buffer>, sent: (n: number) => void): Promise<{ sent: number; resumedAt: number; mounted?: boolean }> {
   const { http, state } = job;
   const origin = http.base.origin;
   const repo = http.ref.repository;
@@ -149,7 +150,7 @@ async function uploadBlob(job: PushJob, digest: string, size: number, read: (off
     const mount = job.mountFrom ? `?mount=${encodeURIComponent(digest)}&from=${encodeURIComponent(job.mountFrom)}` : '';
     const res = await http.send('POST', http.repoPath(`blobs/uploads/${mount}`), { headers: { 'content-length': '0' }, ok: [201, 202], signal: job.signal, what });
     await res.body.dump();
-    if (res.status === 201) return { sent: 0, resumedAt: size }; // mounted
+    if (res.status === 201) return { sent: 0, resumedAt: 0, mounted: true };
     location = locationOf(res, what);
     state.rememberUpload(origin, repo, digest, location);
   }

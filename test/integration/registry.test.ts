@@ -86,6 +86,13 @@ describe.skipIf(!run)('registry: TLS + htpasswd', () => {
     // pulling again downloads nothing
     const again2 = await client().pull(dst, ref, { name: 'copy' });
     expect(again2.bytesDownloaded).toBe(0);
+    // another repository of the same registry: the blobs are mounted, not sent
+    await reg.mark();
+    const mounted = await client().push(src, 'm', `${reg.host}/other/model:v1`, { mountFrom: 'team/model' });
+    expect(mounted).toMatchObject({ bytesUploaded: 0, bytesSkipped: 4 * MiB + 4096, bytesResumed: 0 });
+    const log = (await reg.mark()).filter((r) => r.status !== 401);
+    expect(log.filter((r) => r.method === 'POST' && r.path.includes('mount=sha256') && r.status === 201).length).toBe(3 + 1); // the layers and the config
+    expect(log.filter((r) => r.method === 'PATCH')).toEqual([]);
   }, 30_000);
 
   it('resumes an interrupted push: only the bytes the registry lacks are sent again', async () => {
