@@ -75,6 +75,8 @@ export async function pushManifest(store: RegionStore, manifest: Manifest, tag: 
     await runPool([...blobs], job.connections, async ([blob, size]) => {
       const digest = digests.get(blob)!;
       if (await hasBlob(job, digest)) {
+        // (an upload finished by a push killed before it forgot the upload leaves its record)
+        job.state.forgetUpload(job.http.base.origin, job.http.ref.repository, digest);
         bytesSkipped += size;
         done += size;
         report('uploading');
