@@ -9,6 +9,7 @@
 #                                               --rows picks rows). VSNAP_VLLM_SRC=<folder made by
 #                                               test/fixtures/engine/vllm_src.py>: the engines run
 #                                               vLLM's real allocator (built here, as test/gpu/run.sh does)
+#   npm run bench -- registry [GiB] [out-dir]   pull from a local registry vs curl (CPU only)
 # Builds the bundles, the ceiling program and the reference engine's allocator where the tools
 # are here; on a machine without npm, carry dist-gpu/ and run this same script.
 set -euo pipefail
@@ -30,6 +31,11 @@ build_ceiling() {
     mkdir -p dist-gpu && nvcc -O2 -o dist-gpu/ceiling bench/ceiling.cu
   fi
 }
+if [ "${1:-}" = registry ]; then
+  # CPU only: pull from a local distribution registry into the store vs curl (bench/registry.ts)
+  shift
+  exec node_modules/.bin/tsx bench/registry.ts "$@"
+fi
 if [ "${1:-}" = swap ]; then
   shift
   build_ceiling

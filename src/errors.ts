@@ -85,7 +85,11 @@ export type ErrorCode =
   /** A bug in vsnap: please report it with the message. */
   | 'E_INTERNAL'
   /** Two GPUs cannot copy to each other directly (no NVLink or PCIe peer-to-peer between them): the neighbour tier and multi-path hydrate need it. */
-  | 'E_PEER_UNSUPPORTED';
+  | 'E_PEER_UNSUPPORTED'
+  /** A registry transfer failed (unreachable, TLS, an HTTP error, not a vsnap artifact); `details` has the status and URL. */
+  | 'E_REGISTRY'
+  /** A registry refused the credentials (or needs some); log in (docker login) or pass credentials. */
+  | 'E_REGISTRY_AUTH';
 
 // Every code once: the compiler checks this record against ErrorCode, so no code is missed.
 const CODES: Record<ErrorCode, true> = {
@@ -128,6 +132,8 @@ const CODES: Record<ErrorCode, true> = {
   E_CHECKPOINT: true,
   E_INTERNAL: true,
   E_PEER_UNSUPPORTED: true,
+  E_REGISTRY: true,
+  E_REGISTRY_AUTH: true,
 };
 const KNOWN_CODES: ReadonlySet<string> = new Set(Object.keys(CODES));
 /** EFBIG on Linux (the native addon reports errno numbers). */

@@ -47,6 +47,20 @@ export {
   type VerifyProblem,
   type VerifyReport,
 } from './store/region-store.js';
+export { Registry } from './registry/registry.js';
+export { parseReference, type RegistryReference } from './registry/reference.js';
+export { SNAPSHOT_ARTIFACT_TYPE } from './registry/artifact.js';
+export type { RegistryConnectOptions } from './registry/http.js';
+export type { RegistryCredentials } from './registry/auth.js';
+export type {
+  PullCompatibility,
+  PullOptions,
+  PullReport,
+  PushOptions,
+  PushReport,
+  RegistryOptions,
+  RegistryProgress,
+} from './registry/types.js';
 
 export {
   EngineClient,

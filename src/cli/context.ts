@@ -30,6 +30,7 @@ export interface Options {
   gib?: string;
   gpus?: string;
   dropCaches?: boolean;
+  ca?: string;
 }
 
 /** The default store: $VSNAP_STORE, else $XDG_DATA_HOME/vsnap, else ~/.local/share/vsnap. */

@@ -22,7 +22,8 @@ const HINTS: Partial<Record<ErrorCode | 'E_USAGE', Hint>> = {
   E_STORE_INVALID: (c) =>
     c === 'snapshot' || c === 'suspend' ? 'check --store (or $VSNAP_STORE)' : 'check --store (or $VSNAP_STORE); a store is made by the first `vsnap snapshot` (or `vsnap demo`)',
   E_STORE_LOCKED: 'another vsnap process is using the store; let it finish, then try again',
-  E_SNAPSHOT_NOT_FOUND: 'list what the store has with `vsnap ls --all`; make a snapshot with `vsnap snapshot <name> --engine <url>`',
+  E_SNAPSHOT_NOT_FOUND: (c) =>
+    c === 'pull' ? 'check the repository and tag: the registry has no snapshot there' : 'list what the store has with `vsnap ls --all`; make a snapshot with `vsnap snapshot <name> --engine <url>`',
   E_NOT_RESTORABLE: (c) => (c === 'suspend' ? 'pass --capture to capture one first, or run `vsnap snapshot <name> --engine <url>`' : 'run `vsnap snapshot <name> --engine <url>` first'),
   E_CHECKSUM: (c) => (c === 'verify' ? 'remove the damaged capture with `vsnap rm <name> --id <id>` and capture again' : 'check the snapshot with `vsnap verify <name>`; if damaged, `vsnap rm` it and capture again'),
   E_BLOB_TRUNCATED: 'the snapshot is damaged: `vsnap rm <name> --id <id>`, then capture again with `vsnap snapshot <name> --force`',
@@ -39,6 +40,8 @@ const HINTS: Partial<Record<ErrorCode | 'E_USAGE', Hint>> = {
   E_ADDRESS_IN_USE: "another process listens there: change listen.port in the --config file",
   E_ABORTED: 'interrupted: nothing was kept, temporary files were removed',
   E_BUSY: 'the agent is busy: try again shortly',
+  E_REGISTRY: 'check the reference (<registry>/<repo>:<tag>; http:// first for a plain-HTTP registry) and --ca for a private CA',
+  E_REGISTRY_AUTH: '`docker login <registry>` (vsnap reads ~/.docker/config.json or $DOCKER_CONFIG), or set $VSNAP_REGISTRY_USERNAME and $VSNAP_REGISTRY_PASSWORD',
   E_UNKNOWN_MODEL: 'the models served are listed at GET /v1/models of the agent',
 };
 

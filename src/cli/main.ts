@@ -6,6 +6,7 @@ import { bench } from './commands/bench.js';
 import { doctor } from './commands/doctor.js';
 import { restore, snapshot, status, suspend } from './commands/engine.js';
 import { serve, swap } from './commands/serve.js';
+import { pull, push } from './commands/registry.js';
 import { gc, ls, rm, verify } from './commands/store.js';
 import { Context, EXIT, UsageError, type Options } from './context.js';
 import { demo } from './demo.js';
@@ -18,7 +19,9 @@ Exit codes: 0 ok; 1 failed (the error code, what happened and a hint are printed
 {"code", "message", "hint"} on stdout); 2 bad usage; 3 verify found damage; 130 interrupted (Ctrl-C).
 Ctrl-C stops a capture or restore and removes its temporary files; a second Ctrl-C exits at once.
 Environment: VSNAP_STORE (the store), VSNAP_ENGINE_URL and VSNAP_TOKEN (an engine and its token),
-VSNAP_AGENT_URL and VSNAP_CONTROL_TOKEN (a running vsnap serve and its control token).`;
+VSNAP_AGENT_URL and VSNAP_CONTROL_TOKEN (a running vsnap serve and its control token),
+VSNAP_REGISTRY_CA, VSNAP_REGISTRY_USERNAME and VSNAP_REGISTRY_PASSWORD (push and pull; else the
+Docker config file, DOCKER_CONFIG or ~/.docker/config.json).`;
 
 const opt = {
   json: () => new Option('--json', 'machine-readable output (errors too)'),
@@ -63,6 +66,11 @@ export function program(run: (command: string, fn: Run, args: string[], options:
   def('verify', 're-hash every blob of a snapshot against its manifest (reads only)', verify, opt.store(), opt.id('verify')).argument('<name>', 'the snapshot name');
   def('rm', 'remove a snapshot (or one capture with --id) and free the blobs nothing else uses', rm, opt.store(), opt.id('remove')).argument('<name>', 'the snapshot name');
   def('gc', 'delete the blobs no snapshot references', gc, opt.store());
+  const ca = (): Option => new Option('--ca <file>', "PEM of the registry's CA (default: $VSNAP_REGISTRY_CA; credentials: docker login, or $VSNAP_REGISTRY_USERNAME and $VSNAP_REGISTRY_PASSWORD)");
+  def('push', 'send snapshot <name> to an OCI registry as <registry>/<repo>:<tag> (skips blobs it has, resumes)', push, opt.store(), opt.id('push'), ca())
+    .argument('<name>', 'the snapshot name').argument('<reference>', '<registry>/<repo>:<tag> (http:// first for a plain-HTTP registry)');
+  def('pull', 'fetch a snapshot from an OCI registry into the store (checked against --engine before any layer moves)', pull, opt.store(), opt.engine(), opt.token(), ca())
+    .argument('<reference>', '<registry>/<repo>:<tag> or <registry>/<repo>@sha256:...').argument('[name]', 'the name in the store (default: the pushed name)');
   def('bench', 'the transfer benchmark with the ceiling and the peers, or `bench swap` (a source checkout, an NVIDIA GPU)', bench,
     new Option('--gib <n>', 'GiB to move').default('16'), new Option('--out <dir>', 'write the results (JSON and Markdown) there; without it they are only printed'),
     new Option('--gpus <n>', 'devices to spread the regions over').default('1'), new Option('--drop-caches', 'drop the page cache before cold reads (root)'))

@@ -1,0 +1,78 @@
+import { readFileSync } from 'node:fs';
+
+import { Registry } from '../../registry/registry.js';
+import type { PullCompatibility, RegistryOptions } from '../../registry/types.js';
+import type { Context } from '../context.js';
+import { EXIT, UsageError } from '../context.js';
+import { formatBytes, formatRate, progressLine } from '../output.js';
+
+/** The registry client from --ca (or $VSNAP_REGISTRY_CA) and $VSNAP_REGISTRY_USERNAME / $VSNAP_REGISTRY_PASSWORD, else the Docker config. */
+function registry(ctx: Context): Registry {
+  const caFile = ctx.options.ca ?? process.env.VSNAP_REGISTRY_CA;
+  let ca: string | undefined;
+  if (caFile) {
+    try {
+      ca = readFileSync(caFile, 'utf8');
+    } catch (err) {
+      throw new UsageError(`--ca ${caFile}: ${(err as Error).message}`);
+    }
+  }
+  const username = process.env.VSNAP_REGISTRY_USERNAME;
+  const password = process.env.VSNAP_REGISTRY_PASSWORD;
+  const options: RegistryOptions = {
+    ...(ca ? { ca } : {}),
+    ...(username !== undefined && password !== undefined ? { credentials: { username, password } } : {}),
+  };
+  return new Registry(options);
+}
+
+/** vsnap push <name> <registry>/<repo>:<tag>: send a snapshot to an OCI registry. */
+export async function push(ctx: Context): Promise<number> {
+  const name = ctx.name();
+  const ref = ctx.args[1];
+  if (!ref) throw new UsageError('push needs a reference: vsnap push <name> <registry>/<repo>:<tag>');
+  const store = await ctx.openStore('read');
+  const progress = progressLine('push');
+  const r = await registry(ctx)
+    .push(store, name, ref, { ...(ctx.options.id ? { id: ctx.options.id } : {}), onProgress: progress.update, signal: ctx.signal })
+    .finally(() => progress.done());
+  ctx.print(
+    `pushed ${name} to ${r.reference} (${r.digest}): ${r.layers} layer(s), ${formatBytes(r.bytesUploaded)} sent` +
+      `${r.bytesSkipped ? `, ${formatBytes(r.bytesSkipped)} already there` : ''}${r.bytesResumed ? `, ${formatBytes(r.bytesResumed)} resumed` : ''}, ${r.seconds.toFixed(2)} s`,
+    r,
+  );
+  return EXIT.ok;
+}
+
+/** vsnap pull <ref> [name] [--engine]: fetch a snapshot into the store, checked against the engine first when given. */
+export async function pull(ctx: Context): Promise<number> {
+  const ref = ctx.args[0];
+  if (!ref) throw new UsageError('pull needs a reference: vsnap pull <registry>/<repo>:<tag> [name]');
+  const name = ctx.args[1];
+  let live: PullCompatibility | undefined;
+  if (ctx.options.engine ?? process.env.VSNAP_ENGINE_URL) {
+    // the engine's facts (kind, version, model, dtype, parallelism) decide before any layer moves
+    const client = ctx.engineClient();
+    try {
+      const s = await client.vsnapStatus({ signal: ctx.signal });
+      live = {
+        engine: { kind: s.engine.kind, version: s.engine.version },
+        model: { id: s.model.id, revision: s.model.revision, dtype: s.model.dtype, quantization: s.model.quantization, tensorParallelSize: s.model.tensorParallelSize, pipelineParallelSize: s.model.pipelineParallelSize },
+        platform: { kind: s.ranks[0]?.memory ?? 'cuda' },
+      };
+    } finally {
+      await client.close();
+    }
+  }
+  const store = await ctx.openStore('create');
+  const progress = progressLine('pull');
+  const r = await registry(ctx)
+    .pull(store, ref, { ...(name ? { name } : {}), ...(live ? { live } : {}), onProgress: progress.update, signal: ctx.signal })
+    .finally(() => progress.done());
+  ctx.print(
+    `pulled ${r.name} (${r.id}) from ${ref}: ${formatBytes(r.bytes)}, ${formatBytes(r.bytesDownloaded)} downloaded in ${r.seconds.toFixed(2)} s (${formatRate(r.bytesDownloaded, r.seconds)})` +
+      `${r.bytesSkipped ? `, ${formatBytes(r.bytesSkipped)} already in the store` : ''}`,
+    r,
+  );
+  return EXIT.ok;
+}
