@@ -49,7 +49,7 @@ const COLD_REPS = 2;
 const PROBE_TOKENS = 16;
 
 type RowName = 'tier0' | 'ram' | 'pagecache' | 'cold';
-type Tier = 'gpu' | 'ram' | 'store';
+type Tier = 'gpu' | 'ram' | 'store' | 'engine';
 const ROWS: readonly RowName[] = ['tier0', 'ram', 'pagecache', 'cold'];
 const LABEL: Record<RowName, string> = {
   tier0: 'tier 0 (weights kept on the GPU)',

@@ -62,7 +62,9 @@ export {
   type EngineRestoreReport,
   type EngineSuspendOptions,
   type EngineSuspendResult,
+  type SnapshotRef,
 } from './snapshot/engine-flows.js';
+export type { EngineRecovery, MaterializeOutcome, MaterializePolicy, RecoveryPolicy, RecoveryReason } from './snapshot/engine-recovery.js';
 export {
   resumeEngineKeptWeights,
   suspendEngineKeepingWeights,
@@ -85,6 +87,7 @@ export {
   type EngineState,
   type EngineView,
   type Lease,
+  type RecoveryView,
   type SwapControllerOptions,
   type SwapEngine,
   type SwapEvent,
