@@ -47,8 +47,8 @@ async function loads(client: EngineClient): Promise<number> {
 const sleeping = async (client: FaultyClient) => (await client.vsnapStatus()).sleeping;
 
 function firstBlob(snapshot: Snapshot): string {
-  const [{ region }] = [...snapshot.manifest.regions()];
-  return snapshot.store.blobPath(region!.blob);
+  const [first] = [...snapshot.manifest.regions()];
+  return snapshot.store.blobPath(first!.region.blob);
 }
 
 function flipByte(path: string, at = 4096): void {

@@ -25,8 +25,8 @@ async function setup(extra: Partial<SwapControllerOptions>) {
   const answer = (await askCapital(client, 8)).ids;
   const store = await RegionStore.open(tempDir());
   const { snapshot } = await suspendEngine(store, 'm', client, { captureIfNeeded: true });
-  const [{ region }] = [...snapshot.manifest.regions()];
-  rmSync(store.blobPath(region!.blob));
+  const [first] = [...snapshot.manifest.regions()];
+  rmSync(store.blobPath(first!.region.blob));
   const controller = await SwapController.create({ store, engines: [{ name: 'm', client, memoryBytes: 10 * GB }], budgets: { 0: 15 * GB }, ...extra });
   cleanup.push(() => controller.close());
   const loads = async () => Number((await client.collectiveRpc('ref_weight_loads'))![0]);
@@ -52,7 +52,7 @@ describe('the SwapController recovers an engine whose snapshot cannot be used', 
     expect(recovered).toEqual([expect.objectContaining({ engine: 'm', reason: 'missing', code: 'E_BLOB_MISSING', expectedResponse: 'matched' })]);
     const ok = await metric(controller, 'vsnap_recoveries_total');
     expect(ok).toEqual([expect.objectContaining({ labels: { engine: 'm', reason: 'missing', result: 'ok' }, value: 1 })]);
-    expect((await metric(controller, 'vsnap_recovery_seconds')).find((v) => v.metricName === 'vsnap_recovery_seconds_count')!.value).toBe(1);
+    expect((await metric(controller, 'vsnap_recovery_seconds')).find((v) => (v as { metricName?: string }).metricName === 'vsnap_recovery_seconds_count')!.value).toBe(1);
 
     const { snapshotId } = await materialized;
     expect(snapshotId).not.toBe(snapshot.id);
