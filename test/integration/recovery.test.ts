@@ -215,6 +215,27 @@ describe('a fault during the reload: the engine is left asleep (or said dead), n
     expect((await store.current('ref'))!.id).toBe(snapshot.id); // nothing was captured
   });
 
+  // A fault at each step of the recovery (the engine answers an error): asleep, nothing leaks, the next try works.
+  for (const route of ['wake', 'reload', 'wakeKv', 'reset', 'complete'] as const) {
+    it(`${route} fails during a recovery`, async () => {
+      const { client, store, answer, ask, snapshot } = await setup();
+      // 'complete' is the expected-response check: it needs a readable manifest (a blob lost, not the snapshot)
+      const source = route === 'complete' ? snapshot : { store, name: 'ref' };
+      if (route === 'complete') rmSync(firstBlob(snapshot));
+      else await store.remove('ref');
+      const fds = openFds();
+      client.inject({ route });
+      const err = (await restoreEngine(source, client, { recovery: 'reload', ...quiet }).catch((x: unknown) => x)) as VsnapError;
+      expect(err).toBeInstanceOf(VsnapError);
+      expect(err.details).toMatchObject({ recovered: true, snapshotError: route === 'complete' ? 'E_BLOB_MISSING' : 'E_SNAPSHOT_NOT_FOUND' });
+      expect(err.message).toMatch(/injected fault/);
+      expect(await sleeping(client)).toBe(true);
+      expect(openFds()).toEqual(fds);
+      expect((await restoreEngine(source, client, { recovery: 'reload', ...quiet })).path).toBe('recovered');
+      expect(await ask()).toEqual(answer);
+    });
+  }
+
   it('the engine dies during the reload: the error says so (not asleep: restart it), no fds left', async () => {
     const { e, client, store } = await setup();
     await store.remove('ref');
