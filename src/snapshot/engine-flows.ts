@@ -275,7 +275,7 @@ export async function restoreEngine(source: Snapshot | SnapshotRef, client: Engi
   // fails here as it always did, unless it may be recovered from.
   let snapshot: Snapshot | undefined;
   let openError: { error: VsnapError; reason: RecoveryReason } | undefined;
-  if (source instanceof Snapshot) snapshot = source;
+  if ('manifest' in source) snapshot = source; // structural: a Snapshot of the other build (ESM/CJS) too
   else {
     try {
       snapshot = await Snapshot.open(source.store, source.name, source.id !== undefined ? { id: source.id } : {});

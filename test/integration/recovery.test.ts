@@ -159,6 +159,17 @@ describe('recovery: each cause, fail (today) then reload', () => {
     expect(cache.usedBytes).toBe(0);
   });
 
+  it("without the vsnap routes (vLLM's dev routes only): the reload goes through /collective_rpc", async () => {
+    const { client, store, answer, ask } = await setup({ env: { VSNAP_REF_NO_BUILD_APP: '1' } });
+    expect((await client.routeMechanism()).mechanism).toBeNull();
+    await store.remove('ref');
+    const before = await loads(client);
+    const report = await restoreEngine({ store, name: 'ref' }, client, { recovery: 'reload', ...quiet });
+    expect(report).toMatchObject({ path: 'recovered', recovery: { reason: 'missing' } });
+    expect(await loads(client)).toBe(before + 1);
+    expect(await ask()).toEqual(answer);
+  });
+
   it('incompatible (taken by another engine version): reload recovers; a snapshot of another model is never recovered past', async () => {
     const { client, store, answer, ask } = await setup();
     // The same model under an upgraded engine: its snapshot no longer matches this one.
