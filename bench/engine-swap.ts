@@ -60,7 +60,7 @@ const COLD_REPS = 2;
 const PROBE_TOKENS = 16;
 
 type RowName = 'tier0' | 'ram' | 'pagecache' | 'cold';
-type Tier = 'gpu' | 'ram' | 'store';
+type Tier = 'gpu' | 'ram' | 'store' | 'engine';
 const ROWS: readonly RowName[] = ['tier0', 'ram', 'pagecache', 'cold'];
 type ExtraRow = 'sweep' | 'capture2' | 'vllm-l1';
 const EXTRA: readonly ExtraRow[] = ['sweep', 'capture2', 'vllm-l1'];

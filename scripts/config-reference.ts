@@ -21,6 +21,12 @@ export const CONFIG_KEYS: Record<string, string> = {
   startup: 'How engines that vsnap starts are brought up and stopped.',
   'startup.healthTimeoutSeconds': 'How long an engine may take to answer its health route. Default 900 (loading is slow).',
   'startup.graceSeconds': 'After SIGTERM, how long before SIGKILL. Default 20.',
+  recovery:
+    "When an engine's snapshot cannot be used (missing, damaged, incompatible, RAM copy lost): what the controller does. See the README's Recovery section.",
+  'recovery.mode':
+    "`reload` (default): the engine loads its weights again from its own checkpoint (vLLM's reload_weights), checked against the snapshot's expected response where there is one, so the model stays servable; `fail`: the model is refused (E_NOT_RESTORABLE) until its snapshot is captured again.",
+  'recovery.materialize':
+    'After a recovery, capture a new snapshot: `async` (default: in the background while the engine serves), `required` (before the engine is reported ready) or `off`.',
   models: 'The models served, by name (the OpenAI `model` field): each an engine that is running (url) or that vsnap starts (command).',
   'models.*.url': 'The base URL of an engine that is already running.',
   'models.*.command': 'Or the program that starts the engine; vsnap supervises it (its own process group, restarts with backoff).',

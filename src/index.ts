@@ -79,7 +79,9 @@ export {
   type EngineRestoreReport,
   type EngineSuspendOptions,
   type EngineSuspendResult,
+  type SnapshotRef,
 } from './snapshot/engine-flows.js';
+export type { EngineRecovery, MaterializeOutcome, MaterializePolicy, RecoveryPolicy, RecoveryReason } from './snapshot/engine-recovery.js';
 export {
   resumeEngineKeptWeights,
   suspendEngineKeepingWeights,
@@ -102,6 +104,7 @@ export {
   type EngineState,
   type EngineView,
   type Lease,
+  type RecoveryView,
   type SwapControllerOptions,
   type SwapEngine,
   type SwapEvent,

@@ -25,6 +25,8 @@ export interface Options {
   force?: boolean;
   capture?: boolean;
   deep?: boolean;
+  recover?: boolean;
+  materialize?: string;
   all?: boolean;
   out?: string;
   gib?: string;

@@ -17,6 +17,8 @@ export interface EngineControl {
   resetPrefixCache(call?: CallOptions): Promise<void>;
   /** The engine's own weight-resident suspend: pause (level 0, keep) and release the KV cache. */
   releaseKvCache(call?: CallOptions): Promise<void>;
+  /** The workers load their weights again from the checkpoint (vLLM's reload_weights), into woken weights memory. */
+  reloadWeights(call?: CallOptions): Promise<void>;
 }
 
 function viaRoutes(client: EngineClient): EngineControl {
@@ -30,6 +32,7 @@ function viaRoutes(client: EngineClient): EngineControl {
     wake: (tags, call, adopt) => client.vsnapWake({ ...(tags ? { tags } : {}), ...(adopt ? { adopt } : {}) }, call),
     resetPrefixCache: (call) => client.vsnapResetPrefixCache(call),
     releaseKvCache: (call) => client.vsnapReleaseKvCache(call),
+    reloadWeights: (call) => client.vsnapReloadWeights(call),
   };
 }
 
@@ -60,6 +63,9 @@ function viaDevRoutes(client: EngineClient): EngineControl {
     releaseKvCache: async (call) => {
       await client.sleep({ level: 0, mode: 'keep' }, call);
       await client.releaseKvCacheMemory(call);
+    },
+    reloadWeights: async (call) => {
+      await client.collectiveRpc('reload_weights', {}, call);
     },
   };
 }

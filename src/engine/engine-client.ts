@@ -91,6 +91,8 @@ export interface EngineStatus {
     readonly weightsMemory?: Readonly<Record<string, number>>;
     /** The allocator's other tags (`kv_cache`, `cudagraph`, ...): never exported as weights. */
     readonly otherTags?: readonly string[];
+    /** Whether the worker has vLLM's `reload_weights` (the recovery path). Absent from older plugins. */
+    readonly reloadWeights?: boolean;
   }>;
 }
 
@@ -280,6 +282,16 @@ export class EngineClient {
    */
   async vsnapReleaseKvCache(options?: CallOptions): Promise<void> {
     await this.call({ method: 'POST', path: '/vsnap/v1/release_kv_cache', auth: 'vsnap', options, defaultTimeoutMs: LONG_CALL_MS });
+  }
+
+  /**
+   * Has every worker load its weights again from the model's checkpoint, into the weights memory
+   * a `vsnapWake` of `['weights']` mapped (vLLM's `collective_rpc("reload_weights")`, the middle
+   * step of the documented level-2 wake: docs/features/sleep_mode.md; `Worker.reload_weights` in
+   * vllm/v1/worker/gpu_worker.py). The recovery path when no snapshot can be used.
+   */
+  async vsnapReloadWeights(options?: CallOptions): Promise<void> {
+    await this.call({ method: 'POST', path: '/vsnap/v1/reload_weights', auth: 'vsnap', options, defaultTimeoutMs: LONG_CALL_MS });
   }
 
   /**

@@ -56,6 +56,8 @@ const RankStatusSchema = z
     unsupportedReason: z.string().nullable().optional(),
     weightsMemory: z.record(z.string(), z.number()).optional(),
     otherTags: z.array(z.string()).optional(),
+    // Newer plugins: whether the worker has vLLM's reload_weights (the recovery path).
+    reloadWeights: z.boolean().optional(),
   })
   .passthrough();
 

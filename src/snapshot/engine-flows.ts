@@ -11,6 +11,8 @@ import { passOn, type TransferOptions } from '../transfer/transfer.js';
 import { blobProblems, compareResponses, DEFAULT_PROMPT, holdsWeights, liveFacts, liveRanks, phaseTimer, preflight, probe, warn } from './engine-checks.js';
 import { deepPrecheck, deepSuspendRanks, nativeCheckpointBackend, resumeIfDeep, type CheckpointBackend } from './deep-suspend.js';
 import { checkLive, liveRefs, staleError, type LiveCheckReport } from './live-check.js';
+import { recoverEngine, recoveryReason, type EngineRecovery, type MaterializePolicy, type RecoveryPolicy, type RecoveryReason } from './engine-recovery.js';
+import type { Manifest } from '../manifest/manifest.js';
 import { Snapshot, type CaptureOptions, type PersistPolicy } from './snapshot.js';
 
 /*
@@ -66,6 +68,29 @@ export interface EngineRestoreOptions extends TransferOptions {
   readonly verifyDigests?: boolean;
   /** @internal The process checkpoint calls (tests inject a fake). */
   readonly checkpointBackend?: CheckpointBackend;
+  /**
+   * When the snapshot cannot be used (see {@link RecoveryReason}): `fail` (default) throws its
+   * error; `reload` has the engine load its weights again from its own checkpoint (vLLM's
+   * level-2 wake with `reload_weights`), checks the expected response where the snapshot's
+   * manifest has one, and follows `materialize`. The report says which path ran.
+   */
+  readonly recovery?: RecoveryPolicy;
+  /** After a recovery: capture a new snapshot `off` (default), `async` or `required`; see {@link MaterializePolicy}. */
+  readonly materialize?: MaterializePolicy;
+}
+
+/**
+ * A snapshot to restore, by name, opened by {@link restoreEngine} itself: so that one that is
+ * missing or unreadable can be recovered from (with `recovery: 'reload'`).
+ * @public
+ */
+export interface SnapshotRef {
+  /** The store holding it. */
+  readonly store: RegionStore;
+  /** Its name. */
+  readonly name: string;
+  /** A capture id (default: the current one). */
+  readonly id?: string;
 }
 
 /**
@@ -115,17 +140,22 @@ export interface EngineSuspendOptions {
 export interface EngineRestoreReport {
   /** Bytes restored. */
   readonly bytes: number;
-  /** Where the weights came from: `gpu` (tier 0: mapped back, no copy), `ram` or `store`. */
-  readonly tier: 'gpu' | 'ram' | 'store';
+  /** Where the weights came from: `gpu` (tier 0: mapped back, no copy), `ram`, `store`, or `engine` (recovered: the engine loaded them). */
+  readonly tier: 'gpu' | 'ram' | 'store' | 'engine';
   /** Wall time of the whole restore. */
   readonly seconds: number;
   /**
    * Seconds per phase, in order: sleep (model swap only), then wakeWeights, export, validate
    * (the snapshot's layout and facts checked against the engine's), hydrate (or adoptWeights for
-   * tier 0), then wakeKvCache, resetPrefixCache, expectedResponse. A
-   * deep-suspended engine starts with `deep.restore`, `deep.unlock`.
+   * tier 0), then wakeKvCache, resetPrefixCache, expectedResponse. A deep-suspended engine starts
+   * with `deep.restore`, `deep.unlock`. A recovery adds reloadWeights (and materialize, when
+   * required).
    */
   readonly phases: Readonly<Record<string, number>>;
+  /** `restored` from the snapshot, or `recovered` through the engine's own loader (see `recovery`). */
+  readonly path: 'restored' | 'recovered';
+  /** What the recovery did, when `path` is `recovered`. */
+  readonly recovery?: EngineRecovery;
 }
 
 /**
@@ -228,15 +258,37 @@ async function captureExported(
  * checks the layout and facts, hydrates with every chunk verified, wakes the KV cache, resets the
  * prefix cache, and re-runs the expected response; only then does it resolve. With tier 0
  * holding the engine's weights, maps them back instead (falling back to the snapshot if that
- * fails). Any failure puts an engine that woke back to sleep and says how to recover.
+ * fails). Any failure puts an engine that woke back to sleep and says how to recover. With
+ * `recovery: 'reload'`, a snapshot that cannot be used (missing, damaged, incompatible, RAM copy
+ * lost) is replaced by the engine's own reload of its weights (see {@link RecoveryReason}).
  * @public
  */
-export async function restoreEngine(snapshot: Snapshot, client: EngineClient, options: EngineRestoreOptions = {}): Promise<EngineRestoreReport> {
+export async function restoreEngine(source: Snapshot | SnapshotRef, client: EngineClient, options: EngineRestoreOptions = {}): Promise<EngineRestoreReport> {
   const started = performance.now();
   const phases: Record<string, number> = {};
   const lap = phaseTimer(phases);
   const call = options.signal ? { signal: options.signal } : {};
-  const expected = snapshot.manifest.data.expectedResponse;
+  const recovery = options.recovery ?? 'fail';
+  if (recovery !== 'fail' && recovery !== 'reload') invalidArgument('recovery', "'fail' or 'reload'", recovery);
+  const materialize = options.materialize ?? 'off';
+  if (materialize !== 'off' && materialize !== 'async' && materialize !== 'required') invalidArgument('materialize', "'off', 'async' or 'required'", materialize);
+  // A snapshot by name is opened first, before the engine is touched: one that cannot be opened
+  // fails here as it always did, unless it may be recovered from.
+  let snapshot: Snapshot | undefined;
+  let openError: { error: VsnapError; reason: RecoveryReason } | undefined;
+  if ('manifest' in source) snapshot = source; // structural: a Snapshot of the other build (ESM/CJS) too
+  else {
+    try {
+      snapshot = await Snapshot.open(source.store, source.name, source.id !== undefined ? { id: source.id } : {});
+    } catch (err) {
+      const error = toVsnapError(err);
+      const reason = recovery === 'reload' ? recoveryReason(error, undefined, undefined, options) : undefined;
+      if (!reason) throw error;
+      openError = { error, reason };
+    }
+  }
+  const store = snapshot?.store ?? (source as SnapshotRef).store;
+  const name = snapshot?.name ?? (source as SnapshotRef).name;
   const found = await engineControl(client, call);
   const control = found.control;
   let status = found.status;
@@ -260,6 +312,29 @@ export async function restoreEngine(snapshot: Snapshot, client: EngineClient, op
     status = await control.status(call);
   }
   const rest = tagsAfterWeights(status);
+  const recover = async (cause: VsnapError, reason: RecoveryReason, manifest: Manifest | undefined): Promise<EngineRestoreReport> => {
+    warn(options, `snapshot '${name}' cannot be used (${cause.code}); the engine reloads its weights itself`);
+    const outcome = await recoverEngine({
+      control, client, store, name, manifest, cause, reason, materialize, call, lap, onWarning: options.onWarning,
+      finishWake: (expected) => finishWake(control, client, name, expected, rest, options, call, lap, 'recovered'),
+      backToSleep: () => backToSleep(control),
+      capture: (probe) =>
+        captureEngine(store, name, client, {
+          ...(probe ? { probePrompt: probe.prompt, probeMaxTokens: probe.maxTokens } : {}),
+          ...(options.cache ? { cache: options.cache } : {}),
+          ...(options.onWarning ? { onWarning: options.onWarning } : {}),
+          ...passOn(options),
+        }),
+    });
+    return { bytes: outcome.bytes, tier: 'engine', seconds: (performance.now() - started) / 1000, phases, path: 'recovered', recovery: outcome.recovery };
+  };
+  if (openError) {
+    if (status.ranks.some((r) => r.reloadWeights === false)) throw openError.error;
+    options.resident?.release(client.baseUrl); // what tier 0 held cannot be checked against a snapshot that cannot be read
+    return recover(openError.error, openError.reason, undefined);
+  }
+  snapshot = snapshot!;
+  const expected = snapshot.manifest.data.expectedResponse;
   const engineKey = client.baseUrl;
   const resident = options.resident;
   if (resident?.peek(engineKey)) {
@@ -268,7 +343,7 @@ export async function restoreEngine(snapshot: Snapshot, client: EngineClient, op
       const usable = held.snapshotId === snapshot.id && status.ranks.every((r) => held.ranks[r.rank]?.pid === r.pid) && status.ranks.every((r) => !r.weightsMapped);
       if (usable) {
         const outcome = await restoreFromResident(control, client, snapshot, resident, rest, options, call, lap);
-        if ('report' in outcome) return { ...outcome.report, seconds: (performance.now() - started) / 1000, phases };
+        if ('report' in outcome) return { ...outcome.report, seconds: (performance.now() - started) / 1000, phases, path: 'restored' };
         status = outcome.status;
       }
     } finally {
@@ -299,15 +374,18 @@ export async function restoreEngine(snapshot: Snapshot, client: EngineClient, op
       phases.verifyDigests = result.digestSeconds;
     }
     exported.close();
-    await finishWake(control, client, snapshot, expected, rest, options, call, lap);
-    return { bytes: result.bytes, tier: result.tier ?? 'store', seconds: (performance.now() - started) / 1000, phases };
+    await finishWake(control, client, snapshot.name, expected, rest, options, call, lap, 'restored');
+    return { bytes: result.bytes, tier: result.tier ?? 'store', seconds: (performance.now() - started) / 1000, phases, path: 'restored' };
   } catch (err) {
     exported?.close();
     const e = toVsnapError(err);
+    // The snapshot's own faults (never the engine's, nor a cancellation) may be recovered from.
+    const reason = recovery === 'reload' && !call.signal?.aborted ? recoveryReason(e, snapshot.manifest, status, options) : undefined;
+    if (reason) return recover(e, reason, snapshot.manifest);
     const { state, asleep } = await backToSleep(control);
     throw new VsnapError(
       e.code,
-      `${e.message}\nRestore of '${snapshot.name}' failed; ${state}. Retry the restore, or wake the engine and reload its weights with vLLM's reload_weights.`,
+      `${e.message}\nRestore of '${snapshot.name}' failed; ${state}. Retry the restore, or wake the engine and reload its weights with vLLM's reload_weights (restoreEngine's recovery: 'reload').`,
       { ...e.details, recovered: asleep },
       { cause: e },
     );
@@ -324,12 +402,13 @@ function tagsAfterWeights(status: EngineStatus): string[] {
 async function finishWake(
   control: EngineControl,
   client: EngineClient,
-  snapshot: Snapshot,
+  name: string,
   expected: ExpectedResponse | null,
   rest: readonly string[],
   options: EngineRestoreOptions,
   call: { signal?: AbortSignal },
   lap: (name: string) => void,
+  path: 'restored' | 'recovered',
 ): Promise<void> {
   // Every tag still asleep, by name: the KV cache, and any other (vLLM 0.33's `cudagraph` pool
   // with --sleep-mode-offload-cudagraph, which a wake of `kv_cache` alone would leave asleep).
@@ -346,8 +425,11 @@ async function finishWake(
   if (difference) {
     throw new VsnapError(
       'E_RESPONSE_MISMATCH',
-      `after restoring '${snapshot.name}' the engine's answer differs from the one recorded at capture: ${difference}. ` +
-        'The weights verified byte for byte, so state outside the snapshot is wrong (an attention backend such as FlashInfer keeps some).',
+      path === 'restored'
+        ? `after restoring '${name}' the engine's answer differs from the one recorded at capture: ${difference}. ` +
+          'The weights verified byte for byte, so state outside the snapshot is wrong (an attention backend such as FlashInfer keeps some).'
+        : `after the engine reloaded its weights, its answer differs from the one '${name}' recorded at capture: ${difference}. ` +
+          'Its checkpoint is not the one the snapshot was taken from (or state outside the weights is wrong).',
       { expected, actual, difference },
     );
   }
@@ -383,13 +465,13 @@ async function restoreFromResident(
   options: EngineRestoreOptions,
   call: { signal?: AbortSignal },
   lap: (name: string) => void,
-): Promise<{ report: Omit<EngineRestoreReport, 'seconds' | 'phases'> } | { status: EngineStatus }> {
+): Promise<{ report: Omit<EngineRestoreReport, 'seconds' | 'phases' | 'path'> } | { status: EngineStatus }> {
   let failure: VsnapError;
   let bytes = 0;
   try {
     ({ bytes } = await resident.adopt(client.baseUrl, (adopt) => control.wake(['weights'], call, adopt), call));
     lap('adoptWeights');
-    await finishWake(control, client, snapshot, snapshot.manifest.data.expectedResponse, rest, options, call, lap);
+    await finishWake(control, client, snapshot.name, snapshot.manifest.data.expectedResponse, rest, options, call, lap, 'restored');
     return { report: { bytes, tier: 'gpu' } };
   } catch (err) {
     failure = toVsnapError(err);

@@ -48,6 +48,10 @@ export const ConfigSchema = z
     defaultModel: z.string().optional(),
     queue: z.object({ limit: z.number().int().positive().default(64), timeoutSeconds: z.number().positive().default(120) }).strict().default({ limit: 64, timeoutSeconds: 120 }),
     startup: z.object({ healthTimeoutSeconds: z.number().positive().default(900), graceSeconds: z.number().positive().default(20) }).strict().default({ healthTimeoutSeconds: 900, graceSeconds: 20 }),
+    recovery: z
+      .object({ mode: z.enum(['reload', 'fail']).default('reload'), materialize: z.enum(['off', 'async', 'required']).default('async') })
+      .strict()
+      .default({ mode: 'reload', materialize: 'async' }),
     models: z.record(z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$/, 'a model name'), ModelSchema).refine((m) => Object.keys(m).length > 0, 'at least one model'),
   })
   .strict()
@@ -155,6 +159,8 @@ export interface ServeConfig {
   readonly queue: { limit: number; timeoutSeconds: number };
   /** Engine start-up. */
   readonly startup: { healthTimeoutSeconds: number; graceSeconds: number };
+  /** When a snapshot cannot be used: reload through the engine's own loader (default) or fail; and whether a new snapshot is captured after (default async). */
+  readonly recovery: { mode: 'reload' | 'fail'; materialize: 'off' | 'async' | 'required' };
   /** The models, by name. */
   readonly models: Record<string, ServeModelConfig>;
 }

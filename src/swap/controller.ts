@@ -5,6 +5,7 @@ import type { Registry } from 'prom-client';
 import type { HostCache } from '../cache/host-cache.js';
 import type { ResidentWeights } from '../cache/resident-weights.js';
 import type { CheckpointBackend } from '../snapshot/deep-suspend.js';
+import type { MaterializePolicy, RecoveryPolicy, RecoveryReason } from '../snapshot/engine-recovery.js';
 import type { EngineClient } from '../engine/engine-client.js';
 import { abortError, invalidArgument, VsnapError } from '../errors.js';
 import { restorableFor } from '../snapshot/engine-flows.js';
@@ -77,6 +78,15 @@ export interface SwapControllerOptions {
   readonly captureIfNeeded?: boolean;
   /** A prom-client registry to put the metrics in (default: the controller's own). */
   readonly registry?: Registry;
+  /**
+   * When an engine's snapshot cannot be used (missing, damaged, incompatible, RAM copy lost):
+   * `reload` (default) has the engine reload its weights from its own checkpoint, so the model
+   * stays servable (slower, but checked against the snapshot's expected response where there is
+   * one); `fail` leaves it unservable until re-captured. See restoreEngine's `recovery`.
+   */
+  readonly recovery?: RecoveryPolicy;
+  /** After a recovery, capture a new snapshot: `async` (default: in the background while it serves), `required` or `off`. */
+  readonly materialize?: MaterializePolicy;
 }
 
 export type { EngineState } from './planner.js';
@@ -111,6 +121,23 @@ export interface EngineView {
    * its weights while it is suspended (a wake maps them back, no copy). Absent when none is held.
    */
   readonly weightsHeldBytes?: number;
+  /** Its last recovery through the engine's own loader (absent when none happened since it was last restored from a snapshot). */
+  readonly recovery?: RecoveryView;
+}
+
+/**
+ * An engine's last recovery, for status pages.
+ * @public
+ */
+export interface RecoveryView {
+  /** Why its snapshot could not be used. */
+  readonly reason: RecoveryReason;
+  /** The snapshot's error code. */
+  readonly code: string;
+  /** When, ms since the epoch. */
+  readonly at: number;
+  /** The new snapshot: `off` (none asked for), `capturing`, `captured` or `failed`. */
+  readonly snapshot: 'off' | 'capturing' | 'captured' | 'failed';
 }
 
 /**
@@ -139,8 +166,10 @@ export interface SwapEvent {
   readonly seconds: number;
   /** restore: seconds per phase. */
   readonly phases?: Readonly<Record<string, number>>;
-  /** restore: where the weights came from (`gpu`: tier 0, nothing copied). */
-  readonly tier?: 'gpu' | 'ram' | 'store';
+  /** restore: where the weights came from (`gpu`: tier 0, nothing copied; `engine`: recovered, the engine reloaded them). */
+  readonly tier?: 'gpu' | 'ram' | 'store' | 'engine';
+  /** restore: set when the snapshot could not be used and the engine reloaded its weights instead. */
+  readonly recovered?: RecoveryReason;
   /** suspend: whether a snapshot was captured first. */
   readonly captured?: boolean;
 }
@@ -157,8 +186,11 @@ export interface SwapEvent {
  * awake, idle engines with a TTL are suspended, and a default model is woken when nothing else is
  * wanted. Emits `swapStarted` (with engine and action), `swap` ({@link SwapEvent}, when one
  * finished, with phase timings), `swapFailed` (with engine, action and the full error, for the
- * operator's log), `snapshotDamaged` (engine, snapshotId, reason, detail) and `change` (after every
- * state change); exports Prometheus metrics.
+ * operator's log), `snapshotDamaged` (engine, snapshotId, reason, detail), `recovered` (engine,
+ * reason, code, message, seconds, expectedResponse: a restore went through the engine's own
+ * loader, see {@link SwapControllerOptions.recovery}), `materialized` (engine, snapshotId) or
+ * `materializeFailed` (engine, error) after it, and `change` (after every state change); exports
+ * Prometheus metrics.
  * @public
  */
 export class SwapController extends EventEmitter {
@@ -217,6 +249,7 @@ export class SwapController extends EventEmitter {
         ...(s.error ? { error: s.error } : {}),
         ...(s.damage ? { snapshotProblem: s.damage.reason } : {}),
         ...(held > 0 ? { weightsHeldBytes: held } : {}),
+        ...(s.recovery ? { recovery: { ...s.recovery } } : {}),
       };
     });
   }

@@ -2,11 +2,11 @@ import type { EventEmitter } from 'node:events';
 
 import { engineControl } from '../engine/control.js';
 import { toVsnapError, VsnapError } from '../errors.js';
-import { suspendEngine, restoreEngine } from '../snapshot/engine-flows.js';
+import { suspendEngine, restoreEngine, type EngineRestoreReport, type SnapshotRef } from '../snapshot/engine-flows.js';
 import { resumeEngineKeptWeights, suspendEngineKeepingWeights } from '../snapshot/engine-kv-release.js';
 import { checkResident } from '../snapshot/live-check.js';
 import { Snapshot } from '../snapshot/snapshot.js';
-import type { Lease, SwapControllerOptions, SwapEngine, SwapEvent } from './controller.js';
+import type { Lease, RecoveryView, SwapControllerOptions, SwapEngine, SwapEvent } from './controller.js';
 import type { SwapMetrics } from './metrics.js';
 import { mayKeepResident, plan, type Action, type EngineState, type PlanEngine, type PlanInput } from './planner.js';
 import { checkRestorable, damageReason, SNAPSHOT_FAULTS, type Damage } from './readiness.js';
@@ -36,6 +36,10 @@ export interface Slot {
   shallow?: boolean;
   /** Its tier-0 weights failed the dirty check before a demotion: kept, never demoted. */
   holdLocked?: boolean;
+  /** Its last recovery through the engine's own loader. */
+  recovery?: { -readonly [K in keyof RecoveryView]: RecoveryView[K] };
+  /** The background capture after a recovery (materialize `async`): a suspend waits for it. */
+  materializing?: Promise<void>;
 }
 
 /** How long an engine whose swap failed is left alone by background steps (pinned, default, TTL, budget). */
@@ -109,12 +113,17 @@ export class SwapExecutor {
       weightsBytes: s.spec.deepSuspend ? undefined : s.spec.weightsBytes, // tier 0 never holds a deep engine's weights
       group: s.spec.group,
       idleTtlMs: s.spec.idleTtlMs,
-      unrestorable: s.damage?.reason,
+      unrestorable: this.recovers() ? undefined : s.damage?.reason, // with recovery, a bad snapshot is reloaded past
       retryAt: s.retryAt,
       keptByEngine: s.keptByEngine,
       holdLocked: s.holdLocked,
     }));
     return { engines, budgets: this.options.budgets, defaultModel: this.options.defaultModel, tier0: this.options.resident !== undefined, now: Date.now() };
+  }
+
+  /** Whether restores recover through the engine's own loader when the snapshot cannot be used. */
+  private recovers(): boolean {
+    return (this.options.recovery ?? 'reload') === 'reload';
   }
 
   /** Tier-0 bytes kept for a suspended engine, per device. */
@@ -275,7 +284,9 @@ export class SwapExecutor {
       slot.lastUsed = Date.now();
       delete slot.error;
       delete slot.retryAt;
-      const event: SwapEvent = { engine: name, action: 'restore', seconds: (performance.now() - started) / 1000, phases: report.phases, tier: report.tier };
+      if (!('path' in report) || report.path === 'restored') delete slot.recovery;
+      const event: SwapEvent = { engine: name, action: 'restore', seconds: (performance.now() - started) / 1000, phases: report.phases, tier: report.tier, ...('recovery' in report && report.recovery ? { recovered: report.recovery.reason } : {}) };
+      if ('recovery' in report && report.recovery) this.recovered(slot, report as EngineRestoreReport, event.seconds);
       this.metrics.swaps.inc({ engine: name, action: 'restore', result: 'ok' });
       this.metrics.swapSeconds.observe({ engine: name, action: 'restore', tier: report.tier }, event.seconds);
       this.metrics.bytesMoved.inc({ engine: name }, report.bytes);
@@ -285,7 +296,10 @@ export class SwapExecutor {
       const e = toVsnapError(err);
       this.metrics.swaps.inc({ engine: name, action: 'restore', result: 'error' });
       slot.retryAt = Date.now() + RETRY_MS;
-      if (SNAPSHOT_FAULTS.has(e.code)) this.markDamaged(slot, { snapshotId, reason: damageReason(e.code, snapshotId) }, e.message);
+      // A failed recovery (details.recovery) still says the snapshot was bad (details.snapshotError).
+      const fault = SNAPSHOT_FAULTS.has(e.code) ? e.code : (e.details.snapshotError as VsnapError['code'] | undefined);
+      if (fault !== undefined && SNAPSHOT_FAULTS.has(fault)) this.markDamaged(slot, { snapshotId, reason: damageReason(fault, snapshotId) }, e.message);
+      if (typeof e.details.recovery === 'string') this.metrics.recoveries.inc({ engine: name, reason: e.details.recovery, result: 'error' });
       // What the engine really is now. Awake after a failed restore means its weights are not
       // the verified ones (it could not be put back to sleep): never lease it.
       const now = await this.readState(slot);
@@ -302,13 +316,51 @@ export class SwapExecutor {
   }
 
   private async restore(slot: Slot, opened: (id: string) => void) {
-    const snapshot = await Snapshot.open(this.options.store, slot.spec.snapshot);
-    opened(snapshot.id);
-    return restoreEngine(snapshot, slot.spec.client, {
+    const recovery = this.recovers() ? ('reload' as const) : ('fail' as const);
+    let source: Snapshot | SnapshotRef;
+    try {
+      const snapshot = await Snapshot.open(this.options.store, slot.spec.snapshot);
+      opened(snapshot.id);
+      source = snapshot;
+    } catch (err) {
+      if (recovery === 'fail') throw err;
+      source = { store: this.options.store, name: slot.spec.snapshot }; // restoreEngine opens it again and recovers past it
+    }
+    return restoreEngine(source, slot.spec.client, {
       ...(this.options.cache ? { cache: this.options.cache } : {}),
       ...(this.options.resident ? { resident: this.options.resident } : {}),
       ...(this.options.checkpointBackend ? { checkpointBackend: this.options.checkpointBackend } : {}),
+      recovery,
+      materialize: this.options.materialize ?? 'async',
+      onWarning: (message) => this.events.emit('warning', { engine: slot.spec.name, message }),
     });
+  }
+
+  /** Counts and reports a recovery; follows its background capture, if any. */
+  private recovered(slot: Slot, report: EngineRestoreReport, seconds: number): void {
+    const r = report.recovery!;
+    const name = slot.spec.name;
+    this.metrics.recoveries.inc({ engine: name, reason: r.reason, result: 'ok' });
+    this.metrics.recoverySeconds.observe({ engine: name, reason: r.reason }, seconds);
+    const state = r.materialize === 'off' ? 'off' : r.snapshot ? 'captured' : 'capturing';
+    slot.recovery = { reason: r.reason, code: r.code, at: Date.now(), snapshot: state };
+    if (r.snapshot) delete slot.damage; // a new capture replaced the bad one
+    this.events.emit('recovered', { engine: name, reason: r.reason, code: r.code, message: r.message, seconds, expectedResponse: r.expectedResponse });
+    if (r.materialized) {
+      const mine = slot.recovery;
+      const pending: Promise<void> = r.materialized.then((outcome) => {
+        if (slot.materializing === pending) delete slot.materializing;
+        if (slot.recovery === mine) mine.snapshot = outcome.ok ? 'captured' : 'failed';
+        if (outcome.ok) {
+          if (slot.damage?.snapshotId !== outcome.snapshot.id) delete slot.damage;
+          this.events.emit('materialized', { engine: name, snapshotId: outcome.snapshot.id });
+        } else {
+          this.events.emit('materializeFailed', { engine: name, error: outcome.error });
+        }
+        this.changed();
+      });
+      slot.materializing = pending;
+    }
   }
 
   /** The engine's own tier 0: wake its KV cache (no snapshot, nothing moved). */
@@ -382,6 +434,8 @@ export class SwapExecutor {
   /** Suspends an engine; on failure, reads back what it really is and rethrows. */
   async suspend(slot: Slot, captureIfNeeded: boolean, keepResident: boolean): Promise<SwapEvent> {
     const name = slot.spec.name;
+    // A capture after a recovery still running: let it finish, so the suspend finds its snapshot.
+    if (slot.materializing) await slot.materializing;
     const started = performance.now();
     slot.state = 'suspending';
     this.changed();

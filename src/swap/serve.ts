@@ -87,6 +87,8 @@ export async function serve(config: ServeConfig, options: { log?: (line: string)
       })),
       budgets: Object.fromEntries(Object.entries(config.gpus).map(([d, g]) => [Number(d), Math.floor(g.budgetGiB * GiB)])),
       ...(cache ? { cache } : {}),
+      recovery: config.recovery.mode,
+      materialize: config.recovery.materialize,
       ...(config.defaultModel ? { defaultModel: config.defaultModel } : {}),
       queueLimit: config.queue.limit,
       queueTimeoutMs: config.queue.timeoutSeconds * 1000,
@@ -94,6 +96,10 @@ export async function serve(config: ServeConfig, options: { log?: (line: string)
     controller.on('swap', (e: SwapEvent) => log(`vsnap: ${e.action} ${e.engine} in ${(e.seconds * 1000).toFixed(0)} ms${e.tier ? ` (from ${e.tier})` : ''}`));
     controller.on('swapFailed', (e: { engine: string; action: string; error: Error }) => log(`vsnap: ${e.action} of ${e.engine} failed: ${e.error.message}`));
     controller.on('snapshotDamaged', (e: { engine: string; reason: string; detail?: string }) => log(`vsnap: the snapshot of ${e.engine} is damaged: ${e.reason}${e.detail ? ` (${e.detail})` : ''}; re-capture it, or repair it and verify it`));
+    controller.on('recovered', (e: { engine: string; reason: string; code: string; seconds: number }) =>
+      log(`vsnap: ${e.engine} recovered through its engine's own loader in ${(e.seconds * 1000).toFixed(0)} ms: its snapshot could not be used (${e.reason}, ${e.code})`),
+    );
+    controller.on('materializeFailed', (e: { engine: string; error: Error }) => log(`vsnap: capturing a new snapshot of ${e.engine} after its recovery failed: ${e.error.message}`));
     const agent = await SwapAgent.listen({
       controller,
       store,

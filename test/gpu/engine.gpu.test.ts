@@ -99,6 +99,30 @@ describe('GPU: capture, suspend and restore the reference engine', async () => {
     assert.deepEqual(await ask(client), before);
   });
 
+  it("a deleted blob: recovered through the engine's own reload_weights, answer bit-identical; the new snapshot (materialize required) restores", async () => {
+    const before = await ask(client);
+    const snap = await suspendEngine(store, 'ref', client).then((r) => r.snapshot);
+    const region = [...snap.manifest.regions()].sort((x, y) => y.region.size - x.region.size)[0]!.region;
+    rmSync(store.blobPath(region.blob));
+    const loads = async () => Number((await client.collectiveRpc('ref_weight_loads'))![0]);
+    const loaded = await loads();
+    const report = await restoreEngine(snap, client, { recovery: 'reload', materialize: 'required', onWarning: () => undefined });
+    const phases = Object.entries(report.phases).map(([k, v]) => `${k} ${(v * 1000).toFixed(1)} ms`).join(', ');
+    console.log(`recovery: ${(report.seconds * 1000).toFixed(1)} ms total (${(report.bytes / GiB).toFixed(2)} GiB reloaded by the engine): ${phases}`);
+    assert.equal(report.path, 'recovered');
+    assert.equal(report.recovery!.reason, 'missing');
+    assert.equal(report.recovery!.expectedResponse, 'matched');
+    assert.equal(await loads(), loaded + 1);
+    assert.deepEqual(await ask(client), before);
+    const fresh = report.recovery!.snapshot!;
+    assert.equal((await store.current('ref'))!.id, fresh.id);
+    await suspendEngine(store, 'ref', client);
+    const again = await restoreEngine(fresh, client);
+    assert.equal(again.path, 'restored');
+    assert.equal(await loads(), loaded + 1);
+    assert.deepEqual(await ask(client), before);
+  });
+
   it("another model's snapshot is refused with every difference; tokens are checked; suspend without a snapshot is refused", async () => {
     const b = await startEngine({ device: 'cuda', seed: 2, args: MODEL_ARGS });
     const clientB = new EngineClient({ baseUrl: b.url, token: b.token });

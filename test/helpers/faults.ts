@@ -4,7 +4,7 @@ import { EngineClient, type CallOptions, type CompletionResult, type EngineStatu
 import { VsnapError } from '../../src/errors.js';
 
 /** The engine routes the flows drive, as the fault injector names them. */
-export type Route = 'status' | 'export' | 'sleep' | 'wake' | 'adopt' | 'wakeKv' | 'reset' | 'complete';
+export type Route = 'status' | 'export' | 'sleep' | 'wake' | 'adopt' | 'wakeKv' | 'reset' | 'complete' | 'reload';
 
 export interface Fault {
   /** Which call (`adopt`: a tier-0 wake; `wake`: a wake of the weights; `wakeKv`: of the KV cache). */
@@ -67,6 +67,9 @@ export class FaultyClient extends EngineClient {
   }
   override vsnapResetPrefixCache(options?: CallOptions): Promise<void> {
     return this.through('reset', () => super.vsnapResetPrefixCache(options));
+  }
+  override vsnapReloadWeights(options?: CallOptions): Promise<void> {
+    return this.through('reload', () => super.vsnapReloadWeights(options));
   }
   override completions(body: Parameters<EngineClient['completions']>[0], options?: CallOptions): Promise<CompletionResult> {
     return this.through('complete', () => super.completions(body, options));

@@ -47,6 +47,7 @@ describe('serve configuration', () => {
     expect(c.controlToken).toBe('secret');
     expect(c.listen).toEqual({ host: '127.0.0.1', port: 8080 });
     expect(c.queue).toEqual({ limit: 64, timeoutSeconds: 120 });
+    expect(c.recovery).toEqual({ mode: 'reload', materialize: 'async' });
     expect(c.models.llama).toMatchObject({ gpus: [0], asleepGiB: 0, pinned: false, deepSuspend: false, healthPath: '/health' });
     expect(c.models.qwen).toMatchObject({ pinned: true, deepSuspend: true });
   });
@@ -56,6 +57,11 @@ describe('serve configuration', () => {
     const path = join(dir, 'vsnap.json');
     writeFileSync(path, JSON.stringify({ store: '/s', gpus: { 0: { budgetGiB: 80 } }, models: { m: { url: 'http://127.0.0.1:9', memoryGiB: 1 } } }, null, 2));
     expect(loadConfig(path).models.m!.memoryGiB).toBe(1);
+  });
+
+  it('recovery: a mode and a materialize policy, nothing else', () => {
+    expect(parseConfig(`${good}\nrecovery: { mode: fail, materialize: required }\n`, 'vsnap.yaml', { CTL: 'x' }).recovery).toEqual({ mode: 'fail', materialize: 'required' });
+    expect(issues(`${good}\nrecovery: { mode: retry }\n`).map((i) => i.path)).toContain('recovery.mode');
   });
 
   it('reports every problem with its path and line', () => {

@@ -90,6 +90,15 @@ class EndpointPluginTest(unittest.TestCase):
         status, body = call(app, "POST", "/vsnap/v1/reset_prefix_cache", AUTH)
         self.assertEqual(status, 409)
 
+    def test_reload_weights_runs_the_workers_reload_weights(self):
+        client = FakeClient()
+        app = FakeApp(client)
+        api.mount(app)
+        self.assertEqual(call(app, "POST", "/vsnap/v1/reload_weights", AUTH), (200, {"status": "reloaded"}))
+        self.assertEqual(client.calls, [("reload_weights", ())])
+        self.assertEqual(call(app, "POST", "/vsnap/v1/reload_weights", {})[0], 401)  # authenticated like every vsnap route
+        self.assertEqual(client.calls, [("reload_weights", ())])
+
 
 PROBE = """
 import json, os, sys

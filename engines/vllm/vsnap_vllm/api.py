@@ -1,5 +1,5 @@
 """The /vsnap/v1 routes on vLLM's API server: status, export, sleep, wake, reset_prefix_cache,
-release_kv_cache. How they got there (an endpoint plugin, a wrapped build_app, or not at all) is
+release_kv_cache, reload_weights. How they got there (an endpoint plugin, a wrapped build_app, or not at all) is
 in MOUNTED and in the status answer.
 
 Every route needs `Authorization: Bearer $VSNAP_TOKEN` (compared in constant time), so the
@@ -124,6 +124,15 @@ async def release_kv_cache(request, client):
     return 200, {"status": "kv_cache_released"}
 
 
+async def reload_weights(request, client):
+    # The recovery path when no snapshot can be used: the documented level-2 wake is
+    # wake_up(tags=["weights"]), collective_rpc("reload_weights"), wake_up(tags=["kv_cache"])
+    # (docs/features/sleep_mode.md); Worker.reload_weights (vllm/v1/worker/gpu_worker.py) has the
+    # model loader read the checkpoint again into the woken weights memory.
+    await adapter.collective_rpc(client, "reload_weights")
+    return 200, {"status": "reloaded"}
+
+
 ROUTES = [
     ("/status", status, ["GET"]),
     ("/export", export, ["POST"]),
@@ -131,6 +140,7 @@ ROUTES = [
     ("/wake", wake, ["POST"]),
     ("/reset_prefix_cache", reset_prefix_cache, ["POST"]),
     ("/release_kv_cache", release_kv_cache, ["POST"]),
+    ("/reload_weights", reload_weights, ["POST"]),
 ]
 
 

@@ -189,6 +189,7 @@ class Bridge:
             "bytes": sum(a.size for a in allocations),
             "attentionBackend": backend,
             "rehome": self.load_report,
+            "reloadWeights": callable(getattr(worker, "reload_weights", None)),
         }
 
     def _device_uuid(self, device):

@@ -1,5 +1,6 @@
 import { Snapshot } from '../../snapshot/snapshot.js';
 import { captureEngine, restoreEngine, suspendEngine } from '../../snapshot/engine-flows.js';
+import type { MaterializePolicy } from '../../snapshot/engine-recovery.js';
 import type { Context } from '../context.js';
 import { EXIT } from '../context.js';
 import { formatBytes, progressLine } from '../output.js';
@@ -52,13 +53,30 @@ export async function restore(ctx: Context): Promise<number> {
   const name = ctx.name();
   const client = ctx.engineClient();
   try {
-    const store = await ctx.openStore('read');
-    const snap = await Snapshot.open(store, name, ctx.options.id ? { id: ctx.options.id } : {});
+    const recover = ctx.options.recover === true;
+    const materialize = (ctx.options.materialize ?? 'off') as MaterializePolicy;
+    // With --recover a new capture may be written: the store is opened for that.
+    const store = await ctx.openStore(recover && materialize !== 'off' ? 'create' : 'read');
+    const source = recover ? { store, name, ...(ctx.options.id ? { id: ctx.options.id } : {}) } : await Snapshot.open(store, name, ctx.options.id ? { id: ctx.options.id } : {});
     const progress = progressLine('restore');
-    const report = await restoreEngine(snap, client, { onProgress: progress.update, signal: ctx.signal }).finally(() => progress.done());
+    const report = await restoreEngine(source, client, { onProgress: progress.update, signal: ctx.signal, ...(recover ? { recovery: 'reload' as const, materialize } : {}) }).finally(() =>
+      progress.done(),
+    );
     const phases = Object.entries(report.phases).map(([k, v]) => `${k} ${(v * 1000).toFixed(1)} ms`).join(', ');
-    ctx.print(`restored ${name}: ${formatBytes(report.bytes)} from the ${report.tier} tier in ${(report.seconds * 1000).toFixed(0)} ms (${phases})`, report);
-    return EXIT.ok;
+    const r = report.recovery;
+    if (!r) {
+      ctx.print(`restored ${name}: ${formatBytes(report.bytes)} from the ${report.tier} tier in ${(report.seconds * 1000).toFixed(0)} ms (${phases})`, report);
+      return EXIT.ok;
+    }
+    const outcome = r.materialized ? await r.materialized : undefined;
+    const captured = r.snapshot?.id ?? (outcome?.ok ? outcome.snapshot.id : undefined);
+    const check = r.expectedResponse === 'matched' ? 'answer checked' : `answer not checked: ${r.uncheckedReason ?? 'nothing to compare with'}`;
+    ctx.print(
+      `recovered ${name}: its snapshot could not be used (${r.reason}, ${r.code}), so the engine reloaded its weights in ${(report.seconds * 1000).toFixed(0)} ms (${phases}); ${check}` +
+        (captured ? `; new snapshot ${captured}` : outcome && !outcome.ok ? `; capturing a new snapshot failed: ${outcome.error.message}` : ''),
+      { ...report, recovery: { ...r, snapshot: captured ?? null, materialized: outcome ? outcome.ok : null } },
+    );
+    return outcome && !outcome.ok ? EXIT.failed : EXIT.ok;
   } finally {
     await client.close();
   }

@@ -14,6 +14,8 @@ export interface SwapRecord {
   readonly seconds?: number;
   readonly phases?: Readonly<Record<string, number>>;
   readonly tier?: string;
+  /** A restore that went through the engine's own loader: why its snapshot could not be used. */
+  readonly recovered?: string;
   readonly error?: string;
 }
 
@@ -46,7 +48,7 @@ export class StatusBoard {
   private readonly streams = new Set<ServerResponse>();
   private pending: NodeJS.Timeout | undefined;
   private readonly onSwap = (e: SwapEvent): void =>
-    this.record({ at: Date.now(), engine: e.engine, action: e.action, ok: true, seconds: e.seconds, ...(e.phases ? { phases: e.phases } : {}), ...(e.tier ? { tier: e.tier } : {}) });
+    this.record({ at: Date.now(), engine: e.engine, action: e.action, ok: true, seconds: e.seconds, ...(e.phases ? { phases: e.phases } : {}), ...(e.tier ? { tier: e.tier } : {}), ...(e.recovered ? { recovered: e.recovered } : {}) });
   private readonly onFailed = (e: { engine: string; action: 'suspend' | 'restore'; error: Error }): void =>
     this.record({ at: Date.now(), engine: e.engine, action: e.action, ok: false, error: e.error.message });
   private readonly onChange = (): void => this.push();

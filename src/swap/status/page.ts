@@ -58,7 +58,8 @@ function render(r) {
     const cls = held ? "held" : e.state;
     return "<tr data-engine='" + esc(e.name) + "'><td>" + esc(e.name) + (e.pinned ? " <span class=muted>(pinned)</span>" : "") + "</td><td><span class='pill " + esc(cls) + "'>" + esc(label) + "</span>" +
       (held ? " <span class=muted>" + bytes(e.weightsHeldBytes) + "</span>" : "") + (e.error ? " <span class=muted>" + esc(e.error) + "</span>" : "") +
-      (e.snapshotProblem ? " <span class='pill failed'>snapshot damaged</span> <span class=muted>" + esc(e.snapshotProblem) + "</span>" : "") + "</td><td>" + e.devices.join(", ") + "</td><td class=num>" + bytes(e.memoryBytes) + "</td><td class=num>" + bytes(e.asleepBytes) +
+      (e.snapshotProblem ? " <span class='pill failed'>snapshot damaged</span> <span class=muted>" + esc(e.snapshotProblem) + "</span>" : "") +
+      (e.recovery ? " <span class='pill waking'>recovered</span> <span class=muted>" + esc("reloaded by the engine (" + e.recovery.reason + ", " + e.recovery.code + "); new snapshot: " + e.recovery.snapshot) + "</span>" : "") + "</td><td>" + e.devices.join(", ") + "</td><td class=num>" + bytes(e.memoryBytes) + "</td><td class=num>" + bytes(e.asleepBytes) +
       "</td><td class=num>" + e.leases + "</td><td class=num>" + e.waiting + "</td><td>" + (e.process ? esc(e.process.status) + (e.process.pid ? " (pid " + e.process.pid + ")" : "") : "<span class=muted>external</span>") + "</td></tr>";
   }).join("");
   $("gpus").innerHTML = r.gpus.map((g) => {
