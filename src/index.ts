@@ -63,6 +63,7 @@ export {
   type EngineSuspendOptions,
   type EngineSuspendResult,
 } from './snapshot/engine-flows.js';
+export type { GpuRef } from './snapshot/gpu-remap.js';
 export {
   resumeEngineKeptWeights,
   suspendEngineKeepingWeights,

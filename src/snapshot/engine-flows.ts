@@ -10,6 +10,8 @@ import type { RegionStore } from '../store/region-store.js';
 import { passOn, type TransferOptions } from '../transfer/transfer.js';
 import { blobProblems, compareResponses, DEFAULT_PROMPT, holdsWeights, liveFacts, liveRanks, phaseTimer, preflight, probe, warn } from './engine-checks.js';
 import { deepPrecheck, deepSuspendRanks, nativeCheckpointBackend, resumeIfDeep, type CheckpointBackend } from './deep-suspend.js';
+import { listDevices } from '../gpu/cuda.js';
+import { resolveRemap, type GpuRef, type GpuRemap } from './gpu-remap.js';
 import { checkLive, liveRefs, staleError, type LiveCheckReport } from './live-check.js';
 import { Snapshot, type CaptureOptions, type PersistPolicy } from './snapshot.js';
 
@@ -66,6 +68,21 @@ export interface EngineRestoreOptions extends TransferOptions {
   readonly verifyDigests?: boolean;
   /** @internal The process checkpoint calls (tests inject a fake). */
   readonly checkpointBackend?: CheckpointBackend;
+  /**
+   * A deep-suspended engine on one GPU: restore its process onto this GPU instead (an ordinal
+   * in this process, or a UUID), then wake and hydrate its weights there. The GPU must be of
+   * the same kind (name and compute capability; else E_INVALID_ARGUMENT before anything
+   * changes) and have room for the process and its weights. Needs driver r580+ (else
+   * E_CHECKPOINT_UNSUPPORTED, and the engine stays deep-suspended where it was). An engine that
+   * is not deep-suspended is refused (E_ENGINE_STATE). See {@link EngineRestoreReport.gpus}.
+   */
+  readonly onto?: GpuRef;
+  /**
+   * Like `onto`, for an engine on several GPUs: old GPU -> new GPU (ordinals in this process or
+   * UUIDs). The driver is given a whole permutation of the GPUs this process sees (the GPUs
+   * displaced take the ones vacated, the others stay), the same for every rank.
+   */
+  readonly gpuMap?: Readonly<Record<string, GpuRef>>;
 }
 
 /**
@@ -125,6 +142,8 @@ export interface EngineRestoreReport {
    * deep-suspended engine starts with `deep.restore`, `deep.unlock`.
    */
   readonly phases: Readonly<Record<string, number>>;
+  /** With `onto` / `gpuMap`: the GPU (UUID) each rank runs on now, in rank order, as its export reported it. */
+  readonly gpus?: readonly string[];
 }
 
 /**
@@ -240,8 +259,10 @@ export async function restoreEngine(snapshot: Snapshot, client: EngineClient, op
   const control = found.control;
   let status = found.status;
   preflight(status, options);
+  // Onto other GPUs: resolved and checked (visible, same kind) before anything changes.
+  const remap = options.onto !== undefined || options.gpuMap !== undefined ? resolveRemap(status, await listDevices(), options) : undefined;
   // A deep-suspended engine (found by the driver's state of its pids): restore and unlock every rank first.
-  const deep = await resumeIfDeep(status, options.checkpointBackend);
+  const deep = await resumeIfDeep(status, options.checkpointBackend, remap?.pairs);
   if (deep) {
     for (const [step, seconds] of Object.entries(deep)) phases[`deep.${step}`] = seconds;
     lap.restart();
@@ -282,6 +303,7 @@ export async function restoreEngine(snapshot: Snapshot, client: EngineClient, op
     lap('wakeWeights');
     exported = await exportRegions(control, status.ranks.length, call);
     lap('export');
+    if (remap) checkMoved(exported, remap);
     snapshot.manifest.assertCompatible({ ...liveFacts(status, exported, options.allowModelSwap ?? false), ranks: liveRanks(exported) });
     const result = await snapshot.restore({
       regions: exported.ranks.flatMap((r) => r.regions.map((x) => ({ key: x.key, size: x.size, tag: x.tag, rank: x.rank, memory: x.memory }))),
@@ -298,7 +320,8 @@ export async function restoreEngine(snapshot: Snapshot, client: EngineClient, op
     }
     exported.close();
     await finishWake(control, client, snapshot, expected, rest, options, call, lap);
-    return { bytes: result.bytes, tier: result.tier ?? 'store', seconds: (performance.now() - started) / 1000, phases };
+    const gpus = remap ? { gpus: exported.ranks.map((r) => r.deviceUuid) } : {};
+    return { bytes: result.bytes, tier: result.tier ?? 'store', seconds: (performance.now() - started) / 1000, phases, ...gpus };
   } catch (err) {
     exported?.close();
     const e = toVsnapError(err);
@@ -312,13 +335,29 @@ export async function restoreEngine(snapshot: Snapshot, client: EngineClient, op
   }
 }
 
-/** Wakes the KV cache, resets the prefix cache and checks the expected response. */
+/**
+ * After a restore onto other GPUs: every rank's export must report the GPU it was sent to (the
+ * plugin reads the UUID afresh at each export). The weights' memory is new there, at the same
+ * addresses; a rank still on its old GPU (or elsewhere) means the move did not happen as asked.
+ */
+function checkMoved(exported: ExportedRegions, remap: GpuRemap): void {
+  const wrong = exported.ranks.filter((r) => r.deviceUuid !== remap.rankTargets[r.rank]);
+  if (wrong.length === 0) return;
+  throw new VsnapError(
+    'E_ENGINE_STATE',
+    `after the restore onto other GPUs, ${wrong.map((r) => `rank ${r.rank} reports GPU ${r.deviceUuid}, not ${remap.rankTargets[r.rank]}`).join('; ')}. ` +
+      'Is the vsnap plugin current (it re-reads its GPU at each export)? Check the engine with nvidia-smi before sending it requests.',
+    { ranks: wrong.map((r) => r.rank), reported: wrong.map((r) => r.deviceUuid), expected: wrong.map((r) => remap.rankTargets[r.rank]) },
+  );
+}
+
 /** The tags a restore wakes after the weights: the KV cache and any other the plugin reports. */
 function tagsAfterWeights(status: EngineStatus): string[] {
   const other = status.ranks.flatMap((r) => r.otherTags ?? []).filter((t) => t !== 'weights' && t !== 'kv_cache');
   return ['kv_cache', ...new Set(other)];
 }
 
+/** Wakes the KV cache, resets the prefix cache and checks the expected response. */
 async function finishWake(
   control: EngineControl,
   client: EngineClient,
