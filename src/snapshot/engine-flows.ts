@@ -260,7 +260,8 @@ export async function restoreEngine(snapshot: Snapshot, client: EngineClient, op
   let status = found.status;
   preflight(status, options);
   // Onto other GPUs: resolved and checked (visible, same kind) before anything changes.
-  const remap = options.onto !== undefined || options.gpuMap !== undefined ? resolveRemap(status, await listDevices(), options) : undefined;
+  const onGpus = status.ranks.every((r) => r.memory === 'cuda'); // a host-memory engine is refused without listing GPUs
+  const remap = options.onto !== undefined || options.gpuMap !== undefined ? resolveRemap(status, onGpus ? await listDevices() : [], options) : undefined;
   // A deep-suspended engine (found by the driver's state of its pids): restore and unlock every rank first.
   const deep = await resumeIfDeep(status, options.checkpointBackend, remap?.pairs);
   if (deep) {

@@ -113,6 +113,7 @@ export class SwapExecutor {
       retryAt: s.retryAt,
       keptByEngine: s.keptByEngine,
       holdLocked: s.holdLocked,
+      movableTo: s.spec.deepSuspend && !s.shallow ? s.spec.movableTo : undefined,
     }));
     return { engines, budgets: this.options.budgets, defaultModel: this.options.defaultModel, tier0: this.options.resident !== undefined, now: Date.now() };
   }
@@ -150,7 +151,7 @@ export class SwapExecutor {
         return true;
       }
       case 'wake':
-        await this.wake(this.slots.get(action.engine)!);
+        await this.wake(this.slots.get(action.engine)!, action.onto);
         return true;
       case 'suspend':
         try {
@@ -259,7 +260,8 @@ export class SwapExecutor {
     this.events.emit('change', this.views());
   }
 
-  private async wake(slot: Slot): Promise<void> {
+  /** Wakes it; `onto`: a deep-suspended engine's process is restored onto that GPU first. */
+  private async wake(slot: Slot, onto?: readonly number[]): Promise<void> {
     this.checked.delete(slot);
     const name = slot.spec.name;
     const started = performance.now();
@@ -268,7 +270,8 @@ export class SwapExecutor {
     this.events.emit('swapStarted', { engine: name, action: 'restore' });
     let snapshotId: string | undefined;
     try {
-      const report = slot.keptByEngine ? await this.resumeKept(slot) : await this.restore(slot, (id) => (snapshotId = id));
+      const report = slot.keptByEngine ? await this.resumeKept(slot) : await this.restore(slot, (id) => (snapshotId = id), onto);
+      if (onto) slot.spec = { ...slot.spec, devices: onto }; // it runs there now
       delete slot.keptByEngine;
       delete slot.holdLocked;
       slot.state = 'awake';
@@ -301,10 +304,11 @@ export class SwapExecutor {
     }
   }
 
-  private async restore(slot: Slot, opened: (id: string) => void) {
+  private async restore(slot: Slot, opened: (id: string) => void, onto?: readonly number[]) {
     const snapshot = await Snapshot.open(this.options.store, slot.spec.snapshot);
     opened(snapshot.id);
     return restoreEngine(snapshot, slot.spec.client, {
+      ...(onto ? { onto: onto[0]! } : {}),
       ...(this.options.cache ? { cache: this.options.cache } : {}),
       ...(this.options.resident ? { resident: this.options.resident } : {}),
       ...(this.options.checkpointBackend ? { checkpointBackend: this.options.checkpointBackend } : {}),
