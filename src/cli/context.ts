@@ -25,6 +25,7 @@ export interface Options {
   force?: boolean;
   capture?: boolean;
   deep?: boolean;
+  onto?: string;
   all?: boolean;
   out?: string;
   gib?: string;

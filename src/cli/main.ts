@@ -53,7 +53,7 @@ export function program(run: (command: string, fn: Run, args: string[], options:
   def('doctor', 'check CUDA, the driver, the checkpoint API, devices, RAM, the store (read only) and, with --engine, an engine', doctor, opt.store(), opt.engine(), opt.token());
   def('snapshot', "capture a running engine's weights", snapshot, opt.engine(), opt.token(), opt.store(), new Option('--force', 'capture even if a snapshot exists')).argument('<name>', 'the snapshot name');
   def('suspend', 'sleep an engine, only if snapshot <name> can bring it back', suspend, opt.engine(), opt.token(), opt.store(), new Option('--capture', 'capture first when no snapshot matches'), new Option('--deep', "then checkpoint the engine's processes: 0 MiB left on the GPU (driver r570+)")).argument('<name>', 'the snapshot name');
-  def('restore', "bring an engine's weights back from snapshot <name> and check its answer", restore, opt.engine(), opt.token(), opt.store(), opt.id('restore')).argument('<name>', 'the snapshot name');
+  def('restore', "bring an engine's weights back from snapshot <name> and check its answer", restore, opt.engine(), opt.token(), opt.store(), opt.id('restore'), new Option('--onto <gpu>', 'a deep-suspended engine: restore its process onto this GPU (ordinal or UUID, same kind; driver r580+)')).argument('<name>', 'the snapshot name');
   def('status', 'an engine as its vsnap plugin sees it', status, opt.engine(), opt.token());
   def('serve', 'run engines, the swap controller, the OpenAI-compatible agent and its status page', serve, new Option('--config <file>', 'the configuration (YAML or JSON)').makeOptionMandatory());
   def('swap', 'wake a model through a running vsnap serve', swap,
