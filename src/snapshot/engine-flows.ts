@@ -78,7 +78,7 @@ export interface EngineRestoreOptions extends TransferOptions {
    */
   readonly onto?: GpuRef;
   /**
-   * Like `onto`, for an engine on several GPUs: old GPU -> new GPU (ordinals in this process or
+   * Like `onto`, for an engine on several GPUs, from each old GPU to its new one (ordinals in this process or
    * UUIDs). The driver is given a whole permutation of the GPUs this process sees (the GPUs
    * displaced take the ones vacated, the others stay), the same for every rank.
    */

@@ -3,7 +3,8 @@ import { describe, expect, it } from 'vitest';
 import type { EngineStatus } from '../../src/engine/engine-client.js';
 import { VsnapError } from '../../src/errors.js';
 import type { GpuDevice } from '../../src/gpu/cuda.js';
-import { deepRestoreRanks, deepSuspendRanks } from '../../src/snapshot/deep-suspend.js';
+import { native } from '../../src/native/index.js';
+import { deepRestoreRanks, deepSuspendRanks, nativeCheckpointBackend } from '../../src/snapshot/deep-suspend.js';
 import { permutationPairs, resolveRemap } from '../../src/snapshot/gpu-remap.js';
 import { FakeCheckpointDriver } from '../helpers/fake-checkpoint.js';
 
@@ -208,5 +209,17 @@ describe('deep restore onto other GPUs (fake driver that wants a whole permutati
     d.unsupported = true;
     const pairs = resolveRemap(engineOn([0]), machine(2), { onto: 1 })!.pairs;
     expect((await rejection(deepRestoreRanks([RANKS[0]!], d, pairs))).code).toBe('E_CHECKPOINT_UNSUPPORTED');
+  });
+});
+
+describe('the real binding', () => {
+  it('checks the pairs argument; without a driver a remapping restore rejects E_CHECKPOINT_UNSUPPORTED', async (ctx) => {
+    const b = native();
+    expect(() => b.checkpointRestore(process.pid, 'GPU-0' as never)).toThrow(/pairs must be an array/);
+    expect(() => b.checkpointRestore(process.pid, [7] as never)).toThrow(/each pair must be an object/);
+    expect(() => b.checkpointRestore(process.pid, [{ oldUuid: uuid(0) }] as never)).toThrow(/newUuid/);
+    if ((await b.cudaStatus()).checkpointApi) ctx.skip(); // with the API: the GPU suite covers it
+    const err = await rejection(nativeCheckpointBackend().restore(process.pid, [{ oldUuid: uuid(0), newUuid: uuid(1) }]));
+    expect(err.code).toBe('E_CHECKPOINT_UNSUPPORTED');
   });
 });
