@@ -288,6 +288,12 @@ export class SwapExecutor {
       const e = toVsnapError(err);
       this.metrics.swaps.inc({ engine: name, action: 'restore', result: 'error' });
       slot.retryAt = Date.now() + RETRY_MS;
+      if (slot.spec.deepSuspend && 'recovered' in e.details) {
+        // The processes were restored (and moved, with onto) before a later step failed: the
+        // engine is no longer deep, it holds its context (asleepBytes) where it runs now.
+        slot.shallow = true;
+        if (onto) slot.spec = { ...slot.spec, devices: onto };
+      }
       if (SNAPSHOT_FAULTS.has(e.code)) this.markDamaged(slot, { snapshotId, reason: damageReason(e.code, snapshotId) }, e.message);
       // What the engine really is now. Awake after a failed restore means its weights are not
       // the verified ones (it could not be put back to sleep): never lease it.

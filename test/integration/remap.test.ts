@@ -1,3 +1,5 @@
+import { chmodSync, closeSync, openSync, writeSync } from 'node:fs';
+
 import { afterEach, describe, expect, it } from 'vitest';
 
 import { engineControl } from '../../src/engine/control.js';
@@ -42,6 +44,30 @@ async function rejection(p: Promise<unknown>): Promise<VsnapError> {
 }
 
 describe('restore onto another GPU: refusals and handles', () => {
+  it('the SwapController: a deep engine whose processes were restored but whose wake then failed counts its asleepBytes again (it is no longer deep)', async () => {
+    const { client, store, snap, pid } = await setUp();
+    const driver = new FakeCheckpointDriver([pid]);
+    const c = await SwapController.create({ store, engines: [{ name: 'ref', client, memoryBytes: 10e9, asleepBytes: 2e9, deepSuspend: true }], budgets: { 0: 20e9 }, checkpointBackend: driver });
+    try {
+      await c.suspend('ref');
+      expect(c.usage()[0]).toBe(0);
+      // a corrupted blob: the processes come back, then the hydrate refuses the chunk
+      const region = snap.manifest.data.ranks[0]!.regions[0]!;
+      const path = store.blobPath(region.blob);
+      chmodSync(path, 0o644);
+      const fd = openSync(path, 'r+');
+      writeSync(fd, Buffer.from([0xff, 0xfe, 0xfd]), 0, 3, 10);
+      closeSync(fd);
+      await expect(c.acquire('ref')).rejects.toBeInstanceOf(VsnapError);
+      expect(driver.notRunning()).toEqual([]); // restored and unlocked before the hydrate failed
+      expect(c.states()[0]!.state).toBe('asleep');
+      expect(c.usage()[0]).toBe(2e9);
+    } finally {
+      c.close();
+    }
+  });
+
+
   it('the SDK closes every export of the engine before its process is checkpointed; an export left open refuses deep suspend, nothing locked', async () => {
     const { client, store, before, snap, pid } = await setUp();
     const driver = new FakeCheckpointDriver([pid]);
