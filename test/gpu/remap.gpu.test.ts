@@ -153,6 +153,40 @@ describe('GPU: a deep-suspended engine restored onto another GPU', async () => {
     console.log(`REMAP after recovery the engine is on ${smiOf(pid)?.uuid} (GPU 0 is ${g0.uuid})`);
   });
 
+  it('an engine that sees one GPU only (CUDA_VISIBLE_DEVICES): what the driver does with the whole permutation and with a lone pair (printed)', async () => {
+    const solo = await startEngine({ device: 'cuda', seed: 1, args: MODEL_ARGS, env: { CUDA_VISIBLE_DEVICES: g0.uuid } });
+    const soloClient = new EngineClient({ baseUrl: solo.url, token: solo.token });
+    try {
+      const soloPid = (await soloClient.vsnapStatus()).ranks[0]!.pid;
+      const answer = await askCapital(soloClient, 16);
+      for (const [what, pairs] of [
+        ['the whole permutation 0->1, 1->0', [{ oldUuid: g0.uuid, newUuid: g1.uuid }, { oldUuid: g1.uuid, newUuid: g0.uuid }]],
+        ['a lone pair 0->1', [{ oldUuid: g0.uuid, newUuid: g1.uuid }]],
+      ] as const) {
+        await backend.lock(soloPid, 10_000);
+        await backend.checkpoint(soloPid);
+        const got = await outcome(backend.restore(soloPid, pairs));
+        if ((await backend.state(soloPid)) === 'checkpointed') await backend.restore(soloPid);
+        await backend.unlock(soloPid);
+        const same = JSON.stringify(await askCapital(soloClient, 16)) === JSON.stringify(answer);
+        console.log(`REMAP engine seeing GPU 0 only, restore with ${what}: ${got}; then on ${smiOf(soloPid)?.uuid}, answer ${same ? 'identical' : 'DIFFERENT'}`);
+        assert.ok(same, 'the answer survives the checkpoint and restore');
+        // back onto GPU 0 for the next probe
+        if (smiOf(soloPid)?.uuid === g1.uuid) {
+          await backend.lock(soloPid, 10_000);
+          await backend.checkpoint(soloPid);
+          const back = await outcome(backend.restore(soloPid, [{ oldUuid: g1.uuid, newUuid: g0.uuid }, { oldUuid: g0.uuid, newUuid: g1.uuid }]));
+          if ((await backend.state(soloPid)) === 'checkpointed') await backend.restore(soloPid);
+          await backend.unlock(soloPid);
+          console.log(`REMAP engine seeing one GPU, back with the whole permutation: ${back}; then on ${smiOf(soloPid)?.uuid}`);
+        }
+      }
+    } finally {
+      await soloClient.close();
+      await solo.stop();
+    }
+  });
+
   it('exported descriptors still open: the SDK refuses deep suspend; the raw driver calls are printed', async () => {
     const { control } = await engineControl(client);
     const open = await exportRegions(control, 1);
