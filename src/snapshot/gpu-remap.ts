@@ -29,7 +29,7 @@ export interface GpuRemap {
   readonly pairs: NativeGpuPair[];
   /** The moves asked for, old UUID -> new UUID (identity moves left out). */
   readonly moves: ReadonlyMap<string, string>;
-  /** The GPU (UUID) each rank is on after the restore, in rank order. */
+  /** The GPU (UUID) each rank is on after the restore, indexed by rank. */
   readonly rankTargets: string[];
 }
 
@@ -130,5 +130,7 @@ export function resolveRemap(
   const all = [...devices].sort((x, y) => x.ordinal - y.ordinal).map((d) => d.uuid);
   const pairs = permutationPairs(moves, all);
   const after = new Map(pairs.map((p) => [p.oldUuid, p.newUuid]));
-  return { pairs, moves, rankTargets: status.ranks.map((r) => after.get(findGpu(r.device.uuid, devices, "the engine's GPU").uuid)!) };
+  const rankTargets: string[] = [];
+  for (const r of status.ranks) rankTargets[r.rank] = after.get(findGpu(r.device.uuid, devices, "the engine's GPU").uuid)!;
+  return { pairs, moves, rankTargets };
 }
