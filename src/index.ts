@@ -82,6 +82,7 @@ export {
   type SnapshotRef,
 } from './snapshot/engine-flows.js';
 export type { EngineRecovery, MaterializeOutcome, MaterializePolicy, RecoveryPolicy, RecoveryReason } from './snapshot/engine-recovery.js';
+export type { GpuRef } from './snapshot/gpu-remap.js';
 export {
   resumeEngineKeptWeights,
   suspendEngineKeepingWeights,

@@ -4,6 +4,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "common/error.h"
 #include "cuda/driver.h"
@@ -61,6 +63,10 @@ void checkResult(CUresult r, const char* call, int pid) {
   } else if (r == CUDA_ERROR_ILLEGAL_STATE) {
     reason = "state";
     advice = "the process is not in the state this step needs; read its state (getState) and act on it.";
+  } else if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+    reason = "memory";
+    advice = "a GPU it is restored onto lacks the memory the process had; it stays checkpointed. Free memory "
+             "there (or restore it onto another GPU), then retry.";
   } else if (r == CUDA_ERROR_NOT_SUPPORTED) {
     reason = "unsupported";
     advice = "the driver refused to checkpoint this process (unsupported memory such as IPC or NVLS mappings).";
@@ -105,10 +111,70 @@ void checkpoint(int pid) {
   checkResult(a.cuCheckpointProcessCheckpoint(pid, &args), "cuCheckpointProcessCheckpoint", pid);
 }
 
-void restore(int pid) {
+namespace {
+
+int hexValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// "GPU-" and 32 hex digits in groups 8-4-4-4-12, as nvidia-smi and listDevices print it.
+CUuuid parseUuid(const std::string& text) {
+  static const char* kForm = "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx";
+  CUuuid id;
+  std::memset(&id, 0, sizeof id);
+  bool ok = text.size() == std::strlen(kForm) && text.compare(0, 4, "GPU-") == 0;
+  int byte = 0;
+  for (size_t i = 4; ok && i < text.size();) {
+    if (kForm[i] == '-') {
+      ok = text[i] == '-';
+      ++i;
+      continue;
+    }
+    int hi = hexValue(text[i]);
+    int lo = hexValue(text[i + 1]);
+    ok = hi >= 0 && lo >= 0;
+    if (ok) id.bytes[byte++] = static_cast<char>(hi * 16 + lo);
+    i += 2;
+  }
+  if (!ok || byte != 16) {
+    throw NativeError("E_INVALID_ARGUMENT", "a GPU UUID must read GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx (as nvidia-smi -L prints it), not '" + text + "'",
+                      {{"uuid", text}});
+  }
+  return id;
+}
+
+}  // namespace
+
+void restore(int pid, const std::vector<GpuPair>& pairs) {
   const Api& a = checkpointApi();
+  // Parsed before the driver is asked anything, so a malformed pair changes nothing.
+  std::vector<CUcheckpointGpuPair> raw;
+  raw.reserve(pairs.size());
+  for (const GpuPair& p : pairs) {
+    CUcheckpointGpuPair pair;
+    std::memset(&pair, 0, sizeof pair);
+    pair.oldUuid = parseUuid(p.oldUuid);
+    pair.newUuid = parseUuid(p.newUuid);
+    raw.push_back(pair);
+  }
+  if (!raw.empty() && status().driverVersion < kGpuPairsDriverVersion) {
+    // Before r580 the pairs' place in the arguments was reserved (must be zero): refuse here
+    // rather than let the driver reject or ignore them.
+    throw NativeError("E_CHECKPOINT_UNSUPPORTED",
+                      "restoring a process onto other GPUs needs GPU pairs in the restore arguments (driver r580, CUDA 13.0, or newer), "
+                      "and this driver supports CUDA " + std::to_string(status().driverVersion) +
+                          ". Upgrade the driver, or restore the engine onto the GPUs it was suspended on (no GPU map).",
+                      {{"driverVersion", static_cast<int64_t>(status().driverVersion)}, {"reason", std::string("pairs")}});
+  }
   CUcheckpointRestoreArgs args;
-  std::memset(&args, 0, sizeof args);  // no GPU pairs: back onto the GPUs it was checkpointed on
+  std::memset(&args, 0, sizeof args);  // reserved fields must be zero; no pairs: back onto its own GPUs
+  if (!raw.empty()) {
+    args.gpuPairs = raw.data();
+    args.gpuPairsCount = static_cast<unsigned>(raw.size());
+  }
   checkResult(a.cuCheckpointProcessRestore(pid, &args), "cuCheckpointProcessRestore", pid);
 }
 

@@ -1,7 +1,9 @@
-// checkpointState/Lock/Checkpoint/Restore/Unlock(pid): the driver's process checkpoint API,
+// checkpointState/Lock/Checkpoint/Restore(pid, pairs?)/Unlock(pid): the driver's process checkpoint API,
 // each call on the libuv pool (a checkpoint of a few GiB takes seconds), settling a promise.
 #include "cuda/checkpoint.h"
 #include "js/js_util.h"
+
+#include <vector>
 
 namespace vsnap::js {
 namespace {
@@ -39,9 +41,21 @@ Napi::Value Checkpoint(const Napi::CallbackInfo& info) {
   return runVoid(info.Env(), [pid] { cuda::checkpoint::checkpoint(pid); });
 }
 
+// restore(pid, pairs?): pairs an array of { oldUuid, newUuid } strings (remap onto other GPUs).
 Napi::Value Restore(const Napi::CallbackInfo& info) {
   int pid = pidArg(info);
-  return runVoid(info.Env(), [pid] { cuda::checkpoint::restore(pid); });
+  std::vector<cuda::checkpoint::GpuPair> pairs;
+  if (info.Length() > 1 && !info[1].IsUndefined()) {
+    if (!info[1].IsArray()) throw toJsError(info.Env(), NativeError("E_INVALID_ARGUMENT", "pairs must be an array of { oldUuid, newUuid }"));
+    Napi::Array list = info[1].As<Napi::Array>();
+    for (uint32_t i = 0; i < list.Length(); i++) {
+      Napi::Value item = list.Get(i);
+      if (!item.IsObject()) throw toJsError(info.Env(), NativeError("E_INVALID_ARGUMENT", "each pair must be an object { oldUuid, newUuid }"));
+      Napi::Object pair = item.As<Napi::Object>();
+      pairs.push_back({toString(getRequired(pair, "oldUuid"), "oldUuid"), toString(getRequired(pair, "newUuid"), "newUuid")});
+    }
+  }
+  return runVoid(info.Env(), [pid, pairs] { cuda::checkpoint::restore(pid, pairs); });
 }
 
 Napi::Value Unlock(const Napi::CallbackInfo& info) {

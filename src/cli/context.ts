@@ -27,6 +27,7 @@ export interface Options {
   deep?: boolean;
   recover?: boolean;
   materialize?: string;
+  onto?: string;
   all?: boolean;
   out?: string;
   gib?: string;

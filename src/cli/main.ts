@@ -58,7 +58,8 @@ export function program(run: (command: string, fn: Run, args: string[], options:
   def('suspend', 'sleep an engine, only if snapshot <name> can bring it back', suspend, opt.engine(), opt.token(), opt.store(), new Option('--capture', 'capture first when no snapshot matches'), new Option('--deep', "then checkpoint the engine's processes: 0 MiB left on the GPU (driver r570+)")).argument('<name>', 'the snapshot name');
   def('restore', "bring an engine's weights back from snapshot <name> and check its answer", restore, opt.engine(), opt.token(), opt.store(), opt.id('restore'),
     new Option('--recover', "when the snapshot cannot be used (missing, damaged, incompatible), have the engine reload its weights itself (vLLM's reload_weights)"),
-    new Option('--materialize <when>', 'after a recovery, capture a new snapshot: off, async (after the engine is ready; waited for before exit) or required').choices(['off', 'async', 'required']).default('off'))
+    new Option('--materialize <when>', 'after a recovery, capture a new snapshot: off, async (after the engine is ready; waited for before exit) or required').choices(['off', 'async', 'required']).default('off'),
+    new Option('--onto <gpu>', 'a deep-suspended engine: restore its process onto this GPU (ordinal or UUID, same kind; driver r580+)'))
     .argument('<name>', 'the snapshot name');
   def('status', 'an engine as its vsnap plugin sees it', status, opt.engine(), opt.token());
   def('serve', 'run engines, the swap controller, the OpenAI-compatible agent and its status page', serve, new Option('--config <file>', 'the configuration (YAML or JSON)').makeOptionMandatory());

@@ -30,6 +30,26 @@ export interface ExportedRegions {
   takeFds(): void;
 }
 
+/** Descriptors of exports not closed yet, by the exporting worker's pid. */
+const openByPid = new Map<number, number>();
+
+function track(pids: readonly number[], fds: readonly number[], delta: 1 | -1): void {
+  pids.forEach((pid, i) => {
+    const n = (openByPid.get(pid) ?? 0) + delta * fds[i]!;
+    if (n > 0) openByPid.set(pid, n);
+    else openByPid.delete(pid);
+  });
+}
+
+/**
+ * How many descriptors exported by worker `pid` this process holds in exports not closed (or
+ * handed over with takeFds) yet: a deep suspend refuses while there are any.
+ * @internal
+ */
+export function openExports(pid: number): number {
+  return openByPid.get(pid) ?? 0;
+}
+
 /**
  * Asks the engine's workers to send their weights regions and descriptors to a private socket,
  * one nonce per rank, and collects every rank's message.
@@ -88,15 +108,21 @@ export async function exportRegions(control: EngineControl, rankCount: number, o
       if (r.rank !== i) throw new VsnapError('E_ENGINE_PROTOCOL', `ranks sent are ${ranks.map((x) => x.rank).join(',')}, expected 0..${rankCount - 1}`);
     });
     let closed = false;
+    const pids = got.map((m) => m.pid);
+    const counts = got.map((m) => m.fds.length);
+    track(pids, counts, 1);
     return {
       ranks,
       seconds: (performance.now() - started) / 1000,
       close() {
         if (closed) return;
         closed = true;
+        track(pids, counts, -1);
         for (const fd of received) closeSync(fd);
       },
       takeFds() {
+        // The taker (tier 0) owns them now; deep suspend and tier 0 are exclusive per engine.
+        if (!closed) track(pids, counts, -1);
         closed = true;
       },
     };

@@ -221,8 +221,12 @@ export interface NativeBinding {
   checkpointLock(pid: number, timeoutMs: number): Promise<void>;
   /** Moves a locked process's GPU memory to host RAM and releases its GPU resources. */
   checkpointCheckpoint(pid: number): Promise<void>;
-  /** Brings a checkpointed process back onto its GPUs; it stays locked. */
-  checkpointRestore(pid: number): Promise<void>;
+  /**
+   * Brings a checkpointed process back onto its GPUs; it stays locked. With `pairs`, onto other
+   * GPUs of the same chip (driver r580+, else E_CHECKPOINT_UNSUPPORTED): every GPU it was
+   * checkpointed with must be listed.
+   */
+  checkpointRestore(pid: number, pairs?: readonly NativeGpuPair[]): Promise<void>;
   /** Lets a locked process make CUDA calls again. */
   checkpointUnlock(pid: number): Promise<void>;
   /** cuDeviceCanAccessPeer (native/js/js_peer.cc). */
@@ -230,6 +234,12 @@ export interface NativeBinding {
   /** Device-to-device copies between GPUs, on one stream of `device`; per repeat, its wall time. */
   peerCopy(spec: NativePeerCopySpec): Promise<{ bytes: number; seconds: number; copySeconds: number[] }>;
   startMultipath(spec: NativeMultipathSpec, onProgress?: (done: number, total: number) => void): NativeMultipathHandle;
+}
+
+/** One GPU of a remapping process restore (CUcheckpointGpuPair), by UUID ("GPU-…"). */
+export interface NativeGpuPair {
+  oldUuid: string;
+  newUuid: string;
 }
 
 /** CUprocessState as the addon names it. */

@@ -1,6 +1,7 @@
 import { toVsnapError, VsnapError } from '../errors.js';
 import type { EngineStatus } from '../engine/engine-client.js';
-import { native, type NativeProcessState } from '../native/index.js';
+import { openExports } from '../engine/export.js';
+import { native, type NativeGpuPair, type NativeProcessState } from '../native/index.js';
 import { phaseTimer } from './engine-checks.js';
 
 /*
@@ -20,7 +21,8 @@ export interface CheckpointBackend {
   state(pid: number): Promise<NativeProcessState>;
   lock(pid: number, timeoutMs: number): Promise<void>;
   checkpoint(pid: number): Promise<void>;
-  restore(pid: number): Promise<void>;
+  /** With pairs: onto other GPUs (see gpu-remap.ts). */
+  restore(pid: number, pairs?: readonly NativeGpuPair[]): Promise<void>;
   unlock(pid: number): Promise<void>;
 }
 
@@ -36,7 +38,7 @@ export function nativeCheckpointBackend(): CheckpointBackend {
     state: (pid) => call(() => b.checkpointState(pid)),
     lock: (pid, timeoutMs) => call(() => b.checkpointLock(pid, timeoutMs)),
     checkpoint: (pid) => call(() => b.checkpointCheckpoint(pid)),
-    restore: (pid) => call(() => b.checkpointRestore(pid)),
+    restore: (pid, pairs) => call(() => (pairs?.length ? b.checkpointRestore(pid, pairs) : b.checkpointRestore(pid))),
     unlock: (pid) => call(() => b.checkpointUnlock(pid)),
   };
 }
@@ -103,6 +105,7 @@ async function rollback(ranks: readonly DeepRank[], backend: CheckpointBackend):
 export async function deepSuspendRanks(ranks: readonly DeepRank[], backend: CheckpointBackend, lockTimeoutMs = DEFAULT_LOCK_TIMEOUT_MS): Promise<DeepTimes> {
   const times: DeepTimes = {};
   const lap = phaseTimer(times);
+  refuseOpenExports(ranks);
   // Before anything changes: the API is there (else E_CHECKPOINT_UNSUPPORTED), every rank runs.
   const states = await processStates(ranks, backend);
   const notRunning = ranks.filter((_, i) => states[i] !== 'running');
@@ -142,17 +145,29 @@ export async function deepSuspendRanks(ranks: readonly DeepRank[], backend: Chec
 /**
  * Brings every rank of a deep-suspended engine back: restores each checkpointed rank, then (only
  * when all are restored) unlocks every rank. Returns undefined when the driver reports no rank
- * locked or checkpointed (or has no checkpoint API, so none can be).
+ * locked or checkpointed (or has no checkpoint API, so none can be). With `pairs` (gpu-remap.ts)
+ * every rank is restored onto its new GPU; then an engine that is not checkpointed, or a driver
+ * without the API, is an error rather than nothing to do.
  * @internal
  */
-export async function deepRestoreRanks(ranks: readonly DeepRank[], backend: CheckpointBackend): Promise<DeepTimes | undefined> {
+export async function deepRestoreRanks(ranks: readonly DeepRank[], backend: CheckpointBackend, pairs?: readonly NativeGpuPair[]): Promise<DeepTimes | undefined> {
   const times: DeepTimes = {};
   const lap = phaseTimer(times);
   const states: Array<NativeProcessState | undefined> = ranks.map(() => undefined);
   const read = await each(ranks, async (pid) => (states[ranks.findIndex((r) => r.pid === pid)] = await backend.state(pid)));
-  if (read.some((o) => o.error?.code === 'E_CHECKPOINT_UNSUPPORTED')) return undefined;
+  const unsupported = read.find((o) => o.error?.code === 'E_CHECKPOINT_UNSUPPORTED');
+  if (unsupported && pairs) throw unsupported.error!;
+  if (unsupported) return undefined;
   // Deep only where the driver says a rank is locked or checkpointed: pids this process cannot
   // read (another PID namespace, another user) never make a plain restore fail.
+  if (pairs && !states.some((s) => s === 'checkpointed')) {
+    throw new VsnapError(
+      'E_ENGINE_STATE',
+      `only a deep-suspended engine moves to another GPU, and no worker of this one is checkpointed (${ranks.map((r, i) => `rank ${r.rank}: ${states[i] ?? 'unreadable'}`).join(', ')}). ` +
+        'Suspend it with deep first, or restore it without a GPU map.',
+      { reason: 'state', states },
+    );
+  }
   if (!states.some((s) => s === 'locked' || s === 'checkpointed')) return undefined;
   const unreadable = read.filter((o) => o.error && o.error.details.reason !== 'gone');
   if (unreadable.length) {
@@ -163,7 +178,7 @@ export async function deepRestoreRanks(ranks: readonly DeepRank[], backend: Chec
   const survivors = ranks.filter((_, i) => !read[i]!.error);
   const restored = await each(
     survivors.filter((r) => states[ranks.indexOf(r)] === 'checkpointed'),
-    (pid) => backend.restore(pid),
+    (pid) => (pairs ? backend.restore(pid, pairs) : backend.restore(pid)),
   );
   lap('restore');
   const failedRestore = restored.filter((o) => o.error);
@@ -179,6 +194,7 @@ export async function deepRestoreRanks(ranks: readonly DeepRank[], backend: Chec
       { cause: first },
     );
   }
+  if (failedRestore.length && pairs) throw remapRestoreError(ranks, restored, pairs);
   if (failedRestore.length) {
     const first = failedRestore[0]!.error!;
     throw new VsnapError(
@@ -211,10 +227,10 @@ export async function deepRestoreRanks(ranks: readonly DeepRank[], backend: Chec
  * have nothing on a GPU and are left alone.
  * @internal
  */
-export async function resumeIfDeep(status: EngineStatus, backend?: CheckpointBackend): Promise<DeepTimes | undefined> {
-  if (!backend && !status.ranks.some((r) => r.memory === 'cuda')) return undefined;
+export async function resumeIfDeep(status: EngineStatus, backend?: CheckpointBackend, pairs?: readonly NativeGpuPair[]): Promise<DeepTimes | undefined> {
+  if (!backend && !pairs && !status.ranks.some((r) => r.memory === 'cuda')) return undefined;
   if (status.ranks.length === 0) return undefined;
-  return deepRestoreRanks(engineRanks(status), backend ?? nativeCheckpointBackend());
+  return deepRestoreRanks(engineRanks(status), backend ?? nativeCheckpointBackend(), pairs);
 }
 
 /** Checks, before anything changes, that every worker can be deep-suspended (the API is there, each runs). @internal */
@@ -222,4 +238,51 @@ export async function deepPrecheck(status: EngineStatus, backend: CheckpointBack
   const ranks = engineRanks(status);
   await processStates(ranks, backend);
   return ranks;
+}
+
+/**
+ * Refuses to deep-suspend while this process still holds descriptors the engine's workers
+ * exported (an export not closed): the checkpoint would have to leave memory behind that another
+ * process can reach. The SDK's own flows close every export before they sleep the engine.
+ */
+function refuseOpenExports(ranks: readonly DeepRank[]): void {
+  const open = ranks.map((r) => ({ rank: r, fds: openExports(r.pid) })).filter((x) => x.fds > 0);
+  if (open.length === 0) return;
+  throw new VsnapError(
+    'E_ENGINE_STATE',
+    `deep suspend refused: this process still holds ${open.map((x) => `${x.fds} exported descriptor(s) of rank ${x.rank.rank} (pid ${x.rank.pid})`).join(', ')}. ` +
+      "Close the export (ExportedRegions.close) before the engine's processes are checkpointed; nothing was changed.",
+    { reason: 'handles', ranks: open.map((x) => x.rank.rank), fds: open.map((x) => x.fds) },
+  );
+}
+
+/**
+ * A restore onto other GPUs that failed for some rank: says which, with the pairs, what the
+ * driver said, and what to do. Ranks that did restore stay locked on their new GPUs (nothing of
+ * the engine runs half-moved); retrying the same restore (same GPU map) finishes the move, and
+ * one without a map brings the failed ranks back onto their own GPUs (the locked ones stay where
+ * they are). For a one-process engine nothing moved: it is still deep-suspended on its own GPU.
+ */
+function remapRestoreError(ranks: readonly DeepRank[], restored: Outcome[], pairs: readonly NativeGpuPair[]): VsnapError {
+  const failed = restored.filter((o) => o.error);
+  const locked = restored.filter((o) => !o.error).map((o) => o.rank.rank);
+  const first = failed[0]!.error!;
+  const shown = pairs.map((p) => `${p.oldUuid} -> ${p.newUuid}`).join(', ');
+  const hint =
+    first.code === 'E_CHECKPOINT_UNSUPPORTED'
+      ? 'This driver cannot restore a process onto other GPUs (GPU pairs need r580 or newer): upgrade it, or restore without a GPU map.'
+      : first.details.reason === 'memory'
+        ? 'A new GPU lacks the memory: free memory there, or restore onto another GPU or without a GPU map.'
+        : "The driver wants every GPU the process was checkpointed with, as a permutation onto GPUs of the same chip; check the map, or restore without one.";
+  return new VsnapError(
+    first.code,
+    `restoring the deep-suspended engine onto other GPUs failed: ${failed.map(describe).join('; ')} (GPU pairs: ${shown}). ${hint} ` +
+      (locked.length
+        ? `Rank(s) ${locked.join(', ')} did restore and stay locked on their new GPUs: retry with the same GPU map to finish the move.`
+        : ranks.length > 1
+          ? 'No rank was restored: the engine is still deep-suspended on its own GPUs.'
+          : 'The engine is still deep-suspended on its own GPU.'),
+    { ...first.details, step: 'restore', ranks: failed.map((o) => o.rank.rank), locked, pairs: pairs.map((p) => ({ ...p })) },
+    { cause: first },
+  );
 }

@@ -10,6 +10,8 @@ import type { RegionStore } from '../store/region-store.js';
 import { passOn, type TransferOptions } from '../transfer/transfer.js';
 import { blobProblems, compareResponses, DEFAULT_PROMPT, holdsWeights, liveFacts, liveRanks, phaseTimer, preflight, probe, warn } from './engine-checks.js';
 import { deepPrecheck, deepSuspendRanks, nativeCheckpointBackend, resumeIfDeep, type CheckpointBackend } from './deep-suspend.js';
+import { listDevices } from '../gpu/cuda.js';
+import { resolveRemap, type GpuRef, type GpuRemap } from './gpu-remap.js';
 import { checkLive, liveRefs, staleError, type LiveCheckReport } from './live-check.js';
 import { recoverEngine, recoveryReason, type EngineRecovery, type MaterializePolicy, type RecoveryPolicy, type RecoveryReason } from './engine-recovery.js';
 import type { Manifest } from '../manifest/manifest.js';
@@ -68,6 +70,21 @@ export interface EngineRestoreOptions extends TransferOptions {
   readonly verifyDigests?: boolean;
   /** @internal The process checkpoint calls (tests inject a fake). */
   readonly checkpointBackend?: CheckpointBackend;
+  /**
+   * A deep-suspended engine on one GPU: restore its process onto this GPU instead (an ordinal
+   * in this process, or a UUID), then wake and hydrate its weights there. The GPU must be of
+   * the same kind (name and compute capability; else E_INVALID_ARGUMENT before anything
+   * changes) and have room for the process and its weights. Needs driver r580+ (else
+   * E_CHECKPOINT_UNSUPPORTED, and the engine stays deep-suspended where it was). An engine that
+   * is not deep-suspended is refused (E_ENGINE_STATE). See {@link EngineRestoreReport.gpus}.
+   */
+  readonly onto?: GpuRef;
+  /**
+   * Like `onto`, for an engine on several GPUs, from each old GPU to its new one (ordinals in this process or
+   * UUIDs). The driver is given a whole permutation of the GPUs this process sees (the GPUs
+   * displaced take the ones vacated, the others stay), the same for every rank.
+   */
+  readonly gpuMap?: Readonly<Record<string, GpuRef>>;
   /**
    * When the snapshot cannot be used (see {@link RecoveryReason}): `fail` (default) throws its
    * error; `reload` has the engine load its weights again from its own checkpoint (vLLM's
@@ -156,6 +173,8 @@ export interface EngineRestoreReport {
   readonly path: 'restored' | 'recovered';
   /** What the recovery did, when `path` is `recovered`. */
   readonly recovery?: EngineRecovery;
+  /** With `onto` / `gpuMap`: the GPU (UUID) each rank runs on now, in rank order, as its export reported it. */
+  readonly gpus?: readonly string[];
 }
 
 /**
@@ -293,8 +312,11 @@ export async function restoreEngine(source: Snapshot | SnapshotRef, client: Engi
   const control = found.control;
   let status = found.status;
   preflight(status, options);
+  // Onto other GPUs: resolved and checked (visible, same kind) before anything changes.
+  const onGpus = status.ranks.every((r) => r.memory === 'cuda'); // a host-memory engine is refused without listing GPUs
+  const remap = options.onto !== undefined || options.gpuMap !== undefined ? resolveRemap(status, onGpus ? await listDevices() : [], options) : undefined;
   // A deep-suspended engine (found by the driver's state of its pids): restore and unlock every rank first.
-  const deep = await resumeIfDeep(status, options.checkpointBackend);
+  const deep = await resumeIfDeep(status, options.checkpointBackend, remap?.pairs);
   if (deep) {
     for (const [step, seconds] of Object.entries(deep)) phases[`deep.${step}`] = seconds;
     lap.restart();
@@ -358,6 +380,7 @@ export async function restoreEngine(source: Snapshot | SnapshotRef, client: Engi
     lap('wakeWeights');
     exported = await exportRegions(control, status.ranks.length, call);
     lap('export');
+    if (remap) checkMoved(exported, remap);
     snapshot.manifest.assertCompatible({ ...liveFacts(status, exported, options.allowModelSwap ?? false), ranks: liveRanks(exported) });
     lap('validate');
     const result = await snapshot.restore({
@@ -375,7 +398,8 @@ export async function restoreEngine(source: Snapshot | SnapshotRef, client: Engi
     }
     exported.close();
     await finishWake(control, client, snapshot.name, expected, rest, options, call, lap, 'restored');
-    return { bytes: result.bytes, tier: result.tier ?? 'store', seconds: (performance.now() - started) / 1000, phases, path: 'restored' };
+    const gpus = remap ? { gpus: exported.ranks.map((r) => r.deviceUuid) } : {};
+    return { bytes: result.bytes, tier: result.tier ?? 'store', seconds: (performance.now() - started) / 1000, phases, path: 'restored', ...gpus };
   } catch (err) {
     exported?.close();
     const e = toVsnapError(err);
@@ -392,13 +416,29 @@ export async function restoreEngine(source: Snapshot | SnapshotRef, client: Engi
   }
 }
 
-/** Wakes the KV cache, resets the prefix cache and checks the expected response. */
+/**
+ * After a restore onto other GPUs: every rank's export must report the GPU it was sent to (the
+ * plugin reads the UUID afresh at each export). The weights' memory is new there, at the same
+ * addresses; a rank still on its old GPU (or elsewhere) means the move did not happen as asked.
+ */
+function checkMoved(exported: ExportedRegions, remap: GpuRemap): void {
+  const wrong = exported.ranks.filter((r) => r.deviceUuid !== remap.rankTargets[r.rank]);
+  if (wrong.length === 0) return;
+  throw new VsnapError(
+    'E_ENGINE_STATE',
+    `after the restore onto other GPUs, ${wrong.map((r) => `rank ${r.rank} reports GPU ${r.deviceUuid}, not ${remap.rankTargets[r.rank]}`).join('; ')}. ` +
+      'Is the vsnap plugin current (it re-reads its GPU at each export)? Check the engine with nvidia-smi before sending it requests.',
+    { ranks: wrong.map((r) => r.rank), reported: wrong.map((r) => r.deviceUuid), expected: wrong.map((r) => remap.rankTargets[r.rank]) },
+  );
+}
+
 /** The tags a restore wakes after the weights: the KV cache and any other the plugin reports. */
 function tagsAfterWeights(status: EngineStatus): string[] {
   const other = status.ranks.flatMap((r) => r.otherTags ?? []).filter((t) => t !== 'weights' && t !== 'kv_cache');
   return ['kv_cache', ...new Set(other)];
 }
 
+/** Wakes the KV cache, resets the prefix cache and checks the expected response. */
 async function finishWake(
   control: EngineControl,
   client: EngineClient,

@@ -46,6 +46,13 @@ export interface SwapEngine {
    * Tier 0 does not keep its weights.
    */
   readonly deepSuspend?: boolean;
+  /**
+   * With `deepSuspend`, for an engine on one GPU: other GPUs (ordinals, of the same kind) its
+   * deep-suspended process may be restored onto when its own GPU has no room and one of these
+   * has, instead of suspending another engine (restoreEngine's `onto`; driver r580+). The
+   * engine then counts on its new GPU.
+   */
+  readonly movableTo?: readonly number[];
 }
 
 /**
@@ -212,9 +219,10 @@ export class SwapController extends EventEmitter {
       if (this.slots.has(e.name)) invalidArgument('engines', 'engines with distinct names', e.name);
       if (!Number.isSafeInteger(e.memoryBytes) || e.memoryBytes <= 0) invalidArgument(`${e.name}.memoryBytes`, 'a positive byte count', e.memoryBytes);
       const spec = { ...e, snapshot: e.snapshot ?? e.name, devices: e.devices ?? [0], asleepBytes: e.asleepBytes ?? 0 };
-      for (const d of spec.devices) {
+      for (const d of [...spec.devices, ...(e.movableTo ?? [])]) {
         if (options.budgets[d] === undefined) invalidArgument('budgets', `a budget for device ${d} (used by ${e.name})`, options.budgets);
       }
+      if (e.movableTo?.length && (!e.deepSuspend || spec.devices.length !== 1)) invalidArgument(`${e.name}.movableTo`, 'an engine on one GPU with deepSuspend', e.movableTo);
       this.slots.set(e.name, { spec, state: 'asleep', leases: 0, lastUsed: 0, waiters: [] });
     }
     if (options.defaultModel !== undefined && !this.slots.has(options.defaultModel)) invalidArgument('defaultModel', 'one of the engines', options.defaultModel);

@@ -117,6 +117,7 @@ export class SwapExecutor {
       retryAt: s.retryAt,
       keptByEngine: s.keptByEngine,
       holdLocked: s.holdLocked,
+      movableTo: s.spec.deepSuspend && !s.shallow ? s.spec.movableTo : undefined,
     }));
     return { engines, budgets: this.options.budgets, defaultModel: this.options.defaultModel, tier0: this.options.resident !== undefined, now: Date.now() };
   }
@@ -159,7 +160,7 @@ export class SwapExecutor {
         return true;
       }
       case 'wake':
-        await this.wake(this.slots.get(action.engine)!);
+        await this.wake(this.slots.get(action.engine)!, action.onto);
         return true;
       case 'suspend':
         try {
@@ -268,7 +269,8 @@ export class SwapExecutor {
     this.events.emit('change', this.views());
   }
 
-  private async wake(slot: Slot): Promise<void> {
+  /** Wakes it; `onto`: a deep-suspended engine's process is restored onto that GPU first. */
+  private async wake(slot: Slot, onto?: readonly number[]): Promise<void> {
     this.checked.delete(slot);
     const name = slot.spec.name;
     const started = performance.now();
@@ -277,7 +279,8 @@ export class SwapExecutor {
     this.events.emit('swapStarted', { engine: name, action: 'restore' });
     let snapshotId: string | undefined;
     try {
-      const report = slot.keptByEngine ? await this.resumeKept(slot) : await this.restore(slot, (id) => (snapshotId = id));
+      const report = slot.keptByEngine ? await this.resumeKept(slot) : await this.restore(slot, (id) => (snapshotId = id), onto);
+      if (onto) slot.spec = { ...slot.spec, devices: onto }; // it runs there now
       delete slot.keptByEngine;
       delete slot.holdLocked;
       slot.state = 'awake';
@@ -296,6 +299,12 @@ export class SwapExecutor {
       const e = toVsnapError(err);
       this.metrics.swaps.inc({ engine: name, action: 'restore', result: 'error' });
       slot.retryAt = Date.now() + RETRY_MS;
+      if (slot.spec.deepSuspend && 'recovered' in e.details) {
+        // The processes were restored (and moved, with onto) before a later step failed: the
+        // engine is no longer deep, it holds its context (asleepBytes) where it runs now.
+        slot.shallow = true;
+        if (onto) slot.spec = { ...slot.spec, devices: onto };
+      }
       // A failed recovery (details.recovery) still says the snapshot was bad (details.snapshotError).
       const fault = SNAPSHOT_FAULTS.has(e.code) ? e.code : (e.details.snapshotError as VsnapError['code'] | undefined);
       if (fault !== undefined && SNAPSHOT_FAULTS.has(fault)) this.markDamaged(slot, { snapshotId, reason: damageReason(fault, snapshotId) }, e.message);
@@ -315,7 +324,7 @@ export class SwapExecutor {
     }
   }
 
-  private async restore(slot: Slot, opened: (id: string) => void) {
+  private async restore(slot: Slot, opened: (id: string) => void, onto?: readonly number[]) {
     const recovery = this.recovers() ? ('reload' as const) : ('fail' as const);
     let source: Snapshot | SnapshotRef;
     try {
@@ -327,6 +336,7 @@ export class SwapExecutor {
       source = { store: this.options.store, name: slot.spec.snapshot }; // restoreEngine opens it again and recovers past it
     }
     return restoreEngine(source, slot.spec.client, {
+      ...(onto ? { onto: onto[0]! } : {}),
       ...(this.options.cache ? { cache: this.options.cache } : {}),
       ...(this.options.resident ? { resident: this.options.resident } : {}),
       ...(this.options.checkpointBackend ? { checkpointBackend: this.options.checkpointBackend } : {}),

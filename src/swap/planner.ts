@@ -39,6 +39,11 @@ export interface PlanEngine {
   readonly keptByEngine?: boolean | undefined;
   /** Its tier-0 weights differ from its snapshot (or could not be checked): never demoted. */
   readonly holdLocked?: boolean | undefined;
+  /**
+   * Deep-suspended on one GPU: the other GPUs (of the same kind) its process may be restored
+   * onto when its own has no room (undefined or empty: it wakes only where it is).
+   */
+  readonly movableTo?: readonly number[] | undefined;
 }
 
 /** @internal */
@@ -54,7 +59,7 @@ export interface PlanInput {
 /** One step. `for`: the engine the step makes room for. @internal */
 export type Action =
   | { readonly kind: 'grant'; readonly engine: string }
-  | { readonly kind: 'wake'; readonly engine: string }
+  | { readonly kind: 'wake'; readonly engine: string; readonly onto?: readonly number[] }
   | { readonly kind: 'suspend'; readonly engine: string; readonly keepResident: boolean; readonly reason: 'room' | 'budget' | 'idle'; readonly for?: string }
   | { readonly kind: 'demote'; readonly engine: string; readonly for?: string }
   | { readonly kind: 'reject'; readonly engine: string; readonly code: 'E_BUSY' | 'E_NOT_RESTORABLE'; readonly message: string }
@@ -105,6 +110,8 @@ function bringUp(input: PlanInput, target: PlanEngine): Action {
   const groupMates = target.group === undefined ? [] : others.filter((e) => e.group === target.group && !asleep(e));
   const fits = groupMates.length === 0 && target.devices.every((d) => (used[d] ?? 0) - heldAsleep(target) + target.memoryBytes <= input.budgets[d]!);
   if (fits) return { kind: 'wake', engine: target.name };
+  const elsewhere = groupMates.length === 0 ? placeElsewhere(input, target, used) : undefined;
+  if (elsewhere !== undefined) return { kind: 'wake', engine: target.name, onto: [elsewhere] };
   // Who is in the way: idle awake engines (suspended, keeping their weights in tier 0 if they
   // still leave room) and tier-0 holdings (demoted), least recently used first.
   const awake = others.filter((e) => e.state === 'awake' && !e.pinned && (groupMates.includes(e) || shares(e, target)));
@@ -130,6 +137,18 @@ function bringUp(input: PlanInput, target: PlanEngine): Action {
     return { kind: 'reject', engine: target.name, code: 'E_BUSY', message: `'${target.name}' cannot fit its GPU budget even with every unpinned engine suspended` };
   }
   return { kind: 'wait' }; // every engine in the way serves requests (or just failed to suspend): wait
+}
+
+/**
+ * A deep-suspended engine whose own GPU has no room wakes on another of the same kind where it
+ * fits without suspending anyone: the one with the most room left (then the lowest ordinal).
+ */
+function placeElsewhere(input: PlanInput, target: PlanEngine, used: Record<number, number>): number | undefined {
+  if (!target.movableTo?.length || target.devices.length !== 1 || target.state !== 'asleep') return undefined;
+  const room = (d: number): number => input.budgets[d]! - (used[d] ?? 0) - target.memoryBytes;
+  return target.movableTo
+    .filter((d) => !target.devices.includes(d) && input.budgets[d] !== undefined && room(d) >= 0)
+    .sort((a, b) => room(b) - room(a) || a - b)[0];
 }
 
 /** The step that brings every device within its budget, if one is over. */

@@ -1,5 +1,5 @@
 import { VsnapError } from '../../src/errors.js';
-import type { NativeProcessState } from '../../src/native/index.js';
+import type { NativeGpuPair, NativeProcessState } from '../../src/native/index.js';
 import type { CheckpointBackend } from '../../src/snapshot/deep-suspend.js';
 
 type Op = 'state' | 'lock' | 'checkpoint' | 'restore' | 'unlock';
@@ -16,6 +16,16 @@ export class FakeCheckpointDriver implements CheckpointBackend {
   private readonly faults: Array<{ op: Op; pid: number; reason: string }> = [];
   private readonly gone = new Set<number>();
   unsupported = false;
+  /** GPU pairs: like a driver before r580 when false. */
+  remapSupported = true;
+  /** The machine's GPUs (UUIDs) a remapping restore must name as a permutation, as the driver wants. */
+  gpus: string[] = [];
+  /** The GPU each pid is on (set it to use remapping restores); a remap moves it. */
+  readonly gpuOf = new Map<number, string>();
+  /** GPUs without room: a restore onto them fails with CUDA_ERROR_OUT_OF_MEMORY (reason memory). */
+  readonly full = new Set<string>();
+  /** The pairs each restore was given, by pid (the last one). */
+  readonly pairsOf = new Map<number, readonly NativeGpuPair[]>();
 
   constructor(pids: readonly number[]) {
     for (const pid of pids) this.states.set(pid, 'running');
@@ -66,8 +76,32 @@ export class FakeCheckpointDriver implements CheckpointBackend {
   async checkpoint(pid: number): Promise<void> {
     this.step('checkpoint', pid, 'locked', 'checkpointed');
   }
-  async restore(pid: number): Promise<void> {
+  async restore(pid: number, pairs?: readonly NativeGpuPair[]): Promise<void> {
+    if (pairs) this.pairsOf.set(pid, pairs);
+    const target = pairs ? this.remapTarget(pid, pairs) : this.gpuOf.get(pid);
+    if (target !== undefined && this.full.has(target) && this.states.get(pid) === 'checkpointed') {
+      this.calls.push(`restore:${pid}`);
+      throw this.error('restore', pid, 'memory', 'CUDA_ERROR_OUT_OF_MEMORY');
+    }
     this.step('restore', pid, 'checkpointed', 'locked');
+    if (target !== undefined) this.gpuOf.set(pid, target);
+  }
+
+  /** Where pairs send pid, refusing what the driver refuses: no pair support, or not a permutation of every GPU. */
+  private remapTarget(pid: number, pairs: readonly NativeGpuPair[]): string | undefined {
+    if (!this.remapSupported) {
+      this.calls.push(`restore:${pid}`);
+      throw new VsnapError('E_CHECKPOINT_UNSUPPORTED', 'GPU pairs need driver r580+', { reason: 'pairs' });
+    }
+    const olds = new Set(pairs.map((p) => p.oldUuid));
+    const news = new Set(pairs.map((p) => p.newUuid));
+    const whole = olds.size === this.gpus.length && news.size === this.gpus.length && this.gpus.every((g) => olds.has(g) && news.has(g));
+    if (!whole || pairs.length !== this.gpus.length) {
+      this.calls.push(`restore:${pid}`);
+      throw this.error('restore', pid, 'driver', 'CUDA_ERROR_INVALID_VALUE');
+    }
+    const from = this.gpuOf.get(pid);
+    return pairs.find((p) => p.oldUuid === from)?.newUuid;
   }
   async unlock(pid: number): Promise<void> {
     this.step('unlock', pid, 'locked', 'running');

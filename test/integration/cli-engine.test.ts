@@ -32,6 +32,10 @@ describe('vsnap commands on an engine', () => {
       expect(deep.stderr).toMatch(/\[E_CHECKPOINT_UNSUPPORTED\][\s\S]*suspend without --deep/);
       expect(JSON.parse((await runCli(['status', '--json'], env)).stdout)).toMatchObject({ sleeping: false });
       expect((await runCli(['suspend', 'ref', ...store], env)).stdout).toMatch(/suspended in/);
+      // --onto reaches restoreEngine: the host-memory reference engine has no GPU to move, refused before anything changes
+      const onto = await runCli(['restore', 'ref', ...store, '--onto', '1'], env);
+      expect(onto.code).toBe(1);
+      expect(onto.stderr).toMatch(/\[E_INVALID_ARGUMENT\][\s\S]*host memory/);
       const restored = await runCli(['restore', 'ref', ...store], env);
       expect(restored.code).toBe(0);
       expect(restored.stdout).toMatch(/restored ref: .* from the store tier .*expectedResponse/);

@@ -14,6 +14,7 @@ from vllm import _reference
 from vllm.device_allocator import cumem
 from vllm.v1.worker.gpu_worker import Worker
 from vsnap_vllm import adapter
+from vsnap_vllm import bridge as bridge_module
 from vsnap_vllm.bridge import Bridge, BridgeError
 from vsnap_vllm.drivers import FABRIC, NONE, POSIX_FD
 
@@ -94,6 +95,22 @@ class HookFailureTest(unittest.TestCase):
         first = self.bridge.status(worker)
         self.bridge.driver.device_uuid = boom
         self.assertEqual(self.bridge.status(worker)["device"], first["device"])
+
+    def test_an_export_reads_the_device_uuid_afresh(self):
+        """A process restored onto another GPU (deep suspend with a GPU map) reports that GPU at
+        its next export, and its status does from then on."""
+        worker = self.load()
+        self.bridge.status(worker)
+        self.bridge.driver.device_uuid = lambda device: f"MOVED-{device}"
+        sent = []
+        real = bridge_module.send_fds
+        bridge_module.send_fds = lambda path, nonce, header, fds: sent.append(header)
+        try:
+            self.bridge.export(worker, "/unused", ["a" * 64])
+        finally:
+            bridge_module.send_fds = real
+        self.assertEqual(sent[0]["device"]["uuid"], "MOVED-0")
+        self.assertEqual(self.bridge.status(worker)["device"]["uuid"], "MOVED-0")
 
     # ---- a failure at each hook
 

@@ -222,6 +222,9 @@ class Bridge:
                 r["memory"] = self.exporter.kinds.get(r["va"])
             fds = self.exporter.export_fds(allocations)
         device = adapter.worker_device(worker)
+        # Read afresh (the worker runs here): a deep-suspended process restored onto another GPU
+        # has that GPU's UUID now, and the status reports it from here on.
+        self._uuids.pop(device, None)
         header = {
             "version": 1,
             "rank": rank,

@@ -58,7 +58,7 @@ export async function doctor(ctx: Context): Promise<number> {
     `vsnap ${VERSION} on Node ${process.versions.node}`,
     `checksums: ${report.checksum.algorithm} (${report.checksum.implementation})`,
     status.available
-      ? `cuda: driver supports CUDA ${formatCudaVersion(status.driverVersion)}; checkpoint API ${status.checkpointApi ? 'present' : 'absent (driver < r570)'}`
+      ? `cuda: driver supports CUDA ${formatCudaVersion(status.driverVersion)}; checkpoint API ${status.checkpointApi ? `present${status.driverVersion >= 13000 ? ', with GPU pairs (restore onto another GPU)' : ' (restore onto another GPU needs r580+)'}` : 'absent (driver < r570)'}`
       : `cuda: unavailable: ${status.reason}`,
     ...devices.map(
       (d) =>

@@ -48,7 +48,7 @@ export async function suspend(ctx: Context): Promise<number> {
   }
 }
 
-/** vsnap restore <name> --engine URL: bring the weights back and check the expected response. */
+/** vsnap restore <name> --engine URL [--onto GPU]: bring the weights back and check the expected response. */
 export async function restore(ctx: Context): Promise<number> {
   const name = ctx.name();
   const client = ctx.engineClient();
@@ -59,13 +59,15 @@ export async function restore(ctx: Context): Promise<number> {
     const store = await ctx.openStore(recover && materialize !== 'off' ? 'create' : 'read');
     const source = recover ? { store, name, ...(ctx.options.id ? { id: ctx.options.id } : {}) } : await Snapshot.open(store, name, ctx.options.id ? { id: ctx.options.id } : {});
     const progress = progressLine('restore');
-    const report = await restoreEngine(source, client, { onProgress: progress.update, signal: ctx.signal, ...(recover ? { recovery: 'reload' as const, materialize } : {}) }).finally(() =>
+    const onto = typeof ctx.options.onto === 'string' ? { onto: /^\d+$/.test(ctx.options.onto) ? Number(ctx.options.onto) : ctx.options.onto } : {};
+    const report = await restoreEngine(source, client, { onProgress: progress.update, signal: ctx.signal, ...onto, ...(recover ? { recovery: 'reload' as const, materialize } : {}) }).finally(() =>
       progress.done(),
     );
     const phases = Object.entries(report.phases).map(([k, v]) => `${k} ${(v * 1000).toFixed(1)} ms`).join(', ');
     const r = report.recovery;
     if (!r) {
-      ctx.print(`restored ${name}: ${formatBytes(report.bytes)} from the ${report.tier} tier in ${(report.seconds * 1000).toFixed(0)} ms (${phases})`, report);
+      const moved = report.gpus ? ` onto ${report.gpus.join(', ')}` : '';
+      ctx.print(`restored ${name}${moved}: ${formatBytes(report.bytes)} from the ${report.tier} tier in ${(report.seconds * 1000).toFixed(0)} ms (${phases})`, report);
       return EXIT.ok;
     }
     const outcome = r.materialized ? await r.materialized : undefined;

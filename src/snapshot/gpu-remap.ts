@@ -1,0 +1,136 @@
+import { VsnapError } from '../errors.js';
+import type { EngineStatus } from '../engine/engine-client.js';
+import type { GpuDevice } from '../gpu/cuda.js';
+import type { NativeGpuPair } from '../native/index.js';
+
+/*
+ * Restore onto another GPU: the driver's process restore takes GPU pairs (old UUID -> new UUID,
+ * CUcheckpointRestoreArgs.gpuPairs, driver r580+). cuda.h: the list "must contain every
+ * checkpointed GPU" and each new GPU must be of the same chip and have the memory. In practice the
+ * driver refuses a lone pair 0->1 on a machine of several GPUs (CUDA_ERROR_INVALID_VALUE; the
+ * cuda-checkpoint tool's --device-map, NVIDIA/cuda-checkpoint issue 35) and accepts a whole
+ * permutation of the GPUs (0->1 with 1->0, and every other GPU onto itself: CRIU's
+ * --gpu-device-map example, checkpoint-restore/criu PR 2836). So the pairs here always name
+ * every GPU this process sees, as a permutation: the moves asked for, the GPUs they displace
+ * sent to the ones they vacate, and every other GPU onto itself. Every rank of an engine gets the
+ * same pairs (one map of the machine's GPUs).
+ */
+
+/**
+ * A GPU: its ordinal in this process (after CUDA_VISIBLE_DEVICES) or its UUID ("GPU-…", as
+ * `nvidia-smi -L` and {@link listDevices} print it).
+ * @public
+ */
+export type GpuRef = number | string;
+
+/** A resolved remap: the driver's pairs, and where each rank's GPU goes (by UUID). @internal */
+export interface GpuRemap {
+  /** Every GPU this process sees, as a permutation (the driver's restore pairs). */
+  readonly pairs: NativeGpuPair[];
+  /** The moves asked for, old UUID -> new UUID (identity moves left out). */
+  readonly moves: ReadonlyMap<string, string>;
+  /** The GPU (UUID) each rank is on after the restore, indexed by rank. */
+  readonly rankTargets: string[];
+}
+
+const invalid = (message: string, details: Record<string, unknown> = {}): never => {
+  throw new VsnapError('E_INVALID_ARGUMENT', message, details);
+};
+
+const describeGpu = (d: GpuDevice): string => `${d.ordinal} (${d.name}, ${d.uuid})`;
+
+/** The device a GpuRef names among `devices`, or E_INVALID_ARGUMENT listing them. @internal */
+export function findGpu(ref: GpuRef, devices: readonly GpuDevice[], what: string): GpuDevice {
+  const found =
+    typeof ref === 'number' || /^\d+$/.test(ref)
+      ? devices.find((d) => d.ordinal === Number(ref))
+      : devices.find((d) => d.uuid.toLowerCase() === ref.toLowerCase());
+  if (!found) {
+    invalid(`${what} ${JSON.stringify(ref)} is not a GPU this process sees; it sees ${devices.map(describeGpu).join(', ') || 'none'}. Name a GPU by its ordinal here or its UUID.`, {
+      gpu: ref,
+      visible: devices.map((d) => d.uuid),
+    });
+  }
+  return found!;
+}
+
+/**
+ * Completes the moves asked for (old UUID -> new UUID) into a permutation of `all` (every GPU
+ * UUID this process sees, in ordinal order): each GPU a move vacates takes one a move displaced
+ * (in ordinal order), every other GPU maps onto itself. Throws E_INVALID_ARGUMENT for two moves
+ * onto one GPU or a GPU not in `all`.
+ * @internal
+ */
+export function permutationPairs(moves: ReadonlyMap<string, string>, all: readonly string[]): NativeGpuPair[] {
+  const known = new Set(all);
+  const targets = new Set<string>();
+  for (const [from, to] of moves) {
+    if (!known.has(from) || !known.has(to)) invalid(`GPU map ${from} -> ${to} names a GPU this process does not see`, { from, to });
+    if (targets.has(to)) invalid(`GPU map sends two GPUs onto ${to}: the driver restores onto a permutation of the GPUs`, { to });
+    targets.add(to);
+  }
+  const vacated = all.filter((u) => !targets.has(u) && moves.has(u)); // left, nothing comes in
+  const displaced = all.filter((u) => targets.has(u) && !moves.has(u)); // taken, its own GPU must go somewhere
+  const map = new Map<string, string>(moves);
+  displaced.forEach((u, i) => map.set(u, vacated[i]!));
+  for (const u of all) if (!map.has(u)) map.set(u, u);
+  return all.map((u) => ({ oldUuid: u, newUuid: map.get(u)! }));
+}
+
+/**
+ * Resolves `onto` (a single-GPU engine's new GPU) or `gpuMap` (old GPU -> new GPU) for an
+ * engine into the driver's pairs. Refuses (E_INVALID_ARGUMENT, before anything changes) a GPU
+ * this process does not see, a host-memory engine, and a new GPU of another kind than the old
+ * one (name or compute capability differ: the driver restores only onto the same chip). Returns
+ * undefined when every GPU stays where it is.
+ * @internal
+ */
+export function resolveRemap(
+  status: EngineStatus,
+  devices: readonly GpuDevice[],
+  options: { onto?: GpuRef; gpuMap?: Readonly<Record<string, GpuRef>> },
+): GpuRemap | undefined {
+  if (options.onto !== undefined && options.gpuMap !== undefined) invalid('give either onto or gpuMap, not both');
+  if (status.ranks.some((r) => r.memory !== 'cuda')) invalid('the engine keeps its weights in host memory: it has no GPU to move');
+  const engineGpus = [...new Set(status.ranks.map((r) => r.device.uuid))].map((u) => findGpu(u, devices, "the engine's GPU"));
+  const moves = new Map<string, string>();
+  if (options.onto !== undefined) {
+    if (engineGpus.length !== 1) {
+      invalid(`onto moves an engine on one GPU; this one runs on ${engineGpus.length} (${engineGpus.map(describeGpu).join(', ')}): give gpuMap instead`, {
+        gpus: engineGpus.map((g) => g.uuid),
+      });
+    }
+    moves.set(engineGpus[0]!.uuid, findGpu(options.onto, devices, 'onto').uuid);
+  } else {
+    for (const [from, to] of Object.entries(options.gpuMap ?? {})) {
+      const old = findGpu(from, devices, 'gpuMap key');
+      const target = findGpu(to, devices, `gpuMap[${JSON.stringify(from)}]`);
+      if (moves.has(old.uuid)) invalid(`gpuMap names GPU ${describeGpu(old)} twice`);
+      moves.set(old.uuid, target.uuid);
+    }
+  }
+  const seen = new Set<string>();
+  for (const to of moves.values()) {
+    if (seen.has(to)) invalid(`the GPU map sends two GPUs onto ${to}: the driver restores onto a permutation of the GPUs`, { to });
+    seen.add(to);
+  }
+  for (const [from, to] of moves) {
+    const a = devices.find((d) => d.uuid === from)!;
+    const b = devices.find((d) => d.uuid === to)!;
+    if (a.name !== b.name || a.computeCapability !== b.computeCapability) {
+      invalid(
+        `GPU ${describeGpu(b)} is not of the same kind as ${describeGpu(a)} (compute capability ${b.computeCapability} vs ${a.computeCapability}): ` +
+          'the driver restores a process only onto the same chip. Pick a GPU of the same kind.',
+        { from, to, fromName: a.name, toName: b.name },
+      );
+    }
+    if (from === to) moves.delete(from);
+  }
+  if (moves.size === 0) return undefined;
+  const all = [...devices].sort((x, y) => x.ordinal - y.ordinal).map((d) => d.uuid);
+  const pairs = permutationPairs(moves, all);
+  const after = new Map(pairs.map((p) => [p.oldUuid, p.newUuid]));
+  const rankTargets: string[] = [];
+  for (const r of status.ranks) rankTargets[r.rank] = after.get(findGpu(r.device.uuid, devices, "the engine's GPU").uuid)!;
+  return { pairs, moves, rankTargets };
+}
