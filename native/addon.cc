@@ -21,6 +21,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("setFault", Napi::Function::New(env, vsnap::js::SetFault, "setFault"));
   vsnap::js::initDigest(env, exports);
   vsnap::js::initCheckpoint(env, exports);
+  vsnap::js::initRegionSet(env, exports);
   exports.Set("abiVersion", Napi::Number::New(env, 4));
   return exports;
 }

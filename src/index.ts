@@ -11,7 +11,8 @@ export { cudaStatus, listDevices, type CudaStatus, type GpuDevice } from './gpu/
 export { DeviceAllocation } from './gpu/device-allocation.js';
 
 export { HostRegion } from './regions/host-region.js';
-export type { RegionMemory } from './regions/memory.js';
+export { MappedRegions } from './regions/mapped.js';
+export type { MappedMemory, RegionMemory } from './regions/memory.js';
 
 export { releaseIdleResources } from './transfer/staging.js';
 export { HostCache, type HostCacheOptions, type CacheEntryInfo } from './cache/host-cache.js';

@@ -10,7 +10,8 @@ import type { RegionStore } from '../store/region-store.js';
 import { passOn, type TransferOptions } from '../transfer/transfer.js';
 import { blobProblems, compareResponses, DEFAULT_PROMPT, holdsWeights, liveFacts, liveRanks, phaseTimer, preflight, probe, warn } from './engine-checks.js';
 import { deepPrecheck, deepSuspendRanks, nativeCheckpointBackend, resumeIfDeep, type CheckpointBackend } from './deep-suspend.js';
-import { checkLive, liveRefs, staleError, type LiveCheckReport } from './live-check.js';
+import { checkLive, liveRefs, mapExported, staleError, type LiveCheckReport } from './live-check.js';
+import type { MappedRegions } from '../regions/mapped.js';
 import { Snapshot, type CaptureOptions, type PersistPolicy } from './snapshot.js';
 
 /*
@@ -189,10 +190,14 @@ export async function captureEngine(
     throw new VsnapError('E_ENGINE_STATE', 'the engine is asleep: capture needs its weights awake (restore or wake it first)');
   }
   const exported = await exportRegions(control, status.ranks.length, options.signal ? { signal: options.signal } : {});
+  let mapped: MappedRegions | undefined;
   try {
-    return await captureExported(store, name, client, status, exported, options);
+    // Mapped once: the capture's GPU digests and its copy share the mappings.
+    mapped = await mapExported(exported);
+    return await captureExported(store, name, client, status, exported, options, mapped);
   } finally {
     exported.close();
+    await mapped?.close();
   }
 }
 
@@ -204,11 +209,14 @@ async function captureExported(
   status: EngineStatus,
   exported: ExportedRegions,
   options: EngineCaptureOptions,
+  mapped?: MappedRegions,
 ): Promise<Snapshot> {
   const expected = await probe(client, options.probePrompt ?? DEFAULT_PROMPT, options.probeMaxTokens ?? 16, options.signal);
+  const memory = liveRefs(exported, mapped).map((l) => l.memory);
+  let i = 0;
   return Snapshot.capture(store, name, {
     regions: exported.ranks.flatMap((r) =>
-      r.regions.map((x) => ({ key: x.key, size: x.size, tag: x.tag, rank: x.rank, memory: x.memory, tensors: x.tensors, ...(x.device !== undefined ? { device: x.device } : {}) })),
+      r.regions.map((x) => ({ key: x.key, size: x.size, tag: x.tag, rank: x.rank, memory: memory[i++]!, tensors: x.tensors, ...(x.device !== undefined ? { device: x.device } : {}) })),
     ),
     engine: status.engine,
     model: status.model,
@@ -277,14 +285,21 @@ export async function restoreEngine(snapshot: Snapshot, client: EngineClient, op
     }
   }
   let exported: ExportedRegions | undefined;
+  let mapped: MappedRegions | undefined;
   try {
     if (status.ranks.some((r) => !r.weightsMapped)) await control.wake(['weights'], call);
     lap('wakeWeights');
     exported = await exportRegions(control, status.ranks.length, call);
     lap('export');
     snapshot.manifest.assertCompatible({ ...liveFacts(status, exported, options.allowModelSwap ?? false), ranks: liveRanks(exported) });
+    // Mapped once, on a few threads: the hydrate and the GPU digest that verifies it share the
+    // mappings (which hold the memory, so the descriptors can go at once).
+    mapped = await mapExported(exported);
+    const live = liveRefs(exported, mapped);
+    exported.close();
+    lap('map');
     const result = await snapshot.restore({
-      regions: exported.ranks.flatMap((r) => r.regions.map((x) => ({ key: x.key, size: x.size, tag: x.tag, rank: x.rank, memory: x.memory }))),
+      regions: live.map((x, i) => ({ key: x.key, size: x.size, tag: exportedTag(exported!, i), rank: x.rank, memory: x.memory })),
       ...(options.cache ? { cache: options.cache } : {}),
       ...(options.verify ? { verify: options.verify } : {}),
       ...(options.verifyDigests !== undefined ? { verifyDigests: options.verifyDigests } : {}),
@@ -296,11 +311,16 @@ export async function restoreEngine(snapshot: Snapshot, client: EngineClient, op
       phases.hydrate! -= result.digestSeconds;
       phases.verifyDigests = result.digestSeconds;
     }
-    exported.close();
+    // Unmapping thousands of regions runs off the JS thread while the engine wakes its KV cache.
+    const unmapping = mapped.close();
+    unmapping.catch(() => undefined);
     await finishWake(control, client, snapshot, expected, rest, options, call, lap);
+    await unmapping;
     return { bytes: result.bytes, tier: result.tier ?? 'store', seconds: (performance.now() - started) / 1000, phases };
   } catch (err) {
     exported?.close();
+    // Before any sleep: a mapping left would keep the engine's freed weights allocated.
+    await mapped?.close().catch(() => undefined);
     const e = toVsnapError(err);
     const { state, asleep } = await backToSleep(control);
     throw new VsnapError(
@@ -312,13 +332,22 @@ export async function restoreEngine(snapshot: Snapshot, client: EngineClient, op
   }
 }
 
-/** Wakes the KV cache, resets the prefix cache and checks the expected response. */
+/** The tag of the i-th exported region (rank by rank, in the order sent). */
+function exportedTag(exported: ExportedRegions, i: number): string {
+  for (const r of exported.ranks) {
+    if (i < r.regions.length) return r.regions[i]!.tag;
+    i -= r.regions.length;
+  }
+  throw new RangeError(`exported region ${i}`);
+}
+
 /** The tags a restore wakes after the weights: the KV cache and any other the plugin reports. */
 function tagsAfterWeights(status: EngineStatus): string[] {
   const other = status.ranks.flatMap((r) => r.otherTags ?? []).filter((t) => t !== 'weights' && t !== 'kv_cache');
   return ['kv_cache', ...new Set(other)];
 }
 
+/** Wakes the KV cache, resets the prefix cache and checks the expected response. */
 async function finishWake(
   control: EngineControl,
   client: EngineClient,
@@ -486,6 +515,9 @@ export async function suspendEngine(
   // One export serves both the restorability check and tier 0's hold (a capture leaves the memory as it is).
   let exported: ExportedRegions | undefined;
   const exportWeights = async (): Promise<ExportedRegions> => (exported ??= await exportRegions(control, status.ranks.length, call));
+  // One mapping serves the dirty check and a capture after it; closed before the sleep frees the memory.
+  let mapped: MappedRegions | undefined;
+  const mapWeights = async (): Promise<MappedRegions> => (mapped ??= await mapExported(await exportWeights()));
   let captured = false;
   let liveCheck: LiveCheckReport | undefined;
   try {
@@ -493,7 +525,7 @@ export async function suspendEngine(
     lap('check');
     // The dirty check: layout and blobs match, but do the bytes? Changed regions are captured again.
     if (problems.length === 0 && snapshot) {
-      liveCheck = await checkLive(snapshot.manifest, liveRefs(await exportWeights()));
+      liveCheck = await checkLive(snapshot.manifest, liveRefs(await exportWeights(), await mapWeights()));
       lap('digest');
       if (!liveCheck.checked || liveCheck.changed.length) {
         if (options.onStale === 'refuse') throw staleError(name, liveCheck);
@@ -501,7 +533,7 @@ export async function suspendEngine(
           ...(options.capture ?? {}),
           ...(liveCheck.checked ? { base: snapshot } : {}),
           ...(options.signal ? { signal: options.signal } : {}),
-        });
+        }, await mapWeights());
         captured = true;
         lap('capture');
       }
@@ -519,7 +551,7 @@ export async function suspendEngine(
       snapshot = await captureExported(store, name, client, status, await exportWeights(), {
         ...(options.capture ?? {}),
         ...(options.signal ? { signal: options.signal } : {}),
-      });
+      }, await mapWeights());
       captured = true;
       lap('capture');
     }
@@ -530,6 +562,7 @@ export async function suspendEngine(
     }
   } finally {
     exported?.close();
+    await mapped?.close();
   }
   try {
     await control.sleep(2, options.mode, call);
