@@ -121,7 +121,8 @@ export interface EngineRestoreReport {
   /** Wall time of the whole restore. */
   readonly seconds: number;
   /**
-   * Seconds per phase, in order: sleep (model swap only), then wakeWeights, export, hydrate (or
+   * Seconds per phase, in order: sleep (model swap only), then wakeWeights, export, map (every
+   * region mapped once, for the hydrate and its verification), hydrate (or
    * adoptWeights for tier 0), then wakeKvCache, resetPrefixCache, expectedResponse. A
    * deep-suspended engine starts with `deep.restore`, `deep.unlock`.
    */
