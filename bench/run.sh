@@ -4,17 +4,23 @@
 #                                               peers (bench/transfer.ts, bench/peers.py)
 #   npm run bench -- swap [options]             end-to-end swaps of two reference engines
 #                                               (bench/engine-swap.ts; options there)
+#   npm run bench -- regions [MiB] [host|cuda] [repeats]   per-region cost of a RAM-tier restore,
+#                                               36..4,000 regions (bench/region-count.ts)
 # Builds the bundles, the ceiling program and the reference engine's allocator where the tools
 # are here; on a machine without npm, carry dist-gpu/ and run this same script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -x node_modules/.bin/esbuild ]; then
-  node_modules/.bin/esbuild bench/transfer.ts bench/engine-swap.ts --bundle --platform=node --format=esm --target=node20 \
+  node_modules/.bin/esbuild bench/transfer.ts bench/engine-swap.ts bench/region-count.ts --bundle --platform=node --format=esm --target=node20 \
     --outdir=dist-gpu --entry-names='bench-[name]' --out-extension:.js=.mjs --log-level=warning --external:node-gyp-build \
     --banner:js="import { createRequire as __cr } from 'module'; const require = __cr(import.meta.url);"
 fi
 if [ -z "${VSNAP_NATIVE_PATH:-}" ]; then
   export VSNAP_NATIVE_PATH="$(ls "$PWD"/prebuilds/linux-x64/*.node | head -1)"
+fi
+if [ "${1:-}" = regions ]; then
+  shift
+  exec node dist-gpu/bench-region-count.mjs "$@"
 fi
 if [ "${1:-}" = swap ]; then
   shift
