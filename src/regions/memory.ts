@@ -25,7 +25,9 @@ export type RegionMemory =
  * @public
  */
 export interface MappedMemory {
+  /** Always `mapped`. */
   readonly kind: 'mapped';
+  /** The kind of memory the set opened: `host` (a memfd) or `imported` (another process's GPU memory). */
   readonly source: 'host' | 'imported';
   /** @internal */
   readonly set: NativeRegionSet;
