@@ -9,13 +9,15 @@
 #                                               --rows picks rows). VSNAP_VLLM_SRC=<folder made by
 #                                               test/fixtures/engine/vllm_src.py>: the engines run
 #                                               vLLM's real allocator (built here, as test/gpu/run.sh does)
+#   npm run bench -- regions [MiB] [host|cuda] [repeats]   per-region cost of a RAM-tier restore,
+#                                               36..4,000 regions (bench/region-count.ts)
 #   npm run bench -- registry [GiB] [out-dir]   pull from a local registry vs curl (CPU only)
 # Builds the bundles, the ceiling program and the reference engine's allocator where the tools
 # are here; on a machine without npm, carry dist-gpu/ and run this same script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -x node_modules/.bin/esbuild ]; then
-  node_modules/.bin/esbuild bench/transfer.ts bench/engine-swap.ts --bundle --platform=node --format=esm --target=node20 \
+  node_modules/.bin/esbuild bench/transfer.ts bench/engine-swap.ts bench/region-count.ts --bundle --platform=node --format=esm --target=node20 \
     --outdir=dist-gpu --entry-names='bench-[name]' --out-extension:.js=.mjs --log-level=warning --external:node-gyp-build \
     --banner:js="import { createRequire as __cr } from 'module'; const require = __cr(import.meta.url);"
 fi
@@ -35,6 +37,10 @@ if [ "${1:-}" = registry ]; then
   # CPU only: pull from a local distribution registry into the store vs curl (bench/registry.ts)
   shift
   exec node_modules/.bin/tsx bench/registry.ts "$@"
+fi
+if [ "${1:-}" = regions ]; then
+  shift
+  exec node dist-gpu/bench-region-count.mjs "$@"
 fi
 if [ "${1:-}" = swap ]; then
   shift

@@ -23,7 +23,8 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   vsnap::js::initCheckpoint(env, exports);
   vsnap::js::initPeer(env, exports);
   vsnap::js::initMultipath(env, exports);
-  exports.Set("abiVersion", Napi::Number::New(env, 5));
+  vsnap::js::initRegionSet(env, exports);
+  exports.Set("abiVersion", Napi::Number::New(env, 6));
   return exports;
 }
 

@@ -13,7 +13,8 @@ export { NeighbourTier } from './gpu/neighbour-tier.js';
 export type { NeighbourRegion, NeighbourTierOptions, NeighbourTransfer } from './gpu/neighbour-tier.js';
 
 export { HostRegion } from './regions/host-region.js';
-export type { RegionMemory } from './regions/memory.js';
+export { MappedRegions } from './regions/mapped.js';
+export type { MappedMemory, RegionMemory } from './regions/memory.js';
 
 export { releaseIdleResources } from './transfer/staging.js';
 export { HostCache, type HostCacheOptions, type CacheEntryInfo } from './cache/host-cache.js';

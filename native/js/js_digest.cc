@@ -15,17 +15,20 @@
 #include "io/files.h"
 #include "js/js_allocation.h"
 #include "js/js_host_buffer.h"
+#include "js/js_region_set.h"
 #include "js/js_util.h"
 #include "transfer/host_buffer.h"
+#include "transfer/region_set.h"
 
 namespace vsnap::js {
 namespace {
 
 struct DigestTarget {
-  enum class Kind { Host, Imported, Device, Buffer } kind = Kind::Host;
+  enum class Kind { Host, Imported, Device, Buffer, Mapped } kind = Kind::Host;
   UniqueFd fd;  // our own duplicate
   std::shared_ptr<cuda::Mapping> mapping;
   std::shared_ptr<transfer::HostBuffer> buffer;
+  std::shared_ptr<transfer::Region> region;  // a RegionSet's region, mapped already
   uint64_t offset = 0;
   uint64_t size = 0;
   uint64_t chunkSize = 0;
@@ -43,6 +46,7 @@ std::vector<digest::Hash128> digestHostFd(int fd, uint64_t size, uint64_t chunkS
   if (io::fdSize(fd) < size) throwInvalid("host region descriptor holds fewer bytes than the region declares");
   void* base = mmap(nullptr, size, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
   if (base == MAP_FAILED) throwSystemError("mmap", "host region fd " + std::to_string(fd), errno);
+  transfer::countHostMap();
   try {
     auto out = digest::digestHost(static_cast<const unsigned char*>(base), size, chunkSize);
     munmap(base, size);
@@ -73,7 +77,19 @@ DigestResult run(std::vector<DigestTarget>& targets) {
         if (t.offset > t.buffer->size() || t.size > t.buffer->size() - t.offset) throwInvalid("digest range is outside its HostBuffer");
         r.digests[i] = digest::digestHost(reinterpret_cast<const unsigned char*>(t.buffer->data()) + t.offset, t.size, t.chunkSize);
         break;
+      case DigestTarget::Kind::Mapped:
+        if (t.size > t.region->size()) throwInvalid("digest range is larger than its region");
+        if (auto m = t.region->deviceMapping()) {
+          mappings[i] = m;
+          byDevice[m->device()].push_back(i);
+        } else if (const char* host = t.region->mappedHost()) {
+          r.digests[i] = digest::digestHost(reinterpret_cast<const unsigned char*>(host), t.size, t.chunkSize);
+        } else if (t.size != 0) {
+          throwInvalid("a mapped region without host or device memory to digest");
+        }
+        break;
       case DigestTarget::Kind::Imported:
+        transfer::countImport();
         mappings[i] = std::shared_ptr<cuda::Mapping>(cuda::Mapping::import(t.fd.get(), t.size));
         byDevice[mappings[i]->device()].push_back(i);
         break;
@@ -114,13 +130,16 @@ DigestTarget parseTarget(Napi::Env env, const Napi::Object& o) {
     t.kind = DigestTarget::Kind::Buffer;
     t.buffer = HostBuffer::unwrap(getRequired(m, "buffer"));
     t.offset = m.Has("offset") ? toU64(m.Get("offset"), "memory.offset") : 0;
+  } else if (kind == "mapped") {
+    t.kind = DigestTarget::Kind::Mapped;
+    t.region = RegionSet::region(m);
   } else if (kind == "host" || kind == "imported") {
     t.kind = kind == "host" ? DigestTarget::Kind::Host : DigestTarget::Kind::Imported;
     int fd = static_cast<int>(toI64(getRequired(m, "fd"), "memory.fd"));
     t.fd.reset(fcntl(fd, F_DUPFD_CLOEXEC, 0));
     if (!t.fd.valid()) throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "memory.fd " + std::to_string(fd) + " is not an open descriptor"));
   } else {
-    throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "memory.kind must be 'host', 'imported', 'device' or 'buffer'"));
+    throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "memory.kind must be 'host', 'imported', 'device', 'buffer' or 'mapped'"));
   }
   return t;
 }

@@ -6,7 +6,7 @@
 //         memory?: Memory, hostCopy?: Memory (a 'buffer': copy reads it; capture fills it,
 //         and then needs no blobPath) }] }
 // Memory: { kind: 'host', fd } | { kind: 'imported', fd } | { kind: 'device', allocation }
-//       | { kind: 'buffer', buffer: HostBuffer, offset }
+//       | { kind: 'buffer', buffer: HostBuffer, offset } | { kind: 'mapped', set: RegionSet, index }
 #include <fcntl.h>
 
 #include <chrono>
@@ -15,19 +15,22 @@
 #include "cuda/vmm.h"
 #include "js/js_allocation.h"
 #include "js/js_host_buffer.h"
+#include "js/js_region_set.h"
 #include "js/js_staging_pool.h"
 #include "js/js_util.h"
 #include "transfer/engine.h"
 #include "transfer/host_buffer.h"
+#include "transfer/region_set.h"
 
 namespace vsnap::js {
 namespace {
 
 struct MemorySpec {
-  enum class Kind { None, Host, Imported, Device, Buffer } kind = Kind::None;
+  enum class Kind { None, Host, Imported, Device, Buffer, Mapped } kind = Kind::None;
   UniqueFd fd;  // our own duplicate, so the caller may close theirs at once
   std::shared_ptr<cuda::Mapping> mapping;
   std::shared_ptr<transfer::HostBuffer> buffer;
+  std::shared_ptr<transfer::Region> mapped;  // a RegionSet's region: opened already, shared
   uint64_t offset = 0;
 
   // Builds the region (off the JS thread: importing maps device memory).
@@ -37,6 +40,7 @@ struct MemorySpec {
       case Kind::Imported: return transfer::importedRegion(fd.get(), size);
       case Kind::Device: return transfer::deviceRegion(mapping, size);
       case Kind::Buffer: return transfer::bufferRegion(buffer, offset, size);
+      case Kind::Mapped: return transfer::sharedRegion(mapped);
       case Kind::None: break;
     }
     return nullptr;
@@ -74,8 +78,13 @@ MemorySpec parseMemory(Napi::Env env, const Napi::Value& value) {
     spec.offset = o.Has("offset") ? toU64(o.Get("offset"), "memory.offset") : 0;
     return spec;
   }
+  if (kind == "mapped") {
+    spec.kind = MemorySpec::Kind::Mapped;
+    spec.mapped = RegionSet::region(o);
+    return spec;
+  }
   if (kind != "host" && kind != "imported") {
-    throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "memory.kind must be 'host', 'imported', 'device' or 'buffer'"));
+    throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "memory.kind must be 'host', 'imported', 'device', 'buffer' or 'mapped'"));
   }
   spec.kind = kind == "host" ? MemorySpec::Kind::Host : MemorySpec::Kind::Imported;
   int fd = static_cast<int>(toI64(getRequired(o, "fd"), "memory.fd"));

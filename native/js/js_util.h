@@ -54,6 +54,7 @@ struct AddonData {
   Napi::FunctionReference stagingPool;
   Napi::FunctionReference hostBuffer;
   Napi::FunctionReference heldHandles;
+  Napi::FunctionReference regionSet;
   // Shared with every object that registers in it, so teardown order does not matter.
   std::shared_ptr<Lifecycle> lifecycle = std::make_shared<Lifecycle>();
 };
@@ -146,6 +147,7 @@ void initDigest(Napi::Env env, Napi::Object exports);
 void initCheckpoint(Napi::Env env, Napi::Object exports);
 void initPeer(Napi::Env env, Napi::Object exports);       // js_peer.cc
 void initMultipath(Napi::Env env, Napi::Object exports);  // js_multipath.cc
+void initRegionSet(Napi::Env env, Napi::Object exports);
 
 // setFault(point, times, arg?): arms a test fault (common/fault.h). For tests only.
 Napi::Value SetFault(const Napi::CallbackInfo& info);

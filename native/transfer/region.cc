@@ -10,6 +10,7 @@
 #include "cuda/stream.h"
 #include "cuda/vmm.h"
 #include "io/files.h"
+#include "transfer/region_set.h"
 
 namespace vsnap::transfer {
 
@@ -70,12 +71,14 @@ class HostRegion final : public Region {
       base_ = nullptr;
       throwSystemError("mmap", "host region fd " + std::to_string(fd), errno);
     }
+    countHostMap();
   }
   ~HostRegion() override {
     if (base_) munmap(base_, size_);
   }
   uint64_t size() const override { return size_; }
   int device() const override { return -1; }
+  const char* mappedHost() const override { return static_cast<const char*>(base_); }
   void copyOut(uint64_t offset, void* dst, uint64_t length, Lane&, int, Fence&) override {
     checkRange(*this, offset, length);
     std::memcpy(dst, static_cast<const char*>(base_) + offset, length);
@@ -100,6 +103,7 @@ class DeviceRegion final : public Region {
   }
   uint64_t size() const override { return size_; }
   int device() const override { return mapping_->device(); }
+  std::shared_ptr<cuda::Mapping> deviceMapping() const override { return mapping_; }
   void copyOut(uint64_t offset, void* dst, uint64_t length, Lane& lane, int slot, Fence& fence) override {
     checkRange(*this, offset, length);
     auto& stream = lane.stream(mapping_->context());
@@ -129,6 +133,7 @@ std::unique_ptr<Region> deviceRegion(std::shared_ptr<cuda::Mapping> mapping, uin
 }
 
 std::unique_ptr<Region> importedRegion(int fd, uint64_t size) {
+  countImport();
   return std::make_unique<DeviceRegion>(std::shared_ptr<cuda::Mapping>(cuda::Mapping::import(fd, size)), size);
 }
 

@@ -50,6 +50,10 @@ class Region {
   // it without staging, and a hydrate reads the blob straight into it.
   virtual char* hostMemory() const { return nullptr; }
   const char* hostData() const { return hostMemory(); }
+  // Where the region's own bytes are mapped in this process, for readers that work in place
+  // (the GPU digest of a RegionSet's regions): host memory, or a device mapping; else null.
+  virtual const char* mappedHost() const { return hostMemory(); }
+  virtual std::shared_ptr<cuda::Mapping> deviceMapping() const { return nullptr; }
   // Copies region[offset, +length) to host memory at dst. On return the copy may still be in
   // flight; fence.wait() completes it.
   virtual void copyOut(uint64_t offset, void* dst, uint64_t length, Lane& lane, int slot, Fence& fence) = 0;

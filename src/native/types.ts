@@ -61,11 +61,22 @@ export interface NativeHeldHandles {
   close(): void;
 }
 
+/** Regions opened once (mmapped / imported and mapped) for several operations (native/js/js_region_set.cc). */
+export interface NativeRegionSet {
+  readonly count: number;
+  readonly closed: boolean;
+  /** Drops this handle and unmaps off the JS thread (a running transfer keeps what it uses until it ends). */
+  release(): Promise<void>;
+  /** Drops this handle now (unmapping on the JS thread if nothing else uses the regions). */
+  close(): void;
+}
+
 export type NativeMemorySpec =
   | { kind: 'host'; fd: number }
   | { kind: 'imported'; fd: number }
   | { kind: 'device'; allocation: NativeDeviceAllocation }
-  | { kind: 'buffer'; buffer: NativeHostBuffer; offset: number };
+  | { kind: 'buffer'; buffer: NativeHostBuffer; offset: number }
+  | { kind: 'mapped'; set: NativeRegionSet; index: number };
 
 export interface NativeTransferRegion {
   name: string;
@@ -215,6 +226,10 @@ export interface NativeBinding {
   digestBytes(data: Uint8Array, chunkSize: number): string[];
   digestBench(src: NativeDeviceAllocation, dst: NativeDeviceAllocation, size: number, chunkSize: number, repeats: number): Promise<{ digestMs: number[]; copyMs: number[] }>;
   digestAlgorithm: string;
+  /** Opens every region at once, on up to `threads` threads (default 4); nothing stays open on failure. */
+  openRegions(regions: ReadonlyArray<{ kind: 'host' | 'imported'; fd: number; size: number }>, threads?: number): Promise<NativeRegionSet>;
+  /** How many region mappings this process made so far (tests: nothing mapped twice). */
+  regionCounters(): { hostMaps: number; imports: number };
   /** The driver's state of a CUDA process (native/js/js_checkpoint.cc); E_CHECKPOINT_UNSUPPORTED without the API. */
   checkpointState(pid: number): Promise<NativeProcessState>;
   /** Locks a CUDA process (its CUDA calls then block); timeoutMs 0 waits without limit. */

@@ -25,7 +25,7 @@ export function checkCaptureRegions(regions: readonly CaptureRegion[]): void {
 
 function regionDevice(r: CaptureRegion): number | undefined {
   if (r.memory.kind === 'device') return r.memory.allocation.device;
-  if (r.memory.kind === 'imported') return r.device ?? r.memory.device ?? 0;
+  if (r.memory.kind === 'imported' || (r.memory.kind === 'mapped' && r.memory.source === 'imported')) return r.device ?? r.memory.device ?? 0;
   return undefined;
 }
 

@@ -12,9 +12,10 @@ import { blobProblems, compareResponses, DEFAULT_PROMPT, holdsWeights, liveFacts
 import { deepPrecheck, deepSuspendRanks, nativeCheckpointBackend, resumeIfDeep, type CheckpointBackend } from './deep-suspend.js';
 import { listDevices } from '../gpu/cuda.js';
 import { resolveRemap, type GpuRef, type GpuRemap } from './gpu-remap.js';
-import { checkLive, liveRefs, staleError, type LiveCheckReport } from './live-check.js';
 import { recoverEngine, recoveryReason, type EngineRecovery, type MaterializePolicy, type RecoveryPolicy, type RecoveryReason } from './engine-recovery.js';
 import type { Manifest } from '../manifest/manifest.js';
+import { checkLive, liveRefs, mapExported, staleError, type LiveCheckReport } from './live-check.js';
+import type { MappedRegions } from '../regions/mapped.js';
 import { Snapshot, type CaptureOptions, type PersistPolicy } from './snapshot.js';
 
 /*
@@ -163,10 +164,10 @@ export interface EngineRestoreReport {
   readonly seconds: number;
   /**
    * Seconds per phase, in order: sleep (model swap only), then wakeWeights, export, validate
-   * (the snapshot's layout and facts checked against the engine's), hydrate (or adoptWeights for
-   * tier 0), then wakeKvCache, resetPrefixCache, expectedResponse. A deep-suspended engine starts
-   * with `deep.restore`, `deep.unlock`. A recovery adds reloadWeights (and materialize, when
-   * required).
+   * (the snapshot's layout and facts checked against the engine's), map (every region mapped
+   * once, for the hydrate and its verification), hydrate (or adoptWeights for tier 0), then
+   * wakeKvCache, resetPrefixCache, expectedResponse. A deep-suspended engine starts with
+   * `deep.restore`, `deep.unlock`. A recovery adds reloadWeights (and materialize, when required).
    */
   readonly phases: Readonly<Record<string, number>>;
   /** `restored` from the snapshot, or `recovered` through the engine's own loader (see `recovery`). */
@@ -239,10 +240,14 @@ export async function captureEngine(
     throw new VsnapError('E_ENGINE_STATE', 'the engine is asleep: capture needs its weights awake (restore or wake it first)');
   }
   const exported = await exportRegions(control, status.ranks.length, options.signal ? { signal: options.signal } : {});
+  let mapped: MappedRegions | undefined;
   try {
-    return await captureExported(store, name, client, status, exported, options);
+    // Mapped once: the capture's GPU digests and its copy share the mappings.
+    mapped = await mapExported(exported);
+    return await captureExported(store, name, client, status, exported, options, mapped);
   } finally {
     exported.close();
+    await mapped?.close();
   }
 }
 
@@ -254,11 +259,14 @@ async function captureExported(
   status: EngineStatus,
   exported: ExportedRegions,
   options: EngineCaptureOptions,
+  mapped?: MappedRegions,
 ): Promise<Snapshot> {
   const expected = await probe(client, options.probePrompt ?? DEFAULT_PROMPT, options.probeMaxTokens ?? 16, options.signal);
+  const memory = liveRefs(exported, mapped).map((l) => l.memory);
+  let i = 0;
   return Snapshot.capture(store, name, {
     regions: exported.ranks.flatMap((r) =>
-      r.regions.map((x) => ({ key: x.key, size: x.size, tag: x.tag, rank: x.rank, memory: x.memory, tensors: x.tensors, ...(x.device !== undefined ? { device: x.device } : {}) })),
+      r.regions.map((x) => ({ key: x.key, size: x.size, tag: x.tag, rank: x.rank, memory: memory[i++]!, tensors: x.tensors, ...(x.device !== undefined ? { device: x.device } : {}) })),
     ),
     engine: status.engine,
     model: status.model,
@@ -375,6 +383,7 @@ export async function restoreEngine(source: Snapshot | SnapshotRef, client: Engi
     }
   }
   let exported: ExportedRegions | undefined;
+  let mapped: MappedRegions | undefined;
   try {
     if (status.ranks.some((r) => !r.weightsMapped)) await control.wake(['weights'], call);
     lap('wakeWeights');
@@ -383,8 +392,14 @@ export async function restoreEngine(source: Snapshot | SnapshotRef, client: Engi
     if (remap) checkMoved(exported, remap);
     snapshot.manifest.assertCompatible({ ...liveFacts(status, exported, options.allowModelSwap ?? false), ranks: liveRanks(exported) });
     lap('validate');
+    // Mapped once, on a few threads: the hydrate and the GPU digest that verifies it share the
+    // mappings (which hold the memory, so the descriptors can go at once).
+    mapped = await mapExported(exported);
+    const live = liveRefs(exported, mapped);
+    exported.close();
+    lap('map');
     const result = await snapshot.restore({
-      regions: exported.ranks.flatMap((r) => r.regions.map((x) => ({ key: x.key, size: x.size, tag: x.tag, rank: x.rank, memory: x.memory }))),
+      regions: live.map((x, i) => ({ key: x.key, size: x.size, tag: exportedTag(exported!, i), rank: x.rank, memory: x.memory })),
       ...(options.cache ? { cache: options.cache } : {}),
       ...(options.verify ? { verify: options.verify } : {}),
       ...(options.verifyDigests !== undefined ? { verifyDigests: options.verifyDigests } : {}),
@@ -396,12 +411,17 @@ export async function restoreEngine(source: Snapshot | SnapshotRef, client: Engi
       phases.hydrate! -= result.digestSeconds;
       phases.verifyDigests = result.digestSeconds;
     }
-    exported.close();
+    // Unmapping thousands of regions runs off the JS thread while the engine wakes its KV cache.
+    const unmapping = mapped.close();
+    unmapping.catch(() => undefined);
     await finishWake(control, client, snapshot.name, expected, rest, options, call, lap, 'restored');
+    await unmapping;
     const gpus = remap ? { gpus: exported.ranks.map((r) => r.deviceUuid) } : {};
     return { bytes: result.bytes, tier: result.tier ?? 'store', seconds: (performance.now() - started) / 1000, phases, path: 'restored', ...gpus };
   } catch (err) {
     exported?.close();
+    // Before any sleep: a mapping left would keep the engine's freed weights allocated.
+    await mapped?.close().catch(() => undefined);
     const e = toVsnapError(err);
     // The snapshot's own faults (never the engine's, nor a cancellation) may be recovered from.
     const reason = recovery === 'reload' && !call.signal?.aborted ? recoveryReason(e, snapshot.manifest, status, options) : undefined;
@@ -430,6 +450,15 @@ function checkMoved(exported: ExportedRegions, remap: GpuRemap): void {
       'Is the vsnap plugin current (it re-reads its GPU at each export)? Check the engine with nvidia-smi before sending it requests.',
     { ranks: wrong.map((r) => r.rank), reported: wrong.map((r) => r.deviceUuid), expected: wrong.map((r) => remap.rankTargets[r.rank]) },
   );
+}
+
+/** The tag of the i-th exported region (rank by rank, in the order sent). */
+function exportedTag(exported: ExportedRegions, i: number): string {
+  for (const r of exported.ranks) {
+    if (i < r.regions.length) return r.regions[i]!.tag;
+    i -= r.regions.length;
+  }
+  throw new RangeError(`exported region ${i}`);
 }
 
 /** The tags a restore wakes after the weights: the KV cache and any other the plugin reports. */
@@ -610,6 +639,9 @@ export async function suspendEngine(
   // One export serves both the restorability check and tier 0's hold (a capture leaves the memory as it is).
   let exported: ExportedRegions | undefined;
   const exportWeights = async (): Promise<ExportedRegions> => (exported ??= await exportRegions(control, status.ranks.length, call));
+  // One mapping serves the dirty check and a capture after it; closed before the sleep frees the memory.
+  let mapped: MappedRegions | undefined;
+  const mapWeights = async (): Promise<MappedRegions> => (mapped ??= await mapExported(await exportWeights()));
   let captured = false;
   let liveCheck: LiveCheckReport | undefined;
   try {
@@ -617,7 +649,7 @@ export async function suspendEngine(
     lap('check');
     // The dirty check: layout and blobs match, but do the bytes? Changed regions are captured again.
     if (problems.length === 0 && snapshot) {
-      liveCheck = await checkLive(snapshot.manifest, liveRefs(await exportWeights()));
+      liveCheck = await checkLive(snapshot.manifest, liveRefs(await exportWeights(), await mapWeights()));
       lap('digest');
       if (!liveCheck.checked || liveCheck.changed.length) {
         if (options.onStale === 'refuse') throw staleError(name, liveCheck);
@@ -625,7 +657,7 @@ export async function suspendEngine(
           ...(options.capture ?? {}),
           ...(liveCheck.checked ? { base: snapshot } : {}),
           ...(options.signal ? { signal: options.signal } : {}),
-        });
+        }, await mapWeights());
         captured = true;
         lap('capture');
       }
@@ -643,7 +675,7 @@ export async function suspendEngine(
       snapshot = await captureExported(store, name, client, status, await exportWeights(), {
         ...(options.capture ?? {}),
         ...(options.signal ? { signal: options.signal } : {}),
-      });
+      }, await mapWeights());
       captured = true;
       lap('capture');
     }
@@ -654,6 +686,7 @@ export async function suspendEngine(
     }
   } finally {
     exported?.close();
+    await mapped?.close();
   }
   try {
     await control.sleep(2, options.mode, call);

@@ -4,6 +4,7 @@ import type { ExportedRegions } from '../engine/export.js';
 import { VsnapError } from '../errors.js';
 import type { Manifest } from '../manifest/manifest.js';
 import type { RegionInfo } from '../manifest/types.js';
+import { MappedRegions } from '../regions/mapped.js';
 import type { RegionMemory } from '../regions/memory.js';
 import type { RegionStore } from '../store/region-store.js';
 import { statSync } from 'node:fs';
@@ -37,9 +38,18 @@ export interface LiveCheckReport {
 
 const id = (rank: number, key: string): string => `${rank}/${key}`;
 
-/** The exported regions of an engine as live regions. @internal */
-export function liveRefs(exported: ExportedRegions): LiveRegionRef[] {
-  return exported.ranks.flatMap((r) => r.regions.map((x) => ({ rank: x.rank, key: x.key, size: x.size, memory: x.memory })));
+/**
+ * The exported regions of an engine as live regions (rank by rank, in the order sent), through
+ * `mapped` (opened from this same list) when given, so nothing maps them again. @internal
+ */
+export function liveRefs(exported: ExportedRegions, mapped?: MappedRegions): LiveRegionRef[] {
+  let i = 0;
+  return exported.ranks.flatMap((r) => r.regions.map((x) => ({ rank: x.rank, key: x.key, size: x.size, memory: mapped ? mapped.memory(i++) : x.memory })));
+}
+
+/** Maps every exported region once, for all the operations of one flow. @internal */
+export async function mapExported(exported: ExportedRegions): Promise<MappedRegions> {
+  return MappedRegions.open(liveRefs(exported));
 }
 
 /**

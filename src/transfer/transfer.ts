@@ -1,6 +1,6 @@
 import { abortError, toVsnapError } from '../errors.js';
 import { native, type NativeHostBuffer, type NativeStagingPool, type NativeTransferRegion, type NativeTransferResult } from '../native/index.js';
-import { memoryDevice, toNativeMemory, type RegionMemory } from '../regions/memory.js';
+import { isImported, memoryDevice, toNativeMemory, type RegionMemory } from '../regions/memory.js';
 import { DEFAULT_CHUNK_SIZE, defaultThreads, stagingPools } from './staging.js';
 
 /**
@@ -100,7 +100,7 @@ export async function runTransfer(request: TransferRequest): Promise<NativeTrans
   if (signal?.aborted) throw abortError(signal, `${request.op} of '${request.label}'`);
   const slotSize = Math.max(DEFAULT_CHUNK_SIZE, ...request.regions.map((r) => r.chunkSize));
   const devices = request.regions.map((r) => (r.memory && r.memory.kind !== 'buffer' ? memoryDevice(r.memory) : undefined)).filter((d) => d !== undefined);
-  const needsPinning = devices.length > 0 || request.regions.some((r) => r.memory?.kind === 'imported');
+  const needsPinning = devices.length > 0 || request.regions.some((r) => r.memory !== undefined && r.memory.kind !== 'buffer' && isImported(r.memory));
   const pinDevice = needsPinning ? (devices[0] ?? 0) : -1;
   const threads = request.threads ?? defaultThreads(new Set(devices).size);
   const regions: NativeTransferRegion[] = request.regions.map((r) => ({

@@ -1,0 +1,92 @@
+import { invalidArgument, toVsnapError, VsnapError } from '../errors.js';
+import { native, type NativeRegionSet } from '../native/index.js';
+import type { RegionMemory } from './memory.js';
+
+/**
+ * Regions mapped into this process once, for several operations in a row: the hydrate of a
+ * restore and the GPU digest that verifies it, or the dirty check of a suspend and the capture
+ * after it. Host memory (`host`) is mmapped and exported GPU memory (`imported`) is imported and
+ * mapped, all in one call on a few threads; {@link MappedRegions.memory} then names region `i`
+ * for any transfer or digest, which uses the mapping instead of making its own.
+ *
+ * A mapping keeps the exporter's physical memory alive: close the set before the exporter frees
+ * that memory (an engine's sleep), or the GPU memory stays allocated until it is closed.
+ * Descriptors are duplicated while opening; the caller may close its own once `open` resolves.
+ * @public
+ */
+export class MappedRegions {
+  /** How many regions the set holds. */
+  readonly count: number;
+  private set: NativeRegionSet | undefined;
+  private closing: Promise<void> | undefined;
+  private readonly sources: ReadonlyArray<RegionMemory>;
+  /** Per region, its index in the native set (-1: passed through). */
+  private readonly slots: number[];
+
+  private constructor(set: NativeRegionSet, sources: ReadonlyArray<RegionMemory>) {
+    this.set = set;
+    this.sources = sources;
+    this.count = sources.length;
+    let n = 0;
+    this.slots = sources.map((s) => (mappable(s) ? n++ : -1));
+  }
+
+  /**
+   * Maps every `host` and `imported` region of the list (other kinds are passed through: device
+   * memory this process allocated is mapped already). Nothing stays mapped when it fails.
+   */
+  static async open(regions: ReadonlyArray<{ readonly memory: RegionMemory; readonly size: number }>, options: { threads?: number } = {}): Promise<MappedRegions> {
+    const specs: Array<{ kind: 'host' | 'imported'; fd: number; size: number }> = [];
+    const sources = regions.map((r) => r.memory);
+    for (const r of regions) if (mappable(r.memory)) specs.push({ kind: r.memory.kind, fd: r.memory.fd, size: r.size });
+    let set: NativeRegionSet;
+    try {
+      set = await native().openRegions(specs, options.threads);
+    } catch (err) {
+      throw toVsnapError(err);
+    }
+    return new MappedRegions(set, sources);
+  }
+
+  /** Whether {@link MappedRegions.close} was called. */
+  get closed(): boolean {
+    return this.set === undefined;
+  }
+
+  /**
+   * The memory of region `i` (in the order given to {@link MappedRegions.open}) through this
+   * set's mapping. Throws E_CLOSED after close.
+   */
+  memory(i: number): RegionMemory {
+    const source = this.sources[i];
+    if (source === undefined) invalidArgument('i', `a region index below ${this.count}`, i);
+    if (!mappable(source)) return source;
+    if (!this.set) throw new VsnapError('E_CLOSED', 'these MappedRegions were closed');
+    const index = this.slots[i]!;
+    return { kind: 'mapped', source: source.kind, set: this.set, index, ...(source.kind === 'imported' && source.device !== undefined ? { device: source.device } : {}) };
+  }
+
+  /**
+   * Unmaps every region, off the JS thread; resolves when done (a transfer still using some
+   * keeps those until it ends). Safe to call more than once.
+   */
+  close(): Promise<void> {
+    if (!this.closing) {
+      const set = this.set!;
+      this.set = undefined;
+      this.closing = set.release().catch((err: unknown) => {
+        throw toVsnapError(err);
+      });
+    }
+    return this.closing;
+  }
+
+  /** Same as {@link MappedRegions.close}. */
+  async [Symbol.asyncDispose](): Promise<void> {
+    await this.close();
+  }
+}
+
+function mappable(m: RegionMemory): m is Extract<RegionMemory, { kind: 'host' | 'imported' }> {
+  return m.kind === 'host' || m.kind === 'imported';
+}
