@@ -8,7 +8,7 @@ import type { Mismatch } from '../manifest/compat.js';
 import type { ExpectedResponse } from '../manifest/types.js';
 import type { RegionStore } from '../store/region-store.js';
 import { passOn, type TransferOptions } from '../transfer/transfer.js';
-import { blobProblems, compareResponses, DEFAULT_PROMPT, holdsWeights, liveFacts, liveRanks, phaseTimer, preflight, probe, warn } from './engine-checks.js';
+import { blobProblems, checkSpec, compareResponses, holdsWeights, liveFacts, liveRanks, phaseTimer, preflight, probe, recheck, warn, type ResponseCheckOptions } from './engine-checks.js';
 import { deepPrecheck, deepSuspendRanks, nativeCheckpointBackend, resumeIfDeep, type CheckpointBackend } from './deep-suspend.js';
 import { checkLive, liveRefs, staleError, type LiveCheckReport } from './live-check.js';
 import { Snapshot, type CaptureOptions, type PersistPolicy } from './snapshot.js';
@@ -23,9 +23,11 @@ import { Snapshot, type CaptureOptions, type PersistPolicy } from './snapshot.js
  * @public
  */
 export interface EngineCaptureOptions extends TransferOptions {
-  /** Prompt of the expected response recorded at capture (default: "The capital of France is"). */
+  /** The expected-response check recorded at capture and re-run after every restore (default: a prefill check, one token). */
+  readonly check?: ResponseCheckOptions;
+  /** Same as `check.prompt` (which wins). */
   readonly probePrompt?: string;
-  /** Tokens of the expected response (default 16). */
+  /** Same as `check.maxTokens` (which wins). */
   readonly probeMaxTokens?: number;
   /** Free-form labels for the manifest. */
   readonly labels?: Readonly<Record<string, string>>;
@@ -66,6 +68,8 @@ export interface EngineRestoreOptions extends TransferOptions {
   readonly verifyDigests?: boolean;
   /** @internal The process checkpoint calls (tests inject a fake). */
   readonly checkpointBackend?: CheckpointBackend;
+  /** @internal Runs after the wake, before the expected-response check (tests flip a weights byte here). */
+  readonly beforeCheck?: () => Promise<void>;
 }
 
 /**
@@ -205,7 +209,7 @@ async function captureExported(
   exported: ExportedRegions,
   options: EngineCaptureOptions,
 ): Promise<Snapshot> {
-  const expected = await probe(client, options.probePrompt ?? DEFAULT_PROMPT, options.probeMaxTokens ?? 16, options.signal);
+  const expected = await probe(client, checkSpec(options), options.signal);
   return Snapshot.capture(store, name, {
     regions: exported.ranks.flatMap((r) =>
       r.regions.map((x) => ({ key: x.key, size: x.size, tag: x.tag, rank: x.rank, memory: x.memory, tensors: x.tensors, ...(x.device !== undefined ? { device: x.device } : {}) })),
@@ -338,7 +342,8 @@ async function finishWake(
   await control.resetPrefixCache(call);
   lap('resetPrefixCache');
   if (!expected) return;
-  const actual = await probe(client, expected.prompt, expected.maxTokens, options.signal);
+  await options.beforeCheck?.();
+  const actual = await recheck(client, expected, options.signal);
   lap('expectedResponse');
   const difference = compareResponses(expected, actual, options.logprobTolerance ?? 0);
   if (difference) {

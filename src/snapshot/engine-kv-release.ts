@@ -1,7 +1,7 @@
 import { VsnapError } from '../errors.js';
 import type { CallOptions, EngineClient } from '../engine/engine-client.js';
 import { engineControl } from '../engine/control.js';
-import { probe } from './engine-checks.js';
+import { checkSpec, probe, recheck, type ResponseCheckOptions } from './engine-checks.js';
 import type { ExpectedResponse } from '../manifest/types.js';
 
 /**
@@ -19,8 +19,8 @@ import type { ExpectedResponse } from '../manifest/types.js';
  * @public
  */
 export interface KeepWeightsSuspendOptions {
-  /** Record the engine's greedy answer first, for {@link resumeEngineKeptWeights} to check. */
-  readonly probe?: { readonly prompt: string; readonly maxTokens: number };
+  /** Record the engine's answer to this check first, for {@link resumeEngineKeptWeights} to check (see {@link ResponseCheckOptions} for the defaults). */
+  readonly probe?: ResponseCheckOptions;
   /** Cancels the operation. */
   readonly signal?: AbortSignal;
 }
@@ -54,7 +54,7 @@ export async function suspendEngineKeepingWeights(client: EngineClient, options:
       url: client.baseUrl,
     });
   }
-  const expected = options.probe ? await probe(client, options.probe.prompt, options.probe.maxTokens, options.signal) : undefined;
+  const expected = options.probe ? await probe(client, checkSpec({ check: options.probe }), options.signal) : undefined;
   try {
     await control.releaseKvCache(call);
   } catch (err) {
@@ -79,7 +79,7 @@ export async function resumeEngineKeptWeights(client: EngineClient, options: { r
   await control.wake(['kv_cache'], call);
   await control.resetPrefixCache(call);
   if (options.expected) {
-    const actual = await probe(client, options.expected.prompt, options.expected.maxTokens, options.signal);
+    const actual = await recheck(client, options.expected, options.signal);
     const same = actual.tokenIds.length ? actual.tokenIds.join(',') === options.expected.tokenIds.join(',') : actual.text === options.expected.text;
     if (!same) {
       throw new VsnapError('E_RESPONSE_MISMATCH', `${client.baseUrl} answers differently after resuming with its weights kept: check the engine before sending requests`, {

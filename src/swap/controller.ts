@@ -4,6 +4,7 @@ import type { Registry } from 'prom-client';
 
 import type { HostCache } from '../cache/host-cache.js';
 import type { ResidentWeights } from '../cache/resident-weights.js';
+import type { ResponseCheckOptions } from '../snapshot/engine-checks.js';
 import type { CheckpointBackend } from '../snapshot/deep-suspend.js';
 import type { EngineClient } from '../engine/engine-client.js';
 import { abortError, invalidArgument, VsnapError } from '../errors.js';
@@ -45,6 +46,8 @@ export interface SwapEngine {
    * Tier 0 does not keep its weights.
    */
   readonly deepSuspend?: boolean;
+  /** The expected-response check its captures record (default: a prefill check, one token). */
+  readonly check?: ResponseCheckOptions;
 }
 
 /**
