@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 if [ -x node_modules/.bin/esbuild ]; then
-  node_modules/.bin/esbuild test/gpu/regions.gpu.test.ts test/gpu/engine.gpu.test.ts test/gpu/swap.gpu.test.ts test/gpu/tier0.gpu.test.ts test/gpu/soak.gpu.test.ts test/gpu/digest.gpu.test.ts test/gpu/deep.gpu.test.ts test/gpu/peer.ts test/gpu/resident-child.ts --bundle --platform=node --format=esm \
+  node_modules/.bin/esbuild test/gpu/regions.gpu.test.ts test/gpu/engine.gpu.test.ts test/gpu/swap.gpu.test.ts test/gpu/tier0.gpu.test.ts test/gpu/soak.gpu.test.ts test/gpu/digest.gpu.test.ts test/gpu/deep.gpu.test.ts test/gpu/check.gpu.test.ts test/gpu/peer.ts test/gpu/resident-child.ts --bundle --platform=node --format=esm \
     --target=node20 --outdir=dist-gpu --out-extension:.js=.mjs --log-level=warning \
     --external:node-gyp-build --banner:js="import { createRequire as __cr } from 'module'; const require = __cr(import.meta.url);"
 fi
@@ -40,5 +40,5 @@ if [ -n "${VSNAP_VLLM_SRC:-}" ]; then
 fi
 export VSNAP_GPU_PEER="$PWD/dist-gpu/peer.mjs"
 suites=("$@")
-[ ${#suites[@]} -gt 0 ] || suites=(dist-gpu/regions.gpu.test.mjs dist-gpu/engine.gpu.test.mjs dist-gpu/swap.gpu.test.mjs dist-gpu/tier0.gpu.test.mjs dist-gpu/digest.gpu.test.mjs dist-gpu/deep.gpu.test.mjs dist-gpu/soak.gpu.test.mjs)
+[ ${#suites[@]} -gt 0 ] || suites=(dist-gpu/regions.gpu.test.mjs dist-gpu/engine.gpu.test.mjs dist-gpu/swap.gpu.test.mjs dist-gpu/tier0.gpu.test.mjs dist-gpu/digest.gpu.test.mjs dist-gpu/deep.gpu.test.mjs dist-gpu/check.gpu.test.mjs dist-gpu/soak.gpu.test.mjs)
 exec node --test --test-concurrency=1 --test-reporter=spec "${suites[@]}"
