@@ -3,6 +3,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { captureEngine, restoreEngine, suspendEngine } from '../../src/snapshot/engine-flows.js';
 import { RegionStore } from '../../src/store/region-store.js';
+import { SwapController } from '../../src/swap/controller.js';
 import { startEngine, type EngineOptions, type TestEngine } from '../helpers/engine.js';
 import { tempDir } from '../helpers/tmp.js';
 
@@ -81,6 +82,32 @@ describe('the prefill check (CPU reference engine)', () => {
     // the same restore without the flip passes: the check fails for the byte, nothing else
     const report = await restoreEngine(snap, client);
     expect(report.phases.expectedResponse).toBeGreaterThan(0);
+  });
+
+  it("the controller's captures record each engine's configured check", async () => {
+    const store = await RegionStore.open(tempDir());
+    const one = await engine({ seed: 1, model: 'model-1' });
+    const two = await engine({ seed: 2, model: 'model-2' });
+    const controller = await SwapController.create({
+      store,
+      engines: [
+        { name: 'model-1', client: one, memoryBytes: 10e9, check: { mode: 'decode', maxTokens: 3 } },
+        { name: 'model-2', client: two, memoryBytes: 10e9, check: { maxTokens: 2 } },
+      ],
+      budgets: { 0: 30e9 },
+    });
+    try {
+      await controller.suspend('model-1', { captureIfNeeded: true });
+      await controller.suspend('model-2', { captureIfNeeded: true });
+    } finally {
+      await controller.close();
+    }
+    const decode = (await store.current('model-1'))!.data.expectedResponse!;
+    expect(decode).toMatchObject({ maxTokens: 3, tokenIds: [expect.any(Number), expect.any(Number), expect.any(Number)] });
+    expect(decode.promptLogprobs).toBeUndefined();
+    const prefill = (await store.current('model-2'))!.data.expectedResponse!;
+    expect(prefill).toMatchObject({ maxTokens: 2, promptLogprobs: expect.any(Array) });
+    expect(prefill.tokenIds).toHaveLength(2);
   });
 
   it('a decode check (as older manifests recorded) still works and still catches both faults', async () => {
