@@ -6,7 +6,10 @@ import type { EngineClient, EngineStatus } from '../engine/engine-client.js';
 import type { ExportedRegions } from '../engine/export.js';
 import type { LiveLayout } from '../manifest/compat.js';
 import type { ExpectedResponse } from '../manifest/types.js';
+import type { ResponseCheckOptions } from './response-check-options.js';
 import type { Snapshot } from './snapshot.js';
+
+export type { ResponseCheckOptions } from './response-check-options.js';
 
 export const DEFAULT_PROMPT = 'The capital of France is';
 const RISKY_BACKENDS = /FLASHINFER/i;
@@ -51,31 +54,6 @@ export function liveFacts(status: EngineStatus, exported: ExportedRegions, allow
 
 export function liveRanks(exported: ExportedRegions): LiveLayout['ranks'] {
   return exported.ranks.map((r) => ({ regions: r.regions.map((x) => ({ key: x.key, size: x.size, tag: x.tag })) }));
-}
-
-/**
- * What the expected-response check sends, recorded at capture and re-run after every restore.
- * @public
- */
-export interface ResponseCheckOptions {
-  /** The prompt (default "The capital of France is"). */
-  readonly prompt?: string;
-  /**
-   * `prefill` (default): the engine scores the prompt (the log-probability of each prompt token
-   * after the first, OpenAI `echo` with `logprobs`; vLLM computes them from the prefill's
-   * logits) and generates `maxTokens` greedy tokens. The prefill and the first generated token
-   * come from one forward pass, so this checks every weight and the attention path the prompt
-   * reaches at the cost of `maxTokens` passes. `decode`: `maxTokens` greedy tokens and their
-   * logprobs only (the check before prompt scoring; one pass per token).
-   */
-  readonly mode?: 'prefill' | 'decode';
-  /**
-   * Tokens generated: default 1 with `prefill` (one forward pass), 16 with `decode`. With
-   * `prefill`, 2 adds one decode step: in vLLM the decode path runs other kernels (CUDA graphs
-   * for decode-only batches, the attention backend's decode kernels), which a fault can reach
-   * alone.
-   */
-  readonly maxTokens?: number;
 }
 
 /** The check to record: `check` over the older probePrompt / probeMaxTokens options, then the defaults. */

@@ -1,7 +1,8 @@
 import { VsnapError } from '../errors.js';
 import type { CallOptions, EngineClient } from '../engine/engine-client.js';
 import { engineControl } from '../engine/control.js';
-import { checkSpec, probe, recheck, type ResponseCheckOptions } from './engine-checks.js';
+import { checkSpec, probe, recheck } from './engine-checks.js';
+import type { ResponseCheckOptions } from './response-check-options.js';
 import type { ExpectedResponse } from '../manifest/types.js';
 
 /**

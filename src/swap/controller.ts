@@ -4,7 +4,7 @@ import type { Registry } from 'prom-client';
 
 import type { HostCache } from '../cache/host-cache.js';
 import type { ResidentWeights } from '../cache/resident-weights.js';
-import type { ResponseCheckOptions } from '../snapshot/engine-checks.js';
+import type { ResponseCheckOptions } from '../snapshot/response-check-options.js';
 import type { CheckpointBackend } from '../snapshot/deep-suspend.js';
 import type { EngineClient } from '../engine/engine-client.js';
 import { abortError, invalidArgument, VsnapError } from '../errors.js';
