@@ -1,6 +1,9 @@
+import { createServer } from 'node:http';
+
 import { describe, expect, it } from 'vitest';
 
-import { checkOf, checkSpec, compareResponses } from '../../src/snapshot/engine-checks.js';
+import { EngineClient } from '../../src/engine/engine-client.js';
+import { checkOf, checkSpec, compareResponses, probe } from '../../src/snapshot/engine-checks.js';
 import type { ExpectedResponse } from '../../src/manifest/types.js';
 
 const decode: ExpectedResponse = { prompt: 'p', maxTokens: 2, tokenIds: [5, 6], text: ' t5 t6', logprobs: [-0.5, -1.5] };
@@ -35,5 +38,29 @@ describe('the expected-response check', () => {
     expect(compareResponses(prefill, { ...prefill, logprobs: [-0.5, -1.25] }, 0)).toBe('logprobs differ by up to 0.25 (tolerance 0)');
     // a decode check ignores prompt logprobs it did not record
     expect(compareResponses(decode, prefill, 0)).toBeUndefined();
+  });
+});
+
+describe('probe against an engine that ignores echo', () => {
+  it('refuses with E_ENGINE_PROTOCOL and says to use the decode check', async () => {
+    // an OpenAI-style server that answers the generated token only, whatever echo says
+    const server = createServer((_req, res) => {
+      res.setHeader('content-type', 'application/json');
+      res.end(JSON.stringify({
+        id: 'cmpl-1', object: 'text_completion', model: 'm',
+        choices: [{ index: 0, text: ' x', finish_reason: 'length', logprobs: { tokens: ['token_id:9'], token_logprobs: [-0.5] } }],
+        usage: { prompt_tokens: 5, completion_tokens: 1, total_tokens: 6 },
+      }));
+    });
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const client = new EngineClient({ baseUrl: `http://127.0.0.1:${(server.address() as { port: number }).port}` });
+    try {
+      await expect(probe(client, checkSpec({}))).rejects.toMatchObject({ code: 'E_ENGINE_PROTOCOL', message: expect.stringMatching(/mode: 'decode'/) });
+      // the decode check works with it
+      expect(await probe(client, checkSpec({ check: { mode: 'decode', maxTokens: 1 } }))).toEqual({ prompt: 'The capital of France is', maxTokens: 1, tokenIds: [9], text: ' x', logprobs: [-0.5] });
+    } finally {
+      await client.close();
+      await new Promise((resolve) => server.close(resolve));
+    }
   });
 });
