@@ -58,6 +58,9 @@ const TARGET_SECONDS = 1.0;
 const WARMUP = 2; // unmeasured swaps at the start of each row but cold (tier 0 needs both engines' weights held)
 const COLD_REPS = 2;
 const PROBE_TOKENS = 16;
+// The expected-response check the captures record (VSNAP_BENCH_CHECK=decode:16 for the older 16-token check; default: the SDK's, prefill:1).
+const CHECK = /^(prefill|decode):(\d+)$/.exec(process.env.VSNAP_BENCH_CHECK ?? '');
+const CHECK_OPTIONS = CHECK ? { check: { mode: CHECK[1] as 'prefill' | 'decode', maxTokens: Number(CHECK[2]) } } : {};
 
 type RowName = 'tier0' | 'ram' | 'pagecache' | 'cold';
 type Tier = 'gpu' | 'ram' | 'store' | 'engine';
@@ -449,7 +452,7 @@ try {
   // 2. Both captured, B suspended: A awake, B asleep.
   for (const s of sides) {
     const c = performance.now();
-    s.snapshot = await captureEngine(store, s.name, s.client);
+    s.snapshot = await captureEngine(store, s.name, s.client, CHECK_OPTIONS);
     const wall = since(c);
     const tr = s.snapshot.lastCapture!;
     capture[s.label] = { wallSeconds: wall, transferSeconds: tr.seconds, bytes: tr.bytes, GBps: tr.bytesPerSecond / 1e9, dedupedBytes: tr.dedupedBytes ?? 0 };
@@ -497,7 +500,7 @@ const result = {
   benchmark: 'engine-swap',
   target: { hotSwapSeconds: TARGET_SECONDS, description: 'hot swap of two 16 GiB engines <= 1.0 s end to end (issue 5)' },
   machine: { device, gpu: gpu?.name ?? null, driverCuda: cuda.available ? cuda.driverVersion : null, cpu: cpus()[0]?.model, cores: cpus().length, node: process.versions.node },
-  args: { device, layers, hidden, reps, rows: [...extras, ...rowsToRun], warmup: WARMUP, coldReps: COLD_REPS, probeTokens: PROBE_TOKENS, sweepRegions: sweepCounts, sweepBytes, capture2Bytes, vllmCycles, hashThreads, vllmAllocator: process.env.VSNAP_VLLM_SRC ? 'vllm' : 'stand-in' },
+  args: { device, layers, hidden, reps, rows: [...extras, ...rowsToRun], warmup: WARMUP, coldReps: COLD_REPS, probeTokens: PROBE_TOKENS, check: CHECK ? CHECK[0] : 'prefill:1', sweepRegions: sweepCounts, sweepBytes, capture2Bytes, vllmCycles, hashThreads, vllmAllocator: process.env.VSNAP_VLLM_SRC ? 'vllm' : 'stand-in' },
   engines: sides.map((s) => ({ label: s.label, name: s.name, model: s.model, seed: s.seed, url: s.engine.url, bytes: s.bytes, regions: s.regions, answer: s.answer })),
   engineStartSeconds,
   capture,

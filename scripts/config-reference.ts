@@ -42,6 +42,12 @@ export const CONFIG_KEYS: Record<string, string> = {
   'models.*.asleepGiB': 'GPU memory it still holds on each GPU while suspended. Default 0.',
   'models.*.pinned': 'Never suspended to make room; woken at start. Default false.',
   'models.*.deepSuspend': 'Suspend deep: after the level-2 sleep the driver checkpoints the engine processes (driver r570+), so it holds 0 bytes of GPU memory while asleep. Default false.',
+  'models.*.check':
+    'The expected-response check its captures record and every restore re-runs, bit for bit. Default: the prompt scored with its log-probabilities plus one generated token (one forward pass).',
+  'models.*.check.mode':
+    "`prefill` (default): the prompt's log-probabilities (OpenAI `echo` with `logprobs`) and `maxTokens` greedy tokens; `decode`: `maxTokens` greedy tokens only.",
+  'models.*.check.maxTokens': 'Tokens generated: default 1 with prefill, 16 with decode. 2 with prefill adds one decode step (vLLM runs decode-only kernels and CUDA graphs there).',
+  'models.*.check.prompt': 'The prompt. Default "The capital of France is".',
   'models.*.ttlSeconds': 'Suspended after this long without requests.',
   'models.*.group': 'At most one engine of a group is awake at a time.',
 };

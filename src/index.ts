@@ -90,6 +90,7 @@ export {
   type KeepWeightsSuspendOptions,
   type KeepWeightsSuspendResult,
 } from './snapshot/engine-kv-release.js';
+export type { ResponseCheckOptions } from './snapshot/response-check-options.js';
 
 export {
   Snapshot,

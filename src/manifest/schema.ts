@@ -102,8 +102,18 @@ export const ExpectedResponseSchema = z
     tokenIds: z.array(z.number().int().nonnegative()),
     text: z.string(),
     logprobs: z.array(z.number()).nullable().default(null),
+    /** Prefill check only (absent in older manifests and decode checks): the prompt as token ids. */
+    promptTokenIds: z.array(z.number().int().nonnegative()).optional(),
+    /** Prefill check only: the log-probability of each prompt token after the first. */
+    promptLogprobs: z.array(z.number()).optional(),
   })
   .superRefine((r, ctx) => {
+    if ((r.promptTokenIds === undefined) !== (r.promptLogprobs === undefined)) {
+      ctx.addIssue({ code: 'custom', path: ['promptLogprobs'], message: 'promptTokenIds and promptLogprobs come together (a prefill check) or not at all' });
+    }
+    if (r.promptTokenIds?.length && r.promptLogprobs && r.promptLogprobs.length !== r.promptTokenIds.length - 1) {
+      ctx.addIssue({ code: 'custom', path: ['promptLogprobs'], message: `${r.promptLogprobs.length} prompt logprobs for ${r.promptTokenIds.length} prompt tokens: one per token after the first expected` });
+    }
     if (r.tokenIds.length > r.maxTokens) {
       ctx.addIssue({ code: 'custom', path: ['tokenIds'], message: `${r.tokenIds.length} token ids, more than maxTokens (${r.maxTokens})` });
     }

@@ -107,7 +107,9 @@ export interface PlatformInfo {
 }
 
 /**
- * A short greedy completion recorded at capture and compared after every restore.
+ * The engine's answer to the check recorded at capture and compared after every restore: a short
+ * greedy completion and, for a prefill check, the prompt's log-probabilities (see
+ * ResponseCheckOptions).
  * @public
  */
 export interface ExpectedResponse {
@@ -115,6 +117,10 @@ export interface ExpectedResponse {
   readonly prompt: string;
   /** Tokens generated (greedy, temperature 0). */
   readonly maxTokens: number;
+  /** Prefill check: the prompt's token ids (empty where the engine gave no ids). Absent for a decode check and in older manifests. */
+  readonly promptTokenIds?: readonly number[] | undefined;
+  /** Prefill check: the log-probability of each prompt token after the first. Its presence makes the check after a restore a prefill check. */
+  readonly promptLogprobs?: readonly number[] | undefined;
   /** The generated token ids. */
   readonly tokenIds: readonly number[];
   /** The generated text. */

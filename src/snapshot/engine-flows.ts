@@ -8,7 +8,8 @@ import type { Mismatch } from '../manifest/compat.js';
 import type { ExpectedResponse } from '../manifest/types.js';
 import type { RegionStore } from '../store/region-store.js';
 import { passOn, type TransferOptions } from '../transfer/transfer.js';
-import { blobProblems, compareResponses, DEFAULT_PROMPT, holdsWeights, liveFacts, liveRanks, phaseTimer, preflight, probe, warn } from './engine-checks.js';
+import { blobProblems, checkSpec, compareResponses, holdsWeights, liveFacts, liveRanks, phaseTimer, preflight, probe, recheck, warn } from './engine-checks.js';
+import type { ResponseCheckOptions } from './response-check-options.js';
 import { deepPrecheck, deepSuspendRanks, nativeCheckpointBackend, resumeIfDeep, type CheckpointBackend } from './deep-suspend.js';
 import { listDevices } from '../gpu/cuda.js';
 import { resolveRemap, type GpuRef, type GpuRemap } from './gpu-remap.js';
@@ -28,9 +29,11 @@ import { Snapshot, type CaptureOptions, type PersistPolicy } from './snapshot.js
  * @public
  */
 export interface EngineCaptureOptions extends TransferOptions {
-  /** Prompt of the expected response recorded at capture (default: "The capital of France is"). */
+  /** The expected-response check recorded at capture and re-run after every restore (default: a prefill check, one token). */
+  readonly check?: ResponseCheckOptions;
+  /** Same as `check.prompt` (which wins). */
   readonly probePrompt?: string;
-  /** Tokens of the expected response (default 16). */
+  /** Same as `check.maxTokens` (which wins). */
   readonly probeMaxTokens?: number;
   /** Free-form labels for the manifest. */
   readonly labels?: Readonly<Record<string, string>>;
@@ -95,6 +98,8 @@ export interface EngineRestoreOptions extends TransferOptions {
   readonly recovery?: RecoveryPolicy;
   /** After a recovery: capture a new snapshot `off` (default), `async` or `required`; see {@link MaterializePolicy}. */
   readonly materialize?: MaterializePolicy;
+  /** @internal Runs after the wake, before the expected-response check (tests flip a weights byte here). */
+  readonly beforeCheck?: () => Promise<void>;
 }
 
 /**
@@ -261,7 +266,7 @@ async function captureExported(
   options: EngineCaptureOptions,
   mapped?: MappedRegions,
 ): Promise<Snapshot> {
-  const expected = await probe(client, options.probePrompt ?? DEFAULT_PROMPT, options.probeMaxTokens ?? 16, options.signal);
+  const expected = await probe(client, checkSpec(options), options.signal);
   const memory = liveRefs(exported, mapped).map((l) => l.memory);
   let i = 0;
   return Snapshot.capture(store, name, {
@@ -488,7 +493,8 @@ async function finishWake(
   await control.resetPrefixCache(call);
   lap('resetPrefixCache');
   if (!expected) return;
-  const actual = await probe(client, expected.prompt, expected.maxTokens, options.signal);
+  await options.beforeCheck?.();
+  const actual = await recheck(client, expected, options.signal);
   lap('expectedResponse');
   const difference = compareResponses(expected, actual, options.logprobTolerance ?? 0);
   if (difference) {

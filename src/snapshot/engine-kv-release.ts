@@ -1,7 +1,8 @@
 import { VsnapError } from '../errors.js';
 import type { CallOptions, EngineClient } from '../engine/engine-client.js';
 import { engineControl } from '../engine/control.js';
-import { probe } from './engine-checks.js';
+import { checkSpec, compareResponses, probe, recheck } from './engine-checks.js';
+import type { ResponseCheckOptions } from './response-check-options.js';
 import type { ExpectedResponse } from '../manifest/types.js';
 
 /**
@@ -19,8 +20,8 @@ import type { ExpectedResponse } from '../manifest/types.js';
  * @public
  */
 export interface KeepWeightsSuspendOptions {
-  /** Record the engine's greedy answer first, for {@link resumeEngineKeptWeights} to check. */
-  readonly probe?: { readonly prompt: string; readonly maxTokens: number };
+  /** Record the engine's answer to this check first, for {@link resumeEngineKeptWeights} to check (see {@link ResponseCheckOptions} for the defaults). */
+  readonly probe?: ResponseCheckOptions;
   /** Cancels the operation. */
   readonly signal?: AbortSignal;
 }
@@ -54,7 +55,7 @@ export async function suspendEngineKeepingWeights(client: EngineClient, options:
       url: client.baseUrl,
     });
   }
-  const expected = options.probe ? await probe(client, options.probe.prompt, options.probe.maxTokens, options.signal) : undefined;
+  const expected = options.probe ? await probe(client, checkSpec({ check: options.probe }), options.signal) : undefined;
   try {
     await control.releaseKvCache(call);
   } catch (err) {
@@ -69,7 +70,7 @@ export async function suspendEngineKeepingWeights(client: EngineClient, options:
 /**
  * Resumes an engine suspended by {@link suspendEngineKeepingWeights}: wakes the KV cache (which
  * resumes the scheduler) and resets the prefix cache. With `expected`, checks the engine gives
- * the same greedy answer (`E_RESPONSE_MISMATCH` if not). Returns the wall time in seconds.
+ * the same answer to the recorded check, bit for bit (`E_RESPONSE_MISMATCH` if not). Returns the wall time in seconds.
  * @public
  */
 export async function resumeEngineKeptWeights(client: EngineClient, options: { readonly expected?: ExpectedResponse; readonly signal?: AbortSignal } = {}): Promise<number> {
@@ -79,11 +80,12 @@ export async function resumeEngineKeptWeights(client: EngineClient, options: { r
   await control.wake(['kv_cache'], call);
   await control.resetPrefixCache(call);
   if (options.expected) {
-    const actual = await probe(client, options.expected.prompt, options.expected.maxTokens, options.signal);
-    const same = actual.tokenIds.length ? actual.tokenIds.join(',') === options.expected.tokenIds.join(',') : actual.text === options.expected.text;
-    if (!same) {
-      throw new VsnapError('E_RESPONSE_MISMATCH', `${client.baseUrl} answers differently after resuming with its weights kept: check the engine before sending requests`, {
+    const actual = await recheck(client, options.expected, options.signal);
+    const difference = compareResponses(options.expected, actual, 0);
+    if (difference) {
+      throw new VsnapError('E_RESPONSE_MISMATCH', `${client.baseUrl} answers differently after resuming with its weights kept (${difference}): check the engine before sending requests`, {
         url: client.baseUrl,
+        difference,
         expected: options.expected.tokenIds.slice(0, 16),
         actual: actual.tokenIds.slice(0, 16),
       });

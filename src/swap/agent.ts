@@ -205,7 +205,8 @@ async function handle(ctx: AgentContext, req: IncomingMessage, res: ServerRespon
     if (existing && url.searchParams.get('force') !== '1') return send(res, 200, { cached: true, id: existing.id });
     const lease = await controller.acquire(name);
     try {
-      const snap = await captureEngine(options.store, snapshotName, lease.client);
+      const check = controller.engine(name).check;
+      const snap = await captureEngine(options.store, snapshotName, lease.client, check ? { check } : {});
       return send(res, 200, { cached: false, id: snap.id, bytes: snap.manifest.totalBytes, seconds: snap.lastCapture?.seconds });
     } finally {
       lease.release();

@@ -5,6 +5,7 @@ import { LineCounter, parseDocument } from 'yaml';
 import { z } from 'zod';
 
 import { VsnapError } from '../errors.js';
+import type { ResponseCheckOptions } from '../snapshot/response-check-options.js';
 import { NAME, snapshotNameFor } from '../store/names.js';
 
 const ModelSchema = z
@@ -27,6 +28,10 @@ const ModelSchema = z
     asleepGiB: z.number().nonnegative().default(0),
     pinned: z.boolean().default(false),
     deepSuspend: z.boolean().default(false),
+    check: z
+      .object({ mode: z.enum(['prefill', 'decode']).optional(), maxTokens: z.number().int().positive().optional(), prompt: z.string().min(1).optional() })
+      .strict()
+      .optional(),
     ttlSeconds: z.number().positive().optional(),
     group: z.string().min(1).optional(),
   })
@@ -128,6 +133,8 @@ export interface ServeModelConfig {
   readonly pinned: boolean;
   /** Its suspends are deep (the driver's process checkpoint): 0 bytes on its GPUs while asleep. */
   readonly deepSuspend: boolean;
+  /** The expected-response check its captures record and every restore re-runs (default: prefill, one token). */
+  readonly check?: ResponseCheckOptions | undefined;
   /** Suspended after this long idle. */
   readonly ttlSeconds?: number | undefined;
   /** At most one engine of a group awake at a time. */

@@ -4,6 +4,7 @@ import type { Registry } from 'prom-client';
 
 import type { HostCache } from '../cache/host-cache.js';
 import type { ResidentWeights } from '../cache/resident-weights.js';
+import type { ResponseCheckOptions } from '../snapshot/response-check-options.js';
 import type { CheckpointBackend } from '../snapshot/deep-suspend.js';
 import type { MaterializePolicy, RecoveryPolicy, RecoveryReason } from '../snapshot/engine-recovery.js';
 import type { EngineClient } from '../engine/engine-client.js';
@@ -53,6 +54,8 @@ export interface SwapEngine {
    * engine then counts on its new GPU.
    */
   readonly movableTo?: readonly number[];
+  /** The expected-response check its captures record (default: a prefill check, one token). */
+  readonly check?: ResponseCheckOptions;
 }
 
 /**

@@ -455,7 +455,7 @@ export class SwapExecutor {
       const result = await suspendEngine(this.options.store, slot.spec.snapshot, slot.spec.client, {
         captureIfNeeded,
         ...(slot.spec.deepSuspend ? { deep: true, ...(this.options.checkpointBackend ? { checkpointBackend: this.options.checkpointBackend } : {}) } : {}),
-        ...(this.options.cache ? { capture: { cache: this.options.cache } } : {}),
+        ...(this.options.cache || slot.spec.check ? { capture: { ...(this.options.cache ? { cache: this.options.cache } : {}), ...(slot.spec.check ? { check: slot.spec.check } : {}) } } : {}),
         ...(resident ? { resident } : {}),
       });
       slot.state = 'asleep';

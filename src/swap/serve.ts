@@ -63,7 +63,8 @@ export async function serve(config: ServeConfig, options: { log?: (line: string)
       onReady: async (name) => {
         const m = config.models[name]!;
         // The boot-time capture lands in the RAM tier too (one pass), so the first wake is a bulk copy from RAM.
-        const r = await suspendEngine(store, m.snapshot ?? name, clients.get(name)!, { captureIfNeeded: true, ...(cache ? { capture: { cache } } : {}) });
+        const capture = { ...(cache ? { cache } : {}), ...(m.check ? { check: m.check } : {}) };
+        const r = await suspendEngine(store, m.snapshot ?? name, clients.get(name)!, { captureIfNeeded: true, capture });
         log(`vsnap: ${name} is up and suspended${r.captured ? ' (snapshot captured)' : ''} in ${r.seconds.toFixed(1)} s`);
       },
       onRestart: async (name) => {
@@ -82,6 +83,7 @@ export async function serve(config: ServeConfig, options: { log?: (line: string)
         asleepBytes: Math.floor(m.asleepGiB * GiB),
         pinned: m.pinned,
         ...(m.deepSuspend ? { deepSuspend: true } : {}),
+        ...(m.check ? { check: m.check } : {}),
         ...(m.ttlSeconds !== undefined ? { idleTtlMs: m.ttlSeconds * 1000 } : {}),
         ...(m.group ? { group: m.group } : {}),
       })),

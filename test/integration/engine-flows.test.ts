@@ -36,7 +36,11 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     expect(m.engine).toMatchObject({ kind: 'vllm', version: '0.0.0+vsnap.reference', pluginVersion: '0.1.0', attentionBackend: 'TRITON_ATTN' });
     expect(m.model).toMatchObject({ id: 'vsnap/reference-host-1', revision: 'seed-1', dtype: 'bfloat16', tensorParallelSize: 1 });
     expect(m.platform.kind).toBe('host');
-    expect(m.expectedResponse?.tokenIds).toHaveLength(16);
+    // the default check: the prompt scored (one logprob per byte token after the first) and one token generated
+    expect(m.expectedResponse).toMatchObject({ prompt: 'The capital of France is', maxTokens: 1 });
+    expect(m.expectedResponse?.tokenIds).toHaveLength(1);
+    expect(m.expectedResponse?.promptTokenIds).toEqual([...Buffer.from('The capital of France is')]);
+    expect(m.expectedResponse?.promptLogprobs).toHaveLength('The capital of France is'.length - 1);
     const keys = m.ranks[0]!.regions.map((r) => r.key);
     expect(keys).toContain('model.embed_tokens.weight');
     expect(keys).toContain('model.layers.0.mlp.weight');

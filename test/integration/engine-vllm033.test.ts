@@ -142,6 +142,11 @@ describe("the engine's own weight-resident suspend (release_kv_cache_memory)", (
     await expect(suspendEngineKeepingWeights(client)).rejects.toMatchObject({ code: 'E_ENGINE_STATE' });
     await resumeEngineKeptWeights(client, { expected: r.expected! });
     expect((await client.vsnapStatus()).sleeping).toBe(false);
+    // the recorded check is the prefill check: a prompt logprob off by one part in a million fails the resume
+    expect(r.expected!.promptLogprobs).toHaveLength('The capital of France is'.length - 1);
+    const again = await suspendEngineKeepingWeights(client, { probe: {} });
+    const tampered = { ...again.expected!, promptLogprobs: again.expected!.promptLogprobs!.map((x, i) => (i === 5 ? x + 2 ** -20 : x)) };
+    await expect(resumeEngineKeptWeights(client, { expected: tampered })).rejects.toMatchObject({ code: 'E_RESPONSE_MISMATCH', details: { difference: expect.stringMatching(/^prompt logprobs differ/) } });
   });
 
   it('through the dev routes, and refused cleanly where the engine has no such route', async () => {

@@ -60,7 +60,7 @@ describe('live weights: the dirty check before a discard, incremental capture, v
       if (key === changedRegion.key) expect(blobs(second).get(key)).not.toBe(blob);
       else expect(blobs(second).get(key), key).toBe(blob);
     }
-    expect(second.manifest.data.expectedResponse!.tokenIds.slice(0, 8)).toEqual(updated);
+    expect(second.manifest.data.expectedResponse!.tokenIds).toEqual(updated!.slice(0, 1)); // the default check generates one token
 
     const report = await restoreEngine(second, client);
     expect(Object.keys(report.phases)).toContain('verifyDigests');

@@ -52,6 +52,14 @@ describe('serve configuration', () => {
     expect(c.models.qwen).toMatchObject({ pinned: true, deepSuspend: true });
   });
 
+  it('the expected-response check per model: absent by default (the SDK default), mode and maxTokens checked', () => {
+    expect(parseConfig(good, 'vsnap.yaml', { CTL: 'x' }).models.llama!.check).toBeUndefined();
+    const withCheck = good.replace('    ttlSeconds: 300', '    ttlSeconds: 300\n    check: { mode: decode, maxTokens: 4 }');
+    expect(parseConfig(withCheck, 'vsnap.yaml', { CTL: 'x' }).models.llama!.check).toEqual({ mode: 'decode', maxTokens: 4 });
+    const bad = issues(good.replace('    ttlSeconds: 300', '    ttlSeconds: 300\n    check: { mode: greedy, maxTokens: 0, tokens: 2 }'));
+    expect(bad.map((i) => i.path).sort()).toEqual(['models.llama.check', 'models.llama.check.maxTokens', 'models.llama.check.mode']);
+  });
+
   it('reads JSON too, from a file', () => {
     const dir = tempDir();
     const path = join(dir, 'vsnap.json');

@@ -98,6 +98,21 @@ describe('Manifest.parse', () => {
     ]);
   });
 
+  it('the expected response of a prefill check: prompt token ids and one logprob per prompt token after the first, both or neither', () => {
+    const response = { prompt: 'hi', maxTokens: 1, tokenIds: [7], text: 'x', logprobs: [-0.5], promptTokenIds: [104, 105], promptLogprobs: [-1.25] };
+    expect(Manifest.parse({ ...valid(), expectedResponse: response }).data.expectedResponse).toMatchObject({ promptTokenIds: [104, 105], promptLogprobs: [-1.25] });
+    // an older manifest (a decode check) has neither, and stays so
+    const { promptTokenIds: _ids, promptLogprobs: _lps, ...older } = response;
+    const parsed = Manifest.parse({ ...valid(), expectedResponse: older }).data.expectedResponse!;
+    expect('promptLogprobs' in parsed || 'promptTokenIds' in parsed).toBe(false);
+    expect(issuesOf(() => Manifest.parse({ ...valid(), expectedResponse: { ...response, promptLogprobs: [-1, -2] } }))).toEqual([
+      { path: 'expectedResponse.promptLogprobs', message: '2 prompt logprobs for 2 prompt tokens: one per token after the first expected' },
+    ]);
+    expect(issuesOf(() => Manifest.parse({ ...valid(), expectedResponse: { ...older, promptLogprobs: [-1] } }))).toEqual([
+      { path: 'expectedResponse.promptLogprobs', message: 'promptTokenIds and promptLogprobs come together (a prefill check) or not at all' },
+    ]);
+  });
+
   it('checks sizes: tensors inside their region', () => {
     const bad = valid();
     const regions = (bad.ranks as Array<{ regions: Array<Record<string, unknown>> }>)[0]!.regions;
