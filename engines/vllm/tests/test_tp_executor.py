@@ -159,10 +159,45 @@ class ParallelDecodingTest(unittest.TestCase):
         norm = math.log(sum(math.exp(v) for v in total))
         self.assertAlmostEqual(logprobs[0], total[ids[0]] - norm, places=5)
         # the prompt first (from 0), then one token at a time after it
-        self.assertEqual(calls[0], ("ref_logits", ([11, 12, 13], 0)))
-        self.assertEqual(calls[1], ("ref_logits", ([ids[0]], 3)))
-        self.assertEqual(calls[2], ("ref_logits", ([ids[1]], 4)))
+        self.assertEqual(calls[0], ("ref_logits", ([11, 12, 13], 0, False)))
+        self.assertEqual(calls[1], ("ref_logits", ([ids[0]], 3, False)))
+        self.assertEqual(calls[2], ("ref_logits", ([ids[1]], 4, False)))
         self.assertEqual(len(ids), 3)
+
+    def test_prompt_logprobs_come_from_one_pass_over_the_prompt_summed_over_ranks(self):
+        import array
+        import base64
+        import math
+
+        from vllm.v1.engine.core import EngineCore
+
+        # every position's logits (3 prompt positions x vocab 4), per rank, flattened
+        rank_rows = [[0.1, 0.2, 0.3, 0.4, 1.0, 0.0, 0.5, 0.2, 0.0, 0.0, 2.0, 0.1],
+                     [0.4, 0.3, 0.2, 0.1, 0.0, 1.0, 0.5, 0.2, 0.3, 0.0, 0.0, 0.1]]
+        calls = []
+
+        class Executor:
+            def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+                if method == "ref_memory_asleep":
+                    return [False, False]
+                calls.append((method, args))
+                rows = rank_rows if args[2] else [r[-4:] for r in rank_rows]
+                return [base64.b64encode(array.array("f", r).tobytes()).decode() for r in rows]
+
+        core = EngineCore(Executor(), types.SimpleNamespace(device="cuda"))
+        ids, logprobs, scored = core.generate([3, 1, 2], 1, True)
+        self.assertEqual(calls, [("ref_logits", ([3, 1, 2], 0, True))])  # one forward pass
+        total = [a + b for a, b in zip(*rank_rows)]
+
+        def lsm(row, i):
+            return row[i] - math.log(sum(math.exp(v) for v in row))
+
+        # position 0 predicts prompt token 1 (id 1), position 1 predicts id 2; the last position the answer
+        self.assertEqual(len(scored), 2)
+        self.assertAlmostEqual(scored[0], lsm(total[0:4], 1), places=5)
+        self.assertAlmostEqual(scored[1], lsm(total[4:8], 2), places=5)
+        self.assertEqual(ids, [2])  # summed last row: 0.3, 0.0, 2.0, 0.2
+        self.assertAlmostEqual(logprobs[0], lsm(total[8:12], 2), places=5)
 
 
 if __name__ == "__main__":
