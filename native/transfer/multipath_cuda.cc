@@ -24,11 +24,13 @@ namespace vsnap::transfer {
 namespace {
 
 std::mutex gWarmMutex;
-std::map<int, std::shared_ptr<cuda::Context>> gWarm;
+// Never destroyed: at process exit the driver may already be torn down when static
+// destructors run, and the process's contexts go with it anyway.
+auto* gWarm = new std::map<int, std::shared_ptr<cuda::Context>>();
 
 std::shared_ptr<cuda::Context> warmNeighbour(int ordinal) {
   std::lock_guard<std::mutex> lock(gWarmMutex);
-  auto& ctx = gWarm[ordinal];
+  auto& ctx = (*gWarm)[ordinal];
   if (!ctx) ctx = cuda::acquireContext(ordinal);
   return ctx;
 }
@@ -145,7 +147,7 @@ void releaseWarmNeighbours() {
   std::map<int, std::shared_ptr<cuda::Context>> gone;
   {
     std::lock_guard<std::mutex> lock(gWarmMutex);
-    gone.swap(gWarm);
+    gone.swap(*gWarm);
   }
 }  // a context still used by a running job lives on until that job ends
 

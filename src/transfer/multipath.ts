@@ -88,7 +88,9 @@ export interface MultipathTimeline {
   readonly copySeconds: number;
   /** After the last copy: streams drained, the ring freed. */
   readonly teardownSeconds: number;
+  /** The direct path: host to the target GPU over its own link. */
   readonly direct: MultipathPathTimeline;
+  /** The neighbour path: host to the neighbour's ring, peer-copied into the target. */
   readonly neighbour: MultipathPathTimeline;
 }
 

@@ -13,6 +13,7 @@ import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 
 import { cudaStatus, DeviceAllocation, HostCache, listDevices, RegionStore, releaseIdleResources, Snapshot } from '../../src/index.js';
+import { native } from '../../src/native/index.js';
 import { canAccessPeer, type MultipathStats } from '../../src/transfer/multipath.js';
 
 const MiB = 1024 ** 2;
@@ -149,6 +150,14 @@ describe('GPU: multi-path hydrate (two PCIe links into one GPU)', async () => {
     assert.equal(r.multipath!.bytesDirect + r.multipath!.bytesNeighbour, r.bytes);
     console.log(`released mid-restore: ${JSON.stringify({ ...r.multipath, timeline: undefined })}`);
     console.log(timelineLine('released mid-restore', r.multipath!, r.seconds));
+  });
+
+  it("the neighbour's context is kept between restores and freed by releaseIdleResources", async () => {
+    await wipe();
+    await snap.restore({ regions: targets(), cache, multipath: { neighbour: 1, requireNeighbour: true } });
+    assert.equal(native().cudaHoldsContext(1), true, 'kept for the next multi-path restore');
+    await releaseIdleResources();
+    assert.equal(native().cudaHoldsContext(1), false, 'nothing held on the neighbour once released');
   });
 
   it('a neighbour equal to the target is refused', async () => {
