@@ -63,6 +63,14 @@ describe('GPU: multi-path hydrate (two PCIe links into one GPU)', async () => {
     return;
   }
   const gib = Number(process.env.VSNAP_GPU_MULTIPATH_GIB ?? 16);
+  // Tuning levers for a run (defaults: the SDK's): chunk MiB, ring slots, direct slots, direct streams.
+  const env = (k: string) => (process.env[k] ? Number(process.env[k]) : undefined);
+  const tuning = {
+    ...(env('VSNAP_GPU_MULTIPATH_CHUNK_MIB') ? { chunkSize: env('VSNAP_GPU_MULTIPATH_CHUNK_MIB')! * MiB } : {}),
+    ...(env('VSNAP_GPU_MULTIPATH_RING_SLOTS') ? { ringSlots: env('VSNAP_GPU_MULTIPATH_RING_SLOTS')! } : {}),
+    ...(env('VSNAP_GPU_MULTIPATH_DIRECT_SLOTS') ? { directSlots: env('VSNAP_GPU_MULTIPATH_DIRECT_SLOTS')! } : {}),
+    ...(env('VSNAP_GPU_MULTIPATH_DIRECT_STREAMS') ? { directStreams: env('VSNAP_GPU_MULTIPATH_DIRECT_STREAMS')! } : {}),
+  };
   const parts = 4;
   const regionSize = (gib * GiB) / parts;
   let dir: string;
@@ -100,7 +108,7 @@ describe('GPU: multi-path hydrate (two PCIe links into one GPU)', async () => {
     // The first multi-path restore of the process creates the neighbour's context (kept for the
     // next ones): shown here, outside the timed repetitions.
     await wipe();
-    const cold = await snap.restore({ regions: targets(), cache, multipath: { neighbour: 1, requireNeighbour: true } });
+    const cold = await snap.restore({ regions: targets(), cache, multipath: { neighbour: 1, requireNeighbour: true, ...tuning } });
     console.log(timelineLine('cold (first multi-path restore: creates the neighbour context)', cold.multipath!, cold.seconds));
     for (let rep = 0; rep < 3; rep++) {
       await wipe();
@@ -109,12 +117,12 @@ describe('GPU: multi-path hydrate (two PCIe links into one GPU)', async () => {
       assert.ok(r0.digestSeconds !== undefined, 'restored memory verified by GPU digest');
       raw.push(r0.bytesPerSecond);
       await wipe();
-      const r1 = await snap.restore({ regions: targets(), cache, multipath: { neighbour: 1, releaseNeighbour: AbortSignal.abort() } });
+      const r1 = await snap.restore({ regions: targets(), cache, multipath: { neighbour: 1, releaseNeighbour: AbortSignal.abort(), ...tuning } });
       direct.push(r1.bytesPerSecond);
       assert.equal(r1.multipath!.bytesNeighbour, 0);
       console.log(timelineLine(`direct-only rep=${rep}`, r1.multipath!, r1.seconds));
       await wipe();
-      const r2 = await snap.restore({ regions: targets(), cache, multipath: { neighbour: 1, requireNeighbour: true } });
+      const r2 = await snap.restore({ regions: targets(), cache, multipath: { neighbour: 1, requireNeighbour: true, ...tuning } });
       assert.ok(r2.digestSeconds !== undefined, 'restored memory verified by GPU digest');
       assert.equal(r2.multipath!.bytesDirect + r2.multipath!.bytesNeighbour, r2.bytes);
       assert.ok(r2.multipath!.bytesNeighbour > 0, 'the neighbour path carried bytes');
@@ -124,6 +132,7 @@ describe('GPU: multi-path hydrate (two PCIe links into one GPU)', async () => {
     }
     const gb = (v: number) => (v / 1e9).toFixed(1);
     const ratio = median(multi) / median(raw);
+    console.log(`tuning ${JSON.stringify(tuning)}`);
     console.log(`raw H2D (plain RAM-tier restore) ${raw.map(gb).join(', ')} GB/s; direct path alone ${direct.map(gb).join(', ')}; multi-path ${multi.map(gb).join(', ')}`);
     console.log(
       `MULTIPATH gib=${gib} raw_h2d_gbps=${gb(median(raw))} direct_only_gbps=${gb(median(direct))} multipath_gbps=${gb(median(multi))} ` +
