@@ -20,7 +20,7 @@ export { releaseIdleResources } from './transfer/staging.js';
 export { HostCache, type HostCacheOptions, type CacheEntryInfo } from './cache/host-cache.js';
 export { ResidentWeights, type ResidentInfo } from './cache/resident-weights.js';
 export type { TransferOptions, TransferProgress } from './transfer/transfer.js';
-export type { MultipathOptions, MultipathStats } from './transfer/multipath.js';
+export type { MultipathOptions, MultipathPathTimeline, MultipathStats, MultipathTimeline } from './transfer/multipath.js';
 
 export { FdReceiver, fetchFds, sendFds, type FdMessage } from './ipc/fd-receiver.js';
 

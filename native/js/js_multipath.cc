@@ -1,12 +1,14 @@
 // startMultipath(spec, onProgress) -> { promise, cancel, cancelRelay, ringBytes }: one
 // multi-path restore (transfer/multipath.h) off the JS thread.
 //
-// spec: { label, backend: 'cuda' | 'host', chunkSize, directSlots?, relaySlots?, neighbour?,
+// spec: { label, backend: 'cuda' | 'host', chunkSize, directSlots?, directStreams?, relaySlots?, neighbour?,
 //         requireRelay?, relayReleased?, faults?: { failRelayAt, failDirectAt, relayDelayMs, directDelayMs } (host),
 //         regions: [{ name, size, memory: Memory (the target), source: { kind: 'buffer', buffer, offset } }] }
 // cuda: memory is { kind: 'device', allocation } | { kind: 'imported', fd }; host: { kind: 'host', fd }.
-// Resolves { bytes, seconds, bytesDirect, bytesRelay, chunksDirect, chunksRelay, requeued,
-//            maxRelayInFlight, relayUsed, relayCancelled, relayError }.
+// Resolves { bytes, seconds, setupSeconds, teardownSeconds, bytesDirect, bytesRelay, chunksDirect,
+//            chunksRelay, requeued, maxRelayInFlight, relayUsed, relayCancelled, relayError,
+//            direct: timeline, relay: timeline } (timeline: { firstStart, lastEnd, busySeconds,
+//            maxInFlight }, seconds since the copies began; -1: none). releaseWarmNeighbours().
 #include <fcntl.h>
 
 #include <chrono>
@@ -58,11 +60,19 @@ Spec parseSpec(Napi::Env env, const Napi::Object& spec) {
   if (s.chunkSize == 0) throw bad("chunkSize must be > 0");
   s.cuda.slotSize = s.chunkSize;
   s.cuda.directSlots = optU32(spec, "directSlots", 4);
+  s.cuda.directStreams = optU32(spec, "directStreams", 2);
   s.cuda.relaySlots = optU32(spec, "relaySlots", 4);
   s.cuda.neighbour = spec.Has("neighbour") && !spec.Get("neighbour").IsUndefined() ? static_cast<int>(toI64(spec.Get("neighbour"), "neighbour")) : -1;
   s.cuda.requireRelay = spec.Get("requireRelay").ToBoolean().Value();
   s.relayReleased = spec.Get("relayReleased").ToBoolean().Value();
   if (s.cuda.directSlots == 0 || s.cuda.directSlots > 64 || s.cuda.relaySlots > 64) throw bad("directSlots must be 1..64 and relaySlots 0..64");
+  if (s.cuda.directStreams == 0 || s.cuda.directStreams > 16) throw bad("directStreams must be 1..16");
+  if (s.relayReleased) {
+    // Released before the start: no neighbour context, ring or peer access is set up at all, so
+    // the direct path alone costs what a plain restore costs.
+    s.cuda.neighbour = -1;
+    s.cuda.relaySlots = 0;
+  }
   if (spec.Has("faults") && spec.Get("faults").IsObject()) {
     if (!s.host) throw bad("faults are for the host backend only");
     Napi::Object f = spec.Get("faults").As<Napi::Object>();
@@ -148,7 +158,7 @@ class MultipathWorker : public Napi::AsyncWorker {
  protected:
   void Execute() override {
     auto start = std::chrono::steady_clock::now();
-    error_ = captureError([this] {
+    error_ = captureError([this, &start] {
       std::vector<uint64_t> sizes;
       std::shared_ptr<transfer::MultipathBackend> backend;
       if (spec_.host) {
@@ -168,6 +178,7 @@ class MultipathWorker : public Napi::AsyncWorker {
         backend = transfer::cudaMultipathBackend(std::move(mappings), spec_.sources, spec_.cuda);
       }
       auto job = std::make_shared<transfer::MultipathJob>(spec_.label, sizes, spec_.chunkSize, backend);
+      setupSeconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       {
         std::lock_guard<std::mutex> l(control_->mutex);
         control_->job = job;
@@ -185,6 +196,7 @@ class MultipathWorker : public Napi::AsyncWorker {
       stats_ = job->stats();
     });
     if (error_) SetError(error_->what());
+    auto teardown = std::chrono::steady_clock::now();
     // Streams synchronised, the ring freed and imported memory unmapped before the promise settles.
     {
       std::lock_guard<std::mutex> l(control_->mutex);
@@ -193,7 +205,9 @@ class MultipathWorker : public Napi::AsyncWorker {
     }
     spec_.targets.clear();
     spec_.buffers.clear();
-    seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    auto end = std::chrono::steady_clock::now();
+    teardownSeconds_ = std::chrono::duration<double>(end - teardown).count();
+    seconds_ = std::chrono::duration<double>(end - start).count();
   }
 
   void OnOK() override {
@@ -203,6 +217,18 @@ class MultipathWorker : public Napi::AsyncWorker {
     Napi::Object r = Napi::Object::New(env);
     r.Set("bytes", static_cast<double>(total_));
     r.Set("seconds", seconds_);
+    r.Set("setupSeconds", setupSeconds_);
+    r.Set("teardownSeconds", teardownSeconds_);
+    auto timeline = [&](const transfer::PathTimeline& t) {
+      Napi::Object o = Napi::Object::New(env);
+      o.Set("firstStart", t.firstStart);
+      o.Set("lastEnd", t.lastEnd);
+      o.Set("busySeconds", t.busySeconds);
+      o.Set("maxInFlight", t.maxInFlight);
+      return o;
+    };
+    r.Set("direct", timeline(stats_.direct));
+    r.Set("relay", timeline(stats_.relay));
     r.Set("bytesDirect", static_cast<double>(stats_.bytesDirect));
     r.Set("bytesRelay", static_cast<double>(stats_.bytesRelay));
     r.Set("chunksDirect", stats_.chunksDirect);
@@ -268,6 +294,8 @@ class MultipathWorker : public Napi::AsyncWorker {
   transfer::MultipathStats stats_;
   uint64_t total_ = 0;
   double seconds_ = 0;
+  double setupSeconds_ = 0;     // backend built: mappings, streams, the neighbour's ring
+  double teardownSeconds_ = 0;  // backend destroyed: streams drained, ring freed
 };
 
 Napi::Value StartMultipath(const Napi::CallbackInfo& info) {
@@ -297,6 +325,10 @@ Napi::Value StartMultipath(const Napi::CallbackInfo& info) {
 
 void initMultipath(Napi::Env env, Napi::Object exports) {
   exports.Set("startMultipath", Napi::Function::New(env, StartMultipath, "startMultipath"));
+  exports.Set("releaseWarmNeighbours", Napi::Function::New(env, [](const Napi::CallbackInfo& info) -> Napi::Value {
+    transfer::releaseWarmNeighbours();
+    return info.Env().Undefined();
+  }, "releaseWarmNeighbours"));
 }
 
 }  // namespace vsnap::js

@@ -72,12 +72,39 @@ void MultipathJob::giveBack(const MultipathChunk& c) {
   changed_.notify_all();
 }
 
+double MultipathJob::now() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+}
+
+// Called with the path's count after the change, under no lock; takes the lock for the stats.
+void MultipathJob::issued(PathTimeline& t, uint32_t inFlight, double& busySince) {
+  double at = now();
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (t.firstStart < 0) t.firstStart = at;
+  if (inFlight == 1) busySince = at;
+  t.maxInFlight = std::max(t.maxInFlight, inFlight);
+}
+
+void MultipathJob::retired(PathTimeline& t, uint32_t inFlight, double busySince) {
+  double at = now();
+  std::lock_guard<std::mutex> lock(mutex_);
+  t.lastEnd = at;
+  if (inFlight == 0) t.busySeconds += at - busySince;
+}
+
+// Keeps every slot busy: slots are filled in turn, and a slot is waited for (its copy is the
+// oldest in flight) only when the worker comes back to it, so up to directSlots copies stay
+// queued on the backend's streams; no lock is held while waiting.
 void MultipathJob::directWorker() {
   MultipathBackend& b = *backend_;
   const uint32_t n = std::max<uint32_t>(1, b.directSlots());
   std::vector<std::optional<MultipathChunk>> inFlight(n);
+  uint32_t count = 0;
+  double busySince = 0;
   auto complete = [&](const MultipathChunk& c) {
     bytesDone_ += c.length;
+    count--;
+    retired(stats_.direct, count, busySince);
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.bytesDirect += c.length;
     stats_.chunksDirect++;
@@ -93,6 +120,7 @@ void MultipathJob::directWorker() {
       if (!c) break;
       inFlight[s] = c;
       b.directCopy(s, *c);
+      issued(stats_.direct, ++count, busySince);
     }
     for (uint32_t s = 0; s < n; s++) {
       if (!inFlight[s]) continue;
@@ -117,6 +145,7 @@ void MultipathJob::relayWorker() {
   const uint32_t n = b.relaySlots();
   std::vector<std::optional<MultipathChunk>> inFlight(n);
   uint32_t count = 0;
+  double busySince = 0;
   std::string why;
   auto complete = [&](const MultipathChunk& c) {
     bytesDone_ += c.length;
@@ -133,9 +162,11 @@ void MultipathJob::relayWorker() {
         try {
           b.relayWait(s);  // back-pressure: the slot is free only once its peer copy is done
         } catch (...) {
+          retired(stats_.relay, count, busySince);
           giveBack(c);
           throw;
         }
+        retired(stats_.relay, count, busySince);
         complete(c);
       }
       std::optional<MultipathChunk> c = take(End::Back, true);
@@ -147,7 +178,7 @@ void MultipathJob::relayWorker() {
         throw;
       }
       inFlight[s] = c;
-      count++;
+      issued(stats_.relay, ++count, busySince);
       std::lock_guard<std::mutex> lock(mutex_);
       stats_.maxRelayInFlight = std::max(stats_.maxRelayInFlight, count);
     }
@@ -159,10 +190,13 @@ void MultipathJob::relayWorker() {
   // what the direct path writes again.
   for (uint32_t s = 0; s < n; s++) {
     if (!inFlight[s]) continue;
+    count--;
     try {
       b.relayWait(s);
+      retired(stats_.relay, count, busySince);
       complete(*inFlight[s]);
     } catch (const std::exception& e) {
+      retired(stats_.relay, count, busySince);
       if (why.empty()) why = e.what();
       giveBack(*inFlight[s]);
     }
@@ -183,12 +217,16 @@ void MultipathJob::relayWorker() {
 }
 
 void MultipathJob::run(const std::function<void()>& tick) {
+  started_ = std::chrono::steady_clock::now();
   bool relay = backend_->relaySlots() > 0 && !queue_.empty();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     relayActive_ = relay;
     stats_.relayUsed = relay;
-    if (!relay) stats_.relayError = backend_->relayNote();
+    if (!relay) {
+      stats_.relayCancelled = relayCancel_.load();
+      stats_.relayError = stats_.relayCancelled ? "the neighbour was released before the restore started" : backend_->relayNote();
+    }
   }
   std::mutex doneMutex;
   std::condition_variable doneCv;

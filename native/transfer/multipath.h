@@ -17,6 +17,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -65,7 +66,18 @@ class MultipathBackend {
   virtual std::string relayNote() const { return {}; }
 };
 
+// When a path was busy, in seconds since the job started: first copy issued, last copy seen
+// complete, the time at least one of its copies was in flight, and the most in flight at once.
+struct PathTimeline {
+  double firstStart = -1;
+  double lastEnd = -1;
+  double busySeconds = 0;
+  uint32_t maxInFlight = 0;
+};
+
 struct MultipathStats {
+  PathTimeline direct;
+  PathTimeline relay;
   uint64_t bytesDirect = 0;
   uint64_t bytesRelay = 0;
   uint32_t chunksDirect = 0;
@@ -95,6 +107,10 @@ class MultipathJob {
  private:
   enum class End { Front, Back };
   std::optional<MultipathChunk> take(End end, bool relay);
+  double now() const;
+  // A copy issued on / seen complete on a path (its timeline; inFlight is the count after).
+  void issued(PathTimeline& t, uint32_t inFlight, double& busySince);
+  void retired(PathTimeline& t, uint32_t inFlight, double busySince);
   void giveBack(const MultipathChunk& c);
   void directWorker();
   void relayWorker();
@@ -103,6 +119,7 @@ class MultipathJob {
 
   std::string label_;
   uint64_t chunkSize_;
+  std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   std::shared_ptr<MultipathBackend> backend_;
   uint64_t bytesTotal_ = 0;
   std::atomic<uint64_t> bytesDone_{0};
@@ -142,10 +159,15 @@ std::shared_ptr<MultipathBackend> asBackend(std::shared_ptr<HostMultipathBackend
 struct CudaMultipathOptions {
   int neighbour = -1;
   uint32_t directSlots = 4;
+  uint32_t directStreams = 2;  // the direct path's slots round-robin over this many streams
   uint32_t relaySlots = 4;
   uint64_t slotSize = 64ull << 20;
   bool requireRelay = false;
 };
+// The neighbour's primary context (and the target's peer access to it) is kept between jobs, so
+// a restore does not pay for creating it (and mapping the pinned RAM tier into it) and
+// destroying it; this frees what is kept (the next job creates it again).
+void releaseWarmNeighbours();
 std::shared_ptr<MultipathBackend> cudaMultipathBackend(std::vector<std::shared_ptr<cuda::Mapping>> targets,
                                                        std::vector<const char*> sources, const CudaMultipathOptions& options);
 

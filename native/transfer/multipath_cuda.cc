@@ -1,7 +1,16 @@
-// The CUDA backend of multi-path hydrate (multipath.h): one stream on the target for the direct
-// path; for the relay path, a stream on the neighbour for host -> ring slot, and a second stream
-// on the target that waits for that copy's event and pulls the slot over NVLink into the target.
-// A slot's "forwarded" event on the target stream is what frees it (back-pressure).
+// The CUDA backend of multi-path hydrate (multipath.h). Direct path: host -> target on
+// directStreams streams of the target (slot i on stream i % directStreams), an event per slot.
+// Relay path: host -> ring slot on a stream of the neighbour (issued in the neighbour's context
+// into the neighbour's memory, so it uses the neighbour's PCIe link), then a second stream on the
+// target waits for that copy's event and pulls the slot over NVLink into the target. A slot's
+// "forwarded" event on the target stream is what frees it (back-pressure).
+//
+// The neighbour's primary context is kept between jobs (releaseWarmNeighbours frees it): made
+// per job, its creation (which also maps every portable pinned host allocation, the whole RAM
+// tier, into it) and its destruction were inside every restore's time, a fixed cost of the
+// order of the 16 GiB copy itself.
+#include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -13,6 +22,18 @@
 
 namespace vsnap::transfer {
 namespace {
+
+std::mutex gWarmMutex;
+// Never destroyed: at process exit the driver may already be torn down when static
+// destructors run, and the process's contexts go with it anyway.
+auto* gWarm = new std::map<int, std::shared_ptr<cuda::Context>>();
+
+std::shared_ptr<cuda::Context> warmNeighbour(int ordinal) {
+  std::lock_guard<std::mutex> lock(gWarmMutex);
+  auto& ctx = (*gWarm)[ordinal];
+  if (!ctx) ctx = cuda::acquireContext(ordinal);
+  return ctx;
+}
 
 class CudaMultipathBackend final : public MultipathBackend {
  public:
@@ -27,7 +48,9 @@ class CudaMultipathBackend final : public MultipathBackend {
                      " and " + std::to_string(t->device()) + "); restore several GPUs with the plain restore");
       }
     }
-    direct_ = std::make_unique<cuda::CopyStream>(target_);
+    for (uint32_t i = 0; i < std::max<uint32_t>(1, std::min(o.directStreams, o.directSlots)); i++) {
+      direct_.push_back(std::make_unique<cuda::CopyStream>(target_));
+    }
     for (uint32_t i = 0; i < std::max<uint32_t>(1, o.directSlots); i++) directDone_.push_back(std::make_unique<cuda::Marker>(target_));
     if (o.neighbour < 0 || o.relaySlots == 0) {
       note_ = "no neighbour GPU was given";
@@ -35,7 +58,7 @@ class CudaMultipathBackend final : public MultipathBackend {
     }
     if (o.neighbour == target_->ordinal()) throwInvalid("the neighbour GPU must differ from the target GPU");
     try {
-      auto neighbour = cuda::acquireContext(o.neighbour);
+      auto neighbour = warmNeighbour(o.neighbour);
       cuda::enablePeerAccess(target_, neighbour);
       ring_ = std::shared_ptr<cuda::Mapping>(cuda::Mapping::allocate(o.neighbour, static_cast<uint64_t>(o.relaySlots) * slotSize_));
       cuda::grantAccess(*ring_, target_->ordinal());
@@ -56,7 +79,7 @@ class CudaMultipathBackend final : public MultipathBackend {
     // Streams first (their destructors wait for their work), then the memory they touched.
     releaseRelay();
     directDone_.clear();
-    direct_.reset();
+    direct_.clear();
   }
 
   uint32_t directSlots() const override { return static_cast<uint32_t>(directDone_.size()); }
@@ -65,8 +88,9 @@ class CudaMultipathBackend final : public MultipathBackend {
   std::string relayNote() const override { return note_; }
 
   void directCopy(uint32_t slot, const MultipathChunk& c) override {
-    direct_->hostToDevice(targets_.at(c.task)->address() + c.offset, sources_.at(c.task) + c.offset, c.length);
-    directDone_.at(slot)->record(*direct_);
+    cuda::CopyStream& stream = *direct_[slot % direct_.size()];
+    stream.hostToDevice(targets_.at(c.task)->address() + c.offset, sources_.at(c.task) + c.offset, c.length);
+    directDone_.at(slot)->record(stream);
   }
   void directWait(uint32_t slot) override { directDone_.at(slot)->wait(); }
 
@@ -106,7 +130,7 @@ class CudaMultipathBackend final : public MultipathBackend {
   std::vector<const char*> sources_;
   uint64_t slotSize_;
   std::shared_ptr<cuda::Context> target_;
-  std::unique_ptr<cuda::CopyStream> direct_;
+  std::vector<std::unique_ptr<cuda::CopyStream>> direct_;
   std::vector<std::unique_ptr<cuda::Marker>> directDone_;
   std::shared_ptr<cuda::Mapping> ring_;
   std::unique_ptr<cuda::CopyStream> stage_;
@@ -118,6 +142,14 @@ class CudaMultipathBackend final : public MultipathBackend {
 };
 
 }  // namespace
+
+void releaseWarmNeighbours() {
+  std::map<int, std::shared_ptr<cuda::Context>> gone;
+  {
+    std::lock_guard<std::mutex> lock(gWarmMutex);
+    gone.swap(*gWarm);
+  }
+}  // a context still used by a running job lives on until that job ends
 
 std::shared_ptr<MultipathBackend> cudaMultipathBackend(std::vector<std::shared_ptr<cuda::Mapping>> targets,
                                                        std::vector<const char*> sources, const CudaMultipathOptions& options) {

@@ -150,6 +150,8 @@ export interface NativeMultipathSpec {
   backend: 'cuda' | 'host';
   chunkSize: number;
   directSlots?: number;
+  /** cuda: streams the direct path's slots round-robin over (default 2). */
+  directStreams?: number;
   relaySlots?: number;
   /** cuda: the neighbour GPU; absent: the direct path only. */
   neighbour?: number;
@@ -162,9 +164,24 @@ export interface NativeMultipathSpec {
   regions: Array<{ name: string; size: number; memory: NativeMemorySpec; source: { kind: 'buffer'; buffer: NativeHostBuffer; offset: number } }>;
 }
 
+/** When one path of a multi-path job was busy, in seconds since its copies began (-1: never). */
+export interface NativeMultipathTimeline {
+  firstStart: number;
+  lastEnd: number;
+  /** Time at least one of the path's copies was in flight. */
+  busySeconds: number;
+  maxInFlight: number;
+}
+
 export interface NativeMultipathResult {
   bytes: number;
   seconds: number;
+  /** Of seconds: building the backend (streams, the neighbour's context and ring) before the first copy. */
+  setupSeconds: number;
+  /** Of seconds: after the last copy, draining streams and freeing the ring. */
+  teardownSeconds: number;
+  direct: NativeMultipathTimeline;
+  relay: NativeMultipathTimeline;
   bytesDirect: number;
   bytesRelay: number;
   chunksDirect: number;
@@ -249,6 +266,8 @@ export interface NativeBinding {
   /** Device-to-device copies between GPUs, on one stream of `device`; per repeat, its wall time. */
   peerCopy(spec: NativePeerCopySpec): Promise<{ bytes: number; seconds: number; copySeconds: number[] }>;
   startMultipath(spec: NativeMultipathSpec, onProgress?: (done: number, total: number) => void): NativeMultipathHandle;
+  /** Frees the neighbour contexts multi-path restores keep between jobs. */
+  releaseWarmNeighbours(): void;
 }
 
 /** One GPU of a remapping process restore (CUcheckpointGpuPair), by UUID ("GPU-…"). */

@@ -24,6 +24,8 @@ export interface MultipathOptions {
   readonly chunkSize?: number;
   /** Copies in flight on the direct path (default 4). */
   readonly directSlots?: number;
+  /** Streams on the target that the direct path's copies round-robin over (default 2). */
+  readonly directStreams?: number;
   /**
    * Aborting it releases the neighbour mid-restore (its memory is needed): the neighbour path
    * stops taking chunks, waits for those in flight, frees its ring, and the direct path finishes
@@ -56,6 +58,40 @@ export interface MultipathStats {
   readonly neighbourReleased: boolean;
   /** Why the neighbour path stopped early or was not used. */
   readonly neighbourNote?: string;
+  /** Where the time went: setup, each path's busy time, teardown. */
+  readonly timeline: MultipathTimeline;
+}
+
+/**
+ * When one path of a multi-path restore was busy, in seconds since the copies began.
+ * @public
+ */
+export interface MultipathPathTimeline {
+  /** Its first copy was issued (-1: it took no chunk). */
+  readonly firstStart: number;
+  /** Its last copy was seen complete (-1: none). */
+  readonly lastEnd: number;
+  /** Time at least one of its copies was in flight. */
+  readonly busySeconds: number;
+  /** The most copies it had in flight at once. */
+  readonly maxInFlight: number;
+}
+
+/**
+ * Where a multi-path restore's time went.
+ * @public
+ */
+export interface MultipathTimeline {
+  /** Before the first copy: streams, the neighbour's context, peer access and ring. */
+  readonly setupSeconds: number;
+  /** From the first copy to the last. */
+  readonly copySeconds: number;
+  /** After the last copy: streams drained, the ring freed. */
+  readonly teardownSeconds: number;
+  /** The direct path: host to the target GPU over its own link. */
+  readonly direct: MultipathPathTimeline;
+  /** The neighbour path: host to the neighbour's ring, peer-copied into the target. */
+  readonly neighbour: MultipathPathTimeline;
 }
 
 /** @internal */
@@ -92,6 +128,7 @@ export function multipathSpec(request: MultipathRequest): NativeMultipathSpec {
     backend,
     chunkSize,
     directSlots: slots('directSlots', request.directSlots, 4, 1),
+    directStreams: slots('directStreams', request.directStreams, 2, 1),
     relaySlots: slots('ringSlots', request.ringSlots, 4, 1),
     ...(backend === 'cuda' ? { neighbour } : {}),
     requireRelay: request.requireNeighbour ?? false,
@@ -115,7 +152,36 @@ export function multipathStats(r: NativeMultipathResult): MultipathStats {
     neighbourUsed: r.relayUsed,
     neighbourReleased: r.relayCancelled,
     ...(r.relayError ? { neighbourNote: r.relayError } : {}),
+    timeline: {
+      setupSeconds: r.setupSeconds,
+      copySeconds: Math.max(0, r.seconds - r.setupSeconds - r.teardownSeconds),
+      teardownSeconds: r.teardownSeconds,
+      direct: { ...r.direct },
+      neighbour: { ...r.relay },
+    },
   };
+}
+
+/** Neighbour contexts kept between restores are freed after this long without one. */
+const WARM_IDLE_MS = Number(process.env.VSNAP_STAGING_IDLE_MS ?? 30_000);
+let warmUsers = 0;
+let warmHeld = false; // a GPU multi-path restore ran: the addon may hold a neighbour context
+let warmTimer: NodeJS.Timeout | undefined;
+
+/**
+ * Frees the neighbour GPU contexts that multi-path restores keep between jobs (so that a restore
+ * does not create one, and map the pinned RAM tier into it, inside its own time). @internal
+ */
+export function releaseWarmNeighbours(): void {
+  if (warmTimer) clearTimeout(warmTimer);
+  warmTimer = undefined;
+  if (warmUsers > 0 || !warmHeld) return; // a running restore's timer is set again after it
+  warmHeld = false;
+  try {
+    native().releaseWarmNeighbours();
+  } catch {
+    // no binding loaded: nothing is held
+  }
 }
 
 /**
@@ -133,6 +199,9 @@ export async function runMultipath(request: MultipathRequest): Promise<NativeMul
   } catch (err) {
     throw toVsnapError(err);
   }
+  warmUsers++;
+  if (warmTimer) clearTimeout(warmTimer);
+  warmTimer = undefined;
   const cancel = (): void => handle.cancel();
   const release = (): void => handle.cancelRelay();
   signal?.addEventListener('abort', cancel, { once: true });
@@ -147,6 +216,11 @@ export async function runMultipath(request: MultipathRequest): Promise<NativeMul
   } finally {
     signal?.removeEventListener('abort', cancel);
     releaseNeighbour?.removeEventListener('abort', release);
+    if (spec.backend === 'cuda') warmHeld = true;
+    if (--warmUsers === 0 && warmHeld) {
+      warmTimer = setTimeout(releaseWarmNeighbours, WARM_IDLE_MS);
+      warmTimer.unref();
+    }
   }
 }
 

@@ -114,6 +114,45 @@ describe('multi-path hydrate: the scheduler on the host backend', () => {
     expect(intact()).toBe(true);
   });
 
+  it('each path keeps all its slots in flight, and reports when it was busy', async () => {
+    const { regions, intact, total } = await setup({ a: 48 * 64 * KiB });
+    const r = await runMultipath({ label: 'mp', neighbour: 1, chunkSize: 64 * KiB, directSlots: 6, ringSlots: 3, regions, testFaults: { relayDelayMs: 1, directDelayMs: 1 } });
+    expect(r.bytesDirect + r.bytesRelay).toBe(total);
+    // a path waits for its oldest copy only when it comes back to that slot: the host backend
+    // completes a copy only at its wait, so every slot was filled before the first wait
+    expect(r.direct.maxInFlight).toBe(6);
+    expect(r.relay.maxInFlight).toBe(3);
+    expect(r.maxRelayInFlight).toBe(3);
+    for (const p of [r.direct, r.relay]) {
+      expect(p.firstStart).toBeGreaterThanOrEqual(0);
+      expect(p.lastEnd).toBeGreaterThan(p.firstStart);
+      expect(p.busySeconds).toBeGreaterThan(0);
+      expect(p.busySeconds).toBeLessThanOrEqual(p.lastEnd - p.firstStart + 1e-6);
+    }
+    expect(r.setupSeconds).toBeGreaterThanOrEqual(0);
+    expect(r.teardownSeconds).toBeGreaterThanOrEqual(0);
+    expect(r.setupSeconds + r.teardownSeconds).toBeLessThanOrEqual(r.seconds);
+    expect(intact()).toBe(true);
+  });
+
+  it('released before the start: no neighbour path is set up at all (no ring), the direct path does it all', async () => {
+    const { regions, intact, total } = await setup({ a: 24 * 64 * KiB });
+    const h = native().startMultipath(nativeSpec(regions, { relayReleased: true, faults: { directDelayMs: 5 } }));
+    let settled = false;
+    const done = h.promise.finally(() => (settled = true));
+    let ringSeen = 0;
+    while (!settled) {
+      ringSeen = Math.max(ringSeen, h.ringBytes());
+      await new Promise((r) => setTimeout(r, 2));
+    }
+    const r = await done;
+    expect(ringSeen).toBe(0);
+    expect(r).toMatchObject({ relayUsed: false, relayCancelled: true, bytesDirect: total, bytesRelay: 0, chunksRelay: 0 });
+    expect(r.relayError).toMatch(/released before the restore started/);
+    expect(r.relay).toMatchObject({ firstStart: -1, lastEnd: -1, busySeconds: 0, maxInFlight: 0 });
+    expect(intact()).toBe(true);
+  });
+
   it('a chunk failing on the neighbour path goes back to the direct path (after a partial write), and the restore succeeds', async () => {
     const { regions, intact, total } = await setup({ a: 32 * 64 * KiB });
     const r = await runMultipath({ label: 'mp', neighbour: 1, chunkSize: 64 * KiB, regions, testFaults: { failRelayAt: 3, relayDelayMs: 2, directDelayMs: 2 } });
@@ -170,6 +209,9 @@ describe('multi-path hydrate through Snapshot.restore (RAM tier, host memory)', 
     expect(r.multipath).toMatchObject({ neighbourUsed: true, neighbourReleased: false, requeuedChunks: 0 });
     expect(r.multipath!.bytesDirect + r.multipath!.bytesNeighbour).toBe(r.bytes);
     expect(r.multipath!.bytesNeighbour).toBeGreaterThan(0);
+    expect(r.multipath!.timeline.direct.maxInFlight).toBe(4); // the default: 4 copies in flight per path
+    expect(r.multipath!.timeline.neighbour.maxInFlight).toBe(4);
+    expect(r.multipath!.timeline.copySeconds).toBeGreaterThan(0);
     for (const [key, t] of targets) expect(holdsPattern(t, key)).toBe(true);
     expect(r.digestSeconds).toBeDefined(); // and the restored memory was digested against the manifest
   });
