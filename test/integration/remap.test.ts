@@ -47,7 +47,7 @@ describe('restore onto another GPU: refusals and handles', () => {
   it('the SwapController: a deep engine whose processes were restored but whose wake then failed counts its asleepBytes again (it is no longer deep)', async () => {
     const { client, store, snap, pid } = await setUp();
     const driver = new FakeCheckpointDriver([pid]);
-    const c = await SwapController.create({ store, engines: [{ name: 'ref', client, memoryBytes: 10e9, asleepBytes: 2e9, deepSuspend: true }], budgets: { 0: 20e9 }, checkpointBackend: driver });
+    const c = await SwapController.create({ store, engines: [{ name: 'ref', client, memoryBytes: 10e9, asleepBytes: 2e9, deepSuspend: true }], budgets: { 0: 20e9 }, checkpointBackend: driver, recovery: 'fail' }); // the damaged blob stays a failure (recovery: swap-recovery.test.ts)
     try {
       await c.suspend('ref');
       expect(c.usage()[0]).toBe(0);
@@ -66,7 +66,6 @@ describe('restore onto another GPU: refusals and handles', () => {
       c.close();
     }
   });
-
 
   it('the SDK closes every export of the engine before its process is checkpointed; an export left open refuses deep suspend, nothing locked', async () => {
     const { client, store, before, snap, pid } = await setUp();
