@@ -95,6 +95,7 @@ export {
   type RestoreOptions,
   type RestoreRegion,
   type TransferSummary,
+  type DeviceTiming,
 } from './snapshot/snapshot.js';
 
 export {

@@ -7,7 +7,12 @@
 
 #include <cerrno>
 #include <chrono>
+#include <atomic>
+#include <exception>
+#include <functional>
 #include <map>
+#include <mutex>
+#include <thread>
 
 #include "common/fd.h"
 #include "cuda/vmm.h"
@@ -35,6 +40,14 @@ struct DigestResult {
   std::vector<std::vector<digest::Hash128>> digests;
   std::vector<std::string> backends;
   std::vector<float> kernelMs;
+  // Per GPU: the device, the bytes it digested, the wall time of its batch, its kernels' time.
+  struct Device {
+    int device = -1;
+    uint64_t bytes = 0;
+    double seconds = 0;
+    float kernelMs = 0;
+  };
+  std::vector<Device> devices;
   double seconds = 0;
 };
 
@@ -53,16 +66,38 @@ std::vector<digest::Hash128> digestHostFd(int fd, uint64_t size, uint64_t chunkS
   }
 }
 
+// Runs fn(i) for i in [0, n) on up to `threads` threads (the calling one included); the first
+// exception is rethrown once every thread has stopped.
+void parallelFor(size_t n, size_t threads, const std::function<void(size_t)>& fn) {
+  std::atomic<size_t> next{0};
+  std::mutex errorMutex;
+  std::exception_ptr error;
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < n;) {
+      try {
+        fn(i);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(errorMutex);
+        if (!error) error = std::current_exception();
+        next = n;  // stop the others
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < std::min(n, threads); t++) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
 DigestResult run(std::vector<DigestTarget>& targets) {
   auto start = std::chrono::steady_clock::now();
   DigestResult r;
   r.digests.resize(targets.size());
   r.backends.assign(targets.size(), "cpu");
   r.kernelMs.assign(targets.size(), 0);
-  // GPU targets are grouped by device and digested in one batch each; imported memory is
-  // mapped for the batch only (the mappings are dropped when this function returns).
-  std::map<int, std::vector<size_t>> byDevice;
   std::vector<std::shared_ptr<cuda::Mapping>> mappings(targets.size());
+  std::vector<size_t> imported;
   for (size_t i = 0; i < targets.size(); i++) {
     auto& t = targets[i];
     switch (t.kind) {
@@ -74,19 +109,39 @@ DigestResult run(std::vector<DigestTarget>& targets) {
         r.digests[i] = digest::digestHost(reinterpret_cast<const unsigned char*>(t.buffer->data()) + t.offset, t.size, t.chunkSize);
         break;
       case DigestTarget::Kind::Imported:
-        mappings[i] = std::shared_ptr<cuda::Mapping>(cuda::Mapping::import(t.fd.get(), t.size));
-        byDevice[mappings[i]->device()].push_back(i);
+        imported.push_back(i);
         break;
       case DigestTarget::Kind::Device:
         if (t.size > t.mapping->size()) throwInvalid("digest range is larger than its device allocation");
         mappings[i] = t.mapping;
-        byDevice[mappings[i]->device()].push_back(i);
         break;
     }
   }
-  for (auto& [device, indices] : byDevice) {
+  // Imported memory is mapped for this call only, several regions at once (each mapping is made
+  // with its own device's context: the handle says where the memory is).
+  parallelFor(imported.size(), 8, [&](size_t k) {
+    size_t i = imported[k];
+    mappings[i] = std::shared_ptr<cuda::Mapping>(cuda::Mapping::import(targets[i].fd.get(), targets[i].size));
+  });
+  // GPU targets are grouped by device; every device digests its batch at once, in one launch
+  // sequence on its own context and stream, on its own thread, so the GPUs of a tensor-parallel
+  // engine are checked concurrently, not one after the other. Each device's thread also drops
+  // its imported mappings.
+  std::map<int, std::vector<size_t>> byDevice;
+  for (size_t i = 0; i < targets.size(); i++) {
+    if (mappings[i]) byDevice[mappings[i]->device()].push_back(i);
+  }
+  std::vector<std::pair<int, std::vector<size_t>>> groups(byDevice.begin(), byDevice.end());
+  r.devices.resize(groups.size());
+  parallelFor(groups.size(), groups.size(), [&](size_t g) {
+    auto& [device, indices] = groups[g];
+    auto t0 = std::chrono::steady_clock::now();
     std::vector<digest::DeviceSpan> spans;
-    for (size_t i : indices) spans.push_back({mappings[i]->address(), targets[i].size, targets[i].chunkSize});
+    uint64_t bytes = 0;
+    for (size_t i : indices) {
+      spans.push_back({mappings[i]->address(), targets[i].size, targets[i].chunkSize});
+      bytes += targets[i].size;
+    }
     float ms = 0;
     auto digests = digest::digestDevice(mappings[indices[0]]->context(), spans, &ms);
     for (size_t k = 0; k < indices.size(); k++) {
@@ -94,7 +149,10 @@ DigestResult run(std::vector<DigestTarget>& targets) {
       r.backends[indices[k]] = "gpu";
     }
     r.kernelMs[indices[0]] = ms;  // the batch's kernel time, once per device
-  }
+    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    r.devices[g] = {device, bytes, seconds, ms};
+    for (size_t i : indices) mappings[i].reset();
+  });
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;
 }
@@ -152,6 +210,16 @@ Napi::Value DigestRegions(const Napi::CallbackInfo& info) {
         out.Set("backends", backends);
         out.Set("kernelMs", kernelMs);
         out.Set("seconds", r.seconds);
+        Napi::Array devices = Napi::Array::New(env, r.devices.size());
+        for (size_t g = 0; g < r.devices.size(); g++) {
+          Napi::Object d = Napi::Object::New(env);
+          d.Set("device", r.devices[g].device);
+          d.Set("bytes", static_cast<double>(r.devices[g].bytes));
+          d.Set("seconds", r.devices[g].seconds);
+          d.Set("kernelMs", r.devices[g].kernelMs);
+          devices.Set(g, d);
+        }
+        out.Set("devices", devices);
         return out;
       });
 }

@@ -140,6 +140,16 @@ class TransferWorker : public Napi::AsyncWorker {
     Napi::Object result = Napi::Object::New(env);
     result.Set("bytes", static_cast<double>(job_->bytesTotal()));
     result.Set("seconds", seconds_);
+    Napi::Array devices = Napi::Array::New(env);
+    uint32_t n = 0;
+    for (auto& [device, stat] : job_->deviceStats()) {
+      Napi::Object d = Napi::Object::New(env);
+      d.Set("device", device);
+      d.Set("bytes", static_cast<double>(stat.bytes));
+      d.Set("seconds", stat.seconds);
+      devices.Set(n++, d);
+    }
+    result.Set("devices", devices);
     if (op_ == transfer::Operation::Capture) {
       Napi::Array regions = Napi::Array::New(env);
       auto& tasks = job_->tasks();

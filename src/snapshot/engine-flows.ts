@@ -11,7 +11,7 @@ import { passOn, type TransferOptions } from '../transfer/transfer.js';
 import { blobProblems, compareResponses, DEFAULT_PROMPT, holdsWeights, liveFacts, liveRanks, phaseTimer, preflight, probe, warn } from './engine-checks.js';
 import { deepPrecheck, deepSuspendRanks, nativeCheckpointBackend, resumeIfDeep, type CheckpointBackend } from './deep-suspend.js';
 import { checkLive, liveRefs, staleError, type LiveCheckReport } from './live-check.js';
-import { Snapshot, type CaptureOptions, type PersistPolicy } from './snapshot.js';
+import { Snapshot, type CaptureOptions, type DeviceTiming, type PersistPolicy } from './snapshot.js';
 
 /*
  * The engine flows: capture, suspend and restore a running engine. A layer above Snapshot (which
@@ -126,6 +126,8 @@ export interface EngineRestoreReport {
    * deep-suspended engine starts with `deep.restore`, `deep.unlock`.
    */
   readonly phases: Readonly<Record<string, number>>;
+  /** Each GPU's share of the hydrate and of the digest check (ram and store tiers; one per rank with tensor parallelism). */
+  readonly devices?: readonly DeviceTiming[];
 }
 
 /**
@@ -300,7 +302,7 @@ export async function restoreEngine(snapshot: Snapshot, client: EngineClient, op
     }
     exported.close();
     await finishWake(control, client, snapshot, expected, rest, options, call, lap);
-    return { bytes: result.bytes, tier: result.tier ?? 'store', seconds: (performance.now() - started) / 1000, phases };
+    return { bytes: result.bytes, tier: result.tier ?? 'store', seconds: (performance.now() - started) / 1000, phases, ...(result.devices ? { devices: result.devices } : {}) };
   } catch (err) {
     exported?.close();
     const e = toVsnapError(err);
