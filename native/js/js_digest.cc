@@ -21,6 +21,7 @@
 #include "js/js_allocation.h"
 #include "js/js_host_buffer.h"
 #include "js/js_util.h"
+#include "js/parallel.h"
 #include "transfer/host_buffer.h"
 
 namespace vsnap::js {
@@ -64,30 +65,6 @@ std::vector<digest::Hash128> digestHostFd(int fd, uint64_t size, uint64_t chunkS
     munmap(base, size);
     throw;
   }
-}
-
-// Runs fn(i) for i in [0, n) on up to `threads` threads (the calling one included); the first
-// exception is rethrown once every thread has stopped.
-void parallelFor(size_t n, size_t threads, const std::function<void(size_t)>& fn) {
-  std::atomic<size_t> next{0};
-  std::mutex errorMutex;
-  std::exception_ptr error;
-  auto work = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < n;) {
-      try {
-        fn(i);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(errorMutex);
-        if (!error) error = std::current_exception();
-        next = n;  // stop the others
-      }
-    }
-  };
-  std::vector<std::thread> pool;
-  for (size_t t = 1; t < std::min(n, threads); t++) pool.emplace_back(work);
-  work();
-  for (auto& t : pool) t.join();
-  if (error) std::rethrow_exception(error);
 }
 
 DigestResult run(std::vector<DigestTarget>& targets) {
