@@ -100,6 +100,7 @@ export {
   type RestoreOptions,
   type RestoreRegion,
   type TransferSummary,
+  type DeviceTiming,
 } from './snapshot/snapshot.js';
 
 export {

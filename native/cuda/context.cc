@@ -10,6 +10,8 @@ namespace vsnap::cuda {
 namespace {
 std::mutex gMutex;
 std::map<int, std::weak_ptr<Context>> gContexts;
+std::mutex gKeptMutex;
+std::map<int, std::shared_ptr<Context>> gKept;
 }  // namespace
 
 Context::Context(int ordinal) : ordinal_(ordinal) {
@@ -49,6 +51,21 @@ bool holdsContext(int ordinal) {
   std::lock_guard<std::mutex> lock(gMutex);
   auto it = gContexts.find(ordinal);
   return it != gContexts.end() && !it->second.expired();
+}
+
+void keepContext(int ordinal) {
+  auto ctx = acquireContext(ordinal);
+  std::lock_guard<std::mutex> lock(gKeptMutex);
+  gKept[ordinal] = std::move(ctx);
+}
+
+void releaseKeptContext(int ordinal) {
+  std::shared_ptr<Context> last;  // released outside the lock
+  std::lock_guard<std::mutex> lock(gKeptMutex);
+  auto it = gKept.find(ordinal);
+  if (it == gKept.end()) return;
+  last = std::move(it->second);
+  gKept.erase(it);
 }
 
 }  // namespace vsnap::cuda

@@ -30,4 +30,12 @@ std::shared_ptr<Context> acquireContext(int ordinal);
 // Whether the addon currently holds a context on the device.
 bool holdsContext(int ordinal);
 
+// Keeps the device's primary context retained between operations until releaseKeptContext, so
+// work that comes and goes (a restore of every rank, then the digest of each) does not create
+// and destroy a context for a device nothing else holds each time (~0.1-0.3 s per device and
+// operation). The SDK lets go when idle (src/transfer/contexts.ts). Throws like acquireContext.
+void keepContext(int ordinal);
+// Lets go of a context kept by keepContext (it is released once no other holder needs it).
+void releaseKeptContext(int ordinal);
+
 }  // namespace vsnap::cuda

@@ -59,6 +59,16 @@ void Event::wait() {
   check(api().cuEventSynchronize(static_cast<CUevent>(event_)), "cuEventSynchronize");
 }
 
+bool Event::done() {
+  if (!pending_) return true;
+  ctx_->makeCurrent();
+  CUresult r = api().cuEventQuery(static_cast<CUevent>(event_));
+  if (r == CUDA_ERROR_NOT_READY) return false;
+  pending_ = false;
+  check(r, "cuEventQuery");
+  return true;
+}
+
 HostRegistration::HostRegistration(std::shared_ptr<Context> ctx, void* ptr, uint64_t length)
     : ctx_(std::move(ctx)), ptr_(ptr) {
   ctx_->makeCurrent();

@@ -35,6 +35,8 @@ class Event {
 
   void record(Stream& stream);
   void wait();
+  // Whether the work before the last record has finished (cuEventQuery; does not block).
+  bool done();
 
  private:
   std::shared_ptr<Context> ctx_;

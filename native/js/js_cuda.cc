@@ -60,12 +60,30 @@ Napi::Value HoldsContext(const Napi::CallbackInfo& info) {
   return Napi::Boolean::New(info.Env(), cuda::holdsContext(ordinal));
 }
 
+// cudaKeepContext(device): Promise<void>, cudaReleaseContext(device): Promise<void> (off the JS
+// thread: creating or destroying a context takes 0.1-0.3 s).
+Napi::Value KeepContext(const Napi::CallbackInfo& info) {
+  int ordinal = static_cast<int>(toI64(info[0], "device"));
+  return PromiseWorker<bool>::Run(
+      info.Env(), [ordinal] { cuda::keepContext(ordinal); return true; },
+      [](Napi::Env env, bool&) -> Napi::Value { return env.Undefined(); });
+}
+
+Napi::Value ReleaseContext(const Napi::CallbackInfo& info) {
+  int ordinal = static_cast<int>(toI64(info[0], "device"));
+  return PromiseWorker<bool>::Run(
+      info.Env(), [ordinal] { cuda::releaseKeptContext(ordinal); return true; },
+      [](Napi::Env env, bool&) -> Napi::Value { return env.Undefined(); });
+}
+
 }  // namespace
 
 void initCuda(Napi::Env env, Napi::Object exports) {
   exports.Set("cudaStatus", Napi::Function::New(env, Status, "cudaStatus"));
   exports.Set("cudaDevices", Napi::Function::New(env, Devices, "cudaDevices"));
   exports.Set("cudaHoldsContext", Napi::Function::New(env, HoldsContext, "cudaHoldsContext"));
+  exports.Set("cudaKeepContext", Napi::Function::New(env, KeepContext, "cudaKeepContext"));
+  exports.Set("cudaReleaseContext", Napi::Function::New(env, ReleaseContext, "cudaReleaseContext"));
 }
 
 }  // namespace vsnap::js

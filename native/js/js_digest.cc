@@ -7,7 +7,12 @@
 
 #include <cerrno>
 #include <chrono>
+#include <atomic>
+#include <exception>
+#include <functional>
 #include <map>
+#include <mutex>
+#include <thread>
 
 #include "common/fd.h"
 #include "cuda/vmm.h"
@@ -17,6 +22,7 @@
 #include "js/js_host_buffer.h"
 #include "js/js_region_set.h"
 #include "js/js_util.h"
+#include "js/parallel.h"
 #include "transfer/host_buffer.h"
 #include "transfer/region_set.h"
 
@@ -38,6 +44,14 @@ struct DigestResult {
   std::vector<std::vector<digest::Hash128>> digests;
   std::vector<std::string> backends;
   std::vector<float> kernelMs;
+  // Per GPU: the device, the bytes it digested, the wall time of its batch, its kernels' time.
+  struct Device {
+    int device = -1;
+    uint64_t bytes = 0;
+    double seconds = 0;
+    float kernelMs = 0;
+  };
+  std::vector<Device> devices;
   double seconds = 0;
 };
 
@@ -63,10 +77,8 @@ DigestResult run(std::vector<DigestTarget>& targets) {
   r.digests.resize(targets.size());
   r.backends.assign(targets.size(), "cpu");
   r.kernelMs.assign(targets.size(), 0);
-  // GPU targets are grouped by device and digested in one batch each; imported memory is
-  // mapped for the batch only (the mappings are dropped when this function returns).
-  std::map<int, std::vector<size_t>> byDevice;
   std::vector<std::shared_ptr<cuda::Mapping>> mappings(targets.size());
+  std::vector<size_t> imported;
   for (size_t i = 0; i < targets.size(); i++) {
     auto& t = targets[i];
     switch (t.kind) {
@@ -81,7 +93,6 @@ DigestResult run(std::vector<DigestTarget>& targets) {
         if (t.size > t.region->size()) throwInvalid("digest range is larger than its region");
         if (auto m = t.region->deviceMapping()) {
           mappings[i] = m;
-          byDevice[m->device()].push_back(i);
         } else if (const char* host = t.region->mappedHost()) {
           r.digests[i] = digest::digestHost(reinterpret_cast<const unsigned char*>(host), t.size, t.chunkSize);
         } else if (t.size != 0) {
@@ -89,20 +100,40 @@ DigestResult run(std::vector<DigestTarget>& targets) {
         }
         break;
       case DigestTarget::Kind::Imported:
-        transfer::countImport();
-        mappings[i] = std::shared_ptr<cuda::Mapping>(cuda::Mapping::import(t.fd.get(), t.size));
-        byDevice[mappings[i]->device()].push_back(i);
+        imported.push_back(i);
         break;
       case DigestTarget::Kind::Device:
         if (t.size > t.mapping->size()) throwInvalid("digest range is larger than its device allocation");
         mappings[i] = t.mapping;
-        byDevice[mappings[i]->device()].push_back(i);
         break;
     }
   }
-  for (auto& [device, indices] : byDevice) {
+  // Imported memory is mapped for this call only, several regions at once (each mapping is made
+  // with its own device's context: the handle says where the memory is).
+  parallelFor(imported.size(), 8, [&](size_t k) {
+    size_t i = imported[k];
+    transfer::countImport();
+    mappings[i] = std::shared_ptr<cuda::Mapping>(cuda::Mapping::import(targets[i].fd.get(), targets[i].size));
+  });
+  // GPU targets are grouped by device; every device digests its batch at once, in one launch
+  // sequence on its own context and stream, on its own thread, so the GPUs of a tensor-parallel
+  // engine are checked concurrently, not one after the other. Each device's thread also drops
+  // its imported mappings.
+  std::map<int, std::vector<size_t>> byDevice;
+  for (size_t i = 0; i < targets.size(); i++) {
+    if (mappings[i]) byDevice[mappings[i]->device()].push_back(i);
+  }
+  std::vector<std::pair<int, std::vector<size_t>>> groups(byDevice.begin(), byDevice.end());
+  r.devices.resize(groups.size());
+  parallelFor(groups.size(), groups.size(), [&](size_t g) {
+    auto& [device, indices] = groups[g];
+    auto t0 = std::chrono::steady_clock::now();
     std::vector<digest::DeviceSpan> spans;
-    for (size_t i : indices) spans.push_back({mappings[i]->address(), targets[i].size, targets[i].chunkSize});
+    uint64_t bytes = 0;
+    for (size_t i : indices) {
+      spans.push_back({mappings[i]->address(), targets[i].size, targets[i].chunkSize});
+      bytes += targets[i].size;
+    }
     float ms = 0;
     auto digests = digest::digestDevice(mappings[indices[0]]->context(), spans, &ms);
     for (size_t k = 0; k < indices.size(); k++) {
@@ -110,7 +141,10 @@ DigestResult run(std::vector<DigestTarget>& targets) {
       r.backends[indices[k]] = "gpu";
     }
     r.kernelMs[indices[0]] = ms;  // the batch's kernel time, once per device
-  }
+    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    r.devices[g] = {device, bytes, seconds, ms};
+    for (size_t i : indices) mappings[i].reset();
+  });
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;
 }
@@ -171,6 +205,16 @@ Napi::Value DigestRegions(const Napi::CallbackInfo& info) {
         out.Set("backends", backends);
         out.Set("kernelMs", kernelMs);
         out.Set("seconds", r.seconds);
+        Napi::Array devices = Napi::Array::New(env, r.devices.size());
+        for (size_t g = 0; g < r.devices.size(); g++) {
+          Napi::Object d = Napi::Object::New(env);
+          d.Set("device", r.devices[g].device);
+          d.Set("bytes", static_cast<double>(r.devices[g].bytes));
+          d.Set("seconds", r.devices[g].seconds);
+          d.Set("kernelMs", r.devices[g].kernelMs);
+          devices.Set(g, d);
+        }
+        out.Set("devices", devices);
         return out;
       });
 }

@@ -142,6 +142,20 @@ void TransferJob::interleaveDevices() {
   chunks_ = std::move(merged);
 }
 
+std::map<int, TransferJob::DeviceStat> TransferJob::deviceStats() const {
+  std::lock_guard<std::mutex> lock(statsMutex_);
+  return stats_;
+}
+
+// A worker's bytes for a device, and the time its copies to that device had all landed.
+void TransferJob::noteDevice(int device, uint64_t bytes) {
+  double at = std::chrono::duration<double>(std::chrono::steady_clock::now() - passStart_).count();
+  std::lock_guard<std::mutex> lock(statsMutex_);
+  DeviceStat& d = stats_[device];
+  d.bytes += bytes;
+  d.seconds = std::max(d.seconds, at);
+}
+
 void TransferJob::fail(const NativeError& error) {
   std::lock_guard<std::mutex> lock(errorMutex_);
   if (!error_) error_ = error;
@@ -184,6 +198,11 @@ void TransferJob::runPass(Operation op, uint32_t workers, const std::function<vo
     }
   }
   if (chunks_.empty()) return;
+  passStart_ = std::chrono::steady_clock::now();
+  {
+    std::lock_guard<std::mutex> lock(statsMutex_);
+    stats_.clear();
+  }
   std::vector<void*> slots;
   if (needsStaging(op)) {
     slots = pool_->acquire(2, workers * 2, [this] { return stopping(); });
@@ -292,6 +311,7 @@ void TransferJob::hydrateWorker(Operation op, void* slots[2]) {
     }
   } drain{fences};
   int s = 0;
+  std::map<int, uint64_t> perDevice;  // bytes this worker wrote to each GPU
   while (!stopping()) {
     size_t i = cursor_.fetch_add(1);
     if (i >= chunks_.size()) break;
@@ -330,12 +350,14 @@ void TransferJob::hydrateWorker(Operation op, void* slots[2]) {
     if (op == Operation::Hydrate && !direct) {
       task.region->copyIn(c.offset, buf, c.length, lane, s, fences[s]);
       s ^= 1;
+      if (task.region->device() >= 0) perDevice[task.region->device()] += c.length;
     }
     bytesDone_ += c.length;
     finishChunk(c);
   }
   fences[0].wait();
   fences[1].wait();
+  for (auto& [device, bytes] : perDevice) noteDevice(device, bytes);
 }
 
 void TransferJob::captureWorker(void* slots[2]) {
@@ -406,15 +428,19 @@ void TransferJob::copyWorker() {
       try { lane.synchronize(); } catch (...) {}
     }
   } sync{lane};
+  std::map<int, uint64_t> perDevice;  // bytes this worker issued to each GPU
   while (!stopping()) {
     size_t i = cursor_.fetch_add(1);
     if (i >= chunks_.size()) break;
     const Chunk& c = chunks_[i];
     RegionTask& task = tasks_[c.task];
+    // Issued on the stream of the region's own device (Lane::stream(mapping's context)), so
+    // every GPU's copies go over its own link, all GPUs at once (chunks are interleaved).
     task.region->copyIn(c.offset, task.hostCopy->hostData() + c.offset, c.length, lane, 0, fence);
+    if (task.region->device() >= 0) perDevice[task.region->device()] += c.length;
     bytesDone_ += c.length;
   }
-  lane.synchronize();
+  lane.synchronize([&](int device) { noteDevice(device, perDevice[device]); });
 }
 
 }  // namespace vsnap::transfer

@@ -7,8 +7,10 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -63,6 +65,15 @@ class TransferJob {
   Phase phase() const { return static_cast<Phase>(phase_.load()); }
   std::vector<RegionTask>& tasks() { return tasks_; }
 
+  // Per GPU the job wrote to (hydrate, copy): the bytes, and the seconds from the start of the
+  // copying pass until its last copy had landed (copy: exact per device, each worker's stream
+  // of that device drained; hydrate: when the last worker holding that device's chunks finished).
+  struct DeviceStat {
+    uint64_t bytes = 0;
+    double seconds = 0;
+  };
+  std::map<int, DeviceStat> deviceStats() const;
+
  private:
   struct Chunk {
     uint32_t task;
@@ -96,6 +107,10 @@ class TransferJob {
   std::atomic<bool> failed_{false};
   std::mutex errorMutex_;
   std::optional<NativeError> error_;
+  std::chrono::steady_clock::time_point passStart_;
+  mutable std::mutex statsMutex_;
+  std::map<int, DeviceStat> stats_;
+  void noteDevice(int device, uint64_t bytes);
 };
 
 }  // namespace vsnap::transfer

@@ -3,6 +3,9 @@
 #include <sys/mman.h>
 
 #include <cerrno>
+#include <chrono>
+#include <thread>
+#include <vector>
 #include <cstring>
 
 #include "common/error.h"
@@ -15,6 +18,7 @@
 namespace vsnap::transfer {
 
 struct Lane::PerDevice {
+  std::shared_ptr<cuda::Context> ctx;
   std::unique_ptr<cuda::Stream> stream;
   std::unique_ptr<cuda::Event> events[2];
 };
@@ -28,10 +32,32 @@ void Lane::synchronize() {
   }
 }
 
+void Lane::synchronize(const std::function<void(int)>& drained) {
+  std::vector<std::pair<int, cuda::Event*>> pending;
+  for (auto& [device, d] : devices_) {
+    if (!d->stream) continue;
+    if (!d->events[0]) d->events[0] = std::make_unique<cuda::Event>(d->ctx);
+    d->events[0]->record(*d->stream);
+    pending.emplace_back(device, d->events[0].get());
+  }
+  while (!pending.empty()) {
+    for (size_t i = 0; i < pending.size();) {
+      if (pending[i].second->done()) {
+        drained(pending[i].first);
+        pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        i++;
+      }
+    }
+    if (!pending.empty()) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
 cuda::Stream& Lane::stream(const std::shared_ptr<cuda::Context>& ctx) {
   auto& d = devices_[ctx->ordinal()];
   if (!d) d = std::make_unique<PerDevice>();
   if (!d->stream) d->stream = std::make_unique<cuda::Stream>(ctx);
+  d->ctx = ctx;
   return *d->stream;
 }
 

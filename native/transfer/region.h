@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 
@@ -26,6 +27,8 @@ class Lane {
   ~Lane();
   // Waits for everything issued on this lane's streams.
   void synchronize();
+  // Likewise, calling drained(device) as each device's stream finishes (in the order they do).
+  void synchronize(const std::function<void(int)>& drained);
   cuda::Stream& stream(const std::shared_ptr<cuda::Context>& ctx);
   cuda::Event& event(const std::shared_ptr<cuda::Context>& ctx, int slot);
 

@@ -1,6 +1,7 @@
 import { toVsnapError } from '../errors.js';
 import { native, type NativeHostBuffer } from '../native/index.js';
-import { toNativeMemory, type RegionMemory } from '../regions/memory.js';
+import { memoryDevice, toNativeMemory, type RegionMemory } from '../regions/memory.js';
+import { deviceContexts } from '../transfer/contexts.js';
 
 export { digestChunk, digestChunks } from './cpu.js';
 
@@ -33,6 +34,8 @@ export interface DigestResult {
   readonly seconds: number;
   /** Sum of the kernels' times (GPU targets). */
   readonly kernelSeconds: number;
+  /** Per GPU (each digests its regions concurrently): bytes and the wall time of its batch. */
+  readonly devices: ReadonlyArray<{ readonly device: number; readonly bytes: number; readonly seconds: number }>;
 }
 
 /**
@@ -42,10 +45,19 @@ export interface DigestResult {
  */
 export async function digestRegions(targets: readonly DigestTarget[]): Promise<DigestResult> {
   try {
-    const r = await native().digestRegions(
-      targets.map((t) => ({ size: t.size, chunkSize: t.chunkSize, memory: t.memory.kind === 'buffer' ? t.memory : toNativeMemory(t.memory) })),
+    const devices = targets.map((t) => (t.memory.kind === 'buffer' ? undefined : memoryDevice(t.memory)));
+    const r = await deviceContexts.use(devices, () =>
+      native().digestRegions(
+        targets.map((t) => ({ size: t.size, chunkSize: t.chunkSize, memory: t.memory.kind === 'buffer' ? t.memory : toNativeMemory(t.memory) })),
+      ),
     );
-    return { digests: r.digests, backends: r.backends, seconds: r.seconds, kernelSeconds: r.kernelMs.reduce((s, ms) => s + ms, 0) / 1000 };
+    return {
+      digests: r.digests,
+      backends: r.backends,
+      seconds: r.seconds,
+      kernelSeconds: r.kernelMs.reduce((s, ms) => s + ms, 0) / 1000,
+      devices: (r.devices ?? []).map((d) => ({ device: d.device, bytes: d.bytes, seconds: d.seconds })),
+    };
   } catch (err) {
     throw toVsnapError(err);
   }

@@ -106,6 +106,8 @@ export interface NativeTransferResult {
   seconds: number;
   /** capture only: per region, its chunk checksums */
   checksums?: string[][];
+  /** Per GPU the regions are on: bytes, and seconds from the start of the copy pass until its last byte landed. Absent from an older addon. */
+  devices?: Array<{ device: number; bytes: number; seconds: number }>;
 }
 
 export interface NativeTransferHandle {
@@ -141,6 +143,8 @@ export interface NativeDigestResult {
   /** Kernel time in ms of each device's batch, at the index of its first region (0 elsewhere). */
   kernelMs: number[];
   seconds: number;
+  /** Per GPU (each digests its batch concurrently): bytes, wall time of its batch, kernel ms. Absent from an older addon. */
+  devices?: Array<{ device: number; bytes: number; seconds: number; kernelMs: number }>;
 }
 
 /** A multi-path restore (native/js/js_multipath.cc). */
@@ -216,6 +220,9 @@ export interface NativeBinding {
   cudaStatus(): Promise<NativeCudaStatus>;
   cudaDevices(withFreeMemory: boolean): Promise<NativeDeviceInfo[]>;
   cudaHoldsContext(device: number): boolean;
+  /** Keeps the device's primary context retained until cudaReleaseContext (src/transfer/contexts.ts). */
+  cudaKeepContext(device: number): Promise<void>;
+  cudaReleaseContext(device: number): Promise<void>;
   allocateDevice(device: number, size: number): Promise<NativeDeviceAllocation>;
   createStagingPool(slotSize: number, slotCount: number, pinDevice: number): Promise<NativeStagingPool>;
   createHostBuffer(size: number, pinDevice: number): Promise<NativeHostBuffer>;

@@ -17,7 +17,7 @@ import { recoverEngine, recoveryReason, type EngineRecovery, type MaterializePol
 import type { Manifest } from '../manifest/manifest.js';
 import { checkLive, liveRefs, mapExported, staleError, type LiveCheckReport } from './live-check.js';
 import type { MappedRegions } from '../regions/mapped.js';
-import { Snapshot, type CaptureOptions, type PersistPolicy } from './snapshot.js';
+import { Snapshot, type CaptureOptions, type DeviceTiming, type PersistPolicy } from './snapshot.js';
 
 /*
  * The engine flows: capture, suspend and restore a running engine. A layer above Snapshot (which
@@ -181,6 +181,8 @@ export interface EngineRestoreReport {
   readonly recovery?: EngineRecovery;
   /** With `onto` / `gpuMap`: the GPU (UUID) each rank runs on now, in rank order, as its export reported it. */
   readonly gpus?: readonly string[];
+  /** Each GPU's share of the hydrate and of the digest check (ram and store tiers; one per rank with tensor parallelism). */
+  readonly devices?: readonly DeviceTiming[];
 }
 
 /**
@@ -422,7 +424,8 @@ export async function restoreEngine(source: Snapshot | SnapshotRef, client: Engi
     await finishWake(control, client, snapshot.name, expected, rest, options, call, lap, 'restored');
     await unmapping;
     const gpus = remap ? { gpus: exported.ranks.map((r) => r.deviceUuid) } : {};
-    return { bytes: result.bytes, tier: result.tier ?? 'store', seconds: (performance.now() - started) / 1000, phases, path: 'restored', ...gpus };
+    const devices = result.devices ? { devices: result.devices } : {};
+    return { bytes: result.bytes, tier: result.tier ?? 'store', seconds: (performance.now() - started) / 1000, phases, path: 'restored', ...gpus, ...devices };
   } catch (err) {
     exported?.close();
     // Before any sleep: a mapping left would keep the engine's freed weights allocated.

@@ -1,4 +1,4 @@
-import { changedChunks, digestRegions, type DigestTarget } from '../digest/index.js';
+import { changedChunks, digestRegions, type DigestResult, type DigestTarget } from '../digest/index.js';
 import type { ResidentEntry } from '../cache/resident-weights.js';
 import type { ExportedRegions } from '../engine/export.js';
 import { VsnapError } from '../errors.js';
@@ -64,7 +64,10 @@ export async function checkResident(manifest: Manifest, entry: ResidentEntry): P
 }
 
 /** Digests live regions with the chunking of the snapshot's regions (matched by rank and key). */
-async function digestAgainst(manifest: Manifest, live: readonly LiveRegionRef[]): Promise<{ pairs: Array<{ region: RegionInfo; ref: string; actual: string[] }>; seconds: number; bytes: number }> {
+async function digestAgainst(
+  manifest: Manifest,
+  live: readonly LiveRegionRef[],
+): Promise<{ pairs: Array<{ region: RegionInfo; ref: string; actual: string[] }>; seconds: number; bytes: number; devices: DigestResult['devices'] }> {
   const byId = new Map(live.map((l) => [id(l.rank, l.key), l]));
   const pairs: Array<{ region: RegionInfo; ref: string; target: DigestTarget }> = [];
   for (const { rank, region } of manifest.regions()) {
@@ -76,6 +79,7 @@ async function digestAgainst(manifest: Manifest, live: readonly LiveRegionRef[])
     pairs: pairs.map((p, i) => ({ region: p.region, ref: p.ref, actual: result.digests[i]! })),
     seconds: result.seconds,
     bytes: pairs.reduce((s, p) => s + p.region.size, 0),
+    devices: result.devices,
   };
 }
 
@@ -154,8 +158,21 @@ export function reusableRegions(
  * @internal
  */
 export async function verifyRestored(manifest: Manifest, live: readonly LiveRegionRef[], enabled = true): Promise<number | undefined> {
+  return (await verifyRestoredByDevice(manifest, live, enabled))?.seconds;
+}
+
+/**
+ * {@link verifyRestored}, with each GPU's share: the bytes it digested and the wall time of its
+ * batch (the GPUs digest concurrently, each on its own context and stream).
+ * @internal
+ */
+export async function verifyRestoredByDevice(
+  manifest: Manifest,
+  live: readonly LiveRegionRef[],
+  enabled = true,
+): Promise<{ seconds: number; devices: DigestResult['devices'] } | undefined> {
   if (!enabled || [...manifest.regions()].some(({ region }) => !region.digests)) return undefined;
-  const { pairs, seconds } = await digestAgainst(manifest, live);
+  const { pairs, seconds, devices } = await digestAgainst(manifest, live);
   const bad = pairs.map((p) => ({ region: p.ref, chunks: changedChunks(p.region.digests!, p.actual) })).filter((b) => b.chunks.length);
   if (bad.length) {
     throw new VsnapError(
@@ -166,5 +183,5 @@ export async function verifyRestored(manifest: Manifest, live: readonly LiveRegi
       { snapshot: manifest.name, id: manifest.id, regions: bad },
     );
   }
-  return seconds;
+  return { seconds, devices };
 }

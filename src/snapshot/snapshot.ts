@@ -3,6 +3,7 @@ import { invalidArgument, toVsnapError, VsnapError } from '../errors.js';
 import type { LiveLayout, LiveRegion } from '../manifest/compat.js';
 import { Manifest } from '../manifest/manifest.js';
 import type { EngineInfo, ExpectedResponse, ModelInfo, RegionInfo, TensorInfo } from '../manifest/types.js';
+import type { NativeTransferResult } from '../native/index.js';
 import type { RegionMemory } from '../regions/memory.js';
 import { blobDigest } from '../store/digest.js';
 import { failpoint } from '../store/failpoints.js';
@@ -13,7 +14,7 @@ import { DEFAULT_CHUNK_SIZE } from '../transfer/staging.js';
 import { passOn, runTransfer, type TransferOptions } from '../transfer/transfer.js';
 import { multipathStats, runMultipath, type MultipathOptions, type MultipathStats } from '../transfer/multipath.js';
 import { captureManifest, checkCaptureRegions, platformOf } from './capture-manifest.js';
-import { captureDigests, reusableRegions, verifyRestored } from './live-check.js';
+import { captureDigests, reusableRegions, verifyRestoredByDevice } from './live-check.js';
 
 /**
  * A region to capture.
@@ -150,6 +151,24 @@ export interface TransferSummary {
   readonly digestSeconds?: number;
   /** restore with `multipath`: how the bytes were split between the paths. */
   readonly multipath?: MultipathStats;
+  /** restore: each GPU's share, where the regions are GPU memory (with tensor parallelism, one per rank). */
+  readonly devices?: readonly DeviceTiming[];
+}
+
+/**
+ * One GPU's share of a restore: every GPU's bytes move (and are then checked) at the same time,
+ * each GPU by its own context and stream, so these say where the time went.
+ * @public
+ */
+export interface DeviceTiming {
+  /** The GPU's ordinal in this process. */
+  readonly device: number;
+  /** Bytes restored to it. */
+  readonly bytes: number;
+  /** Seconds from the start of the copy until its last byte had landed. */
+  readonly hydrateSeconds: number;
+  /** Seconds its digest check took (absent when none ran). */
+  readonly digestSeconds?: number;
 }
 
 
@@ -332,13 +351,21 @@ export class Snapshot {
    * listing every difference; then streams each blob, verifying every chunk before it is copied.
    */
   async restore(options: RestoreOptions): Promise<TransferSummary> {
-    const summary = await this.restoreBytes(options);
+    const { devices: copied, ...summary } = await this.restoreBytes(options);
     const live = options.regions.map((r) => ({ rank: r.rank ?? 0, key: r.key, size: r.size, memory: r.memory }));
-    const digestSeconds = await verifyRestored(this.manifest, live, options.verifyDigests ?? true);
-    return digestSeconds === undefined ? summary : { ...summary, digestSeconds };
+    const digest = await verifyRestoredByDevice(this.manifest, live, options.verifyDigests ?? true);
+    const devices = (copied ?? []).map((d): DeviceTiming => {
+      const checked = digest?.devices.find((x) => x.device === d.device);
+      return { device: d.device, bytes: d.bytes, hydrateSeconds: d.seconds, ...(checked ? { digestSeconds: checked.seconds } : {}) };
+    });
+    return {
+      ...summary,
+      ...(digest ? { digestSeconds: digest.seconds } : {}),
+      ...(devices.length ? { devices } : {}),
+    };
   }
 
-  private async restoreBytes(options: RestoreOptions): Promise<TransferSummary> {
+  private async restoreBytes(options: RestoreOptions): Promise<Omit<TransferSummary, 'devices'> & { devices?: NativeTransferResult['devices'] }> {
     if (!Array.isArray(options?.regions)) invalidArgument('regions', 'an array of restore targets', options?.regions);
     const byRank: LiveRegion[][] = [];
     for (const r of options.regions) {
@@ -375,7 +402,7 @@ export class Snapshot {
           })),
         });
         const seconds = wasHeld ? result.seconds : (performance.now() - started) / 1000;
-        return { bytes: result.bytes, seconds, bytesPerSecond: result.bytes / Math.max(seconds, 1e-9), tier: wasHeld ? 'ram' : 'store' };
+        return { bytes: result.bytes, seconds, bytesPerSecond: result.bytes / Math.max(seconds, 1e-9), tier: wasHeld ? 'ram' : 'store', devices: result.devices };
       } finally {
         lease.release();
       }
@@ -396,7 +423,7 @@ export class Snapshot {
         directIo: options.directIo ?? false,
       }),
     );
-    return { bytes: result.bytes, seconds: result.seconds, bytesPerSecond: result.bytes / Math.max(result.seconds, 1e-9), tier: 'store' };
+    return { bytes: result.bytes, seconds: result.seconds, bytesPerSecond: result.bytes / Math.max(result.seconds, 1e-9), tier: 'store', devices: result.devices };
   }
 
   private async restoreMultipath(
@@ -406,7 +433,7 @@ export class Snapshot {
     common: { label: string } & Pick<TransferOptions, 'onProgress' | 'signal'>,
     wasHeld: boolean,
     started: number,
-  ): Promise<TransferSummary> {
+  ): Promise<Omit<TransferSummary, 'devices'>> {
     const result = await runMultipath({
       ...multipath,
       ...common,

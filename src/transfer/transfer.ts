@@ -1,6 +1,7 @@
 import { abortError, toVsnapError } from '../errors.js';
 import { native, type NativeHostBuffer, type NativeStagingPool, type NativeTransferRegion, type NativeTransferResult } from '../native/index.js';
 import { isImported, memoryDevice, toNativeMemory, type RegionMemory } from '../regions/memory.js';
+import { deviceContexts } from './contexts.js';
 import { DEFAULT_CHUNK_SIZE, defaultThreads, stagingPools } from './staging.js';
 
 /**
@@ -112,8 +113,10 @@ export async function runTransfer(request: TransferRequest): Promise<NativeTrans
     ...(r.memory ? { memory: r.memory.kind === 'buffer' ? r.memory : toNativeMemory(r.memory) } : {}),
     ...(r.hostCopy ? { hostCopy: r.hostCopy } : {}),
   }));
+  // Every GPU's context is kept across operations (contexts.ts): one that came and went with
+  // each transfer cost more than the copy itself on the GPUs the RAM tier is not pinned with.
   const withPool = <T>(use: (pool: NativeStagingPool | undefined) => Promise<T>): Promise<T> =>
-    needsStaging(request) ? stagingPools.lease(slotSize, pinDevice, threads, use) : use(undefined);
+    deviceContexts.use(devices, () => (needsStaging(request) ? stagingPools.lease(slotSize, pinDevice, threads, use) : use(undefined)));
   return withPool(async (pool) => {
     const onProgress = request.onProgress;
     let handle;

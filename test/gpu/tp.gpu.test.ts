@@ -4,6 +4,9 @@
 // for bit; the aggregate restore bandwidth against both GPUs' raw H2D measured together in the
 // same run (bench/ceiling.cu, built by test/gpu/run.sh); deep suspend of both ranks with each
 // rank's GPU memory before and after. Parseable lines: `TP2_RESULT {json}`, `TP2_DEEP {json}`.
+// Each restore also prints every rank's share (`TP2 restore N per rank: ...`): its GPU, bytes,
+// the seconds until its last byte landed and its digest check's seconds (the ranks move and are
+// checked at the same time, each GPU by its own context and stream).
 // Size: VSNAP_GPU_TP_LAYERS (default 16 layers of width 4096: about 6 GiB a rank).
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
@@ -88,6 +91,7 @@ describe('GPU: tensor parallel size 2 (one worker process per GPU)', async () =>
 
     const restores: number[] = [];
     const totals: number[] = [];
+    const perRank: Array<Array<{ rank: number; device: number; GiB: number; hydrateMs: number; hydrateGBps: number; digestMs?: number }>> = [];
     for (let round = 1; round <= ROUNDS; round++) {
       const report = await restoreEngine(snap, client, { cache });
       assert.equal(report.tier, 'ram');
@@ -96,6 +100,22 @@ describe('GPU: tensor parallel size 2 (one worker process per GPU)', async () =>
       restores.push(gbps(report.bytes, report.phases.hydrate!));
       totals.push(report.seconds);
       console.log(`TP2 restore ${round}: ${Object.entries(report.phases).map(([k, v]) => `${k} ${(v * 1000).toFixed(1)} ms`).join(', ')}`);
+      // every rank's bytes were copied on its own GPU (the device of its mapping): rank r on GPU r
+      assert.deepEqual(
+        report.devices?.map((d) => [d.device, d.bytes]),
+        status.ranks.map((r, i) => [i, r.bytes]),
+        'one share per GPU, each holding exactly its rank\'s bytes',
+      );
+      const shares = report.devices!.map((d) => ({
+        rank: d.device,
+        device: d.device,
+        GiB: +(d.bytes / GiB).toFixed(2),
+        hydrateMs: +(d.hydrateSeconds * 1000).toFixed(1),
+        hydrateGBps: gbps(d.bytes, d.hydrateSeconds),
+        ...(d.digestSeconds !== undefined ? { digestMs: +(d.digestSeconds * 1000).toFixed(1) } : {}),
+      }));
+      perRank.push(shares);
+      console.log(`TP2 restore ${round} per rank: ${shares.map((x) => `rank ${x.rank} (GPU ${x.device}, ${x.GiB} GiB): hydrate ${x.hydrateMs} ms = ${x.hydrateGBps} GB/s, digest ${x.digestMs ?? '-'} ms`).join('; ')}`);
       await suspendEngine(store, 'tp', client);
     }
 
@@ -120,6 +140,7 @@ describe('GPU: tensor parallel size 2 (one worker process per GPU)', async () =>
       suspendSeconds: +s.seconds.toFixed(3),
       restoreHydrateGBps: { best, median: median(restores), all: restores },
       restoreTotalSeconds: { best: +Math.min(...totals).toFixed(3), median: +median(totals).toFixed(3) },
+      perRank,
       ceilingH2dBothGpusGBps: ceiling.h2dGBps,
       ratioToCeiling: +(best / ceiling.h2dGBps.max).toFixed(3),
       gpuMemoryMiB: { awake: awakeMiB, level2: level2MiB },
