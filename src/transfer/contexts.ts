@@ -36,8 +36,8 @@ export class DeviceContexts {
   ) {}
 
   /**
-   * Runs `use` with the context of every device in `devices` kept (made first, once, for a
-   * device not kept yet). A context that cannot be made is not an error here: the operation
+   * Runs `use` with the context of every device in `devices` kept (made alongside it, once, for
+   * a device not kept yet). A context that cannot be made is not an error here: the operation
    * itself meets the device and reports why.
    */
   async use<T>(devices: Iterable<number | undefined>, use: () => Promise<T>): Promise<T> {
@@ -56,9 +56,14 @@ export class DeviceContexts {
       entry.users++;
       held.push(entry);
     }
+    // The operation starts at once, beside the keeps: it takes hold of its regions when called (a
+    // region set closed meanwhile must not take them away from it), and the driver's primary
+    // context is reference-counted, so a keep that lands during the operation still outlives it.
+    const run = use();
+    run.catch(() => undefined); // settled below; not an unhandled rejection while the keeps finish
     try {
       await Promise.all(held.map((e) => e.kept));
-      return await use();
+      return await run;
     } finally {
       list.forEach((d, i) => this.done(d, held[i]!));
     }

@@ -23,7 +23,7 @@ describe('native addon loading', () => {
     const out = JSON.parse(
       execFileSync(process.execPath, ['-e', script], { cwd: root, env: { ...process.env, PREBUILDS_ONLY: '1' }, encoding: 'utf8' }),
     ) as { path: string; abi: number; checksum: string };
-    expect(out.abi).toBe(5);
+    expect(out.abi).toBe(6);
     expect(out.checksum).toBe('06b05ab6733a618578af5f94892f3950');
     expect(readdirSync(join(root, 'prebuilds', `linux-${process.arch}`)).some((f) => f.endsWith('.node'))).toBe(true);
   });
@@ -101,7 +101,7 @@ describe('native addon loading', () => {
   it('VSNAP_NATIVE_PATH takes precedence', () => {
     const path = require_path();
     const b = loadBinding(tempDir(), { VSNAP_NATIVE_PATH: path });
-    expect(b.abiVersion).toBe(5);
+    expect(b.abiVersion).toBe(6);
   });
 });
 
