@@ -108,9 +108,26 @@ export async function probe(client: EngineClient, check: Required<ResponseCheckO
   };
 }
 
-/** Re-runs the check `expected` was recorded with. */
-export function recheck(client: EngineClient, expected: ExpectedResponse, signal?: AbortSignal): Promise<ExpectedResponse> {
-  return probe(client, checkOf(expected), signal);
+/**
+ * Re-runs the check `expected` was recorded with. The engine answered this very check when the
+ * snapshot was taken, so an answer it cannot give in a usable form now (not JSON: Python's json
+ * writes NaN and Infinity, which broken weights produce; no prompt log-probabilities, or
+ * non-finite ones) says the restored engine does not compute what it did: `E_RESPONSE_MISMATCH`,
+ * not a protocol error. (Measured on an H200: one flipped exponent byte of an int8 scale gave
+ * NaN log-probabilities.)
+ */
+export async function recheck(client: EngineClient, expected: ExpectedResponse, signal?: AbortSignal): Promise<ExpectedResponse> {
+  try {
+    return await probe(client, checkOf(expected), signal);
+  } catch (err) {
+    if (!(err instanceof VsnapError) || err.code !== 'E_ENGINE_PROTOCOL') throw err;
+    throw new VsnapError(
+      'E_RESPONSE_MISMATCH',
+      `the engine's answer to the check it answered at capture is unusable now (${err.message}): it does not compute what it did when the snapshot was taken`,
+      { ...err.details, unusable: true },
+      { cause: err },
+    );
+  }
 }
 
 function firstTokenDifference(what: string, expected: readonly number[], actual: readonly number[]): string | undefined {

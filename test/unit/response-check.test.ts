@@ -3,7 +3,7 @@ import { createServer } from 'node:http';
 import { describe, expect, it } from 'vitest';
 
 import { EngineClient } from '../../src/engine/engine-client.js';
-import { checkOf, checkSpec, compareResponses, probe } from '../../src/snapshot/engine-checks.js';
+import { checkOf, checkSpec, compareResponses, probe, recheck } from '../../src/snapshot/engine-checks.js';
 import type { ExpectedResponse } from '../../src/manifest/types.js';
 
 const decode: ExpectedResponse = { prompt: 'p', maxTokens: 2, tokenIds: [5, 6], text: ' t5 t6', logprobs: [-0.5, -1.5] };
@@ -58,6 +58,30 @@ describe('probe against an engine that ignores echo', () => {
       await expect(probe(client, checkSpec({}))).rejects.toMatchObject({ code: 'E_ENGINE_PROTOCOL', message: expect.stringMatching(/mode: 'decode'/) });
       // the decode check works with it
       expect(await probe(client, checkSpec({ check: { mode: 'decode', maxTokens: 1 } }))).toEqual({ prompt: 'The capital of France is', maxTokens: 1, tokenIds: [9], text: ' x', logprobs: [-0.5] });
+    } finally {
+      await client.close();
+      await new Promise((resolve) => server.close(resolve));
+    }
+  });
+});
+
+describe('recheck after a restore against an answer that cannot be used', () => {
+  it('a body with NaN log-probabilities (not JSON) is E_RESPONSE_MISMATCH, not a protocol error', async () => {
+    // Python's json.dumps writes NaN for the logprobs of broken weights (seen on an H200 with one
+    // flipped exponent byte); the engine answered the same check at capture
+    const server = createServer((_req, res) => {
+      res.setHeader('content-type', 'application/json');
+      res.end(
+        '{"id": "cmpl-1", "object": "text_completion", "model": "m", "choices": [{"index": 0, "text": "The capital of France is t0", "finish_reason": "length", ' +
+          '"logprobs": {"tokens": ["token_id:1", "token_id:2", "token_id:3"], "token_logprobs": [null, NaN, NaN]}}], "usage": {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3}}',
+      );
+    });
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const client = new EngineClient({ baseUrl: `http://127.0.0.1:${(server.address() as { port: number }).port}` });
+    const expected = { prompt: 'The capital of France is', maxTokens: 1, tokenIds: [3], text: ' t0', logprobs: [-0.5], promptTokenIds: [1, 2], promptLogprobs: [-1.25] };
+    try {
+      await expect(probe(client, checkSpec({}))).rejects.toMatchObject({ code: 'E_ENGINE_PROTOCOL' }); // at capture: the engine's problem
+      await expect(recheck(client, expected)).rejects.toMatchObject({ code: 'E_RESPONSE_MISMATCH', details: { unusable: true } }); // after a restore: the restore's
     } finally {
       await client.close();
       await new Promise((resolve) => server.close(resolve));
