@@ -74,8 +74,6 @@ export interface EngineRestoreOptions extends TransferOptions {
   readonly verifyDigests?: boolean;
   /** @internal The process checkpoint calls (tests inject a fake). */
   readonly checkpointBackend?: CheckpointBackend;
-  /** @internal The GPUs (with free memory when asked), for `onto` (tests inject a list). */
-  readonly listGpus?: typeof listDevices;
   /**
    * A deep-suspended engine on one GPU: restore its process onto this GPU instead (an ordinal
    * in this process, or a UUID), then wake and hydrate its weights there. The GPU must be of
@@ -339,13 +337,14 @@ export async function restoreEngine(source: Snapshot | SnapshotRef, client: Engi
   preflight(status, options);
   // Onto other GPUs: resolved and checked (visible, same kind) before anything changes.
   const onGpus = status.ranks.every((r) => r.memory === 'cuda'); // a host-memory engine is refused without listing GPUs
-  const remap = options.onto !== undefined || options.gpuMap !== undefined ? resolveRemap(status, onGpus ? await (options.listGpus ?? listDevices)() : [], options) : undefined;
+  const remap = options.onto !== undefined || options.gpuMap !== undefined ? resolveRemap(status, onGpus ? await listDevices() : [], options) : undefined;
   // A deep-suspended engine (found by the driver's state of its pids): restore and unlock every rank first.
   // Before the driver is given the pairs: room on each new GPU for the process and its weights
   // (a remap the driver refuses for memory may leave the process unrestorable: gpu-remap.ts).
-  const weights = status.ranks.map((r) => Math.max(r.bytes, snapshot?.manifest.data.ranks.find((m) => m.rank === r.rank)?.regions.reduce((n, x) => n + x.size, 0) ?? 0));
+  const weights: number[] = [];
+  for (const r of status.ranks) weights[r.rank] = Math.max(r.bytes, snapshot?.manifest.data.ranks.find((m) => m.rank === r.rank)?.regions.reduce((n, x) => n + x.size, 0) ?? 0);
   const roomCheck = remap
-    ? async () => describeRoom(checkRoom(remap, await (options.listGpus ?? listDevices)({ freeMemory: true }), weights, options.ontoReserveBytes))
+    ? async () => describeRoom(checkRoom(remap, await listDevices({ freeMemory: true }), weights, options.ontoReserveBytes))
     : undefined;
   const deep = await resumeIfDeep(status, options.checkpointBackend, remap?.pairs, roomCheck);
   if (deep) {
