@@ -74,6 +74,9 @@ async function each(ranks: readonly DeepRank[], step: (pid: number) => Promise<u
 }
 
 const describe = (o: Outcome): string => `rank ${o.rank.rank} (pid ${o.rank.pid}): ${o.error!.message}`;
+/** Without the native advice (whose "it stays checkpointed" a remap refused for memory belies). */
+const describeBare = (o: Outcome): string =>
+  `rank ${o.rank.rank} (pid ${o.rank.pid}): ${String(o.error!.details.call ?? 'the restore')} failed with ${String(o.error!.details.cudaError ?? o.error!.code)}`;
 
 /** The driver's state of every rank, in rank order. Throws E_CHECKPOINT_UNSUPPORTED without the API. @internal */
 export async function processStates(ranks: readonly DeepRank[], backend: CheckpointBackend): Promise<NativeProcessState[]> {
@@ -147,10 +150,17 @@ export async function deepSuspendRanks(ranks: readonly DeepRank[], backend: Chec
  * when all are restored) unlocks every rank. Returns undefined when the driver reports no rank
  * locked or checkpointed (or has no checkpoint API, so none can be). With `pairs` (gpu-remap.ts)
  * every rank is restored onto its new GPU; then an engine that is not checkpointed, or a driver
- * without the API, is an error rather than nothing to do.
+ * without the API, is an error rather than nothing to do, and `roomCheck` runs once the state is
+ * read, before any restore (it throws to refuse the move; what it returns, a line of what it
+ * measured, goes into the error should the driver still refuse).
  * @internal
  */
-export async function deepRestoreRanks(ranks: readonly DeepRank[], backend: CheckpointBackend, pairs?: readonly NativeGpuPair[]): Promise<DeepTimes | undefined> {
+export async function deepRestoreRanks(
+  ranks: readonly DeepRank[],
+  backend: CheckpointBackend,
+  pairs?: readonly NativeGpuPair[],
+  roomCheck?: () => Promise<string | undefined>,
+): Promise<DeepTimes | undefined> {
   const times: DeepTimes = {};
   const lap = phaseTimer(times);
   const states: Array<NativeProcessState | undefined> = ranks.map(() => undefined);
@@ -175,6 +185,7 @@ export async function deepRestoreRanks(ranks: readonly DeepRank[], backend: Chec
     throw new VsnapError(first.code, `could not read the checkpoint state of the engine's workers (nothing was changed): ${unreadable.map(describe).join('; ')}`, { ...first.details, step: 'state' }, { cause: first });
   }
   const gone = read.filter((o) => o.error);
+  const measured = pairs && roomCheck && !gone.length ? await roomCheck() : undefined;
   const survivors = ranks.filter((_, i) => !read[i]!.error);
   const restored = await each(
     survivors.filter((r) => states[ranks.indexOf(r)] === 'checkpointed'),
@@ -194,7 +205,7 @@ export async function deepRestoreRanks(ranks: readonly DeepRank[], backend: Chec
       { cause: first },
     );
   }
-  if (failedRestore.length && pairs) throw remapRestoreError(ranks, restored, pairs);
+  if (failedRestore.length && pairs) throw remapRestoreError(ranks, restored, pairs, measured);
   if (failedRestore.length) {
     const first = failedRestore[0]!.error!;
     throw new VsnapError(
@@ -227,10 +238,15 @@ export async function deepRestoreRanks(ranks: readonly DeepRank[], backend: Chec
  * have nothing on a GPU and are left alone.
  * @internal
  */
-export async function resumeIfDeep(status: EngineStatus, backend?: CheckpointBackend, pairs?: readonly NativeGpuPair[]): Promise<DeepTimes | undefined> {
+export async function resumeIfDeep(
+  status: EngineStatus,
+  backend?: CheckpointBackend,
+  pairs?: readonly NativeGpuPair[],
+  roomCheck?: () => Promise<string | undefined>,
+): Promise<DeepTimes | undefined> {
   if (!backend && !pairs && !status.ranks.some((r) => r.memory === 'cuda')) return undefined;
   if (status.ranks.length === 0) return undefined;
-  return deepRestoreRanks(engineRanks(status), backend ?? nativeCheckpointBackend(), pairs);
+  return deepRestoreRanks(engineRanks(status), backend ?? nativeCheckpointBackend(), pairs, roomCheck);
 }
 
 /** Checks, before anything changes, that every worker can be deep-suspended (the API is there, each runs). @internal */
@@ -259,30 +275,37 @@ function refuseOpenExports(ranks: readonly DeepRank[]): void {
 /**
  * A restore onto other GPUs that failed for some rank: says which, with the pairs, what the
  * driver said, and what to do. Ranks that did restore stay locked on their new GPUs (nothing of
- * the engine runs half-moved); retrying the same restore (same GPU map) finishes the move, and
- * one without a map brings the failed ranks back onto their own GPUs (the locked ones stay where
- * they are). For a one-process engine nothing moved: it is still deep-suspended on its own GPU.
+ * the engine runs half-moved); retrying the same restore (same GPU map) finishes the move. A
+ * refusal other than for memory leaves the failed ranks checkpointed on their own GPUs. One for
+ * memory (after the SDK's room check passed) may not: on driver 580 the process could not be
+ * restored afterwards, even in place (CUDA_ERROR_OPERATING_SYSTEM), so the message says so.
  */
-function remapRestoreError(ranks: readonly DeepRank[], restored: Outcome[], pairs: readonly NativeGpuPair[]): VsnapError {
+function remapRestoreError(ranks: readonly DeepRank[], restored: Outcome[], pairs: readonly NativeGpuPair[], measured?: string): VsnapError {
   const failed = restored.filter((o) => o.error);
   const locked = restored.filter((o) => !o.error).map((o) => o.rank.rank);
   const first = failed[0]!.error!;
   const shown = pairs.map((p) => `${p.oldUuid} -> ${p.newUuid}`).join(', ');
+  const memory = first.code !== 'E_CHECKPOINT_UNSUPPORTED' && first.details.reason === 'memory';
   const hint =
     first.code === 'E_CHECKPOINT_UNSUPPORTED'
       ? 'This driver cannot restore a process onto other GPUs (GPU pairs need r580 or newer): upgrade it, or restore without a GPU map.'
-      : first.details.reason === 'memory'
-        ? 'A new GPU lacks the memory: free memory there, or restore onto another GPU or without a GPU map.'
+      : memory
+        ? `A new GPU lacks the memory the process had, although the SDK's check before the restore found room (${measured ?? 'not measured'}; the process part is an estimate: raise ontoReserveBytes). ` +
+          'The failed rank(s) may not be restorable any more, even in place: on driver 580 a following restore failed with CUDA_ERROR_OPERATING_SYSTEM. ' +
+          "Try restoreEngine without onto/gpuMap once; if it fails, kill the engine's processes, start the engine again and restore it from its snapshot."
         : "The driver wants every GPU the process was checkpointed with, as a permutation onto GPUs of the same chip; check the map, or restore without one.";
+  const where = memory
+    ? ''
+    : locked.length
+      ? ''
+      : ranks.length > 1
+        ? ' No rank was restored: the engine is still deep-suspended on its own GPUs.'
+        : ' The engine is still deep-suspended on its own GPU.';
   return new VsnapError(
     first.code,
-    `restoring the deep-suspended engine onto other GPUs failed: ${failed.map(describe).join('; ')} (GPU pairs: ${shown}). ${hint} ` +
-      (locked.length
-        ? `Rank(s) ${locked.join(', ')} did restore and stay locked on their new GPUs: retry with the same GPU map to finish the move.`
-        : ranks.length > 1
-          ? 'No rank was restored: the engine is still deep-suspended on its own GPUs.'
-          : 'The engine is still deep-suspended on its own GPU.'),
-    { ...first.details, step: 'restore', ranks: failed.map((o) => o.rank.rank), locked, pairs: pairs.map((p) => ({ ...p })) },
+    `restoring the deep-suspended engine onto other GPUs failed: ${failed.map(memory ? describeBare : describe).join('; ')} (GPU pairs: ${shown}). ${hint}` +
+      (locked.length ? ` Rank(s) ${locked.join(', ')} did restore and stay locked on their new GPUs: retry with the same GPU map to finish the move.` : where),
+    { ...first.details, step: 'restore', ranks: failed.map((o) => o.rank.rank), locked, pairs: pairs.map((p) => ({ ...p })), ...(measured ? { measured } : {}) },
     { cause: first },
   );
 }

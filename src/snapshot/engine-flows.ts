@@ -12,7 +12,7 @@ import { blobProblems, checkSpec, compareResponses, holdsWeights, liveFacts, liv
 import type { ResponseCheckOptions } from './response-check-options.js';
 import { deepPrecheck, deepSuspendRanks, nativeCheckpointBackend, resumeIfDeep, type CheckpointBackend } from './deep-suspend.js';
 import { listDevices } from '../gpu/cuda.js';
-import { resolveRemap, type GpuRef, type GpuRemap } from './gpu-remap.js';
+import { checkRoom, describeRoom, resolveRemap, type GpuRef, type GpuRemap } from './gpu-remap.js';
 import { recoverEngine, recoveryReason, type EngineRecovery, type MaterializePolicy, type RecoveryPolicy, type RecoveryReason } from './engine-recovery.js';
 import type { Manifest } from '../manifest/manifest.js';
 import { checkLive, liveRefs, mapExported, staleError, type LiveCheckReport } from './live-check.js';
@@ -89,6 +89,14 @@ export interface EngineRestoreOptions extends TransferOptions {
    * displaced take the ones vacated, the others stay), the same for every rank.
    */
   readonly gpuMap?: Readonly<Record<string, GpuRef>>;
+  /**
+   * With `onto` / `gpuMap`: the GPU memory, in bytes per rank, that the process restore is
+   * assumed to need on its new GPU (default 2 GiB: the CUDA context, CUDA-graph pool and other
+   * memory still resident after a level-2 sleep; no API reports it). Before any driver call each
+   * new GPU must have this plus the rank's weights free, else E_INVALID_ARGUMENT
+   * (`details.gpus`: needed and free) and the engine stays deep-suspended where it is.
+   */
+  readonly ontoReserveBytes?: number;
   /**
    * When the snapshot cannot be used (see {@link RecoveryReason}): `fail` (default) throws its
    * error; `reload` has the engine load its weights again from its own checkpoint (vLLM's
@@ -331,7 +339,14 @@ export async function restoreEngine(source: Snapshot | SnapshotRef, client: Engi
   const onGpus = status.ranks.every((r) => r.memory === 'cuda'); // a host-memory engine is refused without listing GPUs
   const remap = options.onto !== undefined || options.gpuMap !== undefined ? resolveRemap(status, onGpus ? await listDevices() : [], options) : undefined;
   // A deep-suspended engine (found by the driver's state of its pids): restore and unlock every rank first.
-  const deep = await resumeIfDeep(status, options.checkpointBackend, remap?.pairs);
+  // Before the driver is given the pairs: room on each new GPU for the process and its weights
+  // (a remap the driver refuses for memory may leave the process unrestorable: gpu-remap.ts).
+  const weights: number[] = [];
+  for (const r of status.ranks) weights[r.rank] = Math.max(r.bytes, snapshot?.manifest.data.ranks.find((m) => m.rank === r.rank)?.regions.reduce((n, x) => n + x.size, 0) ?? 0);
+  const roomCheck = remap
+    ? async () => describeRoom(checkRoom(remap, await listDevices({ freeMemory: true }), weights, options.ontoReserveBytes))
+    : undefined;
+  const deep = await resumeIfDeep(status, options.checkpointBackend, remap?.pairs, roomCheck);
   if (deep) {
     for (const [step, seconds] of Object.entries(deep)) phases[`deep.${step}`] = seconds;
     lap.restart();

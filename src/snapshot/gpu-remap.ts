@@ -134,3 +134,64 @@ export function resolveRemap(
   for (const r of status.ranks) rankTargets[r.rank] = after.get(findGpu(r.device.uuid, devices, "the engine's GPU").uuid)!;
   return { pairs, moves, rankTargets };
 }
+
+/*
+ * Room on the new GPUs, checked before the driver is called: on driver 580 a restore with pairs
+ * that the driver refuses for lack of memory (CUDA_ERROR_OUT_OF_MEMORY) left the process
+ * unrestorable, even in place (a following plain restore failed CUDA_ERROR_OPERATING_SYSTEM;
+ * test/gpu/remap.gpu.test.ts prints it). So a move is refused up front unless each new GPU has
+ * room for what the process restore recreates there and for the weights the wake allocates
+ * right after (a move that fits the process but not its weights would leave it moved and unable
+ * to wake). No API reports a process's GPU memory at checkpoint time, so the process part is an
+ * estimate: after a level-2 sleep what stays resident is the CUDA context, the CUDA-graph pool
+ * and leftovers (about 0.7 GiB measured on an H200 for the reference engine, 1-3 GiB for vLLM).
+ */
+
+/** The GPU memory a deep-suspended worker's process restore is assumed to need, per rank, unless `ontoReserveBytes` says otherwise. @internal */
+export const DEFAULT_PROCESS_RESERVE_BYTES = 2 * 1024 ** 3;
+
+/** What a new GPU must have free for the ranks sent onto it. @internal */
+export interface GpuRoom {
+  readonly uuid: string;
+  readonly ordinal: number;
+  readonly ranks: number[];
+  /** The process estimate plus the weights of every rank sent there, in bytes. */
+  readonly needed: number;
+  /** Free memory measured there (null: the driver did not say). */
+  readonly free: number | null;
+}
+
+const mib = (n: number): string => `${(n / 1024 ** 2).toFixed(0)} MiB`;
+
+/**
+ * Checks that every GPU a rank is restored onto has room for the rank's process (`processBytes`
+ * each) and its weights (`weightsBytes[rank]`), from `devices` read with free memory. Throws
+ * E_INVALID_ARGUMENT naming each GPU short of room (details.gpus: needed and free) before
+ * anything changes; returns what it measured. A GPU whose free memory is unknown is not refused.
+ * @internal
+ */
+export function checkRoom(remap: GpuRemap, devices: readonly GpuDevice[], weightsBytes: readonly number[], processBytes = DEFAULT_PROCESS_RESERVE_BYTES): GpuRoom[] {
+  if (!Number.isSafeInteger(processBytes) || processBytes < 0) invalid(`ontoReserveBytes must be a byte count (a non-negative integer), got ${String(processBytes)}`, { ontoReserveBytes: processBytes });
+  const byGpu = new Map<string, number[]>();
+  remap.rankTargets.forEach((uuid, rank) => byGpu.set(uuid, [...(byGpu.get(uuid) ?? []), rank]));
+  const rooms = [...byGpu].map(([uuid, ranks]): GpuRoom => {
+    const d = findGpu(uuid, devices, 'the new GPU');
+    const needed = ranks.reduce((sum, r) => sum + processBytes + (weightsBytes[r] ?? 0), 0);
+    return { uuid, ordinal: d.ordinal, ranks, needed, free: d.freeMemory };
+  });
+  const short = rooms.filter((r) => r.free !== null && r.free < r.needed);
+  if (short.length) {
+    invalid(
+      `not enough free memory on ${short.map((r) => `GPU ${r.ordinal} (${r.uuid}): ${mib(r.free!)} free, ${mib(r.needed)} needed for rank(s) ${r.ranks.join(', ')}`).join('; ')}. ` +
+        `Needed: ${mib(processBytes)} per rank for the process restore (ontoReserveBytes) plus the rank's weights. Nothing was changed: the engine is still ` +
+        'deep-suspended on its own GPU(s). Free memory there, pick another GPU, or restore it without onto/gpuMap.',
+      { reason: 'memory', gpus: short.map((r) => ({ ...r })), processBytes },
+    );
+  }
+  return rooms;
+}
+
+/** One line of what checkRoom measured, for an error message. @internal */
+export function describeRoom(rooms: readonly GpuRoom[]): string {
+  return rooms.map((r) => `GPU ${r.ordinal}: ${r.free === null ? 'free memory unknown' : `${mib(r.free)} free`}, ${mib(r.needed)} estimated`).join('; ');
+}

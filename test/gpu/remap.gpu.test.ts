@@ -1,8 +1,11 @@
 // GPU suite, restore onto another GPU (device only, two GPUs of the same kind, driver r580+): the
 // reference engine deep-suspended on GPU 0, its process restored onto GPU 1 (pairs 0->1 and
 // 1->0), its weights woken and hydrated there, the answer bit-identical, nvidia-smi listing the
-// pid on GPU 1; and back. Then what the driver refuses: a lone pair, identity pairs (printed),
-// a GPU without room, a checkpoint while the SDK holds exported descriptors of the engine.
+// pid on GPU 1; and back. Then what the driver refuses: a lone pair, identity pairs (printed);
+// the SDK's refusal of a GPU without room for the process or its weights (before any driver
+// call); a checkpoint while the SDK holds exported descriptors of the engine; last, the raw
+// driver's restore onto a full GPU (printed; it may leave the process unrestorable, so the
+// engine is stopped after it).
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
@@ -129,28 +132,53 @@ describe('GPU: a deep-suspended engine restored onto another GPU', async () => {
     }
   });
 
-  it('a target GPU without room: E_CHECKPOINT (memory), the engine still deep-suspended on GPU 0; it then moves once there is room', async () => {
-    assert.equal(smiOf(pid)?.uuid, g0.uuid);
-    await suspendEngine(store, 'ref', client, { deep: true });
+  /** Fills GPU 1 so that about `leaveBytes` stay free; returns the fill to close and what is free. */
+  const fillGpu1 = async (leaveBytes: number): Promise<{ close: () => void; freeMiB: number }> => {
     const probe = await DeviceAllocation.allocate(g1.ordinal, 2 << 20); // this process's context on GPU 1 first
     const free = (await listDevices({ freeMemory: true })).find((d) => d.uuid === g1.uuid)!.freeMemory!;
-    const fillBytes = Math.floor((free - 64 * 2 ** 20) / g1.vmmGranularity) * g1.vmmGranularity;
+    const fillBytes = Math.floor((free - leaveBytes) / g1.vmmGranularity) * g1.vmmGranularity;
     const fill = await DeviceAllocation.allocate(g1.ordinal, fillBytes);
-    try {
-      const err = await restoreEngine(snap, client, { onto: g1.ordinal }).then(
-        () => undefined,
-        (e: VsnapError) => e,
-      );
-      console.log(`REMAP onto a GPU with ${(free - fillBytes) / 2 ** 20} MiB free: ${err ? `${err.code} ${JSON.stringify({ cudaError: err.details.cudaError, reason: err.details.reason, locked: err.details.locked })}\n  ${err.message.split('\n')[0]}` : 'accepted'}`);
-      assert.ok(err, 'a restore onto a full GPU must fail');
-      const state = await backend.state(pid);
-      console.log(`REMAP after the refusal the process is ${state}`);
-    } finally {
-      fill.close();
-      probe.close();
+    const left = (await listDevices({ freeMemory: true })).find((d) => d.uuid === g1.uuid)!.freeMemory!;
+    return {
+      close: () => {
+        fill.close();
+        probe.close();
+      },
+      freeMiB: left / 2 ** 20,
+    };
+  };
+
+  it("a target GPU without room for the process, then without room for its weights: the SDK refuses before the driver is called (still 'checkpointed' on GPU 0), and a plain restore then works", async () => {
+    assert.equal(smiOf(pid)?.uuid, g0.uuid);
+    const weights = snap.manifest.totalBytes;
+    // 64 MiB: no room for the process; process estimate (2 GiB) + half the weights: room for the
+    // process (about 0.7 GiB measured) but not for the weights the wake allocates right after.
+    for (const [what, leave] of [
+      ['the process', 64 * 2 ** 20],
+      ['its weights', 2 * 2 ** 30 + Math.floor(weights / 2)],
+    ] as const) {
+      await suspendEngine(store, 'ref', client, { deep: true });
+      assert.equal(await backend.state(pid), 'checkpointed');
+      const fill = await fillGpu1(leave);
+      try {
+        const err = await restoreEngine(snap, client, { onto: g1.ordinal }).then(
+          () => undefined,
+          (e: VsnapError) => e,
+        );
+        const state = await backend.state(pid);
+        console.log(`REMAP onto a GPU with ${fill.freeMiB.toFixed(0)} MiB free (no room for ${what}): ${err ? `${err.code} ${JSON.stringify(err.details.gpus)}\n  ${err.message}` : 'accepted'}; the process is then ${state}`);
+        assert.equal(err?.code, 'E_INVALID_ARGUMENT', 'the SDK refuses the move');
+        assert.equal(err?.details.reason, 'memory');
+        assert.equal(state, 'checkpointed', 'no driver call was made: the process is still checkpointed');
+      } finally {
+        fill.close();
+      }
+      const r = await restoreEngine(snap, client);
+      assert.equal(await backend.state(pid), 'running');
+      assert.equal(smiOf(pid)?.uuid, g0.uuid, 'a plain restore brings it back on GPU 0');
+      assert.deepEqual(await askCapital(client, 16), expected);
+      console.log(`REMAP after the refusal, a plain restore: ${ms(r.seconds)}, engine on ${smiOf(pid)?.uuid}`);
     }
-    await recover();
-    console.log(`REMAP after recovery the engine is on ${smiOf(pid)?.uuid} (GPU 0 is ${g0.uuid})`);
   });
 
   it('an engine that sees one GPU only (CUDA_VISIBLE_DEVICES): what the driver does with the whole permutation and with a lone pair (printed)', async () => {
@@ -188,6 +216,8 @@ describe('GPU: a deep-suspended engine restored onto another GPU', async () => {
   });
 
   it('exported descriptors still open: the SDK refuses deep suspend; the raw driver calls are printed', async () => {
+    // whatever an earlier test left: the engine running and awake (the export needs its weights)
+    if ((await backend.state(pid)) !== 'running' || (await client.vsnapStatus()).sleeping) await recover();
     const { control } = await engineControl(client);
     const open = await exportRegions(control, 1);
     try {
@@ -208,5 +238,30 @@ describe('GPU: a deep-suspended engine restored onto another GPU', async () => {
       open.close();
     }
     await recover();
+  });
+
+  // Last: this may leave the engine's process unrestorable (as driver 580 did), so the engine is
+  // stopped at the end and nothing runs after it but the teardown.
+  it('the raw driver (printed): a restore with pairs onto a full GPU, what state it leaves, and whether a plain restore then works; the engine is stopped after', async () => {
+    if ((await backend.state(pid)) !== 'running' || (await client.vsnapStatus()).sleeping) await recover();
+    assert.equal(smiOf(pid)?.uuid, g0.uuid);
+    await suspendEngine(store, 'ref', client, { deep: true });
+    const fill = await fillGpu1(64 * 2 ** 20);
+    let got: string;
+    let state: string;
+    try {
+      got = await outcome(backend.restore(pid, [{ oldUuid: g0.uuid, newUuid: g1.uuid }, { oldUuid: g1.uuid, newUuid: g0.uuid }]));
+      state = await backend.state(pid);
+    } finally {
+      fill.close();
+    }
+    const plain = state === 'checkpointed' ? await outcome(backend.restore(pid)) : 'not tried';
+    const then = await backend.state(pid).then(
+      (x) => x,
+      (e: VsnapError) => `unreadable (${e.code})`,
+    );
+    console.log(`REMAP raw driver: restore with pairs onto GPU 1 with ${fill.freeMiB.toFixed(0)} MiB free: ${got}; the process is then ${state}; memory freed, a plain restore: ${plain}; then ${then}`);
+    await a.stop(); // the teardown closes the client
+    assert.match(got, /^E_CHECKPOINT /, 'the driver refuses a restore onto a GPU without room');
   });
 });

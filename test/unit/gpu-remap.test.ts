@@ -5,7 +5,7 @@ import { VsnapError } from '../../src/errors.js';
 import type { GpuDevice } from '../../src/gpu/cuda.js';
 import { native } from '../../src/native/index.js';
 import { deepRestoreRanks, deepSuspendRanks, nativeCheckpointBackend } from '../../src/snapshot/deep-suspend.js';
-import { permutationPairs, resolveRemap } from '../../src/snapshot/gpu-remap.js';
+import { checkRoom, DEFAULT_PROCESS_RESERVE_BYTES, describeRoom, permutationPairs, resolveRemap } from '../../src/snapshot/gpu-remap.js';
 import { FakeCheckpointDriver } from '../helpers/fake-checkpoint.js';
 
 const uuid = (i: number): string => `GPU-0000000${i}-0000-0000-0000-000000000000`;
@@ -209,6 +209,67 @@ describe('deep restore onto other GPUs (fake driver that wants a whole permutati
     d.unsupported = true;
     const pairs = resolveRemap(engineOn([0]), machine(2), { onto: 1 })!.pairs;
     expect((await rejection(deepRestoreRanks([RANKS[0]!], d, pairs))).code).toBe('E_CHECKPOINT_UNSUPPORTED');
+  });
+});
+
+const GiB = 1024 ** 3;
+/** A machine whose GPUs have `free` bytes free each. */
+const withFree = (free: number[]): GpuDevice[] => free.map((f, i) => ({ ...gpu(i), freeMemory: f }));
+
+describe('room on the new GPU, checked before the driver is called', () => {
+  const pairsOnto1 = () => resolveRemap(engineOn([0]), machine(2), { onto: 1 })!;
+
+  it('refuses a GPU without room for the process (default estimate), naming needed and free', () => {
+    const err = rejectsWith(() => checkRoom(pairsOnto1(), withFree([100 * GiB, 65 * 1024 ** 2]), [0]), 'E_INVALID_ARGUMENT', /not enough free memory on GPU 1 .*65 MiB free, 2048 MiB needed/);
+    expect(err.details).toMatchObject({ reason: 'memory', gpus: [{ ordinal: 1, uuid: uuid(1), ranks: [0], needed: DEFAULT_PROCESS_RESERVE_BYTES, free: 65 * 1024 ** 2 }] });
+    expect(err.message).toMatch(/still deep-suspended on its own GPU/);
+  });
+
+  it('refuses a GPU with room for the process but not for its weights too', () => {
+    const err = rejectsWith(() => checkRoom(pairsOnto1(), withFree([0, 5 * GiB]), [4 * GiB]), 'E_INVALID_ARGUMENT', /5120 MiB free, 6144 MiB needed/);
+    expect(err.details.gpus).toEqual([{ uuid: uuid(1), ordinal: 1, ranks: [0], needed: 6 * GiB, free: 5 * GiB }]);
+  });
+
+  it('passes with room; ontoReserveBytes replaces the estimate; every rank of a multi-GPU move is counted on its own target', () => {
+    expect(describeRoom(checkRoom(pairsOnto1(), withFree([0, 7 * GiB]), [4 * GiB]))).toBe('GPU 1: 7168 MiB free, 6144 MiB estimated');
+    expect(checkRoom(pairsOnto1(), withFree([0, 5 * GiB]), [4 * GiB], GiB / 2)[0]!.needed).toBe(4.5 * GiB);
+    rejectsWith(() => checkRoom(pairsOnto1(), withFree([0, 5 * GiB]), [4 * GiB], -1), 'E_INVALID_ARGUMENT', /ontoReserveBytes/);
+    const tp = resolveRemap(engineOn([0, 1]), machine(4), { gpuMap: { 0: 2, 1: 3 } })!;
+    const err = rejectsWith(() => checkRoom(tp, withFree([0, 0, 10 * GiB, 3 * GiB]), [2 * GiB, 2 * GiB]), 'E_INVALID_ARGUMENT', /GPU 3/);
+    expect((err.details.gpus as unknown[]).length).toBe(1);
+  });
+
+  it('a refusal makes no driver call but reading the state: still checkpointed, and a plain restore brings it back', async () => {
+    const d = new FakeCheckpointDriver([1000]);
+    d.gpus = [uuid(0), uuid(1)];
+    d.gpuOf.set(1000, uuid(0));
+    await deepSuspendRanks([{ rank: 0, pid: 1000 }], d);
+    d.calls.length = 0;
+    const remap = pairsOnto1();
+    const err = await rejection(deepRestoreRanks([{ rank: 0, pid: 1000 }], d, remap.pairs, async () => describeRoom(checkRoom(remap, withFree([0, 1 * GiB]), [GiB]))));
+    expect(err.code).toBe('E_INVALID_ARGUMENT');
+    expect(err.details.reason).toBe('memory');
+    expect(d.calls.every((c) => c.startsWith('state'))).toBe(true);
+    expect(d.states.get(1000)).toBe('checkpointed');
+    await deepRestoreRanks([{ rank: 0, pid: 1000 }], d);
+    expect(d.notRunning()).toEqual([]);
+    expect(d.gpuOf.get(1000)).toBe(uuid(0));
+  });
+
+  it('the driver still refuses for memory after the check: the message says what was measured and that the process may not be restorable, not that it is still deep-suspended', async () => {
+    const d = new FakeCheckpointDriver([1000]);
+    d.gpus = [uuid(0), uuid(1)];
+    d.gpuOf.set(1000, uuid(0));
+    await deepSuspendRanks([{ rank: 0, pid: 1000 }], d);
+    d.full.add(uuid(1));
+    const remap = pairsOnto1();
+    const err = await rejection(deepRestoreRanks([{ rank: 0, pid: 1000 }], d, remap.pairs, async () => describeRoom(checkRoom(remap, withFree([0, 8 * GiB]), [GiB]))));
+    expect(err.code).toBe('E_CHECKPOINT');
+    expect(err.details).toMatchObject({ reason: 'memory', measured: 'GPU 1: 8192 MiB free, 3072 MiB estimated' });
+    expect(err.message).toMatch(/found room \(GPU 1: 8192 MiB free, 3072 MiB estimated/);
+    expect(err.message).toMatch(/may not be restorable any more, even in place/);
+    expect(err.message).toMatch(/kill the engine's processes, start the engine again and restore it from its snapshot/);
+    expect(err.message).not.toMatch(/still deep-suspended|stays checkpointed/);
   });
 });
 
