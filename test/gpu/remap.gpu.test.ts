@@ -244,6 +244,11 @@ describe('GPU: a deep-suspended engine restored onto another GPU', async () => {
   // stopped at the end and nothing runs after it but the teardown.
   it('the raw driver (printed): a restore with pairs onto a full GPU, what state it leaves, and whether a plain restore then works; the engine is stopped after', async () => {
     if ((await backend.state(pid)) !== 'running' || (await client.vsnapStatus()).sleeping) await recover();
+    if (smiOf(pid)?.uuid !== g0.uuid) {
+      // an earlier test left it on GPU 1 (the open-descriptors one moves it): back to GPU 0 first
+      await suspendEngine(store, 'ref', client, { deep: true });
+      await restoreEngine(snap, client, { onto: g0.ordinal });
+    }
     assert.equal(smiOf(pid)?.uuid, g0.uuid);
     await suspendEngine(store, 'ref', client, { deep: true });
     const fill = await fillGpu1(64 * 2 ** 20);
