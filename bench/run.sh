@@ -45,19 +45,8 @@ fi
 if [ "${1:-}" = swap ]; then
   shift
   build_ceiling
-  if [ -n "${VSNAP_VLLM_SRC:-}" ]; then
-    export VSNAP_VLLM_SRC="$(cd "$VSNAP_VLLM_SRC" && pwd)"
-    python3 test/fixtures/engine/vllm_src.py --check --to "$VSNAP_VLLM_SRC"
-    cuda="${CUDA_PATH:-/usr/local/cuda}"
-    pyinc="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
-    ext="$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')"
-    libcuda="$cuda/lib64/stubs/libcuda.so"
-    [ -f "$libcuda" ] || libcuda="$(ldconfig -p | awk '/libcuda\.so\.1 /{print $NF; exit}')"
-    mkdir -p "$VSNAP_VLLM_SRC/build"
-    g++ -O2 -std=c++17 -shared -fPIC -I"$pyinc" -I"$cuda/include" "$VSNAP_VLLM_SRC/csrc/cumem_allocator.cpp" \
-      -o "$VSNAP_VLLM_SRC/build/cumem_allocator$ext" "$libcuda"
-    echo "bench: the engines run vLLM's own allocator from $VSNAP_VLLM_SRC" >&2
-  fi
+  # VSNAP_VLLM_SRC: the reference engine runs vLLM's own allocator, built here
+  source test/gpu/vllm-allocator.sh
   lib=dist-gpu/libvsnap_ref_cumem.so
   if command -v cc >/dev/null && [ -f "${CUDA_PATH:-/usr/local/cuda}/include/cuda.h" ]; then
     cc -O2 -shared -fPIC -I"${CUDA_PATH:-/usr/local/cuda}/include" test/fixtures/engine/csrc/cumem_allocator.c -o "$lib" -ldl

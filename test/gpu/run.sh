@@ -20,24 +20,8 @@ if command -v cc >/dev/null && [ -f "${CUDA_PATH:-/usr/local/cuda}/include/cuda.
   cc -O2 -shared -fPIC -I"${CUDA_PATH:-/usr/local/cuda}/include" test/fixtures/engine/csrc/cumem_allocator.c -o "$lib" -ldl
 fi
 export VSNAP_REF_CUMEM_LIB="$PWD/$lib"
-# VSNAP_VLLM_SRC=<folder made by test/fixtures/engine/vllm_src.py>: the reference engine runs vLLM's
-# own allocator (device_allocator package + csrc/cumem_allocator.cpp) instead of its stand-in. The
-# extension is built here, as vLLM's build would, into <folder>/build/cumem_allocator<ext suffix>.
-if [ -n "${VSNAP_VLLM_SRC:-}" ]; then
-  export VSNAP_VLLM_SRC="$(cd "$VSNAP_VLLM_SRC" && pwd)"
-  python3 test/fixtures/engine/vllm_src.py --check --to "$VSNAP_VLLM_SRC"
-  cuda="${CUDA_PATH:-/usr/local/cuda}"
-  pyinc="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
-  ext="$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')"
-  mkdir -p "$VSNAP_VLLM_SRC/build"
-  # link libcuda: the toolkit's stub, else the driver's libcuda.so.1 itself
-  libcuda="$cuda/lib64/stubs/libcuda.so"
-  [ -f "$libcuda" ] || libcuda="$(ldconfig -p | awk '/libcuda\.so\.1 /{print $NF; exit}')"
-  [ -n "$libcuda" ] || { echo "VSNAP_VLLM_SRC: no libcuda to link against" >&2; exit 1; }
-  g++ -O2 -std=c++17 -shared -fPIC -I"$pyinc" -I"$cuda/include" "$VSNAP_VLLM_SRC/csrc/cumem_allocator.cpp" \
-    -o "$VSNAP_VLLM_SRC/build/cumem_allocator$ext" "$libcuda"
-  echo "reference engine: vLLM's own allocator from $VSNAP_VLLM_SRC" >&2
-fi
+# VSNAP_VLLM_SRC: the reference engine runs vLLM's own allocator, built here
+source test/gpu/vllm-allocator.sh
 export VSNAP_GPU_PEER="$PWD/dist-gpu/peer.mjs"
 # The raw H2D ceiling (bench/ceiling.cu), for the suites that compare with it in the same run.
 if command -v nvcc >/dev/null && { [ ! -x dist-gpu/ceiling ] || [ bench/ceiling.cu -nt dist-gpu/ceiling ]; }; then
