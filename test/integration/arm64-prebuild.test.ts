@@ -4,6 +4,7 @@ import { join } from 'node:path';
 
 import { describe, expect, it } from 'vitest';
 
+import { EXPECTED_ABI } from '../../src/native/binding.js';
 import { native, packageRoot } from '../../src/native/index.js';
 
 // The linux-arm64 prebuild, loaded by an arm64 Node (Debian's, unpacked by .ci/arm64-node.sh)
@@ -56,7 +57,7 @@ describe('the linux-arm64 prebuild under qemu-user', () => {
     const got = JSON.parse(out) as { arch: string; path: string; abi: number; impl: string; sums: string[]; capture: string[] };
     expect(got.arch).toBe('arm64');
     expect(got.path).toContain('/prebuilds/linux-arm64/');
-    expect(got.abi).toBe(4);
+    expect(got.abi).toBe(EXPECTED_ABI);
     expect(got.impl).toBe('neon');
     expect(got.sums).toEqual(lengths.map((n) => native().checksum(pattern(n))));
     const chunks = Array.from({ length: 16 }, (_, i) => native().checksum(pattern(1 << 20).subarray(i << 16, (i + 1) << 16)));

@@ -7,6 +7,7 @@ import { describe, expect, it } from 'vitest';
 import { VsnapError } from '../../src/errors.js';
 import { cudaStatus, listDevices } from '../../src/gpu/cuda.js';
 import { DeviceAllocation } from '../../src/gpu/device-allocation.js';
+import { EXPECTED_ABI } from '../../src/native/binding.js';
 import { diagnose, loadBinding, native, packageRoot } from '../../src/native/index.js';
 import { patternBytes } from '../helpers/regions.js';
 import { tempDir } from '../helpers/tmp.js';
@@ -23,7 +24,7 @@ describe('native addon loading', () => {
     const out = JSON.parse(
       execFileSync(process.execPath, ['-e', script], { cwd: root, env: { ...process.env, PREBUILDS_ONLY: '1' }, encoding: 'utf8' }),
     ) as { path: string; abi: number; checksum: string };
-    expect(out.abi).toBe(6);
+    expect(out.abi).toBe(EXPECTED_ABI);
     expect(out.checksum).toBe('06b05ab6733a618578af5f94892f3950');
     expect(readdirSync(join(root, 'prebuilds', `linux-${process.arch}`)).some((f) => f.endsWith('.node'))).toBe(true);
   });
@@ -101,7 +102,7 @@ describe('native addon loading', () => {
   it('VSNAP_NATIVE_PATH takes precedence', () => {
     const path = require_path();
     const b = loadBinding(tempDir(), { VSNAP_NATIVE_PATH: path });
-    expect(b.abiVersion).toBe(6);
+    expect(b.abiVersion).toBe(EXPECTED_ABI);
   });
 });
 
