@@ -186,4 +186,57 @@ describe.skipIf(!run)('a registry reference as a snapshot source', () => {
       await other.stop();
     }
   });
+
+  it('vsnap serve: an engine it starts is suspended against the pulled snapshot at boot (nothing captured)', async () => {
+    const port = await freePort();
+    const yaml = (store: string, extra: string) =>
+      `listen: { port: 0 }\nstore: ${store}\ngpus: { "0": { budgetGiB: 1 } }\nmodels:\n  m1:\n    command: node\n` +
+      `    args: [examples/quickstart/reference-engine.mjs, --port, "\${PORT}", --seed, "1", --model, m1]\n    port: ${port}\n    token: engine-token-1\n    memoryGiB: 0.6\n${extra}`;
+    // the node that captured it: boots, captures at boot, pushes
+    const origin = tempDir();
+    const first: string[] = [];
+    await (await serve(parseConfig(yaml(origin, ''), 'a.yaml'), { log: (l) => first.push(l) })).close();
+    expect(first.some((l) => /m1 is up and suspended \(snapshot captured\)/.test(l))).toBe(true);
+    const m1 = `${reg.prefix}/team/m1:v1`;
+    const pushed = await registry.push(await RegionStore.open(origin), 'm1', m1);
+    // another node: pulls at boot, so nothing is captured
+    const lines: string[] = [];
+    const storeDir = tempDir();
+    const handle = await serve(parseConfig(yaml(storeDir, `    registry: ${m1}\n`), 'b.yaml'), { log: (l) => lines.push(l) });
+    try {
+      expect(lines.some((l) => /m1: pulled snapshot 'm1'/.test(l))).toBe(true);
+      expect(lines.some((l) => /m1 is up and suspended in/.test(l))).toBe(true); // no "(snapshot captured)"
+      expect((await (await RegionStore.open(storeDir)).history('m1')).map((m) => m.id)).toEqual([(await (await RegionStore.open(origin)).current('m1'))!.id]);
+      expect(pushed.layers).toBeGreaterThan(0);
+    } finally {
+      await handle.close();
+    }
+  }, 30_000);
+
+  it('vsnap serve: a pull that fails at start-up is logged, serve starts, and the model is recovered through its engine', async () => {
+    const storeDir = tempDir();
+    const lines: string[] = [];
+    const down = `http://127.0.0.1:${await freePort()}/team/reference:v1`;
+    const config = parseConfig(
+      `listen: { port: 0 }\nstore: ${storeDir}\ngpus: { "0": { budgetGiB: 1 } }\nrecovery: { materialize: off }\n` +
+        `models:\n  ref:\n    url: ${engine.url}\n    token: ${engine.token}\n    registry: ${down}\n    memoryGiB: 0.5\n`,
+      'test.yaml',
+    );
+    const handle = await serve(config, { log: (l) => lines.push(l) });
+    try {
+      expect(lines.some((l) => /ref: pulling snapshot 'ref' from .* failed \(E_REGISTRY\)/.test(l))).toBe(true);
+      const r = await request(`${handle.agent.url}/v1/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ model: 'ref', prompt: 'The capital of France is', max_tokens: 8 }),
+      });
+      expect(r.statusCode).toBe(200);
+      await r.body.dump();
+      expect(lines.some((l) => /ref recovered through its engine's own loader .*\(missing, E_REGISTRY\)/.test(l))).toBe(true);
+      expect((await askCapital(client, 8)).ids).toEqual(answer);
+    } finally {
+      await handle.close();
+      await suspendEngine(await RegionStore.open(storeDir), 'ref', client, { captureIfNeeded: true });
+    }
+  }, 30_000);
 });
