@@ -239,4 +239,46 @@ describe.skipIf(!run)('a registry reference as a snapshot source', () => {
       await suspendEngine(await RegionStore.open(storeDir), 'ref', client, { captureIfNeeded: true });
     }
   }, 30_000);
+
+  it('a pull cancelled by the signal is E_ABORTED, never recovered from, and leaves nothing in the store', async () => {
+    const store = await RegionStore.open(tempDir());
+    for (const recovery of ['fail', 'reload'] as const) {
+      const ac = new AbortController();
+      const from = { reference, registry, onProgress: () => ac.abort() };
+      expect((await errorOf(restoreEngine({ store, name: 'local', from }, client, { recovery, signal: ac.signal, ...quiet }))).code).toBe('E_ABORTED');
+    }
+    expect(await store.current('local')).toBeUndefined();
+    expect(await sleeping()).toBe(true);
+  });
+
+  it('vsnap serve reads the CA and credentials of a TLS registry with htpasswd from the environment', async () => {
+    const tlsDir = mkdtempSync(join(tmpdir(), 'vsnap-regsrc-tls-'));
+    const secure = await startRegistry(tlsDir, { tls: true, auth: 'htpasswd', user: { name: 'bob', password: 'builder' } });
+    const saved = { ...process.env };
+    try {
+      const caFile = join(tlsDir, 'ca.crt'); // written by startRegistry
+      const ref = `${secure.prefix}/team/reference:v1`;
+      const origin = await RegionStore.open(tempDir());
+      await registry.pull(origin, reference, { name: 'ref' }); // the same snapshot, into the secure registry
+      await new Registry({ ca: secure.ca!, credentials: { username: 'bob', password: 'builder' }, dockerConfig: false, stateDir: join(tlsDir, 'state') }).push(origin, 'ref', ref);
+      const storeDir = tempDir();
+      const config = parseConfig(
+        `listen: { port: 0 }\nstore: ${storeDir}\ngpus: { "0": { budgetGiB: 1 } }\nrecovery: { mode: fail }\n` +
+          `models:\n  ref:\n    url: ${engine.url}\n    token: ${engine.token}\n    registry: ${ref}\n    memoryGiB: 0.5\n`,
+        'test.yaml',
+      );
+      Object.assign(process.env, { VSNAP_REGISTRY_CA: caFile, VSNAP_REGISTRY_USERNAME: 'bob', VSNAP_REGISTRY_PASSWORD: 'builder', DOCKER_CONFIG: join(tlsDir, 'no-docker') });
+      const lines: string[] = [];
+      await (await serve(config, { log: (l) => lines.push(l) })).close();
+      expect(lines.some((l) => /ref: pulled snapshot 'ref'/.test(l))).toBe(true);
+      delete process.env.VSNAP_REGISTRY_PASSWORD; // no credentials: refused, logged, serve still starts
+      const failed: string[] = [];
+      await (await serve({ ...config, store: tempDir() }, { log: (l) => failed.push(l) })).close();
+      expect(failed.some((l) => /failed \(E_REGISTRY_AUTH\)/.test(l))).toBe(true);
+    } finally {
+      process.env = saved;
+      await secure.close();
+      rmSync(tlsDir, { recursive: true, force: true });
+    }
+  }, 30_000);
 });
