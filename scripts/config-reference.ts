@@ -37,6 +37,8 @@ export const CONFIG_KEYS: Record<string, string> = {
   'models.*.token': 'The engine\'s VSNAP_TOKEN (the vsnap plugin\'s token); also given to a started engine.',
   'models.*.apiKey': 'The engine\'s own --api-key, sent on the /v1 requests vsnap forwards.',
   'models.*.snapshot': 'The name of its snapshot in the store. Default: derived from the model name (`meta-llama/Llama-3.1-8B` becomes `meta-llama--Llama-3.1-8B`).',
+  'models.*.registry':
+    'An OCI registry reference (`registry.example.com/team/llama-8b:v1`, pushed with `vsnap push`) its snapshot is pulled from, under `snapshot`, when the store lacks it: at start-up (checked against the engine before any layer moves), else by its first restore (with `recovery.mode: reload`); then local. TLS CA from `$VSNAP_REGISTRY_CA`, credentials from `$VSNAP_REGISTRY_USERNAME` and `$VSNAP_REGISTRY_PASSWORD`, else the Docker config file. A pull that fails is logged; the model is then recovered or captured as when its snapshot is missing.',
   'models.*.gpus': 'The GPUs it uses (device ordinals). Default [0].',
   'models.*.memoryGiB': 'GPU memory it holds on each of its GPUs while awake (weights, KV cache, graphs, context).',
   'models.*.asleepGiB': 'GPU memory it still holds on each GPU while suspended. Default 0.',

@@ -62,6 +62,7 @@ export type {
   RegistryOptions,
   RegistryProgress,
 } from './registry/types.js';
+export type { RegistrySource } from './registry/source.js';
 
 export {
   EngineClient,

@@ -18,6 +18,7 @@ import type { Manifest } from '../manifest/manifest.js';
 import { checkLive, liveRefs, mapExported, staleError, type LiveCheckReport } from './live-check.js';
 import type { MappedRegions } from '../regions/mapped.js';
 import { Snapshot, type CaptureOptions, type DeviceTiming, type PersistPolicy } from './snapshot.js';
+import { pullIfMissing, type RegistrySource } from '../registry/source.js';
 
 /*
  * The engine flows: capture, suspend and restore a running engine. A layer above Snapshot (which
@@ -122,6 +123,13 @@ export interface SnapshotRef {
   readonly name: string;
   /** A capture id (default: the current one). */
   readonly id?: string;
+  /**
+   * Where to get it when the store does not have it: pulled from this registry reference under
+   * `name` first (checked against the engine's facts before any layer moves), then restored; when
+   * the store has it, no network. A pull that fails is, for `recovery: 'reload'`, a `missing`
+   * snapshot (E_REGISTRY, E_REGISTRY_AUTH, E_SNAPSHOT_NOT_FOUND) or a `damaged` one (E_CHECKSUM).
+   */
+  readonly from?: RegistrySource;
 }
 
 /**
@@ -321,6 +329,7 @@ export async function restoreEngine(source: Snapshot | SnapshotRef, client: Engi
   if ('manifest' in source) snapshot = source; // structural: a Snapshot of the other build (ESM/CJS) too
   else {
     try {
+      await pullIfMissing(source, client, { signal: options.signal, allowModelSwap: options.allowModelSwap });
       snapshot = await Snapshot.open(source.store, source.name, source.id !== undefined ? { id: source.id } : {});
     } catch (err) {
       const error = toVsnapError(err);

@@ -33,7 +33,10 @@ export type MaterializePolicy = 'off' | 'async' | 'required';
 
 /**
  * Why a snapshot could not be used, for the errors recovery goes past:
- * - `missing`: no snapshot of that name (E_SNAPSHOT_NOT_FOUND), or a blob is gone (E_BLOB_MISSING);
+ * - `missing`: no snapshot of that name (E_SNAPSHOT_NOT_FOUND), or a blob is gone (E_BLOB_MISSING),
+ *   or a snapshot to pull (a `SnapshotRef` with `from`) cannot be had: the registry does not
+ *   have it (E_SNAPSHOT_NOT_FOUND), cannot be reached or fails (E_REGISTRY), or refuses the
+ *   credentials (E_REGISTRY_AUTH; the report's `code` says so);
  * - `damaged`: E_CHECKSUM, E_BLOB_TRUNCATED, E_DIGEST_MISMATCH, or an unreadable manifest (E_MANIFEST_INVALID);
  * - `incompatible`: E_MANIFEST_MISMATCH for the same model (layout, engine version, platform);
  * - `not-durable`: a capture kept only in the RAM tier is no longer there (E_NOT_DURABLE).
@@ -83,6 +86,8 @@ const REASONS: Partial<Record<ErrorCode, RecoveryReason>> = {
   E_MANIFEST_INVALID: 'damaged',
   E_MANIFEST_MISMATCH: 'incompatible',
   E_NOT_DURABLE: 'not-durable',
+  E_REGISTRY: 'missing', // only a pull raises these in a restore
+  E_REGISTRY_AUTH: 'missing',
 };
 
 /**
@@ -100,6 +105,8 @@ export function recoveryReason(
   const reason = REASONS[err.code];
   if (!reason) return undefined;
   if (status?.ranks.some((r) => r.reloadWeights === false)) return undefined;
+  // A pull refused before any layer because the artifact is of another model: nothing to reload.
+  if (err.code === 'E_MANIFEST_MISMATCH' && ((err.details.mismatches ?? []) as Array<{ path?: string }>).some((m) => m.path === 'model.id' || m.path === 'model.revision')) return undefined;
   if (!manifest) return options.allowModelSwap ? undefined : reason; // a model swap to an unknown model: nothing to reload
   const wanted = manifest.data.model;
   if (!wanted) return options.allowModelSwap ? undefined : reason; // no model recorded: as for an unreadable manifest

@@ -23,6 +23,8 @@ const ModelSchema = z
     /** vLLM's --api-key, for /v1 routes. */
     apiKey: z.string().min(1).optional(),
     snapshot: z.string().regex(NAME, 'a snapshot name: 1-128 letters, digits, ".", "_" or "-", starting with a letter or digit').optional(),
+    /** A registry reference its snapshot is pulled from when the store lacks it. */
+    registry: z.string().regex(/^[^\s]+\/[^\s]+$/, 'a registry reference: <registry>/<repo>:<tag> or <registry>/<repo>@sha256:<digest>').optional(),
     gpus: z.array(z.number().int().nonnegative()).min(1).default([0]),
     memoryGiB: z.number().positive(),
     asleepGiB: z.number().nonnegative().default(0),
@@ -123,6 +125,13 @@ export interface ServeModelConfig {
   readonly apiKey?: string | undefined;
   /** Its snapshot's name. Filled in at load when absent: the model name with `/` as `--` and `:` as `-` (see {@link snapshotNameForModel}). */
   readonly snapshot?: string | undefined;
+  /**
+   * A registry reference (`<registry>/<repo>:<tag>`, pushed with `vsnap push`) its snapshot is
+   * pulled from, under `snapshot`, when the store lacks it: at start-up, else by its first restore.
+   * TLS CA from `$VSNAP_REGISTRY_CA`, credentials from `$VSNAP_REGISTRY_USERNAME` and
+   * `$VSNAP_REGISTRY_PASSWORD`, else the Docker config file.
+   */
+  readonly registry?: string | undefined;
   /** The GPUs it uses. */
   readonly gpus: number[];
   /** GPU memory per device while awake, GiB. */

@@ -8,6 +8,7 @@ import type { ResponseCheckOptions } from '../snapshot/response-check-options.js
 import type { CheckpointBackend } from '../snapshot/deep-suspend.js';
 import type { MaterializePolicy, RecoveryPolicy, RecoveryReason } from '../snapshot/engine-recovery.js';
 import type { EngineClient } from '../engine/engine-client.js';
+import type { RegistrySource } from '../registry/source.js';
 import { abortError, invalidArgument, VsnapError } from '../errors.js';
 import { restorableFor } from '../snapshot/engine-flows.js';
 import { Snapshot } from '../snapshot/snapshot.js';
@@ -27,6 +28,12 @@ export interface SwapEngine {
   readonly client: EngineClient;
   /** The snapshot that holds its weights (default: `name`). */
   readonly snapshot?: string;
+  /**
+   * Where its snapshot comes from when the store lacks it: pulled under `snapshot` by the first
+   * restore that needs it (with recovery `reload`, the default: with `fail`, a missing snapshot is
+   * refused before the restore), then local.
+   */
+  readonly from?: RegistrySource;
   /** The GPUs it uses (default [0]). */
   readonly devices?: readonly number[];
   /** GPU memory it holds on each of its devices while awake (weights, KV cache, graphs, context). */

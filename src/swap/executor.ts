@@ -288,6 +288,8 @@ export class SwapExecutor {
       delete slot.error;
       delete slot.retryAt;
       if (!('path' in report) || report.path === 'restored') delete slot.recovery;
+      // a snapshot the store lacked was pulled from its registry by this restore: no longer missing
+      if (slot.spec.from && slot.damage?.snapshotId === undefined && 'path' in report && report.path === 'restored') delete slot.damage;
       const event: SwapEvent = { engine: name, action: 'restore', seconds: (performance.now() - started) / 1000, phases: report.phases, tier: report.tier, ...('recovery' in report && report.recovery ? { recovered: report.recovery.reason } : {}) };
       if ('recovery' in report && report.recovery) this.recovered(slot, report as EngineRestoreReport, event.seconds);
       this.metrics.swaps.inc({ engine: name, action: 'restore', result: 'ok' });
@@ -333,7 +335,8 @@ export class SwapExecutor {
       source = snapshot;
     } catch (err) {
       if (recovery === 'fail') throw err;
-      source = { store: this.options.store, name: slot.spec.snapshot }; // restoreEngine opens it again and recovers past it
+      // restoreEngine opens it again (pulling it first when it has a registry source) and recovers past it
+      source = { store: this.options.store, name: slot.spec.snapshot, ...(slot.spec.from ? { from: slot.spec.from } : {}) };
     }
     return restoreEngine(source, slot.spec.client, {
       ...(onto ? { onto: onto[0]! } : {}),

@@ -1,5 +1,8 @@
 import { HostCache } from '../cache/host-cache.js';
 import { EngineClient } from '../engine/engine-client.js';
+import { toVsnapError } from '../errors.js';
+import { Registry } from '../registry/registry.js';
+import { pullIfMissing, registryOptionsFromEnv, type RegistrySource } from '../registry/source.js';
 import { suspendEngine } from '../snapshot/engine-flows.js';
 import { RegionStore } from '../store/region-store.js';
 import { SwapAgent } from './agent.js';
@@ -34,6 +37,8 @@ export interface ServeHandle {
 export async function serve(config: ServeConfig, options: { log?: (line: string) => void } = {}): Promise<ServeHandle> {
   const log = options.log ?? ((line: string) => process.stderr.write(`${line}\n`));
   await checkPorts(config);
+  // Models with a registry source (CA and credentials from the environment): read before anything starts.
+  const registry = Object.values(config.models).some((m) => m.registry) ? new Registry(registryOptionsFromEnv()) : undefined;
   const store = await RegionStore.open(config.store);
   const clients = new Map<string, EngineClient>();
   const url = (name: string): string => {
@@ -56,12 +61,31 @@ export async function serve(config: ServeConfig, options: { log?: (line: string)
       })),
     { healthTimeoutMs: config.startup.healthTimeoutSeconds * 1000, graceMs: config.startup.graceSeconds * 1000, log: (name, line) => log(`[${name}] ${line}`) },
   );
+  // Their snapshot is pulled when the store lacks it, at start-up (a failure is logged: the first
+  // restore pulls again, or recovers), then it is local.
+  const sources = new Map<string, RegistrySource>();
+  for (const [name, m] of Object.entries(config.models)) {
+    if (m.registry) sources.set(name, { reference: m.registry, registry: registry!, onProgress: progressLog(log, name) });
+  }
+  const pullMissing = async (name: string): Promise<void> => {
+    const from = sources.get(name);
+    if (!from) return;
+    const snapshot = config.models[name]!.snapshot ?? name;
+    try {
+      const r = await pullIfMissing({ store, name: snapshot, from }, clients.get(name)!, {});
+      if (r) log(`vsnap: ${name}: pulled snapshot '${snapshot}' from ${from.reference} (${(r.bytesDownloaded / 2 ** 20).toFixed(1)} MiB downloaded in ${r.seconds.toFixed(1)} s)`);
+    } catch (err) {
+      const e = toVsnapError(err);
+      log(`vsnap: ${name}: pulling snapshot '${snapshot}' from ${from.reference} failed (${e.code}): ${e.message}`);
+    }
+  };
   let controller: SwapController | undefined;
   const cache = config.ramTierGiB > 0 ? await HostCache.create({ budgetBytes: Math.floor(config.ramTierGiB * GiB) }) : undefined;
   try {
     await supervisor.start({
       onReady: async (name) => {
         const m = config.models[name]!;
+        await pullMissing(name); // before the capture-if-needed below, which a pulled snapshot spares
         // The boot-time capture lands in the RAM tier too (one pass), so the first wake is a bulk copy from RAM.
         const capture = { ...(cache ? { cache } : {}), ...(m.check ? { check: m.check } : {}) };
         const r = await suspendEngine(store, m.snapshot ?? name, clients.get(name)!, { captureIfNeeded: true, capture });
@@ -72,12 +96,14 @@ export async function serve(config: ServeConfig, options: { log?: (line: string)
         await controller?.resync(name);
       },
     });
+    for (const [name, m] of Object.entries(config.models)) if (!m.command) await pullMissing(name); // engines already running
     controller = await SwapController.create({
       store,
       engines: Object.entries(config.models).map(([name, m]) => ({
         name,
         client: clients.get(name)!,
         snapshot: m.snapshot ?? name,
+        ...(sources.has(name) ? { from: sources.get(name)! } : {}),
         devices: m.gpus,
         memoryBytes: Math.floor(m.memoryGiB * GiB),
         asleepBytes: Math.floor(m.asleepGiB * GiB),
@@ -135,4 +161,23 @@ export async function serve(config: ServeConfig, options: { log?: (line: string)
     cache?.close();
     throw err;
   }
+}
+
+/** Logs a pull's phases and every quarter of its download. */
+function progressLog(log: (line: string) => void, name: string): (p: { phase: string; bytesDone: number; bytesTotal: number }) => void {
+  let phase = '';
+  let quarter = 0;
+  return (p) => {
+    if (p.phase !== phase) {
+      phase = p.phase;
+      quarter = 0;
+      if (p.phase !== 'done') log(`vsnap: ${name}: pull ${p.phase} (${(p.bytesTotal / 2 ** 20).toFixed(1)} MiB)`);
+      return;
+    }
+    const q = p.bytesTotal > 0 ? Math.floor((4 * p.bytesDone) / p.bytesTotal) : 0;
+    if (q > quarter && q < 4) {
+      quarter = q;
+      log(`vsnap: ${name}: pull ${p.phase} ${q * 25}%`);
+    }
+  };
 }

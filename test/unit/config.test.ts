@@ -72,6 +72,12 @@ describe('serve configuration', () => {
     expect(issues(`${good}\nrecovery: { mode: retry }\n`).map((i) => i.path)).toContain('recovery.mode');
   });
 
+  it('registry: a reference per model, checked for its shape', () => {
+    const withRef = good.replace('    ttlSeconds: 300', '    ttlSeconds: 300\n    registry: registry.example.com/team/llama:v1');
+    expect(parseConfig(withRef, 'vsnap.yaml', { CTL: 'x' }).models.llama!.registry).toBe('registry.example.com/team/llama:v1');
+    expect(issues(good.replace('    ttlSeconds: 300', '    ttlSeconds: 300\n    registry: llama v1')).map((i) => i.path)).toContain('models.llama.registry');
+  });
+
   it('reports every problem with its path and line', () => {
     // lines count from the template's leading newline: `store` is line 2
     const bad = good.replace('memoryGiB: 40', 'memoryGiB: -1').replace('    pinned: true', '    pinned: yes please\n    colour: blue');

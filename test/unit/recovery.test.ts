@@ -64,6 +64,14 @@ describe('recoveryReason', () => {
     expect(recoveryReason(err('E_SNAPSHOT_NOT_FOUND'), undefined, undefined, {})).toBe('missing');
   });
 
+  it('a snapshot that cannot be pulled (SnapshotRef.from) is missing; a pulled artifact of another model is never recovered', () => {
+    for (const code of ['E_REGISTRY', 'E_REGISTRY_AUTH', 'E_SNAPSHOT_NOT_FOUND'] as ErrorCode[]) expect(recoveryReason(err(code), undefined, undefined, {})).toBe('missing');
+    const mismatch = (path: string) => new VsnapError('E_MANIFEST_MISMATCH', 'x', { mismatches: [{ kind: 'field', path, expected: 'a', actual: 'b' }] });
+    expect(recoveryReason(mismatch('model.id'), undefined, undefined, {})).toBeUndefined();
+    expect(recoveryReason(mismatch('model.revision'), undefined, undefined, {})).toBeUndefined();
+    expect(recoveryReason(mismatch('engine.version'), undefined, undefined, {})).toBe('incompatible');
+  });
+
   it('never on an engine whose workers lack reload_weights (older plugins, absent: tried)', () => {
     expect(recoveryReason(err('E_CHECKSUM'), manifest({}), status({}, false), {})).toBeUndefined();
     expect(recoveryReason(err('E_CHECKSUM'), manifest({}), status({}, true), {})).toBe('damaged');

@@ -1,6 +1,7 @@
 import { readFileSync } from 'node:fs';
 
 import { Registry } from '../../registry/registry.js';
+import { pullCompatibility } from '../../registry/source.js';
 import type { PullCompatibility, RegistryOptions } from '../../registry/types.js';
 import type { Context } from '../context.js';
 import { EXIT, UsageError } from '../context.js';
@@ -55,11 +56,7 @@ export async function pull(ctx: Context): Promise<number> {
     const client = ctx.engineClient();
     try {
       const s = await client.vsnapStatus({ signal: ctx.signal });
-      live = {
-        engine: { kind: s.engine.kind, version: s.engine.version },
-        model: { id: s.model.id, revision: s.model.revision, dtype: s.model.dtype, quantization: s.model.quantization, tensorParallelSize: s.model.tensorParallelSize, pipelineParallelSize: s.model.pipelineParallelSize },
-        platform: { kind: s.ranks[0]?.memory ?? 'cuda' },
-      };
+      live = pullCompatibility(s);
     } finally {
       await client.close();
     }
