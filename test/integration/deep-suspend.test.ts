@@ -9,6 +9,7 @@ import { SwapController } from '../../src/swap/controller.js';
 import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
 import { FakeCheckpointDriver } from '../helpers/fake-checkpoint.js';
 import { tempDir } from '../helpers/tmp.js';
+import { rejection } from '../helpers/rejection.js';
 
 // The flows around deep suspend on the CPU reference engine: the plugin's status gives the
 // worker pid; a fake driver stands in for the process checkpoint API (no GPU here).
@@ -27,15 +28,6 @@ async function setUp() {
   const snap = await captureEngine(store, 'ref', client);
   const pid = (await client.vsnapStatus()).ranks[0]!.pid;
   return { e, client, store, before, snap, pid };
-}
-
-async function rejection(p: Promise<unknown>): Promise<VsnapError> {
-  const err = await p.then(
-    () => undefined,
-    (e: unknown) => e,
-  );
-  expect(err).toBeInstanceOf(VsnapError);
-  return err as VsnapError;
 }
 
 describe('deep suspend through suspendEngine / restoreEngine', () => {

@@ -13,6 +13,7 @@ import { SwapController } from '../../src/swap/controller.js';
 import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
 import { FakeCheckpointDriver } from '../helpers/fake-checkpoint.js';
 import { tempDir } from '../helpers/tmp.js';
+import { rejection } from '../helpers/rejection.js';
 
 // Restore onto another GPU, around the CPU reference engine: what is refused before anything
 // changes, the exports deep suspend waits for, and the SwapController handing the planner's GPU
@@ -32,15 +33,6 @@ async function setUp() {
   const snap = await captureEngine(store, 'ref', client);
   const pid = (await client.vsnapStatus()).ranks[0]!.pid;
   return { client, store, before, snap, pid };
-}
-
-async function rejection(p: Promise<unknown>): Promise<VsnapError> {
-  const err = await p.then(
-    () => undefined,
-    (e: unknown) => e,
-  );
-  expect(err).toBeInstanceOf(VsnapError);
-  return err as VsnapError;
 }
 
 describe('restore onto another GPU: refusals and handles', () => {

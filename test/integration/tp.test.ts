@@ -13,6 +13,7 @@ import { noLeak, type LeakLine } from '../reliability/leaks.js';
 import { alive, askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
 import { FakeCheckpointDriver } from '../helpers/fake-checkpoint.js';
 import { tempDir } from '../helpers/tmp.js';
+import { rejection } from '../helpers/rejection.js';
 
 // A tensor-parallel engine (the CPU reference engine with --tensor-parallel-size 2: one worker
 // process per rank, each its own shard in its own memfd memory, plugin loaded in each) through
@@ -31,15 +32,6 @@ async function engine(seed = 1) {
 }
 
 const ask = async (client: EngineClient) => (await askCapital(client, 8)).ids;
-
-async function rejection(p: Promise<unknown>): Promise<VsnapError> {
-  const err = await p.then(
-    () => undefined,
-    (e: unknown) => e,
-  );
-  expect(err).toBeInstanceOf(VsnapError);
-  return err as VsnapError;
-}
 
 /** Overwrites two bytes of a blob in the store. */
 function damage(store: RegionStore, blob: string): void {

@@ -4,20 +4,12 @@ import { VsnapError } from '../../src/errors.js';
 import { native } from '../../src/native/index.js';
 import { deepRestoreRanks, deepSuspendRanks, nativeCheckpointBackend } from '../../src/snapshot/deep-suspend.js';
 import { FakeCheckpointDriver } from '../helpers/fake-checkpoint.js';
+import { rejection } from '../helpers/rejection.js';
 
 const RANKS = [
   { rank: 0, pid: 1000 },
   { rank: 1, pid: 1001 },
 ];
-
-async function rejection(p: Promise<unknown>): Promise<VsnapError> {
-  const err = await p.then(
-    () => undefined,
-    (e: unknown) => e,
-  );
-  expect(err).toBeInstanceOf(VsnapError);
-  return err as VsnapError;
-}
 
 describe('deep suspend state machine (fake driver)', () => {
   it('locks every rank before checkpointing any, restores every rank before unlocking any', async () => {

@@ -7,6 +7,7 @@ import { native } from '../../src/native/index.js';
 import { deepRestoreRanks, deepSuspendRanks, nativeCheckpointBackend } from '../../src/snapshot/deep-suspend.js';
 import { checkRoom, DEFAULT_PROCESS_RESERVE_BYTES, describeRoom, permutationPairs, resolveRemap } from '../../src/snapshot/gpu-remap.js';
 import { FakeCheckpointDriver } from '../helpers/fake-checkpoint.js';
+import { rejection } from '../helpers/rejection.js';
 
 const uuid = (i: number): string => `GPU-0000000${i}-0000-0000-0000-000000000000`;
 const gpu = (i: number, name = 'NVIDIA H200', cc = '9.0'): GpuDevice => ({
@@ -38,15 +39,6 @@ function rejectsWith(fn: () => unknown, code: string, message?: RegExp): VsnapEr
   expect(err).toBeInstanceOf(VsnapError);
   expect((err as VsnapError).code).toBe(code);
   if (message) expect((err as VsnapError).message).toMatch(message);
-  return err as VsnapError;
-}
-
-async function rejection(p: Promise<unknown>): Promise<VsnapError> {
-  const err = await p.then(
-    () => undefined,
-    (e: unknown) => e,
-  );
-  expect(err).toBeInstanceOf(VsnapError);
   return err as VsnapError;
 }
 
