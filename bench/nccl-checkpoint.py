@@ -283,15 +283,28 @@ class Line:
         return None
 
 
-def smi_memory():
-    """MiB used per pid on each GPU, as nvidia-smi reports it (None where nvidia-smi is missing)."""
+def smi(query, fields):
+    """nvidia-smi's CSV rows (None where nvidia-smi is missing or hangs)."""
     try:
-        r = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,gpu_uuid,used_memory", "--format=csv,noheader,nounits"],
+        r = subprocess.run(["nvidia-smi", f"--query-{query}={fields}", "--format=csv,noheader,nounits"],
                            capture_output=True, text=True, timeout=15)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    rows = [l.split(", ") for l in r.stdout.strip().splitlines() if l.count(",") == 2]
-    return {int(p): {"gpu": g.replace("GPU-", "").replace("-", ""), "MiB": int(m)} for p, g, m in rows if m.isdigit()}
+    return [l.split(", ") for l in r.stdout.strip().splitlines() if l.count(", ") == fields.count(",")]
+
+
+def smi_memory():
+    """MiB used per pid, in all and on each GPU (UUID as 32 hex digits), as nvidia-smi lists them."""
+    rows = smi("compute-apps", "pid,gpu_uuid,used_memory")
+    if rows is None:
+        return None
+    out = {}
+    for pid, gpu, used in rows:
+        if pid.isdigit() and used.isdigit():
+            e = out.setdefault(int(pid), {"MiB": 0, "gpus": {}})
+            e["MiB"] += int(used)
+            e["gpus"][gpu.replace("GPU-", "").replace("-", "").lower()] = int(used)
+    return out
 
 
 def free_port():
@@ -377,7 +390,10 @@ def run_scenario(name, args, children):
         if suspend:
             step("ncclCommResume", to_worker("resume"), T_COLLECTIVE)
         after = step("allreduce", to_worker("allreduce"), T_COLLECTIVE)
-        res["moved"] = [ready[r]["gpu"] != after[r]["gpu"] for r in range(2)]
+        res["moved"] = [ready[r]["gpu"] != after[r]["gpu"] for r in range(2)]  # the worker's own view
+        awake, restored = res["memoryMiB"]["awake"], res["memoryMiB"]["restored"]
+        if awake is not None and restored is not None:  # nvidia-smi's view: the GPUs each pid is on
+            res["smiGpus"] = [[sorted(m.get(p, {}).get("gpus", {})) for p in pids] for m in (awake, restored)]
         if not all(o["ok"] and o["intact"] for o in after):
             res["result"] = "failed"
             res["error"] = "all_reduce after restore gave a wrong result, or the buffer changed"
@@ -479,7 +495,8 @@ def main():
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "host": socket.gethostname(), "mib": a.mib, "scenarios": []}
+              "host": socket.gethostname(), "mib": a.mib, "scenarios": [],
+              "gpus": smi("gpu", "index,uuid,name,driver_version,memory.used"), "appsBefore": smi_memory()}
     t0 = time.monotonic()
     try:
         for n in names:
