@@ -5,7 +5,7 @@ import logging
 import os
 import threading
 
-from . import __version__, adapter
+from . import __version__, adapter, profile
 from .drivers import default_driver
 from .exportable import Exporter
 from .fdsend import fetch_fds, send_fds
@@ -71,8 +71,13 @@ class Bridge:
             # Classify first (refuses ROCm's list-shaped handles before touching any memory).
             allocations = adapter.allocations(TAG)
             self.load_report = self.exporter.make_all_exportable(allocations, copy=True)
-            self.hook_mode = adapter.install_hooks(TAG, self._on_create, self._after_map, self._before_unmap, self.fail)
+            self.hook_mode = adapter.install_hooks(
+                TAG, profile.timed("vsnap.hook on_create", self._on_create), profile.timed("vsnap.hook after_map", self._after_map),
+                profile.timed("vsnap.hook before_unmap", self._before_unmap), self.fail)
             self.weights_mapped = True
+            if profile.enabled():
+                profile.RANK = adapter.worker_rank(worker)
+                profile.instrument_allocator(adapter._cumem())  # after the hooks: its wraps are outermost
         log.info("vsnap: bridge ready (%s; weights memory %s)", self.hook_mode, self.load_report.get("kinds"))
 
     def _on_create(self, allocation):
@@ -112,7 +117,8 @@ class Bridge:
         if rank >= len(nonces):
             raise BridgeError(f"no nonce for rank {rank} ({len(nonces)} given)")
         self._check_supported()
-        offer, fds = fetch_fds(socket_path, nonces[rank], {"rank": rank, "pid": os.getpid()})
+        with profile.span("vsnap adopt.fetch_fds"):
+            offer, fds = fetch_fds(socket_path, nonces[rank], {"rank": rank, "pid": os.getpid()})
         regions = offer.get("regions", []) if isinstance(offer, dict) else []
         if len(regions) != len(fds):
             for fd in fds:
@@ -216,11 +222,14 @@ class Bridge:
                 raise BridgeError("this engine has no weights allocations: was it started with --enable-sleep-mode?")
             if not self.weights_mapped:
                 raise BridgeError("the weights are asleep: wake them first (POST /vsnap/v1/wake with tags ['weights'])")
-            self.exporter.make_all_exportable(allocations, copy=True)
-            regions = describe(allocations, adapter.worker_model(worker))
+            with profile.span("vsnap export.make_all_exportable", allocations=len(allocations)):
+                self.exporter.make_all_exportable(allocations, copy=True)
+            with profile.span("vsnap export.describe"):
+                regions = describe(allocations, adapter.worker_model(worker))
             for r in regions:
                 r["memory"] = self.exporter.kinds.get(r["va"])
-            fds = self.exporter.export_fds(allocations)
+            with profile.span("vsnap export.export_fds"):
+                fds = self.exporter.export_fds(allocations)
         device = adapter.worker_device(worker)
         # Read afresh (the worker runs here): a deep-suspended process restored onto another GPU
         # has that GPU's UUID now, and the status reports it from here on.
@@ -234,7 +243,8 @@ class Bridge:
             "regions": [{k: r[k] for k in ("key", "tag", "va", "size", "memory", "tensors")} for r in regions],
         }
         try:
-            send_fds(socket_path, nonces[rank], header, fds)
+            with profile.span("vsnap export.send_fds", fds=len(fds)):
+                send_fds(socket_path, nonces[rank], header, fds)
         finally:
             for fd in fds:
                 os.close(fd)
@@ -246,17 +256,20 @@ BRIDGE = Bridge()
 
 def vsnap_adopt(self, socket_path, nonces):
     """Worker method: fetch the weights the SDK kept on the GPU, for the next wake."""
-    return BRIDGE.adopt(self, socket_path, list(nonces))
+    with profile.span("vsnap adopt"):
+        return BRIDGE.adopt(self, socket_path, list(nonces))
 
 
 def vsnap_status(self):
     """Worker method: this rank's bridge status."""
-    return BRIDGE.status(self)
+    with profile.span("vsnap status"):
+        return BRIDGE.status(self)
 
 
 def vsnap_export(self, socket_path, nonces):
     """Worker method: send this rank's weights regions to the SDK."""
-    return BRIDGE.export(self, socket_path, list(nonces))
+    with profile.span("vsnap export"):
+        return BRIDGE.export(self, socket_path, list(nonces))
 
 
 WORKER_METHODS = {"vsnap_status": vsnap_status, "vsnap_export": vsnap_export, "vsnap_adopt": vsnap_adopt}
