@@ -9,6 +9,7 @@ from . import __version__, adapter, profile
 from .drivers import default_driver
 from .exportable import Exporter
 from .fdsend import fetch_fds, send_fds
+from .gpumem import ProcessMemory
 from .regions import describe
 
 log = logging.getLogger("vsnap_vllm")
@@ -32,6 +33,7 @@ class Bridge:
         # device ordinal -> UUID, read once: while the SDK holds this process locked or
         # checkpointed (deep suspend) any CUDA call blocks, and the status must still answer.
         self._uuids = {}
+        self.process_memory = ProcessMemory()
 
     def fail(self, where, exc):
         """A hook failed: the bridge steps aside for the rest of this process (vLLM's own paths
@@ -194,9 +196,24 @@ class Bridge:
             "regions": len(allocations),
             "bytes": sum(a.size for a in allocations),
             "attentionBackend": backend,
+            **self._process_bytes(device, allocations),
             "rehome": self.load_report,
             "reloadWeights": callable(getattr(worker, "reload_weights", None)),
         }
+
+    def _process_bytes(self, device, allocations):
+        """processBytes: this process's GPU memory outside the weights it owns (gpumem.py), for the
+        SDK's room check before a deep-suspended engine moves to another GPU."""
+        if self.driver.kind != "cuda":
+            return {"processBytes": None, "processBytesSource": None}
+        owned = 0
+        if self.weights_mapped:  # memory mapped back from the SDK (tier 0) is the SDK's in NVML's books
+            owned = sum(a.size for a in allocations if not self.exporter.is_kept(a))
+        try:
+            return self.process_memory.read(self._device_uuid(device), owned)
+        except Exception as e:  # noqa: BLE001 - a reading, never a reason to fail the status
+            log.warning("vsnap: reading this process's GPU memory failed: %s", e)
+            return {"processBytes": self.process_memory.last, "processBytesSource": "last" if self.process_memory.last is not None else None}
 
     def _device_uuid(self, device):
         if device not in self._uuids:
