@@ -9,12 +9,13 @@ test/fixtures/engine/vllm/_profile.py) into a per-step table, medians over the r
     VSNAP_VLLM_SRC=vllm-src python3 bench/engine-profile.py --out "$OUT"
     python3 bench/engine-profile.py --device host --layers 4 --out /tmp/p   # CPU, host memory
 
-Cycles per rep (one engine): "ram" = check, status, sleep level 2, wake weights, export (the
-descriptors are received and closed: no hydrate, so the cold check reads unrestored weights),
-wake kv_cache, reset prefix cache, check (cold: first request after the wake), check (warm);
-"tier0" = export (the descriptors held, as tier 0 holds them), sleep level 2, wake weights with
-adopt (mapped back), wake kv_cache, reset, check cold (must give the recorded answer), check warm;
-"release" = release_kv_cache (vLLM's weight-resident suspend), wake kv_cache, reset, check.
+Cycles per rep (one engine), in this order: "tier0" = export (the descriptors held, as tier 0
+holds them), sleep level 2, wake weights with adopt (mapped back), wake kv_cache, reset prefix
+cache, check cold (first request after the wake; must give the recorded answer), check warm;
+"release" = release_kv_cache (vLLM's weight-resident suspend), wake kv_cache, reset, check;
+"ram" = status, check, sleep level 2, wake weights, export (the descriptors are received and
+closed: no hydrate, so its cold check reads unrestored memory), wake kv_cache, reset, check cold,
+check warm; then, unmeasured, reload_weights (--load-seconds 0) and one more tier-0 cycle.
 With --variants freeze,nofreeze (default) it runs the whole thing twice: with the engine's GC heap
 frozen after warm-up as vLLM does (VSNAP_REF_GC_FREEZE=1), and without (=0, as the reference
 engine ran before), so the gc.collect the allocator calls in every sleep and wake shows.
@@ -181,8 +182,9 @@ def run_variant(args, variant, work, site):
 
         expected = engine.check()
         engine.check()  # warm-up
-        mismatches = 0
-        for rep in range(-1, args.reps):  # rep -1: unmeasured warm-up of every path
+        mismatches = [0]
+
+        def ram(rep):
             c = "ram"
             op(rep, c, "status", lambda: engine.call("GET", "/vsnap/v1/status"))
             op(rep, c, "check (suspend)", engine.check)
@@ -193,22 +195,33 @@ def run_variant(args, variant, work, site):
             op(rep, c, "reset prefix cache", lambda: engine.call("POST", "/vsnap/v1/reset_prefix_cache"))
             op(rep, c, "check cold", engine.check)
             op(rep, c, "check warm", engine.check)
-            # no hydrate above: the model source brings the weights back (not measured)
-            op(-2, c, "reload weights", lambda: engine.call("POST", "/vsnap/v1/reload_weights"))
+
+        def tier0(rep):
             c = "tier0"
             held = op(rep, c, "export (hold)", lambda: export(True))
             op(rep, c, "sleep level 2", lambda: engine.call("POST", "/vsnap/v1/sleep", {"level": 2}))
             op(rep, c, "wake weights + adopt", lambda: adopt_wake(held))
             op(rep, c, "wake kv_cache", lambda: engine.call("POST", "/vsnap/v1/wake", {"tags": ["kv_cache"]}))
             op(rep, c, "reset prefix cache", lambda: engine.call("POST", "/vsnap/v1/reset_prefix_cache"))
-            answer = op(rep, c, "check cold", engine.check)
-            mismatches += answer != expected
+            mismatches[0] += op(rep, c, "check cold", engine.check) != expected
             op(rep, c, "check warm", engine.check)
+
+        def release(rep):
             c = "release"
             op(rep, c, "release kv_cache", lambda: engine.call("POST", "/vsnap/v1/release_kv_cache"))
             op(rep, c, "wake kv_cache", lambda: engine.call("POST", "/vsnap/v1/wake", {"tags": ["kv_cache"]}))
             op(rep, c, "reset prefix cache", lambda: engine.call("POST", "/vsnap/v1/reset_prefix_cache"))
             op(rep, c, "check cold", engine.check)
+
+        for rep in range(-1, args.reps):  # rep -1: unmeasured warm-up of every path
+            tier0(rep)
+            release(rep)
+            ram(rep)
+            # The ram cycle hydrated nothing: the model source brings the weights back, and an
+            # unmeasured tier-0 cycle puts the memory the reload left cached through the next sleep.
+            op(-2, "ram", "reload weights", lambda: engine.call("POST", "/vsnap/v1/reload_weights"))
+            tier0(-2)
+        mismatches = mismatches[0]
         status = engine.call("GET", "/vsnap/v1/status")
     finally:
         engine.stop()
