@@ -276,10 +276,42 @@ def _layer(step):
     return (LAYERS.index(head) if head in LAYERS else len(LAYERS), step)
 
 
+def _sum(steps, pred):
+    hit = [s for s in steps if pred(s["step"])]
+    return sum(s["ms"] for s in hit), sum(s["count"] for s in hit)
+
+
+SUMMARY = [
+    ("HTTP server", lambda n: n.startswith("http ")),
+    ("engine core", lambda n: n.startswith("core ") and not n.startswith("core.rpc")),
+    ("worker calls", lambda n: n.startswith("core.rpc ") or n.startswith("worker.rpc ")),
+    ("vsnap worker methods", lambda n: n in ("vsnap export", "vsnap adopt", "vsnap status")),
+    ("alloc create_and_map", lambda n: n == "alloc create_and_map"),
+    ("alloc unmap_and_release", lambda n: n == "alloc unmap_and_release"),
+    ("vsnap hooks", lambda n: n.startswith("vsnap.hook ")),
+    ("gc.collect", lambda n: n == "alloc gc.collect"),
+    ("empty_cache", lambda n: n.endswith(".empty_cache")),
+    ("forward pass", lambda n: n in ("worker generate", "worker ref_logits")),
+]
+
+
+def summary(result):
+    """One line per operation: where its client time went, by layer (ms, medians; n = calls)."""
+    lines = ["| cycle | op | client | " + " | ".join(name for name, _ in SUMMARY) + " |", "|---|---|---:|" + "---:|" * len(SUMMARY)]
+    for row in merge(result):
+        cells = []
+        for _name, pred in SUMMARY:
+            ms, n = _sum(row["steps"], pred)
+            cells.append("" if n == 0 else f"{ms:.1f}" + (f" ({n:g})" if n > 1 else ""))
+        lines.append(f"| {row['cycle']} | {row['op']} | {row['ms']:.1f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def table(result):
     lines = [f"### variant {result['variant']} (GC heap {'frozen after warm-up, as vLLM does' if result['variant'] == 'freeze' else 'not frozen'})", "",
              f"regions per rank {result['regions']}, bytes {result['bytes']}, processBytes {result['processBytes']}; "
              f"tier-0 checks that differed from the recorded answer: {result['tier0Mismatches']}", "",
+             summary(result), "",
              "| cycle | op (client ms, median) | step | count | ms (median, summed) |", "|---|---|---|---:|---:|"]
     for row in merge(result):
         lines.append(f"| {row['cycle']} | **{row['op']}** | (client, incl. HTTP) | | {row['ms']:.1f} |")
