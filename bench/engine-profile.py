@@ -320,6 +320,14 @@ def table(result):
     return "\n".join(lines)
 
 
+def build_reference_allocator(work):
+    """As test/gpu/run.sh: the reference engine's own CUDA allocator (test/fixtures/engine/csrc)."""
+    cuda = os.environ.get("CUDA_PATH", "/usr/local/cuda")
+    lib = os.path.join(work, "libvsnap_ref_cumem.so")
+    subprocess.run(["cc", "-O2", "-shared", "-fPIC", f"-I{cuda}/include", os.path.join(FIXTURE, "csrc", "cumem_allocator.c"), "-o", lib, "-ldl"], check=True)
+    os.environ["VSNAP_REF_CUMEM_LIB"] = lib
+
+
 def build_allocator(src):
     """As test/gpu/vllm-allocator.sh: checks the folder and builds vLLM's C extension."""
     subprocess.run(["bash", "-c", ". test/gpu/vllm-allocator.sh"], cwd=ROOT, check=True, env=dict(os.environ, VSNAP_VLLM_SRC=src))
@@ -346,6 +354,8 @@ def main():
               f"allocator: {'vLLM ' + os.environ['VSNAP_VLLM_SRC'] if src and args.device == 'cuda' else 'reference stand-in'}, {args.reps} reps)", ""]
     with tempfile.TemporaryDirectory(prefix="vsnap-engprof-") as work:
         site = make_plugin_site(os.path.join(work, "site"))
+        if args.device == "cuda" and not src and not os.environ.get("VSNAP_REF_CUMEM_LIB"):
+            build_reference_allocator(work)
         for variant in args.variants.split(","):
             result = run_variant(args, variant, work, site)
             with open(os.path.join(args.out, f"engine-profile-{variant}.json"), "w") as f:
