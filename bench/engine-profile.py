@@ -149,6 +149,13 @@ def run_variant(args, variant, work, site):
     os.makedirs(profile_dir, exist_ok=True)
     engine = Engine(args, variant, profile_dir, site)
     endpoint = FdEndpoint(work)
+    driver = None
+    if args.device == "cuda":
+        sys.path.insert(0, os.path.join(ROOT, "engines", "vllm"))
+        from vsnap_vllm.drivers import CudaDriver
+
+        driver = CudaDriver()
+        driver.ensure_context(0)
     ops = []
     try:
         def op(rep, cycle, name, fn):
@@ -165,13 +172,16 @@ def run_variant(args, variant, work, site):
             thread.join(60)
             header, fds = endpoint.result
             if hold:
-                return header, fds
+                # as the SDK's tier 0 (src/cache/resident-weights.ts): an imported handle and the
+                # descriptor keep each region alive through the engine's sleep
+                handles = [driver.import_fd(fd) for fd in fds] if driver is not None else []
+                return header, fds, handles
             for fd in fds:
                 os.close(fd)
-            return header, []
+            return header, [], []
 
         def adopt_wake(held):
-            header, fds = held
+            header, fds, handles = held
             thread = endpoint.serve_once(({"regions": [{"va": r["va"], "size": r["size"]} for r in header["regions"]]}, fds))
             try:
                 engine.call("POST", "/vsnap/v1/wake", {"tags": ["weights"], "adopt": {"socket": endpoint.path, "nonces": [secrets.token_hex(32)]}})
@@ -179,6 +189,8 @@ def run_variant(args, variant, work, site):
             finally:
                 for fd in fds:  # the engine imported them: its handles keep the memory
                     os.close(fd)
+                for h in handles:
+                    driver.release(0, h)
 
         expected = engine.check()
         engine.check()  # warm-up
