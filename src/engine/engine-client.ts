@@ -93,6 +93,15 @@ export interface EngineStatus {
     readonly otherTags?: readonly string[];
     /** Whether the worker has vLLM's `reload_weights` (the recovery path). Absent from older plugins. */
     readonly reloadWeights?: boolean;
+    /**
+     * The worker process's GPU memory outside the weights it owns, in bytes, as NVML accounts it
+     * (after a level-2 sleep: the CUDA context, graph pool and leftovers a process restore
+     * recreates); null where NVML cannot say (host memory, no libnvidia-ml, a PID namespace).
+     * Absent from older plugins.
+     */
+    readonly processBytes?: number | null;
+    /** `nvml`: read at this status; `last`: remembered from an earlier one (a checkpointed process is not listed). */
+    readonly processBytesSource?: 'nvml' | 'last' | null;
   }>;
 }
 

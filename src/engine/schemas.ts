@@ -58,6 +58,9 @@ const RankStatusSchema = z
     otherTags: z.array(z.string()).optional(),
     // Newer plugins: whether the worker has vLLM's reload_weights (the recovery path).
     reloadWeights: z.boolean().optional(),
+    // Newer plugins: the process's GPU memory outside its weights (NVML), for the room check of a move to another GPU.
+    processBytes: z.number().int().nonnegative().nullable().optional(),
+    processBytesSource: z.enum(['nvml', 'last']).nullable().optional(),
   })
   .passthrough();
 

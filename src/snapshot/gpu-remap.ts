@@ -31,6 +31,8 @@ export interface GpuRemap {
   readonly moves: ReadonlyMap<string, string>;
   /** The GPU (UUID) each rank is on after the restore, indexed by rank. */
   readonly rankTargets: string[];
+  /** What each rank's process restore needs there, indexed by rank (processReserve of the status). */
+  readonly processBytes?: readonly number[];
 }
 
 const invalid = (message: string, details: Record<string, unknown> = {}): never => {
@@ -132,7 +134,7 @@ export function resolveRemap(
   const after = new Map(pairs.map((p) => [p.oldUuid, p.newUuid]));
   const rankTargets: string[] = [];
   for (const r of status.ranks) rankTargets[r.rank] = after.get(findGpu(r.device.uuid, devices, "the engine's GPU").uuid)!;
-  return { pairs, moves, rankTargets };
+  return { pairs, moves, rankTargets, processBytes: processReserve(status) };
 }
 
 /*
@@ -142,9 +144,11 @@ export function resolveRemap(
  * test/gpu/remap.gpu.test.ts prints it). So a move is refused up front unless each new GPU has
  * room for what the process restore recreates there and for the weights the wake allocates
  * right after (a move that fits the process but not its weights would leave it moved and unable
- * to wake). No API reports a process's GPU memory at checkpoint time, so the process part is an
- * estimate: after a level-2 sleep what stays resident is the CUDA context, the CUDA-graph pool
- * and leftovers (about 0.7 GiB measured on an H200 for the reference engine, 1-3 GiB for vLLM).
+ * to wake). The process part: what the plugin measured before the checkpoint (`processBytes` per
+ * rank in its status, NVML's reading of the worker's pid, kept while the process is checkpointed
+ * and unlisted), else an estimate: after a level-2 sleep what stays resident is the CUDA context,
+ * the CUDA-graph pool and leftovers (about 0.7 GiB measured on an H200 for the reference engine,
+ * 1-3 GiB for vLLM).
  */
 
 /** The GPU memory a deep-suspended worker's process restore is assumed to need, per rank, unless `ontoReserveBytes` says otherwise. @internal */
@@ -164,26 +168,44 @@ export interface GpuRoom {
 const mib = (n: number): string => `${(n / 1024 ** 2).toFixed(0)} MiB`;
 
 /**
- * Checks that every GPU a rank is restored onto has room for the rank's process (`processBytes`
- * each) and its weights (`weightsBytes[rank]`), from `devices` read with free memory. Throws
+ * What each rank's process restore needs on its new GPU, in bytes (indexed by rank): the
+ * caller's `ontoReserveBytes` for every rank when given, else what the plugin measured
+ * (`processBytes` in the status: NVML's reading of the worker's pid), else the estimate
+ * DEFAULT_PROCESS_RESERVE_BYTES. @internal
+ */
+export function processReserve(status: { readonly ranks: ReadonlyArray<{ readonly rank: number; readonly processBytes?: number | null }> }, ontoReserveBytes?: number): number[] {
+  const out: number[] = [];
+  for (const r of status.ranks) out[r.rank] = ontoReserveBytes ?? (typeof r.processBytes === 'number' ? r.processBytes : DEFAULT_PROCESS_RESERVE_BYTES);
+  return out;
+}
+
+/**
+ * Checks that every GPU a rank is restored onto has room for the rank's process (the caller's
+ * `ontoReserveBytes`: one count for every rank, or one per rank; else the remap's per-rank
+ * processBytes, which resolveRemap read from the status; else the estimate) and its weights (`weightsBytes[rank]`), from `devices` read with free memory. Throws
  * E_INVALID_ARGUMENT naming each GPU short of room (details.gpus: needed and free) before
  * anything changes; returns what it measured. A GPU whose free memory is unknown is not refused.
  * @internal
  */
-export function checkRoom(remap: GpuRemap, devices: readonly GpuDevice[], weightsBytes: readonly number[], processBytes = DEFAULT_PROCESS_RESERVE_BYTES): GpuRoom[] {
-  if (!Number.isSafeInteger(processBytes) || processBytes < 0) invalid(`ontoReserveBytes must be a byte count (a non-negative integer), got ${String(processBytes)}`, { ontoReserveBytes: processBytes });
+export function checkRoom(remap: GpuRemap, devices: readonly GpuDevice[], weightsBytes: readonly number[], ontoReserveBytes?: number | readonly number[]): GpuRoom[] {
+  const processBytes = ontoReserveBytes ?? remap.processBytes ?? DEFAULT_PROCESS_RESERVE_BYTES;
+  const perRank = (rank: number): number => (typeof processBytes === 'number' ? processBytes : (processBytes[rank] ?? DEFAULT_PROCESS_RESERVE_BYTES));
+  for (const n of typeof processBytes === 'number' ? [processBytes] : processBytes) {
+    if (!Number.isSafeInteger(n) || n < 0) invalid(`ontoReserveBytes must be a byte count (a non-negative integer), got ${String(n)}`, { ontoReserveBytes: n });
+  }
   const byGpu = new Map<string, number[]>();
   remap.rankTargets.forEach((uuid, rank) => byGpu.set(uuid, [...(byGpu.get(uuid) ?? []), rank]));
   const rooms = [...byGpu].map(([uuid, ranks]): GpuRoom => {
     const d = findGpu(uuid, devices, 'the new GPU');
-    const needed = ranks.reduce((sum, r) => sum + processBytes + (weightsBytes[r] ?? 0), 0);
+    const needed = ranks.reduce((sum, r) => sum + perRank(r) + (weightsBytes[r] ?? 0), 0);
     return { uuid, ordinal: d.ordinal, ranks, needed, free: d.freeMemory };
   });
   const short = rooms.filter((r) => r.free !== null && r.free < r.needed);
   if (short.length) {
+    const process = typeof processBytes === 'number' ? `${mib(processBytes)} per rank` : short.flatMap((r) => r.ranks.map((k) => `${mib(perRank(k))} for rank ${k}`)).join(', ');
     invalid(
       `not enough free memory on ${short.map((r) => `GPU ${r.ordinal} (${r.uuid}): ${mib(r.free!)} free, ${mib(r.needed)} needed for rank(s) ${r.ranks.join(', ')}`).join('; ')}. ` +
-        `Needed: ${mib(processBytes)} per rank for the process restore (ontoReserveBytes) plus the rank's weights. Nothing was changed: the engine is still ` +
+        `Needed: ${process} for the process restore (ontoReserveBytes, else what the plugin measured, else an estimate) plus the rank's weights. Nothing was changed: the engine is still ` +
         'deep-suspended on its own GPU(s). Free memory there, pick another GPU, or restore it without onto/gpuMap.',
       { reason: 'memory', gpus: short.map((r) => ({ ...r })), processBytes },
     );

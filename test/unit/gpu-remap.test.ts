@@ -5,7 +5,7 @@ import { VsnapError } from '../../src/errors.js';
 import type { GpuDevice } from '../../src/gpu/cuda.js';
 import { native } from '../../src/native/index.js';
 import { deepRestoreRanks, deepSuspendRanks, nativeCheckpointBackend } from '../../src/snapshot/deep-suspend.js';
-import { checkRoom, DEFAULT_PROCESS_RESERVE_BYTES, describeRoom, permutationPairs, resolveRemap } from '../../src/snapshot/gpu-remap.js';
+import { checkRoom, DEFAULT_PROCESS_RESERVE_BYTES, describeRoom, permutationPairs, processReserve, resolveRemap } from '../../src/snapshot/gpu-remap.js';
 import { FakeCheckpointDriver } from '../helpers/fake-checkpoint.js';
 import { rejection } from '../helpers/rejection.js';
 
@@ -229,6 +229,25 @@ describe('room on the new GPU, checked before the driver is called', () => {
     const tp = resolveRemap(engineOn([0, 1]), machine(4), { gpuMap: { 0: 2, 1: 3 } })!;
     const err = rejectsWith(() => checkRoom(tp, withFree([0, 0, 10 * GiB, 3 * GiB]), [2 * GiB, 2 * GiB]), 'E_INVALID_ARGUMENT', /GPU 3/);
     expect((err.details.gpus as unknown[]).length).toBe(1);
+  });
+
+  it("uses the plugin's processBytes per rank when the status has it (issue 15), else the estimate; ontoReserveBytes overrides both", () => {
+    const measured = (bytes: (number | null | undefined)[]): EngineStatus => {
+      const s = engineOn(bytes.map((_, i) => i));
+      return { ...s, ranks: s.ranks.map((r, i) => ({ ...r, processBytes: bytes[i] })) } as EngineStatus;
+    };
+    expect(processReserve(measured([700 * 1024 ** 2, null, undefined]))).toEqual([700 * 1024 ** 2, DEFAULT_PROCESS_RESERVE_BYTES, DEFAULT_PROCESS_RESERVE_BYTES]);
+    expect(processReserve(measured([700 * 1024 ** 2]), GiB)).toEqual([GiB]);
+    // 700 MiB measured: a GPU with 5 GiB free takes 4 GiB of weights, where the 2 GiB estimate refused it
+    const moved = resolveRemap(measured([700 * 1024 ** 2]), machine(2), { onto: 1 })!;
+    expect(checkRoom(moved, withFree([0, 5 * GiB]), [4 * GiB])[0]!.needed).toBe(4 * GiB + 700 * 1024 ** 2);
+    rejectsWith(() => checkRoom(pairsOnto1(), withFree([0, 5 * GiB]), [4 * GiB]), 'E_INVALID_ARGUMENT', /6144 MiB needed/);
+    expect(checkRoom(moved, withFree([0, 5 * GiB]), [4 * GiB], GiB)[0]!.needed).toBe(5 * GiB);
+    // two ranks, each its own measurement on its own target: 3 GiB free on GPU 3 now takes rank 1 (the estimate needed 4 GiB)
+    const tp = resolveRemap(measured([GiB, GiB / 2]), machine(4), { gpuMap: { 0: 2, 1: 3 } })!;
+    expect(checkRoom(tp, withFree([0, 0, 10 * GiB, 3 * GiB]), [2 * GiB, 2 * GiB]).map((r) => r.needed)).toEqual([3 * GiB, 2.5 * GiB]);
+    const err = rejectsWith(() => checkRoom(tp, withFree([0, 0, 10 * GiB, 2 * GiB]), [2 * GiB, 2 * GiB]), 'E_INVALID_ARGUMENT', /GPU 3 .*Needed: 512 MiB for rank 1 /);
+    expect((err.details.gpus as { needed: number }[])[0]!.needed).toBe(2.5 * GiB);
   });
 
   it('a refusal makes no driver call but reading the state: still checkpointed, and a plain restore brings it back', async () => {

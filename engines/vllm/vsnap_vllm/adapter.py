@@ -17,6 +17,8 @@ import os
 import sys
 from dataclasses import dataclass
 
+from . import profile
+
 
 class BridgeUnsupported(RuntimeError):
     """The running vLLM lacks something the bridge needs; the message says what."""
@@ -348,26 +350,31 @@ async def sleep(client, level, mode=None):
     kwargs = {}
     if mode is not None and "mode" in inspect.signature(client.sleep).parameters:
         kwargs["mode"] = mode
-    await client.sleep(level, **kwargs)
+    with profile.span("vsnap.client sleep"):
+        await client.sleep(level, **kwargs)
 
 
 async def wake_up(client, tags):
-    await client.wake_up(tags)
+    with profile.span("vsnap.client wake_up"):
+        await client.wake_up(tags)
 
 
 async def is_sleeping(client):
-    return bool(await client.is_sleeping())
+    with profile.span("vsnap.client is_sleeping"):
+        return bool(await client.is_sleeping())
 
 
 async def collective_rpc(client, method, args=()):
-    return await client.collective_rpc(method, args=tuple(args))
+    with profile.span(f"vsnap.client collective_rpc {method}"):
+        return await client.collective_rpc(method, args=tuple(args))
 
 
 async def reset_prefix_cache(client):
     """True when the engine reset its prefix cache. vllm/engine/protocol.py:
     `reset_prefix_cache(reset_running_requests=False, reset_connector=False) -> bool`; older
     versions return None (taken as done)."""
-    result = await client.reset_prefix_cache()
+    with profile.span("vsnap.client reset_prefix_cache"):
+        result = await client.reset_prefix_cache()
     return True if result is None else bool(result)
 
 
@@ -378,7 +385,8 @@ async def release_kv_cache_memory(client):
     if not callable(release):
         raise BridgeUnsupported("this vLLM's engine client has no release_kv_cache_memory (added about v0.30, PR #44890)")
     await sleep(client, 0, "keep")
-    await release()
+    with profile.span("vsnap.client release_kv_cache_memory"):
+        await release()
 
 
 def engine_facts(owner):

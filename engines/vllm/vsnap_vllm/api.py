@@ -12,7 +12,7 @@ import json
 import logging
 import os
 
-from . import adapter
+from . import adapter, profile
 
 log = logging.getLogger("vsnap_vllm")
 PREFIX = "/vsnap/v1"
@@ -51,10 +51,13 @@ async def _json_body(request):
 
 
 def _route(handler):
+    step = f"vsnap.route {handler.__name__}"
+
     async def endpoint(request):
         try:
             _authorize(request)
-            status, content = await handler(request, adapter.engine_client(request))
+            with profile.span(step):
+                status, content = await handler(request, adapter.engine_client(request))
         except HttpError as e:
             status, content = e.status, {"error": str(e)}
         except adapter.BridgeUnsupported as e:  # no engine here, or the engine lacks a feature

@@ -5,10 +5,11 @@ import logging
 import os
 import threading
 
-from . import __version__, adapter
+from . import __version__, adapter, profile
 from .drivers import default_driver
 from .exportable import Exporter
 from .fdsend import fetch_fds, send_fds
+from .gpumem import ProcessMemory
 from .regions import describe
 
 log = logging.getLogger("vsnap_vllm")
@@ -32,6 +33,7 @@ class Bridge:
         # device ordinal -> UUID, read once: while the SDK holds this process locked or
         # checkpointed (deep suspend) any CUDA call blocks, and the status must still answer.
         self._uuids = {}
+        self.process_memory = ProcessMemory()
 
     def fail(self, where, exc):
         """A hook failed: the bridge steps aside for the rest of this process (vLLM's own paths
@@ -71,8 +73,13 @@ class Bridge:
             # Classify first (refuses ROCm's list-shaped handles before touching any memory).
             allocations = adapter.allocations(TAG)
             self.load_report = self.exporter.make_all_exportable(allocations, copy=True)
-            self.hook_mode = adapter.install_hooks(TAG, self._on_create, self._after_map, self._before_unmap, self.fail)
+            self.hook_mode = adapter.install_hooks(
+                TAG, profile.timed("vsnap.hook on_create", self._on_create), profile.timed("vsnap.hook after_map", self._after_map),
+                profile.timed("vsnap.hook before_unmap", self._before_unmap), self.fail)
             self.weights_mapped = True
+            if profile.enabled():
+                profile.RANK = adapter.worker_rank(worker)
+                profile.instrument_allocator(adapter._cumem())  # after the hooks: its wraps are outermost
         log.info("vsnap: bridge ready (%s; weights memory %s)", self.hook_mode, self.load_report.get("kinds"))
 
     def _on_create(self, allocation):
@@ -112,7 +119,8 @@ class Bridge:
         if rank >= len(nonces):
             raise BridgeError(f"no nonce for rank {rank} ({len(nonces)} given)")
         self._check_supported()
-        offer, fds = fetch_fds(socket_path, nonces[rank], {"rank": rank, "pid": os.getpid()})
+        with profile.span("vsnap adopt.fetch_fds"):
+            offer, fds = fetch_fds(socket_path, nonces[rank], {"rank": rank, "pid": os.getpid()})
         regions = offer.get("regions", []) if isinstance(offer, dict) else []
         if len(regions) != len(fds):
             for fd in fds:
@@ -188,9 +196,24 @@ class Bridge:
             "regions": len(allocations),
             "bytes": sum(a.size for a in allocations),
             "attentionBackend": backend,
+            **self._process_bytes(device, allocations),
             "rehome": self.load_report,
             "reloadWeights": callable(getattr(worker, "reload_weights", None)),
         }
+
+    def _process_bytes(self, device, allocations):
+        """processBytes: this process's GPU memory outside the weights it owns (gpumem.py), for the
+        SDK's room check before a deep-suspended engine moves to another GPU."""
+        if self.driver.kind != "cuda":
+            return {"processBytes": None, "processBytesSource": None}
+        owned = 0
+        if self.weights_mapped:  # memory mapped back from the SDK (tier 0) is the SDK's in NVML's books
+            owned = sum(a.size for a in allocations if not self.exporter.is_kept(a))
+        try:
+            return self.process_memory.read(self._device_uuid(device), owned)
+        except Exception as e:  # noqa: BLE001 - a reading, never a reason to fail the status
+            log.warning("vsnap: reading this process's GPU memory failed: %s", e)
+            return {"processBytes": self.process_memory.last, "processBytesSource": "last" if self.process_memory.last is not None else None}
 
     def _device_uuid(self, device):
         if device not in self._uuids:
@@ -216,11 +239,14 @@ class Bridge:
                 raise BridgeError("this engine has no weights allocations: was it started with --enable-sleep-mode?")
             if not self.weights_mapped:
                 raise BridgeError("the weights are asleep: wake them first (POST /vsnap/v1/wake with tags ['weights'])")
-            self.exporter.make_all_exportable(allocations, copy=True)
-            regions = describe(allocations, adapter.worker_model(worker))
+            with profile.span("vsnap export.make_all_exportable", allocations=len(allocations)):
+                self.exporter.make_all_exportable(allocations, copy=True)
+            with profile.span("vsnap export.describe"):
+                regions = describe(allocations, adapter.worker_model(worker))
             for r in regions:
                 r["memory"] = self.exporter.kinds.get(r["va"])
-            fds = self.exporter.export_fds(allocations)
+            with profile.span("vsnap export.export_fds"):
+                fds = self.exporter.export_fds(allocations)
         device = adapter.worker_device(worker)
         # Read afresh (the worker runs here): a deep-suspended process restored onto another GPU
         # has that GPU's UUID now, and the status reports it from here on.
@@ -234,7 +260,8 @@ class Bridge:
             "regions": [{k: r[k] for k in ("key", "tag", "va", "size", "memory", "tensors")} for r in regions],
         }
         try:
-            send_fds(socket_path, nonces[rank], header, fds)
+            with profile.span("vsnap export.send_fds", fds=len(fds)):
+                send_fds(socket_path, nonces[rank], header, fds)
         finally:
             for fd in fds:
                 os.close(fd)
@@ -246,17 +273,20 @@ BRIDGE = Bridge()
 
 def vsnap_adopt(self, socket_path, nonces):
     """Worker method: fetch the weights the SDK kept on the GPU, for the next wake."""
-    return BRIDGE.adopt(self, socket_path, list(nonces))
+    with profile.span("vsnap adopt"):
+        return BRIDGE.adopt(self, socket_path, list(nonces))
 
 
 def vsnap_status(self):
     """Worker method: this rank's bridge status."""
-    return BRIDGE.status(self)
+    with profile.span("vsnap status"):
+        return BRIDGE.status(self)
 
 
 def vsnap_export(self, socket_path, nonces):
     """Worker method: send this rank's weights regions to the SDK."""
-    return BRIDGE.export(self, socket_path, list(nonces))
+    with profile.span("vsnap export"):
+        return BRIDGE.export(self, socket_path, list(nonces))
 
 
 WORKER_METHODS = {"vsnap_status": vsnap_status, "vsnap_export": vsnap_export, "vsnap_adopt": vsnap_adopt}

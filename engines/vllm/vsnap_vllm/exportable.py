@@ -114,6 +114,10 @@ class Exporter:
         self._known.discard((dev, handle))
         self._kept[(dev, handle)] = fd
 
+    def is_kept(self, allocation):
+        """True when the allocation's memory was mapped back from a descriptor (tier 0)."""
+        return (allocation.device, allocation.handle) in self._kept
+
     def forget(self):
         """The weights are about to be released (sleep): drop what is known of their handles (the
         driver may reuse the values) and close the kept descriptors, which would keep the memory."""
