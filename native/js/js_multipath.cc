@@ -4,7 +4,8 @@
 // spec: { label, backend: 'cuda' | 'host', chunkSize, directSlots?, directStreams?, relaySlots?, neighbour?,
 //         requireRelay?, relayReleased?, faults?: { failRelayAt, failDirectAt, relayDelayMs, directDelayMs } (host),
 //         regions: [{ name, size, memory: Memory (the target), source: { kind: 'buffer', buffer, offset } }] }
-// cuda: memory is { kind: 'device', allocation } | { kind: 'imported', fd }; host: { kind: 'host', fd }.
+// cuda: memory is { kind: 'device', allocation } | { kind: 'imported', fd }; host: { kind: 'host', fd };
+// either: { kind: 'mapped', set, index } (a RegionSet's region, of the backend's kind).
 // Resolves { bytes, seconds, setupSeconds, teardownSeconds, bytesDirect, bytesRelay, chunksDirect,
 //            chunksRelay, requeued, maxRelayInFlight, relayUsed, relayCancelled, relayError,
 //            direct: timeline, relay: timeline } (timeline: { firstStart, lastEnd, busySeconds,
@@ -17,10 +18,12 @@
 #include "cuda/vmm.h"
 #include "js/js_allocation.h"
 #include "js/js_host_buffer.h"
+#include "js/js_region_set.h"
 #include "js/js_util.h"
 #include "transfer/host_buffer.h"
 #include "transfer/multipath.h"
 #include "transfer/region.h"
+#include "transfer/region_set.h"
 
 namespace vsnap::js {
 namespace {
@@ -29,6 +32,7 @@ struct Target {
   std::string kind;
   UniqueFd fd;
   std::shared_ptr<cuda::Mapping> mapping;
+  std::shared_ptr<transfer::Region> mapped;  // a region of a RegionSet (host or imported), kept open by the job
   uint64_t size = 0;
 };
 
@@ -94,10 +98,19 @@ Spec parseSpec(Napi::Env env, const Napi::Object& spec) {
     if (!mv.IsObject()) throw bad("region '" + name + "': memory must be an object");
     Napi::Object m = mv.As<Napi::Object>();
     t.kind = toString(getRequired(m, "kind"), "memory.kind");
-    if (s.host ? t.kind != "host" : (t.kind != "device" && t.kind != "imported")) {
-      throw bad("region '" + name + "': the " + backend + " backend restores into " + (s.host ? "'host'" : "'device' or 'imported'") + " memory");
+    if (t.kind != "mapped" && (s.host ? t.kind != "host" : (t.kind != "device" && t.kind != "imported"))) {
+      throw bad("region '" + name + "': the " + backend + " backend restores into " + (s.host ? "'host'" : "'device' or 'imported'") + " or 'mapped' memory");
     }
-    if (t.kind == "device") {
+    if (t.kind == "mapped") {
+      // A region set's mapping, shared: the set may be closed while the job runs.
+      t.mapped = RegionSet::region(m);
+      if (t.mapped->size() < t.size) throw bad("region '" + name + "' is larger than its mapped region");
+      if (s.host != (t.mapped->device() < 0)) throw bad("region '" + name + "': mapped " + (s.host ? "GPU" : "host") + " memory for the " + backend + " backend");
+      if (!s.host) {
+        t.mapping = t.mapped->deviceMapping();
+        if (!t.mapping) throw bad("region '" + name + "': the mapped region has no device mapping");
+      }
+    } else if (t.kind == "device") {
       t.mapping = DeviceAllocation::unwrap(getRequired(m, "allocation"));
       if (t.mapping->size() < t.size) throw bad("region '" + name + "' is larger than its device allocation");
     } else {
@@ -164,7 +177,7 @@ class MultipathWorker : public Napi::AsyncWorker {
       if (spec_.host) {
         std::vector<std::unique_ptr<transfer::Region>> regions;
         for (auto& t : spec_.targets) {
-          regions.push_back(transfer::hostRegion(t.fd.get(), t.size));
+          regions.push_back(t.mapped ? transfer::sharedRegion(t.mapped) : transfer::hostRegion(t.fd.get(), t.size));
           sizes.push_back(t.size);
         }
         backend = transfer::asBackend(transfer::hostMultipathBackend(std::move(regions), spec_.sources, spec_.cuda.directSlots,

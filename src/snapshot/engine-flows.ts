@@ -8,6 +8,7 @@ import type { Mismatch } from '../manifest/compat.js';
 import type { ExpectedResponse } from '../manifest/types.js';
 import type { RegionStore } from '../store/region-store.js';
 import { passOn, type TransferOptions } from '../transfer/transfer.js';
+import type { MultipathOptions, MultipathStats } from '../transfer/multipath.js';
 import { blobProblems, checkSpec, compareResponses, holdsWeights, liveFacts, liveRanks, phaseTimer, preflight, probe, recheck, warn } from './engine-checks.js';
 import type { ResponseCheckOptions } from './response-check-options.js';
 import { deepPrecheck, deepSuspendRanks, nativeCheckpointBackend, resumeIfDeep, type CheckpointBackend } from './deep-suspend.js';
@@ -109,6 +110,15 @@ export interface EngineRestoreOptions extends TransferOptions {
   readonly materialize?: MaterializePolicy;
   /** @internal Runs after the wake, before the expected-response check (tests flip a weights byte here). */
   readonly beforeCheck?: () => Promise<void>;
+  /**
+   * Hydrate from the RAM tier over two PCIe links: the engine's GPU's own, and a neighbour GPU's
+   * (host → neighbour → peer copy over NVLink), see docs/multipath.md and
+   * {@link RestoreOptions.multipath}. Used only where it applies: a restore from the RAM tier of
+   * an engine on one GPU (with tensor parallelism every GPU's own link is busy already; a restore
+   * from the store or tier 0 ignores it, and `onWarning` says so for an engine with several ranks).
+   * The restored memory is still verified by its GPU digests before the engine is woken further.
+   */
+  readonly multipath?: MultipathOptions;
 }
 
 /**
@@ -199,6 +209,8 @@ export interface EngineRestoreReport {
   readonly gpus?: readonly string[];
   /** Each GPU's share of the hydrate and of the digest check (ram and store tiers; one per rank with tensor parallelism). */
   readonly devices?: readonly DeviceTiming[];
+  /** With `multipath`, when the hydrate ran over two links: how its bytes were split. */
+  readonly multipath?: MultipathStats;
 }
 
 /**
@@ -429,8 +441,11 @@ export async function restoreEngine(source: Snapshot | SnapshotRef, client: Engi
     const live = liveRefs(exported, mapped);
     exported.close();
     lap('map');
+    const twoLinks = options.multipath && exported.ranks.length === 1 ? { multipath: options.multipath } : {};
+    if (options.multipath && !('multipath' in twoLinks)) warn(options, `multipath skipped: the engine has ${exported.ranks.length} ranks (each GPU's own link is in use)`);
     const result = await snapshot.restore({
       regions: live.map((x, i) => ({ key: x.key, size: x.size, tag: exportedTag(exported!, i), rank: x.rank, memory: x.memory })),
+      ...twoLinks,
       ...(options.cache ? { cache: options.cache } : {}),
       ...(options.verify ? { verify: options.verify } : {}),
       ...(options.verifyDigests !== undefined ? { verifyDigests: options.verifyDigests } : {}),
@@ -449,7 +464,8 @@ export async function restoreEngine(source: Snapshot | SnapshotRef, client: Engi
     await unmapping;
     const gpus = remap ? { gpus: exported.ranks.map((r) => r.deviceUuid) } : {};
     const devices = result.devices ? { devices: result.devices } : {};
-    return { bytes: result.bytes, tier: result.tier ?? 'store', seconds: (performance.now() - started) / 1000, phases, path: 'restored', ...gpus, ...devices };
+    const split = result.multipath ? { multipath: result.multipath } : {};
+    return { bytes: result.bytes, tier: result.tier ?? 'store', seconds: (performance.now() - started) / 1000, phases, path: 'restored', ...gpus, ...devices, ...split };
   } catch (err) {
     exported?.close();
     // Before any sleep: a mapping left would keep the engine's freed weights allocated.

@@ -115,7 +115,8 @@ export function multipathSpec(request: MultipathRequest): NativeMultipathSpec {
     if (!Number.isInteger(n) || n < min || n > 64) invalidArgument(`multipath.${name}`, `an integer ${min}..64`, v);
     return n;
   };
-  const kinds = new Set(request.regions.map((r) => r.memory.kind));
+  // A region set's mapping counts as the memory it was opened from.
+  const kinds = new Set(request.regions.map((r) => (r.memory.kind === 'mapped' ? (r.memory.source === 'host' ? 'host' : 'imported') : r.memory.kind)));
   if (kinds.size > 1 && kinds.has('host')) invalidArgument('regions', 'all host memory or all GPU memory for a multi-path restore', [...kinds]);
   const backend = kinds.has('host') ? 'host' : 'cuda';
   for (const r of request.regions) {

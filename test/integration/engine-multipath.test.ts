@@ -1,0 +1,81 @@
+import { readdirSync } from 'node:fs';
+
+import { afterEach, describe, expect, it } from 'vitest';
+
+import { EngineClient } from '../../src/engine/engine-client.js';
+import { HostCache } from '../../src/cache/host-cache.js';
+import { captureEngine, restoreEngine, suspendEngine } from '../../src/snapshot/engine-flows.js';
+import { RegionStore } from '../../src/store/region-store.js';
+import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
+import { tempDir } from '../helpers/tmp.js';
+
+// restoreEngine's `multipath` on the CPU reference engine: the real multi-path scheduler
+// (native/transfer/multipath.cc) over the host backend, into the engine's exported regions.
+const running: Array<TestEngine | EngineClient | HostCache> = [];
+afterEach(async () => {
+  for (const x of running.splice(0).reverse()) await (x instanceof HostCache ? x.close() : x instanceof EngineClient ? x.close() : x.stop());
+});
+
+async function setup(options: Parameters<typeof startEngine>[0] = {}) {
+  const e = await startEngine(options);
+  const client = new EngineClient({ baseUrl: e.url, token: e.token });
+  const cache = await HostCache.create({ budgetBytes: 64 * 1024 * 1024, pin: false });
+  running.push(e, client, cache);
+  const store = await RegionStore.open(tempDir());
+  const before = (await askCapital(client, 8)).ids;
+  const snap = await captureEngine(store, 'ref', client, { cache });
+  return { client, cache, store, snap, before };
+}
+
+describe('restoreEngine over two links (multipath)', () => {
+  it('hydrates from the RAM tier over both paths, verifies, and answers as before', async () => {
+    const { client, cache, store, snap, before } = await setup();
+    await suspendEngine(store, 'ref', client);
+    const warnings: string[] = [];
+    const report = await restoreEngine(snap, client, {
+      cache,
+      multipath: { neighbour: 1, chunkSize: 64 * 1024, testFaults: { relayDelayMs: 1, directDelayMs: 1 } },
+      onWarning: (m) => warnings.push(m),
+    });
+    expect(report.tier).toBe('ram');
+    expect(report.multipath).toBeDefined();
+    expect(report.multipath!.bytesDirect + report.multipath!.bytesNeighbour).toBe(report.bytes);
+    expect(report.multipath!.bytesNeighbour).toBeGreaterThan(0);
+    expect(report.phases.verifyDigests).toBeGreaterThanOrEqual(0);
+    expect(warnings).toEqual([]);
+    expect(await askCapital(client, 8).then((a) => a.ids)).toEqual(before);
+  });
+
+  it('a relay chunk failing is copied again over the direct path: the restore completes, verified', async () => {
+    const { client, cache, store, snap, before } = await setup();
+    await suspendEngine(store, 'ref', client);
+    const report = await restoreEngine(snap, client, { cache, multipath: { neighbour: 1, chunkSize: 64 * 1024, testFaults: { failRelayAt: 1 } } });
+    expect(report.multipath).toMatchObject({ requeuedChunks: 1, neighbourNote: expect.stringMatching(/injected fault/) });
+    expect(await askCapital(client, 8).then((a) => a.ids)).toEqual(before);
+  });
+
+  it('a direct chunk failing fails the restore, puts the engine back to sleep, and the next restore works', async () => {
+    const { client, cache, store, snap, before } = await setup();
+    await suspendEngine(store, 'ref', client);
+    const fds = readdirSync('/proc/self/fd').length;
+    await expect(
+      restoreEngine(snap, client, { cache, multipath: { neighbour: 1, chunkSize: 64 * 1024, testFaults: { failDirectAt: 2 } } }),
+    ).rejects.toMatchObject({ details: { recovered: true } });
+    expect(readdirSync('/proc/self/fd').length).toBe(fds); // no descriptor (nor the mapping it would hold) left
+    const status = await client.vsnapStatus();
+    expect(status.sleeping).toBe(true);
+    expect(status.ranks[0]!.weightsMapped).toBe(false);
+    await restoreEngine(snap, client, { cache });
+    expect(await askCapital(client, 8).then((a) => a.ids)).toEqual(before);
+  });
+
+  it('an engine with two ranks restores over its own links and says why', async () => {
+    const { client, cache, store, snap, before } = await setup({ tensorParallelSize: 2 });
+    await suspendEngine(store, 'ref', client);
+    const warnings: string[] = [];
+    const report = await restoreEngine(snap, client, { cache, multipath: { neighbour: 1 }, onWarning: (m) => warnings.push(m) });
+    expect(report.multipath).toBeUndefined();
+    expect(warnings.join('\n')).toMatch(/multipath skipped: the engine has 2 ranks/);
+    expect(await askCapital(client, 8).then((a) => a.ids)).toEqual(before);
+  });
+});
