@@ -56,7 +56,7 @@ async function flipInRam(cache: HostCache, id: string, key: string, size: number
   const corrupt = HostRegion.create(size);
   cleanup.push(corrupt);
   const bytes = patternBytes(key, 0, size);
-  bytes[at] ^= 0x01;
+  bytes[at]! ^= 0x01;
   corrupt.write(0, bytes);
   try {
     const landed = await runTransfer({
