@@ -192,7 +192,7 @@ export async function runCapture2(o: Capture2Options): Promise<Capture2Result> {
     const hashed = await captureMode(o, cache, held.regions, 'now', ceiling, cuda);
     const deferred = await captureMode(o, cache, held.regions, 'deferred', ceiling, cuda);
     const show = (m: Capture2Mode): string =>
-      `${m.GBps.toFixed(2)} GB/s (${m.vsD2h?.toFixed(3) ?? 'n/a'}x of aggregate D2H; ${m.withDigestGBps.toFixed(2)} GB/s with the GPU digest of ${(m.digestSeconds * 1000).toFixed(1)} ms)` +
+      `${m.GBps.toFixed(2)} GB/s (${m.vsD2h === null ? 'no D2H ceiling' : `${m.vsD2h.toFixed(3)}x of aggregate D2H`}; ${m.withDigestGBps.toFixed(2)} GB/s with the GPU digest of ${(m.digestSeconds * 1000).toFixed(1)} ms)` +
       (m.byThreads.length ? `; by worker threads: ${m.byThreads.map((c) => `${c.threads}: ${c.GBps.toFixed(1)}`).join(', ')}` : '');
     o.log(`[capture2] capture into the RAM tier, ${cuda ? '2 GPUs' : 'host memory'}, hashed: ${show(hashed)}`);
     o.log(`[capture2] capture into the RAM tier, ${cuda ? '2 GPUs' : 'host memory'}, deferred hash: ${show(deferred)}`);
@@ -275,7 +275,7 @@ export function capture2Table(c: Capture2Result | null): string {
     `| raw pinned D2H, one GPU (its half) | ${f(c.oneGpuCeiling?.d2hGBps.max, 2)} | |`,
     `| vsnap capture into the RAM tier, one GPU (its half), hashed / deferred hash | ${f(c.oneGpu?.hashedGBps, 2)} / ${f(c.oneGpu?.deferredGBps, 2)} | ${c.oneGpuCeiling ? `${f((c.oneGpu?.hashedGBps ?? 0) / c.oneGpuCeiling.d2hGBps.max)}x / ${f((c.oneGpu?.deferredGBps ?? 0) / c.oneGpuCeiling.d2hGBps.max)}x one-GPU D2H` : ''} |`,
     '',
-    `Target (issue 14): >= 0.9x of the aggregate D2H, met by the default mode into the RAM tier only (deferred hash). Modes: ${c.captureMode}. ` +
+    `Target (issue 14): >= 0.9x of the aggregate D2H, judged on the default mode into the RAM tier only (deferred hash). Modes: ${c.captureMode}. ` +
       'Both modes take the GPU digest of the source before the copy (the engine is paused); the deferred capture is checked against it after every restore from RAM and when persisted. ' +
       'The second row tests the suspect of the hashed mode (host memory traffic from hashing while the DMA writes) without vsnap; per-pass timestamps of every hashing thread and the captures\' progress traces (~100 ms) are in the JSON.',
   ];
