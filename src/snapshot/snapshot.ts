@@ -409,10 +409,11 @@ export class Snapshot {
    * listing every difference; then streams each blob, verifying every chunk before it is copied.
    */
   async restore(options: RestoreOptions): Promise<TransferSummary> {
+    const manifest = this.current; // the one the bytes are restored by, even if a persist completes meanwhile
     const { devices: copied, ...summary } = await this.restoreBytes(options);
     const live = options.regions.map((r) => ({ rank: r.rank ?? 0, key: r.key, size: r.size, memory: r.memory }));
     // A deferred capture's RAM copy was never hashed: its GPU digests are the one check it gets.
-    const digest = await verifyRestoredByDevice(this.manifest, live, (options.verifyDigests ?? true) || !this.manifest.checksummed);
+    const digest = await verifyRestoredByDevice(manifest, live, (options.verifyDigests ?? true) || !manifest.checksummed);
     const devices = (copied ?? []).map((d): DeviceTiming => {
       const checked = digest?.devices.find((x) => x.device === d.device);
       return { device: d.device, bytes: d.bytes, hydrateSeconds: d.seconds, ...(checked ? { digestSeconds: checked.seconds } : {}) };
