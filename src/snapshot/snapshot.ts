@@ -56,9 +56,9 @@ export interface CaptureOptions extends TransferOptions {
   readonly chunkSize?: number;
   /**
    * Land the capture in this RAM tier (pinned host memory) first: the bytes are copied from the
-   * GPU straight into it (and hashed there, with hash `now`), so the GPU memory can be freed at D2H speed, and a
-   * later restore from it is a bulk DMA. With `persist: 'sync'` a capture that does not fit goes
-   * to the store only.
+   * GPU straight into it (and hashed there, with hash `now`), so the GPU memory can be freed at
+   * D2H speed, and a later restore from it is a bulk DMA. With `persist: 'sync'` a capture that
+   * does not fit goes to the store only.
    */
   readonly cache?: HostCache;
   /** When the store gets the capture (default `sync`); see {@link PersistPolicy}. */
