@@ -48,8 +48,9 @@ import {
 } from '../src/index.js';
 import { packageRoot } from '../src/native/index.js';
 import { askCapital, pluginSitePath, startEngine, type TestEngine } from '../test/helpers/engine.js';
-import { capture2Table, type PhaseRow, phaseTable, sweepTable, targetsTable, vllmTable } from './swap-report.js';
-import { type Capture2Result, runCapture2, runSweep, type SweepRow } from './swap-sweep.js';
+import { type Capture2Result, capture2Table, runCapture2 } from './capture-two-gpu.js';
+import { type PhaseRow, phaseTable, sweepTable, targetsTable, vllmTable } from './swap-report.js';
+import { runSweep, type SweepRow } from './swap-sweep.js';
 import { gpuBytesOf, runVllmLevel1, type VllmLevel1Result } from './swap-vllm.js';
 
 const MiB = 1024 * 1024;
@@ -412,7 +413,7 @@ try {
   }
   if (extras.includes('capture2')) {
     const gpus = cuda.available ? (await listDevices()).length : 0;
-    capture2 = await runCapture2({ gpus, totalBytes: capture2Bytes, reps: 3, ceilingBin: args.ceiling, hashThreads, nativePath: nativePath(), store, log });
+    capture2 = await runCapture2({ device, gpus, totalBytes: capture2Bytes, reps: Math.min(reps, 3), ceilingBin: args.ceiling, hashThreads, nativePath: nativePath(), store, log });
     if (capture2.skipped) log(`[capture2] skipped: ${capture2.skipped}`);
   }
   if (!needEngines) throw new NoEngines();

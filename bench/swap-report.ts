@@ -1,6 +1,7 @@
 // Markdown tables of `npm run bench -- swap` for the rows of issue 14: the phase breakdown per
 // swap, the region-count sweep, the two-GPU capture and vLLM's level-1 sleep beside vsnap.
-import type { Capture2Result, SweepRow } from './swap-sweep.js';
+import { type Capture2Result, capture2Target } from './capture-two-gpu.js';
+import type { SweepRow } from './swap-sweep.js';
 import type { VllmLevel1Result } from './swap-vllm.js';
 
 const GiB = 2 ** 30;
@@ -79,25 +80,6 @@ export function sweepTable(rows: readonly SweepRow[], device: string, note: stri
   return lines.join('\n');
 }
 
-export function capture2Table(c: Capture2Result | null): string {
-  if (!c) return '';
-  if (c.skipped) return `| two-GPU capture into the RAM tier | skipped: ${cell(c.skipped)} |\n|---|---|`;
-  const lines = [
-    `| two-GPU capture, ${f((c.bytes ?? 0) / GiB, 2)} GiB in ${c.regions} regions (half on each GPU) | GB/s | vs aggregate D2H |`,
-    '|---|---:|---:|',
-    `| raw pinned D2H, both GPUs at once (ceiling) | ${f(c.ceiling?.d2hGBps.max, 2)} | 1.00x |`,
-    `| raw pinned D2H, both GPUs, while ${c.hashLoad?.threads ?? 'n/a'} threads run XXH3 over DRAM (${f(c.hashLoad?.GBps, 1)} GB/s hashed) | ${f(c.ceilingUnderHashing?.d2hGBps.max, 2)} | ${c.ceiling && c.ceilingUnderHashing ? `${f(c.ceilingUnderHashing.d2hGBps.max / c.ceiling.d2hGBps.max)}x` : 'n/a'} |`,
-    `| vsnap capture into the RAM tier, both GPUs at once (hashed), best of ${c.captureSeconds?.length ?? 0} | ${f(c.captureGBps, 2)} | ${c.vsD2h === null || c.vsD2h === undefined ? 'n/a' : `${f(c.vsD2h)}x`} |`,
-    ...(c.captureByThreads ?? []).map((t) => `| vsnap capture into the RAM tier, both GPUs, ${t.threads} worker threads, best of 2 | ${f(t.GBps, 2)} | ${c.ceiling ? `${f(t.GBps / c.ceiling.d2hGBps.max)}x` : 'n/a'} |`),
-    `| XXH3 on ${c.hashAlone?.threads ?? 'n/a'} threads, no DMA running (GB/s hashed) | ${f(c.hashAlone?.GBps, 1)} | |`,
-    `| raw pinned D2H, one GPU (its half) | ${f(c.oneGpuCeiling?.d2hGBps.max, 2)} | |`,
-    `| vsnap capture into the RAM tier, one GPU (its half) | ${f(c.oneGpuCaptureGBps, 2)} | ${c.oneGpuCeiling ? `${f((c.oneGpuCaptureGBps ?? 0) / c.oneGpuCeiling.d2hGBps.max)}x one-GPU D2H` : ''} |`,
-    '',
-    `Target (issue 14): >= 0.9x of the aggregate D2H. Capture mode: ${c.captureMode}. The second row tests the suspect (host memory traffic from hashing while the DMA writes) without vsnap: if raw D2H drops under hashing load as far as the capture does, hashing is the cause; per-pass timestamps of every hashing thread and the capture's progress trace (~100 ms) are in the JSON.`,
-  ];
-  return lines.join('\n');
-}
-
 /** vLLM's level-1 row beside vsnap's RAM-tier and tier-0 restores of the same engines, same run. */
 export function vllmTable(v: VllmLevel1Result | null, ram: PhaseRow | undefined, tier0: PhaseRow | undefined, hostCacheBytes: number | null): string {
   if (!v) return '';
@@ -160,7 +142,8 @@ export function targetsTable(t: TargetsInput): string {
   }
   if (t.capture2) {
     const c = t.capture2;
-    lines.push(c.skipped ? `| two-GPU capture into the RAM tier >= 0.9x aggregate D2H | skipped: ${cell(c.skipped)} | |` : `| two-GPU capture into the RAM tier >= 0.9x aggregate D2H | ${f(c.captureGBps, 2)} / ${f(c.ceiling?.d2hGBps.max, 2)} GB/s = ${c.vsD2h == null ? 'n/a' : `${f(c.vsD2h)}x`} | ${c.vsD2h == null ? 'n/a' : verdict(c.vsD2h >= 0.9)} |`);
+    const { value, met } = capture2Target(c);
+    lines.push(`| two-GPU capture into the RAM tier >= 0.9x aggregate D2H | ${value} | ${met === null ? (c.skipped ? '' : 'n/a') : verdict(met)} |`);
   }
   return lines.length > 2 ? lines.join('\n') : '';
 }

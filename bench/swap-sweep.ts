@@ -2,16 +2,14 @@
 //   sweep     the same bytes split into 36, 252, 1,000 and 4,000 near-equal regions, captured into
 //             the RAM tier and restored from it (Snapshot.restore, the hydrate inside restoreEngine),
 //             beside the raw pinned H2D of the same regions (bench/ceiling.cu) measured in the same run
-//   capture2  capture into the RAM tier with the regions on two GPUs at once vs both GPUs'
-//             aggregate raw D2H, plus the profile of the suspect: the same raw D2H while XXH3
-//             hashing threads (vsnap's own checksum, one per capture worker) stream host memory
+//   capture2  (bench/capture-two-gpu.ts) capture into the RAM tier on two GPUs at once vs
+//             both GPUs' aggregate raw D2H, hashed and with the hash deferred
 // Why not the engine: the reference engine's regions are its allocator's segments, and PyTorch's
 // caching allocator gives every request under 10 MiB a shared 20 MiB segment; 16 GiB in 4,000
 // own segments (4.2 MiB each) cannot be made from it, so the sweep is run on device allocations
 // (src/gpu/device-allocation.ts), one per region, which is what a region is to the transfer engine.
 import { execFileSync } from 'node:child_process';
 import { closeSync, existsSync } from 'node:fs';
-import { Worker } from 'node:worker_threads';
 
 import { DeviceAllocation, HostCache, HostRegion, type RegionMemory, type RegionStore, Snapshot } from '../src/index.js';
 
@@ -51,7 +49,7 @@ export function runCeiling(bin: string | null, sizes: readonly number[], reps: n
 }
 
 /** One region per size, filled with distinct bytes (no dedupe between regions); on GPU i % devices, or memfds on the host. */
-async function makeRegions(device: 'cuda' | 'host', sizes: readonly number[], devices = 1): Promise<Held> {
+export async function makeRegions(device: 'cuda' | 'host', sizes: readonly number[], devices = 1): Promise<Held> {
   const closers: Array<() => void> = [];
   const regions: Held['regions'] = [];
   const close = (): void => {
@@ -210,163 +208,4 @@ export async function runSweep(o: SweepOptions): Promise<{ rows: SweepRow[]; cac
     cache.close();
   }
   return { rows, cacheCreateSeconds, ceilingNote };
-}
-
-export interface HashLoad {
-  threads: number;
-  /** Per thread: [start ms, end ms, bytes] of every XXH3 pass, on the process's common clock (performance.timeOrigin + now). */
-  passes: Array<Array<[number, number, number]>>;
-  /** Aggregate XXH3 GB/s over the window. */
-  GBps: number;
-  windowSeconds: number;
-}
-
-/**
- * XXH3 (vsnap's own checksum) on `threads` worker threads, each over its own 256 MiB buffer (well
- * beyond the caches: every pass reads DRAM, as the capture's hashing of just-landed chunks does),
- * while `during` runs; returns per-pass timestamps.
- */
-export async function withHashLoad<T>(nativePath: string, threads: number, during: () => T | Promise<T>, bufferBytes = 256 * MiB): Promise<{ value: T; load: HashLoad }> {
-  const code = `const { parentPort, workerData } = require('node:worker_threads');
-const n = require(workerData.path);
-const buf = new Uint8Array(workerData.bytes).fill(7);
-const now = () => performance.timeOrigin + performance.now();
-const passes = [];
-let stop = false;
-parentPort.on('message', () => { stop = true; });
-parentPort.postMessage('ready');
-(function loop() {
-  if (stop) { parentPort.postMessage(passes); return; }
-  const t0 = now(); n.checksum(buf); passes.push([t0, now(), buf.length]);
-  setImmediate(loop);
-})();`;
-  const workers = Array.from({ length: threads }, () => new Worker(code, { eval: true, workerData: { path: nativePath, bytes: bufferBytes } }));
-  try {
-    await Promise.all(workers.map((w) => new Promise((resolve, reject) => (w.once('message', resolve), w.once('error', reject)))));
-    const t0 = performance.now();
-    const value = await during();
-    const windowSeconds = since(t0);
-    const passes = await Promise.all(
-      workers.map((w) => new Promise<Array<[number, number, number]>>((resolve, reject) => (w.once('message', resolve), w.once('error', reject), w.postMessage('stop')))),
-    );
-    const start = performance.timeOrigin + t0;
-    const end = start + windowSeconds * 1000;
-    const inWindow = passes.flat().filter(([a, b]) => a >= start && b <= end);
-    const bytes = inWindow.reduce((n, [, , b]) => n + b, 0);
-    return { value, load: { threads, passes, GBps: gbps(bytes, windowSeconds), windowSeconds } };
-  } finally {
-    await Promise.all(workers.map((w) => w.terminate()));
-  }
-}
-
-export interface Capture2Result {
-  skipped: string | null;
-  bytes?: number;
-  regions?: number;
-  ceiling?: Ceiling | null;
-  ceilingUnderHashing?: Ceiling | null;
-  hashLoad?: HashLoad | null;
-  /** The same hashing threads with no DMA running (1 s): their aggregate XXH3 GB/s alone. */
-  hashAlone?: HashLoad | null;
-  /** Capture into the RAM tier, both GPUs, per worker-thread count: best seconds of 2. */
-  captureByThreads?: Array<{ threads: number; seconds: number; GBps: number }>;
-  captureSeconds?: number[];
-  captureGBps?: number;
-  oneGpuCaptureGBps?: number;
-  vsD2h?: number | null;
-  oneGpuCeiling?: Ceiling | null;
-  progress?: Array<[number, number]>;
-  captureMode?: string;
-}
-
-export interface Capture2Options {
-  gpus: number;
-  totalBytes: number;
-  reps: number;
-  ceilingBin: string | null;
-  hashThreads: number;
-  nativePath: string;
-  store: RegionStore;
-  log: Log;
-}
-
-/** Capture into the RAM tier with half the regions on each of two GPUs, beside the aggregate D2H and the D2H under hashing load. */
-export async function runCapture2(o: Capture2Options): Promise<Capture2Result> {
-  if (o.gpus < 2) return { skipped: `needs 2 GPUs, ${o.gpus} visible (run on nvidia-h200-x2)` };
-  // The layout of bench/transfer.ts: embeddings and head of 1 GiB, norms of 2 MiB, layers of 448 MiB; region i on GPU i % 2.
-  const sizes = [GiB, GiB, 2 * MiB, 2 * MiB];
-  for (let left = o.totalBytes - sizes.reduce((a, b) => a + b, 0); left >= 448 * MiB; left -= 448 * MiB) sizes.push(448 * MiB);
-  const bytes = sizes.reduce((a, b) => a + b, 0);
-  const ceiling = runCeiling(o.ceilingBin, sizes, o.reps, 2);
-  const oneGpuSizes = sizes.filter((_, i) => i % 2 === 0);
-  const oneGpuCeiling = runCeiling(o.ceilingBin, oneGpuSizes, o.reps, 1);
-  let ceilingUnderHashing: Ceiling | null = null;
-  let hashLoad: HashLoad | null = null;
-  let hashAlone: HashLoad | null = null;
-  if (ceiling) {
-    const loaded = await withHashLoad(o.nativePath, o.hashThreads, () => runCeiling(o.ceilingBin, sizes, o.reps, 2));
-    ceilingUnderHashing = loaded.value;
-    hashLoad = loaded.load;
-    hashAlone = (await withHashLoad(o.nativePath, o.hashThreads, () => new Promise((r) => setTimeout(r, 1000)))).load;
-    o.log(`[capture2] raw D2H, 2 GPUs: ${ceiling.d2hGBps.max} GB/s alone, ${ceilingUnderHashing?.d2hGBps.max} GB/s while ${o.hashThreads} threads hash at ${hashLoad.GBps.toFixed(1)} GB/s (${hashAlone.GBps.toFixed(1)} GB/s with no DMA)`);
-  }
-  const cache = await HostCache.create({ budgetBytes: bytes + 64 * MiB, pin: true });
-  const held = await makeRegions('cuda', sizes, 2);
-  try {
-    const captureSeconds: number[] = [];
-    let progress: Array<[number, number]> = [];
-    for (let r = 0; r < o.reps; r++) {
-      const trace: Array<[number, number]> = [];
-      const t0 = performance.now();
-      const snap = await Snapshot.capture(o.store, 'capture2', {
-        regions: held.regions,
-        cache,
-        persist: 'off',
-        onProgress: (p) => trace.push([Math.round((performance.now() - t0) * 10) / 10, p.bytesDone]),
-      });
-      captureSeconds.push(snap.lastCapture!.seconds);
-      if (r === 0) progress = trace;
-      cache.evict(snap.id);
-    }
-    // How the capture scales with its worker threads (each hashes the chunks it copied).
-    const captureByThreads: Capture2Result['captureByThreads'] = [];
-    for (const threads of [2, 4, 8, 16]) {
-      const runs: number[] = [];
-      for (let r = 0; r < 2; r++) {
-        const snap = await Snapshot.capture(o.store, 'capture2', { regions: held.regions, cache, persist: 'off', threads });
-        runs.push(snap.lastCapture!.seconds);
-        cache.evict(snap.id);
-      }
-      captureByThreads.push({ threads, seconds: Math.min(...runs), GBps: gbps(bytes, Math.min(...runs)) });
-    }
-    o.log(`[capture2] by worker threads: ${captureByThreads.map((c) => `${c.threads}: ${c.GBps.toFixed(1)} GB/s`).join(', ')}`);
-    const oneGpu = held.regions.filter((_, i) => i % 2 === 0);
-    const one = await Snapshot.capture(o.store, 'capture1', { regions: oneGpu, cache, persist: 'off' });
-    const oneGpuCaptureGBps = gbps(one.lastCapture!.bytes, one.lastCapture!.seconds);
-    cache.evict(one.id);
-    const best = Math.min(...captureSeconds);
-    const captureGBps = gbps(bytes, best);
-    const vsD2h = ceiling ? captureGBps / ceiling.d2hGBps.max : null;
-    o.log(`[capture2] capture into the RAM tier, 2 GPUs: ${captureGBps.toFixed(2)} GB/s (${vsD2h?.toFixed(3) ?? 'n/a'}x of aggregate D2H); one GPU ${oneGpuCaptureGBps.toFixed(2)} GB/s`);
-    return {
-      skipped: null,
-      bytes,
-      regions: sizes.length,
-      ceiling,
-      oneGpuCeiling,
-      ceilingUnderHashing,
-      hashLoad,
-      hashAlone,
-      captureByThreads,
-      captureSeconds,
-      captureGBps,
-      oneGpuCaptureGBps,
-      vsD2h,
-      progress,
-      captureMode: 'hashed (XXH3 per chunk on the capture workers, as today); no capture mode without host hashing exists in this release',
-    };
-  } finally {
-    held.close();
-    cache.close();
-  }
 }

@@ -98,6 +98,7 @@ export {
   type CaptureOptions,
   type CaptureRegion,
   type PersistPolicy,
+  type CaptureHash,
   type RestoreOptions,
   type RestoreRegion,
   type TransferSummary,

@@ -2,7 +2,7 @@
 // thread, reports progress through a thread-safe function, and cancels between chunks.
 //
 // spec: { op: 'capture'|'hydrate'|'verify'|'copy', label, pool?: StagingPool, threads?, directIo?,
-//         verifyFirst?, regions: [{ name, blobPath?, size, chunkSize, checksums?: string[],
+//         verifyFirst?, hash? (capture: false lands the bytes in the hostCopy unhashed), regions: [{ name, blobPath?, size, chunkSize, checksums?: string[],
 //         memory?: Memory, hostCopy?: Memory (a 'buffer': copy reads it; capture fills it,
 //         and then needs no blobPath) }] }
 // Memory: { kind: 'host', fd } | { kind: 'imported', fd } | { kind: 'device', allocation }
@@ -243,6 +243,8 @@ Napi::Value StartTransfer(const Napi::CallbackInfo& info) {
   if (spec.Has("threads") && !spec.Get("threads").IsUndefined()) options.threads = static_cast<uint32_t>(toU64(spec.Get("threads"), "threads"));
   options.directIo = spec.Get("directIo").ToBoolean().Value();
   options.verifyFirst = spec.Get("verifyFirst").ToBoolean().Value();
+  // capture: `hash: false` defers the chunk hashes (the bytes only land in the hostCopy).
+  if (spec.Has("hash") && !spec.Get("hash").IsUndefined()) options.hashChunks = spec.Get("hash").ToBoolean().Value();
   // Optional: a pass whose regions are all RAM-tier memory on one side needs no staging (the
   // job says so when one is missing and needed).
   std::shared_ptr<transfer::StagingPool> pool;

@@ -82,8 +82,11 @@ void TransferJob::validate() {
       }
     }
     uint64_t count = (task.size + task.chunkSize - 1) / task.chunkSize;
+    if (options_.op == Operation::Capture && !options_.hashChunks && (!task.blobPath.empty() || !task.hostCopy)) {
+      throwInvalid("region '" + task.name + "': a capture without hashing lands in a host buffer copy only (no blob file)");
+    }
     if (options_.op == Operation::Capture) {
-      task.checksums.assign(count, hash::Digest{});
+      if (options_.hashChunks) task.checksums.assign(count, hash::Digest{});
     } else if (options_.op != Operation::Copy && task.expected.size() != count) {
       throwInvalid("region '" + task.name + "' has " + std::to_string(task.expected.size()) +
                    " checksums; " + std::to_string(task.size) + " bytes in chunks of " +
@@ -241,7 +244,9 @@ void TransferJob::runPass(Operation op, uint32_t workers, const std::function<vo
           mine[1] = slots[2 * w + 1];
         }
         try {
-          if (op == Operation::Capture) {
+          if (op == Operation::Capture && !options_.hashChunks) {
+            landWorker();
+          } else if (op == Operation::Capture) {
             captureWorker(mine);
           } else if (op == Operation::Copy) {
             copyWorker();
@@ -437,6 +442,33 @@ void TransferJob::copyWorker() {
     // Issued on the stream of the region's own device (Lane::stream(mapping's context)), so
     // every GPU's copies go over its own link, all GPUs at once (chunks are interleaved).
     task.region->copyIn(c.offset, task.hostCopy->hostData() + c.offset, c.length, lane, 0, fence);
+    if (task.region->device() >= 0) perDevice[task.region->device()] += c.length;
+    bytesDone_ += c.length;
+  }
+  lane.synchronize([&](int device) { noteDevice(device, perDevice[device]); });
+}
+
+// A capture with its hash deferred: every chunk's copy into the RAM-tier copy is issued
+// asynchronously on this worker's stream of the region's device, and the worker waits once at
+// the end (the mirror of copyWorker). Nothing reads the bytes here: the GPU digest taken at
+// capture checks them after every restore and when they are persisted.
+void TransferJob::landWorker() {
+  Lane lane;
+  Fence fence;
+  struct Sync {
+    Lane& lane;
+    ~Sync() {
+      try { lane.synchronize(); } catch (...) {}
+    }
+  } sync{lane};
+  std::map<int, uint64_t> perDevice;  // bytes this worker issued from each GPU
+  while (!stopping()) {
+    size_t i = cursor_.fetch_add(1);
+    if (i >= chunks_.size()) break;
+    delayForTests();
+    const Chunk& c = chunks_[i];
+    RegionTask& task = tasks_[c.task];
+    task.region->copyOut(c.offset, task.hostCopy->hostMemory() + c.offset, c.length, lane, 0, fence);
     if (task.region->device() >= 0) perDevice[task.region->device()] += c.length;
     bytesDone_ += c.length;
   }

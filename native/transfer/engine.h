@@ -2,7 +2,8 @@
 // to regions (hydrate), only re-hashes blob files (verify), or copies verified RAM-tier memory to
 // regions (copy). Work is split into chunks that several worker threads
 // take in turn; each worker double-buffers through two staging slots so disk I/O, hashing and
-// DMA overlap, across workers and within one. On hydrate every chunk is hashed in host memory
+// DMA overlap, across workers and within one (a capture with its hash deferred only lands the
+// bytes in RAM-tier memory, no hashing, like copy in reverse). On hydrate every chunk is hashed in host memory
 // and compared with the manifest before it is copied: corrupt bytes never reach a region.
 #pragma once
 
@@ -45,6 +46,9 @@ struct JobOptions {
   uint32_t threads = 0;       // 0: one per core, at most 16
   bool directIo = false;      // O_DIRECT reads (cold data; skips the page cache)
   bool verifyFirst = false;   // Hydrate: verify every chunk of every region before copying any
+  // Capture: hash every chunk (XXH3) as it lands. False: the hash is deferred (to persistence),
+  // every region lands in its hostCopy only (no blob), and the copies are issued back to back.
+  bool hashChunks = true;
 };
 
 enum class Phase : int { Starting = 0, Verifying = 1, Copying = 2, Flushing = 3, Done = 4 };
@@ -90,6 +94,7 @@ class TransferJob {
   void hydrateWorker(Operation op, void* slots[2]);
   void captureWorker(void* slots[2]);
   void copyWorker();
+  void landWorker();
   void finishChunk(const Chunk& c);
   void fail(const NativeError& error);
   bool stopping() const { return cancelled_.load() || failed_.load(); }

@@ -151,6 +151,13 @@ export class HostCache {
   async acquire(store: RegionStore, manifest: Manifest, options: TransferOptions = {}): Promise<CacheLease> {
     this.checkOpen();
     let entry = this.byId.get(manifest.id);
+    if (!entry && !manifest.checksummed) {
+      // A capture with its hash deferred exists only here until persisted: nothing to load it from.
+      throw new VsnapError('E_NOT_DURABLE', `capture ${manifest.id} of '${manifest.name}' is not in the store yet, and the RAM tier no longer holds it (evicted or closed). Capture it again.`, {
+        name: manifest.name,
+        id: manifest.id,
+      });
+    }
     if (!entry) entry = this.startLoad(store, manifest, options);
     entry.users++;
     try {

@@ -1,6 +1,7 @@
 import type { z } from 'zod';
 
 import { VsnapError } from '../errors.js';
+import { blobDigest } from '../store/digest.js';
 import { findMismatches, type LiveLayout, type Mismatch } from './compat.js';
 import { ManifestSchema } from './schema.js';
 import type { ManifestData, RegionInfo } from './types.js';
@@ -38,9 +39,41 @@ function toIssues(error: z.ZodError): ManifestIssue[] {
 export class Manifest {
   /** The validated data. */
   readonly data: ManifestData;
+  /**
+   * False only for a capture made with hash `deferred` (see {@link CaptureOptions.hash}) that is
+   * not persisted yet: its regions' `checksums` are empty and their `blob` is `''` until
+   * {@link Snapshot.persist} computes them. Such a capture lives in the RAM tier only, is vouched
+   * for by its GPU `digests`, and is never written to a store as it is.
+   */
+  readonly checksummed: boolean;
 
-  private constructor(data: ManifestData) {
+  private constructor(data: ManifestData, checksummed = true) {
     this.data = data;
+    this.checksummed = checksummed;
+  }
+
+  /**
+   * The manifest of a capture whose XXH3 checksums are deferred: everything but the checksums and
+   * blob names is validated as {@link Manifest.parse} does (with placeholders in their place),
+   * and every region must carry its GPU digests. @internal
+   */
+  static awaitingChecksums(data: ManifestData, source = 'manifest'): Manifest {
+    const zero = '0'.repeat(32);
+    const withPlaceholders = {
+      ...data,
+      ranks: data.ranks.map((rank) => ({
+        ...rank,
+        regions: rank.regions.map((r) => {
+          const checksums = new Array<string>(r.chunkSize > 0 ? Math.ceil(r.size / r.chunkSize) : 0).fill(zero);
+          return { ...r, checksums, blob: blobDigest(r.size, r.chunkSize, checksums) };
+        }),
+      })),
+    };
+    const parsed = Manifest.parse(withPlaceholders, source).data;
+    if (parsed.ranks.some((rank) => rank.regions.some((r) => !r.digests))) {
+      throw new VsnapError('E_INTERNAL', `${source}: a capture with its checksums deferred needs the GPU digest of every region`);
+    }
+    return new Manifest({ ...parsed, ranks: parsed.ranks.map((rank) => ({ ...rank, regions: rank.regions.map((r) => ({ ...r, checksums: [], blob: '' })) })) }, false);
   }
 
   /**

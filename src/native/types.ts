@@ -98,6 +98,8 @@ export interface NativeTransferSpec {
   threads?: number;
   directIo?: boolean;
   verifyFirst?: boolean;
+  /** capture: false lands every region in its hostCopy without hashing (no blobPath; checksums come back empty). Default true. */
+  hash?: boolean;
   regions: NativeTransferRegion[];
 }
 

@@ -1,7 +1,8 @@
 import { invalidArgument, VsnapError } from '../errors.js';
 import { cudaStatus, listDevices, type GpuDevice } from '../gpu/cuda.js';
 import { Manifest } from '../manifest/manifest.js';
-import type { PlatformInfo, RankInfo, RegionInfo } from '../manifest/types.js';
+import type { ManifestData, PlatformInfo, RankInfo, RegionInfo } from '../manifest/types.js';
+import { blobDigest } from '../store/digest.js';
 import { VERSION } from '../version.js';
 import type { CaptureOptions, CaptureRegion } from './snapshot.js';
 
@@ -65,6 +66,8 @@ export function captureManifest(c: {
   platform: PlatformInfo;
   gpus: readonly GpuDevice[];
   options: CaptureOptions;
+  /** hash 'deferred': no checksums yet (`checksums` and `digests` are ignored); see Manifest.awaitingChecksums. */
+  deferred?: boolean;
 }): Manifest {
   const rankCount = Math.max(...c.regions.map((r) => r.rank ?? 0)) + 1;
   const ranks: RankInfo[] = [];
@@ -80,29 +83,48 @@ export function captureManifest(c: {
         tag: r.tag ?? 'weights',
         size: r.size,
         chunkSize: c.chunkSize,
-        checksums: c.checksums[i]!,
-        blob: c.digests[i]!,
+        checksums: c.deferred ? [] : c.checksums[i]!,
+        blob: c.deferred ? '' : c.digests[i]!,
         tensors: [...(r.tensors ?? [])],
         digests: c.gpuDigests[i] ? [...c.gpuDigests[i]!] : null,
       })),
     });
   }
+  const data = {
+    schemaVersion: 2,
+    id: c.id,
+    name: c.name,
+    createdAt: new Date().toISOString(),
+    vsnapVersion: VERSION,
+    checksumAlgorithm: 'xxh3-128',
+    digestAlgorithm: c.gpuDigests.every((d) => d) ? 'vsnap-gd1' : null,
+    engine: c.options.engine ?? null,
+    model: c.options.model ?? null,
+    platform: c.platform,
+    ranks,
+    expectedResponse: c.options.expectedResponse ?? null,
+    labels: { ...(c.options.labels ?? {}) },
+  };
+  return c.deferred ? Manifest.awaitingChecksums(data as ManifestData, `manifest of '${c.name}'`) : Manifest.parse(data, `manifest of '${c.name}'`);
+}
+
+/**
+ * The manifest of a capture whose checksums were deferred, now that persisting computed them
+ * (per region, in manifest order): validated in full, as one read from a store is. @internal
+ */
+export function withChecksums(pending: Manifest, checksums: ReadonlyArray<readonly string[]>): Manifest {
+  let i = 0;
   return Manifest.parse(
     {
-      schemaVersion: 2,
-      id: c.id,
-      name: c.name,
-      createdAt: new Date().toISOString(),
-      vsnapVersion: VERSION,
-      checksumAlgorithm: 'xxh3-128',
-      digestAlgorithm: c.gpuDigests.every((d) => d) ? 'vsnap-gd1' : null,
-      engine: c.options.engine ?? null,
-      model: c.options.model ?? null,
-      platform: c.platform,
-      ranks,
-      expectedResponse: c.options.expectedResponse ?? null,
-      labels: { ...(c.options.labels ?? {}) },
+      ...pending.data,
+      ranks: pending.data.ranks.map((rank) => ({
+        ...rank,
+        regions: rank.regions.map((r) => {
+          const sums = [...(checksums[i++] ?? [])];
+          return { ...r, checksums: sums, blob: blobDigest(r.size, r.chunkSize, sums) };
+        }),
+      })),
     },
-    `manifest of '${c.name}'`,
+    `manifest of '${pending.name}'`,
   );
 }

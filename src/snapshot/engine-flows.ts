@@ -18,7 +18,7 @@ import { recoverEngine, recoveryReason, type EngineRecovery, type MaterializePol
 import type { Manifest } from '../manifest/manifest.js';
 import { checkLive, liveRefs, mapExported, staleError, type LiveCheckReport } from './live-check.js';
 import type { MappedRegions } from '../regions/mapped.js';
-import { Snapshot, type CaptureOptions, type DeviceTiming, type PersistPolicy } from './snapshot.js';
+import { Snapshot, type CaptureOptions, type DeviceTiming, type PersistPolicy, type CaptureHash } from './snapshot.js';
 import { pullIfMissing, type RegistrySource } from '../registry/source.js';
 
 /*
@@ -51,6 +51,8 @@ export interface EngineCaptureOptions extends TransferOptions {
    * a crash of this process loses them and the engine must reload its checkpoint.
    */
   readonly persist?: PersistPolicy;
+  /** When the chunks' checksums are taken (default `deferred` with persist `async` or `off`); see {@link CaptureHash}. */
+  readonly hash?: CaptureHash;
   /** Incremental capture on top of this earlier capture; see {@link CaptureOptions.base}. */
   readonly base?: Snapshot;
 }
@@ -310,6 +312,7 @@ async function captureExported(
     ...(options.chunkSize ? { chunkSize: options.chunkSize } : {}),
     ...(options.cache ? { cache: options.cache } : {}),
     ...(options.persist ? { persist: options.persist } : {}),
+    ...(options.hash ? { hash: options.hash } : {}),
     ...(options.base ? { base: options.base } : {}),
     ...passOn(options),
   });

@@ -210,7 +210,7 @@ export async function recoverEngine(ctx: RecoveryContext): Promise<{ recovery: E
 /** Captures a new snapshot of the recovered engine and re-reads its blobs from the store. */
 async function captureVerified(ctx: RecoveryContext, probe: ExpectedResponse | null): Promise<Snapshot> {
   const snapshot = await ctx.capture(probe);
-  if (!snapshot.durable) return snapshot; // a RAM-tier-only capture is hashed as it lands
+  if (!snapshot.durable) return snapshot; // a RAM-tier-only capture: its GPU digests check every restore from RAM
   const report = await snapshot.verify(ctx.call.signal ? { signal: ctx.call.signal } : {});
   if (!report.ok) {
     throw new VsnapError('E_CHECKSUM', `the new capture ${snapshot.id} of '${ctx.name}' failed verification: ${report.problems.map((p) => p.message).join('; ')}`, {

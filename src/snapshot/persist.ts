@@ -1,16 +1,30 @@
 import type { HostCache } from '../cache/host-cache.js';
-import { toVsnapError, VsnapError } from '../errors.js';
+import { changedChunks, digestRegions } from '../digest/index.js';
+import { abortError, toVsnapError, VsnapError } from '../errors.js';
 import type { Manifest } from '../manifest/manifest.js';
 import type { RegionStore } from '../store/region-store.js';
 import { passOn, runTransfer, type TransferOptions } from '../transfer/transfer.js';
+import { withChecksums } from './capture-manifest.js';
+
+function changedSinceCapture(manifest: Manifest, key: string, rank: number, chunk: number, against: string): VsnapError {
+  return new VsnapError(
+    'E_CHECKSUM',
+    `the RAM-tier copy of region '${key}' (rank ${rank}) of '${manifest.name}' changed since it was captured (chunk ${chunk} does not match the ${against} taken at capture): nothing was persisted. Capture it again.`,
+    { name: manifest.name, id: manifest.id, region: key, rank, chunk },
+  );
+}
 
 /**
- * Writes a capture held only in the RAM tier into the store (persist `async` or `off`): every
- * region is hashed again on its way from RAM to disk and must match the checksums taken when it
- * was captured, then published as any capture is (blobs, manifest, `current`).
+ * Writes a capture held only in the RAM tier into the store (persist `async` or `off`), then
+ * publishes it as any capture is (blobs, manifest, `current`); returns the manifest published.
+ * Every region is hashed (XXH3) on its way from RAM to disk. A capture hashed when it landed
+ * must give the same checksums again. One with its hash deferred gets its checksums here, and
+ * its RAM copy must equal the GPU digests taken at capture, checked on the CPU after the blobs
+ * were hashed from it (a byte that changed before it was hashed is caught; one that changed after
+ * fails a sound copy, never the other way round).
  * @internal
  */
-export async function persistFromRamTier(store: RegionStore, manifest: Manifest, cache: HostCache, options: TransferOptions): Promise<void> {
+export async function persistFromRamTier(store: RegionStore, manifest: Manifest, cache: HostCache, options: TransferOptions): Promise<Manifest> {
   const lease = cache.hold(manifest.id);
   if (!lease) {
     throw new VsnapError(
@@ -22,7 +36,9 @@ export async function persistFromRamTier(store: RegionStore, manifest: Manifest,
   try {
     const listed = [...manifest.regions()];
     const total = listed.reduce((sum, { region }) => sum + region.size, 0);
+    const inRam = (rank: number, key: string) => ({ kind: 'buffer' as const, buffer: lease.buffer, offset: lease.offsets.get(`${rank}/${key}`)! });
     const txn = await store.beginCapture(manifest.name, total, manifest.id);
+    let published = manifest;
     try {
       const result = await runTransfer({
         op: 'capture',
@@ -32,27 +48,32 @@ export async function persistFromRamTier(store: RegionStore, manifest: Manifest,
           blobPath: txn.blobTmpPath(i),
           size: region.size,
           chunkSize: region.chunkSize,
-          memory: { kind: 'buffer' as const, buffer: lease.buffer, offset: lease.offsets.get(`${rank}/${region.key}`)! },
+          memory: inRam(rank, region.key),
         })),
         ...passOn(options),
       });
-      listed.forEach(({ rank, region }, i) => {
-        const sums = result.checksums?.[i] ?? [];
-        const bad = region.checksums.findIndex((c, k) => sums[k] !== c);
-        if (bad >= 0 || sums.length !== region.checksums.length) {
-          throw new VsnapError(
-            'E_CHECKSUM',
-            `the RAM-tier copy of region '${region.key}' (rank ${rank}) of '${manifest.name}' changed since it was captured (chunk ${Math.max(bad, 0)}): nothing was persisted. Capture it again.`,
-            { name: manifest.name, id: manifest.id, region: region.key, rank, chunk: Math.max(bad, 0) },
-          );
-        }
-      });
-      await txn.publish(manifest, listed.map(({ region }, i) => ({ tmpPath: txn.blobTmpPath(i), size: region.size, digest: region.blob })));
+      if (manifest.checksummed) {
+        listed.forEach(({ rank, region }, i) => {
+          const sums = result.checksums?.[i] ?? [];
+          const bad = region.checksums.findIndex((c, k) => sums[k] !== c);
+          if (bad >= 0 || sums.length !== region.checksums.length) throw changedSinceCapture(manifest, region.key, rank, Math.max(bad, 0), 'checksum');
+        });
+      } else {
+        if (options.signal?.aborted) throw abortError(options.signal, `persist of '${manifest.name}'`);
+        const check = await digestRegions(listed.map(({ rank, region }) => ({ size: region.size, chunkSize: region.chunkSize, memory: inRam(rank, region.key) })));
+        listed.forEach(({ rank, region }, i) => {
+          const bad = changedChunks(region.digests ?? [], check.digests[i] ?? []);
+          if (bad.length) throw changedSinceCapture(manifest, region.key, rank, bad[0]!, 'GPU digest');
+        });
+        published = withChecksums(manifest, result.checksums ?? []);
+      }
+      await txn.publish(published, [...published.regions()].map(({ region }, i) => ({ tmpPath: txn.blobTmpPath(i), size: region.size, digest: region.blob })));
     } catch (err) {
       await txn.abort();
       throw toVsnapError(err);
     }
     cache.markDurable(manifest.id);
+    return published;
   } finally {
     lease.release();
   }

@@ -56,13 +56,18 @@ export interface CaptureOptions extends TransferOptions {
   readonly chunkSize?: number;
   /**
    * Land the capture in this RAM tier (pinned host memory) first: the bytes are copied from the
-   * GPU straight into it and hashed there, so the GPU memory can be freed at D2H speed, and a
-   * later restore from it is a bulk DMA. With `persist: 'sync'` a capture that does not fit goes
-   * to the store only.
+   * GPU straight into it (and hashed there, with hash `now`), so the GPU memory can be freed at
+   * D2H speed, and a later restore from it is a bulk DMA. With `persist: 'sync'` a capture that
+   * does not fit goes to the store only.
    */
   readonly cache?: HostCache;
   /** When the store gets the capture (default `sync`); see {@link PersistPolicy}. */
   readonly persist?: PersistPolicy;
+  /**
+   * When the chunks' XXH3 checksums are taken; see {@link CaptureHash}. Default: `deferred` for a
+   * capture into the RAM tier only (persist `async` or `off`), `now` otherwise.
+   */
+  readonly hash?: CaptureHash;
   /**
    * Incremental capture: an earlier capture of these regions in the same store. Regions whose
    * GPU digests are unchanged since it are not read again; the new snapshot shares their blobs.
@@ -84,6 +89,27 @@ export interface CaptureOptions extends TransferOptions {
  * @public
  */
 export type PersistPolicy = 'sync' | 'async' | 'off';
+
+/**
+ * When a capture takes the XXH3-128 checksums of its chunks (what the store names and checks
+ * blobs by):
+ * - `now`: on the capture workers, as each chunk lands (in the RAM tier, or on its way to the
+ *   store).
+ * - `deferred`: the capture into the RAM tier is a bulk DMA with no host hashing in its path. The
+ *   GPU digests of the source regions, taken on the GPU at capture before the copy (the engine is
+ *   paused: the bytes cannot change), vouch for the RAM copy instead: every restore from it
+ *   compares the restored memory with them before it resolves (even with `verifyDigests: false`),
+ *   and {@link Snapshot.persist} checks the RAM copy against them while it computes the checksums
+ *   the store writes, the same as a `now` capture of the same bytes (same blobs, shared).
+ *   Needs persist `async` or `off`. A capture whose GPU digests cannot be taken hashes `now`.
+ *
+ * The default is `deferred` where it applies (persist `async` or `off`): it frees the GPU at D2H
+ * speed, and the hash it defers checked nothing a restore from RAM relies on (the RAM copy is
+ * checked on the GPU after every restore either way). With persist `sync` the store needs the
+ * checksums in the same pass, so it is `now`.
+ * @public
+ */
+export type CaptureHash = 'now' | 'deferred';
 
 /**
  * Where to restore one region.
@@ -120,7 +146,11 @@ export interface RestoreOptions extends TransferOptions {
    * the store as without it.
    */
   readonly cache?: HostCache;
-  /** Digest the restored memory (on the GPU) and compare with the snapshot's digests (default true; skipped when it has none). */
+  /**
+   * Digest the restored memory (on the GPU) and compare with the snapshot's digests (default
+   * true; skipped when it has none). Always done for a capture with hash `deferred` not yet
+   * persisted: its GPU digests are the only check of its RAM copy.
+   */
   readonly verifyDigests?: boolean;
   /**
    * With `cache`: copy from the RAM tier over two PCIe links, the target's and a neighbour GPU's
@@ -147,6 +177,8 @@ export interface TransferSummary {
   readonly tier?: 'gpu' | 'ram' | 'store';
   /** capture with a `base`: bytes not read again, shared with the base (total = bytes + reusedBytes). */
   readonly reusedBytes?: number;
+  /** capture only: when the chunks' checksums were taken (`deferred`: on persist); see {@link CaptureHash}. */
+  readonly hash?: CaptureHash;
   /** Seconds spent on GPU digests (capture: of the live regions; restore: verification). */
   readonly digestSeconds?: number;
   /** restore with `multipath`: how the bytes were split between the paths. */
@@ -201,18 +233,17 @@ function notDurable(snapshot: Snapshot, what: string): VsnapError {
 export class Snapshot {
   /** The store holding it. */
   readonly store: RegionStore;
-  /** Its manifest. */
-  readonly manifest: Manifest;
   /** Timing of the capture that created this object (undefined for opened snapshots). */
   readonly lastCapture: TransferSummary | undefined;
   /** The RAM tier holding a capture the store does not have yet. */
   private readonly ramTier: HostCache | undefined;
   private isDurable: boolean;
   private persisting: Promise<void> | undefined;
+  private current: Manifest;
 
   private constructor(store: RegionStore, manifest: Manifest, lastCapture?: TransferSummary, ramTier?: HostCache) {
     this.store = store;
-    this.manifest = manifest;
+    this.current = manifest;
     this.lastCapture = lastCapture;
     this.ramTier = ramTier;
     this.isDurable = ramTier === undefined;
@@ -228,15 +259,27 @@ export class Snapshot {
   }
 
   /**
+   * Its manifest. For a capture with hash `deferred`, the one without checksums
+   * ({@link Manifest.checksummed} false) until {@link Snapshot.persist} has written it, then the
+   * one in the store (same id).
+   */
+  get manifest(): Manifest {
+    return this.current;
+  }
+
+  /**
    * Makes the capture durable: waits for the background persistence of an `async` capture, or
    * writes an `off` one (or retries a failed one) from the RAM tier now. Every chunk is hashed
-   * again on its way to disk and must match the checksum taken when it landed in RAM. Resolves at
-   * once for a durable snapshot. Throws E_NOT_DURABLE when the RAM tier no longer holds it.
+   * (again) on its way to disk and must match the checksum taken when it landed in RAM, or, for a
+   * capture with hash `deferred`, the GPU digest taken at capture (E_CHECKSUM otherwise: nothing
+   * is written). Resolves at once for a durable snapshot. Throws E_NOT_DURABLE when the RAM tier
+   * no longer holds it.
    */
   async persist(options: TransferOptions = {}): Promise<void> {
     if (this.isDurable) return;
-    this.persisting ??= persistFromRamTier(this.store, this.manifest, this.ramTier!, options).then(
-      () => {
+    this.persisting ??= persistFromRamTier(this.store, this.current, this.ramTier!, options).then(
+      (published) => {
+        this.current = published;
         this.isDurable = true;
       },
       (err: unknown) => {
@@ -288,6 +331,9 @@ export class Snapshot {
     if (persist !== 'sync' && persist !== 'async' && persist !== 'off') invalidArgument('persist', "'sync', 'async' or 'off'", persist);
     const cache = options.cache;
     if (persist !== 'sync' && !cache) invalidArgument('cache', `a HostCache: persist '${persist}' keeps the capture in the RAM tier`, cache);
+    const hash = options.hash ?? (persist === 'sync' ? 'now' : 'deferred');
+    if (hash !== 'now' && hash !== 'deferred') invalidArgument('hash', "'now' or 'deferred'", hash);
+    if (hash === 'deferred' && persist === 'sync') invalidArgument('hash', "'now' with persist 'sync' (the store needs the checksums in the same pass); 'deferred' needs persist 'async' or 'off'", hash);
     const items = regions.map((r) => ({ rank: r.rank ?? 0, key: r.key, size: r.size }));
     const id = store.newCaptureId();
     const txn = persist === 'sync' ? await store.beginCapture(name, total, id) : undefined;
@@ -298,7 +344,10 @@ export class Snapshot {
       const digestStarted = performance.now();
       const gpuDigests = await captureDigests(regions, chunkSize);
       const digestSeconds = (performance.now() - digestStarted) / 1000;
-      const reused = reservation || !txn ? new Map<number, RegionInfo>() : reusableRegions(store, options.base?.manifest, regions, chunkSize, gpuDigests);
+      // Deferred: the RAM copy is vouched for by the GPU digests, so every region needs one.
+      const deferred = hash === 'deferred' && reservation !== undefined && gpuDigests.every((d) => d !== null);
+      const base = options.base?.manifest.checksummed ? options.base.manifest : undefined; // a base not persisted has no blobs to share
+      const reused = reservation || !txn ? new Map<number, RegionInfo>() : reusableRegions(store, base, regions, chunkSize, gpuDigests);
       const fresh = regions.map((_, i) => i).filter((i) => !reused.has(i));
       const result = fresh.length === 0 ? { checksums: [], seconds: 0 } : await runTransfer({
         op: 'capture',
@@ -311,13 +360,14 @@ export class Snapshot {
           memory: r.memory,
           ...(reservation ? { hostCopy: { kind: 'buffer' as const, buffer: reservation.buffer, offset: reservation.offsets.get(`${items[i]!.rank}/${r.key}`)! } } : {}),
         })),
+        ...(deferred ? { hash: false } : {}),
         ...passOn(options),
       });
       failpoint('capture.after-transfer');
       const read = result.checksums ?? [];
-      const checksums = regions.map((_, i) => (reused.has(i) ? [...reused.get(i)!.checksums] : read[fresh.indexOf(i)]!));
-      const digests = regions.map((r, i) => reused.get(i)?.blob ?? blobDigest(r.size, chunkSize, checksums[i]!));
-      const manifest = captureManifest({ id, name, regions, chunkSize, checksums, digests, gpuDigests, platform, gpus, options });
+      const checksums = regions.map((_, i) => (reused.has(i) ? [...reused.get(i)!.checksums] : deferred ? [] : read[fresh.indexOf(i)]!));
+      const digests = regions.map((r, i) => reused.get(i)?.blob ?? (deferred ? '' : blobDigest(r.size, chunkSize, checksums[i]!)));
+      const manifest = captureManifest({ id, name, regions, chunkSize, checksums, digests, gpuDigests, platform, gpus, options, deferred });
       let dedupedBytes = 0;
       const blobs = regions.map((r, i) => ({ ...(reused.has(i) ? {} : { tmpPath: txn?.blobTmpPath(i) }), size: r.size, digest: digests[i]! }));
       if (txn) ({ dedupedBytes } = await txn.publish(manifest, blobs));
@@ -325,7 +375,15 @@ export class Snapshot {
       const seconds = result.seconds;
       const reusedBytes = [...reused.values()].reduce((n, r) => n + r.size, 0);
       const moved = total - reusedBytes;
-      const summary = { bytes: moved, seconds, bytesPerSecond: moved / Math.max(seconds, 1e-9), ...(txn ? { dedupedBytes } : {}), ...(options.base ? { reusedBytes } : {}), digestSeconds };
+      const summary: TransferSummary = {
+        bytes: moved,
+        seconds,
+        bytesPerSecond: moved / Math.max(seconds, 1e-9),
+        ...(txn ? { dedupedBytes } : {}),
+        ...(options.base ? { reusedBytes } : {}),
+        hash: deferred ? 'deferred' : 'now',
+        digestSeconds,
+      };
       const snapshot = new Snapshot(store, manifest, summary, txn ? undefined : cache);
       if (persist === 'async') snapshot.persistInBackground(options);
       return snapshot;
@@ -351,9 +409,11 @@ export class Snapshot {
    * listing every difference; then streams each blob, verifying every chunk before it is copied.
    */
   async restore(options: RestoreOptions): Promise<TransferSummary> {
+    const manifest = this.current; // the one the bytes are restored by, even if a persist completes meanwhile
     const { devices: copied, ...summary } = await this.restoreBytes(options);
     const live = options.regions.map((r) => ({ rank: r.rank ?? 0, key: r.key, size: r.size, memory: r.memory }));
-    const digest = await verifyRestoredByDevice(this.manifest, live, options.verifyDigests ?? true);
+    // A deferred capture's RAM copy was never hashed: its GPU digests are the one check it gets.
+    const digest = await verifyRestoredByDevice(manifest, live, (options.verifyDigests ?? true) || !manifest.checksummed);
     const devices = (copied ?? []).map((d): DeviceTiming => {
       const checked = digest?.devices.find((x) => x.device === d.device);
       return { device: d.device, bytes: d.bytes, hydrateSeconds: d.seconds, ...(checked ? { digestSeconds: checked.seconds } : {}) };

@@ -71,6 +71,8 @@ export interface TransferRequest extends TransferOptions {
   label: string;
   regions: readonly TransferRegion[];
   verifyFirst?: boolean;
+  /** capture: false lands the bytes in each region's hostCopy without hashing them (hash deferred). */
+  hash?: boolean;
 }
 
 /**
@@ -129,6 +131,7 @@ export async function runTransfer(request: TransferRequest): Promise<NativeTrans
           threads,
           directIo: request.directIo ?? false,
           verifyFirst: request.verifyFirst ?? false,
+          ...(request.hash === false ? { hash: false } : {}),
           regions,
         },
         onProgress ? (done, total, phase) => onProgress({ phase, bytesDone: done, bytesTotal: total }) : undefined,

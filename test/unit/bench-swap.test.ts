@@ -1,5 +1,5 @@
 // The CPU parts of `npm run bench -- swap` (issue 14): the sweep's region layouts and its RAM-tier
-// restores on host memory, the hashing-load profiler, the host-memory probes of the vLLM row, and
+// restores on host memory (the two-GPU capture row: bench-capture2.test.ts), the host-memory probes of the vLLM row, and
 // the tables. No timing is asserted: only that every part runs and reports what it measured.
 import { mkdtempSync, rmSync } from 'node:fs';
 import { readdirSync } from 'node:fs';
@@ -8,8 +8,8 @@ import { join } from 'node:path';
 
 import { afterAll, describe, expect, it } from 'vitest';
 
-import { capture2Table, phaseTable, sweepTable, vllmTable, withoutCheck } from '../../bench/swap-report.js';
-import { runCapture2, runCeiling, runSweep, splitEvenly, withHashLoad } from '../../bench/swap-sweep.js';
+import { phaseTable, sweepTable, vllmTable, withoutCheck } from '../../bench/swap-report.js';
+import { runCeiling, runSweep, splitEvenly } from '../../bench/swap-sweep.js';
 import { gpuBytesOf, hostMemory } from '../../bench/swap-vllm.js';
 import { RegionStore } from '../../src/index.js';
 import { packageRoot } from '../../src/native/index.js';
@@ -69,32 +69,6 @@ describe('bench swap: sweep on host memory', () => {
   it('has no ceiling without the binary', () => {
     expect(runCeiling(null, [MiB], 1)).toBeNull();
     expect(runCeiling('/nonexistent/ceiling', [MiB], 1)).toBeNull();
-  });
-});
-
-describe('bench swap: two-GPU capture row', () => {
-  it('is skipped with a reason on fewer than two GPUs', async () => {
-    const store = await RegionStore.open(tmp());
-    const r = await runCapture2({ gpus: 1, totalBytes: 16 * 1024 * MiB, reps: 1, ceilingBin: null, hashThreads: 1, nativePath: addon(), store, log: () => {} });
-    expect(r.skipped).toMatch(/needs 2 GPUs, 1 visible/);
-    expect(capture2Table(r)).toContain('skipped: needs 2 GPUs');
-  });
-  it('hashes on every thread while the measured work runs, with per-pass timestamps', async () => {
-    const { value, load } = await withHashLoad(addon(), 2, () => new Promise<string>((r) => setTimeout(() => r('done'), 200)), 4 * MiB);
-    expect(value).toBe('done');
-    expect(load.threads).toBe(2);
-    expect(load.passes).toHaveLength(2);
-    for (const passes of load.passes) {
-      expect(passes.length).toBeGreaterThan(0);
-      for (const [start, end, bytes] of passes) {
-        expect(end).toBeGreaterThanOrEqual(start);
-        expect(bytes).toBe(4 * MiB);
-      }
-    }
-    expect(load.GBps).toBeGreaterThan(0);
-  });
-  it('stops the hashing threads when the measured work fails', async () => {
-    await expect(withHashLoad(addon(), 1, () => Promise.reject(new Error('boom')), MiB)).rejects.toThrow('boom');
   });
 });
 
