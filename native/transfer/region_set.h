@@ -22,20 +22,29 @@ struct RegionSpec {
   uint64_t size = 0;
 };
 
+// How a set maps its regions: batched (transfer/region_batch.h: one reservation and one access
+// call per device), one region at a time (cuda::Mapping each), or batched falling back to one at
+// a time when the batched form fails for any reason other than an invalid argument.
+enum class MapMode { Auto, Batched, PerRegion };
+
 class RegionSet {
  public:
   // Opens every region with up to `threads` threads (0: a default). On any failure every region
-  // already opened is closed again and the first error is thrown.
-  static std::shared_ptr<RegionSet> open(std::vector<RegionSpec> specs, uint32_t threads);
+  // already opened is closed again and the first error is thrown. The descriptors are closed
+  // before it returns.
+  static std::shared_ptr<RegionSet> open(std::vector<RegionSpec> specs, uint32_t threads, MapMode mode = MapMode::Auto);
   ~RegionSet();
 
   size_t count() const { return regions_.size(); }
+  // Whether the regions were mapped in the batched form (false: one at a time).
+  bool batched() const { return batched_; }
   // The i-th region (throws E_OUT_OF_RANGE), shared: it stays open while the returned pointer lives.
   std::shared_ptr<Region> at(size_t i) const;
 
  private:
   RegionSet() = default;
   std::vector<std::shared_ptr<Region>> regions_;
+  bool batched_ = false;
 };
 
 // A Region that forwards to a shared one (a RegionSet's), for a transfer task that owns its region.
