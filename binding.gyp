@@ -52,6 +52,7 @@
         "native/transfer/host_buffer.cc",
         "native/transfer/region_set.cc",
         "native/transfer/region_batch.cc",
+        "native/transfer/region_pipeline.cc",
         "native/js/js_util.cc",
         "native/js/js_lifecycle.cc",
         "native/js/js_cuda.cc",

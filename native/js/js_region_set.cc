@@ -9,7 +9,7 @@ namespace vsnap::js {
 
 Napi::Function RegionSet::Define(Napi::Env env) {
   Napi::Function fn = DefineClass(env, kName,
-                                  {InstanceAccessor<&RegionSet::Count>("count"), InstanceAccessor<&RegionSet::Batched>("batched"), InstanceAccessor("closed", &RegionSet::Closed, nullptr),
+                                  {InstanceAccessor<&RegionSet::Count>("count"), InstanceAccessor<&RegionSet::Batched>("batched"), InstanceAccessor<&RegionSet::Pipelined>("pipelined"), InstanceMethod<&RegionSet::Settled>("settled"), InstanceAccessor("closed", &RegionSet::Closed, nullptr),
                                    InstanceMethod<&RegionSet::Release>("release"), InstanceMethod("close", &RegionSet::Close)});
   constructor(env) = Napi::Persistent(fn);
   return fn;
@@ -21,6 +21,22 @@ Napi::Value RegionSet::Count(const Napi::CallbackInfo& info) {
 
 Napi::Value RegionSet::Batched(const Napi::CallbackInfo& info) {
   return Napi::Boolean::New(info.Env(), live(info.Env())->batched());
+}
+
+Napi::Value RegionSet::Pipelined(const Napi::CallbackInfo& info) {
+  return Napi::Boolean::New(info.Env(), live(info.Env())->pipelined());
+}
+
+// settled(): resolves once every region is mapped (at once unless pipelined); rejects with the
+// error that stopped the opening.
+Napi::Value RegionSet::Settled(const Napi::CallbackInfo& info) {
+  auto set = live(info.Env());
+  return PromiseWorker<bool>::Run(
+      info.Env(), [set] {
+        set->settle();
+        return true;
+      },
+      [](Napi::Env env, bool&) -> Napi::Value { return env.Undefined(); });
 }
 
 // release(): drops this handle and unmaps the regions on the thread pool (unmapping thousands of
@@ -57,8 +73,10 @@ void initRegionSet(Napi::Env env, Napi::Object exports) {
         mode = transfer::MapMode::Batched;
       } else if (m == "per-region") {
         mode = transfer::MapMode::PerRegion;
+      } else if (m == "pipelined") {
+        mode = transfer::MapMode::Pipelined;
       } else if (m != "auto") {
-        throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "mapping must be 'auto', 'batched' or 'per-region'"));
+        throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "mapping must be 'auto', 'batched', 'per-region' or 'pipelined'"));
       }
     }
     auto specs = std::make_shared<std::vector<transfer::RegionSpec>>();
@@ -70,6 +88,7 @@ void initRegionSet(Napi::Env env, Napi::Object exports) {
       transfer::RegionSpec s;
       s.imported = kind == "imported";
       s.size = toU64(getRequired(o, "size"), "size");
+      if (o.Has("device") && !o.Get("device").IsUndefined()) s.device = static_cast<int>(toI64(o.Get("device"), "device"));
       int fd = static_cast<int>(toI64(getRequired(o, "fd"), "fd"));
       s.fd.reset(fcntl(fd, F_DUPFD_CLOEXEC, 0));
       if (!s.fd.valid()) throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "regions[" + std::to_string(i) + "].fd " + std::to_string(fd) + " is not an open descriptor"));

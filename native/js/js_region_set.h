@@ -25,6 +25,8 @@ class RegionSet : public SharedWrap<RegionSet, transfer::RegionSet> {
  private:
   Napi::Value Count(const Napi::CallbackInfo& info);
   Napi::Value Batched(const Napi::CallbackInfo& info);
+  Napi::Value Pipelined(const Napi::CallbackInfo& info);
+  Napi::Value Settled(const Napi::CallbackInfo& info);
   Napi::Value Release(const Napi::CallbackInfo& info);
 };
 

@@ -29,6 +29,11 @@ struct BatchInput {
 // imported, reserved or mapped, and the first error is thrown ("region <label>: ...").
 std::vector<std::shared_ptr<Region>> openBatched(const std::vector<BatchInput>& inputs, bool imported, uint32_t threads);
 
+struct RegionSpec;
+// Opens specs[begin, end) batched (host regions as one batch, imported ones as another); the
+// labels in errors are the specs' indices. Defined in region_set.cc.
+std::vector<std::shared_ptr<Region>> openSpecsBatched(const std::vector<RegionSpec>& specs, size_t begin, size_t end, uint32_t threads);
+
 // Runs fn(i) for i in [0, n) on up to `threads` threads (the caller's included); stops at the
 // first failure and rethrows it as "region <label(i)>: ..." once every thread is done.
 void forEachRegion(size_t n, uint32_t threads, const std::function<void(size_t)>& fn, const std::function<size_t(size_t)>& label);

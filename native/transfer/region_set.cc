@@ -3,6 +3,9 @@
 #include "common/error.h"
 #include "cuda/vmm_timing.h"
 #include "transfer/region_batch.h"
+#include "transfer/region_pipeline.h"
+
+#include <algorithm>
 
 namespace vsnap::transfer {
 namespace {
@@ -40,21 +43,6 @@ std::vector<std::shared_ptr<Region>> openPerRegion(const std::vector<RegionSpec>
   return regions;  // on failure, the regions opened so far are closed as `regions` goes
 }
 
-// Host regions as one batch, imported ones as another.
-std::vector<std::shared_ptr<Region>> openAllBatched(const std::vector<RegionSpec>& specs, uint32_t threads) {
-  std::vector<std::shared_ptr<Region>> regions(specs.size());
-  for (bool imported : {false, true}) {
-    std::vector<BatchInput> inputs;
-    for (size_t i = 0; i < specs.size(); i++) {
-      if (specs[i].imported == imported) inputs.push_back({specs[i].fd.get(), specs[i].size, i});
-    }
-    if (inputs.empty()) continue;
-    auto opened = openBatched(inputs, imported, threads);
-    for (size_t k = 0; k < inputs.size(); k++) regions[inputs[k].label] = std::move(opened[k]);
-  }
-  return regions;
-}
-
 void closeAll(std::vector<RegionSpec>& specs) {
   for (RegionSpec& s : specs) {
     if (!s.fd.valid()) continue;
@@ -65,28 +53,53 @@ void closeAll(std::vector<RegionSpec>& specs) {
 
 }  // namespace
 
+std::vector<std::shared_ptr<Region>> openSpecsBatched(const std::vector<RegionSpec>& specs, size_t begin, size_t end, uint32_t threads) {
+  std::vector<std::shared_ptr<Region>> regions(end - begin);
+  for (bool imported : {false, true}) {  // host regions as one batch, imported ones as another
+    std::vector<BatchInput> inputs;
+    for (size_t i = begin; i < end; i++) {
+      if (specs[i].imported == imported) inputs.push_back({specs[i].fd.get(), specs[i].size, i});
+    }
+    if (inputs.empty()) continue;
+    auto opened = openBatched(inputs, imported, threads);
+    for (size_t k = 0; k < inputs.size(); k++) regions[inputs[k].label - begin] = std::move(opened[k]);
+  }
+  return regions;
+}
+
 std::shared_ptr<RegionSet> RegionSet::open(std::vector<RegionSpec> specs, uint32_t threads, MapMode mode) {
   struct CloseFds {
     std::vector<RegionSpec>& specs;
     ~CloseFds() { closeAll(specs); }
   } closeFds{specs};
   std::shared_ptr<RegionSet> set(new RegionSet());
+  bool devicesKnown = std::all_of(specs.begin(), specs.end(), [](const RegionSpec& s) { return !s.imported || s.device >= 0; });
+  if (mode == MapMode::Pipelined && devicesKnown && !specs.empty()) {
+    set->pipeline_ = RegionPipeline::start(std::move(specs), threads);  // takes the descriptors
+    set->regions_ = set->pipeline_->regions();
+    set->batched_ = true;
+    return set;
+  }
   if (mode == MapMode::PerRegion) {
     set->regions_ = openPerRegion(specs, threads);
     return set;
   }
   try {
-    set->regions_ = openAllBatched(specs, threads);
+    set->regions_ = openSpecsBatched(specs, 0, specs.size(), threads);
     set->batched_ = true;
   } catch (const NativeError& e) {
     // Nothing of the batch is left at this point. An invalid argument fails either way.
-    if (mode == MapMode::Batched || e.code() == "E_INVALID_ARGUMENT") throw;
+    if (mode != MapMode::Auto || e.code() == "E_INVALID_ARGUMENT") throw;
     set->regions_ = openPerRegion(specs, threads);
   }
   return set;
 }
 
 RegionSet::~RegionSet() = default;
+
+void RegionSet::settle() const {
+  if (pipeline_) pipeline_->settle();
+}
 
 std::shared_ptr<Region> RegionSet::at(size_t i) const {
   if (i >= regions_.size()) {

@@ -67,6 +67,10 @@ export interface NativeRegionSet {
   readonly closed: boolean;
   /** Whether the regions were mapped in the batched form (one reservation and access call per device). */
   readonly batched: boolean;
+  /** Whether the set was returned before its regions were mapped (they are mapped in the background, in order). */
+  readonly pipelined: boolean;
+  /** Resolves once every region is mapped; rejects with the error that stopped the mapping. */
+  settled(): Promise<void>;
   /** Drops this handle and unmaps off the JS thread (a running transfer keeps what it uses until it ends). */
   release(): Promise<void>;
   /** Drops this handle now (unmapping on the JS thread if nothing else uses the regions). */
@@ -74,7 +78,7 @@ export interface NativeRegionSet {
 }
 
 /** How a region set maps its regions (native/transfer/region_set.h MapMode). */
-export type NativeMapping = 'auto' | 'batched' | 'per-region';
+export type NativeMapping = 'auto' | 'batched' | 'per-region' | 'pipelined';
 /** The batched open's fault points (native/common/fault.h). */
 export type NativeMapFault = 'map-import' | 'map-reserve' | 'map-map' | 'map-access';
 /** The steps vmmTimings() reports: calls made, regions they covered, summed seconds. */
@@ -261,7 +265,7 @@ export interface NativeBinding {
   digestBench(src: NativeDeviceAllocation, dst: NativeDeviceAllocation, size: number, chunkSize: number, repeats: number): Promise<{ digestMs: number[]; copyMs: number[] }>;
   digestAlgorithm: string;
   /** Opens every region at once, on up to `threads` threads (default 4); nothing stays open on failure. */
-  openRegions(regions: ReadonlyArray<{ kind: 'host' | 'imported'; fd: number; size: number }>, threads?: number, mapping?: NativeMapping): Promise<NativeRegionSet>;
+  openRegions(regions: ReadonlyArray<{ kind: 'host' | 'imported'; fd: number; size: number; device?: number }>, threads?: number, mapping?: NativeMapping): Promise<NativeRegionSet>;
   /** Process-wide totals per VMM step of opening and closing region sets (native/cuda/vmm_timing.h). */
   vmmTimings(): NativeVmmTimings;
   /** How many region mappings this process made so far (tests: nothing mapped twice). */

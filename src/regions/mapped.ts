@@ -22,7 +22,7 @@ export class MappedRegions {
   /** How many regions the set holds. */
   readonly count: number;
   /** How the regions were mapped: `batched` (one reservation and access call per device) or `per-region`. */
-  readonly mapping: 'batched' | 'per-region';
+  readonly mapping: 'batched' | 'per-region' | 'pipelined';
   private set: NativeRegionSet | undefined;
   private closing: Promise<void> | undefined;
   private readonly sources: ReadonlyArray<RegionMemory>;
@@ -33,7 +33,7 @@ export class MappedRegions {
     this.set = set;
     this.sources = sources;
     this.count = sources.length;
-    this.mapping = set.batched ? 'batched' : 'per-region';
+    this.mapping = set.pipelined ? 'pipelined' : set.batched ? 'batched' : 'per-region';
     let n = 0;
     this.slots = sources.map((s) => (mappable(s) ? n++ : -1));
   }
@@ -43,9 +43,12 @@ export class MappedRegions {
    * memory this process allocated is mapped already). Nothing stays mapped when it fails.
    */
   static async open(regions: ReadonlyArray<{ readonly memory: RegionMemory; readonly size: number }>, options: MappedRegionsOptions = {}): Promise<MappedRegions> {
-    const specs: Array<{ kind: 'host' | 'imported'; fd: number; size: number }> = [];
+    const specs: Array<{ kind: 'host' | 'imported'; fd: number; size: number; device?: number }> = [];
     const sources = regions.map((r) => r.memory);
-    for (const r of regions) if (mappable(r.memory)) specs.push({ kind: r.memory.kind, fd: r.memory.fd, size: r.size });
+    for (const r of regions) {
+      const m = r.memory;
+      if (mappable(m)) specs.push({ kind: m.kind, fd: m.fd, size: r.size, ...(m.kind === 'imported' && m.device !== undefined ? { device: m.device } : {}) });
+    }
     let set: NativeRegionSet;
     try {
       set = await native().openRegions(specs, options.threads, options.mapping ?? defaultMapping());
@@ -53,6 +56,20 @@ export class MappedRegions {
       throw toVsnapError(err);
     }
     return new MappedRegions(set, sources);
+  }
+
+  /**
+   * Resolves once every region is mapped: at once, unless the set is `pipelined`; then it
+   * rejects with the error that stopped the mapping (a transfer into a region that could not be
+   * mapped fails with that error too).
+   */
+  async settled(): Promise<void> {
+    if (!this.set) throw new VsnapError('E_CLOSED', 'these MappedRegions were closed');
+    try {
+      await this.set.settled();
+    } catch (err) {
+      throw toVsnapError(err);
+    }
   }
 
   /** Whether {@link MappedRegions.close} was called. */
@@ -103,17 +120,20 @@ export interface MappedRegionsOptions {
   readonly threads?: number;
   /**
    * `auto` (default): batched, falling back to one region at a time if the batched form fails;
-   * `batched`: batched only; `per-region`: one reservation, mapping and access call per region.
-   * The environment variable VSNAP_REGION_MAPPING sets the default.
+   * `batched`: batched only; `per-region`: one reservation, mapping and access call per region;
+   * `pipelined`: `open` resolves at once and the regions are mapped in order in the background,
+   * in batched chunks, so a restore's copy starts on the first regions while the others are
+   * still being mapped (needs every imported region's `device`, else it is `batched`; see
+   * {@link MappedRegions.settled}). The environment variable VSNAP_REGION_MAPPING sets the default.
    */
-  readonly mapping?: 'auto' | 'batched' | 'per-region';
+  readonly mapping?: 'auto' | 'batched' | 'per-region' | 'pipelined';
 }
 
-function defaultMapping(): 'auto' | 'batched' | 'per-region' {
+function defaultMapping(): 'auto' | 'batched' | 'per-region' | 'pipelined' {
   const v = process.env['VSNAP_REGION_MAPPING'];
   if (v === undefined || v === '') return 'auto';
-  if (v === 'auto' || v === 'batched' || v === 'per-region') return v;
-  return invalidArgument('VSNAP_REGION_MAPPING', "'auto', 'batched' or 'per-region'", v);
+  if (v === 'auto' || v === 'batched' || v === 'per-region' || v === 'pipelined') return v;
+  return invalidArgument('VSNAP_REGION_MAPPING', "'auto', 'batched', 'per-region' or 'pipelined'", v);
 }
 
 function mappable(m: RegionMemory): m is Extract<RegionMemory, { kind: 'host' | 'imported' }> {
