@@ -13,7 +13,7 @@ export { NeighbourTier } from './gpu/neighbour-tier.js';
 export type { NeighbourRegion, NeighbourTierOptions, NeighbourTransfer } from './gpu/neighbour-tier.js';
 
 export { HostRegion } from './regions/host-region.js';
-export { MappedRegions } from './regions/mapped.js';
+export { MappedRegions, type MappedRegionsOptions } from './regions/mapped.js';
 export type { MappedMemory, RegionMemory } from './regions/memory.js';
 
 export { releaseIdleResources } from './transfer/staging.js';

@@ -24,13 +24,17 @@ void set(Point point, uint32_t times, uint32_t arg) {
 Point parse(const std::string& name) {
   if (name == "thread-start") return Point::ThreadStart;
   if (name == "chunk-delay") return Point::ChunkDelay;
-  throwInvalid("unknown fault point '" + name + "' (thread-start, chunk-delay)");
+  if (name == "map-import") return Point::MapImport;
+  if (name == "map-reserve") return Point::MapReserve;
+  if (name == "map-map") return Point::MapMap;
+  if (name == "map-access") return Point::MapAccess;
+  throwInvalid("unknown fault point '" + name + "' (thread-start, chunk-delay, map-import, map-reserve, map-map, map-access)");
 }
 
 bool hit(Point point) {
   Armed& a = table[static_cast<int>(point)];
   if (a.remaining.load(std::memory_order_relaxed) == 0) return false;
-  if (point == Point::ThreadStart) {  // let `arg` starts through first
+  if (point != Point::ChunkDelay) {  // let `arg` hits through first
     uint32_t skip = a.arg.load();
     while (skip > 0) {
       if (a.arg.compare_exchange_weak(skip, skip - 1)) return false;

@@ -3,6 +3,8 @@
 //   "thread-start"  a transfer's worker thread fails to start (as std::thread does on EAGAIN),
 //                   after `arg` starts have been let through
 //   "chunk-delay"   each transfer chunk waits `arg` ms first (keeps a transfer running)
+//   "map-import", "map-reserve", "map-map", "map-access": a batched region-set open
+//                   (transfer/region_batch.h) fails at that step, after `arg` hits let through
 #pragma once
 
 #include <cstdint>
@@ -10,7 +12,7 @@
 
 namespace vsnap::fault {
 
-enum class Point { ThreadStart = 0, ChunkDelay = 1, Count = 2 };
+enum class Point { ThreadStart = 0, ChunkDelay = 1, MapImport = 2, MapReserve = 3, MapMap = 4, MapAccess = 5, Count = 6 };
 
 // Arms `point` for the next `times` hits (0 disarms) with an argument (ChunkDelay: ms).
 void set(Point point, uint32_t times, uint32_t arg = 0);

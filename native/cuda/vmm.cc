@@ -5,14 +5,21 @@
 #include "cuda/devices.h"
 #include "cuda/driver.h"
 #include "cuda/exportable.h"
+#include "cuda/vmm_batch.h"
+#include "cuda/vmm_timing.h"
 
 namespace vsnap::cuda {
 namespace {
+using vmm::addressFree;
+using vmm::release;
+using vmm::unmap;
+
 uint64_t roundUp(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
 
 // Imports another process's exported (POSIX-FD) handle; the descriptor is not consumed.
 CUmemGenericAllocationHandle importHandle(int fd) {
   CUmemGenericAllocationHandle handle = 0;
+  VmmTimer timer(VmmStep::Import);
   check(api().cuMemImportFromShareableHandle(&handle, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
                                              CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
         "cuMemImportFromShareableHandle");
@@ -25,35 +32,62 @@ Mapping::Mapping(std::shared_ptr<Context> ctx, uint64_t handle, uint64_t size, b
   const Api& cu = api();
   ctx_->makeCurrent();
   CUdeviceptr va = 0;
-  CUresult r = cu.cuMemAddressReserve(&va, size_, vmmGranularity(device_), 0, 0);
+  uint64_t granularity;
+  {
+    VmmTimer timer(VmmStep::Setup);
+    granularity = vmmGranularity(device_);
+  }
+  CUresult r;
+  {
+    VmmTimer timer(VmmStep::Reserve);
+    r = cu.cuMemAddressReserve(&va, size_, granularity, 0, 0);
+    if (r != CUDA_SUCCESS) timer.fail();
+  }
   if (r != CUDA_SUCCESS) {
-    cu.cuMemRelease(handle_);
+    release(handle_);
     check(r, "cuMemAddressReserve");
   }
   va_ = va;
-  r = cu.cuMemMap(va, size_, 0, handle_, 0);
+  {
+    VmmTimer timer(VmmStep::Map);
+    r = cu.cuMemMap(va, size_, 0, handle_, 0);
+    if (r != CUDA_SUCCESS) timer.fail();
+  }
   if (r == CUDA_SUCCESS) {
     mapped_ = true;
     CUmemAccessDesc access{};
     access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     access.location.id = device_;
     access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    VmmTimer timer(VmmStep::Access);
     r = cu.cuMemSetAccess(va, size_, &access, 1);
+    if (r != CUDA_SUCCESS) timer.fail();
   }
   if (r != CUDA_SUCCESS) {
-    if (mapped_) cu.cuMemUnmap(va, size_);
-    cu.cuMemAddressFree(va, size_);
-    cu.cuMemRelease(handle_);
+    if (mapped_) unmap(va, size_);
+    addressFree(va, size_);
+    release(handle_);
     check(r, mapped_ ? "cuMemSetAccess" : "cuMemMap");
   }
 }
 
+Mapping::Mapping(std::shared_ptr<void> owner, std::shared_ptr<Context> ctx, uint64_t va, uint64_t size)
+    : ctx_(std::move(ctx)), device_(ctx_->ordinal()), va_(va), size_(size), owner_(std::move(owner)) {}
+
+std::shared_ptr<Mapping> Mapping::view(std::shared_ptr<void> owner, std::shared_ptr<Context> ctx, uint64_t va, uint64_t size) {
+  return std::shared_ptr<Mapping>(new Mapping(std::move(owner), std::move(ctx), va, size));
+}
+
 Mapping::~Mapping() {
-  const Api& cu = api();
+  if (owner_) return;  // a view: the batch that owns the mapping undoes it
   ctx_->makeCurrent();
-  if (mapped_) cu.cuMemUnmap(va_, size_);
-  cu.cuMemAddressFree(va_, size_);
-  cu.cuMemRelease(handle_);
+  if (mapped_) unmap(va_, size_);
+  addressFree(va_, size_);
+  if (exportable_) {
+    api().cuMemRelease(handle_);  // cuMemCreate is not a timed step: nor is its release
+  } else {
+    release(handle_);
+  }
 }
 
 std::unique_ptr<Mapping> Mapping::allocate(int device, uint64_t size) {
@@ -69,23 +103,18 @@ std::unique_ptr<Mapping> Mapping::allocate(int device, uint64_t size) {
 
 std::unique_ptr<Mapping> Mapping::import(int fd, uint64_t size) {
   if (size == 0) throwInvalid("imported region size must be > 0");
-  const Api& cu = api();
-  CUmemGenericAllocationHandle handle = importHandle(fd);
-  CUmemAllocationProp prop{};
-  CUresult r = cu.cuMemGetAllocationPropertiesFromHandle(&prop, handle);
-  if (r != CUDA_SUCCESS || prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
-    cu.cuMemRelease(handle);
-    check(r == CUDA_SUCCESS ? CUDA_ERROR_INVALID_VALUE : r, "cuMemGetAllocationPropertiesFromHandle");
-  }
+  vmm::Imported imported = vmm::importFd(fd);
   std::shared_ptr<Context> ctx;
+  uint64_t rounded = 0;
   try {
-    ctx = acquireContext(prop.location.id);
+    VmmTimer timer(VmmStep::Setup);
+    ctx = acquireContext(imported.device);
+    rounded = roundUp(size, vmmGranularity(imported.device));
   } catch (...) {
-    cu.cuMemRelease(handle);
+    release(imported.handle);
     throw;
   }
-  uint64_t rounded = roundUp(size, vmmGranularity(prop.location.id));
-  return std::unique_ptr<Mapping>(new Mapping(std::move(ctx), handle, rounded, false));
+  return std::unique_ptr<Mapping>(new Mapping(std::move(ctx), imported.handle, rounded, false));
 }
 
 int Mapping::exportFd() const {
@@ -125,6 +154,6 @@ void Mapping::fill(uint64_t offset, uint64_t length, uint8_t value) const {
 
 HeldHandle::HeldHandle(int fd) : handle_(importHandle(fd)) {}
 
-HeldHandle::~HeldHandle() { api().cuMemRelease(handle_); }
+HeldHandle::~HeldHandle() { release(handle_); }
 
 }  // namespace vsnap::cuda

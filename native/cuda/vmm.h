@@ -28,6 +28,9 @@ class Mapping {
   // Memory another process exported as a POSIX file descriptor (the fd is not consumed).
   // size must not exceed the exported allocation; the device is read from the handle.
   static std::unique_ptr<Mapping> import(int fd, uint64_t size);
+  // A view of memory mapped by someone else (one allocation of a batched set, cuda/vmm_batch.h):
+  // undoes nothing itself; `owner` is kept alive while the view lives.
+  static std::shared_ptr<Mapping> view(std::shared_ptr<void> owner, std::shared_ptr<Context> ctx, uint64_t va, uint64_t size);
 
   // A new file descriptor for the physical memory (only for allocate()d memory).
   int exportFd() const;
@@ -38,6 +41,7 @@ class Mapping {
 
  private:
   Mapping(std::shared_ptr<Context> ctx, uint64_t handle, uint64_t size, bool exportable);
+  Mapping(std::shared_ptr<void> owner, std::shared_ptr<Context> ctx, uint64_t va, uint64_t size);
   void checkRange(uint64_t offset, uint64_t length) const;
   std::shared_ptr<Context> ctx_;
   int device_ = -1;
@@ -46,6 +50,7 @@ class Mapping {
   uint64_t size_ = 0;
   bool exportable_ = false;
   bool mapped_ = false;
+  std::shared_ptr<void> owner_;  // a view's: what really holds the mapping
 };
 
 // A reference to another process's exported memory, without a mapping: while it lives, the

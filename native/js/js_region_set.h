@@ -1,5 +1,5 @@
 // RegionSet: regions opened once for several operations of one engine flow (see
-// transfer/region_set.h). openRegions(specs, threads) -> Promise<RegionSet>; set.release()
+// transfer/region_set.h). openRegions(specs, threads, mapping?) -> Promise<RegionSet>; set.release()
 // unmaps off the JS thread; close() drops the handle at once.
 #pragma once
 
@@ -24,6 +24,9 @@ class RegionSet : public SharedWrap<RegionSet, transfer::RegionSet> {
 
  private:
   Napi::Value Count(const Napi::CallbackInfo& info);
+  Napi::Value Batched(const Napi::CallbackInfo& info);
+  Napi::Value Pipelined(const Napi::CallbackInfo& info);
+  Napi::Value Settled(const Napi::CallbackInfo& info);
   Napi::Value Release(const Napi::CallbackInfo& info);
 };
 

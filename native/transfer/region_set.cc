@@ -1,23 +1,17 @@
 #include "transfer/region_set.h"
 
-#include <algorithm>
-#include <optional>
-#include <system_error>
-#include <thread>
-
 #include "common/error.h"
+#include "cuda/vmm_timing.h"
+#include "transfer/region_batch.h"
+#include "transfer/region_pipeline.h"
+
+#include <algorithm>
 
 namespace vsnap::transfer {
 namespace {
 
 std::atomic<uint64_t> hostMaps{0};
 std::atomic<uint64_t> imports{0};
-
-// Driver calls serialise on a per-context lock, but mmap with MAP_POPULATE and the page-table
-// work of cuMemMap do not: a few threads are enough to hide one region's latency behind another's.
-constexpr uint32_t kDefaultThreads = 4;
-// Below this many regions per thread, starting threads costs more than it saves.
-constexpr size_t kRegionsPerThread = 8;
 
 class SharedRegion final : public Region {
  public:
@@ -38,54 +32,74 @@ class SharedRegion final : public Region {
   std::shared_ptr<Region> inner_;
 };
 
+// One region at a time: each host region mmapped, each device allocation reserved, mapped and
+// made accessible on its own (cuda::Mapping).
+std::vector<std::shared_ptr<Region>> openPerRegion(const std::vector<RegionSpec>& specs, uint32_t threads) {
+  std::vector<std::shared_ptr<Region>> regions(specs.size());
+  forEachRegion(specs.size(), threads, [&](size_t i) {
+    const RegionSpec& s = specs[i];
+    regions[i] = s.imported ? std::shared_ptr<Region>(importedRegion(s.fd.get(), s.size)) : std::shared_ptr<Region>(hostRegion(s.fd.get(), s.size));
+  }, [](size_t i) { return i; });
+  return regions;  // on failure, the regions opened so far are closed as `regions` goes
+}
+
+void closeAll(std::vector<RegionSpec>& specs) {
+  for (RegionSpec& s : specs) {
+    if (!s.fd.valid()) continue;
+    cuda::VmmTimer timer(cuda::VmmStep::CloseFd);
+    s.fd.reset();
+  }
+}
+
 }  // namespace
 
-std::shared_ptr<RegionSet> RegionSet::open(std::vector<RegionSpec> specs, uint32_t threads) {
-  std::shared_ptr<RegionSet> set(new RegionSet());
-  set->regions_.resize(specs.size());
-  size_t n = specs.size();
-  uint32_t wanted = threads ? threads : kDefaultThreads;
-  uint32_t workers = static_cast<uint32_t>(std::max<size_t>(1, std::min<size_t>(wanted, (n + kRegionsPerThread - 1) / kRegionsPerThread)));
-  std::atomic<size_t> cursor{0};
-  std::atomic<bool> failed{false};
-  std::mutex errorMutex;
-  std::optional<NativeError> error;
-  auto work = [&] {
-    while (!failed.load()) {
-      size_t i = cursor.fetch_add(1);
-      if (i >= n) return;
-      std::optional<NativeError> e;
-      try {
-        const RegionSpec& s = specs[i];
-        set->regions_[i] = s.imported ? std::shared_ptr<Region>(importedRegion(s.fd.get(), s.size))
-                                      : std::shared_ptr<Region>(hostRegion(s.fd.get(), s.size));
-      } catch (const NativeError& x) {
-        e = x;
-      } catch (const std::exception& x) {
-        e = NativeError("E_INTERNAL", x.what());
-      }
-      if (e) {
-        std::lock_guard<std::mutex> lock(errorMutex);
-        if (!error) error = NativeError(e->code(), "region " + std::to_string(i) + ": " + e->what(), e->details());
-        failed = true;
-      }
+std::vector<std::shared_ptr<Region>> openSpecsBatched(const std::vector<RegionSpec>& specs, size_t begin, size_t end, uint32_t threads) {
+  std::vector<std::shared_ptr<Region>> regions(end - begin);
+  for (bool imported : {false, true}) {  // host regions as one batch, imported ones as another
+    std::vector<BatchInput> inputs;
+    for (size_t i = begin; i < end; i++) {
+      if (specs[i].imported == imported) inputs.push_back({specs[i].fd.get(), specs[i].size, i});
     }
-  };
-  std::vector<std::thread> pool;
-  for (uint32_t w = 1; w < workers; w++) {
-    try {
-      pool.emplace_back(work);
-    } catch (const std::system_error&) {
-      break;  // the calling thread still does the work
-    }
+    if (inputs.empty()) continue;
+    auto opened = openBatched(inputs, imported, threads);
+    for (size_t k = 0; k < inputs.size(); k++) regions[inputs[k].label - begin] = std::move(opened[k]);
   }
-  work();
-  for (auto& t : pool) t.join();
-  if (error) throw *error;  // `set` goes out of scope: every region opened is closed again
+  return regions;
+}
+
+std::shared_ptr<RegionSet> RegionSet::open(std::vector<RegionSpec> specs, uint32_t threads, MapMode mode) {
+  struct CloseFds {
+    std::vector<RegionSpec>& specs;
+    ~CloseFds() { closeAll(specs); }
+  } closeFds{specs};
+  std::shared_ptr<RegionSet> set(new RegionSet());
+  bool devicesKnown = std::all_of(specs.begin(), specs.end(), [](const RegionSpec& s) { return !s.imported || s.device >= 0; });
+  if (mode == MapMode::Pipelined && devicesKnown && !specs.empty()) {
+    set->pipeline_ = RegionPipeline::start(std::move(specs), threads);  // takes the descriptors
+    set->regions_ = set->pipeline_->regions();
+    set->batched_ = true;
+    return set;
+  }
+  if (mode == MapMode::PerRegion) {
+    set->regions_ = openPerRegion(specs, threads);
+    return set;
+  }
+  try {
+    set->regions_ = openSpecsBatched(specs, 0, specs.size(), threads);
+    set->batched_ = true;
+  } catch (const NativeError& e) {
+    // Nothing of the batch is left at this point. An invalid argument fails either way.
+    if (mode != MapMode::Auto || e.code() == "E_INVALID_ARGUMENT") throw;
+    set->regions_ = openPerRegion(specs, threads);
+  }
   return set;
 }
 
 RegionSet::~RegionSet() = default;
+
+void RegionSet::settle() const {
+  if (pipeline_) pipeline_->settle();
+}
 
 std::shared_ptr<Region> RegionSet::at(size_t i) const {
   if (i >= regions_.size()) {

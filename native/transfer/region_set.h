@@ -20,22 +20,40 @@ struct RegionSpec {
   bool imported = false;  // device memory exported by another process; else host memory (memfd)
   UniqueFd fd;            // our own duplicate: the set does not consume the caller's descriptor
   uint64_t size = 0;
+  int device = -1;        // an imported region's device when the caller knows it (-1: unknown)
 };
+
+// How a set maps its regions: batched (transfer/region_batch.h: one reservation and one access
+// call per device), one region at a time (cuda::Mapping each), or batched falling back to one at
+// a time when the batched form fails for any reason other than an invalid argument.
+// Pipelined: returned at once, regions opened in the background in batched chunks
+// (transfer/region_pipeline.h); needs every imported region's device, else it is batched.
+enum class MapMode { Auto, Batched, PerRegion, Pipelined };
+
+class RegionPipeline;
 
 class RegionSet {
  public:
   // Opens every region with up to `threads` threads (0: a default). On any failure every region
-  // already opened is closed again and the first error is thrown.
-  static std::shared_ptr<RegionSet> open(std::vector<RegionSpec> specs, uint32_t threads);
+  // already opened is closed again and the first error is thrown. The descriptors are closed
+  // before it returns.
+  static std::shared_ptr<RegionSet> open(std::vector<RegionSpec> specs, uint32_t threads, MapMode mode = MapMode::Auto);
   ~RegionSet();
 
   size_t count() const { return regions_.size(); }
+  // Whether the regions were mapped in the batched form (false: one at a time).
+  bool batched() const { return batched_; }
+  bool pipelined() const { return pipeline_ != nullptr; }
+  // Waits until every region is opened (a pipelined set; others are at once); throws its error.
+  void settle() const;
   // The i-th region (throws E_OUT_OF_RANGE), shared: it stays open while the returned pointer lives.
   std::shared_ptr<Region> at(size_t i) const;
 
  private:
   RegionSet() = default;
   std::vector<std::shared_ptr<Region>> regions_;
+  bool batched_ = false;
+  std::shared_ptr<RegionPipeline> pipeline_;  // declared last: stopped before the regions go
 };
 
 // A Region that forwards to a shared one (a RegionSet's), for a transfer task that owns its region.

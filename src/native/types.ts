@@ -65,11 +65,25 @@ export interface NativeHeldHandles {
 export interface NativeRegionSet {
   readonly count: number;
   readonly closed: boolean;
+  /** Whether the regions were mapped in the batched form (one reservation and access call per device). */
+  readonly batched: boolean;
+  /** Whether the set was returned before its regions were mapped (they are mapped in the background, in order). */
+  readonly pipelined: boolean;
+  /** Resolves once every region is mapped; rejects with the error that stopped the mapping. */
+  settled(): Promise<void>;
   /** Drops this handle and unmaps off the JS thread (a running transfer keeps what it uses until it ends). */
   release(): Promise<void>;
   /** Drops this handle now (unmapping on the JS thread if nothing else uses the regions). */
   close(): void;
 }
+
+/** How a region set maps its regions (native/transfer/region_set.h MapMode). */
+export type NativeMapping = 'auto' | 'batched' | 'per-region' | 'pipelined';
+/** The batched open's fault points (native/common/fault.h). */
+export type NativeMapFault = 'map-import' | 'map-reserve' | 'map-map' | 'map-access';
+/** The steps vmmTimings() reports: calls made, regions they covered, summed seconds. */
+export type NativeVmmStep = 'import' | 'props' | 'setup' | 'reserve' | 'map' | 'access' | 'unmap' | 'addressFree' | 'release' | 'closeFd';
+export type NativeVmmTimings = Record<NativeVmmStep, { calls: number; items: number; seconds: number }>;
 
 export type NativeMemorySpec =
   | { kind: 'host'; fd: number }
@@ -238,7 +252,7 @@ export interface NativeBinding {
   sendFds(path: string, nonce: string, header: string, fds: readonly number[], timeoutMs?: number): Promise<{ reply: string; fds: number[] }>;
   checksum(data: Uint8Array): string;
   /** Tests only: arms a fault point (native/common/fault.h) for its next `times` hits. */
-  setFault(point: 'thread-start' | 'chunk-delay', times: number, arg?: number): void;
+  setFault(point: 'thread-start' | 'chunk-delay' | NativeMapFault, times: number, arg?: number): void;
   checksumAlgorithm: string;
   checksumImplementation: string;
   createMemfd(name: string, size: number): number;
@@ -253,7 +267,9 @@ export interface NativeBinding {
   digestBench(src: NativeDeviceAllocation, dst: NativeDeviceAllocation, size: number, chunkSize: number, repeats: number): Promise<{ digestMs: number[]; copyMs: number[] }>;
   digestAlgorithm: string;
   /** Opens every region at once, on up to `threads` threads (default 4); nothing stays open on failure. */
-  openRegions(regions: ReadonlyArray<{ kind: 'host' | 'imported'; fd: number; size: number }>, threads?: number): Promise<NativeRegionSet>;
+  openRegions(regions: ReadonlyArray<{ kind: 'host' | 'imported'; fd: number; size: number; device?: number }>, threads?: number, mapping?: NativeMapping): Promise<NativeRegionSet>;
+  /** Process-wide totals per VMM step of opening and closing region sets (native/cuda/vmm_timing.h). */
+  vmmTimings(): NativeVmmTimings;
   /** How many region mappings this process made so far (tests: nothing mapped twice). */
   regionCounters(): { hostMaps: number; imports: number };
   /** The driver's state of a CUDA process (native/js/js_checkpoint.cc); E_CHECKPOINT_UNSUPPORTED without the API. */

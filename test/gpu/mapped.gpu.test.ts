@@ -11,7 +11,7 @@ import { describe, it } from 'node:test';
 
 import { cudaStatus, DeviceAllocation, HostCache, MappedRegions, RegionStore, Snapshot } from '../../src/index.js';
 import type { RegionMemory } from '../../src/index.js';
-import { native } from '../../src/native/index.js';
+import { native, type NativeMapFault, type NativeVmmTimings } from '../../src/native/index.js';
 
 const MiB = 1024 * 1024;
 
@@ -32,6 +32,7 @@ describe('MappedRegions on the GPU', async () => {
 
       const before = native().regionCounters().imports;
       const set = await MappedRegions.open(regions);
+      assert.equal(set.mapping, 'batched', 'exported GPU memory is mapped in the batched form by default');
       const result = await snap.restore({ regions: regions.map((r, i) => ({ ...r, memory: set.memory(i) })), cache });
       await set.close();
       assert.equal(native().regionCounters().imports - before, regions.length, 'one import per region for the hydrate and the digest together');
@@ -46,6 +47,110 @@ describe('MappedRegions on the GPU', async () => {
       for (const fd of fds) closeSync(fd);
       for (const a of allocations) a.close();
       rmSync(root, { recursive: true, force: true });
+    }
+  });
+});
+
+/** Step totals since `before` (native/cuda/vmm_timing.h). */
+function since(before: NativeVmmTimings): NativeVmmTimings {
+  const now = native().vmmTimings();
+  const out = {} as Record<string, { calls: number; items: number; seconds: number }>;
+  for (const [k, v] of Object.entries(now)) {
+    const b = before[k as keyof NativeVmmTimings];
+    out[k] = { calls: v.calls - b.calls, items: v.items - b.items, seconds: v.seconds - b.seconds };
+  }
+  return out as NativeVmmTimings;
+}
+
+/** Every handle imported was released, every reservation freed, every mapping unmapped. */
+function assertBalanced(t: NativeVmmTimings, what: string): void {
+  assert.equal(t.release.items, t.import.items, `${what}: imports released`);
+  assert.equal(t.addressFree.items, t.reserve.items, `${what}: reservations freed`);
+  assert.equal(t.unmap.items, t.map.items, `${what}: mappings unmapped`);
+}
+
+describe('MappedRegions, batched form, on the GPU (issue 14, per-region cost)', async () => {
+  const status = await cudaStatus();
+  it('maps 257 exported allocations of mixed sizes with one reservation and one cuMemSetAccess, data intact both ways, nothing left', { skip: !status.available }, async () => {
+    // Mixed sizes (2 MiB granularity multiples and not), so offsets differ from a plain stride.
+    const sizes = Array.from({ length: 257 }, (_, i) => (i % 5 === 0 ? 6 * MiB + 4096 : (1 + (i % 3)) * 2 * MiB));
+    const allocations = await Promise.all(sizes.map((s) => DeviceAllocation.allocate(0, s)));
+    const fds = allocations.map((a) => a.exportFd());
+    const root = mkdtempSync(join(tmpdir(), 'vsnap-batched-'));
+    const cache = await HostCache.create({ budgetBytes: 2048 * MiB });
+    try {
+      for (const [i, a] of allocations.entries()) await a.fill(0, a.size, (i * 11 + 3) & 0xff);
+      const regions = allocations.map((a, i) => ({ key: `r${i}`, size: sizes[i]!, memory: { kind: 'imported', fd: fds[i]!, device: 0 } as RegionMemory }));
+      const store = await RegionStore.open(root);
+      const t0 = native().vmmTimings();
+      const reading = await MappedRegions.open(regions, { mapping: 'batched' });
+      const opened = since(t0);
+      assert.equal(reading.mapping, 'batched');
+      assert.equal(opened.import.items, regions.length);
+      assert.deepEqual([opened.reserve.calls, opened.access.calls, opened.access.items], [1, 1, regions.length], 'one reservation, one access call over all');
+      assert.equal(opened.map.calls, regions.length);
+      // Capture reads through the batched mapping; restore writes through another one.
+      const snap = await Snapshot.capture(store, 'batched', { regions: regions.map((r, i) => ({ ...r, memory: reading.memory(i) })), cache });
+      await reading.close();
+      for (const a of allocations) await a.fill(0, a.size, 0);
+      const writing = await MappedRegions.open(regions, { mapping: 'batched' });
+      const result = await snap.restore({ regions: regions.map((r, i) => ({ ...r, memory: writing.memory(i) })), cache });
+      await writing.close();
+      assert.ok(result.digestSeconds !== undefined, 'verified by GPU digest through the batched mapping');
+      for (const [i, a] of allocations.entries()) {
+        const tail = await a.read(sizes[i]! - 4096, 4096);
+        const head = await a.read(0, 4096);
+        assert.ok(head.every((b) => b === ((i * 11 + 3) & 0xff)) && tail.every((b) => b === ((i * 11 + 3) & 0xff)), `region ${i} restored`);
+      }
+      // Pipelined: the copy starts on the first chunks while the rest are mapped.
+      for (const a of allocations) await a.fill(0, a.size, 0);
+      const pipelined = await MappedRegions.open(regions, { mapping: 'pipelined' });
+      assert.equal(pipelined.mapping, 'pipelined');
+      const again = await snap.restore({ regions: regions.map((r, i) => ({ ...r, memory: pipelined.memory(i) })), cache });
+      await pipelined.settled();
+      await pipelined.close();
+      assert.ok(again.digestSeconds !== undefined, 'verified by GPU digest through the pipelined set');
+      for (const [i, a] of allocations.entries()) {
+        const tail = await a.read(sizes[i]! - 4096, 4096);
+        assert.ok(tail.every((b) => b === ((i * 11 + 3) & 0xff)), `region ${i} restored (pipelined)`);
+      }
+      const all = since(t0);
+      assertBalanced(all, 'two batched sets and a pipelined one');
+      console.log(`batched + pipelined: ${all.unmap.calls} cuMemUnmap calls for ${all.unmap.items} regions in ${all.reserve.calls} reservations (one call per reservation: the driver unmaps several mappings at once; more: it refused the range)`);
+    } finally {
+      cache.close();
+      for (const fd of fds) closeSync(fd);
+      for (const a of allocations) a.close();
+      rmSync(root, { recursive: true, force: true });
+    }
+  });
+
+  const faults: Array<[NativeMapFault, number]> = [['map-import', 40], ['map-reserve', 0], ['map-map', 50], ['map-access', 0]];
+  it('a failure at import, reserve, map or access leaves nothing imported, reserved or mapped, and the memory intact', { skip: !status.available }, async () => {
+    const allocations = await Promise.all(Array.from({ length: 96 }, () => DeviceAllocation.allocate(0, 2 * MiB)));
+    const fds = allocations.map((a) => a.exportFd());
+    try {
+      for (const [i, a] of allocations.entries()) await a.fill(0, a.size, i & 0xff);
+      const regions = allocations.map((a) => ({ size: a.size, memory: { kind: 'imported', fd: fds[allocations.indexOf(a)]!, device: 0 } as RegionMemory }));
+      for (const [point, after] of faults) {
+        const t0 = native().vmmTimings();
+        native().setFault(point, 1, after);
+        const err = await MappedRegions.open(regions, { mapping: 'batched' }).catch((e: unknown) => e);
+        native().setFault(point, 0);
+        assert.equal((err as { code?: string }).code, 'E_CUDA', `${point}: rejected`);
+        assertBalanced(since(t0), point);
+        // auto falls back to one region at a time and still works
+        native().setFault(point, 1, after);
+        const set = await MappedRegions.open(regions);
+        native().setFault(point, 0);
+        assert.equal(set.mapping, 'per-region', `${point}: auto fell back`);
+        await set.close();
+        assertBalanced(since(t0), `${point} + fallback`);
+      }
+      for (const [i, a] of allocations.entries()) assert.ok((await a.read(0, 4096)).every((b) => b === (i & 0xff)), `allocation ${i} intact`);
+    } finally {
+      for (const fd of fds) closeSync(fd);
+      for (const a of allocations) a.close();
     }
   });
 });
