@@ -19,7 +19,7 @@ import { checkLive, liveRefs, mapExported, staleError, type LiveCheckReport } fr
 import type { MappedRegions } from '../regions/mapped.js';
 import { Snapshot, type CaptureOptions, type DeviceTiming, type PersistPolicy } from './snapshot.js';
 import { pullIfMissing, type RegistrySource } from '../registry/source.js';
-import { startKvWake, type EarlyWake } from './kv-overlap.js';
+import { awaitRoom, startKvWake, type EarlyWake } from './kv-overlap.js';
 
 /*
  * The engine flows: capture, suspend and restore a running engine. A layer above Snapshot (which
@@ -559,7 +559,7 @@ async function finishWake(
     lap('wakeKvCacheWait');
   } else {
     if (options.beforeKvWake) {
-      await options.beforeKvWake();
+      await awaitRoom(options.beforeKvWake);
       lap('awaitRoom');
     }
     // Every tag still asleep, by name: the KV cache, and any other (vLLM 0.33's `cudagraph` pool
@@ -631,6 +631,11 @@ async function restoreFromResident(
     failure = toVsnapError(err);
   }
   if (call.signal?.aborted) throw failure;
+  if (failure.code === 'E_ABORTED') {
+    // Called off by beforeKvWake (the other engine of a swap did not sleep): no fallback, back to sleep.
+    const { state, asleep } = await backToSleep(control);
+    throw new VsnapError('E_ABORTED', `${failure.message}\nRestore of '${snapshot.name}' from tier 0 called off; ${state}.`, { ...failure.details, recovered: asleep }, { cause: failure });
+  }
   warn(options, `tier-0 wake of '${snapshot.name}' failed (${failure.message}); restoring from the snapshot instead`);
   let status = await reread(control, call, `the tier-0 wake of '${snapshot.name}'`, failure);
   if (holdsWeights(status)) {

@@ -1,4 +1,4 @@
-import { toVsnapError, type VsnapError } from '../errors.js';
+import { toVsnapError, VsnapError } from '../errors.js';
 import type { EngineControl } from '../engine/control.js';
 
 /*
@@ -26,6 +26,21 @@ export interface EarlyWake {
 }
 
 /**
+ * Awaits `before` (restoreEngine's beforeKvWake). Its failure (the other engine of a swap did not
+ * sleep) is E_ABORTED, whatever its own code: it says nothing of this engine or its snapshot, so
+ * it must never start a recovery or mark the snapshot damaged.
+ * @internal
+ */
+export async function awaitRoom(before: () => Promise<void>): Promise<void> {
+  try {
+    await before();
+  } catch (err) {
+    const e = toVsnapError(err);
+    throw new VsnapError('E_ABORTED', `called off before the KV cache woke: ${e.message}`, { reason: e.code }, { cause: e });
+  }
+}
+
+/**
  * Starts the wake of `tags` now: after `before` (the wait for room, in a swap) resolves, if
  * given. `onFail` is told at once when it fails (the restore then stops its hydrate).
  * @internal
@@ -41,7 +56,7 @@ export function startKvWake(
   const run = async (): Promise<void> => {
     let mark = performance.now();
     if (before) {
-      await before();
+      await awaitRoom(before);
       const now = performance.now();
       phases.awaitRoom = (now - mark) / 1000;
       mark = now;
