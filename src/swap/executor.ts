@@ -196,7 +196,7 @@ export class SwapExecutor {
         const slept = suspending.then(() => void delete b.swapHolding);
         slept.catch(() => undefined);
         try {
-          await Promise.all([this.wake(b, undefined, () => slept), suspending.catch(() => undefined)]);
+          await Promise.all([this.wake(b, undefined, { victim: action.suspend, slept }), suspending.catch(() => undefined)]);
         } finally {
           delete b.swapHolding;
         }
@@ -306,7 +306,7 @@ export class SwapExecutor {
   }
 
   /** Wakes it; `onto`: a deep-suspended engine's process is restored onto that GPU first. */
-  private async wake(slot: Slot, onto?: readonly number[], beforeKvWake?: () => Promise<void>): Promise<void> {
+  private async wake(slot: Slot, onto?: readonly number[], room?: { victim: string; slept: Promise<void> }): Promise<void> {
     this.checked.delete(slot);
     const name = slot.spec.name;
     const started = performance.now();
@@ -315,7 +315,7 @@ export class SwapExecutor {
     this.events.emit('swapStarted', { engine: name, action: 'restore' });
     let snapshotId: string | undefined;
     try {
-      const report = slot.keptByEngine ? await this.resumeKept(slot) : await this.restore(slot, (id) => (snapshotId = id), onto, beforeKvWake);
+      const report = slot.keptByEngine ? await this.resumeKept(slot) : await this.restore(slot, (id) => (snapshotId = id), onto, room ? () => room.slept : undefined);
       if (onto) slot.spec = { ...slot.spec, devices: onto }; // it runs there now
       delete slot.keptByEngine;
       delete slot.holdLocked;
@@ -336,7 +336,9 @@ export class SwapExecutor {
     } catch (err) {
       const e = toVsnapError(err);
       this.metrics.swaps.inc({ engine: name, action: 'restore', result: 'error' });
-      slot.retryAt = Date.now() + RETRY_MS;
+      // In an overlapped swap whose suspend failed, the restore was called off: no fault of this engine.
+      const roomError = room ? await room.slept.then(() => undefined, (x: unknown) => toVsnapError(x)) : undefined;
+      if (!roomError) slot.retryAt = Date.now() + RETRY_MS;
       if (slot.spec.deepSuspend && 'recovered' in e.details) {
         // The processes were restored (and moved, with onto) before a later step failed: the
         // engine is no longer deep, it holds its context (asleepBytes) where it runs now.
@@ -357,8 +359,10 @@ export class SwapExecutor {
       // Clients get a short answer; the operator's detail (paths, mismatches) is the event's error.
       const message = slot.damage
         ? `'${name}' cannot be restored: ${slot.damage.reason}. Re-capture its snapshot, or repair it and verify it.`
-        : `the restore of '${name}' failed (${e.code}); the engine is ${slot.state}. Retry later.`;
-      this.rejectWaiters(slot, new VsnapError(slot.damage ? 'E_NOT_RESTORABLE' : e.code, message, { engine: name }, { cause: e }));
+        : roomError
+          ? `'${name}' could not be given room: suspending '${room!.victim}' failed (${roomError.code}). Retry later.`
+          : `the restore of '${name}' failed (${e.code}); the engine is ${slot.state}. Retry later.`;
+      this.rejectWaiters(slot, new VsnapError(slot.damage ? 'E_NOT_RESTORABLE' : (roomError?.code ?? e.code), message, { engine: name }, { cause: e }));
     }
   }
 
