@@ -164,7 +164,7 @@ export function overlapTable(rows: readonly OverlapRow[]): string {
   lines.push(
     '',
     'Modes: none = suspend, then restore; kv = the same, the KV cache woken during the hydrate (overlapKvWake); weights = swapEngines, the suspend and the restore at once, ' +
-      'the KV wake waiting for the other engine\'s sleep (r.awaitRoom, overlapped with the hydrate); all = both at once throughout. With overlap the suspend and restore medians overlap in time, so they add up to more than the swap.',
+      'the KV wake waiting for the other engine\'s sleep (r.awaitRoom, overlapped with the hydrate); all = both at once throughout. A tier-0 restore never overlaps its KV wake with the adopt (both are the engine\'s own work), so kv is none there. With overlap the suspend and restore medians overlap in time, so they add up to more than the swap.',
   );
   return lines.join('\n');
 }
