@@ -2,6 +2,7 @@ import { chmodSync, closeSync, openSync, writeSync } from 'node:fs';
 
 import { afterEach, describe, expect, it } from 'vitest';
 
+import { ResidentWeights } from '../../src/cache/resident-weights.js';
 import { VsnapError } from '../../src/errors.js';
 import { captureEngine, restoreEngine, suspendEngine } from '../../src/snapshot/engine-flows.js';
 import { swapEngines, type SwapOverlap } from '../../src/snapshot/engine-swap.js';
@@ -70,13 +71,13 @@ describe('restoreEngine with overlapKvWake: the KV cache wakes while the hydrate
     writeSync(fd, Buffer.from([0xff, 0xfe]), 0, 2, 1000);
     closeSync(fd);
     // still in flight when the hydrate fails: its answer is held back
-    client.inject({ route: 'wakeKv', when: 'after', pass: true, action: delay(400) });
-    client.calls.length = 0;
+    const order: string[] = [];
+    client.inject({ route: 'wakeKv', when: 'after', pass: true, action: async () => (await delay(400)(), order.push('KV wake answered')) });
+    client.inject({ route: 'sleep', pass: true, action: () => order.push('sleep') });
     const err = (await restoreEngine(snap, client, { overlapKvWake: true, ...warn }).catch((x: unknown) => x)) as VsnapError;
     expect(err.code).toBe('E_CHECKSUM');
     expect(err.details.recovered).toBe(true);
-    expect(client.calls.indexOf('wakeKv')).toBeGreaterThan(-1);
-    expect(client.calls.indexOf('wakeKv')).toBeLessThan(client.calls.lastIndexOf('sleep')); // the wake was waited for, then the sleep
+    expect(order).toEqual(['KV wake answered', 'sleep']); // the wake was waited for, then the sleep
     expect((await client.vsnapStatus()).sleeping).toBe(true);
     expect(openFds()).toEqual(fds);
   });
@@ -161,6 +162,27 @@ describe('swapEngines: one engine to sleep, the other back, overlapped', () => {
       expect(await ask(b)).toEqual(answerB);
     });
   }
+
+  it('weights, the restored engine in tier 0: the suspend fails, so the adopted weights go back to sleep (no fallback to the snapshot); a retry restores', async () => {
+    const { a, b, answerB, snapB, fds } = await pair();
+    const resident = new ResidentWeights();
+    cleanup.push(() => resident.close());
+    await restoreEngine(snapB, b);
+    await suspendEngine(snapB.store, 'b', b, { resident });
+    expect(resident.entries()).toHaveLength(1);
+    a.inject({ route: 'sleep' });
+    b.calls.length = 0;
+    const err = (await swapEngines({ suspend: { client: a, name: 'a' }, restore: { source: snapB, client: b, resident, ...warn }, overlap: 'weights' }).catch((x: unknown) => x)) as VsnapError;
+    expect(err.details).toMatchObject({ suspended: 'awake', restored: 'asleep' });
+    expect((err.details.restoreError as VsnapError).code).toBe('E_ABORTED');
+    expect(b.calls).toContain('adopt');
+    expect(b.calls).not.toContain('wake'); // no fallback to the snapshot
+    expect(b.calls).not.toContain('wakeKv');
+    expect(resident.entries()).toEqual([]);
+    expect(openFds()).toEqual(fds);
+    await swapEngines({ suspend: { client: a, name: 'a' }, restore: { source: snapB, client: b }, overlap: 'weights' });
+    expect(await ask(b)).toEqual(answerB);
+  });
 
   it('weights: the restore fails, the suspend still completes (that engine asleep, its snapshot whole); a retry restores', async () => {
     const { a, b, answerA, answerB, snapB, fds } = await pair();
