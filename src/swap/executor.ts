@@ -51,8 +51,9 @@ const RETRY_MS = 10_000;
 
 /**
  * The one place where the controller's state changes under concurrency: every mutation (the
- * planner's steps, manual suspends, resyncs) runs through `serial`, one at a time, so no two swaps
- * ever overlap and a decision is never made on a state another step is changing. After any failed
+ * planner's steps, manual suspends, resyncs) runs through `serial`, one at a time, so no two steps
+ * ever overlap (a compound `swap` step runs its suspend and its restore at once, as one step) and a
+ * decision is never made on a state another step is changing. After any failed
  * step the engine's real state is read back instead of assumed.
  * @internal
  */

@@ -184,6 +184,17 @@ describe('swapEngines: one engine to sleep, the other back, overlapped', () => {
     expect(await ask(b)).toEqual(answerB);
   });
 
+  it('all: the suspend fails, the restore still completes (both fit); the error carries its report and says both states', async () => {
+    const { a, b, answerA, answerB, snapB, fds } = await pair();
+    a.inject({ route: 'sleep' });
+    const err = (await swapEngines({ suspend: { client: a, name: 'a' }, restore: { source: snapB, client: b, ...warn }, overlap: 'all' }).catch((x: unknown) => x)) as VsnapError;
+    expect(err.details).toMatchObject({ suspended: 'awake', restored: 'awake' });
+    expect(err.details.restoreReport).toMatchObject({ path: 'restored' });
+    expect(await ask(a)).toEqual(answerA);
+    expect(await ask(b)).toEqual(answerB);
+    expect(openFds()).toEqual(fds);
+  });
+
   it('weights: the restore fails, the suspend still completes (that engine asleep, its snapshot whole); a retry restores', async () => {
     const { a, b, answerA, answerB, snapB, fds } = await pair();
     b.inject({ route: 'complete' }); // the expected-response check
