@@ -17,12 +17,18 @@
 // D2H, with and without XXH3 hashing load; and `vllm-l1` (bench/swap-vllm.ts), vLLM's own level-1
 // sleep and wake of the awake engine, beside the tier0 and ram rows. Every row prints and saves
 // the phase breakdown of its swaps (bench/swap-report.ts).
+//
+// Overlap (issue 14): `--overlap` runs the tier0 and ram rows once per mode: `none` (the rows as
+// they always were: suspend, then restore), `kv` (the same, the restore waking the KV cache
+// during its hydrate: restoreEngine's overlapKvWake), `weights` and `all` (swapEngines: the
+// suspend and the restore at once, the KV wake waiting for the other engine's sleep, or not;
+// both with overlapKvWake). Rows of another mode than `none` are labelled with it.
 // Bundle it into dist-gpu/ (the test helpers find test/fixtures from the package root above the
 // bundle) and run it as root, where test/gpu/run.sh has set VSNAP_REF_CUMEM_LIB:
 //   node dist-gpu/bench-engine-swap.mjs [--device cuda|host] [--layers 36] [--hidden 4096] [--reps 5]
 //     [--rows sweep,capture2,tier0,ram,vllm-l1,pagecache,cold] [--out bench/results] [--store /tmp/vsnap-swap-store]
 //     [--sweep-regions 36,252,1000,4000] [--sweep-gib 16] [--capture2-gib 16] [--ceiling dist-gpu/ceiling]
-//     [--vllm-cycles 3] [--hash-threads N]
+//     [--vllm-cycles 3] [--hash-threads N] [--overlap none,kv,weights,all]
 // Writes <out>/engine-swap-<GiB>GiB.json (every swap) and .md, prints the table; progress on stderr.
 import { execSync } from 'node:child_process';
 import { existsSync, mkdirSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
@@ -45,11 +51,12 @@ import {
   restoreEngine,
   Snapshot,
   suspendEngine,
+  swapEngines,
 } from '../src/index.js';
 import { packageRoot } from '../src/native/index.js';
 import { askCapital, pluginSitePath, startEngine, type TestEngine } from '../test/helpers/engine.js';
 import { type Capture2Result, capture2Table, runCapture2 } from './capture-two-gpu.js';
-import { type PhaseRow, phaseTable, sweepTable, targetsTable, vllmTable } from './swap-report.js';
+import { overlapTable, type PhaseRow, phaseTable, sweepTable, targetsTable, vllmTable } from './swap-report.js';
 import { runSweep, type SweepRow } from './swap-sweep.js';
 import { gpuBytesOf, runVllmLevel1, type VllmLevel1Result } from './swap-vllm.js';
 
@@ -69,6 +76,10 @@ const ROWS: readonly RowName[] = ['tier0', 'ram', 'pagecache', 'cold'];
 type ExtraRow = 'sweep' | 'capture2' | 'vllm-l1';
 const EXTRA: readonly ExtraRow[] = ['sweep', 'capture2', 'vllm-l1'];
 const ALL_ROWS = ['sweep', 'capture2', 'tier0', 'ram', 'vllm-l1', 'pagecache', 'cold'];
+type Overlap = 'none' | 'kv' | 'weights' | 'all';
+const OVERLAPS: readonly Overlap[] = ['none', 'kv', 'weights', 'all'];
+/** The rows the overlap modes apply to (the others run without overlap). */
+const OVERLAP_ROWS: readonly RowName[] = ['tier0', 'ram'];
 const LABEL: Record<RowName, string> = {
   tier0: 'tier 0 (weights kept on the GPU)',
   ram: 'RAM tier (hot, pinned HostCache)',
@@ -91,6 +102,7 @@ const { values: args } = parseArgs({
     'hash-threads': { type: 'string', default: String(Math.min(cpus().length, 16)) },
     out: { type: 'string', default: 'bench/results' },
     store: { type: 'string', default: '/tmp/vsnap-swap-store' },
+    overlap: { type: 'string', default: OVERLAPS.join(',') },
   },
   strict: true,
 });
@@ -114,6 +126,9 @@ const sweepBytes = Math.round(Number(args['sweep-gib'] ?? (device === 'cuda' ? '
 const capture2Bytes = Math.round(Number(args['capture2-gib']) * 1024 ** 3);
 const vllmCycles = positive('vllm-cycles', args['vllm-cycles']);
 const hashThreads = positive('hash-threads', args['hash-threads']);
+const overlaps = args.overlap.split(',').map((o) => o.trim()).filter(Boolean) as Overlap[];
+for (const o of overlaps) if (!OVERLAPS.includes(o)) throw new Error(`--overlap: unknown mode ${JSON.stringify(o)} (modes: ${OVERLAPS.join(', ')})`);
+if (overlaps.length === 0) throw new Error('--overlap: at least one mode');
 const needEngines = rowsToRun.length > 0 || extras.includes('vllm-l1');
 const outDir = args.out;
 const storeRoot = args.store;
@@ -166,6 +181,9 @@ interface Side {
 
 interface SwapRecord {
   row: RowName;
+  overlap: Overlap;
+  /** The restore's phases that ran concurrently with others (EngineRestoreReport.overlapped). */
+  overlapped?: readonly string[];
   warmup: boolean;
   index: number;
   from: 'A' | 'B';
@@ -190,6 +208,7 @@ interface SwapRecord {
 
 interface RowResult {
   row: RowName;
+  overlap: Overlap;
   label: string;
   skipped: string | null;
   reps: number;
@@ -237,6 +256,7 @@ interface SwapMode {
   restore: EngineRestoreOptions;
   tier?: Tier | undefined;
   beforeSwap?: () => void;
+  overlap?: Overlap;
 }
 
 /** One swap: suspend the awake engine, restore the other; checks the tier and the answer. */
@@ -254,12 +274,26 @@ async function swap(
     mode.beforeSwap();
     dropCachesSeconds = since(t);
   }
+  const overlap = mode.overlap ?? 'none';
   const t0 = performance.now();
-  const suspended = await suspendEngine(store, from.name, from.client, mode.suspend);
-  const suspendSeconds = since(t0);
-  if (suspended.captured || suspended.alreadyAsleep) throw new Error(`suspend of ${from.label} did not find a durable snapshot or the engine was asleep (captured ${suspended.captured}, alreadyAsleep ${suspended.alreadyAsleep})`);
-  const report = await restoreEngine(to.snapshot!, to.client, mode.restore);
+  let suspended: Awaited<ReturnType<typeof suspendEngine>>;
+  let suspendSeconds: number;
+  let report: Awaited<ReturnType<typeof restoreEngine>>;
+  if (overlap === 'weights' || overlap === 'all') {
+    const swapped = await swapEngines({
+      suspend: { ...mode.suspend, client: from.client, store, name: from.name },
+      restore: { ...mode.restore, source: to.snapshot!, client: to.client, overlapKvWake: true },
+      overlap,
+    });
+    ({ suspend: suspended, restore: report } = swapped);
+    suspendSeconds = swapped.phases.suspend!;
+  } else {
+    suspended = await suspendEngine(store, from.name, from.client, mode.suspend);
+    suspendSeconds = since(t0);
+    report = await restoreEngine(to.snapshot!, to.client, { ...mode.restore, ...(overlap === 'kv' ? { overlapKvWake: true } : {}) });
+  }
   const wallSeconds = since(t0);
+  if (suspended.captured || suspended.alreadyAsleep) throw new Error(`suspend of ${from.label} did not find a durable snapshot or the engine was asleep (captured ${suspended.captured}, alreadyAsleep ${suspended.alreadyAsleep})`);
   awake = 1 - awake;
   if (mode.tier && report.tier !== mode.tier) throw new Error(`[${row}] swap ${index}: ${to.label} restored from the ${report.tier} tier, expected ${mode.tier}`);
   const answer = await askCapital(to.client, PROBE_TOKENS);
@@ -270,6 +304,8 @@ async function swap(
   const asleepGpuBytes = device === 'cuda' ? gpuBytesOf(from.engine.enginePid) : undefined;
   const record: SwapRecord = {
     row,
+    overlap,
+    ...(report.overlapped ? { overlapped: report.overlapped } : {}),
     warmup,
     index,
     from: from.label,
@@ -287,7 +323,7 @@ async function swap(
   };
   const listed = (p: Readonly<Record<string, number>>): string => Object.entries(p).map(([k, v]) => `${k} ${ms(v)}`).join(', ');
   log(
-    `[${row}]${warmup ? ' warm-up' : ''} swap ${index} ${from.label}->${to.label}: ${ms(wallSeconds)} ` +
+    `[${row}${overlap === 'none' ? '' : `, overlap ${overlap}`}]${warmup ? ' warm-up' : ''} swap ${index} ${from.label}->${to.label}: ${ms(wallSeconds)} ` +
       `(suspend ${ms(suspendSeconds)}: ${listed(suspended.phases)}; restore ${ms(report.seconds)} from ${report.tier}: ${listed(report.phases)})`,
   );
   return record;
@@ -298,9 +334,10 @@ async function runSwaps(result: RowResult, mode: SwapMode & { tier: Tier }): Pro
   for (let i = 0; i < result.warmup; i++) {
     // Tier 0's first warm-up restores from the store: nothing of the engine woken is held yet.
     const first = i === 0 && result.row === 'tier0';
-    result.swaps.push(await swap(result.row, i, true, first ? { ...mode, tier: undefined } : mode));
+    const m = { ...mode, overlap: result.overlap };
+    result.swaps.push(await swap(result.row, i, true, first ? { ...m, tier: undefined } : m));
   }
-  for (let i = 0; i < result.reps; i++) result.swaps.push(await swap(result.row, i, false, mode));
+  for (let i = 0; i < result.reps; i++) result.swaps.push(await swap(result.row, i, false, { ...mode, overlap: result.overlap }));
 }
 
 function summarise(result: RowResult): void {
@@ -351,14 +388,27 @@ async function vllmRow(): Promise<void> {
   vllmLevel1 = await runVllmLevel1(s.client, s.engine.enginePid, vllmCycles, s.answer, () => askCapital(s.client, PROBE_TOKENS), log);
 }
 
-async function runRow(row: RowName): Promise<RowResult> {
-  const result: RowResult = { row, label: LABEL[row], skipped: null, reps, warmup: WARMUP, setup: {}, swaps: [], summary: null };
-  log(`[${row}] ${LABEL[row]}`);
+/** A row's label: the tier's, with the overlap mode when not `none`. */
+const labelOf = (row: RowName, overlap: Overlap): string => (overlap === 'none' ? LABEL[row] : `${LABEL[row]}, overlap ${overlap}`);
+
+/** One row, once per overlap mode (tier0 and ram; the others without overlap). */
+async function runRow(row: RowName): Promise<RowResult[]> {
+  const modes = OVERLAP_ROWS.includes(row) ? overlaps : (['none'] as const);
+  const results: RowResult[] = modes.map((overlap) => ({ row, overlap, label: labelOf(row, overlap), skipped: null, reps, warmup: WARMUP, setup: {}, swaps: [], summary: null }));
+  const result = results[0]!;
+  log(`[${row}] ${LABEL[row]}${OVERLAP_ROWS.includes(row) ? `, overlap ${modes.join(', ')}` : ''}`);
+  const each = async (mode: SwapMode & { tier: Tier }): Promise<void> => {
+    for (const r of results) {
+      r.setup = { ...result.setup };
+      await runSwaps(r, mode);
+      summarise(r);
+    }
+  };
   if (row === 'tier0') {
     const resident = new ResidentWeights();
     try {
       // After the two warm-up swaps, the engine asleep is always held: every measured restore maps its weights back.
-      await runSwaps(result, { suspend: { resident }, restore: { resident }, tier: 'gpu' });
+      await each({ suspend: { resident }, restore: { resident }, tier: 'gpu' });
       result.setup.residentBytesAfterRow = resident.bytes;
     } finally {
       resident.close(); // the engine asleep now restores from the store or the RAM tier in the next rows
@@ -375,7 +425,7 @@ async function runRow(row: RowName): Promise<RowResult> {
       for (const s of sides) await cache.load(store, s.snapshot!.manifest);
       result.setup.cacheLoadSeconds = since(t);
       log(`[ram] HostCache of ${gib(budgetBytes)} GiB (${cache.pinned ? 'pinned' : 'not pinned'}) created in ${ms(result.setup.cacheCreateSeconds)}, both snapshots loaded in ${ms(result.setup.cacheLoadSeconds)}`);
-      await runSwaps(result, { suspend: {}, restore: { cache }, tier: 'ram' });
+      await each({ suspend: {}, restore: { cache }, tier: 'ram' });
     } finally {
       cache.close();
     }
@@ -386,7 +436,7 @@ async function runRow(row: RowName): Promise<RowResult> {
     if (why !== null) {
       result.skipped = `cannot drop the page cache (needs root and a writable /proc/sys): ${why}`;
       log(`[cold] skipped: ${result.skipped}`);
-      return result;
+      return [result];
     }
     result.reps = Math.min(reps, COLD_REPS);
     result.warmup = 0;
@@ -396,8 +446,8 @@ async function runRow(row: RowName): Promise<RowResult> {
     };
     await runSwaps(result, { suspend: {}, restore: { directIo: true }, tier: 'store', beforeSwap });
   }
-  summarise(result);
-  return result;
+  if (!result.summary) summarise(result);
+  return results;
 }
 
 rmSync(storeRoot, { recursive: true, force: true });
@@ -469,7 +519,7 @@ try {
   // 3. The rows; vLLM's level-1 sleep after the RAM tier's (then before the page cache's).
   for (const row of rowsToRun) {
     if (row === 'pagecache' || row === 'cold') await vllmRow();
-    rows.push(await runRow(row));
+    rows.push(...(await runRow(row)));
   }
   await vllmRow();
 } catch (err) {
@@ -501,7 +551,7 @@ const result = {
   benchmark: 'engine-swap',
   target: { hotSwapSeconds: TARGET_SECONDS, description: 'hot swap of two 16 GiB engines <= 1.0 s end to end (issue 5)' },
   machine: { device, gpu: gpu?.name ?? null, driverCuda: cuda.available ? cuda.driverVersion : null, cpu: cpus()[0]?.model, cores: cpus().length, node: process.versions.node },
-  args: { device, layers, hidden, reps, rows: [...extras, ...rowsToRun], warmup: WARMUP, coldReps: COLD_REPS, probeTokens: PROBE_TOKENS, check: CHECK ? CHECK[0] : 'prefill:1', sweepRegions: sweepCounts, sweepBytes, capture2Bytes, vllmCycles, hashThreads, vllmAllocator: process.env.VSNAP_VLLM_SRC ? 'vllm' : 'stand-in' },
+  args: { device, layers, hidden, reps, rows: [...extras, ...rowsToRun], overlap: overlaps, warmup: WARMUP, coldReps: COLD_REPS, probeTokens: PROBE_TOKENS, check: CHECK ? CHECK[0] : 'prefill:1', sweepRegions: sweepCounts, sweepBytes, capture2Bytes, vllmCycles, hashThreads, vllmAllocator: process.env.VSNAP_VLLM_SRC ? 'vllm' : 'stand-in' },
   engines: sides.map((s) => ({ label: s.label, name: s.name, model: s.model, seed: s.seed, url: s.engine.url, bytes: s.bytes, regions: s.regions, answer: s.answer })),
   engineStartSeconds,
   capture,
@@ -534,7 +584,7 @@ for (const r of rows) {
     `| ${r.label} | ${s.swapSeconds?.n ?? 0} | ${f(s.swapSeconds?.median)} | ${f(s.swapSeconds?.min)} | ${f(s.swapSeconds?.max)} | ${f(s.restoreSeconds?.median)} | ${f(s.suspendSeconds?.median)} | ${movedCell} | ${f(s.hydrateGBpsMedian, 2)} | ${f(s.phasesMedian.expectedResponse)} |`,
   );
 }
-for (const r of rowsToRun.filter((row) => !rows.some((x) => x.row === row))) lines.push(`| ${LABEL[r]} | not run: ${failure ? 'an earlier step failed' : 'no result'} | | | | | | | | |`);
+for (const r of rowsToRun.filter((row) => !rows.some((x) => x.row === row && x.overlap === 'none'))) lines.push(`| ${LABEL[r]} | not run: ${failure ? 'an earlier step failed' : 'no result'} | | | | | | | | |`);
 // Where the time goes: the median of every phase of the suspend and of the restore, per row.
 const phased = phaseRows();
 lines.push('', phaseTable(phased));
@@ -546,7 +596,7 @@ const captureNote = (): string =>
     })
     .join(', ');
 const verdict = (row: RowName): string => {
-  const r = rows.find((x) => x.row === row);
+  const r = rows.find((x) => x.row === row && x.overlap === 'none');
   const s = r?.summary?.swapSeconds;
   if (!s) return `${row}: ${!rowsToRun.includes(row) ? 'not selected' : r?.skipped ? 'skipped' : 'no result'}`;
   return `${row} median ${f(s.median)} s, max ${f(s.max)} s: ${s.max <= TARGET_SECONDS ? 'met' : s.median <= TARGET_SECONDS ? 'met at the median, not at the max' : 'not met'}`;
@@ -567,7 +617,8 @@ const nearest = sweep?.rows.filter((r) => r.ceiling).sort((x, y) => Math.abs(x.r
 const targets = targetsTable({
   ram: byRow('ram'),
   tier0: byRow('tier0'),
-  ramHydrateGBps: rows.find((r) => r.row === 'ram')?.summary?.hydrateGBpsMedian ?? null,
+  ramHydrateGBps: rows.find((r) => r.row === 'ram' && r.overlap === 'none')?.summary?.hydrateGBpsMedian ?? null,
+  overlapped: rows.flatMap((r) => (r.overlap !== 'none' && (r.row === 'ram' || r.row === 'tier0') && r.summary?.swapSeconds ? [{ row: r.row, overlap: r.overlap, swapMedian: r.summary.swapSeconds.median }] : [])),
   h2dCeiling: nearest?.ceiling ? { GBps: nearest.ceiling.h2dGBps.max, regions: nearest.regions } : null,
   engineBytes: bytes,
   sweep: sweep?.rows ?? null,
@@ -578,6 +629,7 @@ if (targets) lines.unshift(targets, '');
 result.targets = targets || null;
 for (const t of [
   sweep ? sweepTable(sweep.rows, `${device}${gpu ? `, ${gpu.name}` : ''}`, sweep.ceilingNote) : '',
+  overlapTable(rows.flatMap((r) => (OVERLAP_ROWS.includes(r.row) && r.summary ? [{ row: LABEL[r.row], overlap: r.overlap, swapMedian: r.summary.swapSeconds?.median ?? null, suspendMedian: r.summary.suspendSeconds?.median ?? null, restoreMedian: r.summary.restoreSeconds?.median ?? null, wakeKvCache: r.summary.phasesMedian.wakeKvCache ?? null, awaitRoom: r.summary.phasesMedian.awaitRoom ?? null }] : []))),
   capture2Table(capture2),
   vllmTable(vllmLevel1, byRow('ram'), byRow('tier0'), ramTierBytes),
 ]) {

@@ -83,6 +83,7 @@ export {
   type EngineSuspendResult,
   type SnapshotRef,
 } from './snapshot/engine-flows.js';
+export { swapEngines, type EngineSwapOptions, type EngineSwapReport, type SwapOverlap } from './snapshot/engine-swap.js';
 export type { EngineRecovery, MaterializeOutcome, MaterializePolicy, RecoveryPolicy, RecoveryReason } from './snapshot/engine-recovery.js';
 export type { GpuRef } from './snapshot/gpu-remap.js';
 export {

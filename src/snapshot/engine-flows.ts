@@ -20,6 +20,7 @@ import { checkLive, liveRefs, mapExported, staleError, type LiveCheckReport } fr
 import type { MappedRegions } from '../regions/mapped.js';
 import { Snapshot, type CaptureOptions, type DeviceTiming, type PersistPolicy, type CaptureHash } from './snapshot.js';
 import { pullIfMissing, type RegistrySource } from '../registry/source.js';
+import { awaitRoom, startKvWake, type EarlyWake } from './kv-overlap.js';
 
 /*
  * The engine flows: capture, suspend and restore a running engine. A layer above Snapshot (which
@@ -121,6 +122,26 @@ export interface EngineRestoreOptions extends TransferOptions {
    * The restored memory is still verified by its GPU digests before the engine is woken further.
    */
   readonly multipath?: MultipathOptions;
+  /**
+   * Wake the KV cache while the hydrate runs, instead of after it (default false; RAM tier and
+   * store only). The wake is timed as `wakeKvCache` and listed in
+   * {@link EngineRestoreReport.overlapped}. The restore still resolves only once the weights
+   * verified, the KV cache woke, the prefix cache was reset and the expected response matched;
+   * any failure of either puts the engine back to sleep. The catch: vLLM resumes scheduling as
+   * soon as no memory is asleep (vllm/v1/engine/core.py `wake_up`; no tag keeps it paused), so
+   * the engine schedules again before the hydrate ends, and a request reaching it then (or one
+   * it queued while asleep) would run on half-restored weights. Use it only where nothing sends
+   * the engine requests until the restore resolves: the SwapController does, as it leases only
+   * awake engines. A tier-0 restore never overlaps: its adopt is the engine's own work, which
+   * the engine core runs one call at a time anyway.
+   */
+  readonly overlapKvWake?: boolean;
+  /**
+   * @internal Awaited before the KV cache wakes ({@link swapEngines}: the other engine's sleep,
+   * which frees the memory the KV cache takes). A rejection fails the restore, and the engine
+   * goes back to sleep.
+   */
+  readonly beforeKvWake?: () => Promise<void>;
 }
 
 /**
@@ -213,6 +234,13 @@ export interface EngineRestoreReport {
   readonly devices?: readonly DeviceTiming[];
   /** With `multipath`, when the hydrate ran over two links: how its bytes were split. */
   readonly multipath?: MultipathStats;
+  /**
+   * The phases that ran concurrently with others (absent: none), so the phases add up to more
+   * than `seconds`. With `overlapKvWake`: `wakeKvCache` (and `awaitRoom`, the wait for the other
+   * engine's sleep in a swap) ran during the hydrate; `wakeKvCacheWait` is the part of the wake
+   * the restore still waited for after its hydrate.
+   */
+  readonly overlapped?: readonly string[];
 }
 
 /**
@@ -430,6 +458,7 @@ export async function restoreEngine(source: Snapshot | SnapshotRef, client: Engi
   }
   let exported: ExportedRegions | undefined;
   let mapped: MappedRegions | undefined;
+  let early: EarlyWake | undefined;
   try {
     if (status.ranks.some((r) => !r.weightsMapped)) await control.wake(['weights'], call);
     lap('wakeWeights');
@@ -446,13 +475,18 @@ export async function restoreEngine(source: Snapshot | SnapshotRef, client: Engi
     lap('map');
     const twoLinks = options.multipath && exported.ranks.length === 1 ? { multipath: options.multipath } : {};
     if (options.multipath && !('multipath' in twoLinks)) warn(options, `multipath skipped: the engine has ${exported.ranks.length} ranks (each GPU's own link is in use)`);
+    // With overlapKvWake the KV cache wakes now; its failure stops the hydrate (and the other way
+    // round, the catch below waits for it before the engine goes back to sleep).
+    const stop = new AbortController();
+    if (options.overlapKvWake) early = startKvWake(control, rest, call, options.beforeKvWake, (e) => stop.abort(e));
+    const signal = early ? (call.signal ? AbortSignal.any([call.signal, stop.signal]) : stop.signal) : call.signal;
     const result = await snapshot.restore({
       regions: live.map((x, i) => ({ key: x.key, size: x.size, tag: exportedTag(exported!, i), rank: x.rank, memory: x.memory })),
       ...twoLinks,
       ...(options.cache ? { cache: options.cache } : {}),
       ...(options.verify ? { verify: options.verify } : {}),
       ...(options.verifyDigests !== undefined ? { verifyDigests: options.verifyDigests } : {}),
-      ...passOn(options),
+      ...passOn({ ...options, ...(signal ? { signal } : {}) }),
       directIo: options.directIo ?? false,
     });
     lap('hydrate');
@@ -463,17 +497,22 @@ export async function restoreEngine(source: Snapshot | SnapshotRef, client: Engi
     // Unmapping thousands of regions runs off the JS thread while the engine wakes its KV cache.
     const unmapping = mapped.close();
     unmapping.catch(() => undefined);
-    await finishWake(control, client, snapshot.name, expected, rest, options, call, lap, 'restored');
+    await finishWake(control, client, snapshot.name, expected, rest, options, call, lap, 'restored', early, phases);
     await unmapping;
     const gpus = remap ? { gpus: exported.ranks.map((r) => r.deviceUuid) } : {};
     const devices = result.devices ? { devices: result.devices } : {};
     const split = result.multipath ? { multipath: result.multipath } : {};
-    return { bytes: result.bytes, tier: result.tier ?? 'store', seconds: (performance.now() - started) / 1000, phases, path: 'restored', ...gpus, ...devices, ...split };
+    const overlapped = early ? { overlapped: Object.keys(early.phases) } : {};
+    return { bytes: result.bytes, tier: result.tier ?? 'store', seconds: (performance.now() - started) / 1000, phases, path: 'restored', ...gpus, ...devices, ...split, ...overlapped };
   } catch (err) {
     exported?.close();
     // Before any sleep: a mapping left would keep the engine's freed weights allocated.
     await mapped?.close().catch(() => undefined);
-    const e = toVsnapError(err);
+    // A KV wake in flight is waited for: a sleep racing it could leave the KV cache awake.
+    await early?.settled;
+    let e = toVsnapError(err);
+    // The hydrate stopped because the KV wake (or the wait before it) failed: that failure is the cause.
+    if (early && e.code === 'E_ABORTED' && !call.signal?.aborted) e = await early.done.then(() => e, (x: unknown) => toVsnapError(x));
     // The snapshot's own faults (never the engine's, nor a cancellation) may be recovered from.
     const reason = recovery === 'reload' && !call.signal?.aborted ? recoveryReason(e, snapshot.manifest, status, options) : undefined;
     if (reason) return recover(e, reason, snapshot.manifest);
@@ -529,13 +568,26 @@ async function finishWake(
   call: { signal?: AbortSignal },
   lap: (name: string) => void,
   path: 'restored' | 'recovered',
+  early?: EarlyWake,
+  phases?: Record<string, number>,
 ): Promise<void> {
-  // Every tag still asleep, by name: the KV cache, and any other (vLLM 0.33's `cudagraph` pool
-  // with --sleep-mode-offload-cudagraph, which a wake of `kv_cache` alone would leave asleep).
-  // Never a wake of all tags: before vLLM PR #52514 that maps the woken weights a second time
-  // (vllm/device_allocator/cumem.py `wake_up`), which fails and unmaps them.
-  await control.wake(rest, call);
-  lap('wakeKvCache');
+  if (early) {
+    // Started during the hydrate (overlapKvWake): what is left of it is waited for here.
+    await early.done;
+    Object.assign(phases!, early.phases);
+    lap('wakeKvCacheWait');
+  } else {
+    if (options.beforeKvWake) {
+      await awaitRoom(options.beforeKvWake);
+      lap('awaitRoom');
+    }
+    // Every tag still asleep, by name: the KV cache, and any other (vLLM 0.33's `cudagraph` pool
+    // with --sleep-mode-offload-cudagraph, which a wake of `kv_cache` alone would leave asleep).
+    // Never a wake of all tags: before vLLM PR #52514 that maps the woken weights a second time
+    // (vllm/device_allocator/cumem.py `wake_up`), which fails and unmaps them.
+    await control.wake(rest, call);
+    lap('wakeKvCache');
+  }
   await control.resetPrefixCache(call);
   lap('resetPrefixCache');
   if (!expected) return;
@@ -598,6 +650,11 @@ async function restoreFromResident(
     failure = toVsnapError(err);
   }
   if (call.signal?.aborted) throw failure;
+  if (failure.code === 'E_ABORTED') {
+    // Called off by beforeKvWake (the other engine of a swap did not sleep): no fallback, back to sleep.
+    const { state, asleep } = await backToSleep(control);
+    throw new VsnapError('E_ABORTED', `${failure.message}\nRestore of '${snapshot.name}' from tier 0 called off; ${state}.`, { ...failure.details, recovered: asleep }, { cause: failure });
+  }
   warn(options, `tier-0 wake of '${snapshot.name}' failed (${failure.message}); restoring from the snapshot instead`);
   let status = await reread(control, call, `the tier-0 wake of '${snapshot.name}'`, failure);
   if (holdsWeights(status)) {

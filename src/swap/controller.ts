@@ -104,6 +104,15 @@ export interface SwapControllerOptions {
   readonly recovery?: RecoveryPolicy;
   /** After a recovery, capture a new snapshot: `async` (default: in the background while it serves), `required` or `off`. */
   readonly materialize?: MaterializePolicy;
+  /**
+   * Overlap swaps (default true): when an engine is suspended to make room for another whose
+   * weights fit beside it on every device, the two run as one {@link swapEngines} (`weights`:
+   * the new engine's KV cache wakes once the old one sleeps), and every restore wakes the KV
+   * cache while its hydrate runs (restoreEngine's `overlapKvWake`: safe here, as no request
+   * reaches an engine before it is awake). The weights bytes are the engine's `weightsBytes`,
+   * else its snapshot's largest rank.
+   */
+  readonly overlap?: boolean;
 }
 
 export type { EngineState } from './planner.js';

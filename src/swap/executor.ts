@@ -40,6 +40,10 @@ export interface Slot {
   recovery?: { -readonly [K in keyof RecoveryView]: RecoveryView[K] };
   /** The background capture after a recovery (materialize `async`): a suspend waits for it. */
   materializing?: Promise<void>;
+  /** Its snapshot's largest rank, in bytes (read at the restorability check): its weights for an overlapped swap. */
+  snapshotWeightsBytes?: number;
+  /** In an overlapped swap, until the other engine sleeps: what it holds per device (asleep, plus its woken weights), counted instead of memoryBytes. */
+  swapHolding?: number;
 }
 
 /** How long an engine whose swap failed is left alone by background steps (pinned, default, TTL, budget). */
@@ -47,8 +51,9 @@ const RETRY_MS = 10_000;
 
 /**
  * The one place where the controller's state changes under concurrency: every mutation (the
- * planner's steps, manual suspends, resyncs) runs through `serial`, one at a time, so no two swaps
- * ever overlap and a decision is never made on a state another step is changing. After any failed
+ * planner's steps, manual suspends, resyncs) runs through `serial`, one at a time, so no two steps
+ * ever overlap (a compound `swap` step runs its suspend and its restore at once, as one step) and a
+ * decision is never made on a state another step is changing. After any failed
  * step the engine's real state is read back instead of assumed.
  * @internal
  */
@@ -107,7 +112,7 @@ export class SwapExecutor {
       lastUsed: s.lastUsed,
       pinned: s.spec.pinned ?? false,
       devices: s.spec.devices,
-      memoryBytes: s.spec.memoryBytes,
+      memoryBytes: s.swapHolding ?? s.spec.memoryBytes,
       asleepBytes: s.spec.deepSuspend && !s.shallow ? 0 : s.spec.asleepBytes,
       residentBytes: this.residentBytes(s),
       weightsBytes: s.spec.deepSuspend ? undefined : s.spec.weightsBytes, // tier 0 never holds a deep engine's weights
@@ -118,8 +123,14 @@ export class SwapExecutor {
       keptByEngine: s.keptByEngine,
       holdLocked: s.holdLocked,
       movableTo: s.spec.deepSuspend && !s.shallow ? s.spec.movableTo : undefined,
+      swapWeightsBytes: s.spec.deepSuspend ? undefined : (s.spec.weightsBytes ?? s.snapshotWeightsBytes),
     }));
-    return { engines, budgets: this.options.budgets, defaultModel: this.options.defaultModel, tier0: this.options.resident !== undefined, now: Date.now() };
+    return { engines, budgets: this.options.budgets, defaultModel: this.options.defaultModel, tier0: this.options.resident !== undefined, now: Date.now(), overlap: this.overlaps() };
+  }
+
+  /** Whether swaps overlap (SwapControllerOptions.overlap). */
+  private overlaps(): boolean {
+    return this.options.overlap ?? true;
   }
 
   /** Whether restores recover through the engine's own loader when the snapshot cannot be used. */
@@ -138,7 +149,7 @@ export class SwapExecutor {
     const action = plan(this.planInput());
     // A refusal for a known-damaged snapshot is checked again too: a new capture clears it.
     const recheck = action.kind === 'reject' && action.code === 'E_NOT_RESTORABLE';
-    const target = action.kind === 'wake' || recheck ? action.engine : action.kind === 'suspend' || action.kind === 'demote' ? action.for : undefined;
+    const target = action.kind === 'swap' ? action.wake : action.kind === 'wake' || recheck ? action.engine : action.kind === 'suspend' || action.kind === 'demote' ? action.for : undefined;
     if (target !== undefined) {
       // Before anyone is suspended for it (or it is woken), make sure its snapshot can bring it back.
       const slot = this.slots.get(target)!;
@@ -175,6 +186,24 @@ export class SwapExecutor {
       case 'demote':
         await this.demote(this.slots.get(action.engine)!);
         return true;
+      case 'swap': {
+        // swapEngines' `weights`, as two steps run at once: the restore's KV cache wakes once the
+        // suspend is done; a failed suspend fails the restore (back to sleep, its waiters told).
+        const b = this.slots.get(action.wake)!;
+        // Until the other engine sleeps, b is accounted with its weights only (what the planner checked).
+        const weights = b.spec.weightsBytes ?? b.snapshotWeightsBytes ?? 0;
+        b.swapHolding = Math.max(b.spec.asleepBytes + this.residentBytes(b), b.spec.asleepBytes + weights);
+        const suspending = this.suspend(this.slots.get(action.suspend)!, this.options.captureIfNeeded ?? true, action.keepResident);
+        const slept = suspending.then(() => void delete b.swapHolding);
+        slept.catch(() => undefined);
+        try {
+          await Promise.all([this.wake(b, undefined, { victim: action.suspend, slept }), suspending.catch(() => undefined)]);
+        } finally {
+          delete b.swapHolding;
+        }
+        this.changed();
+        return true;
+      }
       case 'reject': {
         const slot = this.slots.get(action.engine)!;
         this.checked.delete(slot);
@@ -212,12 +241,20 @@ export class SwapExecutor {
       });
       if (found.damage) this.markDamaged(slot, found.damage, found.detail);
       else delete slot.damage;
+      if (this.overlaps() && slot.spec.weightsBytes === undefined && !found.damage) slot.snapshotWeightsBytes = await this.snapshotWeights(slot);
       this.checked.add(slot);
     } catch (err) {
       const e = toVsnapError(err); // the store failed (not the snapshot): tell the waiters, try again later
       this.events.emit('swapFailed', { engine: slot.spec.name, action: 'restore', error: e });
       this.rejectWaiters(slot, new VsnapError(e.code, `'${slot.spec.name}' could not be checked for a restore (${e.code}); retry later`, { engine: slot.spec.name }, { cause: e }));
     }
+  }
+
+  /** The largest rank of its current snapshot, in bytes (undefined when it cannot be read: no overlap then). */
+  private async snapshotWeights(slot: Slot): Promise<number | undefined> {
+    const manifest = await this.options.store.current(slot.spec.snapshot).catch(() => undefined);
+    if (!manifest) return undefined;
+    return Math.max(0, ...manifest.data.ranks.map((r) => r.regions.reduce((n, x) => n + x.size, 0)));
   }
 
   private markDamaged(slot: Slot, damage: Damage, detail: string | undefined): void {
@@ -270,7 +307,7 @@ export class SwapExecutor {
   }
 
   /** Wakes it; `onto`: a deep-suspended engine's process is restored onto that GPU first. */
-  private async wake(slot: Slot, onto?: readonly number[]): Promise<void> {
+  private async wake(slot: Slot, onto?: readonly number[], room?: { victim: string; slept: Promise<void> }): Promise<void> {
     this.checked.delete(slot);
     const name = slot.spec.name;
     const started = performance.now();
@@ -279,7 +316,7 @@ export class SwapExecutor {
     this.events.emit('swapStarted', { engine: name, action: 'restore' });
     let snapshotId: string | undefined;
     try {
-      const report = slot.keptByEngine ? await this.resumeKept(slot) : await this.restore(slot, (id) => (snapshotId = id), onto);
+      const report = slot.keptByEngine ? await this.resumeKept(slot) : await this.restore(slot, (id) => (snapshotId = id), onto, room ? () => room.slept : undefined);
       if (onto) slot.spec = { ...slot.spec, devices: onto }; // it runs there now
       delete slot.keptByEngine;
       delete slot.holdLocked;
@@ -300,7 +337,9 @@ export class SwapExecutor {
     } catch (err) {
       const e = toVsnapError(err);
       this.metrics.swaps.inc({ engine: name, action: 'restore', result: 'error' });
-      slot.retryAt = Date.now() + RETRY_MS;
+      // In an overlapped swap whose suspend failed, the restore was called off: no fault of this engine.
+      const roomError = room ? await room.slept.then(() => undefined, (x: unknown) => toVsnapError(x)) : undefined;
+      if (!roomError) slot.retryAt = Date.now() + RETRY_MS;
       if (slot.spec.deepSuspend && 'recovered' in e.details) {
         // The processes were restored (and moved, with onto) before a later step failed: the
         // engine is no longer deep, it holds its context (asleepBytes) where it runs now.
@@ -321,12 +360,14 @@ export class SwapExecutor {
       // Clients get a short answer; the operator's detail (paths, mismatches) is the event's error.
       const message = slot.damage
         ? `'${name}' cannot be restored: ${slot.damage.reason}. Re-capture its snapshot, or repair it and verify it.`
-        : `the restore of '${name}' failed (${e.code}); the engine is ${slot.state}. Retry later.`;
-      this.rejectWaiters(slot, new VsnapError(slot.damage ? 'E_NOT_RESTORABLE' : e.code, message, { engine: name }, { cause: e }));
+        : roomError
+          ? `'${name}' could not be given room: suspending '${room!.victim}' failed (${roomError.code}). Retry later.`
+          : `the restore of '${name}' failed (${e.code}); the engine is ${slot.state}. Retry later.`;
+      this.rejectWaiters(slot, new VsnapError(slot.damage ? 'E_NOT_RESTORABLE' : (roomError?.code ?? e.code), message, { engine: name }, { cause: e }));
     }
   }
 
-  private async restore(slot: Slot, opened: (id: string) => void, onto?: readonly number[]) {
+  private async restore(slot: Slot, opened: (id: string) => void, onto?: readonly number[], beforeKvWake?: () => Promise<void>) {
     const recovery = this.recovers() ? ('reload' as const) : ('fail' as const);
     let source: Snapshot | SnapshotRef;
     try {
@@ -345,6 +386,8 @@ export class SwapExecutor {
       ...(this.options.checkpointBackend ? { checkpointBackend: this.options.checkpointBackend } : {}),
       recovery,
       materialize: this.options.materialize ?? 'async',
+      ...(this.overlaps() ? { overlapKvWake: true } : {}),
+      ...(beforeKvWake ? { beforeKvWake } : {}),
       onWarning: (message) => this.events.emit('warning', { engine: slot.spec.name, message }),
     });
   }

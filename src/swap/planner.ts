@@ -44,6 +44,8 @@ export interface PlanEngine {
    * onto when its own has no room (undefined or empty: it wakes only where it is).
    */
   readonly movableTo?: readonly number[] | undefined;
+  /** Per device: its weights' bytes for an overlapped swap (`weightsBytes`, else from its snapshot; undefined: unknown, no overlap). */
+  readonly swapWeightsBytes?: number | undefined;
 }
 
 /** @internal */
@@ -54,6 +56,8 @@ export interface PlanInput {
   /** Whether tier 0 is configured. */
   readonly tier0: boolean;
   readonly now: number;
+  /** Whether a suspend for another engine may run as one overlapped swap. */
+  readonly overlap?: boolean | undefined;
 }
 
 /** One step. `for`: the engine the step makes room for. @internal */
@@ -61,6 +65,8 @@ export type Action =
   | { readonly kind: 'grant'; readonly engine: string }
   | { readonly kind: 'wake'; readonly engine: string; readonly onto?: readonly number[] }
   | { readonly kind: 'suspend'; readonly engine: string; readonly keepResident: boolean; readonly reason: 'room' | 'budget' | 'idle'; readonly for?: string }
+  /** A suspend of `suspend` for `wake`, overlapped: `wake`'s weights come back while `suspend` is still awake (swapEngines' `weights`). */
+  | { readonly kind: 'swap'; readonly suspend: string; readonly keepResident: boolean; readonly wake: string; readonly overlap: 'weights' }
   | { readonly kind: 'demote'; readonly engine: string; readonly for?: string }
   | { readonly kind: 'reject'; readonly engine: string; readonly code: 'E_BUSY' | 'E_NOT_RESTORABLE'; readonly message: string }
   | { readonly kind: 'overBudget'; readonly device: number; readonly message: string }
@@ -92,6 +98,33 @@ export function mayKeepResident(input: PlanInput, victim: PlanEngine, next?: Pla
     if (next?.devices.includes(d)) after += next.memoryBytes - heldAsleep(next);
     return after <= input.budgets[d]!;
   });
+}
+
+/**
+ * Whether suspending `victim` for `target` may run as one overlapped swap: on every device of
+ * `target`, its weights fit beside `victim` still awake (while they stream in, `target` holds what
+ * it holds asleep plus its weights), and once `victim` sleeps, all of `target` fits. Needs
+ * `target`'s weights bytes, and a `target` restored from its snapshot (not a deep-suspended one,
+ * nor one the engine itself kept). @internal
+ */
+export function overlapFits(input: PlanInput, victim: PlanEngine, target: PlanEngine, keepResident: boolean): boolean {
+  const weights = target.swapWeightsBytes;
+  if (!input.overlap || weights === undefined || target.state !== 'asleep' || target.keptByEngine || target.movableTo !== undefined) return false;
+  if (victim.state !== 'awake' || victim.keptByEngine) return false;
+  const used = usage(input);
+  const victimAfter = victim.asleepBytes + (keepResident ? (victim.weightsBytes ?? victim.memoryBytes) : 0);
+  return target.devices.every((d) => {
+    const base = (used[d] ?? 0) - heldAsleep(target);
+    const during = base + Math.max(heldAsleep(target), target.asleepBytes + weights);
+    const after = base + target.memoryBytes - (victim.devices.includes(d) ? victim.memoryBytes - victimAfter : 0);
+    return during <= input.budgets[d]! && after <= input.budgets[d]!;
+  });
+}
+
+/** A suspend for `target`, as one overlapped swap when that fits. */
+function suspendFor(input: PlanInput, victim: PlanEngine, target: PlanEngine, keepResident: boolean): Action {
+  if (overlapFits(input, victim, target, keepResident)) return { kind: 'swap', suspend: victim.name, keepResident, wake: target.name, overlap: 'weights' };
+  return { kind: 'suspend', engine: victim.name, keepResident, reason: 'room', for: target.name };
 }
 
 /** A swap of it failed a moment ago: leave it alone for now (requests for it still try). */
@@ -128,11 +161,11 @@ function bringUp(input: PlanInput, target: PlanEngine): Action {
     const victim = idle[0]!;
     const older = new Set(residents.filter((e) => e.lastUsed <= victim.lastUsed));
     const relaxed = { ...input, engines: input.engines.map((e) => (older.has(e) ? { ...e, residentBytes: 0 } : e)) };
-    return { kind: 'suspend', engine: victim.name, keepResident: mayKeepResident(relaxed, victim, target), reason: 'room', for: target.name };
+    return suspendFor(input, victim, target, mayKeepResident(relaxed, victim, target));
   }
   const victim = [...idle, ...residents].sort(byLastUsed)[0];
   if (victim && asleep(victim)) return { kind: 'demote', engine: victim.name, for: target.name };
-  if (victim) return { kind: 'suspend', engine: victim.name, keepResident: mayKeepResident(input, victim, target), reason: 'room', for: target.name };
+  if (victim) return suspendFor(input, victim, target, mayKeepResident(input, victim, target));
   if (awake.length === 0) {
     return { kind: 'reject', engine: target.name, code: 'E_BUSY', message: `'${target.name}' cannot fit its GPU budget even with every unpinned engine suspended` };
   }

@@ -1,5 +1,7 @@
 // GPU suite, router (device only): two reference engines of ~2.4 GiB on one GPU, a budget that
-// fits one, and alternating requests through the HTTP agent: every request swaps.
+// fits one, and alternating requests through the HTTP agent: every request swaps. Serial swaps
+// (overlap off), and overlapped ones: with 7 GiB the new engine's weights fit beside the old one
+// (4 GiB accounted each), so each swap is one SwapController step running both at once.
 import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -48,15 +50,16 @@ describe('GPU: one H200 time-shared by two engines through the agent', async () 
     await releaseIdleResources();
   });
 
-  for (const tier of ['store', 'ram'] as const) {
-    it(`alternating requests, each a swap (restores from the ${tier === 'ram' ? 'RAM tier' : 'page cache'})`, async () => {
+  for (const [tier, overlap] of [['store', false], ['ram', false], ['ram', true]] as const) {
+    it(`alternating requests, each a swap (restores from the ${tier === 'ram' ? 'RAM tier' : 'page cache'}${overlap ? ', overlapped' : ''})`, async () => {
       const store = await RegionStore.open(join(dir, 'store'));
       const cache = tier === 'ram' ? await HostCache.create({ budgetBytes: 6 * GiB }) : undefined;
       const controller = await SwapController.create({
         store,
         ...(cache ? { cache } : {}),
         engines: engines.map((x) => ({ name: x.name, client: x.client, memoryBytes: 4 * GiB })),
-        budgets: { 0: 6 * GiB },
+        budgets: { 0: (overlap ? 7 : 6) * GiB },
+        overlap,
       });
       const agent = await SwapAgent.listen({ controller, store });
       const restores: SwapEvent[] = [];
@@ -78,12 +81,17 @@ describe('GPU: one H200 time-shared by two engines through the agent', async () 
           assert.equal(body.choices[0]!.text, x.answer, `${x.name} answered as itself`);
         }
         const measured = restores.filter((e) => e.tier === tier);
-        console.log(`[${tier}] restore (wake..expected response): ${summary(measured.map((e) => e.seconds))}`);
-        console.log(`[${tier}] suspend: ${summary(suspends.map((e) => e.seconds))}`);
-        console.log(`[${tier}] request wall time incl. swap: ${summary(walls)}`);
+        const label = `${tier}${overlap ? ', overlapped' : ''}`;
+        console.log(`[${label}] restore (wake..expected response): ${summary(measured.map((e) => e.seconds))}`);
+        console.log(`[${label}] suspend: ${summary(suspends.map((e) => e.seconds))}`);
+        console.log(`[${label}] request wall time incl. swap: ${summary(walls)}`);
         const hydrate = measured.map((e) => e.phases!.hydrate!);
-        console.log(`[${tier}] hydrate phase: ${summary(hydrate)}`);
+        console.log(`[${label}] hydrate phase: ${summary(hydrate)}`);
         assert.ok(measured.length >= 15, `${measured.length} restores from ${tier}`);
+        // overlapped: every restore after the first waited for the other engine's sleep before its KV wake
+        const overlapped = measured.filter((e) => e.phases!.awaitRoom !== undefined).length;
+        if (overlap) assert.ok(overlapped >= 15, `${overlapped} of ${measured.length} restores overlapped`);
+        else assert.equal(overlapped, 0);
       } finally {
         await agent.close();
         controller.close();
