@@ -23,10 +23,12 @@
 // during its hydrate: restoreEngine's overlapKvWake), `weights` and `all` (swapEngines: the
 // suspend and the restore at once, the KV wake waiting for the other engine's sleep, or not;
 // both with overlapKvWake). Rows of another mode than `none` are labelled with it.
+// `ram2`: the ram row with every restore over two PCIe links (restoreEngine's multipath: part of
+// the bytes host -> GPU `--neighbour` -> NVLink peer copy), skipped where that GPU is missing.
 // Bundle it into dist-gpu/ (the test helpers find test/fixtures from the package root above the
 // bundle) and run it as root, where test/gpu/run.sh has set VSNAP_REF_CUMEM_LIB:
 //   node dist-gpu/bench-engine-swap.mjs [--device cuda|host] [--layers 36] [--hidden 4096] [--reps 5]
-//     [--rows sweep,capture2,tier0,ram,vllm-l1,pagecache,cold] [--out bench/results] [--store /tmp/vsnap-swap-store]
+//     [--rows sweep,capture2,tier0,ram,ram2,vllm-l1,pagecache,cold] [--neighbour 1] [--out bench/results] [--store /tmp/vsnap-swap-store]
 //     [--sweep-regions 36,252,1000,4000] [--sweep-gib 16] [--capture2-gib 16] [--ceiling dist-gpu/ceiling]
 //     [--vllm-cycles 3] [--hash-threads N] [--overlap none,kv,weights,all]
 // Writes <out>/engine-swap-<GiB>GiB.json (every swap) and .md, prints the table; progress on stderr.
@@ -70,19 +72,20 @@ const PROBE_TOKENS = 16;
 const CHECK = /^(prefill|decode):(\d+)$/.exec(process.env.VSNAP_BENCH_CHECK ?? '');
 const CHECK_OPTIONS = CHECK ? { check: { mode: CHECK[1] as 'prefill' | 'decode', maxTokens: Number(CHECK[2]) } } : {};
 
-type RowName = 'tier0' | 'ram' | 'pagecache' | 'cold';
+type RowName = 'tier0' | 'ram' | 'ram2' | 'pagecache' | 'cold';
 type Tier = 'gpu' | 'ram' | 'store' | 'engine';
-const ROWS: readonly RowName[] = ['tier0', 'ram', 'pagecache', 'cold'];
+const ROWS: readonly RowName[] = ['tier0', 'ram', 'ram2', 'pagecache', 'cold'];
 type ExtraRow = 'sweep' | 'capture2' | 'vllm-l1';
 const EXTRA: readonly ExtraRow[] = ['sweep', 'capture2', 'vllm-l1'];
-const ALL_ROWS = ['sweep', 'capture2', 'tier0', 'ram', 'vllm-l1', 'pagecache', 'cold'];
+const ALL_ROWS = ['sweep', 'capture2', 'tier0', 'ram', 'ram2', 'vllm-l1', 'pagecache', 'cold'];
 type Overlap = 'none' | 'kv' | 'weights' | 'all';
 const OVERLAPS: readonly Overlap[] = ['none', 'kv', 'weights', 'all'];
 /** The rows the overlap modes apply to (the others run without overlap). */
-const OVERLAP_ROWS: readonly RowName[] = ['tier0', 'ram'];
+const OVERLAP_ROWS: readonly RowName[] = ['tier0', 'ram', 'ram2'];
 const LABEL: Record<RowName, string> = {
   tier0: 'tier 0 (weights kept on the GPU)',
   ram: 'RAM tier (hot, pinned HostCache)',
+  ram2: 'RAM tier over two PCIe links (multipath)',
   pagecache: 'page cache (warm disk)',
   cold: 'cold disk (caches dropped, O_DIRECT)',
 };
@@ -103,6 +106,7 @@ const { values: args } = parseArgs({
     out: { type: 'string', default: 'bench/results' },
     store: { type: 'string', default: '/tmp/vsnap-swap-store' },
     overlap: { type: 'string', default: OVERLAPS.join(',') },
+    neighbour: { type: 'string', default: '1' },
   },
   strict: true,
 });
@@ -126,6 +130,8 @@ const sweepBytes = Math.round(Number(args['sweep-gib'] ?? (device === 'cuda' ? '
 const capture2Bytes = Math.round(Number(args['capture2-gib']) * 1024 ** 3);
 const vllmCycles = positive('vllm-cycles', args['vllm-cycles']);
 const hashThreads = positive('hash-threads', args['hash-threads']);
+const neighbour = Number(args.neighbour);
+if (!Number.isInteger(neighbour) || neighbour < 0) throw new Error(`--neighbour must be a GPU ordinal, not ${JSON.stringify(args.neighbour)}`);
 const overlaps = args.overlap.split(',').map((o) => o.trim()).filter(Boolean) as Overlap[];
 for (const o of overlaps) if (!OVERLAPS.includes(o)) throw new Error(`--overlap: unknown mode ${JSON.stringify(o)} (modes: ${OVERLAPS.join(', ')})`);
 if (overlaps.length === 0) throw new Error('--overlap: at least one mode');
@@ -413,7 +419,13 @@ async function runRow(row: RowName): Promise<RowResult[]> {
     } finally {
       resident.close(); // the engine asleep now restores from the store or the RAM tier in the next rows
     }
-  } else if (row === 'ram') {
+  } else if (row === 'ram' || row === 'ram2') {
+    const gpus = cuda.available ? (await listDevices()).length : 2; // the host backend has a stand-in neighbour
+    if (row === 'ram2' && gpus <= neighbour) {
+      result.skipped = `needs GPU ${neighbour} as the neighbour (${gpus} visible)`;
+      log(`[ram2] skipped: ${result.skipped}`);
+      return [result];
+    }
     const budgetBytes = sides.reduce((n, s) => n + cacheBytes(s.snapshot!.manifest), 0) + 64 * MiB;
     ramTierBytes = budgetBytes;
     let t = performance.now();
@@ -425,7 +437,7 @@ async function runRow(row: RowName): Promise<RowResult[]> {
       for (const s of sides) await cache.load(store, s.snapshot!.manifest);
       result.setup.cacheLoadSeconds = since(t);
       log(`[ram] HostCache of ${gib(budgetBytes)} GiB (${cache.pinned ? 'pinned' : 'not pinned'}) created in ${ms(result.setup.cacheCreateSeconds)}, both snapshots loaded in ${ms(result.setup.cacheLoadSeconds)}`);
-      await each({ suspend: {}, restore: { cache }, tier: 'ram' });
+      await each({ suspend: {}, restore: { cache, ...(row === 'ram2' ? { multipath: { neighbour } } : {}) }, tier: 'ram' });
     } finally {
       cache.close();
     }
@@ -616,9 +628,10 @@ const engineRegions = sides[0]?.regions ?? 0;
 const nearest = sweep?.rows.filter((r) => r.ceiling).sort((x, y) => Math.abs(x.regions - engineRegions) - Math.abs(y.regions - engineRegions))[0];
 const targets = targetsTable({
   ram: byRow('ram'),
+  ram2: byRow('ram2'),
   tier0: byRow('tier0'),
   ramHydrateGBps: rows.find((r) => r.row === 'ram' && r.overlap === 'none')?.summary?.hydrateGBpsMedian ?? null,
-  overlapped: rows.flatMap((r) => (r.overlap !== 'none' && (r.row === 'ram' || r.row === 'tier0') && r.summary?.swapSeconds ? [{ row: r.row, overlap: r.overlap, swapMedian: r.summary.swapSeconds.median }] : [])),
+  overlapped: rows.flatMap((r) => (r.overlap !== 'none' && (r.row === 'ram' || r.row === 'ram2' || r.row === 'tier0') && r.summary?.swapSeconds ? [{ row: r.row, overlap: r.overlap, swapMedian: r.summary.swapSeconds.median }] : [])),
   h2dCeiling: nearest?.ceiling ? { GBps: nearest.ceiling.h2dGBps.max, regions: nearest.regions } : null,
   engineBytes: bytes,
   sweep: sweep?.rows ?? null,
@@ -631,7 +644,7 @@ for (const t of [
   sweep ? sweepTable(sweep.rows, `${device}${gpu ? `, ${gpu.name}` : ''}`, sweep.ceilingNote) : '',
   overlapTable(rows.flatMap((r) => (OVERLAP_ROWS.includes(r.row) && r.summary ? [{ row: LABEL[r.row], overlap: r.overlap, swapMedian: r.summary.swapSeconds?.median ?? null, suspendMedian: r.summary.suspendSeconds?.median ?? null, restoreMedian: r.summary.restoreSeconds?.median ?? null, wakeKvCache: r.summary.phasesMedian.wakeKvCache ?? null, awaitRoom: r.summary.phasesMedian.awaitRoom ?? null }] : []))),
   capture2Table(capture2),
-  vllmTable(vllmLevel1, byRow('ram'), byRow('tier0'), ramTierBytes),
+  vllmTable(vllmLevel1, byRow('ram'), byRow('tier0'), ramTierBytes, byRow('ram2')),
 ]) {
   if (t) lines.push('', t);
 }

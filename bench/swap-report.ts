@@ -81,7 +81,7 @@ export function sweepTable(rows: readonly SweepRow[], device: string, note: stri
 }
 
 /** vLLM's level-1 row beside vsnap's RAM-tier and tier-0 restores of the same engines, same run. */
-export function vllmTable(v: VllmLevel1Result | null, ram: PhaseRow | undefined, tier0: PhaseRow | undefined, hostCacheBytes: number | null): string {
+export function vllmTable(v: VllmLevel1Result | null, ram: PhaseRow | undefined, tier0: PhaseRow | undefined, hostCacheBytes: number | null, ram2?: PhaseRow): string {
   if (!v) return '';
   if (v.skipped || !v.summary) return `| vLLM level-1 sleep | skipped: ${cell(v.skipped ?? 'no result')} |\n|---|---|`;
   const s = v.summary;
@@ -93,6 +93,10 @@ export function vllmTable(v: VllmLevel1Result | null, ram: PhaseRow | undefined,
     `| vLLM level-1 sleep + /wake_up, ${cell(v.allocator)} | first ${f(s.firstSleepSeconds)}, later ${f(s.laterSleepMedianSeconds)} | ${f(s.wakeMedianSeconds)} | ${f(s.wakeMedianSeconds)} | 1.00x | ${g(s.hostHeldBytes)} (own pinned copy, per engine; ${g(s.hostHeldAfterWakeBytes)} still held awake after the last wake) | ${g(s.gpuBytesAsleep)} |`,
   ];
   if (ram) lines.push(`| vsnap RAM tier (suspend + restoreEngine) | ${f(ram.suspendMedian)} | ${f(ram.restoreMedian)} | ${f(ramNoCheck)} | ${ramNoCheck === null ? 'n/a' : `${f(ramNoCheck / s.wakeMedianSeconds)}x`} | ${g(hostCacheBytes)} (one shared, budgeted RAM tier for both engines) | ${g(ram.asleepGpuBytes)} |`);
+  if (ram2) {
+    const r2 = withoutCheck(ram2.restoreMedian, ram2.restorePhases);
+    lines.push(`| vsnap RAM tier over two PCIe links (multipath) | ${f(ram2.suspendMedian)} | ${f(ram2.restoreMedian)} | ${f(r2)} | ${r2 === null ? 'n/a' : `${f(r2 / s.wakeMedianSeconds)}x`} | ${g(hostCacheBytes)} (the same RAM tier) | ${g(ram2.asleepGpuBytes)} |`);
+  }
   if (tier0) {
     const t0 = withoutCheck(tier0.restoreMedian, tier0.restorePhases);
     lines.push(`| vsnap tier 0 (weights kept on the GPU) | ${f(tier0.suspendMedian)} | ${f(tier0.restoreMedian)} | ${f(t0)} | ${t0 === null ? 'n/a' : `${f(t0 / s.wakeMedianSeconds)}x`} | 0 | ${g(tier0.asleepGpuBytes)} in the engine, its weights kept by vsnap |`);
@@ -107,6 +111,8 @@ export function vllmTable(v: VllmLevel1Result | null, ram: PhaseRow | undefined,
 
 export interface TargetsInput {
   ram?: PhaseRow | undefined;
+  /** The RAM row restored over two PCIe links (multipath), where run. */
+  ram2?: PhaseRow | undefined;
   tier0?: PhaseRow | undefined;
   /** Median hydrate GB/s of the RAM row's restores (inside restoreEngine). */
   ramHydrateGBps: number | null;
@@ -117,7 +123,7 @@ export interface TargetsInput {
   capture2: Capture2Result | null;
   vllm: VllmLevel1Result | null;
   /** The overlapped rows' swap medians (`--overlap` modes other than none). */
-  overlapped?: ReadonlyArray<{ row: 'ram' | 'tier0'; overlap: string; swapMedian: number }>;
+  overlapped?: ReadonlyArray<{ row: 'ram' | 'ram2' | 'tier0'; overlap: string; swapMedian: number }>;
 }
 
 /** One row per tier and overlap mode (`--overlap`). */
@@ -161,10 +167,15 @@ export function targetsTable(t: TargetsInput): string {
   if (wake && ramNoCheck !== null) {
     lines.push(`| RAM-tier restore without the check <= 0.9x vLLM level-1 wake | ${f(ramNoCheck)} s vs ${f(wake)} s = ${f(ramNoCheck / wake)}x | ${verdict(ramNoCheck / wake <= 0.9)}${small} |`);
   }
+  const ram2NoCheck = t.ram2 ? withoutCheck(t.ram2.restoreMedian, t.ram2.restorePhases) : null;
+  if (wake && ram2NoCheck !== null) {
+    lines.push(`| RAM-tier restore without the check <= 0.9x vLLM level-1 wake, two PCIe links (multipath) | ${f(ram2NoCheck)} s vs ${f(wake)} s = ${f(ram2NoCheck / wake)}x | ${verdict(ram2NoCheck / wake <= 0.9)}${small} |`);
+  }
+  if (t.ram2?.swapMedian != null) lines.push(`| RAM-tier swap of two engines incl. the check <= 0.5 s median, two PCIe links (multipath) | ${f(t.ram2.swapMedian)} s | ${verdict(t.ram2.swapMedian <= 0.5)}${small} |`);
   if (t.ram?.swapMedian != null) lines.push(`| RAM-tier swap of two engines incl. the check <= 0.5 s median | ${f(t.ram.swapMedian)} s | ${verdict(t.ram.swapMedian <= 0.5)}${small} |`);
   if (t.tier0?.swapMedian != null) lines.push(`| tier-0 swap incl. the check <= 0.1 s median | ${f(t.tier0.swapMedian)} s | ${verdict(t.tier0.swapMedian <= 0.1)}${small} |`);
   for (const o of t.overlapped ?? []) {
-    const [what, limit] = o.row === 'ram' ? ['RAM-tier', 0.5] : ['tier-0', 0.1];
+    const [what, limit] = o.row === 'ram' ? ['RAM-tier', 0.5] : o.row === 'ram2' ? ['RAM-tier (two links)', 0.5] : ['tier-0', 0.1];
     lines.push(`| ${what} swap incl. the check <= ${limit} s median, overlap ${o.overlap} | ${f(o.swapMedian)} s | ${verdict(o.swapMedian <= limit)}${small} |`);
   }
   if (t.ramHydrateGBps !== null && t.h2dCeiling) {
