@@ -19,6 +19,8 @@ import { checkLive, liveRefs, mapExported, staleError, type LiveCheckReport } fr
 import type { MappedRegions } from '../regions/mapped.js';
 import { Snapshot, type CaptureOptions, type DeviceTiming, type PersistPolicy } from './snapshot.js';
 import { pullIfMissing, type RegistrySource } from '../registry/source.js';
+import type { NeighbourTier } from '../gpu/neighbour-tier.js';
+import { hydrateFromNeighbour, parkBeforeSleep, type NeighbourParkOptions, type NeighbourParkResult } from './neighbour-flows.js';
 
 /*
  * The engine flows: capture, suspend and restore a running engine. A layer above Snapshot (which
@@ -109,6 +111,14 @@ export interface EngineRestoreOptions extends TransferOptions {
   readonly materialize?: MaterializePolicy;
   /** @internal Runs after the wake, before the expected-response check (tests flip a weights byte here). */
   readonly beforeCheck?: () => Promise<void>;
+  /**
+   * The neighbour-GPU tier: when it holds this snapshot's weights (parked by a suspend, under the
+   * snapshot's id), they are copied back from the neighbour GPU (peer copy) and verified against
+   * the snapshot's GPU digests; the report's tier is `neighbour`. When it does not hold them, or
+   * the copy or its check fails (or they are evicted meanwhile), the restore goes on from the RAM
+   * tier or the store, with a warning.
+   */
+  readonly neighbour?: NeighbourTier;
 }
 
 /**
@@ -170,6 +180,13 @@ export interface EngineSuspendOptions {
   readonly lockTimeoutMs?: number;
   /** @internal The process checkpoint calls (tests inject a fake). */
   readonly checkpointBackend?: CheckpointBackend;
+  /**
+   * Park the weights in a neighbour GPU's tier before the sleep (peer copy from the live weights,
+   * verified against the snapshot's GPU digests), for {@link EngineRestoreOptions.neighbour}. A
+   * park that cannot be made is skipped with a warning; it never fails the suspend. Not with
+   * `resident` (tier 0 keeps the weights where they are).
+   */
+  readonly neighbour?: NeighbourTier | NeighbourParkOptions;
 }
 
 /**
@@ -179,8 +196,8 @@ export interface EngineSuspendOptions {
 export interface EngineRestoreReport {
   /** Bytes restored. */
   readonly bytes: number;
-  /** Where the weights came from: `gpu` (tier 0: mapped back, no copy), `ram`, `store`, or `engine` (recovered: the engine loaded them). */
-  readonly tier: 'gpu' | 'ram' | 'store' | 'engine';
+  /** Where the weights came from: `gpu` (tier 0: mapped back, no copy), `neighbour` (a neighbour GPU's tier, by peer copy), `ram`, `store`, or `engine` (recovered: the engine loaded them). */
+  readonly tier: 'gpu' | 'neighbour' | 'ram' | 'store' | 'engine';
   /** Wall time of the whole restore. */
   readonly seconds: number;
   /**
@@ -223,6 +240,8 @@ export interface EngineSuspendResult {
   readonly phases: Readonly<Record<string, number>>;
   /** The dirty check's outcome (absent when there was no snapshot to compare with, or the engine was asleep). */
   readonly liveCheck?: LiveCheckReport;
+  /** With `neighbour`: where the weights were parked (absent when they were not). */
+  readonly parked?: NeighbourParkResult;
 }
 
 /**
@@ -427,9 +446,11 @@ export async function restoreEngine(source: Snapshot | SnapshotRef, client: Engi
     // mappings (which hold the memory, so the descriptors can go at once).
     mapped = await mapExported(exported);
     const live = liveRefs(exported, mapped);
-    exported.close();
     lap('map');
-    const result = await snapshot.restore({
+    // The neighbour tier first (its peer copy takes the exported descriptors), else RAM or the store.
+    const neighbour = options.neighbour ? await hydrateFromNeighbour(options.neighbour, snapshot.manifest, liveRefs(exported), live, (m) => warn(options, m), call.signal) : undefined;
+    exported.close();
+    const result = neighbour ?? await snapshot.restore({
       regions: live.map((x, i) => ({ key: x.key, size: x.size, tag: exportedTag(exported!, i), rank: x.rank, memory: x.memory })),
       ...(options.cache ? { cache: options.cache } : {}),
       ...(options.verify ? { verify: options.verify } : {}),
@@ -677,6 +698,7 @@ export async function suspendEngine(
   const mapWeights = async (): Promise<MappedRegions> => (mapped ??= await mapExported(await exportWeights()));
   let captured = false;
   let liveCheck: LiveCheckReport | undefined;
+  let parked: NeighbourParkResult | undefined;
   try {
     const problems = snapshot ? await restorable(snapshot, status, await exportWeights(), options) : [`the store has no snapshot '${name}'`];
     lap('check');
@@ -716,6 +738,10 @@ export async function suspendEngine(
     if (options.resident) {
       await options.resident.hold(client.baseUrl, snapshot!.id, await exportWeights());
       lap('hold');
+    } else if (options.neighbour) {
+      const park = 'tier' in options.neighbour ? options.neighbour : { tier: options.neighbour };
+      parked = await parkBeforeSleep(park, snapshot!.manifest, liveRefs(await exportWeights()), (m) => warn(options, m));
+      lap('park');
     }
   } finally {
     exported?.close();
@@ -729,5 +755,5 @@ export async function suspendEngine(
     throw err;
   }
   if (deepRanks) await goDeep();
-  return { snapshot: snapshot!, captured, alreadyAsleep: false, seconds: (performance.now() - started) / 1000, phases, ...(liveCheck ? { liveCheck } : {}) };
+  return { snapshot: snapshot!, captured, alreadyAsleep: false, seconds: (performance.now() - started) / 1000, phases, ...(liveCheck ? { liveCheck } : {}), ...(parked ? { parked } : {}) };
 }

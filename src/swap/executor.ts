@@ -10,6 +10,7 @@ import type { Lease, RecoveryView, SwapControllerOptions, SwapEngine, SwapEvent 
 import type { SwapMetrics } from './metrics.js';
 import { mayKeepResident, plan, type Action, type EngineState, type PlanEngine, type PlanInput } from './planner.js';
 import { checkRestorable, damageReason, SNAPSHOT_FAULTS, type Damage } from './readiness.js';
+import type { NeighbourParking } from './neighbour-parking.js';
 
 /** A request waiting for its engine. @internal */
 export interface Waiter {
@@ -57,6 +58,8 @@ export class SwapExecutor {
   private pumpQueued = false;
   /** Engines whose snapshot was checked restorable for the bring-up now in progress. */
   private readonly checked = new Set<Slot>();
+  /** The neighbour-GPU tier, when configured (set by the controller). */
+  neighbour: NeighbourParking | undefined;
 
   constructor(
     private readonly options: SwapControllerOptions,
@@ -119,7 +122,10 @@ export class SwapExecutor {
       holdLocked: s.holdLocked,
       movableTo: s.spec.deepSuspend && !s.shallow ? s.spec.movableTo : undefined,
     }));
-    return { engines, budgets: this.options.budgets, defaultModel: this.options.defaultModel, tier0: this.options.resident !== undefined, now: Date.now() };
+    return {
+      engines, budgets: this.options.budgets, defaultModel: this.options.defaultModel, tier0: this.options.resident !== undefined, now: Date.now(),
+      ...(this.neighbour ? { neighbour: this.neighbour.plan() } : {}),
+    };
   }
 
   /** Whether restores recover through the engine's own loader when the snapshot cannot be used. */
@@ -174,6 +180,10 @@ export class SwapExecutor {
         return true;
       case 'demote':
         await this.demote(this.slots.get(action.engine)!);
+        return true;
+      case 'evictParked':
+        this.neighbour?.evict(action.id, action.for === undefined ? 'budget' : 'room', action.for);
+        this.changed();
         return true;
       case 'reject': {
         const slot = this.slots.get(action.engine)!;
@@ -295,6 +305,7 @@ export class SwapExecutor {
       this.metrics.swaps.inc({ engine: name, action: 'restore', result: 'ok' });
       this.metrics.swapSeconds.observe({ engine: name, action: 'restore', tier: report.tier }, event.seconds);
       this.metrics.bytesMoved.inc({ engine: name }, report.bytes);
+      if (report.tier === 'neighbour') this.neighbour?.hit(name);
       this.changed();
       this.events.emit('swap', event);
     } catch (err) {
@@ -343,6 +354,7 @@ export class SwapExecutor {
       ...(this.options.cache ? { cache: this.options.cache } : {}),
       ...(this.options.resident ? { resident: this.options.resident } : {}),
       ...(this.options.checkpointBackend ? { checkpointBackend: this.options.checkpointBackend } : {}),
+      ...(this.neighbour && !this.neighbour.tier.closed ? { neighbour: this.neighbour.tier } : {}),
       recovery,
       materialize: this.options.materialize ?? 'async',
       onWarning: (message) => this.events.emit('warning', { engine: slot.spec.name, message }),
@@ -455,12 +467,16 @@ export class SwapExecutor {
     this.events.emit('swapStarted', { engine: name, action: 'suspend' });
     try {
       const resident = keepResident && !slot.spec.deepSuspend ? this.options.resident : undefined;
+      // Not parked when tier 0 keeps the weights on their own GPU; else the planner decides.
+      const neighbour = !resident && this.neighbour?.parkable(slot.spec.devices) ? this.neighbour.parkOptions(name, () => this.planInput()) : undefined;
       const result = await suspendEngine(this.options.store, slot.spec.snapshot, slot.spec.client, {
         captureIfNeeded,
         ...(slot.spec.deepSuspend ? { deep: true, ...(this.options.checkpointBackend ? { checkpointBackend: this.options.checkpointBackend } : {}) } : {}),
         ...(this.options.cache || slot.spec.check ? { capture: { ...(this.options.cache ? { cache: this.options.cache } : {}), ...(slot.spec.check ? { check: slot.spec.check } : {}) } } : {}),
         ...(resident ? { resident } : {}),
+        ...(neighbour ? { neighbour, onWarning: (message: string) => this.events.emit('warning', { engine: name, message }) } : {}),
       });
+      this.neighbour?.parked(name, result.parked, result.snapshot.id);
       slot.state = 'asleep';
       delete slot.shallow;
       delete slot.retryAt;

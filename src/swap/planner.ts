@@ -1,3 +1,5 @@
+import { evictParkedFor, evictParkedOver, type PlanNeighbour } from './neighbour-plan.js';
+
 /**
  * The SwapController's decisions, as a pure function of its state: which one step to take next.
  * No engine, clock or I/O here, so every decision is unit-tested on its own; the controller's
@@ -54,6 +56,8 @@ export interface PlanInput {
   /** Whether tier 0 is configured. */
   readonly tier0: boolean;
   readonly now: number;
+  /** The neighbour-GPU tier, when configured: its parked bytes count on its device. */
+  readonly neighbour?: PlanNeighbour | undefined;
 }
 
 /** One step. `for`: the engine the step makes room for. @internal */
@@ -64,21 +68,24 @@ export type Action =
   | { readonly kind: 'demote'; readonly engine: string; readonly for?: string }
   | { readonly kind: 'reject'; readonly engine: string; readonly code: 'E_BUSY' | 'E_NOT_RESTORABLE'; readonly message: string }
   | { readonly kind: 'overBudget'; readonly device: number; readonly message: string }
+  | { readonly kind: 'evictParked'; readonly id: string; readonly device: number; readonly for?: string }
   | { readonly kind: 'wait' }
   | { readonly kind: 'idle' };
 
 const asleep = (e: PlanEngine): boolean => e.state === 'asleep' || e.state === 'failed';
-/** What an asleep engine still holds per device (an engine that kept its weights frees only its KV cache). */
-const heldAsleep = (e: PlanEngine): number => (e.keptByEngine ? e.memoryBytes : e.asleepBytes + e.residentBytes);
+/** What an asleep engine still holds per device (an engine that kept its weights frees only its KV cache). @internal */
+export const heldAsleep = (e: PlanEngine): number => (e.keptByEngine ? e.memoryBytes : e.asleepBytes + e.residentBytes);
 
-/** GPU memory accounted to the engines, per device (tier-0 weights included). @internal */
-export function usage(input: Pick<PlanInput, 'engines' | 'budgets'>): Record<number, number> {
+/** GPU memory accounted to the engines, per device (tier-0 weights and the neighbour tier's parked weights included). @internal */
+export function usage(input: Pick<PlanInput, 'engines' | 'budgets'> & { readonly neighbour?: PlanNeighbour | undefined }): Record<number, number> {
   const out: Record<number, number> = {};
   for (const d of Object.keys(input.budgets)) out[Number(d)] = 0;
   for (const e of input.engines) {
     const held = asleep(e) ? heldAsleep(e) : e.memoryBytes;
     for (const d of e.devices) out[d] = (out[d] ?? 0) + held;
   }
+  const nb = input.neighbour;
+  if (nb?.parked.length) out[nb.device] = (out[nb.device] ?? 0) + nb.parked.reduce((n, p) => n + p.bytes, 0);
   return out;
 }
 
@@ -112,6 +119,9 @@ function bringUp(input: PlanInput, target: PlanEngine): Action {
   if (fits) return { kind: 'wake', engine: target.name };
   const elsewhere = groupMates.length === 0 ? placeElsewhere(input, target, used) : undefined;
   if (elsewhere !== undefined) return { kind: 'wake', engine: target.name, onto: [elsewhere] };
+  // Parked copies are the cheapest room to take back (the RAM tier or the store still has them).
+  const parked = evictParkedFor(input, target, used);
+  if (parked) return parked;
   // Who is in the way: idle awake engines (suspended, keeping their weights in tier 0 if they
   // still leave room) and tier-0 holdings (demoted), least recently used first.
   const awake = others.filter((e) => e.state === 'awake' && !e.pinned && (groupMates.includes(e) || shares(e, target)));
@@ -157,6 +167,8 @@ function planBudget(input: PlanInput): Action | undefined {
   const over = Object.entries(used).find(([d, n]) => n > input.budgets[Number(d)]!);
   if (!over) return undefined;
   const device = Number(over[0]);
+  const parked = evictParkedOver(input, device);
+  if (parked) return parked;
   const resident = input.engines.filter((e) => asleep(e) && e.residentBytes > 0 && !e.holdLocked && e.devices.includes(device)).sort(byLastUsed)[0];
   if (resident) return { kind: 'demote', engine: resident.name };
   const awake = input.engines.filter((e) => e.state === 'awake' && !e.pinned && e.devices.includes(device));
