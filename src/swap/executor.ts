@@ -170,7 +170,7 @@ export class SwapExecutor {
         return true;
       case 'suspend':
         try {
-          await this.suspend(this.slots.get(action.engine)!, this.options.captureIfNeeded ?? true, action.keepResident);
+          await this.suspend(this.slots.get(action.engine)!, this.options.captureIfNeeded ?? true, action.keepResident, action.for);
         } catch (err) {
           // No room was made: the requests it was for learn why now rather than at their timeout.
           const target = action.for === undefined ? undefined : this.slots.get(action.for);
@@ -457,7 +457,7 @@ export class SwapExecutor {
   }
 
   /** Suspends an engine; on failure, reads back what it really is and rethrows. */
-  async suspend(slot: Slot, captureIfNeeded: boolean, keepResident: boolean): Promise<SwapEvent> {
+  async suspend(slot: Slot, captureIfNeeded: boolean, keepResident: boolean, forEngine?: string): Promise<SwapEvent> {
     const name = slot.spec.name;
     // A capture after a recovery still running: let it finish, so the suspend finds its snapshot.
     if (slot.materializing) await slot.materializing;
@@ -468,7 +468,7 @@ export class SwapExecutor {
     try {
       const resident = keepResident && !slot.spec.deepSuspend ? this.options.resident : undefined;
       // Not parked when tier 0 keeps the weights on their own GPU; else the planner decides.
-      const neighbour = !resident && this.neighbour?.parkable(slot.spec.devices) ? this.neighbour.parkOptions(name, () => this.planInput()) : undefined;
+      const neighbour = !resident && this.neighbour?.parkable(slot.spec.devices) ? this.neighbour.parkOptions(name, () => this.planInput(), forEngine) : undefined;
       const result = await suspendEngine(this.options.store, slot.spec.snapshot, slot.spec.client, {
         captureIfNeeded,
         ...(slot.spec.deepSuspend ? { deep: true, ...(this.options.checkpointBackend ? { checkpointBackend: this.options.checkpointBackend } : {}) } : {}),

@@ -72,7 +72,8 @@ export class NeighbourParking {
 
   /** The tier as the planner sees it. */
   plan(): PlanNeighbour {
-    return { device: this.tier.device, budgetBytes: this.tier.budgetBytes, parked: this.tier.closed ? [] : this.tier.entries() };
+    const parked = this.tier.closed ? [] : this.tier.entries().map((e) => ({ ...e, engine: this.owners.get(e.id) }));
+    return { device: this.tier.device, budgetBytes: this.tier.budgetBytes, parked };
   }
 
   /** Whether an engine on these GPUs can be parked at all. */
@@ -80,12 +81,12 @@ export class NeighbourParking {
     return !this.tier.closed && parkable(this.plan(), { devices });
   }
 
-  /** The suspend's park option: the planner decides, evicting what it names first. */
-  parkOptions(engine: string, input: () => PlanInput): NeighbourParkOptions {
+  /** The suspend's park option: the planner decides, evicting what it names first (never the copy of `forEngine`). */
+  parkOptions(engine: string, input: () => PlanInput, forEngine?: string): NeighbourParkOptions {
     return {
       tier: this.tier,
       admit: (bytes) => {
-        const decision = planPark(input(), engine, bytes);
+        const decision = planPark(input(), engine, bytes, forEngine);
         for (const id of decision.evict) this.evict(id, 'lru');
         if (!decision.park) this.parks.inc({ engine, result: 'skipped' });
         return decision.park;

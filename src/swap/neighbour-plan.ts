@@ -13,8 +13,8 @@ export interface PlanNeighbour {
   readonly device: number;
   /** The tier's own byte budget. */
   readonly budgetBytes: number;
-  /** What is parked, least recently used first. */
-  readonly parked: ReadonlyArray<{ readonly id: string; readonly bytes: number }>;
+  /** What is parked, least recently used first (with the engine it was parked for, when known). */
+  readonly parked: ReadonlyArray<{ readonly id: string; readonly bytes: number; readonly engine?: string | undefined }>;
 }
 
 /** What a suspend's park may do: park or not, and which entries to evict first. @internal */
@@ -54,10 +54,11 @@ export function evictParkedOver(input: PlanInput, device: number): Action | unde
  * Whether a suspend of `engine` may park `bytes` of its weights, and what to evict first: the
  * tier's least recently used entries, until the park fits the tier's budget and leaves the
  * neighbour GPU within its budget (parked weights never take room the engines there are
- * budgeted for). Evicts nothing when even an empty tier would not do.
+ * budgeted for). The copy of `forEngine` (the one the suspend makes room for, about to be
+ * restored from it) is never evicted for this. Evicts nothing when it cannot park.
  * @internal
  */
-export function planPark(input: PlanInput, engine: string, bytes: number): ParkDecision {
+export function planPark(input: PlanInput, engine: string, bytes: number, forEngine?: string): ParkDecision {
   const nb = input.neighbour;
   const no = (reason: string): ParkDecision => ({ park: false, evict: [], reason });
   if (!nb) return no('no neighbour tier');
@@ -71,10 +72,13 @@ export function planPark(input: PlanInput, engine: string, bytes: number): ParkD
   if (budget !== undefined && others + bytes > budget) return no(`GPU ${nb.device} has ${Math.max(0, budget - others)} bytes of its budget left beside its engines`);
   const evict: string[] = [];
   let kept = parkedTotal;
+  const fits = (): boolean => kept + bytes <= nb.budgetBytes && (budget === undefined || others + kept + bytes <= budget);
   for (const p of nb.parked) {
-    if (kept + bytes <= nb.budgetBytes && (budget === undefined || others + kept + bytes <= budget)) break;
+    if (fits()) break;
+    if (forEngine !== undefined && p.engine === forEngine) continue;
     evict.push(p.id);
     kept -= p.bytes;
   }
+  if (!fits()) return no(`it would evict the parked copy of '${forEngine}', which the suspend makes room for`);
   return { park: true, evict };
 }

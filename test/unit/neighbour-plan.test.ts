@@ -33,7 +33,7 @@ describe('planner: the neighbour tier', () => {
     );
     // 10 awake + 12 parked + 10 wanted = 32 > 30: evicting 'old' (6) makes room without suspending c
     expect(plan(s)).toEqual({ kind: 'evictParked', id: 'old', device: 1, for: 'd' });
-    const after = input(s.engines, nb([['new', 6 * GB]]));
+    const after = input([...s.engines], nb([['new', 6 * GB]]));
     expect(plan(after)).toEqual({ kind: 'wake', engine: 'd' });
   });
 
@@ -44,7 +44,7 @@ describe('planner: the neighbour tier', () => {
       { tier0: true },
     );
     expect(plan(s)).toMatchObject({ kind: 'evictParked', id: 'p', for: 'd' });
-    expect(plan(input(s.engines, nb([]), { tier0: true }))).toMatchObject({ kind: 'demote', engine: 'r', for: 'd' });
+    expect(plan(input([...s.engines], nb([]), { tier0: true }))).toMatchObject({ kind: 'demote', engine: 'r', for: 'd' });
   });
 
   it('a wake on another GPU leaves the parked weights alone', () => {
@@ -79,6 +79,14 @@ describe('planner: the neighbour tier', () => {
     expect(planPark(s, 't', GB)).toMatchObject({ park: false, reason: expect.stringMatching(/one GPU other than 1/) });
     expect(planPark(s, 'n', GB)).toMatchObject({ park: false });
     expect(planPark(input(engines, undefined), 'a', GB)).toMatchObject({ park: false });
+  });
+
+  it('planPark: never evicts the copy of the engine the suspend makes room for (it is about to be restored from it)', () => {
+    const parked: PlanNeighbour = { device: 1, budgetBytes: 12 * GB, parked: [{ id: 'b@1', bytes: 8 * GB, engine: 'b' }, { id: 'c@1', bytes: 2 * GB, engine: 'c' }] };
+    const s = input([engine('a', { state: 'suspending' }), engine('b', { waitingSince: 1 })], parked);
+    expect(planPark(s, 'a', 6 * GB, 'b')).toMatchObject({ park: false, evict: [], reason: expect.stringMatching(/parked copy of 'b'/) });
+    expect(planPark(s, 'a', 2 * GB, 'b')).toEqual({ park: true, evict: ['c@1'] });
+    expect(planPark(s, 'a', 6 * GB)).toEqual({ park: true, evict: ['b@1'] });
   });
 
   it('planPark: a GPU without a budget (no engines there) is bounded by the tier budget alone', () => {
