@@ -85,7 +85,7 @@ describe('planner: the neighbour tier', () => {
     const parked: PlanNeighbour = { device: 1, budgetBytes: 12 * GB, parked: [{ id: 'b@1', bytes: 8 * GB, engine: 'b' }, { id: 'c@1', bytes: 2 * GB, engine: 'c' }] };
     const s = input([engine('a', { state: 'suspending' }), engine('b', { waitingSince: 1 })], parked);
     expect(planPark(s, 'a', 6 * GB, 'b')).toMatchObject({ park: false, evict: [], reason: expect.stringMatching(/parked copy of 'b'/) });
-    expect(planPark(s, 'a', 2 * GB, 'b')).toEqual({ park: true, evict: ['c@1'] });
+    expect(planPark(s, 'a', 3 * GB, 'b')).toEqual({ park: true, evict: ['c@1'] });
     expect(planPark(s, 'a', 6 * GB)).toEqual({ park: true, evict: ['b@1'] });
   });
 
