@@ -103,6 +103,12 @@ describe('SwapController with a neighbour-GPU tier (CPU reference engines, host 
 
     const agent = await SwapAgent.listen({ controller, store });
     cleanup.push(() => agent.close());
+    const status = (await (await request(`${agent.url}/api/status`)).body.json()) as { neighbourTier: unknown; engines: Array<{ name: string; neighbourBytes?: number }> };
+    expect(status.neighbourTier).toEqual({ device: 1, budgetBytes: 100 * GB, usedBytes: footprint, entries: [{ id: expect.any(String), engine: 'model-1', bytes: footprint }] });
+    expect(status.engines.find((e) => e.name === 'model-1')?.neighbourBytes).toBe(footprint);
+    expect(status.engines.find((e) => e.name === 'model-2')?.neighbourBytes).toBeUndefined();
+    const page = await (await request(`${agent.url}/`)).body.text();
+    expect(page).toContain('<h2>Neighbour tier</h2>');
     const metrics = await (await request(`${agent.url}/metrics`)).body.text();
     // model-1 was suspended at start: both of its restores came from the neighbour, model-2's first one too
     expect(metrics).toMatch(/vsnap_neighbour_hits_total\{engine="model-1"\} 2/);
