@@ -1,21 +1,13 @@
-import { heldAsleep, usage, type Action, type PlanEngine, type PlanInput } from './planner.js';
+import { usage, type PlanEngine, type PlanInput, type PlanNeighbour } from './planner.js';
+
+export type { PlanNeighbour } from './planner.js';
 
 /*
- * The planner's decisions about the neighbour-GPU tier, pure like the rest of the planner: its
- * parked weights count against its GPU's budget, they are the first thing given back when a wake
- * (or the budget) needs that GPU's memory, and a suspend parks an engine's weights only when they
- * fit both the tier's own budget and the GPU's, evicting the tier's least recently used entries.
+ * The park decision of the neighbour-GPU tier, pure like the planner (whose steps count the
+ * parked weights against their GPU's budget and evict them first when a wake or the budget needs
+ * that memory: planner.ts): a suspend parks an engine's weights only when they fit both the
+ * tier's own budget and the GPU's, evicting the tier's least recently used entries.
  */
-
-/** The neighbour tier as the planner sees it. @internal */
-export interface PlanNeighbour {
-  /** The GPU holding the parked weights. */
-  readonly device: number;
-  /** The tier's own byte budget. */
-  readonly budgetBytes: number;
-  /** What is parked, least recently used first (with the engine it was parked for, when known). */
-  readonly parked: ReadonlyArray<{ readonly id: string; readonly bytes: number; readonly engine?: string | undefined }>;
-}
 
 /** What a suspend's park may do: park or not, and which entries to evict first. @internal */
 export interface ParkDecision {
@@ -29,25 +21,6 @@ export interface ParkDecision {
 /** Whether `e` can have its weights parked in the tier: on one GPU, not the tier's own. @internal */
 export function parkable(nb: PlanNeighbour, e: Pick<PlanEngine, 'devices'>): boolean {
   return e.devices.length === 1 && e.devices[0] !== nb.device;
-}
-
-/**
- * A wake of `target` that lacks room on the neighbour's GPU evicts the least recently used parked
- * entry first, before any engine is suspended or tier-0 weights demoted.
- */
-export function evictParkedFor(input: PlanInput, target: PlanEngine, used: Readonly<Record<number, number>>): Action | undefined {
-  const nb = input.neighbour;
-  if (!nb?.parked.length || !target.devices.includes(nb.device)) return undefined;
-  const budget = input.budgets[nb.device];
-  if (budget === undefined || (used[nb.device] ?? 0) - heldAsleep(target) + target.memoryBytes <= budget) return undefined;
-  return { kind: 'evictParked', id: nb.parked[0]!.id, device: nb.device, for: target.name };
-}
-
-/** A device over its budget gives back parked weights first. */
-export function evictParkedOver(input: PlanInput, device: number): Action | undefined {
-  const nb = input.neighbour;
-  if (!nb?.parked.length || nb.device !== device) return undefined;
-  return { kind: 'evictParked', id: nb.parked[0]!.id, device };
 }
 
 /**

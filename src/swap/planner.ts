@@ -1,5 +1,3 @@
-import { evictParkedFor, evictParkedOver, type PlanNeighbour } from './neighbour-plan.js';
-
 /**
  * The SwapController's decisions, as a pure function of its state: which one step to take next.
  * No engine, clock or I/O here, so every decision is unit-tested on its own; the controller's
@@ -48,6 +46,16 @@ export interface PlanEngine {
   readonly movableTo?: readonly number[] | undefined;
 }
 
+/** The neighbour tier as the planner sees it. @internal */
+export interface PlanNeighbour {
+  /** The GPU holding the parked weights. */
+  readonly device: number;
+  /** The tier's own byte budget. */
+  readonly budgetBytes: number;
+  /** What is parked, least recently used first (with the engine it was parked for, when known). */
+  readonly parked: ReadonlyArray<{ readonly id: string; readonly bytes: number; readonly engine?: string | undefined }>;
+}
+
 /** @internal */
 export interface PlanInput {
   readonly engines: readonly PlanEngine[];
@@ -73,8 +81,8 @@ export type Action =
   | { readonly kind: 'idle' };
 
 const asleep = (e: PlanEngine): boolean => e.state === 'asleep' || e.state === 'failed';
-/** What an asleep engine still holds per device (an engine that kept its weights frees only its KV cache). @internal */
-export const heldAsleep = (e: PlanEngine): number => (e.keptByEngine ? e.memoryBytes : e.asleepBytes + e.residentBytes);
+/** What an asleep engine still holds per device (an engine that kept its weights frees only its KV cache). */
+const heldAsleep = (e: PlanEngine): number => (e.keptByEngine ? e.memoryBytes : e.asleepBytes + e.residentBytes);
 
 /** GPU memory accounted to the engines, per device (tier-0 weights and the neighbour tier's parked weights included). @internal */
 export function usage(input: Pick<PlanInput, 'engines' | 'budgets'> & { readonly neighbour?: PlanNeighbour | undefined }): Record<number, number> {
@@ -159,6 +167,25 @@ function placeElsewhere(input: PlanInput, target: PlanEngine, used: Record<numbe
   return target.movableTo
     .filter((d) => !target.devices.includes(d) && input.budgets[d] !== undefined && room(d) >= 0)
     .sort((a, b) => room(b) - room(a) || a - b)[0];
+}
+
+/**
+ * Neighbour tier: a wake of `target` that lacks room on the neighbour's GPU evicts the least
+ * recently used parked entry first, before any engine is suspended or tier-0 weights demoted.
+ */
+function evictParkedFor(input: PlanInput, target: PlanEngine, used: Readonly<Record<number, number>>): Action | undefined {
+  const nb = input.neighbour;
+  if (!nb?.parked.length || !target.devices.includes(nb.device)) return undefined;
+  const budget = input.budgets[nb.device];
+  if (budget === undefined || (used[nb.device] ?? 0) - heldAsleep(target) + target.memoryBytes <= budget) return undefined;
+  return { kind: 'evictParked', id: nb.parked[0]!.id, device: nb.device, for: target.name };
+}
+
+/** Neighbour tier: a device over its budget gives back parked weights first. */
+function evictParkedOver(input: PlanInput, device: number): Action | undefined {
+  const nb = input.neighbour;
+  if (!nb?.parked.length || nb.device !== device) return undefined;
+  return { kind: 'evictParked', id: nb.parked[0]!.id, device };
 }
 
 /** The step that brings every device within its budget, if one is over. */
