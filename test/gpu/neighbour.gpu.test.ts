@@ -149,7 +149,9 @@ describe('GPU: the neighbour-GPU tier', async () => {
     const tier = NeighbourTier.create({ device: 1, budgetBytes: 16 * GiB });
     try {
       for (const seed of [1, 2]) {
-        const e = await startEngine({ device: 'cuda', seed, model: `nb${seed}`, args: ['--layers', '18', '--hidden', '2048'] });
+        // VSNAP_GPU_NEIGHBOUR_ENGINE_ARGS (e.g. "--layers 36 --hidden 4096") for a larger model, where the bandwidth means more
+        const args = process.env.VSNAP_GPU_NEIGHBOUR_ENGINE_ARGS?.split(/\s+/).filter(Boolean) ?? ['--layers', '18', '--hidden', '2048'];
+        const e = await startEngine({ device: 'cuda', seed, model: `nb${seed}`, args, startTimeoutMs: 400_000 });
         const c = new EngineClient({ baseUrl: e.url, token: e.token });
         engines.push({ e, c, expected: (await askCapital(c, 16)).ids });
         await captureEngine(store, `nb${seed}`, c);
