@@ -73,7 +73,7 @@ const CHECK = /^(prefill|decode):(\d+)$/.exec(process.env.VSNAP_BENCH_CHECK ?? '
 const CHECK_OPTIONS = CHECK ? { check: { mode: CHECK[1] as 'prefill' | 'decode', maxTokens: Number(CHECK[2]) } } : {};
 
 type RowName = 'tier0' | 'ram' | 'ram2' | 'pagecache' | 'cold';
-type Tier = 'gpu' | 'ram' | 'store' | 'engine';
+type Tier = 'gpu' | 'neighbour' | 'ram' | 'store' | 'engine';
 const ROWS: readonly RowName[] = ['tier0', 'ram', 'ram2', 'pagecache', 'cold'];
 type ExtraRow = 'sweep' | 'capture2' | 'vllm-l1';
 const EXTRA: readonly ExtraRow[] = ['sweep', 'capture2', 'vllm-l1'];

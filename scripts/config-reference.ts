@@ -12,6 +12,9 @@ export const CONFIG_KEYS: Record<string, string> = {
   publicStatus:
     'Whether /healthz names the engines and /metrics answers without the control token. Default: true without a control token, false with one.',
   ramTierGiB: 'Pinned host memory for the RAM tier, GiB: restores from it are bulk copies, and captures land in it too. Default 0 (none).',
+  neighbourTier: "The neighbour-GPU tier: suspended models' weights parked in another GPU's free memory (peer copy before the sleep, verified by GPU digest) and restored from there by peer copy (NVLink, ~7x PCIe), between tier 0 and the RAM tier. For models on one GPU other than this one.",
+  'neighbourTier.gpu': "The GPU whose free memory holds parked weights (an ordinal). Parked bytes count against its budget under gpus:, and a model waking there evicts them first.",
+  'neighbourTier.budgetGiB': 'GiB the tier may hold; its least recently used copies are evicted to park a new one.',
   gpus: 'GPU memory budgets, by device ordinal ("0", "1", ...): the engines awake on a device never add up to more.',
   'gpus.*.budgetGiB': 'GiB of that GPU the engines may use.',
   defaultModel: 'A model woken whenever nothing else is awake or asked for.',

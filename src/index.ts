@@ -10,7 +10,9 @@ export { VsnapError, type ErrorCode } from './errors.js';
 export { cudaStatus, listDevices, type CudaStatus, type GpuDevice } from './gpu/cuda.js';
 export { DeviceAllocation } from './gpu/device-allocation.js';
 export { NeighbourTier } from './gpu/neighbour-tier.js';
-export type { NeighbourRegion, NeighbourTierOptions, NeighbourTransfer } from './gpu/neighbour-tier.js';
+export type { NeighbourEntry, NeighbourRegion, NeighbourTierOptions, NeighbourTransfer } from './gpu/neighbour-tier.js';
+export type { NeighbourParkOptions, NeighbourParkResult } from './snapshot/neighbour-flows.js';
+export type { NeighbourView, SwapNeighbourOptions } from './swap/neighbour-parking.js';
 
 export { HostRegion } from './regions/host-region.js';
 export { MappedRegions, type MappedRegionsOptions } from './regions/mapped.js';

@@ -87,6 +87,21 @@ interface Held {
 interface Parked {
   readonly regions: readonly Held[];
   readonly bytes: number;
+  /** Order of last use (park or restore): lower is older. */
+  lastUse: number;
+  /** Set by evict: a restore copying from it when it happened must not be trusted. */
+  evicted: boolean;
+}
+
+/**
+ * One entry of a {@link NeighbourTier}, as {@link NeighbourTier.entries} lists it.
+ * @public
+ */
+export interface NeighbourEntry {
+  /** What it is parked under (e.g. a snapshot id). */
+  readonly id: string;
+  /** Bytes it holds on the tier's GPU (allocation granularity included). */
+  readonly bytes: number;
 }
 
 const ref = (rank: number | undefined, key: string): string => `${rank ?? 0}/${key}`;
@@ -103,6 +118,7 @@ export class NeighbourTier {
   private readonly parked = new Map<string, Parked>();
   private used = 0;
   private isClosed = false;
+  private uses = 0;
 
   private constructor(
     /** The GPU holding the parked weights. */
@@ -135,23 +151,43 @@ export class NeighbourTier {
   ids(): string[] {
     return [...this.parked.keys()];
   }
+  /** What is parked now, least recently used (parked or restored) first. */
+  entries(): NeighbourEntry[] {
+    return [...this.parked].sort(([, a], [, b]) => a.lastUse - b.lastUse).map(([id, p]) => ({ id, bytes: p.bytes }));
+  }
+
+  /**
+   * The bytes `regions` would take in this tier (each region rounded up to the GPU's allocation
+   * granularity), so a caller can make room before {@link NeighbourTier.park}.
+   */
+  async footprint(regions: ReadonlyArray<{ readonly size: number }>): Promise<number> {
+    this.live();
+    const granularity = await this.granularity();
+    return regions.reduce((s, r) => s + Math.ceil(r.size / granularity) * granularity, 0);
+  }
 
   /**
    * Copies `regions` into new allocations on the tier's GPU, under `id`. Throws E_NO_SPACE when
    * they do not fit the budget (nothing is allocated), E_PEER_UNSUPPORTED when the GPUs cannot
    * copy to each other. With `manifest`, the parked copy is digested on the neighbour and
-   * compared with the snapshot's digests (E_DIGEST_MISMATCH; nothing is kept). On failure
-   * everything allocated for it is freed.
+   * compared with the snapshot's digests (E_DIGEST_MISMATCH; nothing is kept). With `makeRoom`,
+   * the least recently used entries are evicted first until it fits. On failure everything
+   * allocated for it is freed.
    */
-  async park(id: string, regions: readonly NeighbourRegion[], options: { manifest?: Manifest } = {}): Promise<NeighbourTransfer> {
+  async park(id: string, regions: readonly NeighbourRegion[], options: { manifest?: Manifest; makeRoom?: boolean } = {}): Promise<NeighbourTransfer> {
     this.live();
     if (typeof id !== 'string' || id === '') invalidArgument('id', 'a non-empty string', id);
     if (this.parked.has(id)) throw new VsnapError('E_BUSY', `'${id}' is already parked in the neighbour tier on GPU ${this.device}; evict it first`);
     const devices = new Set(regions.map((r) => this.sourceDevice(r)));
     if (devices.size !== 1) invalidArgument('regions', 'regions on one GPU', [...devices]);
     const source = [...devices][0]!;
-    const granularity = await this.granularity();
-    const bytes = regions.reduce((s, r) => s + Math.ceil(r.size / granularity) * granularity, 0);
+    const bytes = await this.footprint(regions);
+    if (options.makeRoom && bytes <= this.budgetBytes) {
+      for (const old of this.entries()) {
+        if (this.used + bytes <= this.budgetBytes) break;
+        this.evict(old.id);
+      }
+    }
     if (this.used + bytes > this.budgetBytes) {
       throw new VsnapError('E_NO_SPACE', `parking '${id}' needs ${bytes} bytes on GPU ${this.device}; the neighbour tier holds ${this.used} of its ${this.budgetBytes}. Evict something or raise budgetBytes.`, {
         id, bytes, used: this.used, budgetBytes: this.budgetBytes,
@@ -165,7 +201,8 @@ export class NeighbourTier {
       if (options.manifest) {
         await verifyRestored(options.manifest, regions.map((r, i) => ({ rank: r.rank ?? 0, key: r.key, size: r.size, memory: held[i]!.memory })));
       }
-      this.parked.set(id, { regions: held, bytes });
+      this.live(); // closed while copying: close() freed nothing of this, so free it here
+      this.parked.set(id, { regions: held, bytes, lastUse: ++this.uses, evicted: false });
       return result;
     } catch (err) {
       for (const h of held) h.close();
@@ -178,7 +215,10 @@ export class NeighbourTier {
    * Copies the weights parked under `id` back into `regions` (matched by rank and key) by peer
    * copy on the target GPU. With `manifest` (and `verifyDigests`, default true), the restored
    * memory is digested on the target and compared with the snapshot's digests
-   * (E_DIGEST_MISMATCH). The parked copy stays until evicted.
+   * (E_DIGEST_MISMATCH). The parked copy stays until evicted. An eviction (or close) while it
+   * runs makes it fail with E_SNAPSHOT_NOT_FOUND (`details.evicted`), whatever the copy did: the
+   * caller restores from another tier. (Memory a running copy uses stays allocated until the copy
+   * ends: the native side holds it.)
    */
   async restore(id: string, regions: readonly NeighbourRegion[], options: { manifest?: Manifest; verifyDigests?: boolean } = {}): Promise<NeighbourTransfer> {
     this.live();
@@ -192,7 +232,15 @@ export class NeighbourTier {
     const devices = new Set(regions.map((r) => this.sourceDevice(r)));
     if (devices.size !== 1) invalidArgument('regions', 'regions on one GPU', [...devices]);
     const target = [...devices][0]!;
-    const result = await this.copy(target, regions.map((r) => ({ src: byRef.get(ref(r.rank, r.key))!.memory, dst: r.memory, size: r.size })));
+    entry.lastUse = ++this.uses;
+    let result: NeighbourTransfer;
+    try {
+      result = await this.copy(target, regions.map((r) => ({ src: byRef.get(ref(r.rank, r.key))!.memory, dst: r.memory, size: r.size })));
+    } catch (err) {
+      if (entry.evicted) throw this.evictedError(id, err);
+      throw err;
+    }
+    if (entry.evicted) throw this.evictedError(id);
     if (!options.manifest) return result;
     const digestSeconds = await verifyRestored(options.manifest, regions.map((r) => ({ rank: r.rank ?? 0, key: r.key, size: r.size, memory: r.memory })), options.verifyDigests ?? true);
     return digestSeconds === undefined ? result : { ...result, digestSeconds };
@@ -202,6 +250,7 @@ export class NeighbourTier {
   evict(id: string): boolean {
     const entry = this.parked.get(id);
     if (!entry) return false;
+    entry.evicted = true;
     for (const h of entry.regions) h.close();
     this.parked.delete(id);
     this.used -= entry.bytes;
@@ -217,6 +266,15 @@ export class NeighbourTier {
   /** Same as {@link NeighbourTier.close}, for `await using`. */
   async [Symbol.asyncDispose](): Promise<void> {
     this.close();
+  }
+
+  private evictedError(id: string, cause?: unknown): VsnapError {
+    return new VsnapError(
+      'E_SNAPSHOT_NOT_FOUND',
+      `'${id}' was evicted from the neighbour tier on GPU ${this.device} while it was being restored; restore it from another tier (RAM or the store)`,
+      { id, evicted: true },
+      cause === undefined ? {} : { cause },
+    );
   }
 
   private live(): void {

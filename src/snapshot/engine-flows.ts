@@ -21,6 +21,8 @@ import type { MappedRegions } from '../regions/mapped.js';
 import { Snapshot, type CaptureOptions, type DeviceTiming, type PersistPolicy, type CaptureHash } from './snapshot.js';
 import { pullIfMissing, type RegistrySource } from '../registry/source.js';
 import { awaitRoom, startKvWake, type EarlyWake } from './kv-overlap.js';
+import type { NeighbourTier } from '../gpu/neighbour-tier.js';
+import { hydrateFromNeighbour, parkBeforeSleep, type NeighbourParkOptions, type NeighbourParkResult } from './neighbour-flows.js';
 
 /*
  * The engine flows: capture, suspend and restore a running engine. A layer above Snapshot (which
@@ -142,6 +144,14 @@ export interface EngineRestoreOptions extends TransferOptions {
    * goes back to sleep.
    */
   readonly beforeKvWake?: () => Promise<void>;
+  /**
+   * The neighbour-GPU tier: when it holds this snapshot's weights (parked by a suspend, under the
+   * snapshot's id), they are copied back from the neighbour GPU (peer copy) and verified against
+   * the snapshot's GPU digests; the report's tier is `neighbour`. When it does not hold them, or
+   * the copy or its check fails (or they are evicted meanwhile), the restore goes on from the RAM
+   * tier or the store, with a warning.
+   */
+  readonly neighbour?: NeighbourTier;
 }
 
 /**
@@ -203,6 +213,13 @@ export interface EngineSuspendOptions {
   readonly lockTimeoutMs?: number;
   /** @internal The process checkpoint calls (tests inject a fake). */
   readonly checkpointBackend?: CheckpointBackend;
+  /**
+   * Park the weights in a neighbour GPU's tier before the sleep (peer copy from the live weights,
+   * verified against the snapshot's GPU digests), for {@link EngineRestoreOptions.neighbour}. A
+   * park that cannot be made is skipped with a warning; it never fails the suspend. Not with
+   * `resident` (tier 0 keeps the weights where they are).
+   */
+  readonly neighbour?: NeighbourTier | NeighbourParkOptions;
 }
 
 /**
@@ -212,8 +229,8 @@ export interface EngineSuspendOptions {
 export interface EngineRestoreReport {
   /** Bytes restored. */
   readonly bytes: number;
-  /** Where the weights came from: `gpu` (tier 0: mapped back, no copy), `ram`, `store`, or `engine` (recovered: the engine loaded them). */
-  readonly tier: 'gpu' | 'ram' | 'store' | 'engine';
+  /** Where the weights came from: `gpu` (tier 0: mapped back, no copy), `neighbour` (a neighbour GPU's tier, by peer copy), `ram`, `store`, or `engine` (recovered: the engine loaded them). */
+  readonly tier: 'gpu' | 'neighbour' | 'ram' | 'store' | 'engine';
   /** Wall time of the whole restore. */
   readonly seconds: number;
   /**
@@ -265,6 +282,8 @@ export interface EngineSuspendResult {
   readonly phases: Readonly<Record<string, number>>;
   /** The dirty check's outcome (absent when there was no snapshot to compare with, or the engine was asleep). */
   readonly liveCheck?: LiveCheckReport;
+  /** With `neighbour`: where the weights were parked (absent when they were not). */
+  readonly parked?: NeighbourParkResult;
 }
 
 /**
@@ -471,7 +490,6 @@ export async function restoreEngine(source: Snapshot | SnapshotRef, client: Engi
     // mappings (which hold the memory, so the descriptors can go at once).
     mapped = await mapExported(exported);
     const live = liveRefs(exported, mapped);
-    exported.close();
     lap('map');
     const twoLinks = options.multipath && exported.ranks.length === 1 ? { multipath: options.multipath } : {};
     if (options.multipath && !('multipath' in twoLinks)) warn(options, `multipath skipped: the engine has ${exported.ranks.length} ranks (each GPU's own link is in use)`);
@@ -480,7 +498,10 @@ export async function restoreEngine(source: Snapshot | SnapshotRef, client: Engi
     const stop = new AbortController();
     if (options.overlapKvWake) early = startKvWake(control, rest, call, options.beforeKvWake, (e) => stop.abort(e));
     const signal = early ? (call.signal ? AbortSignal.any([call.signal, stop.signal]) : stop.signal) : call.signal;
-    const result = await snapshot.restore({
+    // The neighbour tier first (its peer copy takes the exported descriptors), else RAM or the store.
+    const neighbour = options.neighbour ? await hydrateFromNeighbour(options.neighbour, snapshot.manifest, liveRefs(exported), live, (m) => warn(options, m), signal) : undefined;
+    exported.close();
+    const result = neighbour ?? await snapshot.restore({
       regions: live.map((x, i) => ({ key: x.key, size: x.size, tag: exportedTag(exported!, i), rank: x.rank, memory: x.memory })),
       ...twoLinks,
       ...(options.cache ? { cache: options.cache } : {}),
@@ -501,7 +522,7 @@ export async function restoreEngine(source: Snapshot | SnapshotRef, client: Engi
     await unmapping;
     const gpus = remap ? { gpus: exported.ranks.map((r) => r.deviceUuid) } : {};
     const devices = result.devices ? { devices: result.devices } : {};
-    const split = result.multipath ? { multipath: result.multipath } : {};
+    const split = 'multipath' in result && result.multipath ? { multipath: result.multipath } : {};
     const overlapped = early ? { overlapped: Object.keys(early.phases) } : {};
     return { bytes: result.bytes, tier: result.tier ?? 'store', seconds: (performance.now() - started) / 1000, phases, path: 'restored', ...gpus, ...devices, ...split, ...overlapped };
   } catch (err) {
@@ -753,6 +774,7 @@ export async function suspendEngine(
   const mapWeights = async (): Promise<MappedRegions> => (mapped ??= await mapExported(await exportWeights()));
   let captured = false;
   let liveCheck: LiveCheckReport | undefined;
+  let parked: NeighbourParkResult | undefined;
   try {
     const problems = snapshot ? await restorable(snapshot, status, await exportWeights(), options) : [`the store has no snapshot '${name}'`];
     lap('check');
@@ -792,6 +814,10 @@ export async function suspendEngine(
     if (options.resident) {
       await options.resident.hold(client.baseUrl, snapshot!.id, await exportWeights());
       lap('hold');
+    } else if (options.neighbour) {
+      const park = 'tier' in options.neighbour ? options.neighbour : { tier: options.neighbour };
+      parked = await parkBeforeSleep(park, snapshot!.manifest, liveRefs(await exportWeights()), (m) => warn(options, m));
+      lap('park');
     }
   } finally {
     exported?.close();
@@ -805,5 +831,5 @@ export async function suspendEngine(
     throw err;
   }
   if (deepRanks) await goDeep();
-  return { snapshot: snapshot!, captured, alreadyAsleep: false, seconds: (performance.now() - started) / 1000, phases, ...(liveCheck ? { liveCheck } : {}) };
+  return { snapshot: snapshot!, captured, alreadyAsleep: false, seconds: (performance.now() - started) / 1000, phases, ...(liveCheck ? { liveCheck } : {}), ...(parked ? { parked } : {}) };
 }

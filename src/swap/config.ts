@@ -51,6 +51,7 @@ export const ConfigSchema = z
     apiKey: z.string().min(1).optional(),
     publicStatus: z.boolean().optional(),
     ramTierGiB: z.number().nonnegative().default(0),
+    neighbourTier: z.object({ gpu: z.number().int().nonnegative(), budgetGiB: z.number().positive() }).strict().optional(),
     gpus: z.record(z.string().regex(/^\d+$/, 'a device ordinal'), z.object({ budgetGiB: z.number().positive() }).strict()),
     defaultModel: z.string().optional(),
     queue: z.object({ limit: z.number().int().positive().default(64), timeoutSeconds: z.number().positive().default(120) }).strict().default({ limit: 64, timeoutSeconds: 120 }),
@@ -93,6 +94,14 @@ export const ConfigSchema = z
         if (taken !== undefined) ctx.addIssue({ code: 'custom', path: ['models', name, 'port'], message: `port ${m.port} is also ${taken}` });
         ports.set(m.port, `models.${name}.port`);
       }
+    }
+    const nb = c.neighbourTier;
+    const nbBudget = nb ? c.gpus[String(nb.gpu)]?.budgetGiB : undefined;
+    if (nb && nbBudget !== undefined && nb.budgetGiB > nbBudget) {
+      ctx.addIssue({ code: 'custom', path: ['neighbourTier', 'budgetGiB'], message: `${nb.budgetGiB} GiB is more than gpu ${nb.gpu}'s budget of ${nbBudget} GiB` });
+    }
+    if (nb && Object.values(c.models).length > 0 && Object.values(c.models).every((m) => m.gpus.length !== 1 || m.gpus[0] === nb.gpu)) {
+      ctx.addIssue({ code: 'custom', path: ['neighbourTier', 'gpu'], message: `no model could park there: the tier holds weights of models on one GPU other than gpu ${nb.gpu}` });
     }
     for (const [g, total] of pinned) {
       const budget = c.gpus[String(g)]?.budgetGiB;
@@ -167,6 +176,12 @@ export interface ServeConfig {
   readonly publicStatus?: boolean | undefined;
   /** Pinned RAM tier, GiB (0: none). */
   readonly ramTierGiB: number;
+  /**
+   * The neighbour-GPU tier: suspended models' weights parked in this GPU's free memory, within
+   * `budgetGiB` (and within that GPU's budget under `gpus:`, when it has one), restored by peer
+   * copy (NVLink). For models on one GPU other than `gpu`. See SwapControllerOptions.neighbour.
+   */
+  readonly neighbourTier?: { gpu: number; budgetGiB: number } | undefined;
   /** GPU memory budgets, per device ordinal. */
   readonly gpus: Record<string, { budgetGiB: number }>;
   /** Woken when nothing else is wanted. */

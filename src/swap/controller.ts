@@ -16,6 +16,7 @@ import type { RegionStore, VerifyReport } from '../store/region-store.js';
 import { SwapExecutor, type Slot, type Waiter } from './executor.js';
 import { SwapMetrics } from './metrics.js';
 import { type EngineState, usage } from './planner.js';
+import { NeighbourParking, type NeighbourView, type SwapNeighbourOptions } from './neighbour-parking.js';
 
 /**
  * One engine the controller manages.
@@ -113,6 +114,16 @@ export interface SwapControllerOptions {
    * else its snapshot's largest rank.
    */
   readonly overlap?: boolean;
+  /**
+   * The neighbour-GPU tier: a suspend parks the engine's weights in this GPU's free memory (peer
+   * copy before the sleep, verified by GPU digest) when they fit the tier's budget and the GPU's
+   * (its least recently used entries are evicted first), and a restore copies them back from
+   * there (the swap event's tier is `neighbour`), else from the RAM tier or the store. Parked
+   * bytes count against the GPU's budget: a wake that needs that room evicts them first. For
+   * engines on one GPU other than this one. A `{ device, budgetBytes }` tier is made and closed by
+   * the controller; a NeighbourTier you pass stays yours.
+   */
+  readonly neighbour?: SwapNeighbourOptions;
 }
 
 export type { EngineState } from './planner.js';
@@ -149,6 +160,8 @@ export interface EngineView {
   readonly weightsHeldBytes?: number;
   /** Its last recovery through the engine's own loader (absent when none happened since it was last restored from a snapshot). */
   readonly recovery?: RecoveryView;
+  /** With a neighbour tier ({@link SwapControllerOptions.neighbour}): bytes of its weights parked there now. Absent when none. */
+  readonly neighbourBytes?: number;
 }
 
 /**
@@ -192,8 +205,8 @@ export interface SwapEvent {
   readonly seconds: number;
   /** restore: seconds per phase. */
   readonly phases?: Readonly<Record<string, number>>;
-  /** restore: where the weights came from (`gpu`: tier 0, nothing copied; `engine`: recovered, the engine reloaded them). */
-  readonly tier?: 'gpu' | 'ram' | 'store' | 'engine';
+  /** restore: where the weights came from (`gpu`: tier 0, nothing copied; `neighbour`: a neighbour GPU's tier, by peer copy; `engine`: recovered, the engine reloaded them). */
+  readonly tier?: 'gpu' | 'neighbour' | 'ram' | 'store' | 'engine';
   /** restore: set when the snapshot could not be used and the engine reloaded its weights instead. */
   readonly recovered?: RecoveryReason;
   /** suspend: whether a snapshot was captured first. */
@@ -215,7 +228,9 @@ export interface SwapEvent {
  * operator's log), `snapshotDamaged` (engine, snapshotId, reason, detail), `recovered` (engine,
  * reason, code, message, seconds, expectedResponse: a restore went through the engine's own
  * loader, see {@link SwapControllerOptions.recovery}), `materialized` (engine, snapshotId) or
- * `materializeFailed` (engine, error) after it, and `change` (after every state change); exports
+ * `materializeFailed` (engine, error) after it, with a neighbour tier `parked` (engine,
+ * snapshotId, device, bytes, seconds) and `neighbourEvicted` (snapshotId, engine, reason: room,
+ * budget, lru or stale, for), and `change` (after every state change); exports
  * Prometheus metrics.
  * @public
  */
@@ -246,6 +261,7 @@ export class SwapController extends EventEmitter {
     }
     if (options.defaultModel !== undefined && !this.slots.has(options.defaultModel)) invalidArgument('defaultModel', 'one of the engines', options.defaultModel);
     this.executor = new SwapExecutor(options, this.slots, this.metrics, this, () => this.closed, () => this.states());
+    if (options.neighbour) this.executor.neighbour = new NeighbourParking(options.neighbour, this.registry, this);
   }
 
   /**
@@ -266,6 +282,7 @@ export class SwapController extends EventEmitter {
   states(): EngineView[] {
     return [...this.slots.values()].map((s) => {
       const held = this.executor.residentBytes(s);
+      const parked = this.executor.neighbour?.bytesOf(s.spec.name) ?? 0;
       return {
         name: s.spec.name,
         state: s.state,
@@ -277,13 +294,19 @@ export class SwapController extends EventEmitter {
         ...(s.damage ? { snapshotProblem: s.damage.reason } : {}),
         ...(held > 0 ? { weightsHeldBytes: held } : {}),
         ...(s.recovery ? { recovery: { ...s.recovery } } : {}),
+        ...(parked > 0 ? { neighbourBytes: parked } : {}),
       };
     });
   }
 
-  /** GPU memory accounted to the engines now (tier-0 weights included), per device. */
+  /** GPU memory accounted to the engines now (tier-0 weights and the neighbour tier's parked weights included), per device. */
   usage(): Record<number, number> {
     return usage(this.executor.planInput());
+  }
+
+  /** The neighbour tier's state (undefined without one). */
+  neighbour(): NeighbourView | undefined {
+    return this.executor.neighbour?.view();
   }
 
   /** The model names served. */
@@ -439,9 +462,10 @@ export class SwapController extends EventEmitter {
     return report;
   }
 
-  /** Stops the timers and rejects every waiting request (E_CLOSED). Engines are left as they are. */
+  /** Stops the timers and rejects every waiting request (E_CLOSED). Engines are left as they are; a neighbour tier the controller made is freed. */
   close(): void {
     this.closed = true;
+    this.executor.neighbour?.close();
     if (this.timer) clearInterval(this.timer);
     for (const slot of this.slots.values()) {
       for (const w of [...slot.waiters]) w.reject(new VsnapError('E_CLOSED', 'the SwapController was closed'));

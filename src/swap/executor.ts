@@ -10,6 +10,7 @@ import type { Lease, RecoveryView, SwapControllerOptions, SwapEngine, SwapEvent 
 import type { SwapMetrics } from './metrics.js';
 import { mayKeepResident, plan, type Action, type EngineState, type PlanEngine, type PlanInput } from './planner.js';
 import { checkRestorable, damageReason, SNAPSHOT_FAULTS, type Damage } from './readiness.js';
+import type { NeighbourParking } from './neighbour-parking.js';
 
 /** A request waiting for its engine. @internal */
 export interface Waiter {
@@ -62,6 +63,8 @@ export class SwapExecutor {
   private pumpQueued = false;
   /** Engines whose snapshot was checked restorable for the bring-up now in progress. */
   private readonly checked = new Set<Slot>();
+  /** The neighbour-GPU tier, when configured (set by the controller). */
+  neighbour: NeighbourParking | undefined;
 
   constructor(
     private readonly options: SwapControllerOptions,
@@ -125,7 +128,10 @@ export class SwapExecutor {
       movableTo: s.spec.deepSuspend && !s.shallow ? s.spec.movableTo : undefined,
       swapWeightsBytes: s.spec.deepSuspend ? undefined : (s.spec.weightsBytes ?? s.snapshotWeightsBytes),
     }));
-    return { engines, budgets: this.options.budgets, defaultModel: this.options.defaultModel, tier0: this.options.resident !== undefined, now: Date.now(), overlap: this.overlaps() };
+    return {
+      engines, budgets: this.options.budgets, defaultModel: this.options.defaultModel, tier0: this.options.resident !== undefined, now: Date.now(), overlap: this.overlaps(),
+      ...(this.neighbour ? { neighbour: this.neighbour.plan() } : {}),
+    };
   }
 
   /** Whether swaps overlap (SwapControllerOptions.overlap). */
@@ -175,7 +181,7 @@ export class SwapExecutor {
         return true;
       case 'suspend':
         try {
-          await this.suspend(this.slots.get(action.engine)!, this.options.captureIfNeeded ?? true, action.keepResident);
+          await this.suspend(this.slots.get(action.engine)!, this.options.captureIfNeeded ?? true, action.keepResident, action.for);
         } catch (err) {
           // No room was made: the requests it was for learn why now rather than at their timeout.
           const target = action.for === undefined ? undefined : this.slots.get(action.for);
@@ -193,7 +199,7 @@ export class SwapExecutor {
         // Until the other engine sleeps, b is accounted with its weights only (what the planner checked).
         const weights = b.spec.weightsBytes ?? b.snapshotWeightsBytes ?? 0;
         b.swapHolding = Math.max(b.spec.asleepBytes + this.residentBytes(b), b.spec.asleepBytes + weights);
-        const suspending = this.suspend(this.slots.get(action.suspend)!, this.options.captureIfNeeded ?? true, action.keepResident);
+        const suspending = this.suspend(this.slots.get(action.suspend)!, this.options.captureIfNeeded ?? true, action.keepResident, action.wake);
         const slept = suspending.then(() => void delete b.swapHolding);
         slept.catch(() => undefined);
         try {
@@ -204,6 +210,10 @@ export class SwapExecutor {
         this.changed();
         return true;
       }
+      case 'evictParked':
+        this.neighbour?.evict(action.id, action.for === undefined ? 'budget' : 'room', action.for);
+        this.changed();
+        return true;
       case 'reject': {
         const slot = this.slots.get(action.engine)!;
         this.checked.delete(slot);
@@ -332,6 +342,7 @@ export class SwapExecutor {
       this.metrics.swaps.inc({ engine: name, action: 'restore', result: 'ok' });
       this.metrics.swapSeconds.observe({ engine: name, action: 'restore', tier: report.tier }, event.seconds);
       this.metrics.bytesMoved.inc({ engine: name }, report.bytes);
+      if (report.tier === 'neighbour') this.neighbour?.hit(name);
       this.changed();
       this.events.emit('swap', event);
     } catch (err) {
@@ -384,6 +395,7 @@ export class SwapExecutor {
       ...(this.options.cache ? { cache: this.options.cache } : {}),
       ...(this.options.resident ? { resident: this.options.resident } : {}),
       ...(this.options.checkpointBackend ? { checkpointBackend: this.options.checkpointBackend } : {}),
+      ...(this.neighbour && !this.neighbour.tier.closed ? { neighbour: this.neighbour.tier } : {}),
       recovery,
       materialize: this.options.materialize ?? 'async',
       ...(this.overlaps() ? { overlapKvWake: true } : {}),
@@ -488,7 +500,7 @@ export class SwapExecutor {
   }
 
   /** Suspends an engine; on failure, reads back what it really is and rethrows. */
-  async suspend(slot: Slot, captureIfNeeded: boolean, keepResident: boolean): Promise<SwapEvent> {
+  async suspend(slot: Slot, captureIfNeeded: boolean, keepResident: boolean, forEngine?: string): Promise<SwapEvent> {
     const name = slot.spec.name;
     // A capture after a recovery still running: let it finish, so the suspend finds its snapshot.
     if (slot.materializing) await slot.materializing;
@@ -498,12 +510,16 @@ export class SwapExecutor {
     this.events.emit('swapStarted', { engine: name, action: 'suspend' });
     try {
       const resident = keepResident && !slot.spec.deepSuspend ? this.options.resident : undefined;
+      // Not parked when tier 0 keeps the weights on their own GPU; else the planner decides.
+      const neighbour = !resident && this.neighbour?.parkable(slot.spec.devices) ? this.neighbour.parkOptions(name, () => this.planInput(), forEngine) : undefined;
       const result = await suspendEngine(this.options.store, slot.spec.snapshot, slot.spec.client, {
         captureIfNeeded,
         ...(slot.spec.deepSuspend ? { deep: true, ...(this.options.checkpointBackend ? { checkpointBackend: this.options.checkpointBackend } : {}) } : {}),
         ...(this.options.cache || slot.spec.check ? { capture: { ...(this.options.cache ? { cache: this.options.cache } : {}), ...(slot.spec.check ? { check: slot.spec.check } : {}) } } : {}),
         ...(resident ? { resident } : {}),
+        ...(neighbour ? { neighbour, onWarning: (message: string) => this.events.emit('warning', { engine: name, message }) } : {}),
       });
+      this.neighbour?.parked(name, result.parked, result.snapshot.id);
       slot.state = 'asleep';
       delete slot.shallow;
       delete slot.retryAt;

@@ -48,6 +48,16 @@ export interface PlanEngine {
   readonly swapWeightsBytes?: number | undefined;
 }
 
+/** The neighbour tier as the planner sees it. @internal */
+export interface PlanNeighbour {
+  /** The GPU holding the parked weights. */
+  readonly device: number;
+  /** The tier's own byte budget. */
+  readonly budgetBytes: number;
+  /** What is parked, least recently used first (with the engine it was parked for, when known). */
+  readonly parked: ReadonlyArray<{ readonly id: string; readonly bytes: number; readonly engine?: string | undefined }>;
+}
+
 /** @internal */
 export interface PlanInput {
   readonly engines: readonly PlanEngine[];
@@ -58,6 +68,8 @@ export interface PlanInput {
   readonly now: number;
   /** Whether a suspend for another engine may run as one overlapped swap. */
   readonly overlap?: boolean | undefined;
+  /** The neighbour-GPU tier, when configured: its parked bytes count on its device. */
+  readonly neighbour?: PlanNeighbour | undefined;
 }
 
 /** One step. `for`: the engine the step makes room for. @internal */
@@ -70,6 +82,7 @@ export type Action =
   | { readonly kind: 'demote'; readonly engine: string; readonly for?: string }
   | { readonly kind: 'reject'; readonly engine: string; readonly code: 'E_BUSY' | 'E_NOT_RESTORABLE'; readonly message: string }
   | { readonly kind: 'overBudget'; readonly device: number; readonly message: string }
+  | { readonly kind: 'evictParked'; readonly id: string; readonly device: number; readonly for?: string }
   | { readonly kind: 'wait' }
   | { readonly kind: 'idle' };
 
@@ -77,14 +90,16 @@ const asleep = (e: PlanEngine): boolean => e.state === 'asleep' || e.state === '
 /** What an asleep engine still holds per device (an engine that kept its weights frees only its KV cache). */
 const heldAsleep = (e: PlanEngine): number => (e.keptByEngine ? e.memoryBytes : e.asleepBytes + e.residentBytes);
 
-/** GPU memory accounted to the engines, per device (tier-0 weights included). @internal */
-export function usage(input: Pick<PlanInput, 'engines' | 'budgets'>): Record<number, number> {
+/** GPU memory accounted to the engines, per device (tier-0 weights and the neighbour tier's parked weights included). @internal */
+export function usage(input: Pick<PlanInput, 'engines' | 'budgets'> & { readonly neighbour?: PlanNeighbour | undefined }): Record<number, number> {
   const out: Record<number, number> = {};
   for (const d of Object.keys(input.budgets)) out[Number(d)] = 0;
   for (const e of input.engines) {
     const held = asleep(e) ? heldAsleep(e) : e.memoryBytes;
     for (const d of e.devices) out[d] = (out[d] ?? 0) + held;
   }
+  const nb = input.neighbour;
+  if (nb?.parked.length) out[nb.device] = (out[nb.device] ?? 0) + nb.parked.reduce((n, p) => n + p.bytes, 0);
   return out;
 }
 
@@ -145,6 +160,9 @@ function bringUp(input: PlanInput, target: PlanEngine): Action {
   if (fits) return { kind: 'wake', engine: target.name };
   const elsewhere = groupMates.length === 0 ? placeElsewhere(input, target, used) : undefined;
   if (elsewhere !== undefined) return { kind: 'wake', engine: target.name, onto: [elsewhere] };
+  // Parked copies are the cheapest room to take back (the RAM tier or the store still has them).
+  const parked = evictParkedFor(input, target, used);
+  if (parked) return parked;
   // Who is in the way: idle awake engines (suspended, keeping their weights in tier 0 if they
   // still leave room) and tier-0 holdings (demoted), least recently used first.
   const awake = others.filter((e) => e.state === 'awake' && !e.pinned && (groupMates.includes(e) || shares(e, target)));
@@ -184,12 +202,33 @@ function placeElsewhere(input: PlanInput, target: PlanEngine, used: Record<numbe
     .sort((a, b) => room(b) - room(a) || a - b)[0];
 }
 
+/**
+ * Neighbour tier: a wake of `target` that lacks room on the neighbour's GPU evicts the least
+ * recently used parked entry first, before any engine is suspended or tier-0 weights demoted.
+ */
+function evictParkedFor(input: PlanInput, target: PlanEngine, used: Readonly<Record<number, number>>): Action | undefined {
+  const nb = input.neighbour;
+  if (!nb?.parked.length || !target.devices.includes(nb.device)) return undefined;
+  const budget = input.budgets[nb.device];
+  if (budget === undefined || (used[nb.device] ?? 0) - heldAsleep(target) + target.memoryBytes <= budget) return undefined;
+  return { kind: 'evictParked', id: nb.parked[0]!.id, device: nb.device, for: target.name };
+}
+
+/** Neighbour tier: a device over its budget gives back parked weights first. */
+function evictParkedOver(input: PlanInput, device: number): Action | undefined {
+  const nb = input.neighbour;
+  if (!nb?.parked.length || nb.device !== device) return undefined;
+  return { kind: 'evictParked', id: nb.parked[0]!.id, device };
+}
+
 /** The step that brings every device within its budget, if one is over. */
 function planBudget(input: PlanInput): Action | undefined {
   const used = usage(input);
   const over = Object.entries(used).find(([d, n]) => n > input.budgets[Number(d)]!);
   if (!over) return undefined;
   const device = Number(over[0]);
+  const parked = evictParkedOver(input, device);
+  if (parked) return parked;
   const resident = input.engines.filter((e) => asleep(e) && e.residentBytes > 0 && !e.holdLocked && e.devices.includes(device)).sort(byLastUsed)[0];
   if (resident) return { kind: 'demote', engine: resident.name };
   const awake = input.engines.filter((e) => e.state === 'awake' && !e.pinned && e.devices.includes(device));

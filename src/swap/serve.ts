@@ -115,6 +115,7 @@ export async function serve(config: ServeConfig, options: { log?: (line: string)
       })),
       budgets: Object.fromEntries(Object.entries(config.gpus).map(([d, g]) => [Number(d), Math.floor(g.budgetGiB * GiB)])),
       ...(cache ? { cache } : {}),
+      ...(config.neighbourTier ? { neighbour: { device: config.neighbourTier.gpu, budgetBytes: Math.floor(config.neighbourTier.budgetGiB * GiB) } } : {}),
       recovery: config.recovery.mode,
       materialize: config.recovery.materialize,
       ...(config.defaultModel ? { defaultModel: config.defaultModel } : {}),
@@ -128,6 +129,12 @@ export async function serve(config: ServeConfig, options: { log?: (line: string)
       log(`vsnap: ${e.engine} recovered through its engine's own loader in ${(e.seconds * 1000).toFixed(0)} ms: its snapshot could not be used (${e.reason}, ${e.code})`),
     );
     controller.on('materializeFailed', (e: { engine: string; error: Error }) => log(`vsnap: capturing a new snapshot of ${e.engine} after its recovery failed: ${e.error.message}`));
+    controller.on('parked', (e: { engine: string; device: number; bytes: number; seconds: number }) =>
+      log(`vsnap: parked ${e.engine}'s weights on gpu ${e.device} (${(e.bytes / GiB).toFixed(1)} GiB in ${(e.seconds * 1000).toFixed(0)} ms)`),
+    );
+    controller.on('neighbourEvicted', (e: { engine?: string; reason: string; for?: string }) =>
+      log(`vsnap: evicted ${e.engine ?? 'a'} parked copy from the neighbour tier (${e.reason}${e.for ? `, for ${e.for}` : ''})`),
+    );
     const agent = await SwapAgent.listen({
       controller,
       store,

@@ -2,6 +2,10 @@
 // regions on GPU 0 parked in GPU 1's memory and restored by peer copy, verified by GPU digest
 // against the manifest, against a raw peer copy of the same bytes in the same run.
 // Prints one parseable line: NEIGHBOUR gib=... restore_gbps=... raw_peer_gbps=... ratio=...
+// Then the tier inside the engine flows and the SwapController, with the CUDA reference engine on
+// GPU 0: suspendEngine parks before the sleep, restoreEngine hydrates from GPU 1 (report tier
+// `neighbour`), a swap A→B→A restores A from the neighbour. Prints
+// NEIGHBOUR_ENGINE bytes=... park_ms=... hydrate_gbps=... tier=neighbour answer=identical
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { mkdtempSync, rmSync } from 'node:fs';
@@ -9,7 +13,23 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 
-import { cudaStatus, DeviceAllocation, HostCache, listDevices, NeighbourTier, RegionStore, releaseIdleResources, Snapshot } from '../../src/index.js';
+import {
+  captureEngine,
+  cudaStatus,
+  DeviceAllocation,
+  EngineClient,
+  HostCache,
+  listDevices,
+  NeighbourTier,
+  RegionStore,
+  releaseIdleResources,
+  restoreEngine,
+  Snapshot,
+  suspendEngine,
+  SwapController,
+  type SwapEvent,
+} from '../../src/index.js';
+import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
 import { native } from '../../src/native/index.js';
 import { canAccessPeer } from '../../src/transfer/multipath.js';
 
@@ -121,5 +141,68 @@ describe('GPU: the neighbour-GPU tier', async () => {
     }
     assert.equal(tier.usedBytes, 0);
     await assert.rejects(tier.restore('m', live()), { code: 'E_CLOSED' });
+  });
+
+  it('restoreEngine and the SwapController: parked before the sleep, restored from GPU 1, same answer', async () => {
+    const engines: Array<{ e: TestEngine; c: EngineClient; expected: number[] | null }> = [];
+    const store = await RegionStore.open(join(dir, 'engines'));
+    const tier = NeighbourTier.create({ device: 1, budgetBytes: 16 * GiB });
+    try {
+      for (const seed of [1, 2]) {
+        // VSNAP_GPU_NEIGHBOUR_ENGINE_ARGS (e.g. "--layers 36 --hidden 4096") for a larger model, where the bandwidth means more
+        const args = process.env.VSNAP_GPU_NEIGHBOUR_ENGINE_ARGS?.split(/\s+/).filter(Boolean) ?? ['--layers', '18', '--hidden', '2048'];
+        const e = await startEngine({ device: 'cuda', seed, model: `nb${seed}`, args, startTimeoutMs: 400_000 });
+        const c = new EngineClient({ baseUrl: e.url, token: e.token });
+        engines.push({ e, c, expected: (await askCapital(c, 16)).ids });
+        await captureEngine(store, `nb${seed}`, c);
+      }
+      const [a, b] = engines as [(typeof engines)[0], (typeof engines)[0]];
+      const warnings: string[] = [];
+      const onWarning = (m: string) => warnings.push(m);
+      const suspended = await suspendEngine(store, 'nb1', a.c, { neighbour: tier, onWarning });
+      assert.ok(suspended.parked, `parked (${warnings.join('; ')})`);
+      const report = await restoreEngine(suspended.snapshot, a.c, { neighbour: tier, onWarning });
+      assert.equal(report.tier, 'neighbour', warnings.join('; '));
+      assert.ok(report.phases.verifyDigests !== undefined, 'verified by GPU digest');
+      assert.deepEqual((await askCapital(a.c, 16)).ids, a.expected);
+      const gbps = report.bytes / report.phases.hydrate! / 1e9;
+      console.log(`NEIGHBOUR_ENGINE bytes=${report.bytes} park_ms=${(suspended.parked.seconds * 1000).toFixed(1)} hydrate_gbps=${gbps.toFixed(1)} tier=${report.tier} answer=identical`);
+
+      // The controller: one of the two fits GPU 0's budget; A→B→A, A's second restore from GPU 1.
+      const controller = await SwapController.create({
+        store,
+        engines: [
+          { name: 'nb1', client: a.c, memoryBytes: 10 * GiB },
+          { name: 'nb2', client: b.c, memoryBytes: 10 * GiB },
+        ],
+        budgets: { 0: 15 * GiB, 1: 100 * GiB },
+        neighbour: tier,
+      });
+      const swaps: SwapEvent[] = [];
+      controller.on('swap', (e: SwapEvent) => swaps.push(e));
+      try {
+        for (const [name, x] of [['nb1', a], ['nb2', b], ['nb1', a]] as const) {
+          const lease = await controller.acquire(name);
+          try {
+            assert.deepEqual((await askCapital(lease.client, 16)).ids, x.expected, name);
+          } finally {
+            lease.release();
+          }
+        }
+      } finally {
+        controller.close();
+      }
+      const restores = swaps.filter((e) => e.action === 'restore');
+      assert.equal(restores.at(-1)?.engine, 'nb1');
+      assert.equal(restores.at(-1)?.tier, 'neighbour');
+      assert.ok(controller.neighbour()!.usedBytes <= 16 * GiB);
+    } finally {
+      tier.close();
+      for (const x of engines) {
+        await x.c.close();
+        await x.e.stop();
+      }
+    }
+    assert.equal(tier.usedBytes, 0);
   });
 });

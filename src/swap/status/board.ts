@@ -3,6 +3,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { HostCache } from '../../cache/host-cache.js';
 import type { RegionStore } from '../../store/region-store.js';
 import type { EngineView, SwapController, SwapEvent } from '../controller.js';
+import type { NeighbourView } from '../neighbour-parking.js';
 import type { EngineProcessState, Supervisor } from '../supervisor.js';
 
 /** A finished or failed swap, as the status page charts it. @internal */
@@ -26,6 +27,8 @@ export interface StatusReport {
   readonly engines: Array<EngineView & { devices: readonly number[]; memoryBytes: number; asleepBytes: number; process?: EngineProcessState }>;
   readonly gpus: Array<{ device: number; budgetBytes: number | null; awakeBytes: number; heldBytes: number; usedBytes: number }>;
   readonly ramTier: { budgetBytes: number; usedBytes: number; entries: Array<{ name: string; id: string; bytes: number; durable: boolean }> } | null;
+  /** The neighbour-GPU tier (null when none is configured). */
+  readonly neighbourTier: NeighbourView | null;
   /** The store's snapshots; `damaged: true` with a `reason` when one cannot bring its engine back. */
   readonly snapshots: Array<Record<string, unknown>>;
   readonly snapshotsError?: string;
@@ -119,6 +122,7 @@ export class StatusBoard {
       ramTier: cache
         ? { budgetBytes: cache.budgetBytes, usedBytes: cache.usedBytes, entries: cache.entries.map((e) => ({ name: e.name, id: e.id, bytes: e.bytes, durable: e.durable })) }
         : null,
+      neighbourTier: controller.neighbour() ?? null,
       snapshots,
       ...(snapshotsError ? { snapshotsError } : {}),
       queue: { waiting: engines.reduce((n, e) => n + e.waiting, 0), leases: engines.reduce((n, e) => n + e.leases, 0) },

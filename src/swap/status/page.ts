@@ -32,6 +32,7 @@ th{color:var(--muted);font-weight:500}.num{text-align:right;font-variant-numeric
 <h2>GPU budgets</h2><div class="legend muted"><span><i style="background:var(--awake)"></i>awake</span><span><i style="background:var(--held)"></i>held while asleep</span><span><i style="background:var(--free);border:1px solid var(--line)"></i>free</span></div>
 <table><tbody id="gpus"></tbody></table>
 <h2>RAM tier</h2><div id="ram" class="muted"></div>
+<h2>Neighbour tier</h2><div id="neighbour" class="muted"></div>
 <h2>Snapshots</h2>
 <table><thead><tr><th>name</th><th>capture</th><th>created</th><th class="num">size</th><th class="num">captures</th><th>state</th></tr></thead><tbody id="snapshots"></tbody></table>
 <h2>Queue</h2><div id="queue"></div>
@@ -57,7 +58,7 @@ function render(r) {
     const label = held ? "weights held on the GPU" : e.state;
     const cls = held ? "held" : e.state;
     return "<tr data-engine='" + esc(e.name) + "'><td>" + esc(e.name) + (e.pinned ? " <span class=muted>(pinned)</span>" : "") + "</td><td><span class='pill " + esc(cls) + "'>" + esc(label) + "</span>" +
-      (held ? " <span class=muted>" + bytes(e.weightsHeldBytes) + "</span>" : "") + (e.error ? " <span class=muted>" + esc(e.error) + "</span>" : "") +
+      (held ? " <span class=muted>" + bytes(e.weightsHeldBytes) + "</span>" : "") + (e.neighbourBytes > 0 ? " <span class=muted>" + bytes(e.neighbourBytes) + " parked on the neighbour</span>" : "") + (e.error ? " <span class=muted>" + esc(e.error) + "</span>" : "") +
       (e.snapshotProblem ? " <span class='pill failed'>snapshot damaged</span> <span class=muted>" + esc(e.snapshotProblem) + "</span>" : "") +
       (e.recovery ? " <span class='pill waking'>recovered</span> <span class=muted>" + esc("reloaded by the engine (" + e.recovery.reason + ", " + e.recovery.code + "); new snapshot: " + e.recovery.snapshot) + "</span>" : "") + "</td><td>" + e.devices.join(", ") + "</td><td class=num>" + bytes(e.memoryBytes) + "</td><td class=num>" + bytes(e.asleepBytes) +
       "</td><td class=num>" + e.leases + "</td><td class=num>" + e.waiting + "</td><td>" + (e.process ? esc(e.process.status) + (e.process.pid ? " (pid " + e.process.pid + ")" : "") : "<span class=muted>external</span>") + "</td></tr>";
@@ -69,6 +70,7 @@ function render(r) {
       bytes(g.awakeBytes) + " awake, " + bytes(g.heldBytes) + " held, " + (g.budgetBytes == null ? "no budget" : bytes(Math.max(0, g.budgetBytes - g.usedBytes)) + " free of " + bytes(g.budgetBytes)) + "</td></tr>";
   }).join("");
   $("ram").textContent = r.ramTier ? bytes(r.ramTier.usedBytes) + " of " + bytes(r.ramTier.budgetBytes) + " used, " + r.ramTier.entries.length + " snapshot(s): " + r.ramTier.entries.map((e) => e.name + (e.durable ? "" : " (not yet durable)")).join(", ") : "no RAM tier configured (ramTierGiB: 0)";
+  $("neighbour").textContent = r.neighbourTier ? "GPU " + r.neighbourTier.device + ": " + bytes(r.neighbourTier.usedBytes) + " of " + bytes(r.neighbourTier.budgetBytes) + " used, " + r.neighbourTier.entries.length + " parked cop" + (r.neighbourTier.entries.length === 1 ? "y" : "ies") + (r.neighbourTier.entries.length ? ": " + r.neighbourTier.entries.map((e) => e.engine || e.id).join(", ") : "") : "no neighbour tier configured (neighbourTier)";
   $("snapshots").innerHTML = r.snapshots.length ? r.snapshots.map((s) => "<tr data-snapshot='" + esc(s.name) + "'><td>" + esc(s.name) + "</td><td class=muted>" + esc(s.id || "–") + "</td><td>" + (s.createdAt ? esc(new Date(s.createdAt).toLocaleString()) : "–") + "</td><td class=num>" + bytes(s.bytes) + "</td><td class=num>" + (s.versions ?? "–") + "</td><td>" +
     (s.damaged ? "<span class='pill failed'>damaged</span> " + esc(s.reason || "") : s.durable === false ? "<span class='pill held'>not durable</span>" : "<span class='pill awake'>durable</span>") + "</td></tr>").join("") : "<tr><td colspan=6 class=muted>" + esc(r.snapshotsError || "no snapshots yet") + "</td></tr>";
   $("queue").textContent = r.queue.leases + " request(s) running, " + r.queue.waiting + " waiting for an engine";
