@@ -17,7 +17,7 @@ import { checkRoom, describeRoom, resolveRemap, type GpuRef, type GpuRemap } fro
 import { recoverEngine, recoveryReason, type EngineRecovery, type MaterializePolicy, type RecoveryPolicy, type RecoveryReason } from './engine-recovery.js';
 import type { Manifest } from '../manifest/manifest.js';
 import { checkLive, liveRefs, mapExported, staleError, type LiveCheckReport } from './live-check.js';
-import type { MappedRegions } from '../regions/mapped.js';
+import type { MappedRegions, MappedRegionsOptions } from '../regions/mapped.js';
 import { Snapshot, type CaptureOptions, type DeviceTiming, type PersistPolicy, type CaptureHash } from './snapshot.js';
 import { pullIfMissing, type RegistrySource } from '../registry/source.js';
 import { awaitRoom, startKvWake, type EarlyWake } from './kv-overlap.js';
@@ -488,7 +488,7 @@ export async function restoreEngine(source: Snapshot | SnapshotRef, client: Engi
     lap('validate');
     // Mapped once, on a few threads: the hydrate and the GPU digest that verifies it share the
     // mappings (which hold the memory, so the descriptors can go at once).
-    mapped = await mapExported(exported);
+    mapped = await mapExported(exported, restoreMapping());
     const live = liveRefs(exported, mapped);
     lap('map');
     const twoLinks = options.multipath && exported.ranks.length === 1 ? { multipath: options.multipath } : {};
@@ -561,6 +561,15 @@ function checkMoved(exported: ExportedRegions, remap: GpuRemap): void {
       'Is the vsnap plugin current (it re-reads its GPU at each export)? Check the engine with nvidia-smi before sending it requests.',
     { ranks: wrong.map((r) => r.rank), reported: wrong.map((r) => r.deviceUuid), expected: wrong.map((r) => remap.rankTargets[r.rank]) },
   );
+}
+
+/**
+ * How a restore maps the engine's regions: pipelined (the copy starts on the first regions while
+ * the rest are imported; measured on the H200 the fastest form at every region count, 36 to 4,000:
+ * bench/results/2026-12-01-h200-region-count.log), unless VSNAP_REGION_MAPPING says otherwise.
+ */
+function restoreMapping(): MappedRegionsOptions {
+  return process.env['VSNAP_REGION_MAPPING'] ? {} : { mapping: 'pipelined' };
 }
 
 /** The tag of the i-th exported region (rank by rank, in the order sent). */

@@ -4,7 +4,7 @@ import type { ExportedRegions } from '../engine/export.js';
 import { VsnapError } from '../errors.js';
 import type { Manifest } from '../manifest/manifest.js';
 import type { RegionInfo } from '../manifest/types.js';
-import { MappedRegions } from '../regions/mapped.js';
+import { MappedRegions, type MappedRegionsOptions } from '../regions/mapped.js';
 import type { RegionMemory } from '../regions/memory.js';
 import type { RegionStore } from '../store/region-store.js';
 import { statSync } from 'node:fs';
@@ -48,8 +48,8 @@ export function liveRefs(exported: ExportedRegions, mapped?: MappedRegions): Liv
 }
 
 /** Maps every exported region once, for all the operations of one flow. @internal */
-export async function mapExported(exported: ExportedRegions): Promise<MappedRegions> {
-  return MappedRegions.open(liveRefs(exported));
+export async function mapExported(exported: ExportedRegions, options: MappedRegionsOptions = {}): Promise<MappedRegions> {
+  return MappedRegions.open(liveRefs(exported), options);
 }
 
 /**
