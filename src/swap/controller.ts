@@ -9,6 +9,7 @@ import type { CheckpointBackend } from '../snapshot/deep-suspend.js';
 import type { MaterializePolicy, RecoveryPolicy, RecoveryReason } from '../snapshot/engine-recovery.js';
 import type { EngineClient } from '../engine/engine-client.js';
 import type { RegistrySource } from '../registry/source.js';
+import type { MultipathOptions } from '../transfer/multipath.js';
 import { abortError, invalidArgument, VsnapError } from '../errors.js';
 import { restorableFor } from '../snapshot/engine-flows.js';
 import { Snapshot } from '../snapshot/snapshot.js';
@@ -124,6 +125,14 @@ export interface SwapControllerOptions {
    * the controller; a NeighbourTier you pass stays yours.
    */
   readonly neighbour?: SwapNeighbourOptions;
+  /**
+   * Restore from the RAM tier over two PCIe links: each restore of an engine on one GPU other
+   * than `multipath.neighbour` streams part of its bytes through that GPU (host → neighbour →
+   * NVLink peer copy), see restoreEngine's `multipath` and docs/multipath.md. The neighbour needs
+   * room only for the copy ring (`ringSlots` × `chunkSize`, 256 MiB by default) while a restore
+   * runs; where it has none, the restore takes the direct path alone.
+   */
+  readonly multipath?: MultipathOptions;
 }
 
 export type { EngineState } from './planner.js';
@@ -211,6 +220,8 @@ export interface SwapEvent {
   readonly recovered?: RecoveryReason;
   /** suspend: whether a snapshot was captured first. */
   readonly captured?: boolean;
+  /** restore over two PCIe links (SwapControllerOptions.multipath): the bytes that went through the neighbour GPU. */
+  readonly bytesViaNeighbour?: number;
 }
 
 /**

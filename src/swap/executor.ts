@@ -337,7 +337,7 @@ export class SwapExecutor {
       if (!('path' in report) || report.path === 'restored') delete slot.recovery;
       // a snapshot the store lacked was pulled from its registry by this restore: no longer missing
       if (slot.spec.from && slot.damage?.snapshotId === undefined && 'path' in report && report.path === 'restored') delete slot.damage;
-      const event: SwapEvent = { engine: name, action: 'restore', seconds: (performance.now() - started) / 1000, phases: report.phases, tier: report.tier, ...('recovery' in report && report.recovery ? { recovered: report.recovery.reason } : {}) };
+      const event: SwapEvent = { engine: name, action: 'restore', seconds: (performance.now() - started) / 1000, phases: report.phases, tier: report.tier, ...('recovery' in report && report.recovery ? { recovered: report.recovery.reason } : {}), ...('multipath' in report && report.multipath ? { bytesViaNeighbour: report.multipath.bytesNeighbour } : {}) };
       if ('recovery' in report && report.recovery) this.recovered(slot, report as EngineRestoreReport, event.seconds);
       this.metrics.swaps.inc({ engine: name, action: 'restore', result: 'ok' });
       this.metrics.swapSeconds.observe({ engine: name, action: 'restore', tier: report.tier }, event.seconds);
@@ -396,12 +396,19 @@ export class SwapExecutor {
       ...(this.options.resident ? { resident: this.options.resident } : {}),
       ...(this.options.checkpointBackend ? { checkpointBackend: this.options.checkpointBackend } : {}),
       ...(this.neighbour && !this.neighbour.tier.closed ? { neighbour: this.neighbour.tier } : {}),
+      ...(this.twoLinks(slot) ? { multipath: this.options.multipath! } : {}),
       recovery,
       materialize: this.options.materialize ?? 'async',
       ...(this.overlaps() ? { overlapKvWake: true } : {}),
       ...(beforeKvWake ? { beforeKvWake } : {}),
       onWarning: (message) => this.events.emit('warning', { engine: slot.spec.name, message }),
     });
+  }
+
+  /** Whether a restore of this engine goes over two PCIe links (SwapControllerOptions.multipath): one GPU, not the neighbour. */
+  private twoLinks(slot: Slot): boolean {
+    const m = this.options.multipath;
+    return m !== undefined && slot.spec.devices.length === 1 && slot.spec.devices[0] !== m.neighbour;
   }
 
   /** Counts and reports a recovery; follows its background capture, if any. */

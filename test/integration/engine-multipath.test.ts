@@ -79,3 +79,46 @@ describe('restoreEngine over two links (multipath)', () => {
     expect(await askCapital(client, 8).then((a) => a.ids)).toEqual(before);
   });
 });
+
+describe('SwapController with multipath', () => {
+  it('restores engines on one GPU over both links, and says so in the swap event', async () => {
+    const { SwapController } = await import('../../src/swap/controller.js');
+    const engines = [];
+    for (const i of [1, 2]) {
+      const e = await startEngine({ seed: i, model: `model-${i}` });
+      const client = new EngineClient({ baseUrl: e.url, token: e.token });
+      running.push(e, client);
+      engines.push({ name: `model-${i}`, client, answer: (await askCapital(client, 8)).ids });
+    }
+    const cache = await HostCache.create({ budgetBytes: 64 * 1024 * 1024, pin: false });
+    running.push(cache);
+    const controller = await SwapController.create({
+      store: await RegionStore.open(tempDir()),
+      cache,
+      engines: engines.map((e) => ({ name: e.name, client: e.client, memoryBytes: 10e9, asleepBytes: 1e9, devices: [0] })),
+      budgets: { 0: 15e9 },
+      multipath: { neighbour: 1, chunkSize: 64 * 1024, testFaults: { relayDelayMs: 1, directDelayMs: 1 } },
+    });
+    const restores: Array<{ tier?: string; bytesViaNeighbour?: number }> = [];
+    controller.on('swap', (e: { action: string; tier?: string; bytesViaNeighbour?: number }) => {
+      if (e.action === 'restore') restores.push(e);
+    });
+    try {
+      for (const round of [0, 1]) {
+        for (const e of engines) {
+          const lease = await controller.acquire(e.name);
+          try {
+            expect((await askCapital(lease.client, 8)).ids, `round ${round}`).toEqual(e.answer);
+          } finally {
+            lease.release();
+          }
+        }
+      }
+    } finally {
+      await controller.close();
+    }
+    const fromRam = restores.filter((r) => r.tier === 'ram');
+    expect(fromRam.length).toBeGreaterThan(0);
+    for (const r of fromRam) expect(r.bytesViaNeighbour).toBeGreaterThan(0);
+  });
+});
