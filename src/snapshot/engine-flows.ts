@@ -234,7 +234,8 @@ export interface EngineRestoreReport {
   /** Wall time of the whole restore. */
   readonly seconds: number;
   /**
-   * Seconds per phase, in order: sleep (model swap only), then wakeWeights, export, validate
+   * Seconds per phase, in order: sleep (model swap only), prepare (the engine's status, the
+   * snapshot opened, each rank's checkpoint state read from the driver), then wakeWeights, export, validate
    * (the snapshot's layout and facts checked against the engine's), map (every region mapped
    * once, for the hydrate and its verification), hydrate (or adoptWeights for tier 0), then
    * wakeKvCache, resetPrefixCache, expectedResponse. A deep-suspended engine starts with
@@ -435,6 +436,7 @@ export async function restoreEngine(source: Snapshot | SnapshotRef, client: Engi
     status = await control.status(call);
   }
   const rest = tagsAfterWeights(status);
+  lap('prepare'); // the engine's status, the snapshot opened, the driver asked whether a rank is checkpointed
   const recover = async (cause: VsnapError, reason: RecoveryReason, manifest: Manifest | undefined): Promise<EngineRestoreReport> => {
     warn(options, `snapshot '${name}' cannot be used (${cause.code}); the engine reloads its weights itself`);
     const outcome = await recoverEngine({

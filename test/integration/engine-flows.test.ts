@@ -56,7 +56,7 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     expect(asleep.ranks[0]!.weightsMapped).toBe(false);
 
     const report = await restoreEngine(snap, client);
-    expect(Object.keys(report.phases)).toEqual(['wakeWeights', 'export', 'validate', 'map', 'hydrate', 'verifyDigests', 'wakeKvCache', 'resetPrefixCache', 'expectedResponse']);
+    expect(Object.keys(report.phases)).toEqual(['prepare', 'wakeWeights', 'export', 'validate', 'map', 'hydrate', 'verifyDigests', 'wakeKvCache', 'resetPrefixCache', 'expectedResponse']);
     expect(report.bytes).toBe(snap.manifest.totalBytes);
     expect((await client.vsnapStatus()).sleeping).toBe(false);
     expect(await ask(client)).toEqual(before);

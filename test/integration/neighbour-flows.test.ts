@@ -44,7 +44,7 @@ describe('restoreEngine and suspendEngine with the neighbour tier (CPU reference
     const report = await restoreEngine(s.snap, s.client, { neighbour: s.tier, onWarning: s.onWarning });
     expect(report.tier).toBe('neighbour');
     expect(report.bytes).toBe(s.snap.manifest.totalBytes);
-    expect(Object.keys(report.phases)).toEqual(['wakeWeights', 'export', 'validate', 'map', 'hydrate', 'verifyDigests', 'wakeKvCache', 'resetPrefixCache', 'expectedResponse']);
+    expect(Object.keys(report.phases)).toEqual(['prepare', 'wakeWeights', 'export', 'validate', 'map', 'hydrate', 'verifyDigests', 'wakeKvCache', 'resetPrefixCache', 'expectedResponse']);
     expect(s.peer.copies.at(-1)).toEqual({ device: 0, restore: true, bytes: s.snap.manifest.totalBytes });
     expect(await s.answer()).toEqual(s.expected);
     expect(s.warnings).toEqual([]);

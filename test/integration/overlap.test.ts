@@ -35,7 +35,7 @@ describe('restoreEngine with overlapKvWake: the KV cache wakes while the hydrate
     const { snapshot } = await suspendEngine(store, 'ref', client, { captureIfNeeded: true });
     const report = await restoreEngine(snapshot, client, { overlapKvWake: true });
     expect(report.overlapped).toEqual(['wakeKvCache']);
-    expect(Object.keys(report.phases)).toEqual(['wakeWeights', 'export', 'validate', 'map', 'hydrate', 'verifyDigests', 'wakeKvCache', 'wakeKvCacheWait', 'resetPrefixCache', 'expectedResponse']);
+    expect(Object.keys(report.phases)).toEqual(['prepare', 'wakeWeights', 'export', 'validate', 'map', 'hydrate', 'verifyDigests', 'wakeKvCache', 'wakeKvCacheWait', 'resetPrefixCache', 'expectedResponse']);
     expect(await ask(client)).toEqual(before);
     // without the option: serial, as before, and no `overlapped`
     await suspendEngine(store, 'ref', client);

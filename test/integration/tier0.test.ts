@@ -42,7 +42,7 @@ describe('tier 0: weights kept on the "GPU" across sleep (CPU reference engine)'
         expect(resident.entries()).toEqual([expect.objectContaining({ engine: client.baseUrl, snapshotId: s.snapshot.id, bytes: status.ranks[0]!.bytes })]);
         const report = await restoreEngine(s.snapshot, client, { resident });
         expect(report.tier).toBe('gpu');
-        expect(Object.keys(report.phases)).toEqual(['adoptWeights', 'wakeKvCache', 'resetPrefixCache', 'expectedResponse']);
+        expect(Object.keys(report.phases)).toEqual(['prepare', 'adoptWeights', 'wakeKvCache', 'resetPrefixCache', 'expectedResponse']);
         expect(resident.entries()).toEqual([]); // the engine holds its weights again
         expect(await ask(client)).toEqual(before);
       }
