@@ -2,6 +2,8 @@
 library that answers the way nvml.h specifies (count first, INSUFFICIENT_SIZE, then the list)."""
 
 import ctypes
+import threading
+import time
 import unittest
 
 from tests import support  # noqa: F401
@@ -70,6 +72,28 @@ class ProcessMemoryTest(unittest.TestCase):
     def test_never_read(self):
         pm = gpumem.ProcessMemory(lambda: None)  # no libnvidia-ml
         self.assertEqual(pm.read("GPU-1", 0), {"processBytes": None, "processBytesSource": None})
+
+    def test_a_reading_blocked_in_the_driver_answers_with_the_last_one(self):
+        # a checkpointed process: NVML does not return until the process is restored
+        fake = FakeNvml([(42, 10 << 30)])
+        pm = gpumem.ProcessMemory(lambda: gpumem.Nvml(fake), timeout=0.05)
+        self.assertEqual(pm.read("GPU-1", 9 << 30, pid=42)["processBytes"], 1 << 30)
+        gate = threading.Event()
+        real = fake.nvmlDeviceGetComputeRunningProcesses_v3
+
+        def blocked(*a):
+            gate.wait(5)
+            return real(*a)
+
+        fake.nvmlDeviceGetComputeRunningProcesses_v3 = blocked
+        started = time.monotonic()
+        self.assertEqual(pm.read("GPU-1", 0, pid=42), {"processBytes": 1 << 30, "processBytesSource": "last"})
+        self.assertEqual(pm.read("GPU-1", 0, pid=42), {"processBytes": 1 << 30, "processBytesSource": "last"})  # no second thread
+        self.assertLess(time.monotonic() - started, 2)
+        gate.set()
+        pm._pending.join(5)
+        fake.nvmlDeviceGetComputeRunningProcesses_v3 = real
+        self.assertEqual(pm.read("GPU-1", 9 << 30, pid=42)["processBytesSource"], "nvml")
 
     def test_never_negative(self):
         pm = gpumem.ProcessMemory(lambda: gpumem.Nvml(FakeNvml([(42, 1 << 20)])))

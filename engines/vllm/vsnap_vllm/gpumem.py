@@ -83,14 +83,39 @@ class ProcessMemory:
     checkpointed process is not listed by NVML, and the last reading is what its restore will
     recreate. `source`: "nvml" (read now), "last" (remembered), None (never read)."""
 
-    def __init__(self, nvml_fn=nvml):
+    def __init__(self, nvml_fn=nvml, timeout=0.25):
         self._nvml_fn = nvml_fn
+        self._timeout = timeout
+        self._lock = threading.Lock()
+        self._pending = None  # a reading still running (blocked in the driver), never two at once
         self.last = None
 
+    def _remembered(self):
+        return {"processBytes": self.last, "processBytesSource": "last" if self.last is not None else None}
+
     def read(self, uuid, weights_bytes_mapped, pid=None):
-        n = self._nvml_fn() if uuid else None
-        used = n.process_used_bytes(uuid, os.getpid() if pid is None else pid) if n is not None else None
+        """Reads NVML on a helper thread and waits at most `timeout` seconds: in a process the
+        driver has locked or checkpointed (deep suspend), the call blocks until its restore (seen
+        on an H200, driver 580: the status RPC hung), and the remembered reading is the answer."""
+        with self._lock:
+            if self._pending is not None and self._pending.is_alive():
+                return self._remembered()
+            box = {}
+
+            def run():
+                try:
+                    n = self._nvml_fn() if uuid else None
+                    box["used"] = n.process_used_bytes(uuid, os.getpid() if pid is None else pid) if n is not None else None
+                except Exception as e:  # noqa: BLE001 - a reading, reported by the caller
+                    box["error"] = e
+
+            self._pending = threading.Thread(target=run, name="vsnap-nvml", daemon=True)
+            self._pending.start()
+        self._pending.join(self._timeout)
+        if "error" in box:
+            raise box["error"]
+        used = box.get("used")
         if used is not None:
             self.last = max(0, used - weights_bytes_mapped)
             return {"processBytes": self.last, "processBytesSource": "nvml"}
-        return {"processBytes": self.last, "processBytesSource": "last" if self.last is not None else None}
+        return self._remembered()
