@@ -45,12 +45,13 @@ class EngineProfileBenchTest(unittest.TestCase):
                 self.assertIn("vsnap export.export_fds", merged[("ram", "export")])
                 self.assertIn("worker generate", merged[("tier0", "check cold")])
                 self.assertIn("core.rpc discard_kv_cache", merged[("release", "release kv_cache")])
-                # every step lies inside its operation's client time
+                # every step lies inside its operation's client time (medians over the reps, which
+                # may come from different reps: a millisecond of slack, never a timing threshold)
                 for (cycle, name), steps in merged.items():
                     top = next(m for m in result["merged"] if (m["cycle"], m["op"]) == (cycle, name))
                     for s in steps.values():
                         if s["step"].startswith("http "):
-                            self.assertLessEqual(s["ms"], top["ms"])
+                            self.assertLessEqual(s["ms"], top["ms"] + 1.0)
 
 
 if __name__ == "__main__":
