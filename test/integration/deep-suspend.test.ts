@@ -44,7 +44,7 @@ describe('deep suspend through suspendEngine / restoreEngine', () => {
     expect(driver.states.get(pid)).toBe('checkpointed');
 
     const report = await restoreEngine(snap, client, { checkpointBackend: driver });
-    expect(Object.keys(report.phases).slice(0, 3)).toEqual(['deep.restore', 'deep.unlock', 'wakeWeights']);
+    expect(Object.keys(report.phases).slice(0, 4)).toEqual(['deep.restore', 'deep.unlock', 'prepare', 'wakeWeights']);
     expect(driver.notRunning()).toEqual([]);
     expect((await askCapital(client, 8)).ids).toEqual(before);
   });

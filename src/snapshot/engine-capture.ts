@@ -1,0 +1,72 @@
+import { VsnapError } from '../errors.js';
+import type { EngineClient, EngineStatus } from '../engine/engine-client.js';
+import { engineControl } from '../engine/control.js';
+import { exportRegions, type ExportedRegions } from '../engine/export.js';
+import type { RegionStore } from '../store/region-store.js';
+import { passOn } from '../transfer/transfer.js';
+import { checkSpec, preflight, probe } from './engine-checks.js';
+import { liveRefs, mapExported } from './live-check.js';
+import type { MappedRegions } from '../regions/mapped.js';
+import { Snapshot } from './snapshot.js';
+import type { EngineCaptureOptions } from './engine-types.js';
+/* captureEngine: a running engine's weights into a snapshot, through its vsnap plugin. */
+
+/**
+ * Captures a running engine's weights through its vsnap plugin: records a short greedy
+ * completion (the expected response), has every worker export its weights regions, copies them
+ * out per rank in parallel, and publishes the snapshot with the engine, model and platform facts.
+ * @public
+ */
+export async function captureEngine(
+  store: RegionStore,
+  name: string,
+  client: EngineClient,
+  options: EngineCaptureOptions = {},
+): Promise<Snapshot> {
+  const { control, status } = await engineControl(client, options.signal ? { signal: options.signal } : {});
+  preflight(status, options);
+  if (status.sleeping) {
+    throw new VsnapError('E_ENGINE_STATE', 'the engine is asleep: capture needs its weights awake (restore or wake it first)');
+  }
+  const exported = await exportRegions(control, status.ranks.length, options.signal ? { signal: options.signal } : {});
+  let mapped: MappedRegions | undefined;
+  try {
+    // Mapped once: the capture's GPU digests and its copy share the mappings.
+    mapped = await mapExported(exported);
+    return await captureExported(store, name, client, status, exported, options, mapped);
+  } finally {
+    exported.close();
+    await mapped?.close();
+  }
+}
+
+/** Records the expected response and captures the regions the engine exported (left open). @internal */
+export async function captureExported(
+  store: RegionStore,
+  name: string,
+  client: EngineClient,
+  status: EngineStatus,
+  exported: ExportedRegions,
+  options: EngineCaptureOptions,
+  mapped?: MappedRegions,
+): Promise<Snapshot> {
+  const expected = await probe(client, checkSpec(options), options.signal);
+  const memory = liveRefs(exported, mapped).map((l) => l.memory);
+  let i = 0;
+  return Snapshot.capture(store, name, {
+    regions: exported.ranks.flatMap((r) =>
+      r.regions.map((x) => ({ key: x.key, size: x.size, tag: x.tag, rank: x.rank, memory: memory[i++]!, tensors: x.tensors, ...(x.device !== undefined ? { device: x.device } : {}) })),
+    ),
+    engine: status.engine,
+    model: status.model,
+    expectedResponse: expected,
+    labels: { ...(options.labels ?? {}) },
+    ...(options.chunkSize ? { chunkSize: options.chunkSize } : {}),
+    ...(options.cache ? { cache: options.cache } : {}),
+    ...(options.persist ? { persist: options.persist } : {}),
+    ...(options.hash ? { hash: options.hash } : {}),
+    ...(options.base ? { base: options.base } : {}),
+    ...passOn(options),
+  });
+}
+
