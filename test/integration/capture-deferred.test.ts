@@ -11,8 +11,9 @@ import { HostRegion } from '../../src/regions/host-region.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { runTransfer } from '../../src/transfer/transfer.js';
-import { fillRegion, holdsPattern, patternBytes, patternedRegions } from '../helpers/regions.js';
+import { patternBytes } from '../helpers/regions.js';
 import { rejection } from '../helpers/rejection.js';
+import { RAM_TIER_SIZES, ramTierFixtures } from '../helpers/ram-tier.js';
 import { tempDir } from '../helpers/tmp.js';
 
 // Capture with hash 'deferred' (host-memory backend, real store, real native transfer engine):
@@ -25,27 +26,8 @@ afterEach(() => {
   for (const c of cleanup.splice(0)) c.close();
 });
 
-const SIZES = { a: 3 * MiB + 5, b: MiB, c: 0 };
-function sources(sizes: Record<string, number> = SIZES) {
-  const regions = patternedRegions(sizes);
-  for (const r of regions.values()) cleanup.push(r);
-  return [...regions].map(([key, r]) => ({ key, size: r.size, memory: r.memory }));
-}
-function targets(sizes: Record<string, number> = SIZES) {
-  const t = patternedRegions(sizes);
-  for (const r of t.values()) {
-    cleanup.push(r);
-    fillRegion(r, 0);
-  }
-  return t;
-}
-const asTargets = (t: Map<string, HostRegion>) => [...t].map(([key, r]) => ({ key, size: r.size, memory: r.memory }));
-const intact = (t: Map<string, HostRegion>) => [...t].every(([key, r]) => holdsPattern(r, key));
-async function cacheOf(budgetBytes: number): Promise<HostCache> {
-  const cache = await HostCache.create({ budgetBytes, pin: false });
-  cleanup.push(cache);
-  return cache;
-}
+const SIZES = RAM_TIER_SIZES;
+const { sources, targets, asTargets, intact, cacheOf } = ramTierFixtures(cleanup);
 /** Memory mappings of this process backed by a memfd (host regions, mapped by a transfer or digest). */
 const memfdMappings = (): number => readFileSync('/proc/self/maps', 'utf8').split('\n').filter((l) => l.includes('/memfd:')).length;
 const blobsIn = (root: string): string[] => readdirSync(join(root, 'blobs'), { recursive: true }).map(String).filter((f) => /^[0-9a-f]{64}$/.test(f.split('/').at(-1)!));

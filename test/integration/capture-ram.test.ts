@@ -1,10 +1,8 @@
 import { afterEach, describe, expect, it } from 'vitest';
 
-import { HostCache } from '../../src/cache/host-cache.js';
-import { HostRegion } from '../../src/regions/host-region.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { RegionStore } from '../../src/store/region-store.js';
-import { fillRegion, holdsPattern, patternedRegions } from '../helpers/regions.js';
+import { RAM_TIER_SIZES, ramTierFixtures } from '../helpers/ram-tier.js';
 import { tempDir } from '../helpers/tmp.js';
 
 // Capture into the RAM tier first, with the three persistence policies (host-memory backend,
@@ -15,27 +13,8 @@ afterEach(() => {
   for (const c of cleanup.splice(0)) c.close();
 });
 
-const SIZES = { a: 3 * MiB + 5, b: MiB, c: 0 };
-function sources(sizes: Record<string, number> = SIZES) {
-  const regions = patternedRegions(sizes);
-  for (const r of regions.values()) cleanup.push(r);
-  return [...regions].map(([key, r]) => ({ key, size: r.size, memory: r.memory }));
-}
-function targets(sizes: Record<string, number> = SIZES) {
-  const t = patternedRegions(sizes);
-  for (const r of t.values()) {
-    cleanup.push(r);
-    fillRegion(r, 0);
-  }
-  return t;
-}
-const asTargets = (t: Map<string, HostRegion>) => [...t].map(([key, r]) => ({ key, size: r.size, memory: r.memory }));
-const intact = (t: Map<string, HostRegion>) => [...t].every(([key, r]) => holdsPattern(r, key));
-async function cacheOf(budgetBytes: number): Promise<HostCache> {
-  const cache = await HostCache.create({ budgetBytes, pin: false });
-  cleanup.push(cache);
-  return cache;
-}
+const SIZES = RAM_TIER_SIZES;
+const { sources, targets, asTargets, intact, cacheOf } = ramTierFixtures(cleanup);
 
 describe('capture into the RAM tier', () => {
   it("persist 'off': lives in RAM only, restores from there, is never evicted for room, and persist() makes it durable", async () => {
