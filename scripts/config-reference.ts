@@ -15,6 +15,9 @@ export const CONFIG_KEYS: Record<string, string> = {
   neighbourTier: "The neighbour-GPU tier: suspended models' weights parked in another GPU's free memory (peer copy before the sleep, verified by GPU digest) and restored from there by peer copy (NVLink, ~7x PCIe), between tier 0 and the RAM tier. For models on one GPU other than this one.",
   'neighbourTier.gpu': "The GPU whose free memory holds parked weights (an ordinal). Parked bytes count against its budget under gpus:, and a model waking there evicts them first.",
   'neighbourTier.budgetGiB': 'GiB the tier may hold; its least recently used copies are evicted to park a new one.',
+  multipath:
+    "Restores from the RAM tier over two PCIe links: part of the bytes go host -> this GPU -> NVLink peer copy while the rest take the model's own GPU's link (1.91x one link measured on two H200s). Needs ramTierGiB; for models on one GPU other than this one.",
+  'multipath.gpu': 'The neighbour GPU (an ordinal). It needs room only for a 256 MiB copy ring while a restore runs; without it, the restore takes the direct link alone.',
   gpus: 'GPU memory budgets, by device ordinal ("0", "1", ...): the engines awake on a device never add up to more.',
   'gpus.*.budgetGiB': 'GiB of that GPU the engines may use.',
   defaultModel: 'A model woken whenever nothing else is awake or asked for.',

@@ -52,6 +52,7 @@ export const ConfigSchema = z
     publicStatus: z.boolean().optional(),
     ramTierGiB: z.number().nonnegative().default(0),
     neighbourTier: z.object({ gpu: z.number().int().nonnegative(), budgetGiB: z.number().positive() }).strict().optional(),
+    multipath: z.object({ gpu: z.number().int().nonnegative() }).strict().optional(),
     gpus: z.record(z.string().regex(/^\d+$/, 'a device ordinal'), z.object({ budgetGiB: z.number().positive() }).strict()),
     defaultModel: z.string().optional(),
     queue: z.object({ limit: z.number().int().positive().default(64), timeoutSeconds: z.number().positive().default(120) }).strict().default({ limit: 64, timeoutSeconds: 120 }),
@@ -102,6 +103,13 @@ export const ConfigSchema = z
     }
     if (nb && Object.values(c.models).length > 0 && Object.values(c.models).every((m) => m.gpus.length !== 1 || m.gpus[0] === nb.gpu)) {
       ctx.addIssue({ code: 'custom', path: ['neighbourTier', 'gpu'], message: `no model could park there: the tier holds weights of models on one GPU other than gpu ${nb.gpu}` });
+    }
+    const mp = c.multipath;
+    if (mp && c.ramTierGiB <= 0) {
+      ctx.addIssue({ code: 'custom', path: ['multipath'], message: 'a restore over two links copies from the RAM tier: set ramTierGiB' });
+    }
+    if (mp && Object.values(c.models).length > 0 && Object.values(c.models).every((m) => m.gpus.length !== 1 || m.gpus[0] === mp.gpu)) {
+      ctx.addIssue({ code: 'custom', path: ['multipath', 'gpu'], message: `no model could use it: it helps models on one GPU other than gpu ${mp.gpu}` });
     }
     for (const [g, total] of pinned) {
       const budget = c.gpus[String(g)]?.budgetGiB;
@@ -182,6 +190,11 @@ export interface ServeConfig {
    * copy (NVLink). For models on one GPU other than `gpu`. See SwapControllerOptions.neighbour.
    */
   readonly neighbourTier?: { gpu: number; budgetGiB: number } | undefined;
+  /**
+   * Restores from the RAM tier over two PCIe links: part of the bytes through this GPU (its
+   * link, then NVLink). For models on one GPU other than `gpu`. See SwapControllerOptions.multipath.
+   */
+  readonly multipath?: { gpu: number } | undefined;
   /** GPU memory budgets, per device ordinal. */
   readonly gpus: Record<string, { budgetGiB: number }>;
   /** Woken when nothing else is wanted. */

@@ -116,6 +116,7 @@ export async function serve(config: ServeConfig, options: { log?: (line: string)
       budgets: Object.fromEntries(Object.entries(config.gpus).map(([d, g]) => [Number(d), Math.floor(g.budgetGiB * GiB)])),
       ...(cache ? { cache } : {}),
       ...(config.neighbourTier ? { neighbour: { device: config.neighbourTier.gpu, budgetBytes: Math.floor(config.neighbourTier.budgetGiB * GiB) } } : {}),
+      ...(config.multipath ? { multipath: { neighbour: config.multipath.gpu } } : {}),
       recovery: config.recovery.mode,
       materialize: config.recovery.materialize,
       ...(config.defaultModel ? { defaultModel: config.defaultModel } : {}),

@@ -32,3 +32,12 @@ describe('vsnap serve configuration: neighbourTier', () => {
     expect(() => parseConfig(config('neighbourTier: { gpu: -1, budgetGiB: 20 }'), 'c.yaml')).toThrow(/neighbourTier\.gpu/);
   });
 });
+
+describe('vsnap serve configuration: multipath', () => {
+  it('takes the neighbour GPU, needs the RAM tier, and a model it can help', () => {
+    expect(parseConfig(config('ramTierGiB: 64\nmultipath: { gpu: 1 }'), 'c.yaml').multipath).toEqual({ gpu: 1 });
+    expect(() => parseConfig(config('multipath: { gpu: 1 }'), 'c.yaml')).toThrow(/multipath: a restore over two links copies from the RAM tier: set ramTierGiB/);
+    expect(() => parseConfig(config('ramTierGiB: 64\nmultipath: { gpu: 0 }'), 'c.yaml')).toThrow(/multipath\.gpu: no model could use it/);
+    expect(() => parseConfig(config('ramTierGiB: 64\nmultipath: { gpu: 1, ring: 4 }'), 'c.yaml')).toThrow(/E_CONFIG|Unrecognized key/);
+  });
+});
