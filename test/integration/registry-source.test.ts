@@ -26,6 +26,17 @@ import { tempDir } from '../helpers/tmp.js';
 const run = registryAvailable();
 const quiet = { onWarning: () => undefined };
 
+/** One completion for model 'ref' through the agent: answered with 200. */
+async function completesThrough(agentUrl: string): Promise<void> {
+  const r = await request(`${agentUrl}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'ref', prompt: 'The capital of France is', max_tokens: 8 }),
+  });
+  expect(r.statusCode).toBe(200);
+  await r.body.dump();
+}
+
 async function errorOf(p: Promise<unknown>): Promise<VsnapError> {
   const err = await p.then(() => undefined, (e: unknown) => e);
   expect(err).toBeInstanceOf(VsnapError);
@@ -120,13 +131,7 @@ describe.skipIf(!run)('a registry reference as a snapshot source', () => {
       const store = await RegionStore.open(storeDir);
       expect((await store.current('ref'))?.id).toBe(pushedId);
       await reg.mark();
-      const r = await request(`${handle.agent.url}/v1/completions`, {
-        method: 'POST',
-        headers: { 'content-type': 'application/json' },
-        body: JSON.stringify({ model: 'ref', prompt: 'The capital of France is', max_tokens: 8 }),
-      });
-      expect(r.statusCode).toBe(200);
-      await r.body.dump();
+      await completesThrough(handle.agent.url);
       expect((await askCapital(client, 8)).ids).toEqual(answer);
       expect(lines.some((l) => /restore ref/.test(l))).toBe(true);
       expect(await reg.mark()).toEqual([]); // restored from the local copy
@@ -225,13 +230,7 @@ describe.skipIf(!run)('a registry reference as a snapshot source', () => {
     const handle = await serve(config, { log: (l) => lines.push(l) });
     try {
       expect(lines.some((l) => /ref: pulling snapshot 'ref' from .* failed \(E_REGISTRY\)/.test(l))).toBe(true);
-      const r = await request(`${handle.agent.url}/v1/completions`, {
-        method: 'POST',
-        headers: { 'content-type': 'application/json' },
-        body: JSON.stringify({ model: 'ref', prompt: 'The capital of France is', max_tokens: 8 }),
-      });
-      expect(r.statusCode).toBe(200);
-      await r.body.dump();
+      await completesThrough(handle.agent.url);
       expect(lines.some((l) => /ref recovered through its engine's own loader .*\(missing, E_REGISTRY\)/.test(l))).toBe(true);
       expect((await askCapital(client, 8)).ids).toEqual(answer);
     } finally {
