@@ -1,4 +1,4 @@
-import { closeSync, readdirSync } from 'node:fs';
+import { closeSync, readdirSync, writeSync } from 'node:fs';
 import { connect, type Socket } from 'node:net';
 import { join } from 'node:path';
 
@@ -55,8 +55,13 @@ describe('the fd listener and its peers', () => {
   it('serves a second peer while an idle one is still connected, and cuts the idle one off at close', async () => {
     const { listener } = listen();
     let idleAnswered = false;
-    const idle = rawPeer(listener.path, (s) => s.write('VSN1')); // then nothing
+    // The idle peer's one write must be done before the listener closes: a write after that
+    // fails with EPIPE, and Node then drops the socket before it reads the E_CLOSED reply.
+    let wrote!: () => void;
+    const written = new Promise<void>((r) => (wrote = r));
+    const idle = rawPeer(listener.path, (s) => s.write('VSN1', () => wrote())); // then nothing
     void idle.reply.then(() => (idleAnswered = true));
+    await written;
     listener.expect(nonce('b'));
     const { reply } = await native().sendFds(listener.path, nonce('b'), '{"second":true}', []);
     expect(JSON.parse(reply)).toEqual({ ok: true });
@@ -85,8 +90,17 @@ describe('the fd listener and its peers', () => {
     const bytes = frame(nonce('c'), '{}');
     let timer: NodeJS.Timeout | undefined;
     const slow = rawPeer(listener.path, (s) => {
+      // Trickle through the raw descriptor: once the listener has answered and hung up, a write
+      // fails with EPIPE, which through the Socket would drop it before it reads the answer.
+      const fd = (s as unknown as { _handle: { fd: number } })._handle.fd;
       let i = 0;
-      timer = setInterval(() => s.write(bytes.subarray(i % bytes.length, (i++ % bytes.length) + 1)), 20);
+      timer = setInterval(() => {
+        try {
+          writeSync(fd, bytes.subarray(i % bytes.length, (i++ % bytes.length) + 1));
+        } catch {
+          clearInterval(timer); // the listener hung up: its answer is waiting to be read
+        }
+      }, 20);
     });
     const got = await slow.reply;
     clearInterval(timer);
