@@ -96,17 +96,17 @@ export {
 } from './snapshot/engine-kv-release.js';
 export type { ResponseCheckOptions } from './snapshot/response-check-options.js';
 
-export {
-  Snapshot,
-  type CaptureOptions,
-  type CaptureRegion,
-  type PersistPolicy,
-  type CaptureHash,
-  type RestoreOptions,
-  type RestoreRegion,
-  type TransferSummary,
-  type DeviceTiming,
-} from './snapshot/snapshot.js';
+export { Snapshot } from './snapshot/snapshot.js';
+export type {
+  CaptureOptions,
+  CaptureRegion,
+  PersistPolicy,
+  CaptureHash,
+  RestoreOptions,
+  RestoreRegion,
+  TransferSummary,
+  DeviceTiming,
+} from './snapshot/snapshot-types.js';
 
 export {
   SwapController,

@@ -4,7 +4,7 @@ import { Manifest } from '../manifest/manifest.js';
 import type { ManifestData, PlatformInfo, RankInfo, RegionInfo } from '../manifest/types.js';
 import { blobDigest } from '../store/digest.js';
 import { VERSION } from '../version.js';
-import type { CaptureOptions, CaptureRegion } from './snapshot.js';
+import type { CaptureOptions, CaptureRegion } from './snapshot-types.js';
 
 // What a capture records besides the bytes: its regions checked, the platform it ran on, and
 // the manifest that binds them.
