@@ -12,6 +12,8 @@
 #   npm run bench -- regions [MiB] [host|cuda] [repeats]   per-region cost of a RAM-tier restore,
 #                                               36..4,000 regions (bench/region-count.ts)
 #   npm run bench -- registry [GiB] [out-dir]   pull from a local registry vs curl (CPU only)
+#   npm run bench -- persist [MiB] [regions] [repeats]   persisting a deferred capture: one fused
+#                                               hash-and-digest pass vs two passes (CPU only, bench/persist.ts)
 # Builds the bundles, the ceiling program and the reference engine's allocator where the tools
 # are here; on a machine without npm, carry dist-gpu/ and run this same script.
 set -euo pipefail
@@ -33,6 +35,10 @@ build_ceiling() {
     mkdir -p dist-gpu && nvcc -O2 -o dist-gpu/ceiling bench/ceiling.cu
   fi
 }
+if [ "${1:-}" = persist ]; then
+  shift
+  exec node_modules/.bin/tsx bench/persist.ts "$@"
+fi
 if [ "${1:-}" = registry ]; then
   # CPU only: pull from a local distribution registry into the store vs curl (bench/registry.ts)
   shift

@@ -24,7 +24,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   vsnap::js::initPeer(env, exports);
   vsnap::js::initMultipath(env, exports);
   vsnap::js::initRegionSet(env, exports);
-  exports.Set("abiVersion", Napi::Number::New(env, 6));
+  exports.Set("abiVersion", Napi::Number::New(env, 7));
   return exports;
 }
 

@@ -135,20 +135,20 @@ namespace {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 __attribute__((target_clones("avx2", "default")))
 #endif
-vsnap_gd1::Acc absorbWords(const unsigned char* p, uint64_t words) {
+vsnap_gd1::Acc absorbWords(const unsigned char* p, uint64_t words, uint64_t first) {
   vsnap_gd1::Acc lanes[4] = {{0, 0}, {0, 0}, {0, 0}, {0, 0}};
   uint64_t j = 0;
   for (; j + 4 <= words; j += 4) {
     for (int k = 0; k < 4; k++) {
       uint64_t w;
       std::memcpy(&w, p + 8 * (j + k), 8);  // little-endian hosts only (x86-64, arm64)
-      vsnap_gd1::absorb(lanes[k], w, static_cast<uint32_t>(j + k));
+      vsnap_gd1::absorb(lanes[k], w, static_cast<uint32_t>(first + j + k));
     }
   }
   for (; j < words; j++) {
     uint64_t w;
     std::memcpy(&w, p + 8 * j, 8);
-    vsnap_gd1::absorb(lanes[0], w, static_cast<uint32_t>(j));
+    vsnap_gd1::absorb(lanes[0], w, static_cast<uint32_t>(first + j));
   }
   for (int k = 1; k < 4; k++) vsnap_gd1::merge(lanes[0], lanes[k]);
   return lanes[0];
@@ -156,7 +156,7 @@ vsnap_gd1::Acc absorbWords(const unsigned char* p, uint64_t words) {
 
 Hash128 digestChunkHost(const unsigned char* p, uint64_t len) {
   uint64_t words = len / 8;
-  vsnap_gd1::Acc acc = absorbWords(p, words);
+  vsnap_gd1::Acc acc = absorbWords(p, words, 0);
   if (len % 8) vsnap_gd1::absorb(acc, vsnap_gd1::tailWord(p + 8 * words, static_cast<uint32_t>(len % 8)), static_cast<uint32_t>(words));
   Hash128 h;
   vsnap_gd1::finish(acc, len, h.h);
@@ -180,6 +180,29 @@ std::vector<Hash128> digestHost(const unsigned char* data, uint64_t size, uint64
   work();
   for (auto& t : pool) t.join();
   return out;
+}
+
+void ChunkDigester::update(const unsigned char* p, uint64_t length) {
+  if (length_ % 8 != 0) throwInvalid("a chunk digest's pieces, all but the last, are multiples of 8 bytes");
+  uint64_t words = length / 8;
+  uint64_t first = length_ / 8;
+  vsnap_gd1::Acc acc = absorbWords(p, words, first);
+  if (length % 8) {
+    vsnap_gd1::absorb(acc, vsnap_gd1::tailWord(p + 8 * words, static_cast<uint32_t>(length % 8)), static_cast<uint32_t>(first + words));
+  }
+  a_ += acc.a;
+  b_ += acc.b;
+  length_ += length;
+}
+
+Hash128 ChunkDigester::finish() const {
+  Hash128 h;
+  vsnap_gd1::finish(vsnap_gd1::Acc{a_, b_}, length_, h.h);
+  return h;
+}
+
+void ChunkDigester::reset() {
+  a_ = b_ = length_ = 0;
 }
 
 std::vector<std::vector<Hash128>> digestDevice(const std::shared_ptr<cuda::Context>& ctx, const std::vector<DeviceSpan>& spans,

@@ -21,6 +21,21 @@ struct Hash128 {
 // The digests of host memory [data, data + size), one per chunkSize bytes.
 std::vector<Hash128> digestHost(const unsigned char* data, uint64_t size, uint64_t chunkSize);
 
+// One chunk's digest from its bytes in pieces, in order (every piece but the last a multiple of
+// 8 bytes): the same value digestHost gives the whole chunk. For a pass that reads each piece
+// once for several purposes (persisting: XXH3 and this digest from the same cache lines).
+class ChunkDigester {
+ public:
+  void update(const unsigned char* p, uint64_t length);
+  Hash128 finish() const;
+  void reset();
+
+ private:
+  uint64_t a_ = 0;
+  uint64_t b_ = 0;
+  uint64_t length_ = 0;
+};
+
 // Device memory [address, address + size) of one context; address 16-byte aligned.
 struct DeviceSpan {
   uint64_t address;

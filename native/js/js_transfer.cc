@@ -2,7 +2,8 @@
 // thread, reports progress through a thread-safe function, and cancels between chunks.
 //
 // spec: { op: 'capture'|'hydrate'|'verify'|'copy', label, pool?: StagingPool, threads?, directIo?,
-//         verifyFirst?, hash? (capture: false lands the bytes in the hostCopy unhashed), regions: [{ name, blobPath?, size, chunkSize, checksums?: string[],
+//         verifyFirst?, hash? (capture: false lands the bytes in the hostCopy unhashed),
+//         digest? (capture: true also returns digests[region][chunk], "vsnap-gd1"), regions: [{ name, blobPath?, size, chunkSize, checksums?: string[],
 //         memory?: Memory, hostCopy?: Memory (a 'buffer': copy reads it; capture fills it,
 //         and then needs no blobPath) }] }
 // Memory: { kind: 'host', fd } | { kind: 'imported', fd } | { kind: 'device', allocation }
@@ -106,6 +107,7 @@ class TransferWorker : public Napi::AsyncWorker {
       : Napi::AsyncWorker(env, "vsnap-transfer"),
         deferred_(Napi::Promise::Deferred::New(env)),
         op_(options.op),
+        digests_(options.digestChunks),
         memory_(std::move(memory)),
         hostCopies_(std::move(hostCopies)),
         job_(std::make_shared<transfer::TransferJob>(std::move(options), std::move(tasks), std::move(pool))),
@@ -181,6 +183,15 @@ class TransferWorker : public Napi::AsyncWorker {
         regions.Set(i, sums);
       }
       result.Set("checksums", regions);
+      if (digests_) {
+        Napi::Array digests = Napi::Array::New(env);
+        for (size_t i = 0; i < tasks.size(); i++) {
+          Napi::Array chunks = Napi::Array::New(env, tasks[i].digests.size());
+          for (size_t c = 0; c < tasks[i].digests.size(); c++) chunks.Set(c, tasks[i].digests[c].hex());
+          digests.Set(i, chunks);
+        }
+        result.Set("digests", digests);
+      }
     }
     deferred_.Resolve(result);
   }
@@ -222,6 +233,7 @@ class TransferWorker : public Napi::AsyncWorker {
 
   Napi::Promise::Deferred deferred_;
   transfer::Operation op_;
+  bool digests_;
   std::vector<MemorySpec> memory_;
   std::vector<MemorySpec> hostCopies_;
   std::shared_ptr<transfer::TransferJob> job_;
@@ -245,6 +257,8 @@ Napi::Value StartTransfer(const Napi::CallbackInfo& info) {
   options.verifyFirst = spec.Get("verifyFirst").ToBoolean().Value();
   // capture: `hash: false` defers the chunk hashes (the bytes only land in the hostCopy).
   if (spec.Has("hash") && !spec.Get("hash").IsUndefined()) options.hashChunks = spec.Get("hash").ToBoolean().Value();
+  // capture: `digest: true` also takes every chunk's GPU digest, from the same read as its hash.
+  options.digestChunks = spec.Get("digest").ToBoolean().Value();
   // Optional: a pass whose regions are all RAM-tier memory on one side needs no staging (the
   // job says so when one is missing and needed).
   std::shared_ptr<transfer::StagingPool> pool;

@@ -82,11 +82,15 @@ void TransferJob::validate() {
       }
     }
     uint64_t count = (task.size + task.chunkSize - 1) / task.chunkSize;
+    if (options_.digestChunks && (options_.op != Operation::Capture || !options_.hashChunks)) {
+      throwInvalid("chunk digests come with a hashed capture only");
+    }
     if (options_.op == Operation::Capture && !options_.hashChunks && (!task.blobPath.empty() || !task.hostCopy)) {
       throwInvalid("region '" + task.name + "': a capture without hashing lands in a host buffer copy only (no blob file)");
     }
     if (options_.op == Operation::Capture) {
       if (options_.hashChunks) task.checksums.assign(count, hash::Digest{});
+      if (options_.digestChunks) task.digests.assign(count, digest::Hash128{});
     } else if (options_.op != Operation::Copy && task.expected.size() != count) {
       throwInvalid("region '" + task.name + "' has " + std::to_string(task.expected.size()) +
                    " checksums; " + std::to_string(task.size) + " bytes in chunks of " +
@@ -245,11 +249,11 @@ void TransferJob::runPass(Operation op, uint32_t workers, const std::function<vo
         }
         try {
           if (op == Operation::Capture && !options_.hashChunks) {
-            landWorker();
+            bulkWorker(true);
           } else if (op == Operation::Capture) {
             captureWorker(mine);
           } else if (op == Operation::Copy) {
-            copyWorker();
+            bulkWorker(false);
           } else {
             hydrateWorker(op, mine);
           }
@@ -366,6 +370,26 @@ void TransferJob::hydrateWorker(Operation op, void* slots[2]) {
 }
 
 void TransferJob::captureWorker(void* slots[2]) {
+  hash::Hasher hasher;
+  digest::ChunkDigester digester;
+  // Both checksums of a chunk from one read: piece by piece, each piece still in cache when
+  // the second one reads it.
+  auto hashChunk = [&](const char* data, const Chunk& c, RegionTask& task) {
+    if (!options_.digestChunks) {
+      task.checksums[c.index] = hash::digest(data, c.length);
+      return;
+    }
+    constexpr uint64_t kPiece = 256 << 10;
+    hasher.reset();
+    digester.reset();
+    for (uint64_t at = 0; at < c.length; at += kPiece) {
+      uint64_t n = std::min(kPiece, c.length - at);
+      hasher.update(data + at, n);
+      digester.update(reinterpret_cast<const unsigned char*>(data) + at, n);
+    }
+    task.checksums[c.index] = hasher.finish();
+    task.digests[c.index] = digester.finish();
+  };
   Lane lane;
   Fence fences[2];
   struct Drain {
@@ -410,7 +434,7 @@ void TransferJob::captureWorker(void* slots[2]) {
       const Chunk& c = chunks_[*inFlight];
       RegionTask& task = tasks_[c.task];
       fences[slot].wait();
-      task.checksums[c.index] = hash::digest(inFlightData, c.length);
+      hashChunk(inFlightData, c, task);
       if (auto& writer = state_[c.task]->writer) writer->write(c.offset, inFlightData, c.length);
       bytesDone_ += c.length;
       finishChunk(c);
@@ -422,9 +446,14 @@ void TransferJob::captureWorker(void* slots[2]) {
   }
 }
 
-// Copies verified bytes from the RAM tier: every chunk is issued asynchronously straight from
-// the (pinned) source, and the worker waits once at the end. No staging, no hashing.
-void TransferJob::copyWorker() {
+// Issues every chunk's copy asynchronously on this worker's stream of the region's device and
+// waits once at the end, so every GPU's copies go over its own link, all GPUs at once (chunks
+// are interleaved). No staging, no hashing. Two directions:
+//  - Copy (intoHost false): verified bytes from the RAM tier, straight from the (pinned) source;
+//  - a capture with its hash deferred (intoHost true): into the RAM-tier copy. Nothing reads the
+//    bytes here: the GPU digest taken at capture checks them after every restore and when they
+//    are persisted.
+void TransferJob::bulkWorker(bool intoHost) {
   Lane lane;
   Fence fence;
   struct Sync {
@@ -433,42 +462,18 @@ void TransferJob::copyWorker() {
       try { lane.synchronize(); } catch (...) {}
     }
   } sync{lane};
-  std::map<int, uint64_t> perDevice;  // bytes this worker issued to each GPU
+  std::map<int, uint64_t> perDevice;  // bytes this worker issued to or from each GPU
   while (!stopping()) {
     size_t i = cursor_.fetch_add(1);
     if (i >= chunks_.size()) break;
+    if (intoHost) delayForTests();
     const Chunk& c = chunks_[i];
     RegionTask& task = tasks_[c.task];
-    // Issued on the stream of the region's own device (Lane::stream(mapping's context)), so
-    // every GPU's copies go over its own link, all GPUs at once (chunks are interleaved).
-    task.region->copyIn(c.offset, task.hostCopy->hostData() + c.offset, c.length, lane, 0, fence);
-    if (task.region->device() >= 0) perDevice[task.region->device()] += c.length;
-    bytesDone_ += c.length;
-  }
-  lane.synchronize([&](int device) { noteDevice(device, perDevice[device]); });
-}
-
-// A capture with its hash deferred: every chunk's copy into the RAM-tier copy is issued
-// asynchronously on this worker's stream of the region's device, and the worker waits once at
-// the end (the mirror of copyWorker). Nothing reads the bytes here: the GPU digest taken at
-// capture checks them after every restore and when they are persisted.
-void TransferJob::landWorker() {
-  Lane lane;
-  Fence fence;
-  struct Sync {
-    Lane& lane;
-    ~Sync() {
-      try { lane.synchronize(); } catch (...) {}
+    if (intoHost) {
+      task.region->copyOut(c.offset, task.hostCopy->hostMemory() + c.offset, c.length, lane, 0, fence);
+    } else {
+      task.region->copyIn(c.offset, task.hostCopy->hostData() + c.offset, c.length, lane, 0, fence);
     }
-  } sync{lane};
-  std::map<int, uint64_t> perDevice;  // bytes this worker issued from each GPU
-  while (!stopping()) {
-    size_t i = cursor_.fetch_add(1);
-    if (i >= chunks_.size()) break;
-    delayForTests();
-    const Chunk& c = chunks_[i];
-    RegionTask& task = tasks_[c.task];
-    task.region->copyOut(c.offset, task.hostCopy->hostMemory() + c.offset, c.length, lane, 0, fence);
     if (task.region->device() >= 0) perDevice[task.region->device()] += c.length;
     bytesDone_ += c.length;
   }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "digest/digest.h"
 #include "hash/checksum.h"
 #include "transfer/region.h"
 #include "transfer/staging_pool.h"
@@ -38,6 +39,7 @@ struct RegionTask {
   uint64_t chunkSize = 0;
   std::vector<hash::Digest> expected;   // Hydrate, Verify: one per chunk
   std::vector<hash::Digest> checksums;  // Capture: filled in, one per chunk
+  std::vector<digest::Hash128> digests; // Capture with digestChunks: filled in, one per chunk
 };
 
 struct JobOptions {
@@ -49,6 +51,9 @@ struct JobOptions {
   // Capture: hash every chunk (XXH3) as it lands. False: the hash is deferred (to persistence),
   // every region lands in its hostCopy only (no blob), and the copies are issued back to back.
   bool hashChunks = true;
+  // Capture with hashChunks: also the GPU digest ("vsnap-gd1") of every chunk, taken from the
+  // same read as its XXH3 (persisting a capture whose hash was deferred checks both at once).
+  bool digestChunks = false;
 };
 
 enum class Phase : int { Starting = 0, Verifying = 1, Copying = 2, Flushing = 3, Done = 4 };
@@ -93,8 +98,7 @@ class TransferJob {
   void runPass(Operation op, uint32_t workers, const std::function<void()>& tick);
   void hydrateWorker(Operation op, void* slots[2]);
   void captureWorker(void* slots[2]);
-  void copyWorker();
-  void landWorker();
+  void bulkWorker(bool intoHost);
   void finishChunk(const Chunk& c);
   void fail(const NativeError& error);
   bool stopping() const { return cancelled_.load() || failed_.load(); }

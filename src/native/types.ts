@@ -114,6 +114,8 @@ export interface NativeTransferSpec {
   verifyFirst?: boolean;
   /** capture: false lands every region in its hostCopy without hashing (no blobPath; checksums come back empty). Default true. */
   hash?: boolean;
+  /** capture (hashed): also each chunk's GPU digest (vsnap-gd1), from the same read as its checksum. */
+  digest?: boolean;
   regions: NativeTransferRegion[];
 }
 
@@ -122,6 +124,8 @@ export interface NativeTransferResult {
   seconds: number;
   /** capture only: per region, its chunk checksums */
   checksums?: string[][];
+  /** capture with `digest`: per region, its chunks' GPU digests */
+  digests?: string[][];
   /** Per GPU the regions are on: bytes, and seconds from the start of the copy pass until its last byte landed. Absent from an older addon. */
   devices?: Array<{ device: number; bytes: number; seconds: number }>;
 }

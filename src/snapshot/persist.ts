@@ -1,6 +1,6 @@
 import type { HostCache } from '../cache/host-cache.js';
-import { changedChunks, digestRegions } from '../digest/index.js';
-import { abortError, toVsnapError, VsnapError } from '../errors.js';
+import { changedChunks } from '../digest/index.js';
+import { toVsnapError, VsnapError } from '../errors.js';
 import type { Manifest } from '../manifest/manifest.js';
 import type { RegionStore } from '../store/region-store.js';
 import { passOn, runTransfer, type TransferOptions } from '../transfer/transfer.js';
@@ -19,9 +19,8 @@ function changedSinceCapture(manifest: Manifest, key: string, rank: number, chun
  * publishes it as any capture is (blobs, manifest, `current`); returns the manifest published.
  * Every region is hashed (XXH3) on its way from RAM to disk. A capture hashed when it landed
  * must give the same checksums again. One with its hash deferred gets its checksums here, and
- * its RAM copy must equal the GPU digests taken at capture, checked on the CPU after the blobs
- * were hashed from it (a byte that changed before it was hashed is caught; one that changed after
- * fails a sound copy, never the other way round).
+ * its RAM copy must equal the GPU digests taken at capture: both are computed from one read of
+ * each chunk (piece by piece, in cache), so the checksums published are of bytes that matched.
  * @internal
  */
 export async function persistFromRamTier(store: RegionStore, manifest: Manifest, cache: HostCache, options: TransferOptions): Promise<Manifest> {
@@ -50,6 +49,9 @@ export async function persistFromRamTier(store: RegionStore, manifest: Manifest,
           chunkSize: region.chunkSize,
           memory: inRam(rank, region.key),
         })),
+        // A capture whose hash was deferred is checked against its GPU digests from the same
+        // read that hashes it: each chunk is read once for both.
+        ...(manifest.checksummed ? {} : { digest: true }),
         ...passOn(options),
       });
       if (manifest.checksummed) {
@@ -59,10 +61,8 @@ export async function persistFromRamTier(store: RegionStore, manifest: Manifest,
           if (bad >= 0 || sums.length !== region.checksums.length) throw changedSinceCapture(manifest, region.key, rank, Math.max(bad, 0), 'checksum');
         });
       } else {
-        if (options.signal?.aborted) throw abortError(options.signal, `persist of '${manifest.name}'`);
-        const check = await digestRegions(listed.map(({ rank, region }) => ({ size: region.size, chunkSize: region.chunkSize, memory: inRam(rank, region.key) })));
         listed.forEach(({ rank, region }, i) => {
-          const bad = changedChunks(region.digests ?? [], check.digests[i] ?? []);
+          const bad = changedChunks(region.digests ?? [], result.digests?.[i] ?? []);
           if (bad.length) throw changedSinceCapture(manifest, region.key, rank, bad[0]!, 'GPU digest');
         });
         published = withChecksums(manifest, result.checksums ?? []);

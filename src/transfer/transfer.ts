@@ -73,6 +73,8 @@ export interface TransferRequest extends TransferOptions {
   verifyFirst?: boolean;
   /** capture: false lands the bytes in each region's hostCopy without hashing them (hash deferred). */
   hash?: boolean;
+  /** capture: true also takes each chunk's GPU digest (vsnap-gd1) from the read that hashes it. */
+  digest?: boolean;
 }
 
 /**
@@ -132,6 +134,7 @@ export async function runTransfer(request: TransferRequest): Promise<NativeTrans
           directIo: request.directIo ?? false,
           verifyFirst: request.verifyFirst ?? false,
           ...(request.hash === false ? { hash: false } : {}),
+          ...(request.digest ? { digest: true } : {}),
           regions,
         },
         onProgress ? (done, total, phase) => onProgress({ phase, bytesDone: done, bytesTotal: total }) : undefined,

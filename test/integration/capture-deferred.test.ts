@@ -6,6 +6,7 @@ import { fileURLToPath } from 'node:url';
 import { afterEach, describe, expect, it } from 'vitest';
 
 import { HostCache } from '../../src/cache/host-cache.js';
+import { digestRegions } from '../../src/digest/index.js';
 import { native } from '../../src/native/index.js';
 import { HostRegion } from '../../src/regions/host-region.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
@@ -168,6 +169,32 @@ describe("capture with hash 'deferred'", () => {
         runTransfer({ op: 'capture', label: 'n', hash: false, regions: [{ name: 'a', size: MiB, chunkSize: MiB, memory: src!.memory, blobPath: join(tempDir(), 'a.blob'), hostCopy: { kind: 'buffer', buffer: reservation.buffer, offset: 0 } }] }),
       );
       expect(err.code).toBe('E_INVALID_ARGUMENT');
+    } finally {
+      reservation.abandon();
+    }
+  });
+
+  it("the native capture's digest option: the GPU digest of each chunk from the read that hashes it, equal to a separate digest pass", async () => {
+    // A chunk that is not a whole number of the 256 KiB pieces it is read in, and a region whose
+    // last chunk ends mid-word: the digest must not depend on how the bytes were split.
+    const chunkSize = 3 * 256 * 1024 + 4096;
+    const size = 2 * chunkSize + 12_345;
+    const src = HostRegion.create(size);
+    cleanup.push(src);
+    src.write(0, patternBytes('odd', 0, size));
+    const blobPath = join(tempDir(), 'odd.blob');
+    const fused = await runTransfer({ op: 'capture', label: 'odd', digest: true, regions: [{ name: 'odd', size, chunkSize, memory: src.memory, blobPath }] });
+    const alone = await runTransfer({ op: 'capture', label: 'odd', regions: [{ name: 'odd', size, chunkSize, memory: src.memory, blobPath: join(tempDir(), 'odd2.blob') }] });
+    const separate = await digestRegions([{ size, chunkSize, memory: src.memory }]);
+    expect(fused.digests).toEqual(separate.digests);
+    expect(fused.digests![0]).toHaveLength(3);
+    expect(fused.checksums).toEqual(alone.checksums); // the XXH3 of pieces is the XXH3 of the chunk
+    expect(alone.digests).toBeUndefined();
+    const reservation = (await cacheOf(8 * MiB)).reserve('odd', 'odd-0000', [{ rank: 0, key: 'odd', size }]);
+    try {
+      const hostCopy = { kind: 'buffer' as const, buffer: reservation.buffer, offset: 0 };
+      const err = await rejection(runTransfer({ op: 'capture', label: 'odd', hash: false, digest: true, regions: [{ name: 'odd', size, chunkSize, memory: src.memory, hostCopy }] }));
+      expect(err.code).toBe('E_INVALID_ARGUMENT'); // digests come with a hashed capture only
     } finally {
       reservation.abandon();
     }
