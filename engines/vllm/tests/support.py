@@ -13,3 +13,18 @@ if FIXTURE not in sys.path:
 PLUGIN = os.path.join(ROOT, "engines", "vllm")
 if PLUGIN not in sys.path:
     sys.path.insert(0, PLUGIN)
+
+
+def free_allocator():
+    """Frees every allocation of the stand-in allocator (woken first where asleep) and forgets the
+    allocator, so the next test starts with none."""
+    from vllm.device_allocator import cumem
+
+    allocator = cumem.CuMemAllocator.instance
+    if allocator is not None:
+        for va, data in list(allocator.pointer_to_data.items()):
+            if data.is_asleep:
+                cumem.create_and_map(data.handle)
+                data.is_asleep = False
+            allocator.host_free(va)
+    cumem.CuMemAllocator.instance = None

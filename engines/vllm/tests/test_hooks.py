@@ -8,7 +8,7 @@ import logging
 import types
 import unittest
 
-from tests import support  # noqa: F401
+from tests import support
 import vllm.device_allocator as device_allocator
 from vllm import _reference
 from vllm.device_allocator import cumem
@@ -63,14 +63,7 @@ class HookFailureTest(unittest.TestCase):
         if hasattr(device_allocator, "register_tag_hooks") and device_allocator.register_tag_hooks is device_allocator._register_tag_hooks:
             del device_allocator.register_tag_hooks
         device_allocator._tag_hooks.clear()
-        allocator = cumem.CuMemAllocator.instance
-        if allocator is not None:
-            for va, data in list(allocator.pointer_to_data.items()):
-                if data.is_asleep:
-                    cumem.create_and_map(data.handle)
-                    data.is_asleep = False
-                allocator.host_free(va)
-        cumem.CuMemAllocator.instance = None
+        support.free_allocator()
 
     def load(self, **kw):
         worker = Worker(config(**kw))

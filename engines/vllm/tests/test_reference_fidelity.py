@@ -7,7 +7,7 @@ import types
 import unittest
 from unittest import mock
 
-from tests import support  # noqa: F401
+from tests import support
 from vllm import _reference
 from vllm.device_allocator import cumem
 from vllm.v1.engine.core import EngineCore
@@ -61,14 +61,7 @@ class WorkerTest(unittest.TestCase):
 
     def tearDown(self):
         _reference.LOAD_SECONDS = self.saved
-        allocator = cumem.CuMemAllocator.instance
-        if allocator is not None:
-            for va, data in list(allocator.pointer_to_data.items()):
-                if data.is_asleep:
-                    cumem.create_and_map(data.handle)
-                    data.is_asleep = False
-                allocator.host_free(va)
-        cumem.CuMemAllocator.instance = None
+        support.free_allocator()
 
     def load(self):
         worker = Worker(config())
