@@ -11,6 +11,11 @@
 
 namespace vsnap::transfer {
 
+void keepFromChildren(void* base, uint64_t size) {
+  // Best effort: an anonymous private mapping always takes it; without it the buffer still works.
+  if (madvise(base, size, MADV_DONTFORK) != 0) return;
+}
+
 HostBuffer::HostBuffer(uint64_t size, int pinDevice) : size_(size) {
   if (size == 0) throwInvalid("a host buffer needs a size > 0");
   // MAP_POPULATE faults every page in now, so neither pinning nor the first copy pays for it later.
@@ -20,6 +25,7 @@ HostBuffer::HostBuffer(uint64_t size, int pinDevice) : size_(size) {
     throwSystemError("mmap", "host buffer of " + std::to_string(size) + " bytes", errno);
   }
   madvise(base_, size, MADV_HUGEPAGE);
+  keepFromChildren(base_, size);
   try {
     if (pinDevice >= 0) registration_ = std::make_unique<cuda::HostRegistration>(cuda::acquireContext(pinDevice), base_, size);
   } catch (...) {

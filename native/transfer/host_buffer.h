@@ -33,6 +33,13 @@ class HostBuffer {
   std::unique_ptr<cuda::HostRegistration> registration_;
 };
 
+// Marks page-locked host memory MADV_DONTFORK: a child process (any spawn: an engine, a helper,
+// nvidia-smi) does not inherit it. Without it, fork() of a process holding pinned pages copies
+// every one of them into the child (Linux copies DMA-pinned anonymous pages at fork rather than
+// share them copy-on-write): seconds per 10 GiB with the caller's thread blocked, and as much
+// memory again until the child execs.
+void keepFromChildren(void* base, uint64_t size);
+
 // [offset, offset + size) of a buffer, as a region (kept alive by the shared pointer).
 std::unique_ptr<Region> bufferRegion(std::shared_ptr<HostBuffer> buffer, uint64_t offset, uint64_t size);
 

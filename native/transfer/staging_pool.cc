@@ -7,6 +7,7 @@
 #include "common/error.h"
 #include "cuda/context.h"
 #include "cuda/stream.h"
+#include "transfer/host_buffer.h"
 
 namespace vsnap::transfer {
 
@@ -21,6 +22,7 @@ StagingPool::StagingPool(uint64_t slotSize, uint32_t slotCount, int pinDevice)
     throwSystemError("mmap", "staging pool of " + std::to_string(total) + " bytes", errno);
   }
   madvise(base_, total, MADV_HUGEPAGE);  // fewer TLB misses for the DMA engine and for memcpy
+  keepFromChildren(base_, total);
   try {
     if (pinDevice >= 0) registration_ = std::make_unique<cuda::HostRegistration>(cuda::acquireContext(pinDevice), base_, total);
   } catch (...) {

@@ -85,6 +85,7 @@ function itemsOf(source: Manifest | readonly CacheItem[]): readonly CacheItem[] 
  * are evicted when a new one needs room. Pass it to {@link Snapshot.restore} as `cache`, and to
  * {@link Snapshot.capture} to land a capture here first (the GPU is then free at D2H speed).
  * Holds its memory (and, when pinned, a CUDA context on GPU 0) until {@link HostCache.close}.
+ * Child processes do not inherit the memory (a spawn does not copy the pinned pages).
  * @public
  */
 export class HostCache {
