@@ -210,6 +210,8 @@ interface SwapRecord {
   dropCachesSeconds?: number;
   /** GPU memory the engine put to sleep still holds (nvidia-smi, its engine core), read after the swap; cuda only. */
   asleepGpuBytes?: number | null;
+  /** Seconds the nvidia-smi spawn for asleepGpuBytes took (outside the swap): a spawn from a process holding pinned memory is where a fork that copies pinned pages shows. */
+  spawnSeconds?: number;
 }
 
 interface RowResult {
@@ -307,7 +309,9 @@ async function swap(
     throw new Error(`[${row}] swap ${index}: engine ${to.label} answers differently after the restore:\n  before ${JSON.stringify(to.answer)}\n  after  ${JSON.stringify(answer)}`);
   }
   const hydrate = report.phases.hydrate;
+  const spawnStart = performance.now();
   const asleepGpuBytes = device === 'cuda' ? gpuBytesOf(from.engine.enginePid) : undefined;
+  const spawnSeconds = device === 'cuda' ? since(spawnStart) : undefined;
   const record: SwapRecord = {
     row,
     overlap,
@@ -326,11 +330,13 @@ async function swap(
     hydrateGBps: hydrate ? report.bytes / hydrate / 1e9 : null,
     ...(dropCachesSeconds !== undefined ? { dropCachesSeconds } : {}),
     ...(asleepGpuBytes !== undefined ? { asleepGpuBytes } : {}),
+    ...(spawnSeconds !== undefined ? { spawnSeconds } : {}),
   };
   const listed = (p: Readonly<Record<string, number>>): string => Object.entries(p).map(([k, v]) => `${k} ${ms(v)}`).join(', ');
   log(
     `[${row}${overlap === 'none' ? '' : `, overlap ${overlap}`}]${warmup ? ' warm-up' : ''} swap ${index} ${from.label}->${to.label}: ${ms(wallSeconds)} ` +
-      `(suspend ${ms(suspendSeconds)}: ${listed(suspended.phases)}; restore ${ms(report.seconds)} from ${report.tier}: ${listed(report.phases)})`,
+      `(suspend ${ms(suspendSeconds)}: ${listed(suspended.phases)}; restore ${ms(report.seconds)} from ${report.tier}: ${listed(report.phases)})` +
+      (spawnSeconds !== undefined ? `; then nvidia-smi spawned in ${ms(spawnSeconds)}` : ''),
   );
   return record;
 }
