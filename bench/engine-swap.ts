@@ -2,6 +2,9 @@
 // 16.74 GiB of weights each with the defaults --layers 36 --hidden 4096), one awake and one
 // asleep, swapped back and forth end to end, once for each tier a restore can come from:
 //   tier0      weights kept on the GPU across sleep (ResidentWeights) and mapped back: no copy
+//   engine     the engine's own tier 0: weights never leave its mapping, only the KV cache is
+//              released (suspendEngineKeepingWeights / resumeEngineKeptWeights, vLLM's
+//              release_kv_cache_memory): no export, no mapping, no copy
 //   ram        hot: both snapshots held in the pinned RAM tier (HostCache): one bulk DMA
 //   pagecache  warm disk: no cache, the blobs read from the page cache
 //   cold       the page cache dropped before each swap, blobs read with O_DIRECT (needs root)
@@ -28,7 +31,7 @@
 // Bundle it into dist-gpu/ (the test helpers find test/fixtures from the package root above the
 // bundle) and run it as root, where test/gpu/run.sh has set VSNAP_REF_CUMEM_LIB:
 //   node dist-gpu/bench-engine-swap.mjs [--device cuda|host] [--layers 36] [--hidden 4096] [--reps 5]
-//     [--rows sweep,capture2,tier0,ram,ram2,vllm-l1,pagecache,cold] [--neighbour 1] [--out bench/results] [--store /tmp/vsnap-swap-store]
+//     [--rows sweep,capture2,tier0,engine,ram,ram2,vllm-l1,pagecache,cold] [--neighbour 1] [--out bench/results] [--store /tmp/vsnap-swap-store]
 //     [--sweep-regions 36,252,1000,4000] [--sweep-gib 16] [--capture2-gib 16] [--ceiling dist-gpu/ceiling]
 //     [--vllm-cycles 3] [--hash-threads N] [--overlap none,kv,weights,all]
 // Writes <out>/engine-swap-<GiB>GiB.json (every swap) and .md, prints the table; progress on stderr.
@@ -51,8 +54,10 @@ import {
   releaseIdleResources,
   ResidentWeights,
   restoreEngine,
+  resumeEngineKeptWeights,
   Snapshot,
   suspendEngine,
+  suspendEngineKeepingWeights,
   swapEngines,
 } from '../src/index.js';
 import { packageRoot } from '../src/native/index.js';
@@ -72,18 +77,19 @@ const PROBE_TOKENS = 16;
 const CHECK = /^(prefill|decode):(\d+)$/.exec(process.env.VSNAP_BENCH_CHECK ?? '');
 const CHECK_OPTIONS = CHECK ? { check: { mode: CHECK[1] as 'prefill' | 'decode', maxTokens: Number(CHECK[2]) } } : {};
 
-type RowName = 'tier0' | 'ram' | 'ram2' | 'pagecache' | 'cold';
+type RowName = 'tier0' | 'engine' | 'ram' | 'ram2' | 'pagecache' | 'cold';
 type Tier = 'gpu' | 'neighbour' | 'ram' | 'store' | 'engine';
-const ROWS: readonly RowName[] = ['tier0', 'ram', 'ram2', 'pagecache', 'cold'];
+const ROWS: readonly RowName[] = ['tier0', 'engine', 'ram', 'ram2', 'pagecache', 'cold'];
 type ExtraRow = 'sweep' | 'capture2' | 'vllm-l1';
 const EXTRA: readonly ExtraRow[] = ['sweep', 'capture2', 'vllm-l1'];
-const ALL_ROWS = ['sweep', 'capture2', 'tier0', 'ram', 'ram2', 'vllm-l1', 'pagecache', 'cold'];
+const ALL_ROWS = ['sweep', 'capture2', 'tier0', 'engine', 'ram', 'ram2', 'vllm-l1', 'pagecache', 'cold'];
 type Overlap = 'none' | 'kv' | 'weights' | 'all';
 const OVERLAPS: readonly Overlap[] = ['none', 'kv', 'weights', 'all'];
 /** The rows the overlap modes apply to (the others run without overlap). */
 const OVERLAP_ROWS: readonly RowName[] = ['tier0', 'ram', 'ram2'];
 const LABEL: Record<RowName, string> = {
   tier0: 'tier 0 (weights kept on the GPU)',
+  engine: "tier 0, the engine's own (weights kept in the engine, KV cache released)",
   ram: 'RAM tier (hot, pinned HostCache)',
   ram2: 'RAM tier over two PCIe links (multipath)',
   pagecache: 'page cache (warm disk)',
@@ -341,6 +347,73 @@ async function swap(
   return record;
 }
 
+/**
+ * One swap of the `engine` row: the awake engine suspended keeping its weights (pause, KV cache
+ * released), then the other, parked the same way, resumed (KV cache woken, prefix cache reset,
+ * the expected response its snapshot recorded checked bit for bit).
+ */
+async function swapKept(index: number, warmup: boolean): Promise<SwapRecord> {
+  const from = sides[awake]!;
+  const to = sides[1 - awake]!;
+  const t0 = performance.now();
+  const suspended = await suspendEngineKeepingWeights(from.client);
+  const suspendSeconds = since(t0);
+  const expected = to.snapshot!.manifest.data.expectedResponse;
+  const restoreSeconds = await resumeEngineKeptWeights(to.client, expected ? { expected } : {});
+  const wallSeconds = since(t0);
+  awake = 1 - awake;
+  const answer = await askCapital(to.client, PROBE_TOKENS);
+  if (!isDeepStrictEqual(answer, to.answer)) {
+    throw new Error(`[engine] swap ${index}: engine ${to.label} answers differently after resuming:\n  before ${JSON.stringify(to.answer)}\n  after  ${JSON.stringify(answer)}`);
+  }
+  const spawnStart = performance.now();
+  const asleepGpuBytes = device === 'cuda' ? gpuBytesOf(from.engine.enginePid) : undefined;
+  const spawnSeconds = device === 'cuda' ? since(spawnStart) : undefined;
+  log(`[engine]${warmup ? ' warm-up' : ''} swap ${index} ${from.label}->${to.label}: ${ms(wallSeconds)} (suspend ${ms(suspendSeconds)} via ${suspended.via}; resume ${ms(restoreSeconds)})`);
+  return {
+    row: 'engine',
+    overlap: 'none',
+    warmup,
+    index,
+    from: from.label,
+    to: to.label,
+    wallSeconds,
+    suspendSeconds,
+    suspendPhases: {},
+    restoreSeconds,
+    tier: 'engine',
+    bytes: 0,
+    phases: {},
+    hydrateGBps: null,
+    ...(asleepGpuBytes !== undefined ? { asleepGpuBytes } : {}),
+    ...(spawnSeconds !== undefined ? { spawnSeconds } : {}),
+  };
+}
+
+/**
+ * The `engine` row. It starts and ends in the state the other rows expect (one engine awake,
+ * the other asleep at level 2): first the awake engine is parked keeping its weights and the
+ * asleep one restored from the store; at the end the awake one is suspended as usual and the
+ * parked one resumed. Those two transitions are not measured.
+ */
+async function runKeptSwaps(result: RowResult): Promise<void> {
+  const parked = sides[awake]!;
+  const other = sides[1 - awake]!;
+  await suspendEngineKeepingWeights(parked.client);
+  await restoreEngine(other.snapshot!, other.client, {});
+  awake = 1 - awake;
+  try {
+    for (let i = 0; i < result.warmup; i++) result.swaps.push(await swapKept(i, true));
+    for (let i = 0; i < result.reps; i++) result.swaps.push(await swapKept(i, false));
+  } finally {
+    const last = sides[awake]!;
+    const kept = sides[1 - awake]!;
+    await suspendEngine(store, last.name, last.client, {});
+    await resumeEngineKeptWeights(kept.client);
+    awake = 1 - awake;
+  }
+}
+
 /** Runs a row's warm-up swaps and measured swaps. */
 async function runSwaps(result: RowResult, mode: SwapMode & { tier: Tier }): Promise<void> {
   for (let i = 0; i < result.warmup; i++) {
@@ -416,7 +489,9 @@ async function runRow(row: RowName): Promise<RowResult[]> {
       summarise(r);
     }
   };
-  if (row === 'tier0') {
+  if (row === 'engine') {
+    await runKeptSwaps(result);
+  } else if (row === 'tier0') {
     const resident = new ResidentWeights();
     try {
       // After the two warm-up swaps, the engine asleep is always held: every measured restore maps its weights back.
@@ -636,6 +711,7 @@ const targets = targetsTable({
   ram: byRow('ram'),
   ram2: byRow('ram2'),
   tier0: byRow('tier0'),
+  engine: byRow('engine'),
   ramHydrateGBps: rows.find((r) => r.row === 'ram' && r.overlap === 'none')?.summary?.hydrateGBpsMedian ?? null,
   overlapped: rows.flatMap((r) => (r.overlap !== 'none' && (r.row === 'ram' || r.row === 'ram2' || r.row === 'tier0') && r.summary?.swapSeconds ? [{ row: r.row, overlap: r.overlap, swapMedian: r.summary.swapSeconds.median }] : [])),
   h2dCeiling: nearest?.ceiling ? { GBps: nearest.ceiling.h2dGBps.max, regions: nearest.regions } : null,

@@ -22,4 +22,10 @@ describe('bench: the overlap rows (engine-swap --overlap)', () => {
     expect(t).toContain('| RAM-tier swap incl. the check <= 0.5 s median, overlap weights | 0.450 s | met |');
     expect(t).toContain('| tier-0 swap incl. the check <= 0.1 s median, overlap all | 0.200 s | not met |');
   });
+
+  it("the engine's own tier 0 gets a target line of its own", () => {
+    const engine = { label: 'engine', swapMedian: 0.09, suspendMedian: 0.04, restoreMedian: 0.05, suspendPhases: {}, restorePhases: {} };
+    const t = targetsTable({ ramHydrateGBps: null, h2dCeiling: null, engineBytes: 17 * 2 ** 30, sweep: null, capture2: null, vllm: null, engine });
+    expect(t).toContain("| tier-0 swap incl. the check <= 0.1 s median, the engine's own tier 0 (KV cache released, weights kept in the engine) | 0.090 s | met |");
+  });
 });
