@@ -310,14 +310,8 @@ async function swap(
   if (suspended.captured || suspended.alreadyAsleep) throw new Error(`suspend of ${from.label} did not find a durable snapshot or the engine was asleep (captured ${suspended.captured}, alreadyAsleep ${suspended.alreadyAsleep})`);
   awake = 1 - awake;
   if (mode.tier && report.tier !== mode.tier) throw new Error(`[${row}] swap ${index}: ${to.label} restored from the ${report.tier} tier, expected ${mode.tier}`);
-  const answer = await askCapital(to.client, PROBE_TOKENS);
-  if (!isDeepStrictEqual(answer, to.answer)) {
-    throw new Error(`[${row}] swap ${index}: engine ${to.label} answers differently after the restore:\n  before ${JSON.stringify(to.answer)}\n  after  ${JSON.stringify(answer)}`);
-  }
+  const after = await afterSwap(row, index, from, to);
   const hydrate = report.phases.hydrate;
-  const spawnStart = performance.now();
-  const asleepGpuBytes = device === 'cuda' ? gpuBytesOf(from.engine.enginePid) : undefined;
-  const spawnSeconds = device === 'cuda' ? since(spawnStart) : undefined;
   const record: SwapRecord = {
     row,
     overlap,
@@ -335,16 +329,30 @@ async function swap(
     phases: { ...report.phases },
     hydrateGBps: hydrate ? report.bytes / hydrate / 1e9 : null,
     ...(dropCachesSeconds !== undefined ? { dropCachesSeconds } : {}),
-    ...(asleepGpuBytes !== undefined ? { asleepGpuBytes } : {}),
-    ...(spawnSeconds !== undefined ? { spawnSeconds } : {}),
+    ...after,
   };
   const listed = (p: Readonly<Record<string, number>>): string => Object.entries(p).map(([k, v]) => `${k} ${ms(v)}`).join(', ');
   log(
     `[${row}${overlap === 'none' ? '' : `, overlap ${overlap}`}]${warmup ? ' warm-up' : ''} swap ${index} ${from.label}->${to.label}: ${ms(wallSeconds)} ` +
       `(suspend ${ms(suspendSeconds)}: ${listed(suspended.phases)}; restore ${ms(report.seconds)} from ${report.tier}: ${listed(report.phases)})` +
-      (spawnSeconds !== undefined ? `; then nvidia-smi spawned in ${ms(spawnSeconds)}` : ''),
+      (after.spawnSeconds !== undefined ? `; then nvidia-smi spawned in ${ms(after.spawnSeconds)}` : ''),
   );
   return record;
+}
+
+/**
+ * After a swap: the woken engine must give the answer it gave before any swap; on cuda, the GPU
+ * memory the engine put to sleep still holds (nvidia-smi) and how long that spawn took.
+ */
+async function afterSwap(row: RowName, index: number, from: Side, to: Side): Promise<{ asleepGpuBytes?: number | null; spawnSeconds?: number }> {
+  const answer = await askCapital(to.client, PROBE_TOKENS);
+  if (!isDeepStrictEqual(answer, to.answer)) {
+    throw new Error(`[${row}] swap ${index}: engine ${to.label} answers differently after the swap:\n  before ${JSON.stringify(to.answer)}\n  after  ${JSON.stringify(answer)}`);
+  }
+  if (device !== 'cuda') return {};
+  const spawnStart = performance.now();
+  const asleepGpuBytes = gpuBytesOf(from.engine.enginePid);
+  return { asleepGpuBytes, spawnSeconds: since(spawnStart) };
 }
 
 /**
@@ -362,13 +370,7 @@ async function swapKept(index: number, warmup: boolean): Promise<SwapRecord> {
   const restoreSeconds = await resumeEngineKeptWeights(to.client, expected ? { expected } : {});
   const wallSeconds = since(t0);
   awake = 1 - awake;
-  const answer = await askCapital(to.client, PROBE_TOKENS);
-  if (!isDeepStrictEqual(answer, to.answer)) {
-    throw new Error(`[engine] swap ${index}: engine ${to.label} answers differently after resuming:\n  before ${JSON.stringify(to.answer)}\n  after  ${JSON.stringify(answer)}`);
-  }
-  const spawnStart = performance.now();
-  const asleepGpuBytes = device === 'cuda' ? gpuBytesOf(from.engine.enginePid) : undefined;
-  const spawnSeconds = device === 'cuda' ? since(spawnStart) : undefined;
+  const after = await afterSwap('engine', index, from, to);
   log(`[engine]${warmup ? ' warm-up' : ''} swap ${index} ${from.label}->${to.label}: ${ms(wallSeconds)} (suspend ${ms(suspendSeconds)} via ${suspended.via}; resume ${ms(restoreSeconds)})`);
   return {
     row: 'engine',
@@ -385,8 +387,7 @@ async function swapKept(index: number, warmup: boolean): Promise<SwapRecord> {
     bytes: 0,
     phases: {},
     hydrateGBps: null,
-    ...(asleepGpuBytes !== undefined ? { asleepGpuBytes } : {}),
-    ...(spawnSeconds !== undefined ? { spawnSeconds } : {}),
+    ...after,
   };
 }
 
