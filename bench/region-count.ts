@@ -26,6 +26,7 @@ import { MappedRegions } from '../src/regions/mapped.js';
 import type { RegionMemory } from '../src/regions/memory.js';
 import { Snapshot } from '../src/snapshot/snapshot.js';
 import { RegionStore } from '../src/store/region-store.js';
+import { vmmSince } from '../test/helpers/vmm.js';
 
 const mib = Number(process.argv[2] ?? 256);
 const backend = (process.argv[3] ?? 'host') as 'host' | 'cuda';
@@ -37,13 +38,7 @@ const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.floo
 const forms = ['per-region', 'batched', 'pipelined'] as const;
 type Form = (typeof forms)[number];
 const steps: NativeVmmStep[] = ['import', 'props', 'setup', 'reserve', 'map', 'access', 'unmap', 'addressFree', 'release', 'closeFd'];
-type Steps = Record<NativeVmmStep, { calls: number; items: number; seconds: number }>;
-
-function diff(a: NativeVmmTimings, b: NativeVmmTimings): Steps {
-  const out = {} as Steps;
-  for (const k of steps) out[k] = { calls: b[k].calls - a[k].calls, items: b[k].items - a[k].items, seconds: b[k].seconds - a[k].seconds };
-  return out;
-}
+type Steps = NativeVmmTimings;
 
 interface FormRun {
   total: number[]; // open + restore (hydrate and digest) + close, seconds
@@ -114,7 +109,7 @@ try {
             run.close.push((tClosed - tDone) / 1000);
             run.copy.push(r.seconds);
             run.digest.push(r.digestSeconds ?? 0);
-            run.steps.push(diff(before, native().vmmTimings()));
+            run.steps.push(vmmSince(before));
             run.mappings.push(set.mapping);
           }
         }

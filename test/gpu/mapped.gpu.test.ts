@@ -12,6 +12,7 @@ import { describe, it } from 'node:test';
 import { cudaStatus, DeviceAllocation, HostCache, MappedRegions, RegionStore, Snapshot } from '../../src/index.js';
 import type { RegionMemory } from '../../src/index.js';
 import { native, type NativeMapFault, type NativeVmmTimings } from '../../src/native/index.js';
+import { vmmSince as since } from '../helpers/vmm.js';
 
 const MiB = 1024 * 1024;
 
@@ -50,17 +51,6 @@ describe('MappedRegions on the GPU', async () => {
     }
   });
 });
-
-/** Step totals since `before` (native/cuda/vmm_timing.h). */
-function since(before: NativeVmmTimings): NativeVmmTimings {
-  const now = native().vmmTimings();
-  const out = {} as Record<string, { calls: number; items: number; seconds: number }>;
-  for (const [k, v] of Object.entries(now)) {
-    const b = before[k as keyof NativeVmmTimings];
-    out[k] = { calls: v.calls - b.calls, items: v.items - b.items, seconds: v.seconds - b.seconds };
-  }
-  return out as NativeVmmTimings;
-}
 
 /** Every handle imported was released, every reservation freed, every mapping unmapped. */
 function assertBalanced(t: NativeVmmTimings, what: string): void {

@@ -11,6 +11,7 @@ import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { openFds } from '../helpers/faults.js';
 import { tempDir } from '../helpers/tmp.js';
+import { vmmSince as since } from '../helpers/vmm.js';
 
 // Issue 14, per-region cost: the batched form of a region set (one reservation, each region
 // mapped at its offset, one access call per contiguous run; native/transfer/region_batch.h) on
@@ -27,17 +28,6 @@ afterEach(async () => {
 });
 
 const memfdMappings = (): number => readFileSync('/proc/self/maps', 'utf8').split('\n').filter((l) => l.includes('/memfd:')).length;
-
-/** Step totals since `before`. */
-function since(before: NativeVmmTimings): NativeVmmTimings {
-  const now = native().vmmTimings();
-  const out = {} as Record<string, { calls: number; items: number; seconds: number }>;
-  for (const [k, v] of Object.entries(now)) {
-    const b = before[k as keyof NativeVmmTimings];
-    out[k] = { calls: v.calls - b.calls, items: v.items - b.items, seconds: v.seconds - b.seconds };
-  }
-  return out as NativeVmmTimings;
-}
 
 /** Whatever was imported was released, reserved freed, mapped unmapped. */
 function expectBalanced(t: NativeVmmTimings): void {
