@@ -107,10 +107,6 @@ class StructTest(unittest.TestCase):
         self.assertEqual(gpumem.ProcessInfo.usedGpuMemory.offset, 8)
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
 from tests import test_hooks  # noqa: E402
 
 
@@ -146,3 +142,7 @@ class StatusTest(test_hooks.HookFailureTest):
 for _name in [n for n in dir(test_hooks.HookFailureTest) if n.startswith("test_")]:
     if not hasattr(StatusTest, _name) or getattr(StatusTest, _name) is getattr(test_hooks.HookFailureTest, _name):
         setattr(StatusTest, _name, None)
+
+
+if __name__ == "__main__":
+    unittest.main()

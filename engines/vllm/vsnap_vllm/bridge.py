@@ -213,7 +213,7 @@ class Bridge:
             return self.process_memory.read(self._device_uuid(device), owned)
         except Exception as e:  # noqa: BLE001 - a reading, never a reason to fail the status
             log.warning("vsnap: reading this process's GPU memory failed: %s", e)
-            return {"processBytes": self.process_memory.last, "processBytesSource": "last" if self.process_memory.last is not None else None}
+            return self.process_memory.remembered()
 
     def _device_uuid(self, device):
         if device not in self._uuids:

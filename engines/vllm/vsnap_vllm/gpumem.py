@@ -44,8 +44,8 @@ class Nvml:
                 return None
             count = ctypes.c_uint(0)
             rc = self.lib.nvmlDeviceGetComputeRunningProcesses_v3(handle, ctypes.byref(count), None)
-            if rc not in (NVML_SUCCESS, NVML_ERROR_INSUFFICIENT_SIZE):
-                return None
+            if rc not in (NVML_SUCCESS, NVML_ERROR_INSUFFICIENT_SIZE) or (rc == NVML_SUCCESS and count.value == 0):
+                return None  # an error, or no process listed: nothing to look up
             for _ in range(3):  # processes may start between the two calls
                 count = ctypes.c_uint(count.value + 8)
                 infos = (ProcessInfo * count.value)()
@@ -90,7 +90,7 @@ class ProcessMemory:
         self._pending = None  # a reading still running (blocked in the driver), never two at once
         self.last = None
 
-    def _remembered(self):
+    def remembered(self):
         return {"processBytes": self.last, "processBytesSource": "last" if self.last is not None else None}
 
     def read(self, uuid, weights_bytes_mapped, pid=None):
@@ -99,13 +99,16 @@ class ProcessMemory:
         on an H200, driver 580: the status RPC hung), and the remembered reading is the answer."""
         with self._lock:
             if self._pending is not None and self._pending.is_alive():
-                return self._remembered()
+                return self.remembered()
             box = {}
 
             def run():
                 try:
                     n = self._nvml_fn() if uuid else None
-                    box["used"] = n.process_used_bytes(uuid, os.getpid() if pid is None else pid) if n is not None else None
+                    used = n.process_used_bytes(uuid, os.getpid() if pid is None else pid) if n is not None else None
+                    if used is not None:  # remembered also when it comes too late for this call
+                        self.last = max(0, used - weights_bytes_mapped)
+                    box["read"] = used is not None
                 except Exception as e:  # noqa: BLE001 - a reading, reported by the caller
                     box["error"] = e
 
@@ -114,8 +117,6 @@ class ProcessMemory:
         self._pending.join(self._timeout)
         if "error" in box:
             raise box["error"]
-        used = box.get("used")
-        if used is not None:
-            self.last = max(0, used - weights_bytes_mapped)
+        if box.get("read"):
             return {"processBytes": self.last, "processBytesSource": "nvml"}
-        return self._remembered()
+        return self.remembered()

@@ -85,18 +85,6 @@ def timed(step, fn):
     return call
 
 
-def timed_async(step, fn):
-    if not DIR:
-        return fn
-
-    @functools.wraps(fn)
-    async def call(*args, **kwargs):
-        with _Span(step, {}):
-            return await fn(*args, **kwargs)
-
-    return call
-
-
 class _Proxy:
     """A module seen through one attribute module: `overrides` first, the rest from `target`."""
 
