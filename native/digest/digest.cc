@@ -154,15 +154,6 @@ vsnap_gd1::Acc absorbWords(const unsigned char* p, uint64_t words, uint64_t firs
   return lanes[0];
 }
 
-Hash128 digestChunkHost(const unsigned char* p, uint64_t len) {
-  uint64_t words = len / 8;
-  vsnap_gd1::Acc acc = absorbWords(p, words, 0);
-  if (len % 8) vsnap_gd1::absorb(acc, vsnap_gd1::tailWord(p + 8 * words, static_cast<uint32_t>(len % 8)), static_cast<uint32_t>(words));
-  Hash128 h;
-  vsnap_gd1::finish(acc, len, h.h);
-  return h;
-}
-
 }  // namespace
 
 std::vector<Hash128> digestHost(const unsigned char* data, uint64_t size, uint64_t chunkSize) {
@@ -173,7 +164,12 @@ std::vector<Hash128> digestHost(const unsigned char* data, uint64_t size, uint64
   unsigned threads = static_cast<unsigned>(std::min<uint64_t>({chunks, std::max(1u, std::thread::hardware_concurrency()), 8, size / (64ull << 20) + 1}));
   std::atomic<uint64_t> next{0};
   auto work = [&] {
-    for (uint64_t c; (c = next.fetch_add(1)) < chunks;) out[c] = digestChunkHost(data + c * chunkSize, std::min(chunkSize, size - c * chunkSize));
+    ChunkDigester one;
+    for (uint64_t c; (c = next.fetch_add(1)) < chunks;) {
+      one.reset();
+      one.update(data + c * chunkSize, std::min(chunkSize, size - c * chunkSize));
+      out[c] = one.finish();
+    }
   };
   std::vector<std::thread> pool;
   for (unsigned t = 1; t < threads; t++) pool.emplace_back(work);
@@ -190,19 +186,19 @@ void ChunkDigester::update(const unsigned char* p, uint64_t length) {
   if (length % 8) {
     vsnap_gd1::absorb(acc, vsnap_gd1::tailWord(p + 8 * words, static_cast<uint32_t>(length % 8)), static_cast<uint32_t>(first + words));
   }
-  a_ += acc.a;
-  b_ += acc.b;
+  vsnap_gd1::merge(acc_, acc);
   length_ += length;
 }
 
 Hash128 ChunkDigester::finish() const {
   Hash128 h;
-  vsnap_gd1::finish(vsnap_gd1::Acc{a_, b_}, length_, h.h);
+  vsnap_gd1::finish(acc_, length_, h.h);
   return h;
 }
 
 void ChunkDigester::reset() {
-  a_ = b_ = length_ = 0;
+  acc_ = vsnap_gd1::Acc{0, 0};
+  length_ = 0;
 }
 
 std::vector<std::vector<Hash128>> digestDevice(const std::shared_ptr<cuda::Context>& ctx, const std::vector<DeviceSpan>& spans,

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "digest/digest_mix.h"
+
 namespace vsnap::cuda {
 class Context;
 }
@@ -21,9 +23,9 @@ struct Hash128 {
 // The digests of host memory [data, data + size), one per chunkSize bytes.
 std::vector<Hash128> digestHost(const unsigned char* data, uint64_t size, uint64_t chunkSize);
 
-// One chunk's digest from its bytes in pieces, in order (every piece but the last a multiple of
-// 8 bytes): the same value digestHost gives the whole chunk. For a pass that reads each piece
-// once for several purposes (persisting: XXH3 and this digest from the same cache lines).
+// One chunk's digest from its bytes, in one piece (digestHost) or in several in order (every
+// piece but the last a multiple of 8 bytes), so a pass can read each piece once for several
+// purposes (persisting: XXH3 and this digest from the same cache lines).
 class ChunkDigester {
  public:
   void update(const unsigned char* p, uint64_t length);
@@ -31,8 +33,7 @@ class ChunkDigester {
   void reset();
 
  private:
-  uint64_t a_ = 0;
-  uint64_t b_ = 0;
+  vsnap_gd1::Acc acc_{0, 0};
   uint64_t length_ = 0;
 };
 

@@ -29,6 +29,7 @@ namespace vsnap::js {
 namespace {
 
 struct Target {
+  std::string name;
   std::string kind;
   UniqueFd fd;
   std::shared_ptr<cuda::Mapping> mapping;
@@ -93,6 +94,7 @@ Spec parseSpec(Napi::Env env, const Napi::Object& spec) {
     Napi::Object r = regions.Get(i).As<Napi::Object>();
     std::string name = toString(getRequired(r, "name"), "region name");
     Target t;
+    t.name = name;
     t.size = toU64(getRequired(r, "size"), "size");
     Napi::Value mv = getRequired(r, "memory");
     if (!mv.IsObject()) throw bad("region '" + name + "': memory must be an object");
@@ -106,10 +108,8 @@ Spec parseSpec(Napi::Env env, const Napi::Object& spec) {
       t.mapped = RegionSet::region(m);
       if (t.mapped->size() < t.size) throw bad("region '" + name + "' is larger than its mapped region");
       if (s.host != (t.mapped->device() < 0)) throw bad("region '" + name + "': mapped " + (s.host ? "GPU" : "host") + " memory for the " + backend + " backend");
-      if (!s.host) {
-        t.mapping = t.mapped->deviceMapping();
-        if (!t.mapping) throw bad("region '" + name + "': the mapped region has no device mapping");
-      }
+      // Its device mapping is taken in Execute: a pipelined set's region may still be mapping,
+      // and waiting for it here would hold the JS thread.
     } else if (t.kind == "device") {
       t.mapping = DeviceAllocation::unwrap(getRequired(m, "allocation"));
       if (t.mapping->size() < t.size) throw bad("region '" + name + "' is larger than its device allocation");
@@ -185,6 +185,10 @@ class MultipathWorker : public Napi::AsyncWorker {
       } else {
         std::vector<std::shared_ptr<cuda::Mapping>> mappings;
         for (auto& t : spec_.targets) {
+          if (t.mapped) {
+            t.mapping = t.mapped->deviceMapping();
+            if (!t.mapping) throwInvalid("region '" + t.name + "': the mapped region has no device mapping");
+          }
           mappings.push_back(t.mapping ? t.mapping : std::shared_ptr<cuda::Mapping>(cuda::Mapping::import(t.fd.get(), t.size)));
           sizes.push_back(t.size);
         }

@@ -104,11 +104,7 @@ struct RegionPipeline::State {
       } catch (const std::exception& e) {
         failure = NativeError("E_INTERNAL", e.what());
       }
-      for (size_t i = next; i < end; i++) {
-        if (!specs[i].fd.valid()) continue;
-        cuda::VmmTimer timer(cuda::VmmStep::CloseFd);
-        specs[i].fd.reset();
-      }
+      closeSpecs(specs, next, end);
       if (failure) break;
       next = end;
       chunk = std::min(chunk * 2, kLargestChunk);

@@ -43,15 +43,15 @@ std::vector<std::shared_ptr<Region>> openPerRegion(const std::vector<RegionSpec>
   return regions;  // on failure, the regions opened so far are closed as `regions` goes
 }
 
-void closeAll(std::vector<RegionSpec>& specs) {
-  for (RegionSpec& s : specs) {
-    if (!s.fd.valid()) continue;
+}  // namespace
+
+void closeSpecs(std::vector<RegionSpec>& specs, size_t begin, size_t end) {
+  for (size_t i = begin; i < end; i++) {
+    if (!specs[i].fd.valid()) continue;
     cuda::VmmTimer timer(cuda::VmmStep::CloseFd);
-    s.fd.reset();
+    specs[i].fd.reset();
   }
 }
-
-}  // namespace
 
 std::vector<std::shared_ptr<Region>> openSpecsBatched(const std::vector<RegionSpec>& specs, size_t begin, size_t end, uint32_t threads) {
   std::vector<std::shared_ptr<Region>> regions(end - begin);
@@ -70,7 +70,7 @@ std::vector<std::shared_ptr<Region>> openSpecsBatched(const std::vector<RegionSp
 std::shared_ptr<RegionSet> RegionSet::open(std::vector<RegionSpec> specs, uint32_t threads, MapMode mode) {
   struct CloseFds {
     std::vector<RegionSpec>& specs;
-    ~CloseFds() { closeAll(specs); }
+    ~CloseFds() { closeSpecs(specs, 0, specs.size()); }
   } closeFds{specs};
   std::shared_ptr<RegionSet> set(new RegionSet());
   bool devicesKnown = std::all_of(specs.begin(), specs.end(), [](const RegionSpec& s) { return !s.imported || s.device >= 0; });

@@ -23,6 +23,9 @@ struct RegionSpec {
   int device = -1;        // an imported region's device when the caller knows it (-1: unknown)
 };
 
+// Closes the descriptors of specs [begin, end) that are still open, each timed as a CloseFd step.
+void closeSpecs(std::vector<RegionSpec>& specs, size_t begin, size_t end);
+
 // How a set maps its regions: batched (transfer/region_batch.h: one reservation and one access
 // call per device), one region at a time (cuda::Mapping each), or batched falling back to one at
 // a time when the batched form fails for any reason other than an invalid argument.
