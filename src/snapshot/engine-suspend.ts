@@ -9,7 +9,7 @@ import { deepPrecheck, deepSuspendRanks, nativeCheckpointBackend } from './deep-
 import { checkLive, liveRefs, mapExported, staleError, type LiveCheckReport } from './live-check.js';
 import type { MappedRegions } from '../regions/mapped.js';
 import { Snapshot } from './snapshot.js';
-import { parkBeforeSleep, type NeighbourParkResult } from './neighbour-flows.js';
+import { parkBeforeSleep, type NeighbourParkOptions, type NeighbourParkResult } from './neighbour-flows.js';
 import type { EngineSuspendOptions, EngineSuspendResult } from './engine-types.js';
 import { captureExported } from './engine-capture.js';
 /* suspendEngine: an engine to sleep, only once a snapshot can bring its weights back. */
@@ -99,6 +99,7 @@ export async function suspendEngine(
   let captured = false;
   let liveCheck: LiveCheckReport | undefined;
   let parked: NeighbourParkResult | undefined;
+  let park: NeighbourParkOptions | undefined;
   try {
     const problems = snapshot ? await restorable(snapshot, status, await exportWeights(), options) : [`the store has no snapshot '${name}'`];
     lap('check');
@@ -139,7 +140,7 @@ export async function suspendEngine(
       await options.resident.hold(client.baseUrl, snapshot!.id, await exportWeights());
       lap('hold');
     } else if (options.neighbour) {
-      const park = 'tier' in options.neighbour ? options.neighbour : { tier: options.neighbour };
+      park = 'tier' in options.neighbour ? options.neighbour : { tier: options.neighbour };
       parked = await parkBeforeSleep(park, snapshot!.manifest, liveRefs(await exportWeights()), (m) => warn(options, m));
       lap('park');
     }
@@ -152,6 +153,8 @@ export async function suspendEngine(
     lap('sleep');
   } catch (err) {
     options.resident?.release(client.baseUrl);
+    // The engine did not sleep: a copy parked for this suspend would be owned by nobody.
+    if (parked && !parked.already) park!.tier.evict(snapshot!.id);
     throw err;
   }
   if (deepRanks) await goDeep();

@@ -5,6 +5,7 @@ import { NeighbourTier } from '../../src/gpu/neighbour-tier.js';
 import { captureEngine, restoreEngine, suspendEngine } from '../../src/snapshot/engine-flows.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
+import { FaultyClient } from '../helpers/faults.js';
 import { hostPeerBackend } from '../helpers/neighbour.js';
 import { tempDir } from '../helpers/tmp.js';
 
@@ -28,7 +29,7 @@ async function setup() {
   const tier = NeighbourTier.create({ device: 1, budgetBytes: 1 << 30, backend: peer.backend });
   running.push(tier);
   const warnings: string[] = [];
-  return { client, store, snap, peer, tier, warnings, onWarning: (m: string) => warnings.push(m), answer: async () => (await askCapital(client, 8)).ids, expected };
+  return { engine: e, client, store, snap, peer, tier, warnings, onWarning: (m: string) => warnings.push(m), answer: async () => (await askCapital(client, 8)).ids, expected };
 }
 
 describe('restoreEngine and suspendEngine with the neighbour tier (CPU reference engine, host peer backend)', () => {
@@ -96,6 +97,19 @@ describe('restoreEngine and suspendEngine with the neighbour tier (CPU reference
     expect(s.peer.openCount()).toBe(0);
     expect(s.tier.usedBytes).toBe(0);
     expect(await s.answer()).toEqual(s.expected);
+  });
+
+  it('a sleep that fails after the park: the engine stays awake and its parked copy is evicted, not left to nobody', async () => {
+    const s = await setup();
+    const faulty = new FaultyClient({ baseUrl: s.engine.url, token: s.engine.token });
+    running.push(faulty);
+    faulty.inject({ route: 'sleep' });
+    await expect(suspendEngine(s.store, 'ref', faulty, { neighbour: s.tier })).rejects.toMatchObject({ code: 'E_ENGINE_HTTP' });
+    expect(s.peer.copies).toHaveLength(1); // it was parked
+    expect(s.tier.ids()).toEqual([]);
+    expect(s.tier.usedBytes).toBe(0);
+    expect(await s.answer()).toEqual(s.expected);
+    expect(s.peer.openCount()).toBe(0);
   });
 
   it('a park that cannot be made never fails the suspend (no room in the tier: warned, not parked)', async () => {
