@@ -129,9 +129,10 @@ export interface MappedRegionsOptions {
   readonly mapping?: 'auto' | 'batched' | 'per-region' | 'pipelined';
 }
 
-function defaultMapping(): 'auto' | 'batched' | 'per-region' | 'pipelined' {
+/** The mapping form: VSNAP_REGION_MAPPING where set, else `fallback`. @internal */
+export function defaultMapping(fallback: 'auto' | 'pipelined' = 'auto'): 'auto' | 'batched' | 'per-region' | 'pipelined' {
   const v = process.env['VSNAP_REGION_MAPPING'];
-  if (v === undefined || v === '') return 'auto';
+  if (v === undefined || v === '') return fallback;
   if (v === 'auto' || v === 'batched' || v === 'per-region' || v === 'pipelined') return v;
   return invalidArgument('VSNAP_REGION_MAPPING', "'auto', 'batched', 'per-region' or 'pipelined'", v);
 }

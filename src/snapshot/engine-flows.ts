@@ -12,7 +12,7 @@ import { checkRoom, describeRoom, resolveRemap, type GpuRemap } from './gpu-rema
 import { recoverEngine, recoveryReason, type RecoveryReason } from './engine-recovery.js';
 import type { Manifest } from '../manifest/manifest.js';
 import { liveRefs, mapExported } from './live-check.js';
-import type { MappedRegions, MappedRegionsOptions } from '../regions/mapped.js';
+import { defaultMapping, type MappedRegions, type MappedRegionsOptions } from '../regions/mapped.js';
 import { Snapshot } from './snapshot.js';
 import { pullIfMissing } from '../registry/source.js';
 import { awaitRoom, startKvWake, type EarlyWake } from './kv-overlap.js';
@@ -253,9 +253,10 @@ function checkMoved(exported: ExportedRegions, remap: GpuRemap): void {
  * How a restore maps the engine's regions: pipelined (the copy starts on the first regions while
  * the rest are imported; measured on the H200 the fastest form at every region count, 36 to 4,000:
  * bench/results/2026-12-01-h200-region-count.log), unless VSNAP_REGION_MAPPING says otherwise.
+ * @internal
  */
-function restoreMapping(): MappedRegionsOptions {
-  return process.env['VSNAP_REGION_MAPPING'] ? {} : { mapping: 'pipelined' };
+export function restoreMapping(): MappedRegionsOptions {
+  return { mapping: defaultMapping('pipelined') };
 }
 
 /** The tag of the i-th exported region (rank by rank, in the order sent). */
