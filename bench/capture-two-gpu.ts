@@ -11,13 +11,10 @@
 import { Worker } from 'node:worker_threads';
 
 import { HostCache, type RegionMemory, type RegionStore, Snapshot } from '../src/index.js';
-import { type Ceiling, type Log, makeRegions, runCeiling } from './swap-sweep.js';
+import { type Ceiling, gbps, type Log, makeRegions, median, runCeiling, since } from './swap-sweep.js';
 
 const MiB = 1024 * 1024;
 const GiB = 1024 * MiB;
-const gbps = (bytes: number, s: number): number => bytes / s / 1e9;
-const since = (t: number): number => (performance.now() - t) / 1000;
-const median = (v: readonly number[]): number => [...v].sort((a, b) => a - b)[Math.floor(v.length / 2)]!;
 
 export interface HashLoad {
   threads: number;

@@ -38,20 +38,13 @@ import urllib.request
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 FIXTURE = os.path.join(ROOT, "test", "fixtures", "engine")
+sys.path.insert(0, os.path.join(ROOT, "engines", "vllm"))
+
+from vsnap_vllm.fdsend import FDS_PER_BATCH, _recv_exact, _recv_fds  # noqa: E402 - the plugin's side of the same protocol
 PROMPT = "The quick brown fox jumps over the lazy dog. Tell me a story about swapping engines."
 
 
 # ---------------------------------------------------------------------------- descriptor socket
-
-def _recv_exact(conn, n):
-    data = b""
-    while len(data) < n:
-        chunk = conn.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError("peer closed")
-        data += chunk
-    return data
-
 
 class FdEndpoint:
     """The SDK's side of the descriptor protocol (engines/vllm/vsnap_vllm/fdsend.py): receives
@@ -75,10 +68,7 @@ class FdEndpoint:
                 head = _recv_exact(conn, 4 + 64 + 8)
                 hlen, count = struct.unpack("<II", head[68:76])
                 header = json.loads(_recv_exact(conn, hlen))
-                fds = []
-                while len(fds) < count:
-                    _msg, got, _f, _a = socket.recv_fds(conn, 1, 250)
-                    fds.extend(got)
+                fds = _recv_fds(conn, count)
                 if offer is None:
                     body = json.dumps({"ok": True}).encode()
                     conn.sendall(struct.pack("<I", len(body)) + body)
@@ -86,8 +76,8 @@ class FdEndpoint:
                     return
                 body = json.dumps({"ok": True, "offer": offer[0], "fds": len(offer[1])}).encode()
                 conn.sendall(struct.pack("<I", len(body)) + body)
-                for start in range(0, len(offer[1]), 250):
-                    socket.send_fds(conn, [b"F"], offer[1][start:start + 250])
+                for start in range(0, len(offer[1]), FDS_PER_BATCH):
+                    socket.send_fds(conn, [b"F"], offer[1][start:start + FDS_PER_BATCH])
 
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
@@ -151,7 +141,6 @@ def run_variant(args, variant, work, site):
     endpoint = FdEndpoint(work)
     driver = None
     if args.device == "cuda":
-        sys.path.insert(0, os.path.join(ROOT, "engines", "vllm"))
         from vsnap_vllm.drivers import CudaDriver
 
         driver = CudaDriver()

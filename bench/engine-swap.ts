@@ -310,6 +310,7 @@ async function swap(
   if (suspended.captured || suspended.alreadyAsleep) throw new Error(`suspend of ${from.label} did not find a durable snapshot or the engine was asleep (captured ${suspended.captured}, alreadyAsleep ${suspended.alreadyAsleep})`);
   awake = 1 - awake;
   if (mode.tier && report.tier !== mode.tier) throw new Error(`[${row}] swap ${index}: ${to.label} restored from the ${report.tier} tier, expected ${mode.tier}`);
+  if (row === 'ram2' && !report.multipath?.neighbourUsed) throw new Error(`[ram2] swap ${index}: ${to.label} restored over its own link only, not two: the row would report one link's numbers as two`);
   const after = await afterSwap(row, index, from, to);
   const hydrate = report.phases.hydrate;
   const record: SwapRecord = {

@@ -74,7 +74,7 @@ export function sweepTable(rows: readonly SweepRow[], device: string, note: stri
     '',
     `Target (issue 14): every count within 10% of the ${n0}-region time; this run: worst ${f(worst)}x mapped (${worst <= 1.1 ? 'met' : 'not met'})` +
       (worstImported === null ? '' : `, ${f(worstImported)}x via fds (${worstImported <= 1.1 ? 'met' : 'not met'})`) +
-      `. Snapshot.restore from the pinned RAM tier into one device allocation per region, median of the reps after one warm-up; "via fds" exports each allocation as a POSIX fd, then does what restoreEngine does with an engine's export: one region set over the fds (imported and mapped, batched unless VSNAP_REGION_MAPPING says otherwise), the copy and its GPU digest through it, timed from the first import to the verified copy (the engine's export, which the plugin does in the engine process, is timed as the same exports in one process). ` +
+      `. Snapshot.restore from the pinned RAM tier into one device allocation per region, median of the reps after one warm-up; "via fds" exports each allocation as a POSIX fd, then does what restoreEngine does with an engine's export: one region set over the fds (imported and mapped in restoreEngine's form: pipelined unless VSNAP_REGION_MAPPING says otherwise), the copy and its GPU digest through it, timed from the first import to the verified copy (the engine's export, which the plugin does in the engine process, is timed as the same exports in one process). ` +
       `Not the reference engine: its regions are PyTorch caching-allocator segments, and every request under 10 MiB shares a 20 MiB segment, so 16 GiB in 4,000 own segments (4.2 MiB) cannot be made there.` +
       (note ? ` Ceiling: ${note}.` : ''),
   );

@@ -12,6 +12,7 @@ import { execFileSync } from 'node:child_process';
 import { closeSync, existsSync } from 'node:fs';
 
 import { DeviceAllocation, HostCache, HostRegion, MappedRegions, type RegionMemory, type RegionStore, Snapshot } from '../src/index.js';
+import { restoreMapping } from '../src/snapshot/engine-flows.js';
 
 const MiB = 1024 * 1024;
 const GiB = 1024 * MiB;
@@ -79,9 +80,12 @@ export async function makeRegions(device: 'cuda' | 'host', sizes: readonly numbe
   return { regions, close };
 }
 
-const gbps = (bytes: number, s: number): number => bytes / s / 1e9;
-const median = (v: readonly number[]): number => [...v].sort((a, b) => a - b)[Math.floor(v.length / 2)]!;
-const since = (t: number): number => (performance.now() - t) / 1000;
+/** GB/s of `bytes` in `s` seconds. */
+export const gbps = (bytes: number, s: number): number => bytes / s / 1e9;
+/** The upper median. */
+export const median = (v: readonly number[]): number => [...v].sort((a, b) => a - b)[Math.floor(v.length / 2)]!;
+/** Seconds since the performance.now() reading `t`. */
+export const since = (t: number): number => (performance.now() - t) / 1000;
 
 export interface SweepRow {
   regions: number;
@@ -162,11 +166,12 @@ export async function runSweep(o: SweepOptions): Promise<{ rows: SweepRow[]; cac
             const viaFds = held.regions.map((r, i) => ({ key: r.key, size: r.size, memory: { kind: 'imported' as const, fd: fds[i]!, device: 0 } }));
             const times: number[] = [];
             for (let r = 0; r < o.reps + 1; r++) {
-              // As restoreEngine does: one region set (mapped once, batched by default), the hydrate
-              // and its GPU digest through it; timed from the first import to the verified copy.
-              // The set is closed after the clock (restoreEngine unmaps while the KV cache wakes).
+              // As restoreEngine does: one region set in the form it maps an engine's regions
+              // (restoreMapping), the hydrate and its GPU digest through it; timed from the first
+              // import to the verified copy. The set is closed after the clock (restoreEngine
+              // unmaps while the KV cache wakes).
               const t0 = performance.now();
-              const set = await MappedRegions.open(viaFds);
+              const set = await MappedRegions.open(viaFds, restoreMapping());
               try {
                 const res = await snap.restore({ regions: viaFds.map((x, i) => ({ key: x.key, size: x.size, memory: set.memory(i) })), cache });
                 if (res.tier !== 'ram') throw new Error(`[sweep] ${sizes.length} imported regions: restored from ${res.tier ?? 'store'}, expected the RAM tier`);
