@@ -12,7 +12,7 @@ import { execFileSync } from 'node:child_process';
 import { closeSync, existsSync } from 'node:fs';
 
 import { DeviceAllocation, HostCache, HostRegion, MappedRegions, type RegionMemory, type RegionStore, Snapshot } from '../src/index.js';
-import { restoreMapping } from '../src/snapshot/engine-flows.js';
+import { restoreMapping } from '../src/flows/restore.js';
 
 const MiB = 1024 * 1024;
 const GiB = 1024 * MiB;

@@ -9,16 +9,16 @@ export { VsnapError, type ErrorCode } from './errors.js';
 
 export { cudaStatus, listDevices, type CudaStatus, type GpuDevice } from './gpu/cuda.js';
 export { DeviceAllocation } from './gpu/device-allocation.js';
-export { NeighbourTier } from './gpu/neighbour-tier.js';
-export type { NeighbourEntry, NeighbourRegion, NeighbourTierOptions, NeighbourTransfer } from './gpu/neighbour-tier.js';
-export type { NeighbourParkOptions, NeighbourParkResult } from './snapshot/neighbour-flows.js';
+export { NeighbourTier } from './cache/neighbour-tier.js';
+export type { NeighbourEntry, NeighbourRegion, NeighbourTierOptions, NeighbourTransfer } from './cache/neighbour-tier.js';
+export type { NeighbourParkOptions, NeighbourParkResult } from './tiers/neighbour.js';
 export type { NeighbourView, SwapNeighbourOptions } from './swap/neighbour-parking.js';
 
 export { HostRegion } from './regions/host-region.js';
 export { MappedRegions, type MappedRegionsOptions } from './regions/mapped.js';
 export type { MappedMemory, RegionMemory } from './regions/memory.js';
 
-export { releaseIdleResources } from './transfer/staging.js';
+export { releaseIdleResources } from './transfer/idle.js';
 export { HostCache, type HostCacheOptions, type CacheEntryInfo } from './cache/host-cache.js';
 export { ResidentWeights, type ResidentInfo } from './cache/resident-weights.js';
 export type { TransferOptions, TransferProgress } from './transfer/transfer.js';
@@ -28,7 +28,7 @@ export { FdReceiver, fetchFds, sendFds, type FdMessage } from './ipc/fd-receiver
 
 export { Manifest, type ManifestIssue } from './manifest/manifest.js';
 export { DIGEST_ALGORITHM } from './digest/index.js';
-export type { LiveCheckReport } from './snapshot/live-check.js';
+export type { LiveCheckReport } from './digest/compare.js';
 export type { LiveLayout, LiveRegion, Mismatch } from './manifest/compat.js';
 export type {
   EngineInfo,
@@ -84,17 +84,17 @@ export {
   type EngineSuspendOptions,
   type EngineSuspendResult,
   type SnapshotRef,
-} from './snapshot/engine-flows.js';
-export { swapEngines, type EngineSwapOptions, type EngineSwapReport, type SwapOverlap } from './snapshot/engine-swap.js';
-export type { EngineRecovery, MaterializeOutcome, MaterializePolicy, RecoveryPolicy, RecoveryReason } from './snapshot/engine-recovery.js';
-export type { GpuRef } from './snapshot/gpu-remap.js';
+} from './flows/restore.js';
+export { swapEngines, type EngineSwapOptions, type EngineSwapReport, type SwapOverlap } from './flows/swap.js';
+export type { EngineRecovery, MaterializeOutcome, MaterializePolicy, RecoveryPolicy, RecoveryReason } from './flows/recovery.js';
+export type { GpuRef } from './flows/gpu-remap.js';
 export {
   resumeEngineKeptWeights,
   suspendEngineKeepingWeights,
   type KeepWeightsSuspendOptions,
   type KeepWeightsSuspendResult,
-} from './snapshot/engine-kv-release.js';
-export type { ResponseCheckOptions } from './snapshot/response-check-options.js';
+} from './tiers/engine.js';
+export type { ResponseCheckOptions } from './flows/response-check.js';
 
 export { Snapshot } from './snapshot/snapshot.js';
 export type {

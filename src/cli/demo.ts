@@ -9,7 +9,7 @@ import { HostRegion } from '../regions/host-region.js';
 import type { RegionMemory } from '../regions/memory.js';
 import { Snapshot } from '../snapshot/snapshot.js';
 import { RegionStore } from '../store/region-store.js';
-import { releaseIdleResources } from '../transfer/staging.js';
+import { releaseIdleResources } from '../transfer/idle.js';
 import type { Context } from './context.js';
 import { EXIT, UsageError } from './context.js';
 import { formatBytes, formatRate, progressLine } from './output.js';

@@ -2,7 +2,7 @@ import { invalidArgument, VsnapError } from '../errors.js';
 import { cudaStatus, listDevices, type GpuDevice } from '../gpu/cuda.js';
 import { Manifest } from '../manifest/manifest.js';
 import type { ManifestData, PlatformInfo, RankInfo, RegionInfo } from '../manifest/types.js';
-import { blobDigest } from '../store/digest.js';
+import { blobDigest } from '../manifest/blob-digest.js';
 import { VERSION } from '../version.js';
 import type { CaptureOptions, CaptureRegion } from './snapshot-types.js';
 

@@ -4,7 +4,7 @@ import type { LiveRegion } from '../manifest/compat.js';
 import { Manifest } from '../manifest/manifest.js';
 import type { RegionInfo } from '../manifest/types.js';
 import type { NativeTransferResult } from '../native/index.js';
-import { blobDigest } from '../store/digest.js';
+import { blobDigest } from '../manifest/blob-digest.js';
 import { failpoint } from '../store/failpoints.js';
 import { validateName } from '../store/names.js';
 import { RegionStore, type VerifyReport } from '../store/region-store.js';
@@ -13,7 +13,8 @@ import { DEFAULT_CHUNK_SIZE } from '../transfer/staging.js';
 import { passOn, runTransfer, type TransferOptions } from '../transfer/transfer.js';
 import { multipathStats, runMultipath, type MultipathOptions } from '../transfer/multipath.js';
 import { captureManifest, checkCaptureRegions, platformOf } from './capture-manifest.js';
-import { captureDigests, reusableRegions, verifyRestoredByDevice } from './live-check.js';
+import { captureDigests, reusableRegions } from './capture-digests.js';
+import { verifyRestoredByDevice } from '../digest/compare.js';
 import type { CaptureOptions, DeviceTiming, RestoreOptions, RestoreRegion, TransferSummary } from './snapshot-types.js';
 
 /** How a region is named in transfer errors: its key, prefixed with its rank when there are several ranks. */

@@ -2,9 +2,9 @@ import type { EventEmitter } from 'node:events';
 
 import { engineControl } from '../engine/control.js';
 import { toVsnapError, VsnapError } from '../errors.js';
-import { suspendEngine, restoreEngine, type EngineRestoreReport, type SnapshotRef } from '../snapshot/engine-flows.js';
-import { resumeEngineKeptWeights, suspendEngineKeepingWeights } from '../snapshot/engine-kv-release.js';
-import { checkResident } from '../snapshot/live-check.js';
+import { suspendEngine, restoreEngine, type EngineRestoreReport, type SnapshotRef } from '../flows/restore.js';
+import { resumeEngineKeptWeights, suspendEngineKeepingWeights } from '../tiers/engine.js';
+import { checkResident } from '../cache/resident-weights.js';
 import { Snapshot } from '../snapshot/snapshot.js';
 import type { Lease, RecoveryView, SwapControllerOptions, SwapEngine, SwapEvent } from './controller.js';
 import type { SwapMetrics } from './metrics.js';

@@ -2,8 +2,8 @@ import type { EventEmitter } from 'node:events';
 
 import { Counter, Gauge, type Registry } from 'prom-client';
 
-import { NeighbourTier } from '../gpu/neighbour-tier.js';
-import type { NeighbourParkOptions, NeighbourParkResult } from '../snapshot/neighbour-flows.js';
+import { NeighbourTier } from '../cache/neighbour-tier.js';
+import type { NeighbourParkOptions, NeighbourParkResult } from '../tiers/neighbour.js';
 import { parkable, planPark, type PlanNeighbour } from './neighbour-plan.js';
 import type { PlanInput } from './planner.js';
 

@@ -11,7 +11,7 @@ import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 
 import { captureEngine, cudaStatus, EngineClient, RegionStore, releaseIdleResources, restoreEngine, suspendEngine, type Snapshot, type VsnapError } from '../../src/index.js';
-import { checkOf, compareResponses, recheck } from '../../src/snapshot/engine-checks.js';
+import { checkOf, compareResponses, recheck } from '../../src/flows/checks.js';
 import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
 
 const MODEL_ARGS = ['--layers', '18', '--hidden', '2048'];

@@ -16,7 +16,7 @@ import { after, before, describe, it } from 'node:test';
 import { engineControl } from '../../src/engine/control.js';
 import { exportRegions } from '../../src/engine/export.js';
 import { captureEngine, cudaStatus, DeviceAllocation, EngineClient, listDevices, RegionStore, releaseIdleResources, restoreEngine, suspendEngine, VsnapError, type GpuDevice } from '../../src/index.js';
-import { nativeCheckpointBackend } from '../../src/snapshot/deep-suspend.js';
+import { nativeCheckpointBackend } from '../../src/flows/deep.js';
 import type { Snapshot } from '../../src/snapshot/snapshot.js';
 import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
 

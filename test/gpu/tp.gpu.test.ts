@@ -16,7 +16,7 @@ import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 
 import { captureEngine, cudaStatus, EngineClient, HostCache, listDevices, RegionStore, releaseIdleResources, restoreEngine, suspendEngine, type Snapshot } from '../../src/index.js';
-import { nativeCheckpointBackend } from '../../src/snapshot/deep-suspend.js';
+import { nativeCheckpointBackend } from '../../src/flows/deep.js';
 import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
 import { gpuMemoryOf, gpuUsedPerGpuMiB } from './nvidia-smi.js';
 

@@ -5,7 +5,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { HostCache } from '../../src/cache/host-cache.js';
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { HostRegion } from '../../src/regions/host-region.js';
-import { restoreEngine, suspendEngine } from '../../src/snapshot/engine-flows.js';
+import { restoreEngine, suspendEngine } from '../../src/flows/restore.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { runTransfer } from '../../src/transfer/transfer.js';
 import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';

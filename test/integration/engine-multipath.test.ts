@@ -4,7 +4,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { HostCache } from '../../src/cache/host-cache.js';
-import { captureEngine, restoreEngine, suspendEngine } from '../../src/snapshot/engine-flows.js';
+import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/restore.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
 import { tempDir } from '../helpers/tmp.js';

@@ -2,8 +2,8 @@ import { afterEach, describe, expect, it } from 'vitest';
 
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { VsnapError } from '../../src/errors.js';
-import { resumeEngineKeptWeights, suspendEngineKeepingWeights } from '../../src/snapshot/engine-kv-release.js';
-import { captureEngine, restoreEngine, suspendEngine } from '../../src/snapshot/engine-flows.js';
+import { resumeEngineKeptWeights, suspendEngineKeepingWeights } from '../../src/tiers/engine.js';
+import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/restore.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { SwapController, type SwapEvent } from '../../src/swap/controller.js';

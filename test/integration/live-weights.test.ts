@@ -4,10 +4,10 @@ import { afterEach, describe, expect, it } from 'vitest';
 
 import { ResidentWeights } from '../../src/cache/resident-weights.js';
 import { EngineClient } from '../../src/engine/engine-client.js';
-import { checkResident } from '../../src/snapshot/live-check.js';
+import { checkResident } from '../../src/cache/resident-weights.js';
 import { VsnapError } from '../../src/errors.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
-import { captureEngine, restoreEngine, suspendEngine } from '../../src/snapshot/engine-flows.js';
+import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/restore.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
 import { patternedRegions } from '../helpers/regions.js';

@@ -1,8 +1,8 @@
 import { afterEach, describe, expect, it } from 'vitest';
 
 import { EngineClient } from '../../src/engine/engine-client.js';
-import { NeighbourTier } from '../../src/gpu/neighbour-tier.js';
-import { captureEngine, restoreEngine, suspendEngine } from '../../src/snapshot/engine-flows.js';
+import { NeighbourTier } from '../../src/cache/neighbour-tier.js';
+import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/restore.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
 import { FaultyClient } from '../helpers/faults.js';

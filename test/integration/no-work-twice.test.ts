@@ -8,7 +8,7 @@ import { VsnapError } from '../../src/errors.js';
 import { native } from '../../src/native/index.js';
 import { HostRegion } from '../../src/regions/host-region.js';
 import { MappedRegions } from '../../src/regions/mapped.js';
-import { captureEngine, restoreEngine, suspendEngine } from '../../src/snapshot/engine-flows.js';
+import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/restore.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { askCapital, startEngine } from '../helpers/engine.js';
 import { FaultyClient, openFds } from '../helpers/faults.js';

@@ -4,8 +4,8 @@ import { afterEach, describe, expect, it } from 'vitest';
 
 import { ResidentWeights } from '../../src/cache/resident-weights.js';
 import { VsnapError } from '../../src/errors.js';
-import { captureEngine, restoreEngine, suspendEngine } from '../../src/snapshot/engine-flows.js';
-import { swapEngines, type SwapOverlap } from '../../src/snapshot/engine-swap.js';
+import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/restore.js';
+import { swapEngines, type SwapOverlap } from '../../src/flows/swap.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { askCapital, startEngine } from '../helpers/engine.js';
 import { FaultyClient, openFds } from '../helpers/faults.js';

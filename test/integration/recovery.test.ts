@@ -5,7 +5,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { HostCache } from '../../src/cache/host-cache.js';
 import type { EngineClient } from '../../src/engine/engine-client.js';
 import { VsnapError } from '../../src/errors.js';
-import { restoreEngine, suspendEngine } from '../../src/snapshot/engine-flows.js';
+import { restoreEngine, suspendEngine } from '../../src/flows/restore.js';
 import type { Snapshot } from '../../src/snapshot/snapshot.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { askCapital, startEngine, type EngineOptions } from '../helpers/engine.js';

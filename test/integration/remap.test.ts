@@ -6,7 +6,7 @@ import { engineControl } from '../../src/engine/control.js';
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { exportRegions, openExports } from '../../src/engine/export.js';
 import { VsnapError } from '../../src/errors.js';
-import { captureEngine, restoreEngine, suspendEngine } from '../../src/snapshot/engine-flows.js';
+import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/restore.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { SwapController } from '../../src/swap/controller.js';

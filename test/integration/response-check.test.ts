@@ -1,7 +1,7 @@
 import { afterEach, describe, expect, it } from 'vitest';
 
 import { EngineClient } from '../../src/engine/engine-client.js';
-import { captureEngine, restoreEngine, suspendEngine } from '../../src/snapshot/engine-flows.js';
+import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/restore.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { SwapController } from '../../src/swap/controller.js';
 import { startEngine, type EngineOptions, type TestEngine } from '../helpers/engine.js';

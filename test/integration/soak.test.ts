@@ -3,7 +3,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { HostCache } from '../../src/cache/host-cache.js';
 import { ResidentWeights } from '../../src/cache/resident-weights.js';
 import { EngineClient } from '../../src/engine/engine-client.js';
-import { restoreEngine, suspendEngine } from '../../src/snapshot/engine-flows.js';
+import { restoreEngine, suspendEngine } from '../../src/flows/restore.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { askCapital, startEngine } from '../helpers/engine.js';
 import { openFds, rssBytes } from '../helpers/faults.js';

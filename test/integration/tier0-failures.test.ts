@@ -5,7 +5,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { ResidentWeights } from '../../src/cache/resident-weights.js';
 import { VsnapError } from '../../src/errors.js';
 import { FdReceiver } from '../../src/ipc/fd-receiver.js';
-import { restoreEngine, suspendEngine } from '../../src/snapshot/engine-flows.js';
+import { restoreEngine, suspendEngine } from '../../src/flows/restore.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { askCapital, startEngine } from '../helpers/engine.js';
 import { FaultyClient, openFds, unhandledDuring } from '../helpers/faults.js';

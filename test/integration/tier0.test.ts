@@ -6,7 +6,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { ResidentWeights } from '../../src/cache/resident-weights.js';
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
-import { restoreEngine, suspendEngine } from '../../src/snapshot/engine-flows.js';
+import { restoreEngine, suspendEngine } from '../../src/flows/restore.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { SwapController, type SwapEvent } from '../../src/swap/controller.js';
 import { askCapital, startEngine, type EngineOptions } from '../helpers/engine.js';

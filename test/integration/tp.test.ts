@@ -6,7 +6,7 @@ import { ResidentWeights } from '../../src/cache/resident-weights.js';
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { VsnapError } from '../../src/errors.js';
 import { Manifest } from '../../src/manifest/manifest.js';
-import { captureEngine, restoreEngine, suspendEngine } from '../../src/snapshot/engine-flows.js';
+import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/restore.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { noLeak, type LeakLine } from '../reliability/leaks.js';

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 
-import { NeighbourTier } from '../../src/gpu/neighbour-tier.js';
+import { NeighbourTier } from '../../src/cache/neighbour-tier.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { SwapController } from '../../src/swap/controller.js';
 import { tempDir } from '../helpers/tmp.js';

@@ -4,8 +4,8 @@ import type { EngineStatus } from '../../src/engine/engine-client.js';
 import { VsnapError } from '../../src/errors.js';
 import type { GpuDevice } from '../../src/gpu/cuda.js';
 import { native } from '../../src/native/index.js';
-import { deepRestoreRanks, deepSuspendRanks, nativeCheckpointBackend } from '../../src/snapshot/deep-suspend.js';
-import { checkRoom, DEFAULT_PROCESS_RESERVE_BYTES, describeRoom, permutationPairs, processReserve, resolveRemap } from '../../src/snapshot/gpu-remap.js';
+import { deepRestoreRanks, deepSuspendRanks, nativeCheckpointBackend } from '../../src/flows/deep.js';
+import { checkRoom, DEFAULT_PROCESS_RESERVE_BYTES, describeRoom, permutationPairs, processReserve, resolveRemap } from '../../src/flows/gpu-remap.js';
 import { FakeCheckpointDriver } from '../helpers/fake-checkpoint.js';
 import { rejection } from '../helpers/rejection.js';
 

@@ -3,7 +3,7 @@ import { createServer } from 'node:http';
 import { describe, expect, it } from 'vitest';
 
 import { EngineClient } from '../../src/engine/engine-client.js';
-import { checkOf, checkSpec, compareResponses, probe, recheck } from '../../src/snapshot/engine-checks.js';
+import { checkOf, checkSpec, compareResponses, probe, recheck } from '../../src/flows/checks.js';
 import type { ExpectedResponse } from '../../src/manifest/types.js';
 
 const decode: ExpectedResponse = { prompt: 'p', maxTokens: 2, tokenIds: [5, 6], text: ' t5 t6', logprobs: [-0.5, -1.5] };

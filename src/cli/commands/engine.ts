@@ -1,6 +1,6 @@
 import { Snapshot } from '../../snapshot/snapshot.js';
-import { captureEngine, restoreEngine, suspendEngine } from '../../snapshot/engine-flows.js';
-import type { MaterializePolicy } from '../../snapshot/engine-recovery.js';
+import { captureEngine, restoreEngine, suspendEngine } from '../../flows/restore.js';
+import type { MaterializePolicy } from '../../flows/recovery.js';
 import type { Context } from '../context.js';
 import { EXIT } from '../context.js';
 import { formatBytes, progressLine } from '../output.js';

@@ -9,8 +9,8 @@ import {
   type EngineSuspendOptions,
   type EngineSuspendResult,
   type SnapshotRef,
-} from './engine-flows.js';
-import type { Snapshot } from './snapshot.js';
+} from './restore.js';
+import type { Snapshot } from '../snapshot/snapshot.js';
 
 /**
  * How much of a swap runs at once (see {@link swapEngines}).

@@ -4,8 +4,8 @@ import type { EngineControl } from '../engine/control.js';
 import type { Manifest } from '../manifest/manifest.js';
 import type { ExpectedResponse } from '../manifest/types.js';
 import type { RegionStore } from '../store/region-store.js';
-import { warn } from './engine-checks.js';
-import type { Snapshot } from './snapshot.js';
+import { warn } from './checks.js';
+import type { Snapshot } from '../snapshot/snapshot.js';
 
 /*
  * Recovery through the engine's own loader: when a restore cannot use its snapshot, the engine

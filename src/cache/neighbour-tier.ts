@@ -2,8 +2,8 @@ import { invalidArgument, toVsnapError, VsnapError } from '../errors.js';
 import type { Manifest } from '../manifest/manifest.js';
 import { native } from '../native/index.js';
 import { memoryDevice, toNativeMemory, type RegionMemory } from '../regions/memory.js';
-import { verifyRestored } from '../snapshot/live-check.js';
-import { DeviceAllocation } from './device-allocation.js';
+import { verifyRestored } from '../digest/compare.js';
+import { DeviceAllocation } from '../gpu/device-allocation.js';
 
 /**
  * Options of {@link NeighbourTier.create}.

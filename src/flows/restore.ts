@@ -5,20 +5,20 @@ import { engineControl, type EngineControl } from '../engine/control.js';
 import { exportRegions, type ExportedRegions } from '../engine/export.js';
 import type { ExpectedResponse } from '../manifest/types.js';
 import { passOn } from '../transfer/transfer.js';
-import { compareResponses, holdsWeights, liveFacts, liveRanks, phaseTimer, preflight, recheck, warn } from './engine-checks.js';
-import { resumeIfDeep } from './deep-suspend.js';
+import { compareResponses, holdsWeights, liveFacts, liveRanks, phaseTimer, preflight, recheck, warn } from './checks.js';
+import { resumeIfDeep } from './deep.js';
 import { listDevices } from '../gpu/cuda.js';
 import { checkRoom, describeRoom, resolveRemap, type GpuRemap } from './gpu-remap.js';
-import { recoverEngine, recoveryReason, type RecoveryReason } from './engine-recovery.js';
+import { recoverEngine, recoveryReason, type RecoveryReason } from './recovery.js';
 import type { Manifest } from '../manifest/manifest.js';
-import { liveRefs, mapExported } from './live-check.js';
+import { liveRefs, mapExported } from '../engine/exported.js';
 import { defaultMapping, type MappedRegions, type MappedRegionsOptions } from '../regions/mapped.js';
-import { Snapshot } from './snapshot.js';
+import { Snapshot } from '../snapshot/snapshot.js';
 import { pullIfMissing } from '../registry/source.js';
 import { awaitRoom, startKvWake, type EarlyWake } from './kv-overlap.js';
-import { hydrateFromNeighbour } from './neighbour-flows.js';
-import type { EngineRestoreOptions, EngineRestoreReport, SnapshotRef } from './engine-types.js';
-import { captureEngine } from './engine-capture.js';
+import { hydrateFromNeighbour } from '../tiers/neighbour.js';
+import type { EngineRestoreOptions, EngineRestoreReport, SnapshotRef } from './types.js';
+import { captureEngine } from './capture.js';
 
 /*
  * The engine flows: capture, suspend and restore a running engine. A layer above Snapshot (which
@@ -27,9 +27,9 @@ import { captureEngine } from './engine-capture.js';
  * options and reports in engine-types.ts (re-exported here, the flows' one import path).
  */
 
-export * from './engine-types.js';
-export { captureEngine } from './engine-capture.js';
-export { restorableFor, suspendEngine } from './engine-suspend.js';
+export * from './types.js';
+export { captureEngine } from './capture.js';
+export { restorableFor, suspendEngine } from './suspend.js';
 
 /**
  * After a failed restore: reads the engine back and puts it to sleep only if it holds weights (an

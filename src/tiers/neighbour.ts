@@ -1,7 +1,7 @@
 import { toVsnapError, type VsnapError } from '../errors.js';
-import type { NeighbourTier } from '../gpu/neighbour-tier.js';
+import type { NeighbourTier } from '../cache/neighbour-tier.js';
 import type { Manifest } from '../manifest/manifest.js';
-import { verifyRestored, type LiveRegionRef } from './live-check.js';
+import { verifyRestored, type LiveRegionRef } from '../digest/compare.js';
 
 /*
  * The neighbour-GPU tier inside the engine flows: a suspend parks the engine's weights in the

@@ -4,14 +4,15 @@ import { engineControl } from '../engine/control.js';
 import { exportRegions, type ExportedRegions } from '../engine/export.js';
 import type { Mismatch } from '../manifest/compat.js';
 import type { RegionStore } from '../store/region-store.js';
-import { blobProblems, liveFacts, liveRanks, phaseTimer, preflight, warn } from './engine-checks.js';
-import { deepPrecheck, deepSuspendRanks, nativeCheckpointBackend } from './deep-suspend.js';
-import { checkLive, liveRefs, mapExported, staleError, type LiveCheckReport } from './live-check.js';
+import { blobProblems, liveFacts, liveRanks, phaseTimer, preflight, warn } from './checks.js';
+import { deepPrecheck, deepSuspendRanks, nativeCheckpointBackend } from './deep.js';
+import { checkLive, type LiveCheckReport } from '../digest/compare.js';
+import { liveRefs, mapExported } from '../engine/exported.js';
 import type { MappedRegions } from '../regions/mapped.js';
-import { Snapshot } from './snapshot.js';
-import { parkBeforeSleep, type NeighbourParkOptions, type NeighbourParkResult } from './neighbour-flows.js';
-import type { EngineSuspendOptions, EngineSuspendResult } from './engine-types.js';
-import { captureExported } from './engine-capture.js';
+import { Snapshot } from '../snapshot/snapshot.js';
+import { parkBeforeSleep, type NeighbourParkOptions, type NeighbourParkResult } from '../tiers/neighbour.js';
+import type { EngineSuspendOptions, EngineSuspendResult } from './types.js';
+import { captureExported } from './capture.js';
 /* suspendEngine: an engine to sleep, only once a snapshot can bring its weights back. */
 
 /** Why a snapshot cannot bring back the weights an engine exported, or [] if it can. */
@@ -159,5 +160,18 @@ export async function suspendEngine(
   }
   if (deepRanks) await goDeep();
   return { snapshot: snapshot!, captured, alreadyAsleep: false, seconds: (performance.now() - started) / 1000, phases, ...(liveCheck ? { liveCheck } : {}), ...(parked ? { parked } : {}) };
+}
+
+/** E_STALE for a suspend that would discard weights the snapshot does not hold. @internal */
+export function staleError(name: string, report: LiveCheckReport): VsnapError {
+  const what = report.checked
+    ? `the live weights differ from snapshot '${name}' in ${report.changed.length} region(s): ${report.changed.slice(0, 10).join(', ')}${report.changed.length > 10 ? ', ...' : ''}`
+    : `snapshot '${name}' has no GPU digests (a version-1 capture), so the live weights cannot be checked against it`;
+  return new VsnapError(
+    'E_STALE',
+    `refusing to suspend: ${what}; discarding them would restore old weights later. ` +
+      "Capture again (captureEngine, or leave onStale at its default 'capture'), then suspend.",
+    { name, regions: report.changed, checked: report.checked },
+  );
 }
 

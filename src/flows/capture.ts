@@ -4,11 +4,11 @@ import { engineControl } from '../engine/control.js';
 import { exportRegions, type ExportedRegions } from '../engine/export.js';
 import type { RegionStore } from '../store/region-store.js';
 import { passOn } from '../transfer/transfer.js';
-import { checkSpec, preflight, probe } from './engine-checks.js';
-import { liveRefs, mapExported } from './live-check.js';
+import { checkSpec, preflight, probe } from './checks.js';
+import { liveRefs, mapExported } from '../engine/exported.js';
 import type { MappedRegions } from '../regions/mapped.js';
-import { Snapshot } from './snapshot.js';
-import type { EngineCaptureOptions } from './engine-types.js';
+import { Snapshot } from '../snapshot/snapshot.js';
+import type { EngineCaptureOptions } from './types.js';
 /* captureEngine: a running engine's weights into a snapshot, through its vsnap plugin. */
 
 /**

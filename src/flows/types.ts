@@ -3,16 +3,16 @@ import type { ResidentWeights } from '../cache/resident-weights.js';
 import type { RegionStore } from '../store/region-store.js';
 import type { TransferOptions } from '../transfer/transfer.js';
 import type { MultipathOptions, MultipathStats } from '../transfer/multipath.js';
-import type { ResponseCheckOptions } from './response-check-options.js';
-import type { CheckpointBackend } from './deep-suspend.js';
+import type { ResponseCheckOptions } from './response-check.js';
+import type { CheckpointBackend } from './deep.js';
 import type { GpuRef } from './gpu-remap.js';
-import type { EngineRecovery, MaterializePolicy, RecoveryPolicy, RecoveryReason } from './engine-recovery.js';
-import type { LiveCheckReport } from './live-check.js';
-import type { Snapshot } from './snapshot.js';
-import type { CaptureHash, CaptureOptions, DeviceTiming, PersistPolicy } from './snapshot-types.js';
+import type { EngineRecovery, MaterializePolicy, RecoveryPolicy, RecoveryReason } from './recovery.js';
+import type { LiveCheckReport } from '../digest/compare.js';
+import type { Snapshot } from '../snapshot/snapshot.js';
+import type { CaptureHash, CaptureOptions, DeviceTiming, PersistPolicy } from '../snapshot/snapshot-types.js';
 import type { RegistrySource } from '../registry/source.js';
-import type { NeighbourTier } from '../gpu/neighbour-tier.js';
-import type { NeighbourParkOptions, NeighbourParkResult } from './neighbour-flows.js';
+import type { NeighbourTier } from '../cache/neighbour-tier.js';
+import type { NeighbourParkOptions, NeighbourParkResult } from '../tiers/neighbour.js';
 
 /* The options and reports of the engine flows (engine-capture.ts, engine-suspend.ts, engine-flows.ts). */
 

@@ -6,10 +6,10 @@ import type { EngineClient, EngineStatus } from '../engine/engine-client.js';
 import type { ExportedRegions } from '../engine/export.js';
 import type { LiveLayout } from '../manifest/compat.js';
 import type { ExpectedResponse } from '../manifest/types.js';
-import type { ResponseCheckOptions } from './response-check-options.js';
-import type { Snapshot } from './snapshot.js';
+import type { ResponseCheckOptions } from './response-check.js';
+import type { Snapshot } from '../snapshot/snapshot.js';
 
-export type { ResponseCheckOptions } from './response-check-options.js';
+export type { ResponseCheckOptions } from './response-check.js';
 
 export const DEFAULT_PROMPT = 'The capital of France is';
 const RISKY_BACKENDS = /FLASHINFER/i;

@@ -1,8 +1,8 @@
 import { VsnapError } from '../errors.js';
 import type { CallOptions, EngineClient } from '../engine/engine-client.js';
 import { engineControl } from '../engine/control.js';
-import { checkSpec, compareResponses, probe, recheck } from './engine-checks.js';
-import type { ResponseCheckOptions } from './response-check-options.js';
+import { checkSpec, compareResponses, probe, recheck } from '../flows/checks.js';
+import type { ResponseCheckOptions } from '../flows/response-check.js';
 import type { ExpectedResponse } from '../manifest/types.js';
 
 /**

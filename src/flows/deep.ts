@@ -2,7 +2,7 @@ import { toVsnapError, VsnapError } from '../errors.js';
 import type { EngineStatus } from '../engine/engine-client.js';
 import { openExports } from '../engine/export.js';
 import { native, type NativeGpuPair, type NativeProcessState } from '../native/index.js';
-import { phaseTimer } from './engine-checks.js';
+import { phaseTimer } from './checks.js';
 
 /*
  * Deep suspend: after a level-2 sleep, the driver's process checkpoint API moves what the engine's
