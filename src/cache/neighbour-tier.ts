@@ -305,3 +305,34 @@ export class NeighbourTier {
     }
   }
 }
+
+/**
+ * Where and whether a suspend parks the engine's weights in a neighbour GPU.
+ * @public
+ */
+export interface NeighbourParkOptions {
+  /** The tier to park in. */
+  readonly tier: NeighbourTier;
+  /**
+   * Asked with the bytes the park would take before anything is copied: false skips the park
+   * (the controller uses it to keep within the neighbour GPU's budget, evicting older entries
+   * first). Default: always park (evicting the tier's least recently used entries to fit).
+   */
+  readonly admit?: (bytes: number) => boolean;
+}
+
+/**
+ * What a park before the sleep did.
+ * @public
+ */
+export interface NeighbourParkResult {
+  /** The GPU the weights are parked on. */
+  readonly device: number;
+  /** Bytes held there (allocation granularity included). */
+  readonly bytes: number;
+  /** Seconds the copy and its verification took (0 when they were parked already). */
+  readonly seconds: number;
+  /** Whether this snapshot's weights were parked already (nothing copied). */
+  readonly already: boolean;
+}
+

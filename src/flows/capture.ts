@@ -3,8 +3,9 @@ import type { EngineClient, EngineStatus } from '../engine/engine-client.js';
 import { engineControl } from '../engine/control.js';
 import { exportRegions, type ExportedRegions } from '../engine/export.js';
 import type { RegionStore } from '../store/region-store.js';
-import { passOn } from '../transfer/transfer.js';
-import { checkSpec, preflight, probe } from './checks.js';
+import { checkSpec, probe } from '../engine/response-check.js';
+import { checkOptions } from '../options.js';
+import { preflight } from './checks.js';
 import { liveRefs, mapExported } from '../engine/exported.js';
 import type { MappedRegions } from '../regions/mapped.js';
 import { Snapshot } from '../snapshot/snapshot.js';
@@ -23,6 +24,7 @@ export async function captureEngine(
   client: EngineClient,
   options: EngineCaptureOptions = {},
 ): Promise<Snapshot> {
+  checkCaptureOptions(options);
   const { control, status } = await engineControl(client, options.signal ? { signal: options.signal } : {});
   preflight(status, options);
   if (status.sleeping) {
@@ -50,7 +52,7 @@ export async function captureExported(
   options: EngineCaptureOptions,
   mapped?: MappedRegions,
 ): Promise<Snapshot> {
-  const expected = await probe(client, checkSpec(options), options.signal);
+  const expected = await probe(client, checkSpec(options.check), options.signal);
   const memory = liveRefs(exported, mapped).map((l) => l.memory);
   let i = 0;
   return Snapshot.capture(store, name, {
@@ -66,7 +68,17 @@ export async function captureExported(
     ...(options.persist ? { persist: options.persist } : {}),
     ...(options.hash ? { hash: options.hash } : {}),
     ...(options.base ? { base: options.base } : {}),
-    ...passOn(options),
+    ...(options.transfer?.threads ? { threads: options.transfer.threads } : {}),
+    ...(options.transfer?.onProgress ? { onProgress: options.transfer.onProgress } : {}),
+    ...(options.signal ? { signal: options.signal } : {}),
   });
+}
+
+const CAPTURE_OPTIONS = ['check', 'labels', 'chunkSize', 'cache', 'persist', 'hash', 'base', 'transfer', 'signal', 'onWarning'];
+
+/** Rejects unknown capture options (the probe options moved into `check`). @internal */
+export function checkCaptureOptions(options: EngineCaptureOptions, what = 'captureEngine options'): void {
+  checkOptions(what, options, CAPTURE_OPTIONS, { probePrompt: 'check.prompt', probeMaxTokens: 'check.maxTokens', threads: 'transfer.threads', onProgress: 'transfer.onProgress' });
+  checkOptions(`${what}.transfer`, options.transfer, ['threads', 'onProgress']);
 }
 

@@ -1,19 +1,22 @@
 import { invalidArgument, VsnapError } from '../errors.js';
-import type { EngineClient, EngineStatus } from '../engine/engine-client.js';
-import { engineControl } from '../engine/control.js';
+import type { CallOptions, EngineClient, EngineStatus } from '../engine/engine-client.js';
+import { engineControl, type EngineControl } from '../engine/control.js';
 import { exportRegions, type ExportedRegions } from '../engine/export.js';
-import type { Mismatch } from '../manifest/compat.js';
-import type { RegionStore } from '../store/region-store.js';
-import { blobProblems, liveFacts, liveRanks, phaseTimer, preflight, warn } from './checks.js';
-import { deepPrecheck, deepSuspendRanks, nativeCheckpointBackend } from './deep.js';
 import { checkLive, type LiveCheckReport } from '../digest/compare.js';
 import { liveRefs, mapExported } from '../engine/exported.js';
+import type { Mismatch } from '../manifest/compat.js';
+import type { Manifest } from '../manifest/manifest.js';
+import { checkOptions } from '../options.js';
 import type { MappedRegions } from '../regions/mapped.js';
+import type { RegionStore } from '../store/region-store.js';
 import { Snapshot } from '../snapshot/snapshot.js';
-import { parkBeforeSleep, type NeighbourParkOptions, type NeighbourParkResult } from '../tiers/neighbour.js';
-import type { EngineSuspendOptions, EngineSuspendResult } from './types.js';
-import { captureExported } from './capture.js';
-/* suspendEngine: an engine to sleep, only once a snapshot can bring its weights back. */
+import { keepInEngine, keepingTiers, type Kept, type SuspendRun } from '../tiers/index.js';
+import { captureExported, checkCaptureOptions } from './capture.js';
+import { blobProblems, liveFacts, liveRanks, phaseTimer, preflight, warn } from './checks.js';
+import { deepPrecheck, deepSuspendRanks, nativeCheckpointBackend } from './deep.js';
+import type { EngineCaptureOptions, EngineSuspendOptions, EngineSuspendResult } from './types.js';
+
+/* suspendEngine: an engine to sleep, only once a snapshot (or a tier) can bring its weights back. */
 
 /** Why a snapshot cannot bring back the weights an engine exported, or [] if it can. */
 async function restorable(snapshot: Snapshot, status: EngineStatus, exported: ExportedRegions, options: EngineSuspendOptions): Promise<string[]> {
@@ -56,110 +59,148 @@ export async function restorableFor(
   }
 }
 
+const SUSPEND_OPTIONS = ['tiers', 'captureIfNeeded', 'verifyBlobs', 'onStale', 'mode', 'deep', 'capture', 'signal', 'onWarning', 'hooks'];
+
+/** The weights of an awake engine, exported and mapped once for the whole suspend (lazily), closed before it sleeps. */
+class LiveWeights {
+  private exported: ExportedRegions | undefined;
+  private mapped: MappedRegions | undefined;
+  constructor(
+    private readonly control: EngineControl,
+    private readonly ranks: number,
+    private readonly call: CallOptions,
+  ) {}
+  async export(): Promise<ExportedRegions> {
+    return (this.exported ??= await exportRegions(this.control, this.ranks, this.call));
+  }
+  async map(): Promise<MappedRegions> {
+    return (this.mapped ??= await mapExported(await this.export()));
+  }
+  async close(): Promise<void> {
+    this.exported?.close();
+    await this.mapped?.close();
+  }
+}
+
 /**
  * Puts an engine to sleep (level 2, freeing its weights) only if this store's snapshot `name`
  * can bring them back: it must match the live layout and engine facts, with every blob
- * present. Otherwise it captures first (`captureIfNeeded`) or refuses with E_NOT_RESTORABLE:
- * weights that cannot come back are never discarded. With `resident`, tier 0 keeps the weights
- * on the GPU and only the KV cache is freed.
+ * present, and the live weights must still equal it (the dirty check). Otherwise it captures
+ * first (`captureIfNeeded`; changed weights are always captured again unless `onStale: 'refuse'`)
+ * or refuses with E_NOT_RESTORABLE: weights that cannot come back are never discarded. With
+ * `tiers`, tier 0 keeps the weights on the GPU (only the KV cache is freed), or a neighbour GPU
+ * takes a copy; with `tiers.engine` the engine keeps them itself and no snapshot is needed.
  * @public
  */
-export async function suspendEngine(
-  store: RegionStore,
-  name: string,
-  client: EngineClient,
-  options: EngineSuspendOptions = {},
-): Promise<EngineSuspendResult> {
+export async function suspendEngine(store: RegionStore, name: string, client: EngineClient, options: EngineSuspendOptions = {}): Promise<EngineSuspendResult> {
+  checkSuspendOptions(options);
   const started = performance.now();
   const phases: Record<string, number> = {};
   const lap = phaseTimer(phases);
   const call = options.signal ? { signal: options.signal } : {};
   const { control, status } = await engineControl(client, call);
+  const tiers = options.tiers ?? {};
   const current = await store.current(name);
-  if (options.deep && options.resident) invalidArgument('options', 'either deep or resident (tier 0 keeps weights on the GPU)', { deep: true, resident: true });
-  const backend = options.deep ? (options.checkpointBackend ?? nativeCheckpointBackend()) : undefined;
-  // Deep: the API is there and every worker runs, checked before anything changes.
-  const deepRanks = backend ? await deepPrecheck(status, backend) : undefined;
+  const done = (r: Omit<EngineSuspendResult, 'seconds' | 'phases'>): EngineSuspendResult => ({ ...r, seconds: (performance.now() - started) / 1000, phases });
+  if (tiers.engine) {
+    const expected = await keepInEngine(client, control, status, tiers.engine === true ? {} : tiers.engine, call);
+    lap('releaseKvCache');
+    return done({ snapshot: current ? Snapshot.of(store, current) : undefined, keptIn: 'engine', captured: false, alreadyAsleep: false, ...(expected ? { expected } : {}) });
+  }
+  const backend = options.deep ? (options.hooks?.checkpoint ?? nativeCheckpointBackend()) : undefined;
+  const deepRanks = backend ? await deepPrecheck(status, backend) : undefined; // the API is there and every worker runs, before anything changes
   const goDeep = async (): Promise<void> => {
-    for (const [step, seconds] of Object.entries(await deepSuspendRanks(deepRanks!, backend!, options.lockTimeoutMs))) phases[`deep.${step}`] = seconds;
+    const timeout = typeof options.deep === 'object' ? options.deep.lockTimeoutMs : undefined;
+    for (const [step, seconds] of Object.entries(await deepSuspendRanks(deepRanks!, backend!, timeout))) phases[`deep.${step}`] = seconds;
   };
   if (status.sleeping) {
     if (!current) throw new VsnapError('E_NOT_RESTORABLE', `the engine is already asleep and the store has no snapshot '${name}'`, { name });
     if (deepRanks) await goDeep();
-    return { snapshot: Snapshot.of(store, current), captured: false, alreadyAsleep: true, seconds: (performance.now() - started) / 1000, phases };
+    return done({ snapshot: Snapshot.of(store, current), captured: false, alreadyAsleep: true });
   }
   lap('status');
   preflight(status, options.onWarning ? { onWarning: options.onWarning } : (options.capture ?? {}));
-  let snapshot = current ? Snapshot.of(store, current) : undefined;
-  // One export serves both the restorability check and tier 0's hold (a capture leaves the memory as it is).
-  let exported: ExportedRegions | undefined;
-  const exportWeights = async (): Promise<ExportedRegions> => (exported ??= await exportRegions(control, status.ranks.length, call));
-  // One mapping serves the dirty check and a capture after it; closed before the sleep frees the memory.
-  let mapped: MappedRegions | undefined;
-  const mapWeights = async (): Promise<MappedRegions> => (mapped ??= await mapExported(await exportWeights()));
-  let captured = false;
-  let liveCheck: LiveCheckReport | undefined;
-  let parked: NeighbourParkResult | undefined;
-  let park: NeighbourParkOptions | undefined;
+  const weights = new LiveWeights(control, status.ranks.length, call);
+  let checked: Checked;
+  let kept: Kept | undefined;
   try {
-    const problems = snapshot ? await restorable(snapshot, status, await exportWeights(), options) : [`the store has no snapshot '${name}'`];
-    lap('check');
-    // The dirty check: layout and blobs match, but do the bytes? Changed regions are captured again.
-    if (problems.length === 0 && snapshot) {
-      liveCheck = await checkLive(snapshot.manifest, liveRefs(await exportWeights(), await mapWeights()));
-      lap('digest');
-      if (!liveCheck.checked || liveCheck.changed.length) {
-        if (options.onStale === 'refuse') throw staleError(name, liveCheck);
-        snapshot = await captureExported(store, name, client, status, await exportWeights(), {
-          ...(options.capture ?? {}),
-          ...(liveCheck.checked ? { base: snapshot } : {}),
-          ...(options.signal ? { signal: options.signal } : {}),
-        }, await mapWeights());
-        captured = true;
-        lap('capture');
-      }
-    }
-    if (problems.length) {
-      if (!options.captureIfNeeded) {
-        throw new VsnapError(
-          'E_NOT_RESTORABLE',
-          `refusing to suspend: its weights could not be brought back, so they stay on the GPU.\n${problems.map((p) => `  - ${p}`).join('\n')}\n` +
-            'Capture a snapshot first (captureEngine), or pass captureIfNeeded.',
-          { name, problems },
-        );
-      }
-      // The weights exported for the check (or now) are captured as they are: no second export.
-      snapshot = await captureExported(store, name, client, status, await exportWeights(), {
-        ...(options.capture ?? {}),
-        ...(options.signal ? { signal: options.signal } : {}),
-      }, await mapWeights());
-      captured = true;
-      lap('capture');
-    }
-    // Tier 0: keep a reference to every weights region, so the sleep frees only the KV cache.
-    if (options.resident) {
-      await options.resident.hold(client.baseUrl, snapshot!.id, await exportWeights());
-      lap('hold');
-    } else if (options.neighbour) {
-      park = 'tier' in options.neighbour ? options.neighbour : { tier: options.neighbour };
-      parked = await parkBeforeSleep(park, snapshot!.manifest, liveRefs(await exportWeights()), (m) => warn(options, m));
-      lap('park');
-    }
+    checked = await ensureRestorable(store, name, client, status, weights, current, options, lap);
+    const run: SuspendRun = { client, snapshot: checked.snapshot, warn: (m) => warn(options, m), lap, exported: () => weights.export() };
+    for (const tier of keepingTiers(tiers)) if ((kept = await tier.keep!(run))) break;
   } finally {
-    exported?.close();
-    await mapped?.close();
+    await weights.close();
   }
   try {
     await control.sleep(2, options.mode, call);
     lap('sleep');
   } catch (err) {
-    options.resident?.release(client.baseUrl);
-    // The engine did not sleep: a copy parked for this suspend would be owned by nobody.
-    if (parked && !parked.already) park!.tier.evict(snapshot!.id);
+    kept?.undo();
     throw err;
   }
   if (deepRanks) await goDeep();
-  return { snapshot: snapshot!, captured, alreadyAsleep: false, seconds: (performance.now() - started) / 1000, phases, ...(liveCheck ? { liveCheck } : {}), ...(parked ? { parked } : {}) };
+  return done({ ...checked, alreadyAsleep: false, ...(kept ? { keptIn: kept.tier } : {}), ...(kept?.parked ? { parked: kept.parked } : {}) });
+}
+
+function checkSuspendOptions(options: EngineSuspendOptions): void {
+  checkOptions('suspendEngine options', options, SUSPEND_OPTIONS, { resident: 'tiers.gpu', neighbour: 'tiers.neighbour', lockTimeoutMs: 'deep: { lockTimeoutMs }', checkpointBackend: 'hooks.checkpoint' });
+  checkOptions('suspendEngine options.tiers', options.tiers, ['gpu', 'engine', 'neighbour', 'ram', 'multipath']);
+  if (options.capture) checkCaptureOptions(options.capture, 'suspendEngine options.capture');
+  const t = options.tiers ?? {};
+  if (options.deep && (t.gpu || t.engine)) invalidArgument('options', 'either deep or a tier 0 (tier 0 keeps the weights on the GPU)', { deep: true, tiers: Object.keys(t) });
+  if (t.engine && (t.gpu || t.neighbour)) invalidArgument('tiers', 'the engine keeping its weights alone (not with gpu or neighbour)', Object.keys(t));
+}
+
+/** The snapshot that brings the weights back, after the checks (and the capture they called for). */
+interface Checked {
+  readonly snapshot: Snapshot;
+  readonly captured: boolean;
+  readonly liveCheck?: LiveCheckReport;
+}
+
+/**
+ * Checks that the store's snapshot matches the engine (layout, facts, blobs) and that the live
+ * weights still equal it (the dirty check, by GPU digest); captures when they do not (reading only
+ * the changed regions when the layout matched), or refuses. The weights exported and mapped for
+ * the checks serve the capture too: no second export.
+ */
+async function ensureRestorable(
+  store: RegionStore,
+  name: string,
+  client: EngineClient,
+  status: EngineStatus,
+  weights: LiveWeights,
+  current: Manifest | undefined,
+  options: EngineSuspendOptions,
+  lap: (phase: string) => void,
+): Promise<Checked> {
+  const snapshot = current ? Snapshot.of(store, current) : undefined;
+  const capture = async (base?: Snapshot): Promise<Snapshot> => {
+    const ram = options.tiers?.ram;
+    const captureOptions: EngineCaptureOptions = { ...(ram ? { cache: ram } : {}), ...(options.capture ?? {}), ...(base ? { base } : {}), ...(options.signal ? { signal: options.signal } : {}) };
+    const s = await captureExported(store, name, client, status, await weights.export(), captureOptions, await weights.map());
+    lap('capture');
+    return s;
+  };
+  const problems = snapshot ? await restorable(snapshot, status, await weights.export(), options) : [`the store has no snapshot '${name}'`];
+  lap('check');
+  if (problems.length === 0) {
+    // Layout and blobs match, but do the bytes? Changed regions are captured again.
+    const liveCheck = await checkLive(snapshot!.manifest, liveRefs(await weights.export(), await weights.map()));
+    lap('digest');
+    if (liveCheck.checked && liveCheck.changed.length === 0) return { snapshot: snapshot!, captured: false, liveCheck };
+    if (options.onStale === 'refuse') throw staleError(name, liveCheck);
+    return { snapshot: await capture(liveCheck.checked ? snapshot : undefined), captured: true, liveCheck };
+  }
+  if (!options.captureIfNeeded) {
+    throw new VsnapError(
+      'E_NOT_RESTORABLE',
+      `refusing to suspend: its weights could not be brought back, so they stay on the GPU.\n${problems.map((p) => `  - ${p}`).join('\n')}\n` +
+        'Capture a snapshot first (captureEngine), or pass captureIfNeeded.',
+      { name, problems },
+    );
+  }
+  // The weights exported for the check are captured as they are.
+  return { snapshot: await capture(), captured: true };
 }
 
 /** E_STALE for a suspend that would discard weights the snapshot does not hold. @internal */

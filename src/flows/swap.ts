@@ -1,15 +1,9 @@
 import { invalidArgument, toVsnapError, VsnapError } from '../errors.js';
 import type { EngineClient } from '../engine/engine-client.js';
 import type { RegionStore } from '../store/region-store.js';
-import {
-  restoreEngine,
-  suspendEngine,
-  type EngineRestoreOptions,
-  type EngineRestoreReport,
-  type EngineSuspendOptions,
-  type EngineSuspendResult,
-  type SnapshotRef,
-} from './restore.js';
+import { restoreEngine } from './restore.js';
+import { suspendEngine } from './suspend.js';
+import type { EngineRestoreOptions, EngineRestoreReport, EngineSuspendOptions, EngineSuspendResult, SnapshotRef } from './types.js';
 import type { Snapshot } from '../snapshot/snapshot.js';
 
 /**
@@ -114,7 +108,7 @@ export async function swapEngines(options: EngineSwapOptions): Promise<EngineSwa
   };
   const restore = async (beforeKvWake?: () => Promise<void>): Promise<void> => {
     try {
-      restoreReport = await restoreEngine(source, bClient, { ...restoreOptions, ...(beforeKvWake ? { beforeKvWake } : {}) });
+      restoreReport = await restoreEngine(source, bClient, { ...restoreOptions, ...(beforeKvWake ? { hooks: { ...restoreOptions.hooks, beforeKvWake } } : {}) });
     } catch (err) {
       restoreError = toVsnapError(err);
     }

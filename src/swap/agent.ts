@@ -5,7 +5,7 @@ import { pipeline } from 'node:stream/promises';
 
 import type { HostCache } from '../cache/host-cache.js';
 import { toVsnapError, VsnapError, type ErrorCode } from '../errors.js';
-import { captureEngine } from '../flows/restore.js';
+import { captureEngine } from '../flows/index.js';
 import type { RegionStore } from '../store/region-store.js';
 import type { SwapController } from './controller.js';
 import { bearerMatches, BodyBudget, decodeSegment, HttpError, readBody, send, sendError } from './http.js';

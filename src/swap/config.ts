@@ -5,7 +5,7 @@ import { LineCounter, parseDocument } from 'yaml';
 import { z } from 'zod';
 
 import { VsnapError } from '../errors.js';
-import type { ResponseCheckOptions } from '../flows/response-check.js';
+import type { ResponseCheckOptions } from '../engine/response-check.js';
 import { NAME, snapshotNameFor } from '../store/names.js';
 
 const ModelSchema = z

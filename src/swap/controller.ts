@@ -4,14 +4,14 @@ import type { Registry } from 'prom-client';
 
 import type { HostCache } from '../cache/host-cache.js';
 import type { ResidentWeights } from '../cache/resident-weights.js';
-import type { ResponseCheckOptions } from '../flows/response-check.js';
+import type { ResponseCheckOptions } from '../engine/response-check.js';
 import type { CheckpointBackend } from '../flows/deep.js';
 import type { MaterializePolicy, RecoveryPolicy, RecoveryReason } from '../flows/recovery.js';
 import type { EngineClient } from '../engine/engine-client.js';
 import type { RegistrySource } from '../registry/source.js';
 import type { MultipathOptions } from '../transfer/multipath.js';
 import { abortError, invalidArgument, VsnapError } from '../errors.js';
-import { restorableFor } from '../flows/restore.js';
+import { restorableFor } from '../flows/index.js';
 import { Snapshot } from '../snapshot/snapshot.js';
 import type { RegionStore, VerifyReport } from '../store/region-store.js';
 import { SwapExecutor, type Slot, type Waiter } from './executor.js';

@@ -2,8 +2,7 @@ import type { EventEmitter } from 'node:events';
 
 import { engineControl } from '../engine/control.js';
 import { toVsnapError, VsnapError } from '../errors.js';
-import { suspendEngine, restoreEngine, type EngineRestoreReport, type SnapshotRef } from '../flows/restore.js';
-import { resumeEngineKeptWeights, suspendEngineKeepingWeights } from '../tiers/engine.js';
+import { suspendEngine, restoreEngine, type EngineRestoreReport, type SnapshotRef } from '../flows/index.js';
 import { checkResident } from '../cache/resident-weights.js';
 import { Snapshot } from '../snapshot/snapshot.js';
 import type { Lease, RecoveryView, SwapControllerOptions, SwapEngine, SwapEvent } from './controller.js';
@@ -390,17 +389,19 @@ export class SwapExecutor {
       // restoreEngine opens it again (pulling it first when it has a registry source) and recovers past it
       source = { store: this.options.store, name: slot.spec.snapshot, ...(slot.spec.from ? { from: slot.spec.from } : {}) };
     }
-    return restoreEngine(source, slot.spec.client, {
-      ...(onto ? { onto: onto[0]! } : {}),
-      ...(this.options.cache ? { cache: this.options.cache } : {}),
-      ...(this.options.resident ? { resident: this.options.resident } : {}),
-      ...(this.options.checkpointBackend ? { checkpointBackend: this.options.checkpointBackend } : {}),
+    const tiers = {
+      ...(this.options.cache ? { ram: this.options.cache } : {}),
+      ...(this.options.resident ? { gpu: this.options.resident } : {}),
       ...(this.neighbour && !this.neighbour.tier.closed ? { neighbour: this.neighbour.tier } : {}),
       ...(this.twoLinks(slot) ? { multipath: this.options.multipath! } : {}),
-      recovery,
-      materialize: this.options.materialize ?? 'async',
+    };
+    const hooks = { ...(this.options.checkpointBackend ? { checkpoint: this.options.checkpointBackend } : {}), ...(beforeKvWake ? { beforeKvWake } : {}) };
+    return restoreEngine(source, slot.spec.client, {
+      tiers,
+      ...(onto ? { move: { onto: onto[0]! } } : {}),
+      recovery: { policy: recovery, materialize: this.options.materialize ?? 'async' },
       ...(this.overlaps() ? { overlapKvWake: true } : {}),
-      ...(beforeKvWake ? { beforeKvWake } : {}),
+      hooks,
       onWarning: (message) => this.events.emit('warning', { engine: slot.spec.name, message }),
     });
   }
@@ -440,7 +441,8 @@ export class SwapExecutor {
 
   /** The engine's own tier 0: wake its KV cache (no snapshot, nothing moved). */
   private async resumeKept(slot: Slot) {
-    return { phases: { resume: await resumeEngineKeptWeights(slot.spec.client) }, tier: "gpu" as const, bytes: 0 };
+    const report = await restoreEngine({ store: this.options.store, name: slot.spec.snapshot }, slot.spec.client, { tiers: { engine: true } });
+    return { phases: report.phases, tier: report.tier, bytes: 0 };
   }
 
   /**
@@ -453,7 +455,7 @@ export class SwapExecutor {
     this.changed();
     this.events.emit('swapStarted', { engine: name, action: 'suspend' });
     try {
-      const r = await suspendEngineKeepingWeights(slot.spec.client);
+      const r = await suspendEngine(this.options.store, slot.spec.snapshot, slot.spec.client, { tiers: { engine: true } });
       Object.assign(slot, { state: 'asleep', keptByEngine: true });
       const event: SwapEvent = { engine: name, action: 'suspend', seconds: r.seconds, captured: false };
       this.metrics.swaps.inc({ engine: name, action: 'suspend', result: 'ok' });
@@ -521,12 +523,13 @@ export class SwapExecutor {
       const neighbour = !resident && this.neighbour?.parkable(slot.spec.devices) ? this.neighbour.parkOptions(name, () => this.planInput(), forEngine) : undefined;
       const result = await suspendEngine(this.options.store, slot.spec.snapshot, slot.spec.client, {
         captureIfNeeded,
-        ...(slot.spec.deepSuspend ? { deep: true, ...(this.options.checkpointBackend ? { checkpointBackend: this.options.checkpointBackend } : {}) } : {}),
-        ...(this.options.cache || slot.spec.check ? { capture: { ...(this.options.cache ? { cache: this.options.cache } : {}), ...(slot.spec.check ? { check: slot.spec.check } : {}) } } : {}),
-        ...(resident ? { resident } : {}),
-        ...(neighbour ? { neighbour, onWarning: (message: string) => this.events.emit('warning', { engine: name, message }) } : {}),
+        tiers: { ...(this.options.cache ? { ram: this.options.cache } : {}), ...(resident ? { gpu: resident } : {}), ...(neighbour ? { neighbour } : {}) },
+        ...(slot.spec.deepSuspend ? { deep: true } : {}),
+        ...(this.options.checkpointBackend ? { hooks: { checkpoint: this.options.checkpointBackend } } : {}),
+        ...(slot.spec.check ? { capture: { check: slot.spec.check } } : {}),
+        ...(neighbour ? { onWarning: (message: string) => this.events.emit('warning', { engine: name, message }) } : {}),
       });
-      this.neighbour?.parked(name, result.parked, result.snapshot.id);
+      this.neighbour?.parked(name, result.parked, result.snapshot!.id);
       slot.state = 'asleep';
       delete slot.shallow;
       delete slot.retryAt;

@@ -3,7 +3,7 @@ import type { EventEmitter } from 'node:events';
 import { Counter, Gauge, type Registry } from 'prom-client';
 
 import { NeighbourTier } from '../cache/neighbour-tier.js';
-import type { NeighbourParkOptions, NeighbourParkResult } from '../tiers/neighbour.js';
+import type { NeighbourParkOptions, NeighbourParkResult } from '../cache/neighbour-tier.js';
 import { parkable, planPark, type PlanNeighbour } from './neighbour-plan.js';
 import type { PlanInput } from './planner.js';
 

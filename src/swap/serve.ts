@@ -3,7 +3,7 @@ import { EngineClient } from '../engine/engine-client.js';
 import { toVsnapError } from '../errors.js';
 import { Registry } from '../registry/registry.js';
 import { pullIfMissing, registryOptionsFromEnv, type RegistrySource } from '../registry/source.js';
-import { suspendEngine } from '../flows/restore.js';
+import { suspendEngine } from '../flows/index.js';
 import { RegionStore } from '../store/region-store.js';
 import { SwapAgent } from './agent.js';
 import { checkPorts, type ServeConfig } from './config.js';

@@ -1,13 +1,15 @@
 import { toVsnapError, type VsnapError } from '../errors.js';
-import type { NeighbourTier } from '../cache/neighbour-tier.js';
+import type { NeighbourParkOptions, NeighbourParkResult, NeighbourTier } from '../cache/neighbour-tier.js';
 import type { Manifest } from '../manifest/manifest.js';
 import { verifyRestored, type LiveRegionRef } from '../digest/compare.js';
+import { liveRefs } from '../engine/exported.js';
+import type { Kept, RestoreRun, SuspendRun, Tier, TierRestore } from './tier.js';
 
 /*
  * The neighbour-GPU tier inside the engine flows: a suspend parks the engine's weights in the
  * neighbour's free memory by peer copy before the engine sleeps, and a restore copies them back
  * from there (falling back to the RAM tier or the store when they are not there or the copy
- * fails). A layer above NeighbourTier, used by engine-flows.ts.
+ * fails). A tier over NeighbourTier (src/cache).
  *
  * Why device-to-device before the sleep, not host-to-neighbour from the RAM tier after it: the
  * peer copy runs at ~390 GB/s (a 17 GiB engine in ~45 ms), the live weights were just checked
@@ -16,36 +18,6 @@ import { verifyRestored, type LiveRegionRef } from '../digest/compare.js';
  * with the next restore's own host-to-GPU hydrate (the host memory bus, and the neighbour's
  * PCIe link that multi-path hydrate uses).
  */
-
-/**
- * Where and whether a suspend parks the engine's weights in a neighbour GPU.
- * @public
- */
-export interface NeighbourParkOptions {
-  /** The tier to park in. */
-  readonly tier: NeighbourTier;
-  /**
-   * Asked with the bytes the park would take before anything is copied: false skips the park
-   * (the controller uses it to keep within the neighbour GPU's budget, evicting older entries
-   * first). Default: always park (evicting the tier's least recently used entries to fit).
-   */
-  readonly admit?: (bytes: number) => boolean;
-}
-
-/**
- * What a park before the sleep did.
- * @public
- */
-export interface NeighbourParkResult {
-  /** The GPU the weights are parked on. */
-  readonly device: number;
-  /** Bytes held there (allocation granularity included). */
-  readonly bytes: number;
-  /** Seconds the copy and its verification took (0 when they were parked already). */
-  readonly seconds: number;
-  /** Whether this snapshot's weights were parked already (nothing copied). */
-  readonly already: boolean;
-}
 
 /** Why a neighbour path was not taken; passed to the caller's warning. */
 type Warn = (message: string) => void;
@@ -56,9 +28,9 @@ const hasDigests = (manifest: Manifest): boolean => [...manifest.regions()].ever
  * Parks the live regions of an engine (its exported memory, on one GPU) in the tier under the
  * snapshot's id, verified against its GPU digests. Never fails the suspend: a park that cannot
  * be made (no digests to check it against, no room, no peer access, a copy failure) is skipped
- * with a warning. @internal
+ * with a warning.
  */
-export async function parkBeforeSleep(
+async function parkBeforeSleep(
   options: NeighbourParkOptions,
   manifest: Manifest,
   live: readonly LiveRegionRef[],
@@ -83,42 +55,46 @@ export async function parkBeforeSleep(
   }
 }
 
-/** What a restore from the neighbour tier did (the shape of the hydrate step's result). @internal */
-export interface NeighbourHydrate {
-  readonly bytes: number;
-  readonly tier: 'neighbour';
-  readonly digestSeconds?: number;
-  /** Per-GPU timings are reported by the RAM and store tiers only. */
-  readonly devices?: undefined;
+/**
+ * The neighbour tier as the flows use it: `park` is a NeighbourTier, or one with an admission
+ * rule (the controller's budget). @internal
+ */
+export function neighbourTier(park: NeighbourTier | NeighbourParkOptions): Tier {
+  const options = 'tier' in park ? park : { tier: park };
+  const { tier } = options;
+  return {
+    name: 'neighbour',
+    holds: (run) => run.snapshot !== undefined && !tier.closed && tier.has(run.snapshot.id) && hasDigests(run.snapshot.manifest),
+    restore: (run) => restoreParked(tier, run),
+    async keep(run: SuspendRun): Promise<Kept | undefined> {
+      const manifest = run.snapshot.manifest;
+      const parked = await parkBeforeSleep(options, manifest, liveRefs(await run.exported()), (m) => run.warn(m));
+      run.lap('park');
+      if (!parked) return undefined;
+      // The engine did not sleep: a copy parked for this suspend would be owned by nobody.
+      return { tier: 'neighbour', parked, undo: () => void (parked.already || tier.evict(manifest.id)) };
+    },
+  };
 }
 
 /**
  * Copies the weights parked under the snapshot's id back into the engine's regions, then
  * verifies the restored memory against the snapshot's GPU digests (always: they are the only
- * check of this path). `direct` are the regions as exported (what a peer copy takes), `mapped`
- * the same regions through the restore's mapping (what the digest reads). Returns undefined, with
- * a warning, when the tier does not hold them or the copy or its check fails (a parked copy that
- * fails its check is evicted): the caller hydrates from the RAM tier or the store, which
- * overwrites every byte. @internal
+ * check of this path). Undefined, with a warning, when the copy or its check fails (a parked copy
+ * that fails its check is evicted): the next tier overwrites every byte.
  */
-export async function hydrateFromNeighbour(
-  tier: NeighbourTier,
-  manifest: Manifest,
-  direct: readonly LiveRegionRef[],
-  mapped: readonly LiveRegionRef[],
-  warn: Warn,
-  signal?: AbortSignal,
-): Promise<NeighbourHydrate | undefined> {
-  if (tier.closed || !tier.has(manifest.id) || !hasDigests(manifest)) return undefined;
+async function restoreParked(tier: NeighbourTier, run: RestoreRun): Promise<TierRestore | undefined> {
+  const manifest = run.snapshot!.manifest;
+  const targets = await run.targets();
   try {
-    const copied = await tier.restore(manifest.id, direct);
-    const digestSeconds = await verifyRestored(manifest, mapped);
+    const copied = await tier.restore(manifest.id, targets.direct);
+    const digestSeconds = await verifyRestored(manifest, targets.mapped);
     return { bytes: copied.bytes, tier: 'neighbour', ...(digestSeconds !== undefined ? { digestSeconds } : {}) };
   } catch (err) {
     const e: VsnapError = toVsnapError(err);
-    if (signal?.aborted) throw e;
+    if (targets.signal?.aborted) throw e;
     if (e.code === 'E_DIGEST_MISMATCH') tier.evict(manifest.id); // a damaged parked copy is not tried again
-    warn(`the restore of '${manifest.name}' from the neighbour tier on GPU ${tier.device} failed (${e.code}: ${e.message}); restoring from the RAM tier or the store instead`);
+    run.warn(`the restore of '${manifest.name}' from the neighbour tier on GPU ${tier.device} failed (${e.code}: ${e.message}); restoring from the RAM tier or the store instead`);
     return undefined;
   }
 }

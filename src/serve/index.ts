@@ -1,0 +1,12 @@
+/**
+ * `vsnap/serve`: the `vsnap serve` application as a library: its configuration, the supervisor
+ * that starts and stops engine processes, the HTTP agent (an OpenAI-compatible proxy that swaps
+ * models, with a status page and control routes), and `serve`, which runs them all.
+ *
+ * @packageDocumentation
+ */
+
+export { serve, type ServeHandle } from '../swap/serve.js';
+export { checkPorts, loadConfig, snapshotNameForModel, type ServeConfig, type ServeModelConfig } from '../swap/config.js';
+export { Supervisor, type EngineProcessState, type SupervisedEngine, type SupervisorOptions } from '../swap/supervisor.js';
+export { SwapAgent, type SwapAgentOptions } from '../swap/agent.js';
