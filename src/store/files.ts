@@ -244,7 +244,8 @@ export class StoreFiles {
     replaceFileAtomic(this.currentPath(name), tmpPath, `${id}\n${seq}\n`);
   }
 
-  currentPath(name: string): string {
+  /** snapshots/<name>/current: the pointer naming the current capture. */
+  private currentPath(name: string): string {
     return join(this.snapshotDir(name), 'current');
   }
 
@@ -267,6 +268,7 @@ export class StoreFiles {
     return true;
   }
 
+  /** snapshots/<name>/<id>.json: the manifest of one capture. */
   manifestPath(name: string, id: string): string {
     return join(this.snapshotDir(name), `${id}.json`);
   }
