@@ -3,7 +3,7 @@
 // asleep, swapped back and forth end to end, once for each tier a restore can come from:
 //   tier0      weights kept on the GPU across sleep (ResidentWeights) and mapped back: no copy
 //   engine     the engine's own tier 0: weights never leave its mapping, only the KV cache is
-//              released (suspendEngineKeepingWeights / resumeEngineKeptWeights, vLLM's
+//              released (suspendEngine / restoreEngine with tiers.engine, vLLM's
 //              release_kv_cache_memory): no export, no mapping, no copy
 //   ram        hot: both snapshots held in the pinned RAM tier (HostCache): one bulk DMA
 //   pagecache  warm disk: no cache, the blobs read from the page cache
@@ -41,25 +41,8 @@ import { cpus, tmpdir } from 'node:os';
 import { basename, dirname, join } from 'node:path';
 import { isDeepStrictEqual, parseArgs } from 'node:util';
 
-import {
-  captureEngine,
-  cudaStatus,
-  EngineClient,
-  type EngineRestoreOptions,
-  type EngineSuspendOptions,
-  HostCache,
-  listDevices,
-  type Manifest,
-  RegionStore,
-  releaseIdleResources,
-  ResidentWeights,
-  restoreEngine,
-  resumeEngineKeptWeights,
-  Snapshot,
-  suspendEngine,
-  suspendEngineKeepingWeights,
-  swapEngines,
-} from '../src/index.js';
+import { captureEngine, cudaStatus, EngineClient, type EngineRestoreOptions, type EngineSuspendOptions, HostCache, type Manifest, RegionStore, ResidentWeights, restoreEngine, Snapshot, suspendEngine, swapEngines } from '../src/index.js';
+import { listDevices, releaseIdleResources } from '../src/plumbing.js';
 import { packageRoot } from '../src/native/index.js';
 import { askCapital, pluginSitePath, startEngine, type TestEngine } from '../test/helpers/engine.js';
 import { type Capture2Result, capture2Table, runCapture2 } from './capture-two-gpu.js';
@@ -365,14 +348,15 @@ async function swapKept(index: number, warmup: boolean): Promise<SwapRecord> {
   const from = sides[awake]!;
   const to = sides[1 - awake]!;
   const t0 = performance.now();
-  const suspended = await suspendEngineKeepingWeights(from.client);
+  await suspendEngine(store, from.name, from.client, { tiers: { engine: true } });
   const suspendSeconds = since(t0);
   const expected = to.snapshot!.manifest.data.expectedResponse;
-  const restoreSeconds = await resumeEngineKeptWeights(to.client, expected ? { expected } : {});
+  const resumed = await restoreEngine({ store, name: to.name }, to.client, { tiers: { engine: expected ? { expected } : true } });
+  const restoreSeconds = resumed.seconds;
   const wallSeconds = since(t0);
   awake = 1 - awake;
   const after = await afterSwap('engine', index, from, to);
-  log(`[engine]${warmup ? ' warm-up' : ''} swap ${index} ${from.label}->${to.label}: ${ms(wallSeconds)} (suspend ${ms(suspendSeconds)} via ${suspended.via}; resume ${ms(restoreSeconds)})`);
+  log(`[engine]${warmup ? ' warm-up' : ''} swap ${index} ${from.label}->${to.label}: ${ms(wallSeconds)} (suspend ${ms(suspendSeconds)}; resume ${ms(restoreSeconds)})`);
   return {
     row: 'engine',
     overlap: 'none',
@@ -401,7 +385,7 @@ async function swapKept(index: number, warmup: boolean): Promise<SwapRecord> {
 async function runKeptSwaps(result: RowResult): Promise<void> {
   const parked = sides[awake]!;
   const other = sides[1 - awake]!;
-  await suspendEngineKeepingWeights(parked.client);
+  await suspendEngine(store, parked.name, parked.client, { tiers: { engine: true } });
   await restoreEngine(other.snapshot!, other.client, {});
   awake = 1 - awake;
   try {
@@ -411,7 +395,7 @@ async function runKeptSwaps(result: RowResult): Promise<void> {
     const last = sides[awake]!;
     const kept = sides[1 - awake]!;
     await suspendEngine(store, last.name, last.client, {});
-    await resumeEngineKeptWeights(kept.client);
+    await restoreEngine({ store, name: kept.name }, kept.client, { tiers: { engine: true } });
     awake = 1 - awake;
   }
 }
@@ -497,7 +481,7 @@ async function runRow(row: RowName): Promise<RowResult[]> {
     const resident = new ResidentWeights();
     try {
       // After the two warm-up swaps, the engine asleep is always held: every measured restore maps its weights back.
-      await each({ suspend: { resident }, restore: { resident }, tier: 'gpu' });
+      await each({ suspend: { tiers: { gpu: resident } }, restore: { tiers: { gpu: resident } }, tier: 'gpu' });
       result.setup.residentBytesAfterRow = resident.bytes;
     } finally {
       resident.close(); // the engine asleep now restores from the store or the RAM tier in the next rows
@@ -520,7 +504,7 @@ async function runRow(row: RowName): Promise<RowResult[]> {
       for (const s of sides) await cache.load(store, s.snapshot!.manifest);
       result.setup.cacheLoadSeconds = since(t);
       log(`[ram] HostCache of ${gib(budgetBytes)} GiB (${cache.pinned ? 'pinned' : 'not pinned'}) created in ${ms(result.setup.cacheCreateSeconds)}, both snapshots loaded in ${ms(result.setup.cacheLoadSeconds)}`);
-      await each({ suspend: {}, restore: { cache, ...(row === 'ram2' ? { multipath: { neighbour } } : {}) }, tier: 'ram' });
+      await each({ suspend: {}, restore: { tiers: { ram: cache, ...(row === 'ram2' ? { multipath: { neighbour } } : {}) } }, tier: 'ram' });
     } finally {
       cache.close();
     }
@@ -539,7 +523,7 @@ async function runRow(row: RowName): Promise<RowResult[]> {
       const err = dropCaches();
       if (err !== null) throw new Error(`dropping the page cache failed: ${err}`);
     };
-    await runSwaps(result, { suspend: {}, restore: { directIo: true }, tier: 'store', beforeSwap });
+    await runSwaps(result, { suspend: {}, restore: { transfer: { directIo: true } }, tier: 'store', beforeSwap });
   }
   if (!result.summary) summarise(result);
   return results;

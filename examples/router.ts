@@ -2,7 +2,8 @@
 // engine of their `model`, which is woken (and the other suspended) when it does not fit.
 //   VSNAP_TOKEN=... npx tsx examples/router.ts http://127.0.0.1:8001=llama http://127.0.0.1:8002=qwen
 // Then: curl localhost:8080/v1/completions -d '{"model":"qwen","prompt":"Hello","max_tokens":8}'
-import { EngineClient, HostCache, RegionStore, SwapAgent, SwapController, type SwapEvent } from 'vsnap';
+import { EngineClient, HostCache, RegionStore, SwapController, type SwapEvent } from 'vsnap';
+import { SwapAgent } from 'vsnap/serve';
 
 const GiB = 2 ** 30;
 const engines = process.argv.slice(2).map((arg) => {

@@ -56,6 +56,7 @@ export { captureEngine, restorableFor, restoreEngine, suspendEngine, swapEngines
 export type {
   DeepSuspendOptions,
   EngineCaptureOptions,
+  EngineKeptSuspendResult,
   EngineMove,
   EngineRecovery,
   EngineRestoreOptions,

@@ -2,10 +2,7 @@
 export { captureEngine } from './capture.js';
 export { restorableFor, suspendEngine } from './suspend.js';
 export { restoreEngine } from './restore.js';
-export { restoreMapping } from './restore-run.js';
 export { swapEngines, type EngineSwapOptions, type EngineSwapReport, type SwapOverlap } from './swap.js';
 export type * from './types.js';
 export type { EngineRecovery, MaterializeOutcome, MaterializePolicy, RecoveryPolicy, RecoveryReason } from './recovery.js';
-export type { CheckpointBackend } from './deep.js';
 export type { GpuRef } from './gpu-remap.js';
-export type { FlowHooks } from './hooks.js';

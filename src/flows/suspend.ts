@@ -10,11 +10,14 @@ import { checkOptions } from '../options.js';
 import type { MappedRegions } from '../regions/mapped.js';
 import type { RegionStore } from '../store/region-store.js';
 import { Snapshot } from '../snapshot/snapshot.js';
-import { keepInEngine, keepingTiers, type Kept, type SuspendRun } from '../tiers/index.js';
+import { keepInEngine } from '../tiers/engine.js';
+import { keepingTiers } from '../tiers/index.js';
+import type { Kept, SuspendRun } from '../tiers/tier.js';
 import { captureExported, checkCaptureOptions } from './capture.js';
 import { blobProblems, liveFacts, liveRanks, phaseTimer, preflight, warn } from './checks.js';
 import { deepPrecheck, deepSuspendRanks, nativeCheckpointBackend } from './deep.js';
-import type { EngineCaptureOptions, EngineSuspendOptions, EngineSuspendResult } from './types.js';
+import type { EngineTiers } from '../tiers/index.js';
+import type { EngineCaptureOptions, EngineKeptSuspendResult, EngineSuspendOptions, EngineSuspendResult } from './types.js';
 
 /* suspendEngine: an engine to sleep, only once a snapshot (or a tier) can bring its weights back. */
 
@@ -92,7 +95,15 @@ class LiveWeights {
  * takes a copy; with `tiers.engine` the engine keeps them itself and no snapshot is needed.
  * @public
  */
-export async function suspendEngine(store: RegionStore, name: string, client: EngineClient, options: EngineSuspendOptions = {}): Promise<EngineSuspendResult> {
+export function suspendEngine(
+  store: RegionStore,
+  name: string,
+  client: EngineClient,
+  options?: EngineSuspendOptions & { readonly tiers?: Omit<EngineTiers, 'engine'> & { readonly engine?: false } },
+): Promise<EngineSuspendResult>;
+/** With `tiers.engine`: the engine keeps its weights, and no snapshot is needed. */
+export function suspendEngine(store: RegionStore, name: string, client: EngineClient, options: EngineSuspendOptions): Promise<EngineKeptSuspendResult>;
+export async function suspendEngine(store: RegionStore, name: string, client: EngineClient, options: EngineSuspendOptions = {}): Promise<EngineKeptSuspendResult> {
   checkSuspendOptions(options);
   const started = performance.now();
   const phases: Record<string, number> = {};
@@ -101,7 +112,7 @@ export async function suspendEngine(store: RegionStore, name: string, client: En
   const { control, status } = await engineControl(client, call);
   const tiers = options.tiers ?? {};
   const current = await store.current(name);
-  const done = (r: Omit<EngineSuspendResult, 'seconds' | 'phases'>): EngineSuspendResult => ({ ...r, seconds: (performance.now() - started) / 1000, phases });
+  const done = (r: Omit<EngineKeptSuspendResult, 'seconds' | 'phases'>): EngineKeptSuspendResult => ({ ...r, seconds: (performance.now() - started) / 1000, phases });
   if (tiers.engine) {
     const expected = await keepInEngine(client, control, status, tiers.engine === true ? {} : tiers.engine, call);
     lap('releaseKvCache');

@@ -5,6 +5,7 @@ import { restoreEngine } from './restore.js';
 import { suspendEngine } from './suspend.js';
 import type { EngineRestoreOptions, EngineRestoreReport, EngineSuspendOptions, EngineSuspendResult, SnapshotRef } from './types.js';
 import type { Snapshot } from '../snapshot/snapshot.js';
+import type { EngineTiers } from '../tiers/index.js';
 
 /**
  * How much of a swap runs at once (see {@link swapEngines}).
@@ -90,6 +91,7 @@ export async function swapEngines(options: EngineSwapOptions): Promise<EngineSwa
   const { client: aClient, store: aStore, name, ...suspendOptions } = options.suspend;
   const { source, client: bClient, ...restoreOptions } = options.restore;
   if (aClient.baseUrl === bClient.baseUrl) invalidArgument('restore.client', 'another engine than suspend.client', bClient.baseUrl);
+  if ((suspendOptions.tiers as EngineTiers | undefined)?.engine) invalidArgument('suspend.tiers.engine', 'absent: a swap suspends into a snapshot', true);
   const store = aStore ?? source.store;
   const started = performance.now();
   const since = (): number => (performance.now() - started) / 1000;
@@ -100,7 +102,7 @@ export async function swapEngines(options: EngineSwapOptions): Promise<EngineSwa
   let restoreError: VsnapError | undefined;
   const suspend = async (): Promise<void> => {
     try {
-      suspendResult = await suspendEngine(store, name, aClient, suspendOptions);
+      suspendResult = (await suspendEngine(store, name, aClient, suspendOptions)) as EngineSuspendResult; // not the engine's own tier: it has its snapshot
     } catch (err) {
       suspendError = toVsnapError(err);
     }

@@ -274,8 +274,8 @@ export interface EngineRestoreReport {
  * @public
  */
 export interface EngineSuspendResult {
-  /** The snapshot that can bring the weights back; undefined only with `tiers.engine` (the engine keeps them; no snapshot is needed). */
-  readonly snapshot: Snapshot | undefined;
+  /** The snapshot that can bring the weights back. */
+  readonly snapshot: Snapshot;
   /** Where the weights are kept besides the snapshot: `gpu` (tier 0 held by the SDK), `engine` (the engine kept them itself) or `neighbour` (absent: only in the snapshot). */
   readonly keptIn?: 'gpu' | 'engine' | 'neighbour';
   /** Whether a capture was made first. */
@@ -297,4 +297,14 @@ export interface EngineSuspendResult {
   readonly parked?: NeighbourParkResult;
   /** With `tiers.engine` and its `check`: the engine's answer, recorded before the suspend. */
   readonly expected?: ExpectedResponse;
+}
+
+/**
+ * What a suspend with `tiers.engine` did: the engine keeps its weights itself, so there may be no
+ * snapshot (`snapshot` is the store's current one, if it has one).
+ * @public
+ */
+export interface EngineKeptSuspendResult extends Omit<EngineSuspendResult, 'snapshot'> {
+  /** The store's current snapshot of that name, if any (none is needed). */
+  readonly snapshot: Snapshot | undefined;
 }

@@ -10,8 +10,7 @@ import { storeTier } from './store.js';
 import type { Tier } from './tier.js';
 
 export type { EngineKeptOptions } from './engine.js';
-export { keepInEngine } from './engine.js';
-export type { HydrateTargets, Kept, RestoreRun, SuspendRun, Tier, TierId, TierName, TierRestore } from './tier.js';
+export type { TierName } from './tier.js';
 
 /**
  * Where a suspended engine's weights are kept, and where a restore looks for them, fastest first.

@@ -10,7 +10,9 @@ import { after, before, describe, it } from 'node:test';
 
 import { request } from 'undici';
 
-import { cudaStatus, EngineClient, HostCache, RegionStore, releaseIdleResources, SwapAgent, SwapController, type SwapEvent } from '../../src/index.js';
+import { cudaStatus, EngineClient, HostCache, RegionStore, SwapController, type SwapEvent } from '../../src/index.js';
+import { releaseIdleResources } from '../../src/plumbing.js';
+import { SwapAgent } from '../../src/serve/index.js';
 import { startEngine, type TestEngine } from '../helpers/engine.js';
 
 const GiB = 1024 ** 3;

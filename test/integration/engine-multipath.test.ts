@@ -4,7 +4,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { HostCache } from '../../src/cache/host-cache.js';
-import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/restore.js';
+import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/index.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
 import { tempDir } from '../helpers/tmp.js';
@@ -32,11 +32,7 @@ describe('restoreEngine over two links (multipath)', () => {
     const { client, cache, store, snap, before } = await setup();
     await suspendEngine(store, 'ref', client);
     const warnings: string[] = [];
-    const report = await restoreEngine(snap, client, {
-      cache,
-      multipath: { neighbour: 1, chunkSize: 64 * 1024, testFaults: { relayDelayMs: 1, directDelayMs: 1 } },
-      onWarning: (m) => warnings.push(m),
-    });
+    const report = await restoreEngine(snap, client, { onWarning: (m) => warnings.push(m), tiers: { ram: cache, multipath: { neighbour: 1, chunkSize: 64 * 1024, testFaults: { relayDelayMs: 1, directDelayMs: 1 } } } });
     expect(report.tier).toBe('ram');
     expect(report.multipath).toBeDefined();
     expect(report.multipath!.bytesDirect + report.multipath!.bytesNeighbour).toBe(report.bytes);
@@ -49,7 +45,7 @@ describe('restoreEngine over two links (multipath)', () => {
   it('a relay chunk failing is copied again over the direct path: the restore completes, verified', async () => {
     const { client, cache, store, snap, before } = await setup();
     await suspendEngine(store, 'ref', client);
-    const report = await restoreEngine(snap, client, { cache, multipath: { neighbour: 1, chunkSize: 64 * 1024, testFaults: { failRelayAt: 1 } } });
+    const report = await restoreEngine(snap, client, { tiers: { ram: cache, multipath: { neighbour: 1, chunkSize: 64 * 1024, testFaults: { failRelayAt: 1 } } } });
     expect(report.multipath).toMatchObject({ requeuedChunks: 1, neighbourNote: expect.stringMatching(/injected fault/) });
     expect(await askCapital(client, 8).then((a) => a.ids)).toEqual(before);
   });
@@ -59,13 +55,13 @@ describe('restoreEngine over two links (multipath)', () => {
     await suspendEngine(store, 'ref', client);
     const fds = readdirSync('/proc/self/fd').length;
     await expect(
-      restoreEngine(snap, client, { cache, multipath: { neighbour: 1, chunkSize: 64 * 1024, testFaults: { failDirectAt: 2 } } }),
+      restoreEngine(snap, client, { tiers: { ram: cache, multipath: { neighbour: 1, chunkSize: 64 * 1024, testFaults: { failDirectAt: 2 } } } }),
     ).rejects.toMatchObject({ details: { recovered: true } });
     expect(readdirSync('/proc/self/fd').length).toBe(fds); // no descriptor (nor the mapping it would hold) left
     const status = await client.vsnapStatus();
     expect(status.sleeping).toBe(true);
     expect(status.ranks[0]!.weightsMapped).toBe(false);
-    await restoreEngine(snap, client, { cache });
+    await restoreEngine(snap, client, { tiers: { ram: cache } });
     expect(await askCapital(client, 8).then((a) => a.ids)).toEqual(before);
   });
 
@@ -73,7 +69,7 @@ describe('restoreEngine over two links (multipath)', () => {
     const { client, cache, store, snap, before } = await setup({ tensorParallelSize: 2 });
     await suspendEngine(store, 'ref', client);
     const warnings: string[] = [];
-    const report = await restoreEngine(snap, client, { cache, multipath: { neighbour: 1 }, onWarning: (m) => warnings.push(m) });
+    const report = await restoreEngine(snap, client, { onWarning: (m) => warnings.push(m), tiers: { ram: cache, multipath: { neighbour: 1 } } });
     expect(report.multipath).toBeUndefined();
     expect(warnings.join('\n')).toMatch(/multipath skipped: the engine has 2 ranks/);
     expect(await askCapital(client, 8).then((a) => a.ids)).toEqual(before);

@@ -8,7 +8,7 @@ import { EngineClient } from '../../src/engine/engine-client.js';
 import { checkResident } from '../../src/cache/resident-weights.js';
 import { VsnapError } from '../../src/errors.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
-import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/restore.js';
+import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/index.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
 import { patternedRegions } from '../helpers/regions.js';
@@ -104,7 +104,7 @@ describe('live weights: the dirty check before a discard, incremental capture, v
     const store = await RegionStore.open(tempDir());
     const resident = new ResidentWeights();
     try {
-      const s = await suspendEngine(store, 'ref', client, { captureIfNeeded: true, resident });
+      const s = await suspendEngine(store, 'ref', client, { captureIfNeeded: true, tiers: { gpu: resident } });
       const held = resident.peek(client.baseUrl)!;
       expect(await checkResident(s.snapshot.manifest, held)).toMatchObject({ checked: true, changed: [] });
       // One byte of one held region changes (the engine is asleep: nothing else writes there).

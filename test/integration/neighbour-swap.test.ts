@@ -4,7 +4,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { HostCache } from '../../src/cache/host-cache.js';
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { NeighbourTier } from '../../src/cache/neighbour-tier.js';
-import { captureEngine } from '../../src/flows/restore.js';
+import { captureEngine } from '../../src/flows/index.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { SwapAgent } from '../../src/swap/agent.js';
 import { SwapController, type SwapEvent } from '../../src/swap/controller.js';

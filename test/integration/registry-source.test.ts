@@ -8,7 +8,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { VsnapError } from '../../src/errors.js';
 import { Registry } from '../../src/registry/registry.js';
-import { restoreEngine, suspendEngine } from '../../src/flows/restore.js';
+import { restoreEngine, suspendEngine } from '../../src/flows/index.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { parseConfig } from '../../src/swap/config.js';
 import { SwapController } from '../../src/swap/controller.js';

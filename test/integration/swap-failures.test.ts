@@ -5,7 +5,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 
 import { HostCache } from '../../src/cache/host-cache.js';
 import { VsnapError } from '../../src/errors.js';
-import { captureEngine } from '../../src/flows/restore.js';
+import { captureEngine } from '../../src/flows/index.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { SwapAgent } from '../../src/swap/agent.js';

@@ -3,7 +3,7 @@ import { rmSync } from 'node:fs';
 import { afterEach, describe, expect, it } from 'vitest';
 
 import { VsnapError } from '../../src/errors.js';
-import { suspendEngine } from '../../src/flows/restore.js';
+import { suspendEngine } from '../../src/flows/index.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { SwapController, type SwapControllerOptions } from '../../src/swap/controller.js';
 import { StatusBoard } from '../../src/swap/status/board.js';
