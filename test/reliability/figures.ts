@@ -1,5 +1,5 @@
 // Figures of the reliability suite: each test file records what it measured; report.mjs prints
-// them (and writes them into the README's "Reliability" section).
+// them (and writes them into docs/reliability.md, between its reliability markers).
 import { mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';

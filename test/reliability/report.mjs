@@ -1,12 +1,13 @@
 // Prints the reliability figures the suite recorded (node_modules/.cache/vsnap-reliability/);
-// with --readme, also writes them into README.md between the reliability markers (only figures
-// of a full run: `npm run test:reliability`).
+// with --docs (or its older name --readme), also writes them into docs/reliability.md between the
+// reliability markers (only figures of a full run: `npm run test:reliability`).
 import { readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { cpus, release, totalmem } from 'node:os';
 import { fileURLToPath } from 'node:url';
 
 const dir = fileURLToPath(new URL('../../node_modules/.cache/vsnap-reliability/', import.meta.url));
-const readme = fileURLToPath(new URL('../../README.md', import.meta.url));
+const target = fileURLToPath(new URL('../../docs/reliability.md', import.meta.url));
+const TARGET = 'docs/reliability.md';
 const BEGIN = '<!-- reliability:begin -->';
 const END = '<!-- reliability:end -->';
 
@@ -83,18 +84,18 @@ const text =
 
 console.log(`\nvsnap reliability figures\n\n${text}`);
 
-if (process.argv.includes('--readme')) {
+if (process.argv.includes('--docs') || process.argv.includes('--readme')) {
   if (modes.length !== 1 || modes[0] !== 'full') {
-    console.error('reliability: not writing README.md: these figures are not all from a full run (VSNAP_RELIABILITY=full)');
+    console.error(`reliability: not writing ${TARGET}: these figures are not all from a full run (VSNAP_RELIABILITY=full)`);
     process.exit(1);
   }
-  const current = readFileSync(readme, 'utf8');
+  const current = readFileSync(target, 'utf8');
   const a = current.indexOf(BEGIN);
   const b = current.indexOf(END);
   if (a < 0 || b < a) {
-    console.error(`reliability: README.md has no ${BEGIN} ... ${END} section`);
+    console.error(`reliability: ${TARGET} has no ${BEGIN} ... ${END} section`);
     process.exit(1);
   }
-  writeFileSync(readme, `${current.slice(0, a + BEGIN.length)}\n${text}${current.slice(b)}`);
-  console.log('reliability: README.md updated');
+  writeFileSync(target, `${current.slice(0, a + BEGIN.length)}\n${text}${current.slice(b)}`);
+  console.log(`reliability: ${TARGET} updated`);
 }
