@@ -4,6 +4,7 @@ import { native } from '../native/index.js';
 import { memoryDevice, toNativeMemory, type RegionMemory } from '../regions/memory.js';
 import { verifyRestored } from '../digest/compare.js';
 import { DeviceAllocation } from '../gpu/device-allocation.js';
+import { regionId } from '../manifest/region-id.js';
 
 /**
  * Options of {@link NeighbourTier.create}.
@@ -104,7 +105,7 @@ export interface NeighbourEntry {
   readonly bytes: number;
 }
 
-const ref = (rank: number | undefined, key: string): string => `${rank ?? 0}/${key}`;
+const ref = (rank: number | undefined, key: string): string => regionId(rank ?? 0, key);
 
 /**
  * The neighbour-GPU tier: a suspended engine's weights parked in another GPU's free memory and

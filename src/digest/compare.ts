@@ -3,6 +3,7 @@ import { VsnapError } from '../errors.js';
 import type { Manifest } from '../manifest/manifest.js';
 import type { RegionInfo } from '../manifest/types.js';
 import type { RegionMemory } from '../regions/memory.js';
+import { regionId } from '../manifest/region-id.js';
 
 // Live memory compared with a snapshot's GPU digests: the dirty check before a discard (checkLive)
 // and the verification of restored memory (verifyRestored).
@@ -30,18 +31,16 @@ export interface LiveCheckReport {
   readonly seconds: number;
 }
 
-const id = (rank: number, key: string): string => `${rank}/${key}`;
-
 /** Digests live regions with the chunking of the snapshot's regions (matched by rank and key). */
 async function digestAgainst(
   manifest: Manifest,
   live: readonly LiveRegionRef[],
 ): Promise<{ pairs: Array<{ region: RegionInfo; ref: string; actual: string[] }>; seconds: number; bytes: number; devices: DigestResult['devices'] }> {
-  const byId = new Map(live.map((l) => [id(l.rank, l.key), l]));
+  const byId = new Map(live.map((l) => [regionId(l.rank, l.key), l]));
   const pairs: Array<{ region: RegionInfo; ref: string; target: DigestTarget }> = [];
   for (const { rank, region } of manifest.regions()) {
-    const l = byId.get(id(rank, region.key));
-    if (l) pairs.push({ region, ref: id(rank, region.key), target: { size: region.size, chunkSize: region.chunkSize, memory: l.memory } });
+    const l = byId.get(regionId(rank, region.key));
+    if (l) pairs.push({ region, ref: regionId(rank, region.key), target: { size: region.size, chunkSize: region.chunkSize, memory: l.memory } });
   }
   const result = await digestRegions(pairs.map((p) => p.target));
   return {

@@ -40,6 +40,29 @@ export function restoreMapping(): MappedRegionsOptions {
   return { mapping: defaultMapping('pipelined') };
 }
 
+/**
+ * Opens the snapshot, pulling it first when it has a registry source. One that cannot be opened
+ * fails the restore, unless it may be recovered from (or the engine's own tier may hold the weights).
+ */
+async function openSnapshot(
+  source: Snapshot | SnapshotRef,
+  client: EngineClient,
+  options: EngineRestoreOptions,
+  recovery: { reload: boolean },
+): Promise<{ snapshot?: Snapshot; openError?: OpenError }> {
+  if ('manifest' in source) return { snapshot: source }; // structural: a Snapshot of the other build (ESM/CJS) too
+  try {
+    await pullIfMissing(source, client, { signal: options.signal, allowModelSwap: options.allowModelSwap });
+    return { snapshot: await Snapshot.open(source.store, source.name, source.id !== undefined ? { id: source.id } : {}) };
+  } catch (err) {
+    const error = toVsnapError(err);
+    const reason = recovery.reload ? recoveryReason(error, undefined, undefined, options) : undefined;
+    // Only the engine's own tier can restore without the snapshot; otherwise this is the end.
+    if (!reason && !options.tiers?.engine) throw error;
+    return { openError: { error, reason } };
+  }
+}
+
 /** @internal */
 export class EngineRestoreRun implements RestoreRun {
   readonly started = performance.now();
@@ -89,22 +112,13 @@ export class EngineRestoreRun implements RestoreRun {
    * then reads the engine and resolves a move onto other GPUs (checked before anything changes).
    */
   static async open(source: Snapshot | SnapshotRef, client: EngineClient, options: EngineRestoreOptions, recovery: { reload: boolean; materialize: MaterializePolicy }): Promise<EngineRestoreRun> {
-    let snapshot: Snapshot | undefined;
-    let openError: OpenError | undefined;
-    if ('manifest' in source) snapshot = source; // structural: a Snapshot of the other build (ESM/CJS) too
-    else {
-      try {
-        await pullIfMissing(source, client, { signal: options.signal, allowModelSwap: options.allowModelSwap });
-        snapshot = await Snapshot.open(source.store, source.name, source.id !== undefined ? { id: source.id } : {});
-      } catch (err) {
-        const error = toVsnapError(err);
-        const reason = recovery.reload ? recoveryReason(error, undefined, undefined, options) : undefined;
-        // Only the engine's own tier can restore without the snapshot; otherwise this is the end.
-        if (!reason && !options.tiers?.engine) throw error;
-        openError = { error, reason };
-      }
-    }
-    const { control, status } = await engineControl(client, options.signal ? { signal: options.signal } : {});
+    // The snapshot is opened (or pulled) while the engine is read: neither changes anything yet.
+    // Both are waited for (no pull is left running), and the snapshot's failure comes first.
+    const [opened, read] = await Promise.allSettled([openSnapshot(source, client, options, recovery), engineControl(client, options.signal ? { signal: options.signal } : {})]);
+    if (opened.status === 'rejected') throw opened.reason;
+    if (read.status === 'rejected') throw read.reason;
+    const { snapshot, openError } = opened.value;
+    const { control, status } = read.value;
     preflight(status, options);
     const store = snapshot?.store ?? (source as SnapshotRef).store;
     const name = snapshot?.name ?? (source as SnapshotRef).name;

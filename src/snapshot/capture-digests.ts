@@ -5,11 +5,10 @@ import type { Manifest } from '../manifest/manifest.js';
 import type { RegionInfo } from '../manifest/types.js';
 import type { RegionMemory } from '../regions/memory.js';
 import type { RegionStore } from '../store/region-store.js';
+import { regionId } from '../manifest/region-id.js';
 
 // The GPU digest at capture: taken of the regions before they are copied, and used to share the
 // regions unchanged since an earlier capture with it.
-
-const id = (rank: number, key: string): string => `${rank}/${key}`;
 
 /**
  * The GPU digests of regions about to be captured, or nulls when they cannot be taken (a
@@ -40,9 +39,9 @@ export function reusableRegions(
 ): Map<number, RegionInfo> {
   const reused = new Map<number, RegionInfo>();
   if (!base) return reused;
-  const prior = new Map([...base.regions()].map(({ rank, region }) => [id(rank, region.key), region]));
+  const prior = new Map([...base.regions()].map(({ rank, region }) => [regionId(rank, region.key), region]));
   regions.forEach((r, i) => {
-    const p = prior.get(id(r.rank ?? 0, r.key));
+    const p = prior.get(regionId(r.rank ?? 0, r.key));
     const live = gpuDigests[i];
     if (!p?.digests || !live || p.size !== r.size || p.chunkSize !== chunkSize || changedChunks(p.digests, live).length) return;
     try {
