@@ -2,7 +2,8 @@
 // multi-path restore (transfer/multipath.h) off the JS thread.
 //
 // spec: { label, backend: 'cuda' | 'host', chunkSize, directSlots?, directStreams?, relaySlots?, neighbour?,
-//         requireRelay?, relayReleased?, faults?: { failRelayAt, failDirectAt, relayDelayMs, directDelayMs } (host),
+//         requireRelay?, relayReleased?, faults?: { failRelayAt, failDirectAt, relayDelayMs, directDelayMs,
+//         relayChunks, holdRelay } (host; the last two: MultipathTestSchedule),
 //         regions: [{ name, size, memory: Memory (the target), source: { kind: 'buffer', buffer, offset } }] }
 // cuda: memory is { kind: 'device', allocation } | { kind: 'imported', fd }; host: { kind: 'host', fd };
 // either: { kind: 'mapped', set, index } (a RegionSet's region, of the backend's kind).
@@ -44,6 +45,7 @@ struct Spec {
   uint64_t chunkSize = 0;
   transfer::CudaMultipathOptions cuda;
   transfer::HostBackendFaults faults;
+  transfer::MultipathTestSchedule schedule;
   std::vector<Target> targets;
   std::vector<std::shared_ptr<transfer::HostBuffer>> buffers;  // kept alive for the job
   std::vector<const char*> sources;
@@ -85,6 +87,8 @@ Spec parseSpec(Napi::Env env, const Napi::Object& spec) {
     s.faults.failDirectAt = optU32(f, "failDirectAt", 0);
     s.faults.relayDelayMs = optU32(f, "relayDelayMs", 0);
     s.faults.directDelayMs = optU32(f, "directDelayMs", 0);
+    s.schedule.relayChunks = optU32(f, "relayChunks", 0);
+    s.schedule.holdRelay = f.Get("holdRelay").ToBoolean().Value();
   }
   Napi::Value rv = getRequired(spec, "regions");
   if (!rv.IsArray()) throw bad("regions must be an array");
@@ -195,6 +199,7 @@ class MultipathWorker : public Napi::AsyncWorker {
         backend = transfer::cudaMultipathBackend(std::move(mappings), spec_.sources, spec_.cuda);
       }
       auto job = std::make_shared<transfer::MultipathJob>(spec_.label, sizes, spec_.chunkSize, backend);
+      job->setTestSchedule(spec_.schedule);
       setupSeconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       {
         std::lock_guard<std::mutex> l(control_->mutex);

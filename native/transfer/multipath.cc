@@ -51,16 +51,35 @@ void MultipathJob::fail(const NativeError& e) {
 // queue is empty and (for the direct path) the relay path can no longer give chunks back.
 std::optional<MultipathChunk> MultipathJob::take(End end, bool relay) {
   std::unique_lock<std::mutex> lock(mutex_);
+  const uint32_t quota = schedule_.relayChunks;
   while (true) {
     if (stopping() || (relay && relayCancel_)) return std::nullopt;
-    if (!queue_.empty()) {
+    if (relay && quota > 0 && relayTaken_ >= quota) return std::nullopt;
+    // the test schedule: the direct path waits while the relay path takes its chunks
+    bool held = !relay && relayActive_ && !queue_.empty() &&
+                ((quota > 0 && relayTaken_ < quota) || (schedule_.holdRelay && !relayHolding_));
+    if (!held && !queue_.empty()) {
       MultipathChunk c = end == End::Front ? queue_.front() : queue_.back();
       if (end == End::Front) queue_.pop_front(); else queue_.pop_back();
+      if (relay) relayTaken_++;
+      if (quota > 0 || schedule_.holdRelay) changed_.notify_all();  // a held path may go on
       return c;
     }
-    if (relay || !relayActive_) return std::nullopt;
+    if (!held && (relay || !relayActive_)) return std::nullopt;
     changed_.wait_for(lock, std::chrono::milliseconds(50));
   }
+}
+
+// The test schedule's holdRelay, before the relay path waits for a copy (its ring is full): the
+// direct path may start, and the copy waits until the direct path has taken every other chunk,
+// the relay path is released, or the job stops.
+void MultipathJob::holdRelay() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!relayHolding_) {
+    relayHolding_ = true;
+    changed_.notify_all();
+  }
+  while (!queue_.empty() && !stopping() && !relayCancel_) changed_.wait_for(lock, std::chrono::milliseconds(50));
 }
 
 void MultipathJob::giveBack(const MultipathChunk& c) {
@@ -159,6 +178,7 @@ void MultipathJob::relayWorker() {
         MultipathChunk c = *inFlight[s];
         inFlight[s].reset();
         count--;
+        if (schedule_.holdRelay) holdRelay();
         try {
           b.relayWait(s);  // back-pressure: the slot is free only once its peer copy is done
         } catch (...) {

@@ -89,6 +89,19 @@ struct MultipathStats {
   std::string relayError;       // why the relay path stopped early, when it failed
 };
 
+// A fixed schedule for the host backend's tests (its faults), so that which path takes which
+// chunk does not depend on how the two worker threads happen to be scheduled:
+//  relayChunks N > 0: the relay path takes the last N chunks (all, if there are fewer) and no
+//    others, and the direct path takes none before it has them (or the relay path ended);
+//  holdRelay: a neighbour too busy to finish a copy. The direct path takes no chunk before the
+//    relay path has filled its ring (or ended), and a relay copy completes only once the direct
+//    path has taken every other chunk, the relay path is released, or the job stops.
+// With holdRelay and relayChunks above the ring's slots, the job waits for cancel() or cancelRelay().
+struct MultipathTestSchedule {
+  uint32_t relayChunks = 0;
+  bool holdRelay = false;
+};
+
 class MultipathJob {
  public:
   // One task per target region: its size; chunks of chunkSize (the last one shorter).
@@ -99,6 +112,7 @@ class MultipathJob {
   void run(const std::function<void()>& tick);
   void cancel();       // the whole job (E_ABORTED)
   void cancelRelay();  // the neighbour path only; the direct path finishes the rest
+  void setTestSchedule(const MultipathTestSchedule& schedule) { schedule_ = schedule; }  // before run()
 
   uint64_t bytesTotal() const { return bytesTotal_; }
   uint64_t bytesDone() const { return bytesDone_.load(); }
@@ -112,6 +126,7 @@ class MultipathJob {
   void issued(PathTimeline& t, uint32_t inFlight, double& busySince);
   void retired(PathTimeline& t, uint32_t inFlight, double busySince);
   void giveBack(const MultipathChunk& c);
+  void holdRelay();
   void directWorker();
   void relayWorker();
   void fail(const NativeError& e);
@@ -126,11 +141,14 @@ class MultipathJob {
   std::atomic<bool> cancelled_{false};
   std::atomic<bool> failed_{false};
   std::atomic<bool> relayCancel_{false};
+  MultipathTestSchedule schedule_;
 
   std::mutex mutex_;  // guards everything below
   std::condition_variable changed_;
   std::deque<MultipathChunk> queue_;
   bool relayActive_ = false;  // the relay worker may still give chunks back
+  uint32_t relayTaken_ = 0;     // chunks the relay path took (schedule_.relayChunks)
+  bool relayHolding_ = false;   // the relay path filled its ring (schedule_.holdRelay)
   MultipathStats stats_;
   std::optional<NativeError> error_;
 };

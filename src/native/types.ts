@@ -183,8 +183,14 @@ export interface NativeMultipathSpec {
   requireRelay?: boolean;
   /** The neighbour path is released before the job starts (it takes no chunk). */
   relayReleased?: boolean;
-  /** host backend only: copy number N (1-based) of a path fails at its wait; each copy waits delay ms. */
-  faults?: { failRelayAt?: number; failDirectAt?: number; relayDelayMs?: number; directDelayMs?: number };
+  /**
+   * host backend only: copy number N (1-based) of a path fails at its wait; each copy waits delay
+   * ms. A fixed schedule (native/transfer/multipath.h, MultipathTestSchedule): `relayChunks` N,
+   * the neighbour path takes the last N chunks and no others, the direct path none before it has
+   * them; `holdRelay`, a neighbour copy completes only once the direct path has taken every other
+   * chunk (or the neighbour is released, or the job stops).
+   */
+  faults?: { failRelayAt?: number; failDirectAt?: number; relayDelayMs?: number; directDelayMs?: number; relayChunks?: number; holdRelay?: boolean };
   regions: Array<{ name: string; size: number; memory: NativeMemorySpec; source: { kind: 'buffer'; buffer: NativeHostBuffer; offset: number } }>;
 }
 

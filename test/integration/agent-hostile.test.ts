@@ -1,4 +1,5 @@
 import { mkdtempSync, rmSync } from 'node:fs';
+import type { Server } from 'node:http';
 import { connect, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -74,9 +75,13 @@ describe('the agent against hostile or broken peers', () => {
 
   it('total in-flight body bytes are bounded across requests: beyond the budget, 429 E_OVERLOADED; the budget comes back', async () => {
     const a = await agent({ maxBodyBytes: 3000, maxInFlightBodyBytes: 4000 });
+    // The agent reserves a body's declared bytes synchronously when its request handler runs: a
+    // 'request' listener added after the agent's runs after it, so once it fires the bytes are held.
+    const server = (a as unknown as { server: Server }).server;
+    const reserved = new Promise((r) => server.once('request', r));
     const first = raw(a.url);
     first.socket.write(`POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 3000\r\n\r\n{"model":`);
-    await new Promise((r) => setTimeout(r, 50)); // let the agent take the first body's bytes (ordering only, no threshold)
+    await reserved;
     const second = raw(a.url);
     second.socket.write(`POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 3000\r\n\r\n`);
     await second.closed;

@@ -105,8 +105,7 @@ describe('EngineClient failures', () => {
   it('E_ENGINE_UNREACHABLE for a closed port', async () => {
     const server = await fakeServer((_req, res) => res.end());
     const port = new URL(server.url).port;
-    cleanup.splice(-1, 1)[0]!(); // close it now
-    await new Promise((r) => setTimeout(r, 50));
+    await cleanup.splice(-1, 1)[0]!(); // close it now: resolves once the server stopped listening
     await expect(client(`http://127.0.0.1:${port}`, { retries: 2 }).version()).rejects.toMatchObject({
       code: 'E_ENGINE_UNREACHABLE',
       message: expect.stringMatching(/Is it running/),

@@ -11,6 +11,9 @@ import { tempDir } from '../helpers/tmp.js';
 
 // restoreEngine's `multipath` on the CPU reference engine: the real multi-path scheduler
 // (native/transfer/multipath.cc) over the host backend, into the engine's exported regions.
+// Which path takes which chunk is fixed with the host backend's schedule (testFaults.relayChunks:
+// the neighbour path takes the last N chunks, the direct path waits for that), so that a fault
+// injected on a path always fires there, however the two worker threads are scheduled.
 const running: Array<TestEngine | EngineClient | HostCache> = [];
 afterEach(async () => {
   for (const x of running.splice(0).reverse()) await (x instanceof HostCache ? x.close() : x instanceof EngineClient ? x.close() : x.stop());
@@ -32,11 +35,15 @@ describe('restoreEngine over two links (multipath)', () => {
     const { client, cache, store, snap, before } = await setup();
     await suspendEngine(store, 'ref', client);
     const warnings: string[] = [];
-    const report = await restoreEngine(snap, client, { onWarning: (m) => warnings.push(m), tiers: { ram: cache, multipath: { neighbour: 1, chunkSize: 64 * 1024, testFaults: { relayDelayMs: 1, directDelayMs: 1 } } } });
+    const report = await restoreEngine(snap, client, {
+      tiers: { ram: cache, multipath: { neighbour: 1, chunkSize: 64 * 1024, testFaults: { relayChunks: 8 } } },
+      onWarning: (m) => warnings.push(m),
+    });
     expect(report.tier).toBe('ram');
     expect(report.multipath).toBeDefined();
     expect(report.multipath!.bytesDirect + report.multipath!.bytesNeighbour).toBe(report.bytes);
     expect(report.multipath!.bytesNeighbour).toBeGreaterThan(0);
+    expect(report.multipath!.bytesDirect).toBeGreaterThan(0);
     expect(report.phases.verifyDigests).toBeGreaterThanOrEqual(0);
     expect(warnings).toEqual([]);
     expect(await askCapital(client, 8).then((a) => a.ids)).toEqual(before);
@@ -45,7 +52,7 @@ describe('restoreEngine over two links (multipath)', () => {
   it('a relay chunk failing is copied again over the direct path: the restore completes, verified', async () => {
     const { client, cache, store, snap, before } = await setup();
     await suspendEngine(store, 'ref', client);
-    const report = await restoreEngine(snap, client, { tiers: { ram: cache, multipath: { neighbour: 1, chunkSize: 64 * 1024, testFaults: { failRelayAt: 1 } } } });
+    const report = await restoreEngine(snap, client, { tiers: { ram: cache, multipath: { neighbour: 1, chunkSize: 64 * 1024, testFaults: { failRelayAt: 1, relayChunks: 8 } } } });
     expect(report.multipath).toMatchObject({ requeuedChunks: 1, neighbourNote: expect.stringMatching(/injected fault/) });
     expect(await askCapital(client, 8).then((a) => a.ids)).toEqual(before);
   });
@@ -55,8 +62,9 @@ describe('restoreEngine over two links (multipath)', () => {
     await suspendEngine(store, 'ref', client);
     const fds = readdirSync('/proc/self/fd').length;
     await expect(
-      restoreEngine(snap, client, { tiers: { ram: cache, multipath: { neighbour: 1, chunkSize: 64 * 1024, testFaults: { failDirectAt: 2 } } } }),
-    ).rejects.toMatchObject({ details: { recovered: true } });
+      // the neighbour takes 4 chunks, the direct path all the others: its copy 2 always happens, and fails
+      restoreEngine(snap, client, { tiers: { ram: cache, multipath: { neighbour: 1, chunkSize: 64 * 1024, testFaults: { failDirectAt: 2, relayChunks: 4 } } } }),
+    ).rejects.toMatchObject({ message: expect.stringMatching(/injected fault: direct copy 2 failed/), details: { recovered: true } });
     expect(readdirSync('/proc/self/fd').length).toBe(fds); // no descriptor (nor the mapping it would hold) left
     const status = await client.vsnapStatus();
     expect(status.sleeping).toBe(true);
@@ -93,7 +101,7 @@ describe('SwapController with multipath', () => {
       cache,
       engines: engines.map((e) => ({ name: e.name, client: e.client, memoryBytes: 10e9, asleepBytes: 1e9, devices: [0] })),
       budgets: { 0: 15e9 },
-      multipath: { neighbour: 1, chunkSize: 64 * 1024, testFaults: { relayDelayMs: 1, directDelayMs: 1 } },
+      multipath: { neighbour: 1, chunkSize: 64 * 1024, testFaults: { relayChunks: 4 } },
     });
     const restores: Array<{ tier?: string; bytesViaNeighbour?: number }> = [];
     controller.on('swap', (e: { action: string; tier?: string; bytesViaNeighbour?: number }) => {

@@ -61,15 +61,19 @@ describe('descriptor passing over the unix socket', () => {
   it('refuses a wrong or reused nonce, and says so in the timeout', async () => {
     await using receiver = await FdReceiver.listen();
     const r = HostRegion.create(4096);
-    const { nonce, message } = receiver.expect({ timeoutMs: 2000 });
+    const { nonce, message } = receiver.expect(); // satisfied below (the default 30 s is only a bound)
     const wrong = 'f'.repeat(64);
     await expect(sendFds(receiver.path, wrong, {}, [r.fd])).rejects.toMatchObject({ code: 'E_IPC_AUTH' });
     await sendFds(receiver.path, nonce, { first: true }, [r.fd]);
     for (const fd of (await message).fds) closeSync(fd);
     await expect(sendFds(receiver.path, nonce, {}, [r.fd])).rejects.toMatchObject({ code: 'E_IPC_AUTH', message: expect.stringMatching(/already used/) });
 
-    const late = receiver.expect({ timeoutMs: 300 });
+    const rejections = (receiver as unknown as { rejections: string[] }).rejections;
+    const before = rejections.length;
     await expect(sendFds(receiver.path, wrong, {}, [])).rejects.toMatchObject({ code: 'E_IPC_AUTH' });
+    // the receiver records the refusal as it reports it (the sender may hear first); then a wait that times out says so
+    while (rejections.length === before) await new Promise((r) => setTimeout(r, 10)); // the test's timeout bounds this
+    const late = receiver.expect({ timeoutMs: 1 });
     await expect(late.message).rejects.toMatchObject({ code: 'E_TIMEOUT', message: expect.stringMatching(/unknown or already used nonce/) });
     r.close();
   });
@@ -99,8 +103,10 @@ describe('descriptor passing over the unix socket', () => {
     await using receiver = await FdReceiver.listen(`${tempDir()}/fd.sock`);
     chmodSync(dirname(receiver.path), 0o755);
     chmodSync(receiver.path, 0o666); // only the credential check is left
-    const { nonce, message } = receiver.expect({ timeoutMs: 3000 });
-    const refused = expect(message).rejects.toMatchObject({ code: 'E_TIMEOUT', message: expect.stringMatching(/uid 65534/) });
+    // A nonce for the peer, from an expectation ended by hand (a 3 s timeout that had to fire after
+    // the refusal raced the peer's start on a busy machine)
+    const waiting = new AbortController();
+    const { nonce, message } = receiver.expect({ signal: waiting.signal });
     // The peer: this Node binary and the addon's own sender, run as nobody (uid 65534). It gets
     // its own copy of the addon in a directory it can enter: the checkout may sit where other
     // users cannot (a clean clone under `mktemp -d` is mode 0700).
@@ -119,7 +125,13 @@ describe('descriptor passing over the unix socket', () => {
     await new Promise((resolve) => peer.on('exit', resolve));
     expect(out.trim(), `peer stderr: ${err}`).not.toBe('');
     expect(JSON.parse(out)).toMatchObject({ ok: false, code: 'E_IPC_AUTH' });
-    await refused;
+    // the receiver records the refusal as it reports it; once it has, a wait that times out says so
+    const rejections = (receiver as unknown as { rejections: string[] }).rejections;
+    while (!rejections.some((r) => /uid 65534/.test(r))) await new Promise((r) => setTimeout(r, 10)); // the test's timeout bounds this
+    const late = receiver.expect({ timeoutMs: 1 });
+    await expect(late.message).rejects.toMatchObject({ code: 'E_TIMEOUT', message: expect.stringMatching(/uid 65534/) });
+    waiting.abort();
+    await expect(message).rejects.toMatchObject({ code: 'E_ABORTED' });
   });
 
   it('closing removes the socket (and its private directory) and rejects what is pending', async () => {

@@ -35,6 +35,11 @@ describe('what is published', () => {
     const shipped = /^(examples\/quickstart|test\/fixtures\/engine)\//;
     const unwanted = files.filter((f) => !shipped.test(f) && /^(test|src|bench|examples|docs|scripts|\.ci)\/|^dist\/api-|__pycache__|\.egg-info|^engines\/vllm\/tests\//.test(f));
     expect(unwanted).toEqual([]);
+    // source maps ship as mappings only: src/ is not published, and the sources inside them were 39% of the package
+    const maps = files.filter((f) => f.endsWith('.map'));
+    expect(maps.length).toBeGreaterThan(0);
+    for (const m of maps) expect((JSON.parse(readFileSync(m, 'utf8')) as { sourcesContent?: unknown }).sourcesContent, m).toBeUndefined();
+    expect(files).not.toContain('dist/.build-inputs');
     // the status page is inside the bundle, not a file that could be left out
     expect(readFileSync('dist/cli/main.js', 'utf8')).toContain('<title>vsnap serve</title>');
     const pkg = JSON.parse(readFileSync('package.json', 'utf8')) as Record<string, unknown>;

@@ -20,6 +20,10 @@ afterEach(async () => {
   for (const c of cleanup.splice(0).reverse()) await c();
 });
 
+async function until(check: () => boolean): Promise<void> {
+  while (!check()) await new Promise((r) => setTimeout(r, 20));
+}
+
 /** Two engines, room for one: `awake` serves, `asleep` was suspended (and captured) at start. */
 async function pair(extra: Partial<SwapControllerOptions> = {}) {
   const engines = [];
@@ -137,11 +141,19 @@ describe('swaps fail without collateral damage', () => {
   });
 
   it('a request during a manual suspend waits for it instead of a false E_BUSY', async () => {
-    const { controller, awake, asleep, ask } = await pair();
-    awake.client.inject({ route: 'sleep', pass: true, action: () => new Promise((r) => setTimeout(r, 1000)) });
+    const { controller, state, awake, asleep, ask } = await pair();
+    // the engine's sleep is held until the request is seen waiting (was: held 1 s, the request sent 100 ms in)
+    let underWay!: () => void;
+    let release!: () => void;
+    const sleeping = new Promise<void>((r) => (underWay = r));
+    const held = new Promise<void>((r) => (release = r));
+    awake.client.inject({ route: 'sleep', pass: true, action: () => (underWay(), held) });
     const suspending = controller.suspend(awake.name, { captureIfNeeded: true });
-    await new Promise((r) => setTimeout(r, 100)); // the suspend is under way
-    const answer = ask(asleep.name);
+    await sleeping; // the suspend is under way
+    let settled = false;
+    const answer = ask(asleep.name).finally(() => (settled = true));
+    await until(() => state(asleep.name).waiting > 0 || settled); // the test's timeout bounds this
+    release();
     await suspending;
     expect(await answer).toEqual(asleep.answer);
   });

@@ -192,8 +192,8 @@ describe('tensor parallel size 2 (one worker process per rank)', () => {
     await suspendEngine(store, 'tp', client, { deep: true, hooks: { checkpoint: driver } });
     process.kill(e.workerPids[1]!, 'SIGKILL');
     driver.exit(e.workerPids[1]!);
-    for (let i = 0; i < 100 && [e.enginePid, ...e.workerPids].some(alive); i++) await new Promise((r) => setTimeout(r, 50));
-    expect([e.enginePid, ...e.workerPids].filter(alive)).toEqual([]);
+    // the engine takes its processes down asynchronously; the test's timeout bounds this (a fixed 5 s bound was a timing threshold)
+    while ([e.enginePid, ...e.workerPids].some(alive)) await new Promise((r) => setTimeout(r, 50));
     const gone = await rejection(restoreEngine(snap, client, { hooks: { checkpoint: driver } }));
     expect(gone.code).toBe('E_ENGINE_HTTP');
     expect(gone.message).toMatch(/EngineDeadError: the engine core process is dead/);
@@ -224,8 +224,8 @@ describe('tensor parallel size 2 (one worker process per rank)', () => {
     expect(err!.details.recovered).toBe(false);
     expect(refMappings()).toBe(0);
     // the engine core takes its other worker down with it, as vLLM's executor does
-    for (let i = 0; i < 100 && [e.enginePid, ...e.workerPids].some(alive); i++) await new Promise((r) => setTimeout(r, 50));
-    expect([e.enginePid, ...e.workerPids].filter(alive)).toEqual([]);
+    // the engine takes its processes down asynchronously; the test's timeout bounds this (a fixed 5 s bound was a timing threshold)
+    while ([e.enginePid, ...e.workerPids].some(alive)) await new Promise((r) => setTimeout(r, 50));
     expect((await fetch(`${e.url}/health`)).status).toBe(503);
   });
 });
