@@ -4,7 +4,7 @@ import { VsnapError } from '../../errors.js';
 import { loadConfig } from '../../swap/config.js';
 import { serve as runServe } from '../../swap/serve.js';
 import type { Context } from '../context.js';
-import { EXIT, UsageError } from '../context.js';
+import { checkHttpUrl, EXIT, UsageError } from '../context.js';
 
 /**
  * vsnap serve --config FILE: engines, the SwapController and the HTTP agent, until Ctrl-C (the
@@ -31,7 +31,7 @@ export async function serve(ctx: Context): Promise<number> {
 /** vsnap swap <model> [--agent URL] [--token T]: wake a model through a running agent (token: --token, else $VSNAP_CONTROL_TOKEN). */
 export async function swap(ctx: Context): Promise<number> {
   const model = ctx.name('a model name');
-  const agent = ctx.options.agent ?? process.env.VSNAP_AGENT_URL ?? 'http://127.0.0.1:8080';
+  const agent = checkHttpUrl(ctx.options.agent ?? process.env.VSNAP_AGENT_URL ?? 'http://127.0.0.1:8080', ctx.options.agent !== undefined ? '--agent' : '$VSNAP_AGENT_URL', 'http://127.0.0.1:8080');
   const token = ctx.options.token ?? process.env.VSNAP_CONTROL_TOKEN;
   const started = performance.now();
   const r = await request(`${agent.replace(/\/+$/, '')}/engines/${encodeURIComponent(model)}/restore`, {
