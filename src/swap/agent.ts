@@ -1,6 +1,6 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { freemem } from 'node:os';
+import { freemem, hostname } from 'node:os';
 import { pipeline } from 'node:stream/promises';
 
 import type { HostCache } from '../cache/host-cache.js';
@@ -8,7 +8,7 @@ import { toVsnapError, VsnapError, type ErrorCode } from '../errors.js';
 import { captureEngine } from '../snapshot/engine-flows.js';
 import type { RegionStore } from '../store/region-store.js';
 import type { SwapController } from './controller.js';
-import { bearerMatches, BodyBudget, decodeSegment, HttpError, readBody, send, sendError } from './http.js';
+import { bearerMatches, BodyBudget, decodeSegment, HostCheck, HttpError, readBody, requireJsonBody, send, sendError } from './http.js';
 import { StatusBoard } from './status/board.js';
 import { STATUS_PAGE } from './status/page.js';
 import type { Supervisor } from './supervisor.js';
@@ -26,14 +26,33 @@ export interface SwapAgentOptions {
   readonly host?: string;
   /** Default 0 (any free port). */
   readonly port?: number;
+  /**
+   * Host names requests may carry in their `Host` header besides IP literals, loopback names
+   * (`localhost`, `*.localhost`), `host` itself and, when `host` is a wildcard address, this
+   * machine's host name: the names clients use to reach it (a load balancer's, say).
+   * `.example.com` accepts its subdomains; `*` accepts any name (no DNS-rebinding protection).
+   * Other names get 403 E_HOST_NOT_ALLOWED.
+   */
+  readonly allowedHosts?: readonly string[];
   /** Bearer token of the control routes; without one they answer 503. */
   readonly controlToken?: string;
   /** Bearer token clients must send on /v1 routes (none: open). */
   readonly apiKey?: string;
   /** Largest request body accepted (default 32 MiB); larger ones get 413 and the connection is closed. */
   readonly maxBodyBytes?: number;
-  /** Request-body bytes held at once across all requests (default 256 MiB); beyond that, 429. */
+  /**
+   * Request-body bytes held at once across all requests (default 256 MiB): bytes count as they
+   * arrive (a declared Content-Length reserves nothing); a body whose bytes arrive while it is
+   * full gets 429.
+   */
   readonly maxInFlightBodyBytes?: number;
+  /**
+   * How long a client may take to send a whole request, headers and body (default 120 s); then
+   * 408 and the connection is closed, so a slow or stalled body cannot hold its bytes longer.
+   */
+  readonly requestTimeoutMs?: number;
+  /** How long a client may take to send a request's headers (default 30 s, at most requestTimeoutMs). */
+  readonly headersTimeoutMs?: number;
   /**
    * Whether `/healthz` names the engines and `/metrics` answers without the control token.
    * Default: true without a control token, false with one (then `/healthz` says only ok or
@@ -70,10 +89,12 @@ export class SwapAgent {
   readonly url: string;
   private readonly server: Server;
   private readonly board: StatusBoard;
+  private readonly budget: BodyBudget;
 
-  private constructor(server: Server, board: StatusBoard) {
+  private constructor(server: Server, board: StatusBoard, budget: BodyBudget) {
     this.server = server;
     this.board = board;
+    this.budget = budget;
     const a = server.address() as AddressInfo;
     this.url = `http://${a.family === 'IPv6' ? `[${a.address}]` : a.address}:${a.port}`;
   }
@@ -82,11 +103,16 @@ export class SwapAgent {
   static async listen(options: SwapAgentOptions): Promise<SwapAgent> {
     const ctx: AgentContext = {
       options,
+      hosts: new HostCheck(options.host ?? '127.0.0.1', options.allowedHosts ?? [], hostname()),
       budget: new BodyBudget(options.maxInFlightBodyBytes ?? 256 * 1024 * 1024),
       board: new StatusBoard(options),
       publicStatus: options.publicStatus ?? !options.controlToken,
     };
-    const server = createServer((req, res) => {
+    const requestTimeout = options.requestTimeoutMs ?? 120_000;
+    const headersTimeout = Math.min(options.headersTimeoutMs ?? 30_000, requestTimeout);
+    // Node checks the two timeouts every connectionsCheckingInterval: a fraction of the shorter one.
+    const connectionsCheckingInterval = Math.max(10, Math.min(30_000, Math.floor(headersTimeout / 4)));
+    const server = createServer({ requestTimeout, headersTimeout, connectionsCheckingInterval }, (req, res) => {
       handle(ctx, req, res).catch((err: unknown) => {
         const cause = err instanceof Error ? err.cause : undefined;
         if (cause !== undefined && options.log) options.log(`vsnap: ${req.method} ${req.url?.split('?')[0]} failed: ${(err as Error).message} (cause: ${cause instanceof Error ? cause.message : String(cause)})`);
@@ -98,21 +124,32 @@ export class SwapAgent {
       server.once('error', reject);
       server.listen(options.port ?? 0, options.host ?? '127.0.0.1', () => resolve());
     });
-    return new SwapAgent(server, ctx.board);
+    return new SwapAgent(server, ctx.board, ctx.budget);
   }
 
-  /** Stops accepting connections, ends the status streams and closes idle connections. */
+  /** @internal Request bodies being read now and the bytes they hold (tests, diagnostics). */
+  bodyReads(): { readonly requests: number; readonly heldBytes: number } {
+    return { requests: this.budget.readingBodies, heldBytes: this.budget.heldBytes };
+  }
+
+  /**
+   * Stops accepting connections, ends the status streams, closes idle connections and those
+   * still sending a request body (nothing was answered on them), and waits for the requests
+   * being answered.
+   */
   async close(): Promise<void> {
     this.board.close();
     await new Promise<void>((resolve) => {
       this.server.close(() => resolve());
       this.server.closeIdleConnections();
+      this.budget.dropUnfinished();
     });
   }
 }
 
 interface AgentContext {
   readonly options: SwapAgentOptions;
+  readonly hosts: HostCheck;
   readonly budget: BodyBudget;
   readonly board: StatusBoard;
   readonly publicStatus: boolean;
@@ -132,6 +169,12 @@ async function handle(ctx: AgentContext, req: IncomingMessage, res: ServerRespon
     throw new HttpError('E_BAD_REQUEST', 'the request target is not a valid path');
   }
   const path = url.pathname;
+  // Before anything is read or answered: a name this agent is not reached by (DNS rebinding),
+  // and a POST body that is not JSON (what a cross-site form or text/plain request sends).
+  if (!ctx.hosts.allows(req.headers.host)) {
+    throw new HttpError('E_HOST_NOT_ALLOWED', `this agent does not answer to the host name ${JSON.stringify(req.headers.host)}: add it to listen.allowedHosts`, true);
+  }
+  if (req.method === 'POST') requireJsonBody(req);
   const { controller } = options;
   const get = req.method === 'GET' || req.method === 'HEAD';
   if (get && path === '/healthz') {

@@ -58,7 +58,10 @@ const ModelSchema = z
 
 export const ConfigSchema = z
   .object({
-    listen: z.object({ host: z.string().default('127.0.0.1'), port: z.number().int().min(0).max(65535).default(8080) }).strict().default({ host: '127.0.0.1', port: 8080 }),
+    listen: z
+      .object({ host: z.string().default('127.0.0.1'), port: z.number().int().min(0).max(65535).default(8080), allowedHosts: z.array(z.string().min(1)).optional() })
+      .strict()
+      .default({ host: '127.0.0.1', port: 8080 }),
     store: z.string().min(1),
     controlToken: z.string().min(1).optional(),
     apiKey: z.string().min(1).optional(),
@@ -185,8 +188,11 @@ export interface ServeModelConfig {
  * @public
  */
 export interface ServeConfig {
-  /** Where the agent listens (default 127.0.0.1:8080). */
-  readonly listen: { host: string; port: number };
+  /**
+   * Where the agent listens (default 127.0.0.1:8080), and the host names it answers to besides
+   * IP literals, loopback names, `host` and (listening on every address) this machine's name.
+   */
+  readonly listen: { host: string; port: number; allowedHosts?: string[] | undefined };
   /** The snapshot store. */
   readonly store: string;
   /** Bearer token of the control routes. */

@@ -141,6 +141,7 @@ export async function serve(config: ServeConfig, options: { log?: (line: string)
       store,
       host: config.listen.host,
       port: config.listen.port,
+      ...(config.listen.allowedHosts ? { allowedHosts: config.listen.allowedHosts } : {}),
       ...(config.controlToken ? { controlToken: config.controlToken } : {}),
       ...(config.apiKey ? { apiKey: config.apiKey } : {}),
       ...(cache ? { cache } : {}),
