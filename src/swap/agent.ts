@@ -11,6 +11,7 @@ import type { SwapController } from './controller.js';
 import { bearerMatches, BodyBudget, decodeSegment, HostCheck, HttpError, readBody, requireJsonBody, send, sendError } from './http.js';
 import { StatusBoard } from './status/board.js';
 import { STATUS_PAGE } from './status/page.js';
+import type { ModelReadinessSource } from './model-readiness.js';
 import type { Supervisor } from './supervisor.js';
 
 /**
@@ -65,6 +66,12 @@ export interface SwapAgentOptions {
   readonly supervisor?: Supervisor;
   /** For the status page: GPU budgets per device ordinal, bytes. */
   readonly budgets?: Readonly<Record<number, number>>;
+  /**
+   * Whether each model is ready (`vsnap serve` while its engines boot and snapshots are
+   * pulled): requests and control actions for a model that is not get 503 E_NOT_READY with the
+   * reason; `/healthz` and the status page show it.
+   */
+  readonly readiness?: ModelReadinessSource;
   /**
    * The operator's log: a failed request whose error has a cause (the detail clients are not
    * shown: paths, mismatches) is written here with it. Default: nothing is written.
@@ -235,6 +242,7 @@ async function handle(ctx: AgentContext, req: IncomingMessage, res: ServerRespon
       });
     }
     if (req.method !== 'POST') throw new HttpError('E_METHOD_NOT_ALLOWED', `use POST for ${action}`);
+    requireReady(options, name);
     if (action === 'suspend') {
       const event = await controller.suspend(name);
       return send(res, 200, { suspended: true, ...(event ? { seconds: event.seconds } : { already: true }) });
@@ -258,6 +266,12 @@ async function handle(ctx: AgentContext, req: IncomingMessage, res: ServerRespon
   throw new HttpError('E_NOT_FOUND', `no route ${req.method} ${path}`);
 }
 
+/** A model `vsnap serve` is still booting (or whose boot failed) is refused with the reason, before any engine is asked. */
+function requireReady(options: SwapAgentOptions, model: string): void {
+  const r = options.readiness?.get(model);
+  if (r && !r.ready) throw new HttpError('E_NOT_READY', `'${model}' is not ready: ${r.reason ?? r.phase}; retry later`);
+}
+
 async function proxy(ctx: AgentContext, req: IncomingMessage, res: ServerResponse, path: string): Promise<void> {
   const { options } = ctx;
   const body = await readBody(req, res, options.maxBodyBytes ?? 32 * 1024 * 1024, ctx.budget);
@@ -268,6 +282,7 @@ async function proxy(ctx: AgentContext, req: IncomingMessage, res: ServerRespons
     throw new VsnapError('E_INVALID_ARGUMENT', 'the body is not JSON');
   }
   if (typeof model !== 'string') throw new VsnapError('E_INVALID_ARGUMENT', 'the body needs a "model" string');
+  requireReady(options, model);
   const gone = new AbortController();
   res.on('close', () => {
     if (!res.writableFinished) gone.abort();
