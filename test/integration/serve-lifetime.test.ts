@@ -1,10 +1,11 @@
 import { spawn } from 'node:child_process';
-import { writeFileSync } from 'node:fs';
+import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 
 import { request } from 'undici';
 import { afterEach, describe, expect, it } from 'vitest';
 
+import { freePort } from '../helpers/net.js';
 import { groupMembers, recordedEngines, referenceServeConfig, startServe, until, type ServeProcess } from '../helpers/serve-process.js';
 import { tempDir } from '../helpers/tmp.js';
 
@@ -98,6 +99,22 @@ describe('vsnap serve: no engine outlives it', () => {
       expect(groupMembers(e.pid)).toEqual([]);
     }
     await completes(listenPort, 'm1');
+  });
+
+  it('an engine that cannot boot: serve says so, stops what it started and exits 1, leaving no record', async () => {
+    const dir = tempDir();
+    const { file } = await referenceServeConfig(dir, 1);
+    const config = JSON.parse(readFileSync(file, 'utf8')) as { models: Record<string, Record<string, unknown>> };
+    config.models.bad = { command: process.execPath, args: ['-e', "console.error('no weights here'); process.exit(3)"], port: await freePort(), memoryGiB: 1 };
+    writeFileSync(file, JSON.stringify(config));
+    const s = serveProcess(file, dir);
+    const { code } = await s.exited;
+    expect(code, s.log()).toBe(1);
+    expect(s.log()).toMatch(/\[E_ENGINE_STATE\] engine 'bad' exited \(code 3\) before it was healthy/);
+    expect(s.log()).toContain('[bad] no weights here');
+    const spawned = [...s.log().matchAll(/vsnap: (\w+): engine process (\d+) started/g)].map((m) => Number(m[2]));
+    for (const pid of spawned) expect(groupMembers(pid)).toEqual([]);
+    expect(recordedEngines(dir)).toEqual([]);
   });
 
   for (const signal of ['SIGTERM', 'SIGHUP'] as const) {
