@@ -40,6 +40,8 @@ export interface LeftoverReport {
 export class EngineRecord {
   private engines: Array<RecordedProcess & { name: string }> = [];
   private owned = false;
+  /** Why the record cannot be written (its directory is read-only, say): serve then runs without one. */
+  problem: string | undefined;
 
   constructor(readonly path: string) {}
 
@@ -107,16 +109,20 @@ export class EngineRecord {
     }
   }
 
-  /** Atomic replace: a crash leaves the old record or the new one. */
+  /** Atomic replace: a crash leaves the old record or the new one. A record that cannot be written is given up (see `problem`). */
   private write(): void {
     if (!this.owned) return;
     const self = { pid: process.pid, startTime: startTimeOf(process.pid) ?? '' };
     const body: RecordFile = { version: 1, bootId: bootId(), owner: self, engines: this.engines };
-    const dir = join(this.path, '..');
-    mkdirSync(dir, { recursive: true, mode: 0o700 });
-    const tmp = `${this.path}.${process.pid}.tmp`;
-    writeFileSync(tmp, `${JSON.stringify(body)}\n`, { mode: 0o600 });
-    renameSync(tmp, this.path);
+    try {
+      mkdirSync(join(this.path, '..'), { recursive: true, mode: 0o700 });
+      const tmp = `${this.path}.${process.pid}.tmp`;
+      writeFileSync(tmp, `${JSON.stringify(body)}\n`, { mode: 0o600 });
+      renameSync(tmp, this.path);
+    } catch (err) {
+      this.problem = `cannot write ${this.path}: ${(err as Error).message}`;
+      this.owned = false;
+    }
   }
 }
 

@@ -79,6 +79,7 @@ export async function serve(config: ServeConfig, options: ServeOptions = {}): Pr
   if (leftovers.ownerRunning !== undefined) {
     log(`vsnap: another vsnap serve (pid ${leftovers.ownerRunning}) runs with this store and listen address: its engines are left alone, and this one keeps no record of its own`);
   }
+  if (record.problem) log(`vsnap: no record of the engines this serve starts (${record.problem}): if it is killed, a restart cannot stop what it leaves (set XDG_STATE_HOME or ServeOptions.stateDir)`);
   for (const l of leftovers.stopped) {
     log(`vsnap: stopped engine '${l.name}' (pid ${l.pid}, ${l.processes} process(es)${l.killed ? ', SIGKILL after the grace period' : ''}), left running by a vsnap serve that died`);
   }

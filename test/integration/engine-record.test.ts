@@ -84,3 +84,15 @@ describe('EngineRecord', () => {
     expect(a.path).toMatch(/^\/state\/engines-[0-9a-f]{16}\.json$/);
   });
 });
+
+describe('EngineRecord where it cannot be written', () => {
+  it('a state directory that cannot be made is a problem said, not a failure', async () => {
+    const dir = tempDir();
+    writeFileSync(join(dir, 'file'), 'x'); // a file where the directory would go
+    const record = EngineRecord.forServe(join(dir, 'store'), { host: '127.0.0.1', port: 8080 }, join(dir, 'file', 'state'));
+    expect(await record.stopLeftovers(1000)).toEqual({ stopped: [] });
+    expect(record.problem).toMatch(/cannot write .*ENOTDIR/);
+    record.started('e', process.pid); // nothing thrown, nothing written
+    record.remove();
+  });
+});
