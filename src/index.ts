@@ -121,4 +121,5 @@ export {
 export { SwapAgent, type SwapAgentOptions } from './swap/agent.js';
 export { Supervisor, type EngineProcessState, type SupervisedEngine, type SupervisorOptions } from './swap/supervisor.js';
 export { checkPorts, loadConfig, snapshotNameForModel, type ServeConfig, type ServeModelConfig } from './swap/config.js';
-export { serve, type ServeHandle } from './swap/serve.js';
+export { serve, type ServeHandle, type ServeOptions } from './swap/serve.js';
+export type { ModelPhase, ModelReadiness, ModelReadinessSource } from './swap/model-readiness.js';

@@ -20,13 +20,13 @@ try {
 } catch {
   parts = {};
 }
-const want = ['kill', 'enospc', 'manifest-fuzz', 'layouts'];
+const want = ['kill', 'enospc', 'manifest-fuzz', 'layouts', 'serve'];
 const missing = want.filter((p) => !parts[p]);
 if (missing.length) {
   console.error(`reliability: no figures for ${missing.join(', ')} (run the suite first: npm run test:reliability)`);
   process.exit(1);
 }
-const { kill, enospc, 'manifest-fuzz': fuzz, layouts } = parts;
+const { kill, enospc, 'manifest-fuzz': fuzz, layouts, serve } = parts;
 const n = (x) => Number(x).toLocaleString('en-US');
 const points = (p) =>
   Object.entries(p ?? {})
@@ -72,6 +72,16 @@ const rows = [
     `**${layouts.raw} raw errors** (${layouts.coded} coded refusals, ${layouts.ok} resolved); ${layouts.outsideChanged} changes outside the store; every link refused (links left in tmp/ by a dead writer: removed as links)`,
   ],
   [
+    `\`vsnap serve\`: completions of a good client while ${serve.starvation.attackers} connections hold request bodies open (each declared ${serve.starvation.declaredBytes / 2 ** 20} MiB; 1 byte, or a byte at a time)`,
+    `${n(serve.starvation.good)} completions`,
+    `**${n(serve.starvation.served)} served** (${Object.entries(serve.starvation.refused ?? {}).map(([k, v]) => `${v} × ${k}`).join(', ') || 'none refused'}); the ${serve.starvation.attackersStillOpen} starving connections still open`,
+  ],
+  [
+    'SIGKILL of `vsnap serve` (booted, or in the middle of its boot), then a restart with the same configuration',
+    `${n(serve.restarts.trials)} trials (${serve.restarts.duringBoot} killed during the boot)`,
+    `**${serve.restarts.succeeded} restarts served**; **${serve.restarts.leftBehind} engine processes left behind** by the killed serve, ${serve.restarts.leftAfterStop} after the restart's SIGTERM`,
+  ],
+  [
     'Descriptors and RSS around the failure tests',
     `${leakLines.length + killFds.length} tests`,
     `descriptors after ≤ before in every one: ${fdsFlat ? 'yes' : 'NO'}; largest RSS growth ${rssGrowth.toFixed(1)} MiB`,
@@ -79,7 +89,7 @@ const rows = [
 ];
 const table = rows.map((r, i) => `| ${r.join(' | ')} |${i === 0 ? `\n|${' --- |'.repeat(r.length)}` : ''}`).join('\n');
 const text =
-  `Figures of \`npm run test:reliability\` (${modes.join('/')} run, ${when?.slice(0, 16).replace('T', ' ')} UTC, seeds ${kill.seed}/${fuzz.seed}) on ${machine}:\n\n` +
+  `Figures of \`npm run test:reliability\` (${modes.join('/')} run, ${when?.slice(0, 16).replace('T', ' ')} UTC, seeds ${kill.seed}/${fuzz.seed}/${serve.seed}) on ${machine}:\n\n` +
   `${table}\n`;
 
 console.log(`\nvsnap reliability figures\n\n${text}`);
