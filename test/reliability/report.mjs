@@ -19,13 +19,14 @@ try {
 } catch {
   parts = {};
 }
-const want = ['kill', 'enospc', 'manifest-fuzz', 'layouts'];
+// every part is produced by `npm test` too (its bounded run of test/reliability)
+const want = ['kill', 'enospc', 'manifest-fuzz', 'layouts', 'registry-hostile'];
 const missing = want.filter((p) => !parts[p]);
 if (missing.length) {
   console.error(`reliability: no figures for ${missing.join(', ')} (run the suite first: npm run test:reliability)`);
   process.exit(1);
 }
-const { kill, enospc, 'manifest-fuzz': fuzz, layouts } = parts;
+const { kill, enospc, 'manifest-fuzz': fuzz, layouts, 'registry-hostile': hostile } = parts;
 const n = (x) => Number(x).toLocaleString('en-US');
 const points = (p) =>
   Object.entries(p ?? {})
@@ -69,6 +70,16 @@ const rows = [
     'Link and stray-file layouts × store operations (running store and reopened)',
     `${layouts.layouts} layouts × 11 = ${n(layouts.operations)} operations`,
     `**${layouts.raw} raw errors** (${layouts.coded} coded refusals, ${layouts.ok} resolved); ${layouts.outsideChanged} changes outside the store; every link refused (links left in tmp/ by a dead writer: removed as links)`,
+  ],
+  [
+    `Peak memory (VmHWM growth of a child doing the pull) against a hostile registry: endless or oversized manifest, config, 500 and token bodies; a 200 to every Range request of a ${hostile.layerMiB} MiB layer; ${hostile.chunkMiB} MiB chunks over ${hostile.connections} connections`,
+    `${hostile.lines.length} answers: ${hostile.lines.map((l) => `${l.answer} ${l.growthMiB} MiB`).join('; ')}`,
+    `**${hostile.lines.filter((l) => l.outcome !== l.expected || l.growthMiB >= l.limitMiB).length} unbounded or wrongly answered**; each refused with its code (or pulled, where legal) under its limit (${[...new Set(hostile.lines.map((l) => l.limitMiB))].join(' / ')} MiB); largest growth ${Math.max(...hostile.lines.map((l) => l.growthMiB))} MiB`,
+  ],
+  [
+    `A pull of ${n(hostile.blobs.count)} distinct blobs under RLIMIT_NOFILE ${hostile.blobs.nofile}`,
+    '1 pull',
+    `${hostile.blobs.outcome}; at most ${hostile.blobs.peakDescriptors} descriptors open (sampled at every blob request)`,
   ],
   [
     'Descriptors and RSS around the failure tests',
