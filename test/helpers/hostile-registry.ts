@@ -6,9 +6,13 @@
 import { createReadStream } from 'node:fs';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 
+import { Manifest } from '../../src/manifest/manifest.js';
+import { native } from '../../src/native/index.js';
 import { buildArtifact, configBlob, OCI_MANIFEST, sha256Digest } from '../../src/registry/artifact.js';
 import { hashFile } from '../../src/registry/push.js';
+import { blobDigest } from '../../src/store/digest.js';
 import type { RegionStore } from '../../src/store/region-store.js';
+import { patternBytes } from './regions.js';
 
 const KiB = 1024;
 
@@ -35,6 +39,33 @@ export async function servedArtifact(store: RegionStore, name: string, repositor
     blobs.set(d, { size: region.size, path: store.blobPath(region.blob) });
   }
   const artifact = buildArtifact(manifest, config, digests);
+  blobs.set(artifact.config.digest, { size: config.length, data: config });
+  const body = Buffer.from(JSON.stringify(artifact));
+  return { repository, tag, manifest: body, digest: sha256Digest(body), blobs };
+}
+
+/**
+ * An artifact of `count` distinct one-chunk regions of `size` bytes, made in memory (no capture,
+ * no store, no descriptor per region): the regions of `template`'s first rank replaced by
+ * patterned ones, each with its own checksum, blob and layer.
+ */
+export function syntheticArtifact(template: Manifest, count: number, size = 4096, repository = 'team/m', tag = 'v1'): ServedArtifact {
+  const base = template.data.ranks[0]!.regions[0]!;
+  const layers = new Map<string, string>();
+  const blobs = new Map<string, { size: number; data?: Buffer; path?: string }>();
+  const regions = Array.from({ length: count }, (_, i) => {
+    const key = `r${i}`;
+    const data = patternBytes(key, 0, size);
+    const checksums = [native().checksum(data)];
+    const blob = blobDigest(size, size, checksums);
+    const digest = sha256Digest(data);
+    layers.set(blob, digest);
+    blobs.set(digest, { size, data });
+    return { ...base, key, size, chunkSize: size, checksums, blob, tensors: [] };
+  });
+  const manifest = Manifest.parse({ ...template.data, ranks: [{ ...template.data.ranks[0]!, regions }] });
+  const config = configBlob(manifest);
+  const artifact = buildArtifact(manifest, config, layers);
   blobs.set(artifact.config.digest, { size: config.length, data: config });
   const body = Buffer.from(JSON.stringify(artifact));
   return { repository, tag, manifest: body, digest: sha256Digest(body), blobs };

@@ -15,7 +15,7 @@ import { blobDigest } from '../../src/store/digest.js';
 import { Registry } from '../../src/registry/registry.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
-import { endless, oversized, serveBlob, servedArtifact, startHostileRegistry, trickle, type HostileRegistry, type Hostile, type Route, type Sent, type ServedArtifact } from '../helpers/hostile-registry.js';
+import { endless, oversized, serveBlob, servedArtifact, startHostileRegistry, syntheticArtifact, trickle, type HostileRegistry, type Hostile, type Route, type Sent, type ServedArtifact } from '../helpers/hostile-registry.js';
 import { patternedRegions } from '../helpers/regions.js';
 import { tempDir } from '../helpers/tmp.js';
 
@@ -307,9 +307,7 @@ describe('registry failures are coded and name the URL', () => {
 
 describe('registry pulls hold bounded resources', () => {
   it('300 distinct blobs: blob files are opened as their download starts, not all first', async () => {
-    const sizes = Object.fromEntries(Array.from({ length: 300 }, (_, i) => [`r${i}`, 4096]));
-    const src = await captured(sizes, 4096);
-    const artifact = await servedArtifact(src, 'm');
+    const artifact = syntheticArtifact(await (await captured({ w: 4096 }, 4096)).get('m'), 300);
     const fds = (): number => readdirSync('/proc/self/fd').length;
     let peak = 0;
     reg = await startHostileRegistry({
