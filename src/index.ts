@@ -53,7 +53,7 @@ export {
 export { Registry } from './registry/registry.js';
 export { parseReference, type RegistryReference } from './registry/reference.js';
 export { SNAPSHOT_ARTIFACT_TYPE } from './registry/artifact.js';
-export type { RegistryConnectOptions } from './registry/http.js';
+export type { RegistryConnectOptions, RegistryTimeouts } from './registry/http.js';
 export type { RegistryCredentials } from './registry/auth.js';
 export type {
   PullCompatibility,

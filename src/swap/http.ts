@@ -43,6 +43,7 @@ const STATUS: Partial<Record<ErrorCode | AgentErrorCode, number>> = {
   E_HOST_NOT_ALLOWED: 403,
   E_UNSUPPORTED_MEDIA_TYPE: 415,
   E_NOT_READY: 503,
+  E_REGISTRY_TIMEOUT: 504,
 };
 
 /** A rejection the agent answers with a status of its own. @internal */

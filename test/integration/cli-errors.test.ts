@@ -92,6 +92,14 @@ describe('error output of every command', () => {
     expect(JSON.parse(doctor.stdout)).toMatchObject({ engine: { ok: false, url: DEAD } });
   });
 
+  it('registry commands: a malformed reference is bad usage (exit 2) with the format and a hint, before any store is made', async () => {
+    const absent = join(tempDir(), 'absent');
+    await expectError({ args: ['pull', 'nosuch', '--store', absent], code: 'E_USAGE', exit: 2, message: /"nosuch" is not a registry reference.*<registry>\/<repo>:<tag>/, hint: /vsnap pull --help/ });
+    await expectError({ args: ['pull', 'registry.example.com/Team/m:v1', '--store', absent], code: 'E_USAGE', exit: 2, message: /not a valid repository name/, hint: /vsnap pull --help/ });
+    await expectError({ args: ['push', 'm', 'nosuch', '--store', absent], code: 'E_USAGE', exit: 2, message: /not a registry reference/, hint: /vsnap push --help/ });
+    expect(existsSync(absent)).toBe(false);
+  });
+
   it('serve, swap and bench', async () => {
     const dir = tempDir();
     const bad = join(dir, 'bad.yaml');

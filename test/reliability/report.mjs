@@ -20,13 +20,14 @@ try {
 } catch {
   parts = {};
 }
-const want = ['kill', 'enospc', 'manifest-fuzz', 'layouts', 'serve'];
+// every part is produced by `npm test` too (its bounded run of test/reliability)
+const want = ['kill', 'enospc', 'manifest-fuzz', 'layouts', 'serve', 'registry-hostile'];
 const missing = want.filter((p) => !parts[p]);
 if (missing.length) {
   console.error(`reliability: no figures for ${missing.join(', ')} (run the suite first: npm run test:reliability)`);
   process.exit(1);
 }
-const { kill, enospc, 'manifest-fuzz': fuzz, layouts, serve } = parts;
+const { kill, enospc, 'manifest-fuzz': fuzz, layouts, serve, 'registry-hostile': hostile } = parts;
 const n = (x) => Number(x).toLocaleString('en-US');
 const points = (p) =>
   Object.entries(p ?? {})
@@ -80,6 +81,16 @@ const rows = [
     'SIGKILL of `vsnap serve` (booted, or in the middle of its boot), then a restart with the same configuration',
     `${n(serve.restarts.trials)} trials (${serve.restarts.duringBoot} killed during the boot)`,
     `**${serve.restarts.succeeded} restarts served**; **${serve.restarts.leftBehind} engine processes left behind** by the killed serve, ${serve.restarts.leftAfterStop} after the restart's SIGTERM`,
+  ],
+  [
+    `Peak memory (VmHWM growth of a child doing the pull) against a hostile registry: endless or oversized manifest, config, 500 and token bodies; a 200 to every Range request of a ${hostile.layerMiB} MiB layer; ${hostile.chunkMiB} MiB chunks over ${hostile.connections} connections`,
+    `${hostile.lines.length} answers: ${hostile.lines.map((l) => `${l.answer} ${l.growthMiB} MiB`).join('; ')}`,
+    `**${hostile.lines.filter((l) => l.outcome !== l.expected || l.growthMiB >= l.limitMiB).length} unbounded or wrongly answered**; each refused with its code (or pulled, where legal) under its limit (${[...new Set(hostile.lines.map((l) => l.limitMiB))].join(' / ')} MiB); largest growth ${Math.max(...hostile.lines.map((l) => l.growthMiB))} MiB`,
+  ],
+  [
+    `A pull of ${n(hostile.blobs.count)} distinct blobs under RLIMIT_NOFILE ${hostile.blobs.nofile}`,
+    '1 pull',
+    `${hostile.blobs.outcome}; at most ${hostile.blobs.peakDescriptors} descriptors open (sampled at every blob request)`,
   ],
   [
     'Descriptors and RSS around the failure tests',
