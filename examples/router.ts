@@ -1,7 +1,7 @@
 // An OpenAI-compatible router that time-shares one GPU between two models: requests go to the
 // engine of their `model`, which is woken (and the other suspended) when it does not fit.
 //   VSNAP_TOKEN=... npx tsx examples/router.ts http://127.0.0.1:8001=llama http://127.0.0.1:8002=qwen
-// Then: curl localhost:8080/v1/completions -d '{"model":"qwen","prompt":"Hello","max_tokens":8}'
+// Then: curl localhost:8080/v1/completions -H 'content-type: application/json' -d '{"model":"qwen","prompt":"Hello","max_tokens":8}'
 import { EngineClient, HostCache, RegionStore, SwapController, type SwapEvent } from 'vsnap';
 import { SwapAgent } from 'vsnap/serve';
 

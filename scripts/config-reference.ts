@@ -5,10 +5,12 @@ export const CONFIG_KEYS: Record<string, string> = {
   listen: 'Where the agent (the OpenAI-compatible API, the control routes and the status page) listens.',
   'listen.host': 'Address to bind. Default 127.0.0.1 (this machine only).',
   'listen.port': 'TCP port. Default 8080; 0 picks a free one (printed at start).',
+  'listen.allowedHosts':
+    'Host names clients may reach the agent by (the `Host` header), besides IP literals, `localhost` and `*.localhost`, `listen.host` itself and, when it is 0.0.0.0 or ::, this machine\'s host name. `.example.com` accepts its subdomains; `*` accepts any name. Other names get 403 E_HOST_NOT_ALLOWED: a web page that rebinds its own DNS name to this machine cannot drive the agent. See docs/serve-security.md.',
   store: 'The snapshot store directory (made if missing). `${env:HOME}` and other `${env:NAME}` work here.',
   controlToken:
     'Bearer token of the control routes (`/engines/:name/...`), the status page data and `vsnap swap` ($VSNAP_CONTROL_TOKEN). Without one the control routes are off.',
-  apiKey: 'Bearer token clients must send on the /v1 routes. Without one they are open.',
+  apiKey: 'Bearer token clients must send on the /v1 routes. Without one they are open: set one whenever the agent listens beyond loopback (docs/serve-security.md).',
   publicStatus:
     'Whether /healthz names the engines and /metrics answers without the control token. Default: true without a control token, false with one.',
   ramTierGiB: 'Pinned host memory for the RAM tier, GiB: restores from it are bulk copies, and captures land in it too. Default 0 (none).',

@@ -89,7 +89,9 @@ export type ErrorCode =
   /** A registry transfer failed (unreachable, TLS, an HTTP error, not a vsnap artifact); `details` has the status and URL. */
   | 'E_REGISTRY'
   /** A registry refused the credentials (or needs some); log in (docker login) or pass credentials. */
-  | 'E_REGISTRY_AUTH';
+  | 'E_REGISTRY_AUTH'
+  /** A registry request stalled (no byte for `timeouts.stallMs`) or trickled (slower than `timeouts.minBytesPerSecond`); `details.url` names it, `details.reason` is `stall` or `deadline`. */
+  | 'E_REGISTRY_TIMEOUT';
 
 // Every code once: the compiler checks this record against ErrorCode, so no code is missed.
 const CODES: Record<ErrorCode, true> = {
@@ -134,6 +136,7 @@ const CODES: Record<ErrorCode, true> = {
   E_PEER_UNSUPPORTED: true,
   E_REGISTRY: true,
   E_REGISTRY_AUTH: true,
+  E_REGISTRY_TIMEOUT: true,
 };
 const KNOWN_CODES: ReadonlySet<string> = new Set(Object.keys(CODES));
 /** EFBIG on Linux (the native addon reports errno numbers). */

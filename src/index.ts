@@ -44,7 +44,7 @@ export type { EngineKeptOptions, EngineTiers, TierName } from './tiers/index.js'
 
 export { Registry } from './registry/registry.js';
 export type { RegistryReference } from './registry/reference.js';
-export type { RegistryConnectOptions } from './registry/http.js';
+export type { RegistryConnectOptions, RegistryTimeouts } from './registry/http.js';
 export type { RegistryCredentials } from './registry/auth.js';
 export type { PullCompatibility, PullOptions, PullReport, PushOptions, PushReport, RegistryOptions, RegistryProgress } from './registry/types.js';
 export type { RegistrySource } from './registry/source.js';

@@ -42,6 +42,23 @@ export function defaultStoreRoot(): string {
   return join(process.env.XDG_DATA_HOME || join(homedir(), '.local', 'share'), 'vsnap');
 }
 
+/**
+ * A URL option (`--engine`, `--agent`, or the variable it came from) must be an http(s) URL with a
+ * host: anything else is a usage error (exit 2) naming the option and an example.
+ */
+export function checkHttpUrl(value: string, option: string, example: string): string {
+  let url: URL | undefined;
+  try {
+    url = new URL(value);
+  } catch {
+    url = undefined;
+  }
+  if (!url || (url.protocol !== 'http:' && url.protocol !== 'https:') || !url.hostname) {
+    throw new UsageError(`${option} must be an http(s) URL such as ${example} (got ${JSON.stringify(value)})`);
+  }
+  return value;
+}
+
 /** What every command gets: its arguments, its options, an AbortSignal that Ctrl-C fires, and output helpers. */
 export class Context {
   constructor(
@@ -90,6 +107,7 @@ export class Context {
   engineClient(): EngineClient {
     const url = this.options.engine ?? process.env.VSNAP_ENGINE_URL;
     if (!url) throw new UsageError(`${this.command} needs --engine <url> (or $VSNAP_ENGINE_URL)`);
+    checkHttpUrl(url, this.options.engine !== undefined ? '--engine' : '$VSNAP_ENGINE_URL', 'http://127.0.0.1:8000');
     const token = this.options.token ?? process.env.VSNAP_TOKEN;
     return new EngineClient({ baseUrl: url, ...(token ? { token } : {}) });
   }

@@ -42,6 +42,7 @@ const HINTS: Partial<Record<ErrorCode | 'E_USAGE', Hint>> = {
   E_BUSY: 'the agent is busy: try again shortly',
   E_REGISTRY: 'check the reference (<registry>/<repo>:<tag>; http:// first for a plain-HTTP registry) and --ca for a private CA',
   E_REGISTRY_AUTH: '`docker login <registry>` (vsnap reads ~/.docker/config.json or $DOCKER_CONFIG), or set $VSNAP_REGISTRY_USERNAME and $VSNAP_REGISTRY_PASSWORD',
+  E_REGISTRY_TIMEOUT: 'the registry (or the network path to it) stalled or sent too slowly: try again (an interrupted pull keeps nothing)',
   E_UNKNOWN_MODEL: 'the models served are listed at GET /v1/models of the agent',
 };
 

@@ -35,8 +35,8 @@ export type MaterializePolicy = 'off' | 'async' | 'required';
  * Why a snapshot could not be used, for the errors recovery goes past:
  * - `missing`: no snapshot of that name (E_SNAPSHOT_NOT_FOUND), or a blob is gone (E_BLOB_MISSING),
  *   or a snapshot to pull (a `SnapshotRef` with `from`) cannot be had: the registry does not
- *   have it (E_SNAPSHOT_NOT_FOUND), cannot be reached or fails (E_REGISTRY), or refuses the
- *   credentials (E_REGISTRY_AUTH; the report's `code` says so);
+ *   have it (E_SNAPSHOT_NOT_FOUND), cannot be reached or fails (E_REGISTRY), stalls or trickles
+ *   (E_REGISTRY_TIMEOUT), or refuses the credentials (E_REGISTRY_AUTH; the report's `code` says so);
  * - `damaged`: E_CHECKSUM, E_BLOB_TRUNCATED, E_DIGEST_MISMATCH, or an unreadable manifest (E_MANIFEST_INVALID);
  * - `incompatible`: E_MANIFEST_MISMATCH for the same model (layout, engine version, platform);
  * - `not-durable`: a capture kept only in the RAM tier is no longer there (E_NOT_DURABLE).
@@ -88,6 +88,7 @@ const REASONS: Partial<Record<ErrorCode, RecoveryReason>> = {
   E_NOT_DURABLE: 'not-durable',
   E_REGISTRY: 'missing', // only a pull raises these in a restore
   E_REGISTRY_AUTH: 'missing',
+  E_REGISTRY_TIMEOUT: 'missing',
 };
 
 /**

@@ -174,7 +174,7 @@ export interface SnapshotRef {
    * Where to get it when the store does not have it: pulled from this registry reference under
    * `name` first (checked against the engine's facts before any layer moves), then restored; when
    * the store has it, no network. A pull that fails is, for `recovery: 'reload'`, a `missing`
-   * snapshot (E_REGISTRY, E_REGISTRY_AUTH, E_SNAPSHOT_NOT_FOUND) or a `damaged` one (E_CHECKSUM).
+   * snapshot (E_REGISTRY, E_REGISTRY_AUTH, E_REGISTRY_TIMEOUT, E_SNAPSHOT_NOT_FOUND) or a `damaged` one (E_CHECKSUM).
    */
   readonly from?: RegistrySource;
 }

@@ -1,8 +1,28 @@
-import { Agent, type Dispatcher, request } from 'undici';
+import { Readable } from 'node:stream';
+
+import { Agent, request } from 'undici';
 
 import { abortError, VsnapError } from '../errors.js';
+import { OciBody, Watchdog } from './body.js';
 import { basicHeader, type Challenge, dockerConfigCredentials, parseChallenge, type RegistryCredentials } from './auth.js';
 import type { RegistryReference } from './reference.js';
+
+/**
+ * Deadlines of every registry request. A request fails with E_REGISTRY_TIMEOUT (its URL in the
+ * message and `details.url`) when it stalls or when it runs slower than a floor rate.
+ * @public
+ */
+export interface RegistryTimeouts {
+  /** No byte received (or sent) for this long while vsnap waits for one: the request fails. Default 60 000 ms. */
+  readonly stallMs?: number;
+  /** The time every request may take before `minBytesPerSecond` applies. Default 60 000 ms. */
+  readonly graceMs?: number;
+  /**
+   * The slowest average rate a request may run at: its deadline is `graceMs` plus the time its
+   * bytes so far need at this rate, so it grows with the bytes. Default 65 536 (64 KiB/s).
+   */
+  readonly minBytesPerSecond?: number;
+}
 
 /**
  * How to reach a registry.
@@ -17,13 +37,32 @@ export interface RegistryConnectOptions {
   readonly ca?: string | Buffer;
   /** Parallel connections for blob transfers. Default 4. */
   readonly connections?: number;
+  /** Stall and slowness deadlines of each request. */
+  readonly timeouts?: RegistryTimeouts;
 }
 
-/** A response with its body read (small ones) or streamed (blobs). @internal */
+const MiB = 1024 * 1024;
+
+/**
+ * The most bytes read into memory from each kind of body (layers are streamed, never held):
+ * - manifest 4 MiB: the distribution spec asks clients and registries to support manifests of
+ *   at least 4 MB, and the CNCF distribution registry refuses a larger manifest PUT;
+ * - config 64 MiB, and never more than its descriptor's size: a vsnap manifest with every chunk
+ *   checksum is a few MiB for the largest models;
+ * - token 1 MiB: a JWT is a few KiB (containers/image uses the same 1 MiB bound);
+ * - error 64 KiB: only its first 500 characters are shown; the rest is dropped, not read.
+ * @internal
+ */
+export const BODY_LIMITS = { manifest: 4 * MiB, config: 64 * MiB, token: MiB, error: 64 * 1024 } as const;
+
+/** The default deadlines. @internal */
+export const DEFAULT_TIMEOUTS: Required<RegistryTimeouts> = { stallMs: 60_000, graceMs: 60_000, minBytesPerSecond: 64 * 1024 };
+
+/** A response whose body is read through {@link OciBody} (bounded, under the request's deadlines). @internal */
 export interface OciResponse {
   readonly status: number;
   readonly headers: Record<string, string | string[] | undefined>;
-  readonly body: Dispatcher.ResponseData['body'];
+  readonly body: OciBody;
   readonly url: URL;
 }
 
@@ -41,16 +80,20 @@ export interface WireCounters {
  * auth flows registries use (anonymous; basic; bearer tokens from the realm a
  * `WWW-Authenticate: Bearer realm=...,service=...,scope=...` challenge names, as `token` or
  * `access_token`). Redirects of GET/HEAD (blob downloads sent to object storage) are followed,
- * and Authorization is never forwarded to another origin.
+ * and Authorization is never forwarded to another origin. Every request runs under a
+ * {@link Watchdog} (stall and rate deadlines), and bodies are read only through {@link OciBody}.
  * @internal
  */
 export class OciHttp {
   readonly base: URL;
   readonly counters: WireCounters = { requests: 0, bytesSent: 0, bytesReceived: 0 };
+  /** Set once the registry answered a Range request with the whole blob: later blobs are fetched whole. */
+  rangeIgnored = false;
   private readonly agent: Agent;
   private readonly credentials: RegistryCredentials | undefined;
   private authorization: string | undefined;
   private readonly scope: string;
+  private readonly timeouts: Required<RegistryTimeouts>;
 
   constructor(
     readonly ref: RegistryReference,
@@ -60,12 +103,14 @@ export class OciHttp {
     this.base = new URL(`${ref.scheme}//${ref.host}`);
     this.credentials = options.credentials ?? (options.dockerConfig === false ? undefined : dockerConfigCredentials(ref.host));
     this.scope = `repository:${ref.repository}:${actions}`;
+    this.timeouts = { ...DEFAULT_TIMEOUTS, ...options.timeouts };
     const connections = options.connections ?? 4;
     this.agent = new Agent({
       connections: connections + 2,
       keepAliveTimeout: 10_000,
-      bodyTimeout: 120_000,
-      headersTimeout: 60_000,
+      // the Watchdog owns the deadlines (coded, with the URL): undici's own are off
+      bodyTimeout: 0,
+      headersTimeout: 0,
       ...(options.ca !== undefined ? { connect: { ca: options.ca } } : {}),
     });
   }
@@ -91,7 +136,7 @@ export class OciHttp {
       const sameOrigin = url.origin === this.base.origin;
       const headers: Record<string, string> = { 'user-agent': 'vsnap', ...init.headers };
       if (sameOrigin && this.authorization) headers.authorization = this.authorization;
-      const res = await this.raw(method, url, headers, init.body, init.signal);
+      const res = await this.raw(method, url, headers, init.body, init.signal, init.what);
       if (res.status === 401 && sameOrigin && !triedAuth) {
         const challenge = parseChallenge(first(res.headers['www-authenticate']));
         await res.body.dump();
@@ -110,16 +155,24 @@ export class OciHttp {
     throw new VsnapError('E_REGISTRY', `${init.what}: too many redirects or auth round trips at ${this.base.origin}`, { url: url.href });
   }
 
-  private async raw(method: Method, url: URL, headers: Record<string, string>, body: Buffer | undefined, signal: AbortSignal | undefined): Promise<OciResponse> {
+  private async raw(method: Method, url: URL, headers: Record<string, string>, body: Buffer | undefined, signal: AbortSignal | undefined, what: string): Promise<OciResponse> {
     if (signal?.aborted) throw abortError(signal, 'the registry transfer');
     this.counters.requests++;
+    const watch = new Watchdog(this.timeouts, url, what, signal);
     try {
-      const res = await request(url, { method, headers, ...(body ? { body } : {}), dispatcher: this.agent, ...(signal ? { signal } : {}) });
+      const res = await request(url, { method, headers, ...(body ? { body: sendable(body, watch) } : {}), dispatcher: this.agent, signal: watch.signal });
+      watch.progress(0);
       if (body) this.counters.bytesSent += body.length;
-      return { status: res.statusCode, headers: res.headers, body: res.body, url };
+      const length = Number(first(res.headers['content-length']));
+      return { status: res.statusCode, headers: res.headers, body: new OciBody(res.body, watch, url, what, Number.isSafeInteger(length) && length >= 0 ? length : undefined), url };
     } catch (err) {
+      watch.stop();
       if (signal?.aborted) throw abortError(signal, 'the registry transfer');
+      if (watch.error) throw watch.error;
       const e = err as Error & { code?: string };
+      if (e.code === 'UND_ERR_SOCKET' || e.code === 'ECONNRESET' || e.code === 'EPIPE') {
+        throw new VsnapError('E_REGISTRY', `${what}: the registry at ${url.origin} closed the connection before answering ${method} ${url.origin}${url.pathname} (${e.code}: ${e.message}). Try again; if it keeps happening, the registry (or a proxy in front of it) is failing.`, { url: `${url.origin}${url.pathname}`, errno: e.code }, { cause: err });
+      }
       const tls = /CERT|SSL|TLS|self.signed|certificate/i.test(`${e.code ?? ''} ${e.message}`);
       throw new VsnapError(
         'E_REGISTRY',
@@ -141,17 +194,22 @@ export class OciHttp {
     if (challenge?.scheme !== 'bearer' || !challenge.params.realm) {
       throw new VsnapError('E_REGISTRY_AUTH', `the registry at ${this.base.origin} asked for auth it did not describe (WWW-Authenticate: ${challenge?.scheme ?? 'missing'})`, { host: this.ref.host });
     }
-    const realm = new URL(challenge.params.realm);
+    const realm = tokenRealm(challenge.params.realm, this.base.origin, this.ref.host);
     if (challenge.params.service) realm.searchParams.set('service', challenge.params.service);
     realm.searchParams.set('scope', this.scope);
     const headers: Record<string, string> = { 'user-agent': 'vsnap' };
     if (this.credentials) headers.authorization = basicHeader(this.credentials);
-    const res = await this.raw('GET', realm, headers, undefined, signal);
-    const text = await res.body.text();
+    const what = `a token from ${realm.origin}`;
+    const res = await this.raw('GET', realm, headers, undefined, signal, what);
     if (res.status === 401 || res.status === 403) {
+      await res.body.dump();
       throw new VsnapError('E_REGISTRY_AUTH', `the token service ${realm.origin} refused ${this.credentials ? `the credentials of '${this.credentials.username}'` : 'anonymous access'} for ${this.scope} (HTTP ${res.status}). ${this.credentials ? 'Check the user name and password (docker login, or the credentials option).' : 'Log in (docker login) or pass credentials.'}`, { host: this.ref.host, status: res.status });
     }
-    if (res.status !== 200) throw new VsnapError('E_REGISTRY', `the token service ${realm.origin} answered HTTP ${res.status}: ${text.slice(0, 200)}`, { status: res.status });
+    if (res.status !== 200) throw new VsnapError('E_REGISTRY', `the token service ${realm.origin} answered HTTP ${res.status}: ${(await res.body.prefix(BODY_LIMITS.error)).slice(0, 200)}`, { status: res.status, url: `${realm.origin}${realm.pathname}` });
+    const text = await res.body.text(
+      BODY_LIMITS.token,
+      (n) => new VsnapError('E_REGISTRY', `the token service ${realm.origin} answered ${n} bytes or more; a token answer is at most ${BODY_LIMITS.token} bytes. Refusing it.`, { host: this.ref.host, url: `${realm.origin}${realm.pathname}`, limit: BODY_LIMITS.token }),
+    );
     let token: unknown;
     try {
       const json = JSON.parse(text) as { token?: unknown; access_token?: unknown };
@@ -168,6 +226,39 @@ export class OciHttp {
   }
 }
 
+/** A request body that reports its progress to the watchdog as the socket takes it (a small one goes whole). */
+function sendable(body: Buffer, watch: Watchdog): Buffer | Readable {
+  if (body.length <= MiB) return body;
+  return Readable.from(
+    (async function* pieces() {
+      for (let off = 0; off < body.length; off += MiB) {
+        const piece = body.subarray(off, off + MiB);
+        yield piece;
+        watch.progress(piece.length);
+      }
+    })(),
+    { objectMode: false, highWaterMark: 1 },
+  );
+}
+
+/** The realm of a bearer challenge as an absolute http(s) URL, else a coded refusal naming it. */
+function tokenRealm(realm: string, origin: string, host: string): URL {
+  let url: URL | undefined;
+  try {
+    url = new URL(realm);
+  } catch {
+    url = undefined;
+  }
+  if (!url || (url.protocol !== 'https:' && url.protocol !== 'http:')) {
+    throw new VsnapError(
+      'E_REGISTRY',
+      `the registry at ${origin} asks for a bearer token from realm ${JSON.stringify(realm.slice(0, 200))}, which is not an http(s) URL, so no token can be fetched. The registry's token auth is misconfigured (its realm must be the token service's absolute URL): tell its operator.`,
+      { host, realm: realm.slice(0, 200) },
+    );
+  }
+  return url;
+}
+
 function first(v: string | string[] | undefined): string | undefined {
   return Array.isArray(v) ? v[0] : v;
 }
@@ -178,16 +269,13 @@ function needsCredentials(host: string): VsnapError {
 
 /** E_REGISTRY_AUTH for 401/403, E_SNAPSHOT_NOT_FOUND for an unknown manifest, else E_REGISTRY, with the registry's error text. */
 async function httpError(res: OciResponse, what: string, triedAuth: boolean): Promise<VsnapError> {
-  let text = '';
-  try {
-    text = (await res.body.text()).slice(0, 500);
-  } catch {
-    /* the body is only for the message */
-  }
+  // at most BODY_LIMITS.error bytes are read: a registry may answer an error with an endless body
+  const full = await res.body.prefix(BODY_LIMITS.error);
+  const text = full.slice(0, 500);
   let detail = text;
   try {
-    const errors = (JSON.parse(text) as { errors?: Array<{ code?: string; message?: string }> }).errors;
-    if (errors?.length) detail = errors.map((e) => `${e.code ?? ''}: ${e.message ?? ''}`).join('; ');
+    const errors = (JSON.parse(full) as { errors?: Array<{ code?: string; message?: string }> }).errors;
+    if (errors?.length) detail = errors.map((e) => `${e.code ?? ''}: ${e.message ?? ''}`).join('; ').slice(0, 500);
   } catch {
     /* not the distribution error shape */
   }

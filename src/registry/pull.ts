@@ -9,13 +9,10 @@ import { native } from '../native/index.js';
 import { blobDigest } from '../manifest/blob-digest.js';
 import type { RegionStore } from '../store/region-store.js';
 import { ANNOTATION, OCI_MANIFEST, parseArtifact, sha256Digest, type Descriptor, type SnapshotArtifact } from './artifact.js';
-import type { OciHttp } from './http.js';
-import { runPool } from './pool.js';
+import { BODY_LIMITS, type OciHttp } from './http.js';
+import { BufferPool, runPool } from './pool.js';
 import { formatReference } from './reference.js';
 import type { PullCompatibility, RegistryProgress } from './types.js';
-
-/** The largest config accepted (a manifest of many regions is a few MiB). */
-const MAX_CONFIG = 64 * 1024 * 1024;
 
 /** A snapshot's OCI manifest and vsnap manifest, fetched without any layer. @internal */
 export interface ResolvedArtifact {
@@ -24,23 +21,38 @@ export interface ResolvedArtifact {
   readonly manifest: Manifest;
 }
 
-/** GETs the OCI manifest and the config blob (nothing else), checking both digests. @internal */
+/**
+ * GETs the OCI manifest (at most BODY_LIMITS.manifest bytes) and the config blob (exactly its
+ * descriptor's size, at most BODY_LIMITS.config), nothing else, checking both digests.
+ * @internal
+ */
 export async function resolveArtifact(http: OciHttp, signal: AbortSignal | undefined): Promise<ResolvedArtifact> {
   const where = formatReference(http.ref);
   const res = await http.send('GET', http.repoPath(`manifests/${http.ref.reference}`), { headers: { accept: OCI_MANIFEST }, ok: [200], signal, what: `pull ${where}` });
-  const text = await res.body.text();
+  const text = await res.body.text(
+    BODY_LIMITS.manifest,
+    (n) => new VsnapError('E_REGISTRY', `${where}: the registry sent a manifest of ${n} bytes or more; an OCI manifest is at most ${BODY_LIMITS.manifest} bytes (4 MiB, as the distribution spec and registries bound it). Refusing it.`, { reference: where, url: urlOf(res.url), limit: BODY_LIMITS.manifest }),
+  );
   const digest = sha256Digest(text);
   if (http.ref.reference.startsWith('sha256:') && digest !== http.ref.reference) {
     throw new VsnapError('E_CHECKSUM', `${where}: the registry sent a manifest whose digest is ${digest}; refusing it`, { reference: where, digest });
   }
   const artifact = parseArtifact(text, where);
-  if (artifact.config.size > MAX_CONFIG) throw new VsnapError('E_REGISTRY', `${where}: config of ${artifact.config.size} bytes is too large for a vsnap manifest`, { reference: where });
+  if (artifact.config.size > BODY_LIMITS.config) throw new VsnapError('E_REGISTRY', `${where}: config of ${artifact.config.size} bytes is too large for a vsnap manifest (at most ${BODY_LIMITS.config})`, { reference: where, limit: BODY_LIMITS.config });
   const cres = await http.send('GET', http.repoPath(`blobs/${artifact.config.digest}`), { ok: [200], signal, what: `pull the config of ${where}` });
-  const config = Buffer.from(await cres.body.arrayBuffer());
+  // never more than the descriptor says: a longer body is refused as soon as it passes the size
+  const config = await cres.body.read(
+    artifact.config.size,
+    (n) => new VsnapError('E_CHECKSUM', `${where}: the config blob is ${n} bytes or more, its descriptor says ${artifact.config.size}; refusing it`, { reference: where, url: urlOf(cres.url) }),
+  );
   if (config.length !== artifact.config.size || sha256Digest(config) !== artifact.config.digest) {
     throw new VsnapError('E_CHECKSUM', `${where}: the config blob does not match its digest ${artifact.config.digest}; refusing it`, { reference: where });
   }
   return { digest, artifact, manifest: Manifest.parse(config.toString('utf8'), `the config of ${where}`) };
+}
+
+function urlOf(url: URL): string {
+  return `${url.origin}${url.pathname}`;
 }
 
 /** Refuses a snapshot that does not fit `live` (every difference listed), before any layer is fetched. @internal */
@@ -88,15 +100,66 @@ interface PullJob {
   readonly http: OciHttp;
   readonly connections: number;
   readonly rangeMinBytes: number;
+  /** Bytes of chunk buffers held at once (each part being downloaded holds one chunk). */
+  readonly maxBufferedBytes: number;
   readonly signal?: AbortSignal | undefined;
   readonly onProgress?: ((p: RegistryProgress) => void) | undefined;
+}
+
+/**
+ * One blob being downloaded: its file in the transaction is opened when its first part starts
+ * and closed when its last part ends (so at most `connections` blob files are open, whatever
+ * the number of blobs), after its sha256 is checked and it is fsynced.
+ */
+class BlobDownload {
+  partsLeft = 0;
+  /** sha256 while streaming, when the blob comes in one part. */
+  hash: Hash | undefined;
+  private handle: Promise<FileHandle> | undefined;
+  private closed = false;
+
+  constructor(
+    readonly plan: BlobPlan,
+    readonly path: string,
+  ) {}
+
+  file(): Promise<FileHandle> {
+    this.handle ??= open(this.path, 'wx+', 0o644);
+    return this.handle;
+  }
+
+  /** Checks the whole blob's sha256, fsyncs and closes it. */
+  async finish(where: string, signal: AbortSignal | undefined): Promise<void> {
+    const { region, layer } = this.plan;
+    const handle = await this.file();
+    const digest = this.hash ? `sha256:${this.hash.digest('hex')}` : await fileSha256(handle, region.size, signal);
+    if (digest !== layer.digest) {
+      throw new VsnapError('E_CHECKSUM', `${where}: layer ${layer.digest} (region ${region.key}) arrived with sha256 ${digest}; nothing of it was stored`, { reference: where, region: region.key });
+    }
+    await handle.sync();
+    await this.close();
+  }
+
+  async close(): Promise<void> {
+    if (this.closed || !this.handle) return;
+    this.closed = true;
+    await (await this.handle.catch(() => undefined))?.close().catch(() => undefined);
+  }
+}
+
+interface Part {
+  readonly blob: BlobDownload;
+  readonly start: number;
+  readonly end: number;
 }
 
 /**
  * Downloads the blobs the store lacks into a capture transaction of the store (its tmp
  * directory, its locks, its crash-safe publish), each chunk checked against its xxh3 checksum
  * as it arrives and each blob against its sha256, then publishes the manifest under `name`.
- * Anything damaged throws before the publish, and the transaction's files are removed.
+ * Anything damaged throws before the publish, and the transaction's files are removed. Parts
+ * are planned blob by blob as connections free up; each holds one chunk buffer out of
+ * `maxBufferedBytes` (reused from part to part).
  * @internal
  */
 export async function pullInto(store: RegionStore, resolved: ResolvedArtifact, name: string, job: PullJob): Promise<{ manifest: Manifest; bytesDownloaded: number; bytesSkipped: number }> {
@@ -107,40 +170,45 @@ export async function pullInto(store: RegionStore, resolved: ResolvedArtifact, n
   const bytesDownloaded = missing.reduce((n, p) => n + p.region.size, 0);
   const bytesSkipped = plans.reduce((n, p) => n + p.region.size, 0) - bytesDownloaded;
   const txn = await store.beginCapture(name, bytesDownloaded, manifest.id);
+  const started: BlobDownload[] = [];
   try {
     let done = 0;
     const progress = (n: number): void => {
       done += n;
       job.onProgress?.({ phase: 'downloading', bytesDone: done, bytesTotal: bytesDownloaded });
     };
-    // one task per blob, or per part of a large blob (parts aligned to its chunk size)
-    const tasks: Array<{ plan: BlobPlan; start: number; end: number; handle: FileHandle; hash?: Hash }> = [];
-    const handles: FileHandle[] = [];
-    try {
+    const buffers = new BufferPool(job.maxBufferedBytes);
+    // one part per blob, or several for a large one (aligned to its chunk size), planned when the
+    // blob's turn comes: a registry found to ignore Range by then gets the blob in one GET
+    function* parts(): Generator<Part> {
       for (const plan of missing) {
-        const handle = await open(txn.blobTmpPath(plan.index), 'wx+', 0o644);
-        handles.push(handle);
+        const blob = new BlobDownload(plan, txn.blobTmpPath(plan.index));
+        started.push(blob);
         const { size, chunkSize } = plan.region;
-        const parts = size >= job.rangeMinBytes ? Math.min(job.connections, Math.ceil(size / chunkSize)) : 1;
-        if (parts === 1) {
-          tasks.push({ plan, start: 0, end: size, handle, hash: createHash('sha256') });
+        const n = size >= job.rangeMinBytes && !job.http.rangeIgnored ? Math.min(job.connections, Math.ceil(size / chunkSize)) : 1;
+        if (n <= 1) {
+          blob.hash = createHash('sha256');
+          blob.partsLeft = 1;
+          yield { blob, start: 0, end: size };
           continue;
         }
-        const per = Math.ceil(size / chunkSize / parts) * chunkSize;
-        for (let start = 0; start < size; start += per) tasks.push({ plan, start, end: Math.min(size, start + per), handle });
+        const per = Math.ceil(size / chunkSize / n) * chunkSize;
+        blob.partsLeft = Math.ceil(size / per);
+        for (let start = 0; start < size; start += per) yield { blob, start, end: Math.min(size, start + per) };
       }
-      await runPool(tasks, job.connections, (t) => fetchPart(job, t.plan, t.start, t.end, t.handle, t.hash, progress));
-      // sha256 of blobs fetched in parts: over the written file (the chunks were checked on arrival)
-      for (const plan of missing) {
-        const whole = tasks.find((t) => t.plan === plan && t.hash);
-        const digest = whole ? `sha256:${whole.hash!.digest('hex')}` : await fileSha256(handles[missing.indexOf(plan)]!, plan.region.size, job.signal);
-        if (digest !== plan.layer.digest) {
-          throw new VsnapError('E_CHECKSUM', `${where}: layer ${plan.layer.digest} (region ${plan.region.key}) arrived with sha256 ${digest}; nothing of it was stored`, { reference: where, region: plan.region.key });
+    }
+    try {
+      await runPool(parts(), job.connections, async (part) => {
+        const lent = await buffers.take(Math.min(part.blob.plan.region.chunkSize, part.end - part.start));
+        try {
+          await fetchPart(job, part, lent.buffer, progress);
+        } finally {
+          lent.give();
         }
-      }
-      for (const h of handles) await h.sync();
+        if (--part.blob.partsLeft === 0) await part.blob.finish(where, job.signal);
+      });
     } finally {
-      for (const h of handles) await h.close().catch(() => undefined);
+      for (const b of started) await b.close();
     }
     job.onProgress?.({ phase: 'publishing', bytesDone: done, bytesTotal: bytesDownloaded });
     const missingSet = new Set(missing);
@@ -157,28 +225,39 @@ export async function pullInto(store: RegionStore, resolved: ResolvedArtifact, n
   }
 }
 
-/** GETs bytes [start, end) of a layer (a Range request unless it is the whole blob), checking each chunk as it completes. */
-async function fetchPart(job: PullJob, plan: BlobPlan, start: number, end: number, handle: FileHandle, hash: Hash | undefined, progress: (n: number) => void): Promise<void> {
-  const { region, layer } = plan;
+/**
+ * GETs bytes [start, end) of a layer (a Range request unless it is the whole blob), checking
+ * each chunk as it completes. A registry that answers a Range request with 200 (the whole blob)
+ * is read as a stream: the bytes before `start` are dropped, the part's bytes taken, and the
+ * connection closed at `end`; later blobs are then fetched whole.
+ */
+async function fetchPart(job: PullJob, part: Part, buf: Buffer, progress: (n: number) => void): Promise<void> {
+  const { blob, start, end } = part;
+  const { region, layer } = blob.plan;
   const whole = start === 0 && end === region.size;
   const res = await job.http.send('GET', job.http.repoPath(`blobs/${layer.digest}`), {
     headers: whole ? {} : { range: `bytes=${start}-${end - 1}` },
-    ok: whole ? [200] : [206],
+    ok: whole ? [200] : [200, 206],
     signal: job.signal,
     what: `download layer ${layer.digest}`,
   });
-  // One chunk buffer per part, filled in place: a fresh buffer per chunk costs a page fault per
-  // 4 KiB, which halved the rate on the machines measured.
-  const buf = Buffer.allocUnsafe(Math.min(region.chunkSize, end - start));
+  const fromWhole = !whole && res.status === 200;
+  if (fromWhole) job.http.rangeIgnored = true;
+  else if (!whole) checkContentRange(res.headers['content-range'], start, end, layer.digest, res.url);
+  let skip = fromWhole ? start : 0;
+  const handle = await blob.file();
+  // `buf`: one chunk buffer for the part (lent by the pull's BufferPool), filled in place: a fresh
+  // buffer per chunk costs a page fault per 4 KiB, which halved the rate on the machines measured.
   let pos = start;
   let filled = 0;
   let extra = 0;
   try {
-    for await (const data of res.body as AsyncIterable<Buffer>) {
+    for await (const data of res.body.chunks()) {
       if (job.signal?.aborted) throw abortError(job.signal, 'the pull');
       job.http.counters.bytesReceived += data.length;
-      progress(data.length);
-      let off = 0;
+      let off = Math.min(skip, data.length);
+      skip -= off;
+      const skipped = off;
       while (off < data.length) {
         const want = Math.min(region.chunkSize, end - pos);
         if (want === 0) {
@@ -194,12 +273,13 @@ async function fetchPart(job: PullJob, plan: BlobPlan, start: number, end: numbe
           filled = 0;
         }
       }
-      if (extra > 0) break;
+      progress(off - skipped);
+      if (extra > 0 || (fromWhole && pos === end)) break; // (leaving the loop closes the connection)
     }
   } finally {
-    await res.body.dump().catch(() => undefined);
+    await res.body.dump();
   }
-  if (pos !== end || filled !== 0 || extra !== 0) {
+  if (pos !== end || filled !== 0 || (extra !== 0 && !fromWhole)) {
     throw new VsnapError('E_BLOB_TRUNCATED', `layer ${layer.digest} (region ${region.key}): expected bytes ${start}-${end - 1}, the registry sent ${pos - start + filled + extra}; nothing of it was stored`, { region: region.key });
   }
 
@@ -211,10 +291,20 @@ async function fetchPart(job: PullJob, plan: BlobPlan, start: number, end: numbe
         chunk: index,
       });
     }
-    hash?.update(chunk);
+    blob.hash?.update(chunk);
     let written = 0;
     while (written < chunk.length) written += (await handle.write(chunk, written, chunk.length - written, pos + written)).bytesWritten;
     pos += chunk.length;
+  }
+}
+
+/** A 206 must be the range asked for (when it says which): another range is refused, not stitched in. */
+function checkContentRange(header: string | string[] | undefined, start: number, end: number, digest: string, url: URL): void {
+  const value = Array.isArray(header) ? header[0] : header;
+  if (value === undefined) return; // the chunk checksums still check every byte
+  const m = /^bytes (\d+)-(\d+)\/(\d+|\*)$/.exec(value.trim());
+  if (!m || Number(m[1]) !== start || Number(m[2]) !== end - 1) {
+    throw new VsnapError('E_REGISTRY', `download layer ${digest}: asked ${urlOf(url)} for bytes ${start}-${end - 1}, it answered Content-Range ${JSON.stringify(value.slice(0, 100))}; refusing it`, { url: urlOf(url) });
   }
 }
 

@@ -1,12 +1,13 @@
 import { createHash } from 'node:crypto';
 import { constants } from 'node:fs';
 import { open } from 'node:fs/promises';
+import { setTimeout as sleep } from 'node:timers/promises';
 
 import { abortError, toVsnapError, VsnapError } from '../errors.js';
 import type { Manifest } from '../manifest/manifest.js';
 import type { RegionStore } from '../store/region-store.js';
 import { buildArtifact, configBlob, CONFIG_MEDIA_TYPE, OCI_MANIFEST, sha256Digest } from './artifact.js';
-import type { OciHttp } from './http.js';
+import { BODY_LIMITS, type OciHttp } from './http.js';
 import { runPool } from './pool.js';
 import type { PushState } from './state.js';
 import type { RegistryProgress } from './types.js';
@@ -48,6 +49,7 @@ export async function pushManifest(store: RegionStore, manifest: Manifest, tag: 
   let bytesUploaded = 0;
   let bytesSkipped = 0;
   let bytesResumed = 0;
+  refuseUnpullable(manifest, blobs.keys(), job.http.ref.repository);
 
   return store.withLock(false, async () => {
     // 1. content digests, as OCI names blobs
@@ -114,6 +116,24 @@ export async function pushManifest(store: RegionStore, manifest: Manifest, tag: 
   });
 }
 
+/**
+ * Refuses, before anything is hashed or sent, a snapshot whose OCI manifest or config would be
+ * over the sizes a pull accepts (BODY_LIMITS): the CNCF distribution registry refuses a manifest
+ * over 4 MiB only at the final PUT, after every layer was uploaded.
+ */
+function refuseUnpullable(manifest: Manifest, blobs: Iterable<string>, repository: string): void {
+  const config = configBlob(manifest);
+  const placeholder = `sha256:${'0'.repeat(64)}`; // a digest's length: the manifest's size is exact
+  const size = Buffer.byteLength(JSON.stringify(buildArtifact(manifest, config, new Map([...blobs].map((b) => [b, placeholder])))));
+  if (size > BODY_LIMITS.manifest || config.length > BODY_LIMITS.config) {
+    const which =
+      size > BODY_LIMITS.manifest
+        ? `its OCI manifest would be ${size} bytes (one layer per distinct region blob), over the ${BODY_LIMITS.manifest} registries accept; it has too many regions for one artifact`
+        : `its config (the vsnap manifest) would be ${config.length} bytes, over the ${BODY_LIMITS.config} a pull accepts; capture it with a larger chunkSize (fewer checksums)`;
+    throw new VsnapError('E_REGISTRY', `push ${manifest.name} to ${repository}: ${which}. Nothing was sent.`, { manifestBytes: size, configBytes: config.length });
+  }
+}
+
 /** HEAD /v2/<name>/blobs/<digest>: 200 when the registry has it. */
 async function hasBlob(job: PushJob, digest: string): Promise<boolean> {
   const res = await job.http.send('HEAD', job.http.repoPath(`blobs/${digest}`), { ok: [200, 404], signal: job.signal, what: `check blob ${digest}` });
@@ -121,13 +141,46 @@ async function hasBlob(job: PushJob, digest: string): Promise<boolean> {
   return res.status === 200;
 }
 
+/** Fresh uploads of one blob tried before a registry that answers 416 to each is given up on. */
+export const UPLOAD_ATTEMPTS = 4;
+/** The wait before the second attempt; doubled before each one after. */
+const UPLOAD_BACKOFF_MS = 250;
+
 /**
- * Uploads one blob: resumes a saved upload (GET its status: `Range: 0-<last>`), else mounts it
- * from `mountFrom` or opens a new one (POST); then PATCHes chunks with Content-Range, saving the
- * new Location after each (the registry may encode its state there), and closes with
- * PUT ?digest=. Returns the bytes sent and the offset it resumed at.
+ * Uploads one blob: resumes a saved upload, else mounts it or opens a new one, and PATCHes it
+ * (see {@link uploadOnce}). A 416 to a PATCH means the registry's upload state disagrees with
+ * vsnap's: the upload is forgotten and the blob started over, up to UPLOAD_ATTEMPTS times with a
+ * doubling wait between them; then E_REGISTRY (status 416), never a loop.
  */
 async function uploadBlob(job: PushJob, digest: string, size: number, read: (offset: number, length: number) => Promise<Buffer>, sent: (n: number) => void): Promise<{ sent: number; resumedAt: number; mounted?: boolean }> {
+  const { http, state } = job;
+  for (let attempt = 1; ; attempt++) {
+    const r = await uploadOnce(job, digest, size, read, sent);
+    if (r.kind === 'done') return r.result;
+    state.forgetUpload(http.base.origin, http.ref.repository, digest);
+    if (attempt >= UPLOAD_ATTEMPTS) {
+      throw new VsnapError(
+        'E_REGISTRY',
+        `upload blob ${digest}: the registry answered 416 (Range Not Satisfiable) to a PATCH of ${attempt} uploads in a row, the last at bytes ${r.range} of ${r.url}; its upload state disagrees with the bytes sent. Nothing more is sent; check the registry (or a proxy in front of it that rewrites Content-Range), then push again.`,
+        { status: 416, url: r.url, attempts: attempt },
+      );
+    }
+    if (job.signal?.aborted) throw abortError(job.signal, 'the push');
+    await sleep(UPLOAD_BACKOFF_MS * 2 ** (attempt - 1), undefined, job.signal ? { signal: job.signal } : {}).catch(() => {
+      throw abortError(job.signal, 'the push');
+    });
+  }
+}
+
+type UploadOutcome = { kind: 'done'; result: { sent: number; resumedAt: number; mounted?: boolean } } | { kind: 'restart'; url: string; range: string };
+
+/**
+ * One upload of a blob: resumes a saved upload (GET its status: `Range: 0-<last>`), else mounts
+ * it from `mountFrom` or opens a new one (POST); then PATCHes chunks with Content-Range, saving
+ * the new Location after each (the registry may encode its state there), and closes with
+ * PUT ?digest=. Returns the bytes sent and the offset it resumed at, or `restart` on a 416.
+ */
+async function uploadOnce(job: PushJob, digest: string, size: number, read: (offset: number, length: number) => Promise<Buffer>, sent: (n: number) => void): Promise<UploadOutcome> {
   const { http, state } = job;
   const origin = http.base.origin;
   const repo = http.ref.repository;
@@ -152,7 +205,7 @@ async function uploadBlob(job: PushJob, digest: string, size: number, read: (off
     const mount = job.mountFrom ? `?mount=${encodeURIComponent(digest)}&from=${encodeURIComponent(job.mountFrom)}` : '';
     const res = await http.send('POST', http.repoPath(`blobs/uploads/${mount}`), { headers: { 'content-length': '0' }, ok: [201, 202], signal: job.signal, what });
     await res.body.dump();
-    if (res.status === 201) return { sent: 0, resumedAt: 0, mounted: true };
+    if (res.status === 201) return { kind: 'done', result: { sent: 0, resumedAt: 0, mounted: true } };
     location = locationOf(res, what);
     state.rememberUpload(origin, repo, digest, location);
   }
@@ -161,19 +214,16 @@ async function uploadBlob(job: PushJob, digest: string, size: number, read: (off
     if (job.signal?.aborted) throw abortError(job.signal, 'the push');
     const n = Math.min(job.chunkBytes, size - offset);
     const chunk = await read(offset, n);
+    const range = `${offset}-${offset + n - 1}`;
     const res = await http.send('PATCH', location, {
-      headers: { 'content-type': 'application/octet-stream', 'content-range': `${offset}-${offset + n - 1}`, 'content-length': String(n) },
+      headers: { 'content-type': 'application/octet-stream', 'content-range': range, 'content-length': String(n) },
       body: chunk,
       ok: [202, 416],
       signal: job.signal,
       what,
     });
     await res.body.dump();
-    if (res.status === 416) {
-      // the saved state disagreed with the registry's: start this blob over
-      state.forgetUpload(origin, repo, digest);
-      return uploadBlob(job, digest, size, read, sent);
-    }
+    if (res.status === 416) return { kind: 'restart', url: `${res.url.origin}${res.url.pathname}`, range };
     location = locationOf(res, what);
     state.rememberUpload(origin, repo, digest, location);
     offset += n;
@@ -185,7 +235,7 @@ async function uploadBlob(job: PushJob, digest: string, size: number, read: (off
   const res = await http.send('PUT', close, { headers: { 'content-length': '0' }, ok: [201], signal: job.signal, what });
   await res.body.dump();
   state.forgetUpload(origin, repo, digest);
-  return { sent: bytes, resumedAt };
+  return { kind: 'done', result: { sent: bytes, resumedAt } };
 }
 
 function locationOf(res: { headers: Record<string, string | string[] | undefined>; url: URL }, what: string): string {

@@ -62,6 +62,21 @@ export function parseReference(text: string): RegistryReference {
   return { scheme, host, repository: path, reference };
 }
 
+/**
+ * Why `text` is not a registry reference, or undefined when it is one (as {@link parseReference}
+ * reads it). Pure: for validating configuration and command-line arguments without a throw.
+ * @internal
+ */
+export function validateReference(text: unknown): string | undefined {
+  if (typeof text !== 'string') return `a registry reference must be a string, got ${text === null ? 'null' : typeof text}`;
+  try {
+    parseReference(text);
+    return undefined;
+  } catch (err) {
+    return (err as Error).message;
+  }
+}
+
 /** The reference written back. @internal */
 export function formatReference(ref: RegistryReference): string {
   const sep = ref.reference.startsWith('sha256:') ? '@' : ':';

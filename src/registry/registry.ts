@@ -46,10 +46,16 @@ export class Registry {
   private readonly state: PushState;
 
   constructor(options: RegistryOptions = {}) {
-    for (const key of ['chunkBytes', 'rangeMinBytes', 'connections'] as const) {
+    for (const key of ['chunkBytes', 'rangeMinBytes', 'connections', 'maxBufferedBytes'] as const) {
       const v = options[key];
       if (v !== undefined && (!Number.isSafeInteger(v) || v <= 0)) {
         throw new VsnapError('E_INVALID_ARGUMENT', `${key} must be a positive integer, got ${JSON.stringify(v)}`, { name: key });
+      }
+    }
+    for (const key of ['stallMs', 'graceMs', 'minBytesPerSecond'] as const) {
+      const v = options.timeouts?.[key];
+      if (v !== undefined && (typeof v !== 'number' || !Number.isFinite(v) || v <= 0)) {
+        throw new VsnapError('E_INVALID_ARGUMENT', `timeouts.${key} must be a positive number, got ${JSON.stringify(v)}`, { name: `timeouts.${key}` });
       }
     }
     this.options = options;
@@ -121,6 +127,7 @@ export class Registry {
         http,
         connections: this.options.connections ?? 4,
         rangeMinBytes: this.options.rangeMinBytes ?? 256 * MiB,
+        maxBufferedBytes: this.options.maxBufferedBytes ?? 256 * MiB,
         signal: options.signal,
         onProgress: options.onProgress,
       });

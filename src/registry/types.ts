@@ -25,6 +25,12 @@ export interface RegistryOptions extends RegistryConnectOptions {
   readonly chunkBytes?: number;
   /** Blobs this large or larger are downloaded over several connections with Range requests. Default 256 MiB. */
   readonly rangeMinBytes?: number;
+  /**
+   * Bytes of chunk buffers a pull holds at once: each part being downloaded holds one chunk of
+   * its region (the chunk is checked whole before it is written). Default 256 MiB (four 64 MiB
+   * chunks); a snapshot whose chunks are larger downloads one part at a time.
+   */
+  readonly maxBufferedBytes?: number;
 }
 
 /**

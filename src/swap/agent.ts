@@ -1,6 +1,6 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { freemem } from 'node:os';
+import { freemem, hostname } from 'node:os';
 import { pipeline } from 'node:stream/promises';
 
 import type { HostCache } from '../cache/host-cache.js';
@@ -8,9 +8,10 @@ import { toVsnapError, VsnapError, type ErrorCode } from '../errors.js';
 import { captureEngine } from '../flows/index.js';
 import type { RegionStore } from '../store/region-store.js';
 import type { SwapController } from './controller.js';
-import { bearerMatches, BodyBudget, decodeSegment, HttpError, readBody, send, sendError } from './http.js';
+import { bearerMatches, BodyBudget, decodeSegment, HostCheck, HttpError, readBody, requireJsonBody, send, sendError } from './http.js';
 import { StatusBoard } from './status/board.js';
 import { STATUS_PAGE } from './status/page.js';
+import type { ModelReadinessSource } from './model-readiness.js';
 import type { Supervisor } from './supervisor.js';
 
 /**
@@ -26,14 +27,33 @@ export interface SwapAgentOptions {
   readonly host?: string;
   /** Default 0 (any free port). */
   readonly port?: number;
+  /**
+   * Host names requests may carry in their `Host` header besides IP literals, loopback names
+   * (`localhost`, `*.localhost`), `host` itself and, when `host` is a wildcard address, this
+   * machine's host name: the names clients use to reach it (a load balancer's, say).
+   * `.example.com` accepts its subdomains; `*` accepts any name (no DNS-rebinding protection).
+   * Other names get 403 E_HOST_NOT_ALLOWED.
+   */
+  readonly allowedHosts?: readonly string[];
   /** Bearer token of the control routes; without one they answer 503. */
   readonly controlToken?: string;
   /** Bearer token clients must send on /v1 routes (none: open). */
   readonly apiKey?: string;
   /** Largest request body accepted (default 32 MiB); larger ones get 413 and the connection is closed. */
   readonly maxBodyBytes?: number;
-  /** Request-body bytes held at once across all requests (default 256 MiB); beyond that, 429. */
+  /**
+   * Request-body bytes held at once across all requests (default 256 MiB): bytes count as they
+   * arrive (a declared Content-Length reserves nothing); a body whose bytes arrive while it is
+   * full gets 429.
+   */
   readonly maxInFlightBodyBytes?: number;
+  /**
+   * How long a client may take to send a whole request, headers and body (default 120 s); then
+   * 408 and the connection is closed, so a slow or stalled body cannot hold its bytes longer.
+   */
+  readonly requestTimeoutMs?: number;
+  /** How long a client may take to send a request's headers (default 30 s, at most requestTimeoutMs). */
+  readonly headersTimeoutMs?: number;
   /**
    * Whether `/healthz` names the engines and `/metrics` answers without the control token.
    * Default: true without a control token, false with one (then `/healthz` says only ok or
@@ -46,6 +66,12 @@ export interface SwapAgentOptions {
   readonly supervisor?: Supervisor;
   /** For the status page: GPU budgets per device ordinal, bytes. */
   readonly budgets?: Readonly<Record<number, number>>;
+  /**
+   * Whether each model is ready (`vsnap serve` while its engines boot and snapshots are
+   * pulled): requests and control actions for a model that is not get 503 E_NOT_READY with the
+   * reason; `/healthz` and the status page show it.
+   */
+  readonly readiness?: ModelReadinessSource;
   /**
    * The operator's log: a failed request whose error has a cause (the detail clients are not
    * shown: paths, mismatches) is written here with it. Default: nothing is written.
@@ -70,10 +96,12 @@ export class SwapAgent {
   readonly url: string;
   private readonly server: Server;
   private readonly board: StatusBoard;
+  private readonly budget: BodyBudget;
 
-  private constructor(server: Server, board: StatusBoard) {
+  private constructor(server: Server, board: StatusBoard, budget: BodyBudget) {
     this.server = server;
     this.board = board;
+    this.budget = budget;
     const a = server.address() as AddressInfo;
     this.url = `http://${a.family === 'IPv6' ? `[${a.address}]` : a.address}:${a.port}`;
   }
@@ -82,11 +110,16 @@ export class SwapAgent {
   static async listen(options: SwapAgentOptions): Promise<SwapAgent> {
     const ctx: AgentContext = {
       options,
+      hosts: new HostCheck(options.host ?? '127.0.0.1', options.allowedHosts ?? [], hostname()),
       budget: new BodyBudget(options.maxInFlightBodyBytes ?? 256 * 1024 * 1024),
       board: new StatusBoard(options),
       publicStatus: options.publicStatus ?? !options.controlToken,
     };
-    const server = createServer((req, res) => {
+    const requestTimeout = options.requestTimeoutMs ?? 120_000;
+    const headersTimeout = Math.min(options.headersTimeoutMs ?? 30_000, requestTimeout);
+    // Node checks the two timeouts every connectionsCheckingInterval: a fraction of the shorter one.
+    const connectionsCheckingInterval = Math.max(10, Math.min(30_000, Math.floor(headersTimeout / 4)));
+    const server = createServer({ requestTimeout, headersTimeout, connectionsCheckingInterval }, (req, res) => {
       handle(ctx, req, res).catch((err: unknown) => {
         const cause = err instanceof Error ? err.cause : undefined;
         if (cause !== undefined && options.log) options.log(`vsnap: ${req.method} ${req.url?.split('?')[0]} failed: ${(err as Error).message} (cause: ${cause instanceof Error ? cause.message : String(cause)})`);
@@ -98,21 +131,32 @@ export class SwapAgent {
       server.once('error', reject);
       server.listen(options.port ?? 0, options.host ?? '127.0.0.1', () => resolve());
     });
-    return new SwapAgent(server, ctx.board);
+    return new SwapAgent(server, ctx.board, ctx.budget);
   }
 
-  /** Stops accepting connections, ends the status streams and closes idle connections. */
+  /** @internal Request bodies being read now and the bytes they hold (tests, diagnostics). */
+  bodyReads(): { readonly requests: number; readonly heldBytes: number } {
+    return { requests: this.budget.readingBodies, heldBytes: this.budget.heldBytes };
+  }
+
+  /**
+   * Stops accepting connections, ends the status streams, closes idle connections and those
+   * still sending a request body (nothing was answered on them), and waits for the requests
+   * being answered.
+   */
   async close(): Promise<void> {
     this.board.close();
     await new Promise<void>((resolve) => {
       this.server.close(() => resolve());
       this.server.closeIdleConnections();
+      this.budget.dropUnfinished();
     });
   }
 }
 
 interface AgentContext {
   readonly options: SwapAgentOptions;
+  readonly hosts: HostCheck;
   readonly budget: BodyBudget;
   readonly board: StatusBoard;
   readonly publicStatus: boolean;
@@ -132,6 +176,12 @@ async function handle(ctx: AgentContext, req: IncomingMessage, res: ServerRespon
     throw new HttpError('E_BAD_REQUEST', 'the request target is not a valid path');
   }
   const path = url.pathname;
+  // Before anything is read or answered: a name this agent is not reached by (DNS rebinding),
+  // and a POST body that is not JSON (what a cross-site form or text/plain request sends).
+  if (!ctx.hosts.allows(req.headers.host)) {
+    throw new HttpError('E_HOST_NOT_ALLOWED', `this agent does not answer to the host name ${JSON.stringify(req.headers.host)}: add it to listen.allowedHosts`, true);
+  }
+  if (req.method === 'POST') requireJsonBody(req);
   const { controller } = options;
   const get = req.method === 'GET' || req.method === 'HEAD';
   if (get && path === '/healthz') {
@@ -192,6 +242,7 @@ async function handle(ctx: AgentContext, req: IncomingMessage, res: ServerRespon
       });
     }
     if (req.method !== 'POST') throw new HttpError('E_METHOD_NOT_ALLOWED', `use POST for ${action}`);
+    requireReady(options, name);
     if (action === 'suspend') {
       const event = await controller.suspend(name);
       return send(res, 200, { suspended: true, ...(event ? { seconds: event.seconds } : { already: true }) });
@@ -215,6 +266,12 @@ async function handle(ctx: AgentContext, req: IncomingMessage, res: ServerRespon
   throw new HttpError('E_NOT_FOUND', `no route ${req.method} ${path}`);
 }
 
+/** A model `vsnap serve` is still booting (or whose boot failed) is refused with the reason, before any engine is asked. */
+function requireReady(options: SwapAgentOptions, model: string): void {
+  const r = options.readiness?.get(model);
+  if (r && !r.ready) throw new HttpError('E_NOT_READY', `'${model}' is not ready: ${r.reason ?? r.phase}; retry later`);
+}
+
 async function proxy(ctx: AgentContext, req: IncomingMessage, res: ServerResponse, path: string): Promise<void> {
   const { options } = ctx;
   const body = await readBody(req, res, options.maxBodyBytes ?? 32 * 1024 * 1024, ctx.budget);
@@ -225,6 +282,7 @@ async function proxy(ctx: AgentContext, req: IncomingMessage, res: ServerRespons
     throw new VsnapError('E_INVALID_ARGUMENT', 'the body is not JSON');
   }
   if (typeof model !== 'string') throw new VsnapError('E_INVALID_ARGUMENT', 'the body needs a "model" string');
+  requireReady(options, model);
   const gone = new AbortController();
   res.on('close', () => {
     if (!res.writableFinished) gone.abort();

@@ -1,12 +1,25 @@
 import { readFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 
-import { LineCounter, parseDocument } from 'yaml';
+import { isScalar, LineCounter, parseDocument, visit } from 'yaml';
 import { z } from 'zod';
 
 import { VsnapError } from '../errors.js';
+import { parseReference } from '../registry/reference.js';
 import type { ResponseCheckOptions } from '../engine/response-check.js';
 import { NAME, snapshotNameFor } from '../store/names.js';
+
+/** A registry reference, checked by the parser the pulls use (so a bad one fails at load, not at the first pull). */
+function checkReference(value: string, ctx: z.RefinementCtx): void {
+  try {
+    parseReference(value);
+  } catch (err) {
+    ctx.addIssue({ code: 'custom', message: (err as Error).message });
+  }
+}
+
+/** A device ordinal as a key: `0`, `1`, ... (no leading zeros: `00` would be a second key for GPU 0). */
+const DEVICE_KEY = /^(0|[1-9][0-9]*)$/;
 
 const ModelSchema = z
   .object({
@@ -24,7 +37,7 @@ const ModelSchema = z
     apiKey: z.string().min(1).optional(),
     snapshot: z.string().regex(NAME, 'a snapshot name: 1-128 letters, digits, ".", "_" or "-", starting with a letter or digit').optional(),
     /** A registry reference its snapshot is pulled from when the store lacks it. */
-    registry: z.string().regex(/^[^\s]+\/[^\s]+$/, 'a registry reference: <registry>/<repo>:<tag> or <registry>/<repo>@sha256:<digest>').optional(),
+    registry: z.string().superRefine(checkReference).optional(),
     gpus: z.array(z.number().int().nonnegative()).min(1).default([0]),
     memoryGiB: z.number().positive(),
     asleepGiB: z.number().nonnegative().default(0),
@@ -45,7 +58,10 @@ const ModelSchema = z
 
 export const ConfigSchema = z
   .object({
-    listen: z.object({ host: z.string().default('127.0.0.1'), port: z.number().int().min(0).max(65535).default(8080) }).strict().default({ host: '127.0.0.1', port: 8080 }),
+    listen: z
+      .object({ host: z.string().default('127.0.0.1'), port: z.number().int().min(0).max(65535).default(8080), allowedHosts: z.array(z.string().min(1)).optional() })
+      .strict()
+      .default({ host: '127.0.0.1', port: 8080 }),
     store: z.string().min(1),
     controlToken: z.string().min(1).optional(),
     apiKey: z.string().min(1).optional(),
@@ -53,7 +69,7 @@ export const ConfigSchema = z
     ramTierGiB: z.number().nonnegative().default(0),
     neighbourTier: z.object({ gpu: z.number().int().nonnegative(), budgetGiB: z.number().positive() }).strict().optional(),
     multipath: z.object({ gpu: z.number().int().nonnegative() }).strict().optional(),
-    gpus: z.record(z.string().regex(/^\d+$/, 'a device ordinal'), z.object({ budgetGiB: z.number().positive() }).strict()),
+    gpus: z.record(z.string().regex(DEVICE_KEY, 'a device ordinal: 0, 1, ... without leading zeros'), z.object({ budgetGiB: z.number().positive() }).strict()),
     defaultModel: z.string().optional(),
     queue: z.object({ limit: z.number().int().positive().default(64), timeoutSeconds: z.number().positive().default(120) }).strict().default({ limit: 64, timeoutSeconds: 120 }),
     startup: z.object({ healthTimeoutSeconds: z.number().positive().default(900), graceSeconds: z.number().positive().default(20) }).strict().default({ healthTimeoutSeconds: 900, graceSeconds: 20 }),
@@ -172,8 +188,11 @@ export interface ServeModelConfig {
  * @public
  */
 export interface ServeConfig {
-  /** Where the agent listens (default 127.0.0.1:8080). */
-  readonly listen: { host: string; port: number };
+  /**
+   * Where the agent listens (default 127.0.0.1:8080), and the host names it answers to besides
+   * IP literals, loopback names, `host` and (listening on every address) this machine's name.
+   */
+  readonly listen: { host: string; port: number; allowedHosts?: string[] | undefined };
   /** The snapshot store. */
   readonly store: string;
   /** Bearer token of the control routes. */
@@ -263,8 +282,48 @@ export function parseConfig(text: string, source: string, env: NodeJS.ProcessEnv
     });
     throw configError(source, issues);
   }
+  // A `__proto__` key would set the prototype of the object it lands in (and vanish from the
+  // configuration): refused wherever it appears, with its line.
+  const reserved: ConfigIssue[] = [];
+  visit(doc, {
+    // Keys equal once read as text (`0` and `"0"`) would silently replace one another.
+    Map(_key, map, path) {
+      const seen = new Set<string>();
+      for (const pair of map.items) {
+        if (!isScalar(pair.key)) continue;
+        const text = String(pair.key.value);
+        if (seen.has(text)) {
+          const at = lines.linePos(pair.key.range?.[0] ?? 0);
+          reserved.push({ path: [...keysOf(path), text].join('.'), line: at.line, column: at.col, message: `the key "${text}" appears twice in this mapping (written differently): keep one` });
+        }
+        seen.add(text);
+      }
+    },
+    Pair(_key, pair, path) {
+      if (isScalar(pair.key) && String(pair.key.value) === '__proto__') {
+        const at = lines.linePos(pair.key.range?.[0] ?? 0);
+        reserved.push({ path: [...keysOf(path), '__proto__'].join('.'), line: at.line, column: at.col, message: '"__proto__" cannot be a key (it is not a valid name anywhere in the configuration)' });
+      }
+    },
+  });
+  if (reserved.length) throw configError(source, reserved);
+  let js: unknown;
+  try {
+    js = doc.toJS({ maxAliasCount: 100 });
+  } catch (err) {
+    // yaml refuses alias expansion past maxAliasCount (an alias bomb): say where the aliases are.
+    let first: number | undefined;
+    visit(doc, {
+      Alias(_key, node) {
+        first = node.range?.[0];
+        return visit.BREAK;
+      },
+    });
+    const at = first !== undefined ? lines.linePos(first) : { line: 0, col: 0 };
+    throw configError(source, [{ path: '(syntax)', line: at.line, column: at.col, message: `the YAML cannot be expanded: ${(err as Error).message} (too many alias references)` }]);
+  }
   const missing: ConfigIssue[] = [];
-  const raw = expandEnv(doc.toJS(), env, [], missing);
+  const raw = expandEnv(js, env, [], missing);
   const result = ConfigSchema.safeParse(raw);
   const issues = [
     ...missing,
@@ -273,13 +332,20 @@ export function parseConfig(text: string, source: string, env: NodeJS.ProcessEnv
       : result.error.issues.map((i) => {
           const node = locate(doc, i.path as Array<string | number>);
           const at = node ? lines.linePos(node) : { line: 0, col: 0 };
-          return { path: i.path.join('.') || '(root)', line: at.line, column: at.col, message: i.message };
+          // a record key's own message (zod wraps it in "Invalid key in record")
+          const inner = i.code === 'invalid_key' ? i.issues[0]?.message : undefined;
+          return { path: i.path.join('.') || '(root)', line: at.line, column: at.col, message: inner ?? i.message };
         })),
   ];
   if (issues.length || !result.success) throw configError(source, issues);
   // Every model gets a valid snapshot name now, so a model name never fails later as one.
   for (const [name, m] of Object.entries(result.data.models)) m.snapshot ??= snapshotNameFor(name);
   return result.data;
+}
+
+/** The keys leading to a node, from the ancestors `visit` passes. */
+function keysOf(path: readonly unknown[]): string[] {
+  return path.filter((n): n is { key: unknown } => typeof n === 'object' && n !== null && 'key' in n).map((n) => (isScalar(n.key) ? String(n.key.value) : '?'));
 }
 
 /**

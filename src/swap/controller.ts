@@ -87,6 +87,13 @@ export interface SwapControllerOptions {
   readonly resident?: ResidentWeights;
   /** @internal The process checkpoint calls for deepSuspend engines (tests inject a fake). */
   readonly checkpointBackend?: CheckpointBackend;
+  /**
+   * @internal Engines `vsnap serve` is still booting (starting, pulling, capturing, suspending
+   * them outside the controller): each counts as awake and in use, so it is never woken,
+   * suspended or given requests and its memory is never given to another engine, until
+   * {@link SwapController.releaseBootHold}. Their state is not read at create.
+   */
+  readonly booting?: readonly string[];
   /** Woken whenever nothing else is awake or asked for. */
   readonly defaultModel?: string;
   /** Requests that may wait for one engine (default 64); beyond that, E_BUSY. */
@@ -270,6 +277,11 @@ export class SwapController extends EventEmitter {
       if (e.movableTo?.length && (!e.deepSuspend || spec.devices.length !== 1)) invalidArgument(`${e.name}.movableTo`, 'an engine on one GPU with deepSuspend', e.movableTo);
       this.slots.set(e.name, { spec, state: 'asleep', leases: 0, lastUsed: 0, waiters: [] });
     }
+    for (const name of options.booting ?? []) {
+      const slot = this.slots.get(name);
+      if (!slot) invalidArgument('booting', 'names of the engines', name);
+      Object.assign(slot, { state: 'awake', leases: 1, bootHold: true });
+    }
     if (options.defaultModel !== undefined && !this.slots.has(options.defaultModel)) invalidArgument('defaultModel', 'one of the engines', options.defaultModel);
     this.executor = new SwapExecutor(options, this.slots, this.metrics, this, () => this.closed, () => this.states());
     if (options.neighbour) this.executor.neighbour = new NeighbourParking(options.neighbour, this.registry, this);
@@ -281,7 +293,7 @@ export class SwapController extends EventEmitter {
    */
   static async create(options: SwapControllerOptions): Promise<SwapController> {
     const c = new SwapController(options);
-    await c.executor.serial(() => Promise.all([...c.slots.values()].map((slot) => c.executor.readState(slot))));
+    await c.executor.serial(() => Promise.all([...c.slots.values()].filter((slot) => !slot.bootHold).map((slot) => c.executor.readState(slot))));
     await c.executor.settle();
     c.executor.changed();
     c.timer = setInterval(() => c.executor.pump(), 1000);
@@ -297,7 +309,7 @@ export class SwapController extends EventEmitter {
       return {
         name: s.spec.name,
         state: s.state,
-        leases: s.leases,
+        leases: s.leases - (s.bootHold ? 1 : 0), // the boot's hold is no request
         waiting: s.waiters.length,
         lastUsed: s.lastUsed,
         pinned: s.spec.pinned ?? false,
@@ -440,6 +452,21 @@ export class SwapController extends EventEmitter {
     } finally {
       this.executor.pump();
     }
+  }
+
+  /**
+   * @internal The boot of an engine named in {@link SwapControllerOptions.booting} is over (it
+   * succeeded or not): its state is read and it is managed from now on. Idempotent.
+   */
+  async releaseBootHold(model: string): Promise<void> {
+    const slot = this.slot(model);
+    const held = await this.executor.serial(async () => {
+      if (!slot.bootHold) return false;
+      delete slot.bootHold;
+      slot.leases = Math.max(0, slot.leases - 1);
+      return true;
+    });
+    if (held) await this.resync(model);
   }
 
   /**

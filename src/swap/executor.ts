@@ -44,6 +44,8 @@ export interface Slot {
   snapshotWeightsBytes?: number;
   /** In an overlapped swap, until the other engine sleeps: what it holds per device (asleep, plus its woken weights), counted instead of memoryBytes. */
   swapHolding?: number;
+  /** vsnap serve is booting it (SwapControllerOptions.booting): counted awake, one lease, until released. */
+  bootHold?: boolean;
 }
 
 /** How long an engine whose swap failed is left alone by background steps (pinned, default, TTL, budget). */

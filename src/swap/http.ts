@@ -1,5 +1,6 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { timingSafeEqual } from 'node:crypto';
+import { isIP } from 'node:net';
 
 import { toVsnapError, type ErrorCode } from '../errors.js';
 
@@ -8,7 +9,17 @@ import { toVsnapError, type ErrorCode } from '../errors.js';
  * agent makes is a JSON body `{ error: { code, message, type } }` with one of these or an SDK code.
  * @internal
  */
-export type AgentErrorCode = 'E_UNAUTHORIZED' | 'E_NOT_FOUND' | 'E_METHOD_NOT_ALLOWED' | 'E_BODY_TOO_LARGE' | 'E_BAD_REQUEST' | 'E_OVERLOADED' | 'E_CONTROL_OFF';
+export type AgentErrorCode =
+  | 'E_UNAUTHORIZED'
+  | 'E_NOT_FOUND'
+  | 'E_METHOD_NOT_ALLOWED'
+  | 'E_BODY_TOO_LARGE'
+  | 'E_BAD_REQUEST'
+  | 'E_OVERLOADED'
+  | 'E_CONTROL_OFF'
+  | 'E_HOST_NOT_ALLOWED'
+  | 'E_UNSUPPORTED_MEDIA_TYPE'
+  | 'E_NOT_READY';
 
 const STATUS: Partial<Record<ErrorCode | AgentErrorCode, number>> = {
   E_UNKNOWN_MODEL: 404,
@@ -29,6 +40,10 @@ const STATUS: Partial<Record<ErrorCode | AgentErrorCode, number>> = {
   E_BAD_REQUEST: 400,
   E_OVERLOADED: 429,
   E_CONTROL_OFF: 503,
+  E_HOST_NOT_ALLOWED: 403,
+  E_UNSUPPORTED_MEDIA_TYPE: 415,
+  E_NOT_READY: 503,
+  E_REGISTRY_TIMEOUT: 504,
 };
 
 /** A rejection the agent answers with a status of its own. @internal */
@@ -80,14 +95,21 @@ export function bearerMatches(header: string | undefined, token: string): boolea
 
 /**
  * Total request-body bytes the agent holds at once, across all requests (a bound on its memory,
- * whatever the number of concurrent uploads).
+ * whatever the number of concurrent uploads). Only bytes that arrived are held: a declared
+ * `Content-Length` reserves nothing, so a client that declares a large body and sends it slowly
+ * (or never) holds what it sent, not what it promised.
  * @internal
  */
 export class BodyBudget {
   private held = 0;
+  private readonly reading = new Set<IncomingMessage>();
   constructor(readonly limit: number) {}
   get heldBytes(): number {
     return this.held;
+  }
+  /** Requests whose body is being read now. */
+  get readingBodies(): number {
+    return this.reading.size;
   }
   take(n: number): boolean {
     if (this.held + n > this.limit) return false;
@@ -97,55 +119,129 @@ export class BodyBudget {
   give(n: number): void {
     this.held -= n;
   }
+  /** A body read began (readBody). */
+  started(req: IncomingMessage): void {
+    this.reading.add(req);
+  }
+  /** A body read ended, read or not (readBody). */
+  finished(req: IncomingMessage): void {
+    this.reading.delete(req);
+  }
+  /** Closes the connections whose request body is still arriving (nothing was answered on them yet): for a shutdown. */
+  dropUnfinished(): void {
+    for (const req of this.reading) req.socket.destroy();
+  }
 }
 
 /**
- * Reads a request body of at most `limit` bytes, holding its bytes in `budget` until `res` is
- * done. Over the limit (by Content-Length or by what arrives): 413; over the shared budget: 429.
- * Either way the connection is closed after the answer, so the unread rest never blocks it.
+ * Reads a request body of at most `limit` bytes, holding its bytes in `budget` as they arrive,
+ * until `res` is done. Over the limit (by Content-Length or by what arrives): 413; bytes that
+ * arrive while the shared budget is full: 429. Either way the connection is closed after the
+ * answer, so the unread rest never blocks it. (A body that never ends is cut by the server's
+ * request timeout, SwapAgentOptions.requestTimeoutMs.)
  */
 export function readBody(req: IncomingMessage, res: ServerResponse, limit: number, budget: BodyBudget): Promise<Buffer> {
   const tooLarge = (): HttpError => new HttpError('E_BODY_TOO_LARGE', `the request body is over ${limit} bytes`, true);
   const declared = req.headers['content-length'] === undefined ? undefined : Number(req.headers['content-length']);
   if (declared !== undefined && declared > limit) return Promise.reject(tooLarge());
   let held = 0;
-  res.once('close', () => budget.give(held));
-  const reserve = (n: number): HttpError | undefined => {
-    if (!budget.take(n)) return new HttpError('E_OVERLOADED', 'the agent holds too many request bodies at once; retry shortly', true);
-    held += n;
-    return undefined;
-  };
-  if (declared) {
-    const err = reserve(declared);
-    if (err) return Promise.reject(err);
-  }
-  return new Promise((resolve, reject) => {
+  budget.started(req);
+  const done = (): void => budget.finished(req);
+  res.once('close', () => {
+    done();
+    budget.give(held);
+  });
+  return new Promise<Buffer>((resolve, reject) => {
     const chunks: Buffer[] = [];
     let size = 0;
     const stop = (err: Error): void => {
       req.off('data', onData);
       req.off('end', onEnd);
       req.pause(); // the rest is never read: the answer closes the connection
+      done();
       reject(err);
     };
     const onData = (b: Buffer): void => {
       size += b.length;
       if (size > limit) return stop(tooLarge());
-      if (size > held) {
-        const err = reserve(size - held);
-        if (err) return stop(err);
-      }
+      if (!budget.take(b.length)) return stop(new HttpError('E_OVERLOADED', 'the agent holds too many request bodies at once; retry shortly', true));
+      held += b.length;
       chunks.push(b);
     };
-    const onEnd = (): void => resolve(Buffer.concat(chunks));
+    const onEnd = (): void => {
+      done();
+      resolve(Buffer.concat(chunks));
+    };
     req.on('data', onData);
     req.on('end', onEnd);
-    req.once('error', reject);
+    req.once('error', (err) => {
+      done();
+      reject(err);
+    });
     // a client that goes away mid-body: settle, so nothing waits on it (its bytes are given back on close)
     req.once('close', () => {
-      if (!req.complete) reject(new HttpError('E_BAD_REQUEST', 'the client closed the connection before the body ended', true));
+      if (!req.complete) {
+        done();
+        reject(new HttpError('E_BAD_REQUEST', 'the client closed the connection before the body ended', true));
+      }
     });
   });
+}
+
+/**
+ * Which `Host` headers the agent answers: IP literals, loopback names (`localhost`,
+ * `*.localhost`), the address it listens on, this machine's host name when it listens on every
+ * address, and the names of an allow-list (`.example.com` matches its subdomains; `*` matches
+ * any). A browser tricked by DNS rebinding sends the attacker's name, which none of these is.
+ * @internal
+ */
+export class HostCheck {
+  private readonly names = new Set<string>();
+  private readonly suffixes: string[] = [];
+  private readonly any: boolean;
+
+  constructor(listenHost: string, allowed: readonly string[] = [], machineName?: string) {
+    this.any = allowed.includes('*');
+    const wildcard = listenHost === '0.0.0.0' || listenHost === '::' || listenHost === '';
+    for (const n of [listenHost, ...(wildcard && machineName ? [machineName] : []), ...allowed]) {
+      const name = normalizeHost(n);
+      if (name.startsWith('.')) this.suffixes.push(name);
+      else if (name) this.names.add(name);
+    }
+  }
+
+  /** Whether a request's Host header is one the agent answers (no header: not a browser, allowed). */
+  allows(header: string | undefined): boolean {
+    if (header === undefined || this.any) return true;
+    const name = hostName(header);
+    if (name === undefined) return false;
+    if (isIP(name) !== 0 || name === 'localhost' || name.endsWith('.localhost')) return true;
+    return this.names.has(name) || this.suffixes.some((s) => name.endsWith(s));
+  }
+}
+
+function normalizeHost(name: string): string {
+  return name.trim().toLowerCase().replace(/\.$/, '').replace(/^\[(.*)\]$/, '$1');
+}
+
+/** The host name of a Host header (`name[:port]`, `[v6][:port]`), lowercased; undefined when malformed. */
+function hostName(header: string): string | undefined {
+  const h = header.trim();
+  const m = /^\[([0-9A-Fa-f:.]+)\](?::\d{1,5})?$/.exec(h) ?? /^([^:\s/@[\]]+)(?::\d{1,5})?$/.exec(h);
+  return m ? normalizeHost(m[1]!) : undefined;
+}
+
+/**
+ * A POST that carries a body must say it is JSON (`application/json`, or a `+json` type): a
+ * browser sends `text/plain` and form types cross-site without asking, never JSON.
+ * @internal
+ */
+export function requireJsonBody(req: IncomingMessage): void {
+  const hasBody = (req.headers['content-length'] !== undefined && req.headers['content-length'] !== '0') || req.headers['transfer-encoding'] !== undefined;
+  if (!hasBody) return;
+  const type = (req.headers['content-type'] ?? '').split(';')[0]!.trim().toLowerCase();
+  if (type === 'application/json' || /^application\/[a-z0-9.+-]+\+json$/.test(type)) return;
+  throw new HttpError('E_UNSUPPORTED_MEDIA_TYPE', `a request body must be JSON: send Content-Type: application/json (got ${type ? JSON.stringify(type) : 'none'})`, true);
 }
 
 /** A path segment, percent-decoded; a malformed escape is a 400, not a crash. */

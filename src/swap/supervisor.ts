@@ -6,6 +6,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { request } from 'undici';
 
 import { VsnapError } from '../errors.js';
+import { parentDeathWrapper } from './parent-death.js';
 
 /**
  * An engine process the supervisor runs.
@@ -41,6 +42,13 @@ export interface SupervisorOptions {
   readonly maxRestarts?: number;
   /** Where engine output lines go (default: stderr, prefixed with `[name]`). */
   readonly log?: (engine: string, line: string) => void;
+  /**
+   * The signal each engine gets when this process dies, however it dies (SIGKILL included):
+   * Linux's parent-death signal, set through `setpriv --pdeathsig` or python3 before the
+   * engine's command is executed (see {@link Supervisor.parentDeath}). Default SIGTERM (vLLM
+   * then stops its own workers); false: engines outlive this process.
+   */
+  readonly parentDeathSignal?: NodeJS.Signals | false;
 }
 
 /**
@@ -71,7 +79,10 @@ interface Running {
  * it, wait until it is healthy, run `onReady` — typically capture a snapshot if none matches
  * and suspend it — then the next, so engines never load at the same time), restarts with
  * backoff after a crash, a clean stop (SIGTERM, then SIGKILL after a grace period), and their
- * output forwarded line by line with a prefix. Emits `ready`, `exit`, `restart`, `gaveUp`.
+ * output forwarded line by line with a prefix. Each engine runs in its own process group and,
+ * where the machine allows, gets a parent-death signal, so it does not outlive this process
+ * (see {@link SupervisorOptions.parentDeathSignal}). Emits `spawn` (name, pid: as soon as a
+ * process is started), `ready`, `exit` (name, code, signal, pid), `restart`, `gaveUp`.
  * @public
  */
 export class Supervisor extends EventEmitter {
@@ -79,6 +90,12 @@ export class Supervisor extends EventEmitter {
   private readonly options: SupervisorOptions;
   private onRestart: ((name: string) => Promise<void>) | undefined;
   private stopped = false;
+  /**
+   * How engines are made to die with this process: `setpriv` or `python3` (the program that sets
+   * the parent-death signal before executing the engine), `off` when not asked for, `unavailable`
+   * when this machine has neither program (engines then outlive a SIGKILL of this process).
+   */
+  readonly parentDeath: 'setpriv' | 'python3' | 'off' | 'unavailable';
   /** If this process exits without stop() (a second Ctrl-C, process.exit), its engines go with it. */
   private readonly killOnExit = (): void => {
     for (const r of this.engines.values()) {
@@ -89,6 +106,7 @@ export class Supervisor extends EventEmitter {
   constructor(engines: readonly SupervisedEngine[], options: SupervisorOptions = {}) {
     super();
     this.options = options;
+    this.parentDeath = options.parentDeathSignal === false ? 'off' : ((parentDeathWrapper()?.program as 'setpriv' | 'python3' | undefined) ?? 'unavailable');
     for (const e of engines) this.engines.set(e.name, { spec: e, restarts: 0, stopping: false, status: 'stopped' });
   }
 
@@ -100,6 +118,7 @@ export class Supervisor extends EventEmitter {
     this.onRestart = hooks.onRestart;
     process.once('exit', this.killOnExit);
     for (const running of this.engines.values()) {
+      if (this.stopped) throw new VsnapError('E_ABORTED', `the boot was stopped before engine '${running.spec.name}' started`, { engine: running.spec.name });
       this.launch(running);
       await this.waitHealthy(running);
       running.status = 'running';
@@ -108,7 +127,7 @@ export class Supervisor extends EventEmitter {
     }
   }
 
-  /** Stops every engine: SIGTERM, then SIGKILL after the grace period. */
+  /** Stops every engine: SIGTERM, then SIGKILL after the grace period. A boot in progress stops too (its start() rejects). */
   async stop(): Promise<void> {
     this.stopped = true;
     await Promise.all([...this.engines.values()].map((r) => this.kill(r)));
@@ -133,8 +152,13 @@ export class Supervisor extends EventEmitter {
   private launch(running: Running): void {
     const { spec } = running;
     // Its own process group: Ctrl-C in vsnap's terminal does not reach it; vsnap stops it (SIGTERM) itself.
-    const child = spawn(spec.command, [...spec.args], { env: { ...process.env, ...(spec.env ?? {}) }, stdio: ['ignore', 'pipe', 'pipe'], detached: true });
+    // With the parent-death signal, a wrapper sets it and then executes the command in the same process (same pid).
+    const wrapper = this.parentDeath === 'setpriv' || this.parentDeath === 'python3' ? parentDeathWrapper() : undefined;
+    const signal = this.options.parentDeathSignal || 'SIGTERM';
+    const [command, args] = wrapper ? [wrapper.program, wrapper.args(signal, spec.command, spec.args)] : [spec.command, [...spec.args]];
+    const child = spawn(command, args, { env: { ...process.env, ...(spec.env ?? {}) }, stdio: ['ignore', 'pipe', 'pipe'], detached: true });
     running.child = child;
+    if (child.pid !== undefined) this.emit('spawn', { name: spec.name, pid: child.pid });
     running.status = 'starting';
     const log = this.options.log ?? ((name: string, line: string) => process.stderr.write(`[${name}] ${line}\n`));
     for (const stream of [child.stdout, child.stderr]) {
@@ -142,7 +166,7 @@ export class Supervisor extends EventEmitter {
     }
     child.on('error', (err) => log(spec.name, `could not start ${spec.command}: ${err.message}`));
     child.on('exit', (code, signal) => {
-      this.emit('exit', { name: spec.name, code, signal });
+      this.emit('exit', { name: spec.name, code, signal, pid: child.pid });
       if (running.stopping || this.stopped) {
         running.status = 'stopped';
         return;
@@ -181,10 +205,11 @@ export class Supervisor extends EventEmitter {
     const deadline = Date.now() + timeoutMs;
     const url = spec.url.replace(/\/+$/, '') + (spec.healthPath ?? '/health');
     for (;;) {
-      if (running.child?.exitCode !== null && running.child?.exitCode !== undefined) {
-        throw new VsnapError('E_ENGINE_STATE', `engine '${spec.name}' exited (code ${running.child.exitCode}) before it was healthy; see its log lines above`, {
-          engine: spec.name,
-        });
+      const child = running.child;
+      if (this.stopped) throw new VsnapError('E_ABORTED', `engine '${spec.name}' was stopped before it was healthy`, { engine: spec.name });
+      if (child && (child.exitCode !== null || child.signalCode !== null)) {
+        const how = child.exitCode !== null ? `code ${child.exitCode}` : child.signalCode!;
+        throw new VsnapError('E_ENGINE_STATE', `engine '${spec.name}' exited (${how}) before it was healthy; see its log lines above`, { engine: spec.name });
       }
       try {
         const r = await request(url, { headersTimeout: 5000, bodyTimeout: 5000 });

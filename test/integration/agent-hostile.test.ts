@@ -1,5 +1,4 @@
 import { mkdtempSync, rmSync } from 'node:fs';
-import type { Server } from 'node:http';
 import { connect, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -55,45 +54,148 @@ function raw(url: string): { socket: Socket; received: () => string; closed: Pro
   return { socket, received: () => text, closed };
 }
 
+/** Waits for a condition the agent reaches by itself (the test's timeout bounds it). */
+async function until(check: () => boolean): Promise<void> {
+  while (!check()) await new Promise((r) => setTimeout(r, 10));
+}
+
 describe('the agent against hostile or broken peers', () => {
   it('an oversize body (declared or chunked) gets 413 E_BODY_TOO_LARGE and the keep-alive connection is closed, not left stuck', async () => {
     const a = await agent({ maxBodyBytes: 1024 });
     const declared = raw(a.url);
-    declared.socket.write(`POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\nContent-Type: application/json\r\nContent-Length: 5000\r\n\r\n${'x'.repeat(100)}`);
+    declared.socket.write(`POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: keep-alive\r\nContent-Type: application/json\r\nContent-Length: 5000\r\n\r\n${'x'.repeat(100)}`);
     await declared.closed;
     expect(declared.received()).toMatch(/^HTTP\/1\.1 413 /);
     expect(declared.received()).toMatch(/connection: close/i);
     expect(declared.received()).toContain('E_BODY_TOO_LARGE');
 
     const chunked = raw(a.url);
-    chunked.socket.write('POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n');
+    chunked.socket.write('POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: keep-alive\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n');
     for (let i = 0; i < 4; i++) chunked.socket.write(`200\r\n${'y'.repeat(0x200)}\r\n`); // 2 KiB, never terminated
     await chunked.closed;
     expect(chunked.received()).toMatch(/^HTTP\/1\.1 413 /);
     expect(chunked.received()).toContain('E_BODY_TOO_LARGE');
   });
 
-  it('total in-flight body bytes are bounded across requests: beyond the budget, 429 E_OVERLOADED; the budget comes back', async () => {
+  it('total in-flight body bytes are bounded across requests, counted as they arrive: beyond the budget, 429 E_OVERLOADED; the budget comes back', async () => {
     const a = await agent({ maxBodyBytes: 3000, maxInFlightBodyBytes: 4000 });
-    // The agent reserves a body's declared bytes synchronously when its request handler runs: a
-    // 'request' listener added after the agent's runs after it, so once it fires the bytes are held.
-    const server = (a as unknown as { server: Server }).server;
-    const reserved = new Promise((r) => server.once('request', r));
     const first = raw(a.url);
-    first.socket.write(`POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 3000\r\n\r\n{"model":`);
-    await reserved;
+    const head = '{"model":"nope","pad":"';
+    first.socket.write(`POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 3000\r\n\r\n${head}${'p'.repeat(2500 - head.length)}`);
+    await until(() => a.bodyReads().heldBytes === 2500); // the agent holds what arrived, not the 3000 declared
     const second = raw(a.url);
-    second.socket.write(`POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 3000\r\n\r\n`);
+    second.socket.write(`POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 3000\r\n\r\n${'q'.repeat(2000)}`);
     await second.closed;
     expect(second.received()).toMatch(/^HTTP\/1\.1 429 /);
     expect(second.received()).toContain('E_OVERLOADED');
-    // the first completes (not JSON: 400) and gives its bytes back
-    first.socket.end(' '.repeat(3000 - '{"model":'.length));
-    await first.closed;
-    expect(first.received()).toMatch(/^HTTP\/1\.1 400 /);
+    // the first completes (unknown model: 404) and gives its bytes back
+    first.socket.end(`${'p'.repeat(500 - 2)}"}`);
+    await until(() => first.received().length > 0);
+    expect(first.received()).toMatch(/^HTTP\/1\.1 404 /);
+    await until(() => a.bodyReads().heldBytes === 0);
     const third = await request(`${a.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'nope', pad: 'z'.repeat(2500) }) });
     expect(third.statusCode).toBe(404);
     expect(((await third.body.json()) as { error: { code: string } }).error.code).toBe('E_UNKNOWN_MODEL');
+  });
+
+  it('8 connections that declare 32 MiB bodies and send 1 byte starve nobody: every completion of a good client is served', async () => {
+    const a = await agent({}); // the defaults: 32 MiB per body, 256 MiB in flight (8 x 32 MiB)
+    const attackers = Array.from({ length: 8 }, () => raw(a.url));
+    for (const t of attackers) {
+      t.socket.write(`POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: ${32 * 1024 * 1024}\r\n\r\n{`);
+    }
+    try {
+      await until(() => a.bodyReads().requests === 8); // every attacker's body is being read (and never finishes)
+      const GOOD = 20;
+      for (let i = 0; i < GOOD; i++) {
+        const r = await request(`${a.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: MODEL, prompt: 'The capital of France is', max_tokens: 2 }) });
+        expect(r.statusCode, await r.body.text()).toBe(200);
+      }
+      expect(a.bodyReads()).toEqual({ requests: 8, heldBytes: 8 });
+      expect(attackers.every((t) => t.received() === '')).toBe(true);
+    } finally {
+      for (const t of attackers) t.socket.destroy();
+    }
+    await until(() => a.bodyReads().requests === 0 && a.bodyReads().heldBytes === 0);
+  });
+
+  it('close() does not wait for connections still sending a body', async () => {
+    const a = await SwapAgent.listen({ controller, store });
+    const stalled = raw(a.url);
+    stalled.socket.write(`POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{`);
+    await until(() => a.bodyReads().requests === 1);
+    await a.close();
+    await stalled.closed;
+  });
+
+  it('a body that never ends is cut at the request timeout (408, connection closed) and its bytes are given back', async () => {
+    const a = await agent({ requestTimeoutMs: 400, headersTimeoutMs: 200 });
+    const slow = raw(a.url);
+    slow.socket.write(`POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"model":`);
+    await slow.closed;
+    expect(slow.received()).toMatch(/^HTTP\/1\.1 408 /);
+    await until(() => a.bodyReads().requests === 0 && a.bodyReads().heldBytes === 0);
+    const headers = raw(a.url); // headers that never end
+    headers.socket.write('POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n');
+    await headers.closed;
+    expect(headers.received()).toMatch(/^HTTP\/1\.1 408 /);
+  });
+
+  it('DNS rebinding: a Host the agent is not reached by gets 403 E_HOST_NOT_ALLOWED on every route; loopback names, IP literals and allowedHosts pass', async () => {
+    const a = await agent({});
+    const port = new URL(a.url).port;
+    const ask = async (host: string, path = '/v1/completions') => {
+      const t = raw(a.url);
+      const body = JSON.stringify({ model: MODEL, prompt: 'hi', max_tokens: 1 });
+      t.socket.write(`POST ${path} HTTP/1.1\r\nHost: ${host}\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\nConnection: close\r\n\r\n${body}`);
+      await t.closed;
+      return t.received();
+    };
+    for (const host of [`evil.example:${port}`, 'evil.example', `127.0.0.1.evil.example:${port}`, 'localhost.evil.example', 'a b', `user@127.0.0.1:${port}`]) {
+      const answer = await ask(host);
+      expect(answer, host).toMatch(/^HTTP\/1\.1 403 /);
+      expect(answer).toContain('E_HOST_NOT_ALLOWED');
+      expect(answer).not.toMatch(/x-vsnap-engine/i);
+    }
+    for (const path of ['/api/status', '/healthz', '/', '/v1/models']) {
+      const r = await request(`${a.url}${path}`, { headers: { host: 'rebound.example' } });
+      expect(r.statusCode, path).toBe(403);
+      await r.body.dump();
+    }
+    for (const host of [`127.0.0.1:${port}`, `localhost:${port}`, 'localhost', `[::1]:${port}`, `model.localhost:${port}`, `LOCALHOST.:${port}`, `10.1.2.3:${port}`]) {
+      expect(await ask(host), host).toMatch(/^HTTP\/1\.1 200 /);
+    }
+    const named = await agent({ allowedHosts: ['gpu-1.example.com', '.corp.example'] });
+    const status = async (host: string) => {
+      const r = await request(`${named.url}/v1/models`, { headers: { host } });
+      await r.body.dump();
+      return r.statusCode;
+    };
+    expect(await status('gpu-1.example.com:8080')).toBe(200);
+    expect(await status('a.b.corp.example')).toBe(200);
+    expect(await status('corp.example.evil')).toBe(403);
+    expect(await status('gpu-2.example.com')).toBe(403);
+    const open = await agent({ allowedHosts: ['*'] });
+    expect((await request(`${open.url}/v1/models`, { headers: { host: 'anything.example' } })).statusCode).toBe(200);
+  });
+
+  it('a POST body that is not JSON (text/plain, a form: what a cross-site page sends unasked) gets 415 and is never run', async () => {
+    const a = await agent({});
+    const body = JSON.stringify({ model: MODEL, prompt: 'The capital of France is', max_tokens: 2 });
+    for (const type of ['text/plain', 'text/plain;charset=UTF-8', 'application/x-www-form-urlencoded', 'multipart/form-data; boundary=x', undefined]) {
+      for (const path of ['/v1/completions', '/v1/chat/completions']) {
+        const r = await request(`${a.url}${path}`, { method: 'POST', headers: type ? { 'content-type': type } : {}, body });
+        const text = await r.body.text();
+        expect(r.statusCode, `${type}: ${text}`).toBe(415);
+        expect(JSON.parse(text).error.code).toBe('E_UNSUPPORTED_MEDIA_TYPE');
+        expect(r.headers['x-vsnap-engine']).toBeUndefined();
+      }
+    }
+    for (const type of ['application/json', 'application/json; charset=utf-8', 'Application/JSON']) {
+      const r = await request(`${a.url}/v1/completions`, { method: 'POST', headers: { 'content-type': type }, body });
+      expect(r.statusCode, type).toBe(200);
+      await r.body.dump();
+    }
   });
 
   it('a bare token without "Bearer " is refused, on control routes and on /v1 with an API key', async () => {

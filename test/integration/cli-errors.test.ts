@@ -81,9 +81,23 @@ describe('error output of every command', () => {
       message: /pass --capture/,
       hint: /--capture/,
     });
+    // an --engine (or $VSNAP_ENGINE_URL) that is not an http(s) URL is a usage error, with the option named
+    for (const bad of ['notaurl', 'ftp://127.0.0.1:8000', 'http://', '127.0.0.1:8000']) {
+      await expectError({ args: ['status', '--engine', bad], code: 'E_USAGE', exit: 2, message: /--engine must be an http\(s\) URL/, hint: /vsnap status --help/ });
+    }
+    await expectError({ args: ['snapshot', 'x', '--store', store, '--engine', 'nope'], code: 'E_USAGE', exit: 2, message: /--engine must be/, hint: /snapshot --help/ });
+    await expectError({ args: ['status'], env: { VSNAP_ENGINE_URL: 'nope' }, code: 'E_USAGE', exit: 2, message: /\$VSNAP_ENGINE_URL must be/, hint: /status --help/ });
     const doctor = await runCli(['doctor', '--engine', DEAD, '--store', store, '--json'], { VSNAP_STORE: '' });
     expect(doctor.code).toBe(1);
     expect(JSON.parse(doctor.stdout)).toMatchObject({ engine: { ok: false, url: DEAD } });
+  });
+
+  it('registry commands: a malformed reference is bad usage (exit 2) with the format and a hint, before any store is made', async () => {
+    const absent = join(tempDir(), 'absent');
+    await expectError({ args: ['pull', 'nosuch', '--store', absent], code: 'E_USAGE', exit: 2, message: /"nosuch" is not a registry reference.*<registry>\/<repo>:<tag>/, hint: /vsnap pull --help/ });
+    await expectError({ args: ['pull', 'registry.example.com/Team/m:v1', '--store', absent], code: 'E_USAGE', exit: 2, message: /not a valid repository name/, hint: /vsnap pull --help/ });
+    await expectError({ args: ['push', 'm', 'nosuch', '--store', absent], code: 'E_USAGE', exit: 2, message: /not a registry reference/, hint: /vsnap push --help/ });
+    expect(existsSync(absent)).toBe(false);
   });
 
   it('serve, swap and bench', async () => {
@@ -94,6 +108,7 @@ describe('error output of every command', () => {
     await expectError({ args: ['serve', '--config', join(dir, 'missing.yaml')], code: 'E_CONFIG', exit: 1, hint: /--config/ });
     await expectError({ args: ['serve'], code: 'E_USAGE', exit: 2, message: /--config/, hint: /serve --help/ });
     await expectError({ args: ['swap', 'm', '--agent', DEAD], code: 'E_ENGINE_UNREACHABLE', exit: 1, hint: /--agent/ });
+    await expectError({ args: ['swap', 'm', '--agent', 'nope'], code: 'E_USAGE', exit: 2, message: /--agent must be an http\(s\) URL/, hint: /swap --help/ });
     await expectError({ args: ['swap'], code: 'E_USAGE', exit: 2, message: /model/, hint: /swap --help/ });
     if (!(await cudaStatus()).available) {
       const out = join(dir, 'results');

@@ -48,8 +48,8 @@ describe.skipIf(!run)('registry: the command line, and a killed push', () => {
       expect(missing.code).toBe(1);
       expect(missing.stderr).toMatch(/E_SNAPSHOT_NOT_FOUND[^]*hint: check the repository and tag/);
       const badRef = await runCli(['push', 'm', 'not a ref', '--store', join(dir, 's')], env);
-      expect(badRef.code).toBe(1);
-      expect(badRef.stderr).toMatch(/E_INVALID_ARGUMENT.*registry reference/);
+      expect(badRef.code).toBe(2); // bad usage
+      expect(badRef.stderr).toMatch(/not a registry reference[^]*hint: see `vsnap push --help`/);
     } finally {
       await reg.close();
     }

@@ -37,6 +37,16 @@ async function completesThrough(agentUrl: string): Promise<void> {
   await r.body.dump();
 }
 
+/** A serve, booted (every model ready), then closed. */
+async function bootAndClose(started: ReturnType<typeof serve>): Promise<void> {
+  const handle = await started;
+  try {
+    await handle.booted;
+  } finally {
+    await handle.close();
+  }
+}
+
 async function errorOf(p: Promise<unknown>): Promise<VsnapError> {
   const err = await p.then(() => undefined, (e: unknown) => e);
   expect(err).toBeInstanceOf(VsnapError);
@@ -124,7 +134,8 @@ describe.skipIf(!run)('a registry reference as a snapshot source', () => {
       'test.yaml',
     );
     expect(config.models.ref!.registry).toBe(reference);
-    const handle = await serve(config, { log: (l) => lines.push(l) });
+    const handle = await serve(config, { log: (l) => lines.push(l), stateDir: tempDir() });
+    await handle.booted;
     try {
       expect(lines.some((l) => /ref: pulled snapshot 'ref' from .*team\/reference:v1/.test(l))).toBe(true);
       expect(lines.some((l) => /ref: pull downloading/.test(l))).toBe(true);
@@ -200,14 +211,15 @@ describe.skipIf(!run)('a registry reference as a snapshot source', () => {
     // the node that captured it: boots, captures at boot, pushes
     const origin = tempDir();
     const first: string[] = [];
-    await (await serve(parseConfig(yaml(origin, ''), 'a.yaml'), { log: (l) => first.push(l) })).close();
+    await bootAndClose(serve(parseConfig(yaml(origin, ''), 'a.yaml'), { log: (l) => first.push(l), stateDir: tempDir() }));
     expect(first.some((l) => /m1 is up and suspended \(snapshot captured\)/.test(l))).toBe(true);
     const m1 = `${reg.prefix}/team/m1:v1`;
     const pushed = await registry.push(await RegionStore.open(origin), 'm1', m1);
     // another node: pulls at boot, so nothing is captured
     const lines: string[] = [];
     const storeDir = tempDir();
-    const handle = await serve(parseConfig(yaml(storeDir, `    registry: ${m1}\n`), 'b.yaml'), { log: (l) => lines.push(l) });
+    const handle = await serve(parseConfig(yaml(storeDir, `    registry: ${m1}\n`), 'b.yaml'), { log: (l) => lines.push(l), stateDir: tempDir() });
+    await handle.booted;
     try {
       expect(lines.some((l) => /m1: pulled snapshot 'm1'/.test(l))).toBe(true);
       expect(lines.some((l) => /m1 is up and suspended in/.test(l))).toBe(true); // no "(snapshot captured)"
@@ -227,7 +239,8 @@ describe.skipIf(!run)('a registry reference as a snapshot source', () => {
         `models:\n  ref:\n    url: ${engine.url}\n    token: ${engine.token}\n    registry: ${down}\n    memoryGiB: 0.5\n`,
       'test.yaml',
     );
-    const handle = await serve(config, { log: (l) => lines.push(l) });
+    const handle = await serve(config, { log: (l) => lines.push(l), stateDir: tempDir() });
+    await handle.booted;
     try {
       expect(lines.some((l) => /ref: pulling snapshot 'ref' from .* failed \(E_REGISTRY\)/.test(l))).toBe(true);
       await completesThrough(handle.agent.url);
@@ -268,11 +281,11 @@ describe.skipIf(!run)('a registry reference as a snapshot source', () => {
       );
       Object.assign(process.env, { VSNAP_REGISTRY_CA: caFile, VSNAP_REGISTRY_USERNAME: 'bob', VSNAP_REGISTRY_PASSWORD: 'builder', DOCKER_CONFIG: join(tlsDir, 'no-docker') });
       const lines: string[] = [];
-      await (await serve(config, { log: (l) => lines.push(l) })).close();
+      await bootAndClose(serve(config, { log: (l) => lines.push(l), stateDir: tempDir() }));
       expect(lines.some((l) => /ref: pulled snapshot 'ref'/.test(l))).toBe(true);
       delete process.env.VSNAP_REGISTRY_PASSWORD; // no credentials: refused, logged, serve still starts
       const failed: string[] = [];
-      await (await serve({ ...config, store: tempDir() }, { log: (l) => failed.push(l) })).close();
+      await bootAndClose(serve({ ...config, store: tempDir() }, { log: (l) => failed.push(l), stateDir: tempDir() }));
       expect(failed.some((l) => /failed \(E_REGISTRY_AUTH\)/.test(l))).toBe(true);
     } finally {
       process.env = saved;

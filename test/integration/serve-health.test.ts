@@ -33,7 +33,8 @@ describe('vsnap serve: health and the RAM tier at boot', () => {
       `listen: { port: 0 }\nstore: ${tempDir()}\nramTierGiB: 0.05\ngpus: { "0": { budgetGiB: 1 } }\nmodels:\n  m1:${engine(a, 1)}\n  m2:${engine(b, 2)}\n`,
       'test.yaml',
     );
-    handle = await serve(config, { log: () => undefined });
+    handle = await serve(config, { log: () => undefined, stateDir: tempDir() });
+    await handle.booted;
     const url = handle.agent.url;
     const status = (await (await request(`${url}/api/status`)).body.json()) as { ramTier: { entries: Array<{ name: string; durable: boolean }> } };
     expect(status.ramTier.entries.map((e) => e.name).sort()).toEqual(['m1', 'm2']);

@@ -26,7 +26,7 @@ describe('vsnap serve: ports', () => {
         `  m1:\n    command: node\n    args: ["-e", "require('fs').writeFileSync(process.argv[1], 'x')", "${marker}"]\n    port: ${await freePort()}\n    memoryGiB: 0.5\n`,
       'test.yaml',
     );
-    await expect(serve(config, { log: () => undefined })).rejects.toMatchObject({ code: 'E_ADDRESS_IN_USE' });
+    await expect(serve(config, { log: () => undefined, stateDir: tempDir() })).rejects.toMatchObject({ code: 'E_ADDRESS_IN_USE' });
     expect(existsSync(marker)).toBe(false);
   });
 });

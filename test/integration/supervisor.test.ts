@@ -163,3 +163,71 @@ describe('Supervisor: process groups', () => {
     await until(() => !alive(pid));
   });
 });
+
+describe('Supervisor: engines die with the process that started them (SIGKILL included)', () => {
+  /** Runs a host (a Supervisor in its own process) until its engine serves; returns the host and the engine's pid. */
+  async function host(options: string): Promise<{ child: ReturnType<typeof spawn>; enginePid: number; out: () => string }> {
+    const dir = tempDir();
+    const port = await freePort();
+    const file = join(dir, 'host.mts');
+    writeFileSync(
+      file,
+      `import { Supervisor } from ${JSON.stringify(join(process.cwd(), 'src/swap/supervisor.ts'))};
+      const sup = new Supervisor([{ name: 'e', command: process.execPath, args: ['-e', "require('http').createServer((q, r) => r.end('ok')).listen(${port}, '127.0.0.1')"], url: 'http://127.0.0.1:${port}' }], { log: () => undefined, ${options} });
+      await sup.start();
+      console.log('ready ' + sup.pid('e') + ' ' + sup.parentDeath);
+      setInterval(() => {}, 1000);`,
+    );
+    const child = spawn(process.execPath, ['--import', 'tsx', file], { stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    child.stdout!.on('data', (d: Buffer) => (out += d.toString()));
+    child.stderr!.on('data', (d: Buffer) => (out += d.toString()));
+    await new Promise<void>((resolve, reject) => {
+      const t = setInterval(() => {
+        if (/ready \d+/.test(out)) resolve(clearInterval(t));
+        if (child.exitCode !== null) reject(new Error(out));
+      }, 20);
+    });
+    return { child, enginePid: Number(/ready (\d+)/.exec(out)![1]), out: () => out };
+  }
+
+  it('SIGKILL of the host: its engine gets the parent-death signal and exits (no leftover)', async () => {
+    const { child, enginePid, out } = await host('');
+    expect(out()).toMatch(/ready \d+ (setpriv|python3)/); // this machine has a way (Debian: util-linux's setpriv)
+    expect(alive(enginePid)).toBe(true);
+    child.kill('SIGKILL');
+    await until(() => !alive(enginePid));
+  });
+
+  it('with parentDeathSignal: false the engine outlives a SIGKILL of its host (what the signal prevents)', async () => {
+    const { child, enginePid, out } = await host('parentDeathSignal: false');
+    expect(out()).toMatch(/ready \d+ off/);
+    child.kill('SIGKILL');
+    await new Promise((r) => child.once('exit', r));
+    expect(alive(enginePid)).toBe(true);
+    process.kill(-enginePid, 'SIGKILL');
+    await until(() => !alive(enginePid));
+  });
+
+  it('the python3 wrapper (where setpriv is missing) sets the signal too, and refuses to run after its parent already died', async () => {
+    const dir = tempDir();
+    const file = join(dir, 'host.mts');
+    writeFileSync(
+      file,
+      `import { spawn } from 'node:child_process';
+      import { PYTHON_WRAPPER } from ${JSON.stringify(join(process.cwd(), 'src/swap/parent-death.ts'))};
+      const c = spawn(PYTHON_WRAPPER.program, PYTHON_WRAPPER.args('SIGTERM', process.execPath, ['-e', 'console.log("engine " + process.pid); setInterval(() => {}, 1000)']), { stdio: ['ignore', 'inherit', 'inherit'], detached: true });
+      setInterval(() => {}, 1000);`,
+    );
+    const child = spawn(process.execPath, ['--import', 'tsx', file], { stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    child.stdout!.on('data', (d: Buffer) => (out += d.toString()));
+    await until(() => /engine \d+/.test(out));
+    const enginePid = Number(/engine (\d+)/.exec(out)![1]);
+    child.kill('SIGKILL');
+    await until(() => !alive(enginePid));
+    // a wrapper whose parent is not the pid it was given (it died first) exits without running the command
+    const orphan = await promisify(execFile)('python3', ['-c', (await import('../../src/swap/parent-death.js')).PYTHON_WRAPPER.args('SIGTERM', 'echo', ['ran'])[1]!, '15', '1', 'echo', 'ran']);
+    expect(orphan.stdout).toBe('');
+  });
+});

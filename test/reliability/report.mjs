@@ -20,13 +20,14 @@ try {
 } catch {
   parts = {};
 }
-const want = ['kill', 'enospc', 'manifest-fuzz', 'layouts'];
+// every part is produced by `npm test` too (its bounded run of test/reliability)
+const want = ['kill', 'enospc', 'manifest-fuzz', 'layouts', 'serve', 'registry-hostile'];
 const missing = want.filter((p) => !parts[p]);
 if (missing.length) {
   console.error(`reliability: no figures for ${missing.join(', ')} (run the suite first: npm run test:reliability)`);
   process.exit(1);
 }
-const { kill, enospc, 'manifest-fuzz': fuzz, layouts } = parts;
+const { kill, enospc, 'manifest-fuzz': fuzz, layouts, serve, 'registry-hostile': hostile } = parts;
 const n = (x) => Number(x).toLocaleString('en-US');
 const points = (p) =>
   Object.entries(p ?? {})
@@ -72,6 +73,26 @@ const rows = [
     `**${layouts.raw} raw errors** (${layouts.coded} coded refusals, ${layouts.ok} resolved); ${layouts.outsideChanged} changes outside the store; every link refused (links left in tmp/ by a dead writer: removed as links)`,
   ],
   [
+    `\`vsnap serve\`: completions of a good client while ${serve.starvation.attackers} connections hold request bodies open (each declared ${serve.starvation.declaredBytes / 2 ** 20} MiB; 1 byte, or a byte at a time)`,
+    `${n(serve.starvation.good)} completions`,
+    `**${n(serve.starvation.served)} served** (${Object.entries(serve.starvation.refused ?? {}).map(([k, v]) => `${v} × ${k}`).join(', ') || 'none refused'}); the ${serve.starvation.attackersStillOpen} starving connections still open`,
+  ],
+  [
+    'SIGKILL of `vsnap serve` (booted, or in the middle of its boot), then a restart with the same configuration',
+    `${n(serve.restarts.trials)} trials (${serve.restarts.duringBoot} killed during the boot)`,
+    `**${serve.restarts.succeeded} restarts served**; **${serve.restarts.leftBehind} engine processes left behind** by the killed serve, ${serve.restarts.leftAfterStop} after the restart's SIGTERM`,
+  ],
+  [
+    `Peak memory (VmHWM growth of a child doing the pull) against a hostile registry: endless or oversized manifest, config, 500 and token bodies; a 200 to every Range request of a ${hostile.layerMiB} MiB layer; ${hostile.chunkMiB} MiB chunks over ${hostile.connections} connections`,
+    `${hostile.lines.length} answers: ${hostile.lines.map((l) => `${l.answer} ${l.growthMiB} MiB`).join('; ')}`,
+    `**${hostile.lines.filter((l) => l.outcome !== l.expected || l.growthMiB >= l.limitMiB).length} unbounded or wrongly answered**; each refused with its code (or pulled, where legal) under its limit (${[...new Set(hostile.lines.map((l) => l.limitMiB))].join(' / ')} MiB); largest growth ${Math.max(...hostile.lines.map((l) => l.growthMiB))} MiB`,
+  ],
+  [
+    `A pull of ${n(hostile.blobs.count)} distinct blobs under RLIMIT_NOFILE ${hostile.blobs.nofile}`,
+    '1 pull',
+    `${hostile.blobs.outcome}; at most ${hostile.blobs.peakDescriptors} descriptors open (sampled at every blob request)`,
+  ],
+  [
     'Descriptors and RSS around the failure tests',
     `${leakLines.length + killFds.length} tests`,
     `descriptors after ≤ before in every one: ${fdsFlat ? 'yes' : 'NO'}; largest RSS growth ${rssGrowth.toFixed(1)} MiB`,
@@ -79,7 +100,7 @@ const rows = [
 ];
 const table = rows.map((r, i) => `| ${r.join(' | ')} |${i === 0 ? `\n|${' --- |'.repeat(r.length)}` : ''}`).join('\n');
 const text =
-  `Figures of \`npm run test:reliability\` (${modes.join('/')} run, ${when?.slice(0, 16).replace('T', ' ')} UTC, seeds ${kill.seed}/${fuzz.seed}) on ${machine}:\n\n` +
+  `Figures of \`npm run test:reliability\` (${modes.join('/')} run, ${when?.slice(0, 16).replace('T', ' ')} UTC, seeds ${kill.seed}/${fuzz.seed}/${serve.seed}) on ${machine}:\n\n` +
   `${table}\n`;
 
 console.log(`\nvsnap reliability figures\n\n${text}`);

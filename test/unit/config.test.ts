@@ -78,6 +78,36 @@ describe('serve configuration', () => {
     expect(issues(good.replace('    ttlSeconds: 300', '    ttlSeconds: 300\n    registry: llama v1')).map((i) => i.path)).toContain('models.llama.registry');
   });
 
+  it('registry: a reference the pulls could not parse is refused at load, with the parser\'s reason', () => {
+    const withRef = (ref: string) => good.replace('    ttlSeconds: 300', `    ttlSeconds: 300\n    registry: "${ref}"`);
+    for (const bad of ['team/llama:v1', 'registry.example.com/Team/llama:v1', 'registry.example.com/team/llama:v1:v2', 'registry.example.com/team/llama@sha256:abc']) {
+      const found = issues(withRef(bad));
+      expect(found, bad).toEqual([expect.objectContaining({ path: 'models.llama.registry', line: 14, message: expect.stringContaining('is not a registry reference') })]);
+    }
+    expect(parseConfig(withRef('http://localhost:5000/team/llama@sha256:' + 'a'.repeat(64)), 'vsnap.yaml', { CTL: 'x' }).models.llama!.registry).toMatch(/^http:\/\/localhost/);
+  });
+
+  it('a model named __proto__ (or any __proto__ key) is refused with its line, not dropped', () => {
+    const proto = good.replace('  qwen:', '  __proto__:');
+    expect(issues(proto)).toEqual([expect.objectContaining({ path: 'models.__proto__', line: 14, message: expect.stringContaining('"__proto__" cannot be a key') })]);
+    expect(issues(good.replace('    ttlSeconds: 300', '    ttlSeconds: 300\n    env: { __proto__: x }')).map((i) => i.path)).toEqual(['models.llama.env.__proto__']);
+  });
+
+  it('GPU keys: one spelling per device ("00" and 0 beside "0" are refused, not a silent second budget)', () => {
+    const gpus = (g: string) => good.replace('  "0": { budgetGiB: 130 }', g);
+    expect(issues(gpus('  "0": { budgetGiB: 130 }\n  "00": { budgetGiB: 1 }'))).toEqual([expect.objectContaining({ path: 'gpus.00', line: 6, message: expect.stringMatching(/without leading zeros/) })]);
+    expect(issues(gpus('  "0": { budgetGiB: 130 }\n  0: { budgetGiB: 1 }'))).toEqual([expect.objectContaining({ path: 'gpus.0', line: 6, message: expect.stringMatching(/appears twice/) })]);
+    expect(issues(gpus('  "01": { budgetGiB: 130 }')).map((i) => i.path)).toContain('gpus.01');
+    expect(parseConfig(gpus('  "0": { budgetGiB: 130 }\n  "10": { budgetGiB: 1 }'), 'vsnap.yaml', { CTL: 'x' }).gpus).toEqual({ 0: { budgetGiB: 130 }, 10: { budgetGiB: 1 } });
+  });
+
+  it('a YAML alias bomb is an E_CONFIG naming the file and the line of the first alias, not E_INTERNAL', () => {
+    const bomb = ['a: &a [x, x, x, x, x, x, x, x, x]', 'b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]', 'c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]', 'd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]', ''].join('\n');
+    const found = issues(bomb + good);
+    expect(found).toEqual([expect.objectContaining({ path: '(syntax)', line: 2, message: expect.stringMatching(/alias/) })]);
+    expect(() => parseConfig(bomb + good, 'bomb.yaml', { CTL: 'x' })).toThrow(/bomb\.yaml:2:\d+ \(syntax\)/);
+  });
+
   it('reports every problem with its path and line', () => {
     // lines count from the template's leading newline: `store` is line 2
     const bad = good.replace('memoryGiB: 40', 'memoryGiB: -1').replace('    pinned: true', '    pinned: yes please\n    colour: blue');

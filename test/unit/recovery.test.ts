@@ -65,7 +65,7 @@ describe('recoveryReason', () => {
   });
 
   it('a snapshot that cannot be pulled (SnapshotRef.from) is missing; a pulled artifact of another model is never recovered', () => {
-    for (const code of ['E_REGISTRY', 'E_REGISTRY_AUTH', 'E_SNAPSHOT_NOT_FOUND'] as ErrorCode[]) expect(recoveryReason(err(code), undefined, undefined, {})).toBe('missing');
+    for (const code of ['E_REGISTRY', 'E_REGISTRY_AUTH', 'E_REGISTRY_TIMEOUT', 'E_SNAPSHOT_NOT_FOUND'] as ErrorCode[]) expect(recoveryReason(err(code), undefined, undefined, {})).toBe('missing');
     const mismatch = (path: string) => new VsnapError('E_MANIFEST_MISMATCH', 'x', { mismatches: [{ kind: 'field', path, expected: 'a', actual: 'b' }] });
     expect(recoveryReason(mismatch('model.id'), undefined, undefined, {})).toBeUndefined();
     expect(recoveryReason(mismatch('model.revision'), undefined, undefined, {})).toBeUndefined();

@@ -6,7 +6,7 @@ import { describe, expect, it } from 'vitest';
 import { VsnapError } from '../../src/errors.js';
 import { parseArtifact, SNAPSHOT_ARTIFACT_TYPE } from '../../src/registry/artifact.js';
 import { dockerConfigCredentials, parseChallenge } from '../../src/registry/auth.js';
-import { formatReference, parseReference } from '../../src/registry/reference.js';
+import { formatReference, parseReference, validateReference } from '../../src/registry/reference.js';
 import { tempDir } from '../helpers/tmp.js';
 
 describe('registry references', () => {
@@ -27,6 +27,17 @@ describe('registry references', () => {
       expect((err as VsnapError).code).toBe('E_INVALID_ARGUMENT');
       expect((err as VsnapError).message).toMatch(/<registry>\/<repo>:<tag>/);
     }
+  });
+});
+
+describe('validateReference', () => {
+  it('gives the reason a reference is malformed, or undefined, without throwing', () => {
+    expect(validateReference('registry.example.com:5000/team/llama-8b:v1')).toBeUndefined();
+    expect(validateReference('http://127.0.0.1:5000/a/b@sha256:' + 'a'.repeat(64))).toBeUndefined();
+    expect(validateReference('nosuch')).toMatch(/"nosuch" is not a registry reference \(no registry host\).*<registry>\/<repo>:<tag>/);
+    expect(validateReference('host.io/UPPER:v1')).toMatch(/not a valid repository name/);
+    expect(validateReference(42)).toMatch(/must be a string, got number/);
+    expect(validateReference(null)).toMatch(/got null/);
   });
 });
 

@@ -1,5 +1,6 @@
 import { readFileSync } from 'node:fs';
 
+import { validateReference } from '../../registry/reference.js';
 import { Registry } from '../../registry/registry.js';
 import { pullCompatibility } from '../../registry/source.js';
 import type { PullCompatibility, RegistryOptions } from '../../registry/types.js';
@@ -27,11 +28,18 @@ function registry(ctx: Context): Registry {
   return new Registry(options);
 }
 
+/** A malformed reference is bad usage (exit 2), said before any store or engine is touched. */
+function checkReference(ref: string): void {
+  const why = validateReference(ref);
+  if (why) throw new UsageError(why);
+}
+
 /** vsnap push <name> <registry>/<repo>:<tag>: send a snapshot to an OCI registry. */
 export async function push(ctx: Context): Promise<number> {
   const name = ctx.name();
   const ref = ctx.args[1];
   if (!ref) throw new UsageError('push needs a reference: vsnap push <name> <registry>/<repo>:<tag>');
+  checkReference(ref);
   const store = await ctx.openStore('read');
   const progress = progressLine('push');
   const r = await registry(ctx)
@@ -49,6 +57,7 @@ export async function push(ctx: Context): Promise<number> {
 export async function pull(ctx: Context): Promise<number> {
   const ref = ctx.args[0];
   if (!ref) throw new UsageError('pull needs a reference: vsnap pull <registry>/<repo>:<tag> [name]');
+  checkReference(ref);
   const name = ctx.args[1];
   let live: PullCompatibility | undefined;
   if (ctx.options.engine ?? process.env.VSNAP_ENGINE_URL) {

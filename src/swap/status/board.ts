@@ -4,6 +4,7 @@ import type { HostCache } from '../../cache/host-cache.js';
 import type { RegionStore } from '../../store/region-store.js';
 import type { EngineView, SwapController, SwapEvent } from '../controller.js';
 import type { NeighbourView } from '../neighbour-parking.js';
+import type { ModelReadiness, ModelReadinessSource } from '../model-readiness.js';
 import type { EngineProcessState, Supervisor } from '../supervisor.js';
 
 /** A finished or failed swap, as the status page charts it. @internal */
@@ -24,7 +25,7 @@ export interface SwapRecord {
 export interface StatusReport {
   readonly at: number;
   readonly health: Health;
-  readonly engines: Array<EngineView & { devices: readonly number[]; memoryBytes: number; asleepBytes: number; process?: EngineProcessState }>;
+  readonly engines: Array<EngineView & { devices: readonly number[]; memoryBytes: number; asleepBytes: number; process?: EngineProcessState; readiness?: ModelReadiness }>;
   readonly gpus: Array<{ device: number; budgetBytes: number | null; awakeBytes: number; heldBytes: number; usedBytes: number }>;
   readonly ramTier: { budgetBytes: number; usedBytes: number; entries: Array<{ name: string; id: string; bytes: number; durable: boolean }> } | null;
   /** The neighbour-GPU tier (null when none is configured). */
@@ -55,6 +56,7 @@ export class StatusBoard {
   private readonly onFailed = (e: { engine: string; action: 'suspend' | 'restore'; error: Error }): void =>
     this.record({ at: Date.now(), engine: e.engine, action: e.action, ok: false, error: e.error.message });
   private readonly onChange = (): void => this.push();
+  private readonly onReadiness = (): void => this.push();
 
   constructor(
     private readonly source: {
@@ -63,8 +65,10 @@ export class StatusBoard {
       readonly cache?: HostCache;
       readonly supervisor?: Supervisor;
       readonly budgets?: Readonly<Record<number, number>>;
+      readonly readiness?: ModelReadinessSource;
     },
   ) {
+    source.readiness?.on?.('change', this.onReadiness);
     source.controller.on('swap', this.onSwap);
     source.controller.on('swapFailed', this.onFailed);
     source.controller.on('change', this.onChange);
@@ -78,7 +82,12 @@ export class StatusBoard {
 
   health(): Health {
     const degraded: Array<{ engine: string; reason: string }> = [];
+    // A model not ready yet (booting, pulling) or whose boot failed: its reason says it all.
+    for (const r of this.source.readiness?.views() ?? []) {
+      if (!r.ready) degraded.push({ engine: r.name, reason: `not ready (${r.phase}): ${r.reason ?? r.phase}` });
+    }
     for (const v of this.source.controller.states()) {
+      if (degraded.some((d) => d.engine === v.name)) continue;
       if (v.state === 'failed') degraded.push({ engine: v.name, reason: v.error ?? 'failed' });
     }
     for (const p of this.source.supervisor?.states() ?? []) {
@@ -93,7 +102,8 @@ export class StatusBoard {
     const engines = controller.states().map((v) => {
       const spec = controller.engine(v.name);
       const p = processes.get(v.name);
-      return { ...v, devices: spec.devices ?? [0], memoryBytes: spec.memoryBytes, asleepBytes: spec.asleepBytes ?? 0, ...(p ? { process: p } : {}) };
+      const r = this.source.readiness?.get(v.name);
+      return { ...v, devices: spec.devices ?? [0], memoryBytes: spec.memoryBytes, asleepBytes: spec.asleepBytes ?? 0, ...(p ? { process: p } : {}), ...(r ? { readiness: r } : {}) };
     });
     const usage = controller.usage();
     const gpus = Object.keys({ ...usage, ...(budgets ?? {}) }).map(Number).sort((a, b) => a - b).map((device) => {
@@ -170,6 +180,7 @@ export class StatusBoard {
     this.source.controller.off('swap', this.onSwap);
     this.source.controller.off('swapFailed', this.onFailed);
     this.source.controller.off('change', this.onChange);
+    this.source.readiness?.off?.('change', this.onReadiness);
     for (const res of this.streams) res.end();
     this.streams.clear();
   }

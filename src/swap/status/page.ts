@@ -55,10 +55,11 @@ function render(r) {
   $("updated").textContent = "updated " + new Date(r.at).toLocaleTimeString();
   $("engines").innerHTML = r.engines.map((e) => {
     const held = e.state === "asleep" && e.weightsHeldBytes > 0;
-    const label = held ? "weights held on the GPU" : e.state;
-    const cls = held ? "held" : e.state;
+    const notReady = e.readiness && !e.readiness.ready;
+    const label = notReady ? "not ready (" + e.readiness.phase + ")" : held ? "weights held on the GPU" : e.state;
+    const cls = notReady ? (e.readiness.phase === "failed" ? "failed" : "waking") : held ? "held" : e.state;
     return "<tr data-engine='" + esc(e.name) + "'><td>" + esc(e.name) + (e.pinned ? " <span class=muted>(pinned)</span>" : "") + "</td><td><span class='pill " + esc(cls) + "'>" + esc(label) + "</span>" +
-      (held ? " <span class=muted>" + bytes(e.weightsHeldBytes) + "</span>" : "") + (e.neighbourBytes > 0 ? " <span class=muted>" + bytes(e.neighbourBytes) + " parked on the neighbour</span>" : "") + (e.error ? " <span class=muted>" + esc(e.error) + "</span>" : "") +
+      (held ? " <span class=muted>" + bytes(e.weightsHeldBytes) + "</span>" : "") + (e.neighbourBytes > 0 ? " <span class=muted>" + bytes(e.neighbourBytes) + " parked on the neighbour</span>" : "") + (notReady ? " <span class=muted>" + esc(e.readiness.reason || "") + "</span>" : e.error ? " <span class=muted>" + esc(e.error) + "</span>" : "") +
       (e.snapshotProblem ? " <span class='pill failed'>snapshot damaged</span> <span class=muted>" + esc(e.snapshotProblem) + "</span>" : "") +
       (e.recovery ? " <span class='pill waking'>recovered</span> <span class=muted>" + esc("reloaded by the engine (" + e.recovery.reason + ", " + e.recovery.code + "); new snapshot: " + e.recovery.snapshot) + "</span>" : "") + "</td><td>" + e.devices.join(", ") + "</td><td class=num>" + bytes(e.memoryBytes) + "</td><td class=num>" + bytes(e.asleepBytes) +
       "</td><td class=num>" + e.leases + "</td><td class=num>" + e.waiting + "</td><td>" + (e.process ? esc(e.process.status) + (e.process.pid ? " (pid " + e.process.pid + ")" : "") : "<span class=muted>external</span>") + "</td></tr>";
