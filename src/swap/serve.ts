@@ -114,14 +114,14 @@ export async function serve(config: ServeConfig, options: { log?: (line: string)
         ...(m.group ? { group: m.group } : {}),
       })),
       budgets: Object.fromEntries(Object.entries(config.gpus).map(([d, g]) => [Number(d), Math.floor(g.budgetGiB * GiB)])),
-      ...(cache ? { cache } : {}),
-      ...(config.neighbourTier ? { neighbour: { device: config.neighbourTier.gpu, budgetBytes: Math.floor(config.neighbourTier.budgetGiB * GiB) } } : {}),
-      ...(config.multipath ? { multipath: { neighbour: config.multipath.gpu } } : {}),
-      recovery: config.recovery.mode,
-      materialize: config.recovery.materialize,
+      tiers: {
+        ...(cache ? { ram: cache } : {}),
+        ...(config.neighbourTier ? { neighbour: { device: config.neighbourTier.gpu, budgetBytes: Math.floor(config.neighbourTier.budgetGiB * GiB) } } : {}),
+        ...(config.multipath ? { multipath: { neighbour: config.multipath.gpu } } : {}),
+      },
+      recovery: { policy: config.recovery.mode, materialize: config.recovery.materialize },
       ...(config.defaultModel ? { defaultModel: config.defaultModel } : {}),
-      queueLimit: config.queue.limit,
-      queueTimeoutMs: config.queue.timeoutSeconds * 1000,
+      queue: { limit: config.queue.limit, timeoutMs: config.queue.timeoutSeconds * 1000 },
     });
     controller.on('swap', (e: SwapEvent) => log(`vsnap: ${e.action} ${e.engine} in ${(e.seconds * 1000).toFixed(0)} ms${e.tier ? ` (from ${e.tier})` : ''}`));
     controller.on('swapFailed', (e: { engine: string; action: string; error: Error }) => log(`vsnap: ${e.action} of ${e.engine} failed: ${e.error.message}`));
@@ -156,14 +156,14 @@ export async function serve(config: ServeConfig, options: { log?: (line: string)
       supervisor,
       async close() {
         await agent.close();
-        ctl.close();
+        await ctl.close();
         await supervisor.stop();
         for (const c of clients.values()) await c.close();
         cache?.close();
       },
     };
   } catch (err) {
-    controller?.close();
+    await controller?.close();
     await supervisor.stop();
     for (const c of clients.values()) await c.close();
     cache?.close();
