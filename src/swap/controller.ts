@@ -138,7 +138,7 @@ export class SwapController extends EventEmitter<SwapControllerEvents> {
 
   /**
    * Whether an engine's snapshot can bring its weights back, and if not, why: a snapshot marked
-   * damaged by a failed restore, else the check {@link suspendEngine} makes. Problems are short.
+   * damaged by a failed restore, else the check `suspendEngine` makes. Problems are short.
    */
   async snapshotStatus(model: string): Promise<{ restorable: boolean; cached: boolean; problems: string[] }> {
     const slot = this.slot(model);

@@ -57,7 +57,9 @@ export class SwapExecutor {
     this.serial(async () => {
       this.pumpQueued = false;
       if (await this.step()) this.pump();
-    }).catch(() => undefined); // refused after close; a step reports its own failures
+    }).catch((err: unknown) => {
+      if (!(err instanceof VsnapError && err.code === 'E_CLOSED')) throw err; // refused after close; steps report their own failures
+    });
   }
 
   /** Takes steps until nothing is left to do now; throws E_BUSY when a device stays over budget. */
