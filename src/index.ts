@@ -77,14 +77,29 @@ export type {
   TransferTuning,
 } from './flows/index.js';
 
-export {
-  SwapController,
-  type EngineState,
-  type EngineView,
-  type Lease,
-  type RecoveryView,
-  type SwapControllerOptions,
-  type SwapEngine,
-  type SwapEvent,
-} from './swap/controller.js';
-export type { NeighbourView, SwapNeighbourOptions } from './swap/neighbour-parking.js';
+export { SwapController } from './swap/controller.js';
+export type {
+  EngineState,
+  EngineView,
+  Lease,
+  NeighbourView,
+  RecoveryView,
+  SwapControllerOptions,
+  SwapEngine,
+  SwapEvent,
+  SwapNeighbourOptions,
+  SwapQueueOptions,
+  SwapTiers,
+} from './swap/types.js';
+export type {
+  MaterializedEvent,
+  MaterializeFailedEvent,
+  NeighbourEvictedEvent,
+  ParkedEvent,
+  RecoveredEvent,
+  SnapshotDamagedEvent,
+  SwapControllerEvents,
+  SwapFailedEvent,
+  SwapStartedEvent,
+  SwapWarningEvent,
+} from './swap/events.js';

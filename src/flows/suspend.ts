@@ -101,7 +101,10 @@ export function suspendEngine(
   client: EngineClient,
   options?: EngineSuspendOptions & { readonly tiers?: Omit<EngineTiers, 'engine'> & { readonly engine?: false } },
 ): Promise<EngineSuspendResult>;
-/** With `tiers.engine`: the engine keeps its weights, and no snapshot is needed. */
+/**
+ * With `tiers.engine`: the engine keeps its weights, and no snapshot is needed.
+ * @public
+ */
 export function suspendEngine(store: RegionStore, name: string, client: EngineClient, options: EngineSuspendOptions): Promise<EngineKeptSuspendResult>;
 export async function suspendEngine(store: RegionStore, name: string, client: EngineClient, options: EngineSuspendOptions = {}): Promise<EngineKeptSuspendResult> {
   checkSuspendOptions(options);

@@ -164,7 +164,7 @@ export async function serve(config: ServeConfig, options: ServeOptions = {}): Pr
   let agent: SwapAgent | undefined;
   const cleanUp = async (): Promise<void> => {
     closing.abort(new VsnapError('E_ABORTED', 'vsnap serve is stopping'));
-    controller?.close();
+    await controller?.close();
     await supervisor.stop();
     for (const c of clients.values()) await c.close();
     cache?.close();
@@ -189,14 +189,14 @@ export async function serve(config: ServeConfig, options: ServeOptions = {}): Pr
       })),
       budgets,
       booting: started.map(([name]) => name), // counted awake until each is booted: nothing is woken beside an engine that loads
-      ...(cache ? { cache } : {}),
-      ...(config.neighbourTier ? { neighbour: { device: config.neighbourTier.gpu, budgetBytes: Math.floor(config.neighbourTier.budgetGiB * GiB) } } : {}),
-      ...(config.multipath ? { multipath: { neighbour: config.multipath.gpu } } : {}),
-      recovery: config.recovery.mode,
-      materialize: config.recovery.materialize,
+      tiers: {
+        ...(cache ? { ram: cache } : {}),
+        ...(config.neighbourTier ? { neighbour: { device: config.neighbourTier.gpu, budgetBytes: Math.floor(config.neighbourTier.budgetGiB * GiB) } } : {}),
+        ...(config.multipath ? { multipath: { neighbour: config.multipath.gpu } } : {}),
+      },
+      recovery: { policy: config.recovery.mode, materialize: config.recovery.materialize },
       ...(config.defaultModel ? { defaultModel: config.defaultModel } : {}),
-      queueLimit: config.queue.limit,
-      queueTimeoutMs: config.queue.timeoutSeconds * 1000,
+      queue: { limit: config.queue.limit, timeoutMs: config.queue.timeoutSeconds * 1000 },
     });
     logControllerEvents(controller, log);
     agent = await SwapAgent.listen({
@@ -282,8 +282,9 @@ export async function serve(config: ServeConfig, options: ServeOptions = {}): Pr
     booted,
     async close() {
       closing.abort(new VsnapError('E_ABORTED', 'vsnap serve is stopping'));
-      ctl.close(); // first: requests still waiting for an engine are answered (E_CLOSED), so the agent's close does not wait on them
+      const stopping = ctl.close(); // first: requests still waiting for an engine are answered (E_CLOSED) at once, so the agent's close does not wait on them
       await handle.agent.close();
+      await stopping; // the swap in flight, if any, ends before the engines are stopped
       await supervisor.stop();
       await booted.catch(() => undefined);
       for (const c of clients.values()) await c.close();

@@ -162,7 +162,7 @@ describe('GPU: the neighbour-GPU tier', async () => {
           { name: 'nb2', client: b.c, memoryBytes: 10 * GiB },
         ],
         budgets: { 0: 15 * GiB, 1: 100 * GiB },
-        neighbour: tier,
+        tiers: { neighbour: tier },
       });
       const swaps: SwapEvent[] = [];
       controller.on('swap', (e: SwapEvent) => swaps.push(e));
@@ -176,7 +176,7 @@ describe('GPU: the neighbour-GPU tier', async () => {
           }
         }
       } finally {
-        controller.close();
+        await controller.close();
       }
       const restores = swaps.filter((e) => e.action === 'restore');
       assert.equal(restores.at(-1)?.engine, 'nb1');

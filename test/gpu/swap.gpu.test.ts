@@ -58,7 +58,7 @@ describe('GPU: one H200 time-shared by two engines through the agent', async () 
       const cache = tier === 'ram' ? await HostCache.create({ budgetBytes: 6 * GiB }) : undefined;
       const controller = await SwapController.create({
         store,
-        ...(cache ? { cache } : {}),
+        ...(cache ? { tiers: { ram: cache } } : {}),
         engines: engines.map((x) => ({ name: x.name, client: x.client, memoryBytes: 4 * GiB })),
         budgets: { 0: (overlap ? 7 : 6) * GiB },
         overlap,
@@ -96,7 +96,7 @@ describe('GPU: one H200 time-shared by two engines through the agent', async () 
         else assert.equal(overlapped, 0);
       } finally {
         await agent.close();
-        controller.close();
+        await controller.close();
         cache?.close();
       }
     });

@@ -31,7 +31,7 @@ beforeAll(async () => {
 });
 afterAll(async () => {
   for (const a of agents) await a.close();
-  controller?.close();
+  await controller?.close();
   await client?.close();
   await engine?.stop();
   if (storeDir) rmSync(storeDir, { recursive: true, force: true });

@@ -98,10 +98,9 @@ describe('SwapController with multipath', () => {
     running.push(cache);
     const controller = await SwapController.create({
       store: await RegionStore.open(tempDir()),
-      cache,
+      tiers: { ram: cache, multipath: { neighbour: 1, chunkSize: 64 * 1024, testFaults: { relayChunks: 4 } } },
       engines: engines.map((e) => ({ name: e.name, client: e.client, memoryBytes: 10e9, asleepBytes: 1e9, devices: [0] })),
       budgets: { 0: 15e9 },
-      multipath: { neighbour: 1, chunkSize: 64 * 1024, testFaults: { relayChunks: 4 } },
     });
     const restores: Array<{ tier?: string; bytesViaNeighbour?: number }> = [];
     controller.on('swap', (e: { action: string; tier?: string; bytesViaNeighbour?: number }) => {

@@ -196,7 +196,7 @@ describe('SwapController with the engine keeping its weights (option)', () => {
       expect(events.map((e) => [e.action, e.tier ?? null])).toEqual([['suspend', null], ['restore', 'gpu']]);
       expect(await store.current('a')).toBeFalsy(); // nothing was captured
     } finally {
-      controller.close();
+      await controller.close();
     }
   });
 });

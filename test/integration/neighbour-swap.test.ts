@@ -66,10 +66,9 @@ describe('SwapController with a neighbour-GPU tier (CPU reference engines, host 
     cleanup.push(() => tier.close());
     const controller = await SwapController.create({
       store,
-      cache,
+      tiers: { ram: cache, neighbour: tier },
       engines: engines.map((x) => ({ name: x.name, client: x.client, memoryBytes: 10 * GB })),
       budgets: { 0: 15 * GB },
-      neighbour: tier,
     });
     cleanup.push(() => controller.close());
     const w = watch(controller);
@@ -135,7 +134,7 @@ describe('SwapController with a neighbour-GPU tier (CPU reference engines, host 
         { name: 'model-3', client: engines[2]!.client, memoryBytes: 10 * GB, devices: [1] },
       ],
       budgets,
-      neighbour: tier,
+      tiers: { neighbour: tier },
     });
     cleanup.push(() => controller.close());
     const w = watch(controller);
@@ -156,7 +155,7 @@ describe('SwapController with a neighbour-GPU tier (CPU reference engines, host 
     expect(w.evicted.some((e) => e.reason === 'room' && e.for === 'model-3')).toBe(true);
     expect(w.restores().some((r) => r.tier === 'neighbour')).toBe(true);
     expect(w.restores().filter((r) => r.engine === 'model-3').every((r) => r.tier !== 'neighbour')).toBe(true); // never parked: it runs on GPU 1
-    controller.close();
+    await controller.close();
     expect(tier.closed).toBe(false); // a tier passed in stays the caller's
     tier.close();
     expect(peer.openCount()).toBe(0);
@@ -170,7 +169,7 @@ describe('SwapController with a neighbour-GPU tier (CPU reference engines, host 
       store,
       engines: engines.map((x) => ({ name: x.name, client: x.client, memoryBytes: 10 * GB })),
       budgets: { 0: 15 * GB, 1: 100 * GB },
-      neighbour: NeighbourTier.create({ device: 1, budgetBytes: (n + 1) * GB, backend: peer.backend }), // one engine's copy
+      tiers: { neighbour: NeighbourTier.create({ device: 1, budgetBytes: (n + 1) * GB, backend: peer.backend }) }, // one engine's copy
     });
     cleanup.push(() => controller.close());
     const w = watch(controller);

@@ -172,7 +172,7 @@ describe.skipIf(!run)('a registry reference as a snapshot source', () => {
       expect(await reg.mark()).toEqual([]);
       await controller.suspend('ref');
     } finally {
-      controller.close();
+      await controller.close();
     }
   });
 

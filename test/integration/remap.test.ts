@@ -39,7 +39,7 @@ describe('restore onto another GPU: refusals and handles', () => {
   it('the SwapController: a deep engine whose processes were restored but whose wake then failed counts its asleepBytes again (it is no longer deep)', async () => {
     const { client, store, snap, pid } = await setUp();
     const driver = new FakeCheckpointDriver([pid]);
-    const c = await SwapController.create({ store, engines: [{ name: 'ref', client, memoryBytes: 10e9, asleepBytes: 2e9, deepSuspend: true }], budgets: { 0: 20e9 }, checkpointBackend: driver, recovery: 'fail' }); // the damaged blob stays a failure (recovery: swap-recovery.test.ts)
+    const c = await SwapController.create({ store, engines: [{ name: 'ref', client, memoryBytes: 10e9, asleepBytes: 2e9, deepSuspend: true }], budgets: { 0: 20e9 }, hooks: { checkpoint: driver }, recovery: 'fail' }); // the damaged blob stays a failure (recovery: swap-recovery.test.ts)
     try {
       await c.suspend('ref');
       expect(c.usage()[0]).toBe(0);
@@ -55,7 +55,7 @@ describe('restore onto another GPU: refusals and handles', () => {
       expect(c.states()[0]!.state).toBe('asleep');
       expect(c.usage()[0]).toBe(2e9);
     } finally {
-      c.close();
+      await c.close();
     }
   });
 
@@ -103,7 +103,7 @@ describe('restore onto another GPU: refusals and handles', () => {
       store,
       engines: [{ name: 'ref', client, memoryBytes: 10e9, deepSuspend: true, movableTo: [1] }],
       budgets: { 0: 5e9, 1: 20e9 },
-      checkpointBackend: driver,
+      hooks: { checkpoint: driver },
     });
     try {
       expect(driver.states.get(pid)).toBe('checkpointed');
@@ -118,7 +118,7 @@ describe('restore onto another GPU: refusals and handles', () => {
       expect(driver.states.get(pid)).toBe('checkpointed'); // nothing changed: still deep-suspended
       expect(c.usage()[0]).toBe(0);
     } finally {
-      c.close();
+      await c.close();
     }
     // a plain restore still brings it back
     const snap = (await store.current('ref'))!;

@@ -52,7 +52,7 @@ async function setup() {
   cleanup.push(() => resident.close());
   const controller = await SwapController.create({
     store,
-    resident,
+    tiers: { gpu: resident },
     engines: engines.map((x) => ({ name: x.name, client: x.client, memoryBytes: 10 * GB, weightsBytes: 2 * GB })),
     budgets: { 0: 13 * GB },
   });

@@ -130,7 +130,7 @@ describe('swaps fail without collateral damage', () => {
   it('with a RAM tier, a damaged snapshot is found before anyone is suspended for it', async () => {
     const cache = await HostCache.create({ budgetBytes: 64 * 1024 * 1024, pin: false });
     cleanup.push(() => cache.close());
-    const { store, controller, state, awake, asleep, started } = await pair({ cache });
+    const { store, controller, state, awake, asleep, started } = await pair({ tiers: { ram: cache } });
     cache.clear(); // the RAM copy made at capture is good: drop it, so the (damaged) store copy is loaded
     await corrupt(store, asleep.name);
     started.length = 0;

@@ -91,10 +91,10 @@ describe('tier 0: weights kept on the "GPU" across sleep (CPU reference engine)'
     // awake: 12 GB each (4 GB of weights); budget 20 GB: one awake + up to 2 x 4 GB of tier-0 weights
     const controller = await SwapController.create({
       store,
-      resident,
+      tiers: { gpu: resident },
       engines: engines.map((x, i) => ({ name: ['a', 'b', 'c'][i]!, client: x.client, memoryBytes: 12 * GB, weightsBytes: 4 * GB })),
       budgets: { 0: 20 * GB },
-      queueLimit: 100,
+      queue: { limit: 100 },
     });
     cleanup.push(() => controller.close());
     let worst = 0;

@@ -2,7 +2,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 
 import type { HostCache } from '../../cache/host-cache.js';
 import type { RegionStore } from '../../store/region-store.js';
-import type { EngineView, SwapController, SwapEvent } from '../controller.js';
+import type { EngineView, SwapController, SwapEvent, SwapFailedEvent } from '../controller.js';
 import type { NeighbourView } from '../neighbour-parking.js';
 import type { ModelReadiness, ModelReadinessSource } from '../model-readiness.js';
 import type { EngineProcessState, Supervisor } from '../supervisor.js';
@@ -11,7 +11,7 @@ import type { EngineProcessState, Supervisor } from '../supervisor.js';
 export interface SwapRecord {
   readonly at: number;
   readonly engine: string;
-  readonly action: 'suspend' | 'restore';
+  readonly action: 'suspend' | 'restore' | 'demote';
   readonly ok: boolean;
   readonly seconds?: number;
   readonly phases?: Readonly<Record<string, number>>;
@@ -53,7 +53,7 @@ export class StatusBoard {
   private pending: NodeJS.Timeout | undefined;
   private readonly onSwap = (e: SwapEvent): void =>
     this.record({ at: Date.now(), engine: e.engine, action: e.action, ok: true, seconds: e.seconds, ...(e.phases ? { phases: e.phases } : {}), ...(e.tier ? { tier: e.tier } : {}), ...(e.recovered ? { recovered: e.recovered } : {}) });
-  private readonly onFailed = (e: { engine: string; action: 'suspend' | 'restore'; error: Error }): void =>
+  private readonly onFailed = (e: SwapFailedEvent): void =>
     this.record({ at: Date.now(), engine: e.engine, action: e.action, ok: false, error: e.error.message });
   private readonly onChange = (): void => this.push();
   private readonly onReadiness = (): void => this.push();
@@ -103,7 +103,7 @@ export class StatusBoard {
       const spec = controller.engine(v.name);
       const p = processes.get(v.name);
       const r = this.source.readiness?.get(v.name);
-      return { ...v, devices: spec.devices ?? [0], memoryBytes: spec.memoryBytes, asleepBytes: spec.asleepBytes ?? 0, ...(p ? { process: p } : {}), ...(r ? { readiness: r } : {}) };
+      return { ...v, memoryBytes: spec.memoryBytes, asleepBytes: spec.asleepBytes ?? 0, ...(p ? { process: p } : {}), ...(r ? { readiness: r } : {}) };
     });
     const usage = controller.usage();
     const gpus = Object.keys({ ...usage, ...(budgets ?? {}) }).map(Number).sort((a, b) => a - b).map((device) => {
