@@ -18,9 +18,10 @@ import { tempDir } from '../helpers/tmp.js';
 // the pull's progress.
 
 /**
- * A "registry" that answers every request with the headers of a large body and then a byte at a
- * time, never finishing: a pull that stalls for good (no client timeout ever fires, as bytes keep
- * coming), whatever the machine's speed.
+ * A "registry" that answers every request with the headers of a body (within the client's limit
+ * for a manifest, 4 MiB, so it is read) and then a byte at a time, never finishing: a pull that
+ * stalls for good within the test (no stall deadline fires, as bytes keep coming), whatever the
+ * machine's speed.
  */
 async function stallingRegistry(): Promise<{ url: string; requests: () => number; close: () => Promise<void> }> {
   const sockets = new Set<Socket>();
@@ -31,7 +32,7 @@ async function stallingRegistry(): Promise<{ url: string; requests: () => number
     sockets.add(s);
     s.once('data', () => {
       seen++;
-      s.write('HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000000\r\n\r\n');
+      s.write('HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n');
       answered.add(s);
     });
     s.on('error', () => undefined);
