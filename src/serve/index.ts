@@ -6,8 +6,8 @@
  * @packageDocumentation
  */
 
-export { serve, type ServeHandle, type ServeOptions } from '../swap/serve.js';
-export type { ModelPhase, ModelReadiness, ModelReadinessSource } from '../swap/model-readiness.js';
-export { checkPorts, loadConfig, snapshotNameForModel, type ServeConfig, type ServeModelConfig } from '../swap/config.js';
-export { Supervisor, type EngineProcessState, type SupervisedEngine, type SupervisorOptions } from '../swap/supervisor.js';
-export { SwapAgent, type SwapAgentOptions } from '../swap/agent.js';
+export { serve, type ServeHandle, type ServeOptions } from './serve.js';
+export type { ModelPhase, ModelReadiness, ModelReadinessSource } from './model-readiness.js';
+export { checkPorts, loadConfig, snapshotNameForModel, type ServeConfig, type ServeModelConfig } from './config.js';
+export { Supervisor, type EngineProcessState, type SupervisedEngine, type SupervisorOptions } from './supervisor.js';
+export { SwapAgent, type SwapAgentOptions } from './agent.js';

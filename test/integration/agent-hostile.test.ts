@@ -9,7 +9,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { RegionStore } from '../../src/store/region-store.js';
-import { SwapAgent } from '../../src/swap/agent.js';
+import { SwapAgent } from '../../src/serve/agent.js';
 import { SwapController } from '../../src/swap/controller.js';
 import { startEngine, type TestEngine } from '../helpers/engine.js';
 

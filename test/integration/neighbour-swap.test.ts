@@ -6,7 +6,7 @@ import { EngineClient } from '../../src/engine/engine-client.js';
 import { NeighbourTier } from '../../src/cache/neighbour-tier.js';
 import { captureEngine } from '../../src/flows/index.js';
 import { RegionStore } from '../../src/store/region-store.js';
-import { SwapAgent } from '../../src/swap/agent.js';
+import { SwapAgent } from '../../src/serve/agent.js';
 import { SwapController, type SwapEvent } from '../../src/swap/controller.js';
 import { askCapital, startEngine } from '../helpers/engine.js';
 import { hostPeerBackend } from '../helpers/neighbour.js';

@@ -8,9 +8,9 @@ import { ResidentWeights } from '../../src/cache/resident-weights.js';
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { RegionStore } from '../../src/store/region-store.js';
-import { SwapAgent } from '../../src/swap/agent.js';
+import { SwapAgent } from '../../src/serve/agent.js';
 import { SwapController } from '../../src/swap/controller.js';
-import type { StatusReport } from '../../src/swap/status/board.js';
+import type { StatusReport } from '../../src/serve/status/board.js';
 import { startEngine } from '../helpers/engine.js';
 import { tempDir } from '../helpers/tmp.js';
 

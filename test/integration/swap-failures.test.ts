@@ -8,7 +8,7 @@ import { VsnapError } from '../../src/errors.js';
 import { captureEngine } from '../../src/flows/index.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { RegionStore } from '../../src/store/region-store.js';
-import { SwapAgent } from '../../src/swap/agent.js';
+import { SwapAgent } from '../../src/serve/agent.js';
 import { SwapController, type SwapControllerOptions } from '../../src/swap/controller.js';
 import { askCapital, startEngine } from '../helpers/engine.js';
 import { FaultyClient, openFds } from '../helpers/faults.js';

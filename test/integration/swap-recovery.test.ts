@@ -6,7 +6,7 @@ import { VsnapError } from '../../src/errors.js';
 import { suspendEngine } from '../../src/flows/index.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { SwapController, type RecoveredEvent, type SwapControllerOptions } from '../../src/swap/controller.js';
-import { StatusBoard } from '../../src/swap/status/board.js';
+import { StatusBoard } from '../../src/serve/status/board.js';
 import { askCapital, startEngine } from '../helpers/engine.js';
 import { FaultyClient } from '../helpers/faults.js';
 import { tempDir } from '../helpers/tmp.js';

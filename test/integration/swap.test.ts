@@ -4,7 +4,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { HostCache } from '../../src/cache/host-cache.js';
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { RegionStore } from '../../src/store/region-store.js';
-import { SwapAgent } from '../../src/swap/agent.js';
+import { SwapAgent } from '../../src/serve/agent.js';
 import { SwapController, type SwapEvent } from '../../src/swap/controller.js';
 import { startEngine, type TestEngine } from '../helpers/engine.js';
 import { tempDir } from '../helpers/tmp.js';

@@ -7,7 +7,7 @@ import { VsnapError } from '../../src/errors.js';
 import { createServer, type Server } from 'node:net';
 
 import { validateName } from '../../src/store/names.js';
-import { checkPorts, loadConfig, parseConfig, snapshotNameForModel } from '../../src/swap/config.js';
+import { checkPorts, loadConfig, parseConfig, snapshotNameForModel } from '../../src/serve/config.js';
 import { tempDir } from '../helpers/tmp.js';
 
 const good = `

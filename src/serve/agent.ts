@@ -7,7 +7,7 @@ import type { HostCache } from '../cache/host-cache.js';
 import { toVsnapError, VsnapError, type ErrorCode } from '../errors.js';
 import { captureEngine } from '../flows/index.js';
 import type { RegionStore } from '../store/region-store.js';
-import type { SwapController } from './controller.js';
+import type { SwapController } from '../swap/controller.js';
 import { bearerMatches, BodyBudget, decodeSegment, HostCheck, HttpError, readBody, requireJsonBody, send, sendError } from './http.js';
 import { StatusBoard } from './status/board.js';
 import { STATUS_PAGE } from './status/page.js';

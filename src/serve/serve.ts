@@ -8,7 +8,7 @@ import { suspendEngine } from '../flows/index.js';
 import { RegionStore } from '../store/region-store.js';
 import { SwapAgent } from './agent.js';
 import { checkPorts, type ServeConfig } from './config.js';
-import { SwapController, type SwapEvent } from './controller.js';
+import { SwapController, type SwapEvent } from '../swap/controller.js';
 import { EngineRecord } from './engine-record.js';
 import { ModelReadinessBoard, type ModelReadinessSource } from './model-readiness.js';
 import { Supervisor, type SupervisorOptions } from './supervisor.js';

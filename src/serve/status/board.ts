@@ -2,8 +2,8 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 
 import type { HostCache } from '../../cache/host-cache.js';
 import type { RegionStore } from '../../store/region-store.js';
-import type { EngineView, SwapController, SwapEvent, SwapFailedEvent } from '../controller.js';
-import type { NeighbourView } from '../neighbour-parking.js';
+import type { EngineView, SwapController, SwapEvent, SwapFailedEvent } from '../../swap/controller.js';
+import type { NeighbourView } from '../../swap/neighbour-parking.js';
 import type { ModelReadiness, ModelReadinessSource } from '../model-readiness.js';
 import type { EngineProcessState, Supervisor } from '../supervisor.js';
 
