@@ -12,6 +12,7 @@ import { SwapController, type SwapEvent } from '../swap/controller.js';
 import { EngineRecord } from './engine-record.js';
 import { ModelReadinessBoard, type ModelReadinessSource } from './model-readiness.js';
 import { Supervisor, type SupervisorOptions } from './supervisor.js';
+import { budgetsOf, bytesOf, controllerOptionsOf } from './controller-options.js';
 
 const GiB = 2 ** 30;
 
@@ -158,8 +159,8 @@ export async function serve(config: ServeConfig, options: ServeOptions = {}): Pr
       watch.stop();
     }
   };
-  const cache = config.ramTierGiB > 0 ? await HostCache.create({ budgetBytes: Math.floor(config.ramTierGiB * GiB) }) : undefined;
-  const budgets = Object.fromEntries(Object.entries(config.gpus).map(([d, g]) => [Number(d), Math.floor(g.budgetGiB * GiB)]));
+  const cache = config.ramTierGiB > 0 ? await HostCache.create({ budgetBytes: bytesOf(config.ramTierGiB) }) : undefined;
+  const budgets = budgetsOf(config);
   let controller: SwapController | undefined;
   let agent: SwapAgent | undefined;
   const cleanUp = async (): Promise<void> => {
@@ -171,33 +172,7 @@ export async function serve(config: ServeConfig, options: ServeOptions = {}): Pr
     record.remove();
   };
   try {
-    controller = await SwapController.create({
-      store,
-      engines: Object.entries(config.models).map(([name, m]) => ({
-        name,
-        client: clients.get(name)!,
-        snapshot: m.snapshot ?? name,
-        ...(sources.has(name) ? { from: sources.get(name)! } : {}),
-        devices: m.gpus,
-        memoryBytes: Math.floor(m.memoryGiB * GiB),
-        asleepBytes: Math.floor(m.asleepGiB * GiB),
-        pinned: m.pinned,
-        ...(m.deepSuspend ? { deepSuspend: true } : {}),
-        ...(m.check ? { check: m.check } : {}),
-        ...(m.ttlSeconds !== undefined ? { idleTtlMs: m.ttlSeconds * 1000 } : {}),
-        ...(m.group ? { group: m.group } : {}),
-      })),
-      budgets,
-      booting: started.map(([name]) => name), // counted awake until each is booted: nothing is woken beside an engine that loads
-      tiers: {
-        ...(cache ? { ram: cache } : {}),
-        ...(config.neighbourTier ? { neighbour: { device: config.neighbourTier.gpu, budgetBytes: Math.floor(config.neighbourTier.budgetGiB * GiB) } } : {}),
-        ...(config.multipath ? { multipath: { neighbour: config.multipath.gpu } } : {}),
-      },
-      recovery: { policy: config.recovery.mode, materialize: config.recovery.materialize },
-      ...(config.defaultModel ? { defaultModel: config.defaultModel } : {}),
-      queue: { limit: config.queue.limit, timeoutMs: config.queue.timeoutSeconds * 1000 },
-    });
+    controller = await SwapController.create(controllerOptionsOf(config, { store, clients, sources, cache, booting: started.map(([name]) => name) }));
     logControllerEvents(controller, log);
     agent = await SwapAgent.listen({
       controller,
