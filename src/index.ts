@@ -3,7 +3,7 @@
  *
  * The root holds what users hold: a {@link RegionStore} of {@link Snapshot}s (each described by a
  * {@link Manifest}), an {@link EngineClient} per engine, the engine flows ({@link captureEngine},
- * {@link suspendEngine}, {@link restoreEngine}, {@link swapEngines}), the places weights are
+ * {@link (suspendEngine:1)}, {@link restoreEngine}, {@link swapEngines}), the places weights are
  * kept while an engine sleeps ({@link HostCache}, {@link ResidentWeights}, {@link NeighbourTier};
  * see {@link EngineTiers}), the {@link Registry} and the {@link SwapController}. The `vsnap serve`
  * application is `vsnap/serve`; memory regions, descriptors and devices for embedders are
@@ -25,6 +25,7 @@ export { RegionStore, type RegionStoreOptions, type SnapshotList, type SnapshotS
 export { Snapshot } from './snapshot/snapshot.js';
 export type { CaptureHash, CaptureOptions, CaptureRegion, DeviceTiming, PersistPolicy, RestoreOptions, RestoreRegion, TransferSummary } from './snapshot/snapshot-types.js';
 export type { RegionMemory, MappedMemory } from './regions/memory.js';
+export type { DeviceAllocation } from './gpu/device-allocation.js';
 export type { TransferOptions, TransferProgress } from './transfer/transfer.js';
 export type { MultipathOptions, MultipathPathTimeline, MultipathStats, MultipathTimeline } from './transfer/multipath.js';
 export type { LiveCheckReport } from './digest/compare.js';

@@ -18,7 +18,7 @@ import type { NativeGpuPair } from '../native/index.js';
 
 /**
  * A GPU: its ordinal in this process (after CUDA_VISIBLE_DEVICES) or its UUID ("GPU-…", as
- * `nvidia-smi -L` and {@link listDevices} print it).
+ * `nvidia-smi -L` and `listDevices` of vsnap/plumbing print it).
  * @public
  */
 export type GpuRef = number | string;

@@ -34,7 +34,7 @@ async function restorable(snapshot: Snapshot, status: EngineStatus, exported: Ex
 
 /**
  * Whether the store's snapshot `name` could bring this engine's weights back (the check
- * {@link suspendEngine} makes before sleeping), and if not, why.
+ * {@link (suspendEngine:1)} makes before sleeping), and if not, why.
  * @public
  */
 export async function restorableFor(

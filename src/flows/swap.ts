@@ -18,7 +18,7 @@ export type SwapOverlap = 'none' | 'weights' | 'all';
  * @public
  */
 export interface EngineSwapOptions {
-  /** The engine to put to sleep, and how ({@link suspendEngine}'s options). */
+  /** The engine to put to sleep, and how ({@link (suspendEngine:1)}'s options). */
   readonly suspend: EngineSuspendOptions & {
     readonly client: EngineClient;
     /** Its snapshot's store (default: the store of `restore.source`). */
@@ -71,7 +71,7 @@ async function stateOf(client: EngineClient): Promise<string> {
 }
 
 /**
- * Swaps two engines that share a GPU: puts one to sleep ({@link suspendEngine}) and brings the
+ * Swaps two engines that share a GPU: puts one to sleep ({@link (suspendEngine:1)}) and brings the
  * other back ({@link restoreEngine}), overlapping the two as far as `overlap` allows, so the
  * swap takes about the longer of the two rather than their sum. With `weights`, the restored
  * engine's KV cache never wakes into memory the suspended engine still holds.

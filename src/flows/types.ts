@@ -189,7 +189,7 @@ export interface DeepSuspendOptions {
 }
 
 /**
- * Options of {@link suspendEngine}.
+ * Options of {@link (suspendEngine:1)}.
  * @public
  */
 export interface EngineSuspendOptions {

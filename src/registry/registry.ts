@@ -35,7 +35,7 @@ const MiB = 1024 * 1024;
  */
 export class Registry {
   /** The artifact type of a vsnap snapshot in an OCI registry (its image manifest's `artifactType`). */
-  static readonly ARTIFACT_TYPE: typeof SNAPSHOT_ARTIFACT_TYPE = SNAPSHOT_ARTIFACT_TYPE;
+  static readonly ARTIFACT_TYPE: 'application/vnd.vsnap.snapshot.v1+json' = SNAPSHOT_ARTIFACT_TYPE;
 
   /** Parses a reference `<registry>/<repository>[:<tag> | @<digest>]` (E_INVALID_ARGUMENT when it is not one). */
   static parseReference(text: string): RegistryReference {
