@@ -44,12 +44,37 @@ async function backToSleep(control: EngineControl): Promise<{ state: string; asl
   }
   if (!holdsWeights(status)) return { state: 'the engine is asleep', asleep: true };
   try {
-    await control.sleep(2, undefined);
+    await sleepAgain(control, status);
     return { state: 'the engine was put back to sleep', asleep: true };
   } catch (err) {
     return { state: `putting the engine back to sleep failed too (${(err as Error).message}); check it before sending requests`, asleep: false };
   }
 }
+/**
+ * Puts an engine that holds weights back to sleep at level 2. vLLM's executor ignores a sleep while
+ * any of its tags is still asleep (vllm/v1/executor/abstract.py `sleep`: "Executor is already
+ * sleeping"), so an engine whose weights woke but whose KV cache did not is woken fully first.
+ */
+async function sleepAgain(control: EngineControl, status: EngineStatus, call: { signal?: AbortSignal } = {}): Promise<void> {
+  const asleep = status.sleeping ? executorTagsAsleep(status) : [];
+  if (asleep.length) await control.wake(asleep, call);
+  await control.sleep(2, undefined, call);
+}
+
+/**
+ * The tags vLLM's executor still counts asleep, by what the allocator reports. The executor tracks
+ * `weights` and `kv_cache` only, and skips a whole wake that names a tag it does not count asleep
+ * (vllm/v1/executor/abstract.py `wake_up`): never name an awake one. Older plugins do not report
+ * the allocator's tags: the KV cache then (the weights are awake: `holdsWeights`).
+ */
+function executorTagsAsleep(status: EngineStatus): string[] {
+  if (status.ranks.every((r) => Array.isArray(r.asleepTags))) {
+    const asleep = new Set(status.ranks.flatMap((r) => r.asleepTags ?? []));
+    return ['weights', 'kv_cache'].filter((t) => asleep.has(t));
+  }
+  return ['kv_cache'];
+}
+
 /**
  * Restores a snapshot into a suspended engine: wakes the weights, has the workers export them,
  * checks the layout and facts, hydrates with every chunk verified, wakes the KV cache, resets the
@@ -268,10 +293,14 @@ function exportedTag(exported: ExportedRegions, i: number): string {
   throw new RangeError(`exported region ${i}`);
 }
 
-/** The tags a restore wakes after the weights: the KV cache and any other the plugin reports. */
-function tagsAfterWeights(status: EngineStatus): string[] {
-  const other = status.ranks.flatMap((r) => r.otherTags ?? []).filter((t) => t !== 'weights' && t !== 'kv_cache');
-  return ['kv_cache', ...new Set(other)];
+/**
+ * The tags a restore wakes after the weights: the KV cache, by name, alone. vLLM's executor counts
+ * only `weights` and `kv_cache` asleep and skips a whole wake that names any other tag
+ * (vllm/v1/executor/abstract.py `wake_up`); other pools come back with any wake (the `cudagraph`
+ * pool of --sleep-mode-offload-cudagraph: docs/features/sleep_mode.md).
+ */
+function tagsAfterWeights(_status: EngineStatus): string[] {
+  return ['kv_cache'];
 }
 
 /** Wakes the KV cache, resets the prefix cache and checks the expected response. */
@@ -298,10 +327,9 @@ async function finishWake(
       await awaitRoom(options.beforeKvWake);
       lap('awaitRoom');
     }
-    // Every tag still asleep, by name: the KV cache, and any other (vLLM 0.33's `cudagraph` pool
-    // with --sleep-mode-offload-cudagraph, which a wake of `kv_cache` alone would leave asleep).
-    // Never a wake of all tags: before vLLM PR #52514 that maps the woken weights a second time
-    // (vllm/device_allocator/cumem.py `wake_up`), which fails and unmaps them.
+    // The KV cache by name (tagsAfterWeights). Never a wake of all tags: before vLLM PR #52514 that
+    // maps the woken weights a second time (vllm/device_allocator/cumem.py `wake_up`), which fails
+    // and unmaps them.
     await control.wake(rest, call);
     lap('wakeKvCache');
   }
@@ -376,7 +404,7 @@ async function restoreFromResident(
   let status = await reread(control, call, `the tier-0 wake of '${snapshot.name}'`, failure);
   if (holdsWeights(status)) {
     try {
-      await control.sleep(2, undefined, call);
+      await sleepAgain(control, status, call);
     } catch (err) {
       const e = toVsnapError(err);
       throw new VsnapError(e.code, `the tier-0 wake of '${snapshot.name}' failed (${failure.message}) and putting the engine back to sleep failed too (${e.message}); check it before sending requests`, { ...e.details, recovered: false }, { cause: failure });
