@@ -41,9 +41,10 @@ class Allocation:
         ctypes.c_uint64.from_address(self.handle_slot).value = value
 
 
-# Newest vLLM keeps the allocator in vllm/backends/platform/device_allocator/ and leaves
-# compatibility shims at the old paths (a lazy __getattr__ package, sys.modules aliases).
-_ALLOCATOR_MODULES = ("vllm.backends.platform.device_allocator.cumem", "vllm.device_allocator.cumem")
+# vLLM main keeps the allocator in vllm/device_allocator/cumem.py. A restructure pull request
+# (closed unmerged) moved it to vllm/backends/platform/device_allocator/ with shims at the old
+# paths (a lazy __getattr__ package, sys.modules aliases): the class's own module is what counts.
+_ALLOCATOR_MODULES = ("vllm.device_allocator.cumem", "vllm.backends.platform.device_allocator.cumem")
 
 
 def _cumem():
