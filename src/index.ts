@@ -72,6 +72,7 @@ export {
   type CompletionResult,
   type EngineClientOptions,
   type EngineStatus,
+  type QueuedRequestsPolicy,
 } from './engine/engine-client.js';
 export {
   captureEngine,

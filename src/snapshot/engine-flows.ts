@@ -34,8 +34,9 @@ export { restorableFor, suspendEngine } from './engine-suspend.js';
 /**
  * After a failed restore: reads the engine back and puts it to sleep only if it holds weights (an
  * engine that never woke is left alone). Says what state it is in, and whether it is asleep.
+ * `wakeRest`: see {@link sleepAgain}.
  */
-async function backToSleep(control: EngineControl): Promise<{ state: string; asleep: boolean }> {
+async function backToSleep(control: EngineControl, wakeRest: boolean): Promise<{ state: string; asleep: boolean }> {
   let status: EngineStatus;
   try {
     status = await control.status();
@@ -44,12 +45,44 @@ async function backToSleep(control: EngineControl): Promise<{ state: string; asl
   }
   if (!holdsWeights(status)) return { state: 'the engine is asleep', asleep: true };
   try {
-    await control.sleep(2, undefined);
-    return { state: 'the engine was put back to sleep', asleep: true };
+    const freed = await sleepAgain(control, status, {}, wakeRest);
+    return freed
+      ? { state: 'the engine was put back to sleep', asleep: true }
+      : { state: "the engine is asleep, its weights still mapped (vLLM's executor ignores a sleep while the KV cache is asleep; the next restore or wake frees them)", asleep: true };
   } catch (err) {
     return { state: `putting the engine back to sleep failed too (${(err as Error).message}); check it before sending requests`, asleep: false };
   }
 }
+
+/**
+ * Puts an engine that holds weights back to sleep at level 2. vLLM's executor ignores a sleep while
+ * any of its tags is still asleep (vllm/v1/executor/abstract.py `sleep`: "Executor is already
+ * sleeping"), so the weights of an engine whose KV cache did not wake are freed only if the KV
+ * cache is woken first. That takes the KV cache's memory: `wakeRest` says whether the restore may
+ * (false in a swap, whose room gate did not open: the other engine still holds the GPU). Returns
+ * whether the weights were let go (false: the sleep was the executor's no-op).
+ */
+async function sleepAgain(control: EngineControl, status: EngineStatus, call: { signal?: AbortSignal }, wakeRest: boolean): Promise<boolean> {
+  const asleep = status.sleeping ? executorTagsAsleep(status) : [];
+  if (asleep.length && wakeRest) await control.wake(asleep, call);
+  await control.sleep(2, undefined, call);
+  return !asleep.length || wakeRest;
+}
+
+/**
+ * The tags vLLM's executor still counts asleep, by what the allocator reports. The executor tracks
+ * `weights` and `kv_cache` only, and skips a whole wake that names a tag it does not count asleep
+ * (vllm/v1/executor/abstract.py `wake_up`): never name an awake one. Older plugins do not report
+ * the allocator's tags: the KV cache then (the weights are awake: `holdsWeights`).
+ */
+function executorTagsAsleep(status: EngineStatus): string[] {
+  if (status.ranks.every((r) => Array.isArray(r.asleepTags))) {
+    const asleep = new Set(status.ranks.flatMap((r) => r.asleepTags ?? []));
+    return ['weights', 'kv_cache'].filter((t) => asleep.has(t));
+  }
+  return ['kv_cache'];
+}
+
 /**
  * Restores a snapshot into a suspended engine: wakes the weights, has the workers export them,
  * checks the layout and facts, hydrates with every chunk verified, wakes the KV cache, resets the
@@ -126,7 +159,7 @@ export async function restoreEngine(source: Snapshot | SnapshotRef, client: Engi
     const outcome = await recoverEngine({
       control, client, store, name, manifest, cause, reason, materialize, call, lap, onWarning: options.onWarning,
       finishWake: (expected) => finishWake(control, client, name, expected, rest, options, call, lap, 'recovered'),
-      backToSleep: () => backToSleep(control),
+      backToSleep: () => backToSleep(control, !options.beforeKvWake),
       capture: (probe) =>
         captureEngine(store, name, client, {
           ...(probe ? { probePrompt: probe.prompt, probeMaxTokens: probe.maxTokens } : {}),
@@ -223,7 +256,7 @@ export async function restoreEngine(source: Snapshot | SnapshotRef, client: Engi
     // The snapshot's own faults (never the engine's, nor a cancellation) may be recovered from.
     const reason = recovery === 'reload' && !call.signal?.aborted ? recoveryReason(e, snapshot.manifest, status, options) : undefined;
     if (reason) return recover(e, reason, snapshot.manifest);
-    const { state, asleep } = await backToSleep(control);
+    const { state, asleep } = await backToSleep(control, !options.beforeKvWake);
     throw new VsnapError(
       e.code,
       `${e.message}\nRestore of '${snapshot.name}' failed; ${state}. Retry the restore, or wake the engine and reload its weights with vLLM's reload_weights (restoreEngine's recovery: 'reload').`,
@@ -268,10 +301,14 @@ function exportedTag(exported: ExportedRegions, i: number): string {
   throw new RangeError(`exported region ${i}`);
 }
 
-/** The tags a restore wakes after the weights: the KV cache and any other the plugin reports. */
-function tagsAfterWeights(status: EngineStatus): string[] {
-  const other = status.ranks.flatMap((r) => r.otherTags ?? []).filter((t) => t !== 'weights' && t !== 'kv_cache');
-  return ['kv_cache', ...new Set(other)];
+/**
+ * The tags a restore wakes after the weights: the KV cache, by name, alone. vLLM's executor counts
+ * only `weights` and `kv_cache` asleep and skips a whole wake that names any other tag
+ * (vllm/v1/executor/abstract.py `wake_up`); other pools come back with any wake (the `cudagraph`
+ * pool of --sleep-mode-offload-cudagraph: docs/features/sleep_mode.md).
+ */
+function tagsAfterWeights(_status: EngineStatus): string[] {
+  return ['kv_cache'];
 }
 
 /** Wakes the KV cache, resets the prefix cache and checks the expected response. */
@@ -298,10 +335,9 @@ async function finishWake(
       await awaitRoom(options.beforeKvWake);
       lap('awaitRoom');
     }
-    // Every tag still asleep, by name: the KV cache, and any other (vLLM 0.33's `cudagraph` pool
-    // with --sleep-mode-offload-cudagraph, which a wake of `kv_cache` alone would leave asleep).
-    // Never a wake of all tags: before vLLM PR #52514 that maps the woken weights a second time
-    // (vllm/device_allocator/cumem.py `wake_up`), which fails and unmaps them.
+    // The KV cache by name (tagsAfterWeights). Never a wake of all tags: before vLLM PR #52514 that
+    // maps the woken weights a second time (vllm/device_allocator/cumem.py `wake_up`), which fails
+    // and unmaps them.
     await control.wake(rest, call);
     lap('wakeKvCache');
   }
@@ -368,15 +404,16 @@ async function restoreFromResident(
   }
   if (call.signal?.aborted) throw failure;
   if (failure.code === 'E_ABORTED') {
-    // Called off by beforeKvWake (the other engine of a swap did not sleep): no fallback, back to sleep.
-    const { state, asleep } = await backToSleep(control);
+    // Called off by beforeKvWake (the other engine of a swap did not sleep): no fallback, back to
+    // sleep, without waking the KV cache (there is no room for it).
+    const { state, asleep } = await backToSleep(control, false);
     throw new VsnapError('E_ABORTED', `${failure.message}\nRestore of '${snapshot.name}' from tier 0 called off; ${state}.`, { ...failure.details, recovered: asleep }, { cause: failure });
   }
   warn(options, `tier-0 wake of '${snapshot.name}' failed (${failure.message}); restoring from the snapshot instead`);
   let status = await reread(control, call, `the tier-0 wake of '${snapshot.name}'`, failure);
   if (holdsWeights(status)) {
     try {
-      await control.sleep(2, undefined, call);
+      await sleepAgain(control, status, call, !options.beforeKvWake);
     } catch (err) {
       const e = toVsnapError(err);
       throw new VsnapError(e.code, `the tier-0 wake of '${snapshot.name}' failed (${failure.message}) and putting the engine back to sleep failed too (${e.message}); check it before sending requests`, { ...e.details, recovered: false }, { cause: failure });
