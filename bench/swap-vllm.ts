@@ -2,8 +2,7 @@
 // reference engine (`/sleep?level=1`, then `/wake_up`; dev routes, VLLM_SERVER_DEV_MODE=1), the
 // peer vsnap's RAM tier must beat. With VSNAP_VLLM_SRC set (bench/run.sh), the engine runs vLLM's
 // real allocator: level 1 copies every "weights" allocation into a CPU backup tensor made with
-// pin_memory (vllm/device_allocator/cumem.py `sleep`, now under vllm/backends/platform/
-// device_allocator/cumem.py) and unmaps the GPU memory; `wake_up` maps it again, copies back
+// pin_memory (vllm/device_allocator/cumem.py `sleep`, on vLLM main) and unmaps the GPU memory; `wake_up` maps it again, copies back
 // and drops the backup tensor (whose pinned block then goes back to torch's host cache: the
 // memory still held after the wake is recorded too).
 // What is measured, per cycle: sleep and wake wall time (the HTTP calls, as a user of the routes

@@ -1,5 +1,7 @@
+import { setTimeout as sleep } from 'node:timers/promises';
+
 import { VsnapError } from '../errors.js';
-import type { CallOptions, EngineClient, EngineStatus } from './engine-client.js';
+import { RUST_FRONTEND_HINT, type CallOptions, type EngineClient, type EngineStatus, type QueuedRequestsPolicy } from './engine-client.js';
 import { VsnapStatusSchema } from './schemas.js';
 
 /**
@@ -15,8 +17,11 @@ export interface EngineControl {
   sleep(level: 1 | 2, mode: 'abort' | 'wait' | 'keep' | undefined, call?: CallOptions): Promise<void>;
   wake(tags: readonly string[] | undefined, call?: CallOptions, adopt?: { socket: string; nonces: readonly string[] }): Promise<void>;
   resetPrefixCache(call?: CallOptions): Promise<void>;
-  /** The engine's own weight-resident suspend: pause (level 0, keep) and release the KV cache. */
-  releaseKvCache(call?: CallOptions): Promise<void>;
+  /**
+   * The engine's own weight-resident suspend: pause (level 0) and release the KV cache; requests
+   * still queued are waited for or aborted (`queued`); after a failure the engine is resumed.
+   */
+  releaseKvCache(call?: CallOptions, queued?: QueuedRequestsPolicy): Promise<void>;
   /** The workers load their weights again from the checkpoint (vLLM's reload_weights), into woken weights memory. */
   reloadWeights(call?: CallOptions): Promise<void>;
 }
@@ -31,7 +36,7 @@ function viaRoutes(client: EngineClient): EngineControl {
     sleep: (level, mode, call) => client.vsnapSleep({ level, ...(mode ? { mode } : {}) }, call),
     wake: (tags, call, adopt) => client.vsnapWake({ ...(tags ? { tags } : {}), ...(adopt ? { adopt } : {}) }, call),
     resetPrefixCache: (call) => client.vsnapResetPrefixCache(call),
-    releaseKvCache: (call) => client.vsnapReleaseKvCache(call),
+    releaseKvCache: (call, queued) => client.vsnapReleaseKvCache(call, { queued: queued ?? 'wait' }),
     reloadWeights: (call) => client.vsnapReloadWeights(call),
   };
 }
@@ -60,14 +65,44 @@ function viaDevRoutes(client: EngineClient): EngineControl {
       await client.wakeUp(tags ? { tags } : {}, call);
     },
     resetPrefixCache: (call) => client.resetPrefixCache(call),
-    releaseKvCache: async (call) => {
-      await client.sleep({ level: 0, mode: 'keep' }, call);
-      await client.releaseKvCacheMemory(call);
-    },
+    releaseKvCache: (call, queued) => releaseThroughDevRoutes(client, call, queued ?? 'wait'),
     reloadWeights: async (call) => {
       await client.collectiveRpc('reload_weights', {}, call);
     },
   };
+}
+
+/** How many times a release is tried while requests stay queued (the plugin's RELEASE_ATTEMPTS). */
+const RELEASE_ATTEMPTS = 8;
+
+/**
+ * The plugin's release policy, through the dev routes: vLLM's `release_kv_cache_memory` refuses
+ * while any request is queued or running (vllm/v1/engine/core.py), and a pause of mode `keep`
+ * keeps them. `wait` pauses with mode `wait`, and while requests stay queued resumes the engine
+ * (they are admitted), waits and tries again; `abort` pauses with mode `abort`. After a failure
+ * the engine is resumed (`wake_up` of `scheduling`), never left paused.
+ */
+async function releaseThroughDevRoutes(client: EngineClient, call: CallOptions | undefined, queued: QueuedRequestsPolicy): Promise<void> {
+  for (let attempt = 1; ; attempt++) {
+    await client.sleep({ level: 0, mode: queued }, call);
+    try {
+      await client.releaseKvCacheMemory(call);
+      return;
+    } catch (err) {
+      await client.wakeUp({ tags: ['scheduling'] }, call).catch(() => undefined);
+      const busy = err instanceof VsnapError && err.code === 'E_ENGINE_HTTP' && /completed pause/.test(String(err.details.body));
+      if (!busy) throw err;
+      if (queued === 'abort' || attempt >= RELEASE_ATTEMPTS) {
+        throw new VsnapError(
+          'E_ENGINE_STATE',
+          `${client.baseUrl} still had requests queued after ${attempt} attempt(s) to release its KV cache; it was resumed. Retry when it is idle, or release with queued: 'abort'`,
+          { url: client.baseUrl, attempts: attempt },
+          { cause: err },
+        );
+      }
+    }
+    await sleep(Math.min(50 * 2 ** (attempt - 1), 1000));
+  }
 }
 
 /**
@@ -90,7 +125,7 @@ export async function engineControl(client: EngineClient, call?: CallOptions): P
       throw new VsnapError(
         'E_ENGINE_STATE',
         `${client.baseUrl} has neither the vsnap routes nor vLLM's dev routes: load the plugin (VLLM_PLUGINS=vsnap, VSNAP_TOKEN=...) ` +
-          'or start the engine with VLLM_SERVER_DEV_MODE=1',
+          `or start the engine with VLLM_SERVER_DEV_MODE=1. ${RUST_FRONTEND_HINT}`,
         { url: client.baseUrl },
         { cause: err },
       );

@@ -102,8 +102,24 @@ export interface EngineStatus {
     readonly processBytes?: number | null;
     /** `nvml`: read at this status; `last`: remembered from an earlier one (a checkpointed process is not listed). */
     readonly processBytesSource?: 'nvml' | 'last' | null;
+    /**
+     * Whether the sleep-mode allocator holds the weights (also without sleep mode, with vLLM's
+     * `--enable-cumem-allocator`); `sleepMode` says whether sleep mode is on. Absent from older plugins.
+     */
+    readonly cumemAllocator?: boolean;
+    /** The allocator's tags with memory asleep; null where the allocator does not say. Absent from older plugins. */
+    readonly asleepTags?: readonly string[] | null;
+    /** `python` (vLLM's FastAPI server) or `rust` (`VLLM_USE_RUST_FRONTEND=1`: no vsnap routes). Absent from older plugins. */
+    readonly frontend?: string;
   }>;
 }
+
+/**
+ * What the engine's own weight-resident suspend does with requests it still has: `wait` lets them
+ * finish first (queued ones are served, the release tried again), `abort` aborts them.
+ * @public
+ */
+export type QueuedRequestsPolicy = 'wait' | 'abort';
 
 /**
  * A completion, reduced to what vsnap compares.
@@ -121,6 +137,10 @@ export interface CompletionResult {
 }
 
 const LONG_CALL_MS = 10 * 60_000;
+
+/** vLLM's Rust frontend builds no FastAPI app: neither the plugin's routes nor the dev routes exist. @internal */
+export const RUST_FRONTEND_HINT =
+  "If the engine runs vLLM's Rust frontend (VLLM_USE_RUST_FRONTEND=1), no endpoint plugin can attach and no dev route is served: start it without VLLM_USE_RUST_FRONTEND (or =0), with VLLM_PLUGINS=vsnap.";
 
 interface Call {
   method: 'GET' | 'POST';
@@ -286,11 +306,13 @@ export class EngineClient {
 
   /**
    * The engine's own weight-resident suspend through the vsnap routes (no dev mode needed): the
-   * plugin pauses the engine (level 0, keeping requests) and releases the KV cache through the
-   * engine client. Undo with {@link EngineClient.vsnapWake} and tags `['kv_cache']`.
+   * plugin pauses the engine (level 0) and releases the KV cache through the engine client. vLLM
+   * refuses the release while requests are queued: `queued` says what happens to them (default
+   * `wait`); after a failure the plugin resumes the engine. Undo with {@link EngineClient.vsnapWake}
+   * and tags `['kv_cache']`.
    */
-  async vsnapReleaseKvCache(options?: CallOptions): Promise<void> {
-    await this.call({ method: 'POST', path: '/vsnap/v1/release_kv_cache', auth: 'vsnap', options, defaultTimeoutMs: LONG_CALL_MS });
+  async vsnapReleaseKvCache(options?: CallOptions, args: { queued?: QueuedRequestsPolicy } = {}): Promise<void> {
+    await this.call({ method: 'POST', path: '/vsnap/v1/release_kv_cache', auth: 'vsnap', body: { queued: args.queued ?? 'wait' }, options, defaultTimeoutMs: LONG_CALL_MS });
   }
 
   /**
@@ -320,7 +342,7 @@ export class EngineClient {
       mechanism: null,
       detail:
         'no /vsnap/v1 routes: the plugin is not loaded or could not attach them (vLLM with endpoint plugins needs VLLM_PLUGINS to name vsnap exactly; ' +
-        `older vLLM needs a build_app the plugin can wrap; the engine log says which)${devRoutes ? '; using the dev routes' : '; no dev routes either (VLLM_SERVER_DEV_MODE=1)'}`,
+        `older vLLM needs a build_app the plugin can wrap; the engine log says which)${devRoutes ? '; using the dev routes' : `; no dev routes either (VLLM_SERVER_DEV_MODE=1). ${RUST_FRONTEND_HINT}`}`,
       devRoutes,
     };
   }
@@ -474,7 +496,7 @@ export class EngineClient {
     if (status < 200 || status >= 300) {
       const hint =
         status === 401 ? ' (a missing or wrong token: check EngineClientOptions.token / apiKey)'
-        : status === 404 && call.path.startsWith('/vsnap/') ? ' (the vsnap plugin is not loaded: VLLM_PLUGINS=vsnap)'
+        : status === 404 && call.path.startsWith('/vsnap/') ? ' (the vsnap plugin is not loaded: VLLM_PLUGINS=vsnap; with VLLM_USE_RUST_FRONTEND=1 vLLM builds no FastAPI app and no plugin routes can exist)'
         : status === 404 ? ' (start the engine with VLLM_SERVER_DEV_MODE=1 for the dev routes, or use the vsnap routes)'
         : status === 503 && call.path.startsWith('/vsnap/') ? ' (is VSNAP_TOKEN set on the engine?)'
         : '';

@@ -61,6 +61,11 @@ const RankStatusSchema = z
     // Newer plugins: the process's GPU memory outside its weights (NVML), for the room check of a move to another GPU.
     processBytes: z.number().int().nonnegative().nullable().optional(),
     processBytesSource: z.enum(['nvml', 'last']).nullable().optional(),
+    // Newer plugins: the sleep-mode allocator's presence (--enable-cumem-allocator puts it there without
+    // sleep mode), the allocator tags with memory asleep (null: the allocator does not say), the frontend.
+    cumemAllocator: z.boolean().optional(),
+    asleepTags: z.array(z.string()).nullable().optional(),
+    frontend: z.string().optional(),
   })
   .passthrough();
 

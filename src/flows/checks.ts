@@ -26,7 +26,12 @@ export function preflight(status: EngineStatus, options: { onWarning?: (m: strin
   }
   const off = status.ranks.filter((r) => !r.sleepMode);
   if (off.length) {
-    throw new VsnapError('E_ENGINE_STATE', 'the engine runs without sleep mode: start it with --enable-sleep-mode', { ranks: off.map((r) => r.rank) });
+    const cumem = off.some((r) => r.cumemAllocator);
+    throw new VsnapError(
+      'E_ENGINE_STATE',
+      `the engine runs without sleep mode${cumem ? ' (its weights are in the cumem pool of --enable-cumem-allocator, which is not sleep mode)' : ''}: start it with --enable-sleep-mode`,
+      { ranks: off.map((r) => r.rank) },
+    );
   }
 }
 

@@ -204,10 +204,19 @@ export class EngineRestoreRun implements RestoreRun {
     await unmapping;
   }
 
-  /** The tags a restore wakes after the weights: the KV cache and any other the plugin reports. */
+  /**
+   * The tags a restore wakes after the weights: the KV cache, by name, alone. vLLM's executor counts
+   * only `weights` and `kv_cache` asleep and skips a whole wake that names any other tag
+   * (vllm/v1/executor/abstract.py `wake_up`); other pools come back with any wake (the `cudagraph`
+   * pool of --sleep-mode-offload-cudagraph: docs/features/sleep_mode.md).
+   */
   tagsAfterWeights(): string[] {
-    const other = this.status.ranks.flatMap((r) => r.otherTags ?? []).filter((t) => t !== 'weights' && t !== 'kv_cache');
-    return ['kv_cache', ...new Set(other)];
+    return ['kv_cache'];
+  }
+
+  /** Whether a failed restore may wake the KV cache to put the engine back to sleep: not in a swap whose room never opened (the other engine still holds the GPU). */
+  private mayWakeRest(): boolean {
+    return !this.hooks.beforeKvWake;
   }
 
   async finishWake(expected: ExpectedResponse | null = this.snapshot?.manifest.data.expectedResponse ?? null, path: 'restored' | 'recovered' = 'restored'): Promise<void> {
@@ -221,10 +230,9 @@ export class EngineRestoreRun implements RestoreRun {
         await awaitRoom(this.hooks.beforeKvWake);
         this.lap('awaitRoom');
       }
-      // Every tag still asleep, by name: the KV cache, and any other (vLLM 0.33's `cudagraph` pool
-      // with --sleep-mode-offload-cudagraph, which a wake of `kv_cache` alone would leave asleep).
-      // Never a wake of all tags: before vLLM PR #52514 that maps the woken weights a second time
-      // (vllm/device_allocator/cumem.py `wake_up`), which fails and unmaps them.
+      // The KV cache by name (tagsAfterWeights). Never a wake of all tags: before vLLM PR #52514 that
+      // maps the woken weights a second time (vllm/device_allocator/cumem.py `wake_up`), which fails
+      // and unmaps them.
       await this.control.wake(this.tagsAfterWeights(), this.call);
       this.lap('wakeKvCache');
     }
@@ -251,7 +259,7 @@ export class EngineRestoreRun implements RestoreRun {
     this.status = await this.reread(what, failure);
     if (!holdsWeights(this.status)) return;
     try {
-      await this.control.sleep(2, undefined, this.call);
+      await sleepAgain(this.control, this.status, this.call, this.mayWakeRest());
     } catch (err) {
       const e = toVsnapError(err);
       throw new VsnapError(e.code, `${what} failed (${failure.message}) and putting the engine back to sleep failed too (${e.message}); check it before sending requests`, { ...e.details, recovered: false }, { cause: failure });
@@ -269,8 +277,11 @@ export class EngineRestoreRun implements RestoreRun {
     }
   }
 
-  /** Reads the engine back and puts it to sleep only if it holds weights (an engine that never woke is left alone). */
-  async backToSleep(): Promise<{ state: string; asleep: boolean }> {
+  /**
+   * Reads the engine back and puts it to sleep only if it holds weights (an engine that never woke
+   * is left alone); `wakeRest`: see {@link sleepAgain} (default: unless in a swap whose room never opened).
+   */
+  async backToSleep(wakeRest = this.mayWakeRest()): Promise<{ state: string; asleep: boolean }> {
     let status: EngineStatus;
     try {
       status = await this.control.status();
@@ -279,8 +290,10 @@ export class EngineRestoreRun implements RestoreRun {
     }
     if (!holdsWeights(status)) return { state: 'the engine is asleep', asleep: true };
     try {
-      await this.control.sleep(2, undefined);
-      return { state: 'the engine was put back to sleep', asleep: true };
+      const freed = await sleepAgain(this.control, status, {}, wakeRest);
+      return freed
+        ? { state: 'the engine was put back to sleep', asleep: true }
+        : { state: "the engine is asleep, its weights still mapped (vLLM's executor ignores a sleep while the KV cache is asleep; the next restore or wake frees them)", asleep: true };
     } catch (err) {
       return { state: `putting the engine back to sleep failed too (${(err as Error).message}); check it before sending requests`, asleep: false };
     }
@@ -331,6 +344,35 @@ function checkMoved(exported: ExportedRegions, remap: GpuRemap): void {
       'Is the vsnap plugin current (it re-reads its GPU at each export)? Check the engine with nvidia-smi before sending it requests.',
     { ranks: wrong.map((r) => r.rank), reported: wrong.map((r) => r.deviceUuid), expected: wrong.map((r) => remap.rankTargets[r.rank]) },
   );
+}
+
+/**
+ * Puts an engine that holds weights back to sleep at level 2. vLLM's executor ignores a sleep while
+ * any of its tags is still asleep (vllm/v1/executor/abstract.py `sleep`: "Executor is already
+ * sleeping"), so the weights of an engine whose KV cache did not wake are freed only if the KV
+ * cache is woken first. That takes the KV cache's memory: `wakeRest` says whether the restore may
+ * (false in a swap, whose room gate did not open: the other engine still holds the GPU). Returns
+ * whether the weights were let go (false: the sleep was the executor's no-op).
+ */
+async function sleepAgain(control: EngineControl, status: EngineStatus, call: CallOptions, wakeRest: boolean): Promise<boolean> {
+  const asleep = status.sleeping ? executorTagsAsleep(status) : [];
+  if (asleep.length && wakeRest) await control.wake(asleep, call);
+  await control.sleep(2, undefined, call);
+  return !asleep.length || wakeRest;
+}
+
+/**
+ * The tags vLLM's executor still counts asleep, by what the allocator reports. The executor tracks
+ * `weights` and `kv_cache` only, and skips a whole wake that names a tag it does not count asleep
+ * (vllm/v1/executor/abstract.py `wake_up`): never name an awake one. Older plugins do not report
+ * the allocator's tags: the KV cache then (the weights are awake: `holdsWeights`).
+ */
+function executorTagsAsleep(status: EngineStatus): string[] {
+  if (status.ranks.every((r) => Array.isArray(r.asleepTags))) {
+    const asleep = new Set(status.ranks.flatMap((r) => r.asleepTags ?? []));
+    return ['weights', 'kv_cache'].filter((t) => asleep.has(t));
+  }
+  return ['kv_cache'];
 }
 
 /** The tag of the i-th exported region (rank by rank, in the order sent). */

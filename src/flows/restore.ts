@@ -2,6 +2,7 @@ import { invalidArgument, VsnapError } from '../errors.js';
 import type { EngineClient } from '../engine/engine-client.js';
 import type { Manifest } from '../manifest/manifest.js';
 import { checkOptions } from '../options.js';
+import { ENGINE_TIER_KEYS, TIER_KEYS } from '../tiers/index.js';
 import type { Snapshot } from '../snapshot/snapshot.js';
 import { captureEngine } from './capture.js';
 import { recoverEngine, recoveryReason, type MaterializePolicy, type RecoveryReason } from './recovery.js';
@@ -43,6 +44,11 @@ const MOVED = {
  */
 export async function restoreEngine(source: Snapshot | SnapshotRef, client: EngineClient, options: EngineRestoreOptions = {}): Promise<EngineRestoreReport> {
   checkOptions('restoreEngine options', options, RESTORE_OPTIONS, MOVED);
+  checkOptions('restoreEngine options.tiers', options.tiers, TIER_KEYS);
+  if (typeof options.tiers?.engine === 'object') checkOptions('restoreEngine options.tiers.engine', options.tiers.engine, ENGINE_TIER_KEYS);
+  checkOptions('restoreEngine options.move', options.move, ['onto', 'gpuMap', 'reserveBytes'], { ontoReserveBytes: 'move.reserveBytes' });
+  checkOptions('restoreEngine options.verify', options.verify, ['blobs', 'digests', 'logprobTolerance'], { verifyDigests: 'verify.digests' });
+  checkOptions('restoreEngine options.transfer', options.transfer, ['threads', 'directIo', 'onProgress']);
   const run = await EngineRestoreRun.open(source, client, options, recoveryPolicy(options));
   await run.resumeDeep();
   await run.sleepIfAwake();

@@ -11,7 +11,7 @@ import type { MappedRegions } from '../regions/mapped.js';
 import type { RegionStore } from '../store/region-store.js';
 import { Snapshot } from '../snapshot/snapshot.js';
 import { keepInEngine } from '../tiers/engine.js';
-import { keepingTiers } from '../tiers/index.js';
+import { ENGINE_TIER_KEYS, keepingTiers, TIER_KEYS } from '../tiers/index.js';
 import type { Kept, SuspendRun } from '../tiers/tier.js';
 import { captureExported, checkCaptureOptions } from './capture.js';
 import { blobProblems, liveFacts, liveRanks, phaseTimer, preflight, warn } from './checks.js';
@@ -157,7 +157,8 @@ export async function suspendEngine(store: RegionStore, name: string, client: En
 
 function checkSuspendOptions(options: EngineSuspendOptions): void {
   checkOptions('suspendEngine options', options, SUSPEND_OPTIONS, { resident: 'tiers.gpu', neighbour: 'tiers.neighbour', lockTimeoutMs: 'deep: { lockTimeoutMs }', checkpointBackend: 'hooks.checkpoint' });
-  checkOptions('suspendEngine options.tiers', options.tiers, ['gpu', 'engine', 'neighbour', 'ram', 'multipath']);
+  checkOptions('suspendEngine options.tiers', options.tiers, TIER_KEYS);
+  if (typeof options.tiers?.engine === 'object') checkOptions('suspendEngine options.tiers.engine', options.tiers.engine, ENGINE_TIER_KEYS);
   if (options.capture) checkCaptureOptions(options.capture, 'suspendEngine options.capture');
   const t = options.tiers ?? {};
   if (options.deep && (t.gpu || t.engine)) invalidArgument('options', 'either deep or a tier 0 (tier 0 keeps the weights on the GPU)', { deep: true, tiers: Object.keys(t) });

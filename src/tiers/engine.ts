@@ -1,5 +1,5 @@
-import { VsnapError } from '../errors.js';
-import type { CallOptions, EngineClient, EngineStatus } from '../engine/engine-client.js';
+import { invalidArgument, VsnapError } from '../errors.js';
+import type { CallOptions, EngineClient, EngineStatus, QueuedRequestsPolicy } from '../engine/engine-client.js';
 import type { EngineControl } from '../engine/control.js';
 import { checkSpec, compareResponses, probe, recheck, type ResponseCheckOptions } from '../engine/response-check.js';
 import type { ExpectedResponse } from '../manifest/types.js';
@@ -27,6 +27,12 @@ export interface EngineKeptOptions {
   readonly check?: ResponseCheckOptions;
   /** At restore: the answer recorded at suspend, checked bit for bit after the KV cache woke (E_RESPONSE_MISMATCH if it differs). */
   readonly expected?: ExpectedResponse;
+  /**
+   * At suspend, the requests the engine still has: `wait` (the default) lets them finish first,
+   * `abort` aborts them. vLLM releases the KV cache only with no request queued or running
+   * (vllm/v1/engine/core.py `release_kv_cache_memory`).
+   */
+  readonly queued?: QueuedRequestsPolicy;
 }
 
 /** @internal */
@@ -49,21 +55,36 @@ export function engineTier(options: EngineKeptOptions): Tier {
   };
 }
 
+/** Paused at level 0 with every rank's memory resident (the plugin reports the allocator's tags asleep). */
+function pausedResident(status: EngineStatus): boolean {
+  return status.ranks.every((r) => r.weightsMapped && Array.isArray(r.asleepTags) && r.asleepTags.length === 0);
+}
+
 /**
- * Suspends the engine with its weights left on the GPU: pause (level 0, requests kept), then
- * release the KV cache. E_ENGINE_STATE when the engine is asleep already or has no
- * `release_kv_cache_memory` (older vLLM: use the SDK-held tier 0 instead). Returns the recorded
- * answer when a check was asked for. @internal
+ * Suspends the engine with its weights left on the GPU: pause (level 0), then release the KV
+ * cache, waiting for or aborting the requests it still has (`queued`). An engine paused at level 0
+ * with its memory resident is released too. After a failure the engine is resumed, never left
+ * paused. E_ENGINE_STATE when the engine is asleep already, kept requests queued to the end, or
+ * has no `release_kv_cache_memory` (older vLLM: use the SDK-held tier 0 instead). Returns the
+ * recorded answer when a check was asked for. @internal
  */
 export async function keepInEngine(client: EngineClient, control: EngineControl, status: EngineStatus, options: EngineKeptOptions, call: CallOptions): Promise<ExpectedResponse | undefined> {
-  if (status.sleeping) throw new VsnapError('E_ENGINE_STATE', `${client.baseUrl} is asleep already: wake it before a weight-resident suspend`, { url: client.baseUrl });
+  if (status.sleeping && !pausedResident(status)) throw new VsnapError('E_ENGINE_STATE', `${client.baseUrl} is asleep already: wake it before a weight-resident suspend`, { url: client.baseUrl });
+  if (status.sleeping && options.check) {
+    throw new VsnapError('E_ENGINE_STATE', `${client.baseUrl} is paused: a check would wait in its queue; resume it first, or suspend without a check`, { url: client.baseUrl });
+  }
+  const queued = options.queued ?? 'wait';
+  if (queued !== 'wait' && queued !== 'abort') invalidArgument('tiers.engine.queued', "'wait' or 'abort'", queued);
   if (status.features && !status.features.releaseKvCache) {
     throw new VsnapError('E_ENGINE_STATE', `${client.baseUrl} runs a vLLM without release_kv_cache_memory (about v0.30+): use the SDK-held tier 0 (tiers.gpu)`, { url: client.baseUrl });
   }
   const expected = options.check ? await probe(client, checkSpec(options.check), call.signal) : undefined;
   try {
-    await control.releaseKvCache(call);
+    await control.releaseKvCache(call, queued);
   } catch (err) {
+    if (err instanceof VsnapError && err.code === 'E_ENGINE_HTTP' && err.details.status === 409) {
+      throw new VsnapError('E_ENGINE_STATE', `${client.baseUrl} kept requests queued, so its KV cache was not released (${err.message}); it was resumed. Retry when it is idle, or pass tiers.engine: { queued: 'abort' }`, { url: client.baseUrl }, { cause: err });
+    }
     if (err instanceof VsnapError && err.code === 'E_ENGINE_HTTP' && (err.details.status === 404 || err.details.status === 501)) {
       throw new VsnapError('E_ENGINE_STATE', `${client.baseUrl} cannot release its KV cache alone (${err.message}): use the SDK-held tier 0 (tiers.gpu)`, { url: client.baseUrl }, { cause: err });
     }

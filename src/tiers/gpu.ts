@@ -51,7 +51,7 @@ async function restoreHeld(resident: ResidentWeights, run: RestoreRun): Promise<
   }
   if (run.call.signal?.aborted) throw failure;
   if (failure.code === 'E_ABORTED') {
-    const { state, asleep } = await run.backToSleep();
+    const { state, asleep } = await run.backToSleep(false); // no room for the KV cache: the other engine did not sleep
     throw new VsnapError('E_ABORTED', `${failure.message}\nRestore of '${name}' from tier 0 called off; ${state}.`, { ...failure.details, recovered: asleep }, { cause: failure });
   }
   run.warn(`tier-0 wake of '${name}' failed (${failure.message}); restoring from the snapshot instead`);

@@ -43,6 +43,11 @@ export interface EngineTiers {
   readonly multipath?: MultipathOptions;
 }
 
+/** The keys of {@link EngineTiers}, and of its `engine` object. @internal */
+export const TIER_KEYS = ['gpu', 'engine', 'neighbour', 'ram', 'multipath'];
+/** @internal */
+export const ENGINE_TIER_KEYS = ['check', 'expected', 'queued'];
+
 /** The tiers a restore tries, in order; the engine's own first, the store last. @internal */
 export function restoreTiers(tiers: EngineTiers): Tier[] {
   return [

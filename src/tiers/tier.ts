@@ -64,8 +64,8 @@ export interface RestoreRun {
   finishWake(): Promise<void>;
   /** After a tier failed part way: re-reads the engine and puts it back to sleep if it holds weights, for the next tier. */
   fallBack(what: string, failure: VsnapError): Promise<void>;
-  /** Puts the engine back to sleep if it holds weights; says what state it is in. */
-  backToSleep(): Promise<{ state: string; asleep: boolean }>;
+  /** Puts the engine back to sleep if it holds weights (`wakeRest` false: without waking the KV cache first, for want of room); says what state it is in. */
+  backToSleep(wakeRest?: boolean): Promise<{ state: string; asleep: boolean }>;
 }
 
 /** What a tier did when it served a restore. @internal */

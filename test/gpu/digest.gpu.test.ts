@@ -13,7 +13,7 @@ import { captureEngine, cudaStatus, EngineClient, RegionStore, restoreEngine, Sn
 import { DeviceAllocation, releaseIdleResources } from '../../src/plumbing.js';
 import { digestRegions } from '../../src/digest/index.js';
 import { native } from '../../src/native/index.js';
-import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
+import { askCapital, startEngine, type TestEngine, syncWeights } from '../helpers/engine.js';
 
 const MiB = 1024 ** 2;
 const GiB = 1024 ** 3;
@@ -91,7 +91,7 @@ describe('GPU: live weights of the reference engine', async () => {
   let store: RegionStore;
   let dir: string;
   const ask = (c: EngineClient) => askCapital(c, 16);
-  const update = (seed: number, layers?: number[]) => client.collectiveRpc('update_weights', { args: [seed, layers ?? null] });
+  const update = (seed: number, layers?: number[]) => syncWeights(client.baseUrl, seed, layers); // vLLM's weight-sync API
 
   before(async () => {
     dir = mkdtempSync(join(process.env.VSNAP_GPU_STORE_DIR ?? tmpdir(), 'vsnap-gpu-live-'));

@@ -133,3 +133,25 @@ export async function askCapital(client: EngineClient, maxTokens: number): Promi
   const r = await client.completions({ prompt: 'The capital of France is', max_tokens: maxTokens, logprobs: 1 });
   return { ids: r.tokenIds, logprobs: r.logprobs };
 }
+
+/**
+ * An RL trainer's weight sync through vLLM's native API (dev routes of the rlhf router: pause,
+ * init_weight_transfer_engine, start_weight_update, update_weights, finish_weight_update, resume),
+ * in place: the weights of `layers` (all when omitted) become those of `seed`. The reference
+ * engine's update_info names a seed where vLLM's backends carry tensors.
+ */
+export async function syncWeights(url: string, seed: number, layers?: number[]): Promise<void> {
+  const post = async (path: string, body?: unknown) => {
+    const r = await fetch(url + path, { method: 'POST', ...(body === undefined ? {} : { body: JSON.stringify(body), headers: { 'content-type': 'application/json' } }) });
+    if (!r.ok) throw new Error(`POST ${path} answered ${r.status}: ${await r.text()}`);
+  };
+  await post('/pause?mode=wait');
+  try {
+    await post('/init_weight_transfer_engine', { init_info: { backend: 'reference' } });
+    await post('/start_weight_update');
+    await post('/update_weights', { update_info: { seed, layers: layers ?? null } });
+    await post('/finish_weight_update');
+  } finally {
+    await post('/resume');
+  }
+}

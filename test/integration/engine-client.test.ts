@@ -61,7 +61,9 @@ describe('EngineClient against the reference engine', () => {
     expect(await c.isSleeping()).toBe(false);
     const ranks = await c.collectiveRpc('vsnap_status');
     expect(ranks).toEqual([expect.objectContaining({ rank: 0, memory: 'host' })]);
-    expect(await c.collectiveRpc('wake_up', { args: [['kv_cache']] })).toBeNull(); // a None result: empty 200
+    // vLLM's rpc route (vllm/entrypoints/serve/dev/rpc/api_router.py): None results are kept, one per worker
+    expect(await c.collectiveRpc('discard', { kwargs: { tags: [] } })).toEqual([null]);
+    expect(await c.collectiveRpc('ref_reset_prefix_cache')).toEqual(['True']); // non-dict/list results are str()-ed
     await c.resetPrefixCache();
 
     const status = await c.vsnapStatus();

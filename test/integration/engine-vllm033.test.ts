@@ -50,6 +50,10 @@ describe('wake semantics before vLLM PR #52514', () => {
     // old vLLM unmaps what that call had mapped (vllm/device_allocator/cumem.py at 010c2112).
     const { client } = await engine({ env: { VSNAP_REF_WAKE_ALL: '1' } });
     await roundTrip(client);
+    // What a restore must not do: once the weights woke, a wake of every tag (the executor still
+    // asleep, for the KV cache) maps them a second time.
+    await client.vsnapSleep({ level: 2 });
+    await client.vsnapWake({ tags: ['weights'] });
     await expect(client.vsnapWake({})).rejects.toThrow(/mapped already/);
   });
 });

@@ -74,7 +74,11 @@ describe('a fault at each step of a restore: the engine is left asleep (never sl
         expect(err).toBeInstanceOf(VsnapError);
         if (route !== 'status') expect(err.details.recovered).toBe(true);
         if (route === 'wake' && when === 'before') expect(client.calls).not.toContain('sleep');
-        expect((await client.vsnapStatus()).sleeping).toBe(true);
+        const after = await client.vsnapStatus();
+        expect(after.sleeping).toBe(true);
+        // Asleep means the weights let go: vLLM's executor ignores a sleep while the KV cache is
+        // still asleep (vllm/v1/executor/abstract.py), so a half-woken engine is woken fully first.
+        expect(after.ranks.map((r) => r.weightsMapped)).toEqual([false]);
         expect(openFds()).toEqual(fds);
         await restoreEngine(snapshot, client);
         expect(await ask()).toEqual(answer);

@@ -10,7 +10,7 @@ import { VsnapError } from '../../src/errors.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/index.js';
 import { RegionStore } from '../../src/store/region-store.js';
-import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
+import { askCapital, startEngine, syncWeights, type TestEngine } from '../helpers/engine.js';
 import { patternedRegions } from '../helpers/regions.js';
 import { tempDir } from '../helpers/tmp.js';
 
@@ -31,8 +31,8 @@ async function engine() {
 }
 
 const ask = async (client: EngineClient) => (await askCapital(client, 8)).ids;
-/** Like an RL trainer's weight sync: the weights of `layers` (all when omitted) from another seed, in place. */
-const updateWeights = (client: EngineClient, seed: number, layers?: number[]) => client.collectiveRpc('update_weights', { args: [seed, layers ?? null] });
+/** An RL trainer's weight sync through vLLM's native API: the weights of `layers` (all when omitted) from another seed, in place. */
+const updateWeights = (client: EngineClient, seed: number, layers?: number[]) => syncWeights(client.baseUrl, seed, layers);
 const layer = (i: number) => `0/model.layers.${i}.mlp.weight`;
 
 describe('live weights: the dirty check before a discard, incremental capture, verification after restore', () => {

@@ -10,7 +10,7 @@ import { HostRegion } from '../../src/regions/host-region.js';
 import { MappedRegions } from '../../src/regions/mapped.js';
 import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/index.js';
 import { RegionStore } from '../../src/store/region-store.js';
-import { askCapital, startEngine } from '../helpers/engine.js';
+import { askCapital, startEngine, syncWeights } from '../helpers/engine.js';
 import { FaultyClient, openFds } from '../helpers/faults.js';
 import { tempDir } from '../helpers/tmp.js';
 
@@ -75,7 +75,7 @@ describe('no work twice: one export and one mapping per region per flow', () => 
     }
 
     // Weights changed in place: the dirty check, the new capture's digests and its copy share one mapping (was 3n).
-    await client.collectiveRpc('update_weights', { args: [2, [1]] });
+    await syncWeights(client.baseUrl, 2, [1]);
     const stale = await counted(client, () => suspendEngine(store, 'ref', client));
     expect(stale.value.captured).toBe(true);
     expect(stale).toMatchObject({ mapped: n, exports: 1 });

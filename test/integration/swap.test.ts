@@ -189,7 +189,7 @@ describe('SwapController and the HTTP agent over three CPU reference engines', (
       body: JSON.stringify({ model: a!.name, prompt: PROMPT, max_tokens: 6, stream: true }),
     });
     expect(r.statusCode).toBe(200);
-    expect(r.headers['content-type']).toBe('text/event-stream');
+    expect(r.headers['content-type']).toBe('text/event-stream; charset=utf-8'); // as Starlette's StreamingResponse, vLLM's, sets it
     const reads: string[] = [];
     for await (const chunk of r.body) reads.push((chunk as Buffer).toString());
     const events = reads.join('').split('\n\n').filter(Boolean);

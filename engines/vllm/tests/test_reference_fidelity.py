@@ -11,6 +11,7 @@ from tests import support
 from vllm import _reference
 from vllm.device_allocator import cumem
 from vllm.v1.engine.core import EngineCore
+from vllm.v1.executor.abstract import Executor
 from vllm.v1.worker.gpu_worker import Worker
 
 
@@ -21,15 +22,15 @@ def config(**kw):
     return types.SimpleNamespace(**base)
 
 
-class RecordingExecutor:
-    """An executor that records the methods the engine core fans out, memory never asleep."""
+class RecordingExecutor(Executor):
+    """An executor that records the methods the engine core fans out to its workers."""
 
     def __init__(self):
         self.calls = []
 
     def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
         self.calls.append(method)
-        return [False] if method == "ref_memory_asleep" else [True]
+        return [True]
 
 
 class EngineCoreTest(unittest.TestCase):
@@ -50,7 +51,7 @@ class EngineCoreTest(unittest.TestCase):
         core, calls = self.core()
         core.sleep(0)
         core.release_kv_cache_memory()
-        self.assertEqual([c for c in calls if c != "ref_memory_asleep"], ["ref_reset_prefix_cache", "discard_kv_cache"])
+        self.assertEqual(calls, ["ref_reset_prefix_cache", "discard"])
 
 
 class WorkerTest(unittest.TestCase):

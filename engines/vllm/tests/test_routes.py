@@ -11,7 +11,7 @@ import unittest
 
 from tests import support
 from tests.test_api import FakeApp, FakeClient, call
-from vsnap_vllm import api
+from vsnap_vllm import adapter, api
 from vsnap_vllm.endpoint import plugin
 
 AUTH = {"authorization": "Bearer s3cret"}
@@ -21,8 +21,10 @@ class EndpointPluginTest(unittest.TestCase):
     def setUp(self):
         os.environ["VSNAP_TOKEN"] = "s3cret"
         self.saved = dict(api.MOUNTED)
+        self.backoff, adapter.RELEASE_BACKOFF = adapter.RELEASE_BACKOFF, 0
 
     def tearDown(self):
+        adapter.RELEASE_BACKOFF = self.backoff
         os.environ.pop("VSNAP_TOKEN", None)
         api.MOUNTED.clear()
         api.MOUNTED.update(self.saved)
@@ -57,26 +59,65 @@ class EndpointPluginTest(unittest.TestCase):
         self.assertIsNone(api.MOUNTED["mechanism"])
         self.assertIn("add_api_route", api.MOUNTED["detail"])
 
-    def test_release_kv_cache_pauses_then_releases(self):
+    def release_client(self, failures):
+        """A client whose release_kv_cache_memory fails with each error of `failures` in turn."""
         client = FakeClient()
-        released = []
+        failures = list(failures)
 
         async def sleep(level, mode="abort"):
             client.calls.append(("sleep", level, mode))
 
-        async def release_kv_cache_memory():
-            released.append(True)
+        async def wake_up(tags):
+            client.calls.append(("wake_up", tags))
 
-        client.sleep, client.release_kv_cache_memory = sleep, release_kv_cache_memory
+        async def release_kv_cache_memory():
+            client.calls.append(("release",))
+            if failures:
+                raise failures.pop(0)
+
+        client.sleep, client.wake_up, client.release_kv_cache_memory = sleep, wake_up, release_kv_cache_memory
         app = FakeApp(client)
         api.mount(app)
-        self.assertEqual(call(app, "POST", "/vsnap/v1/release_kv_cache", AUTH), (200, {"status": "kv_cache_released"}))
-        self.assertEqual((client.calls, released), ([("sleep", 0, "keep")], [True]))
+        return app, client
+
+    def test_release_kv_cache_pauses_waiting_for_running_requests_then_releases(self):
+        app, client = self.release_client([])
+        self.assertEqual(call(app, "POST", "/vsnap/v1/release_kv_cache", AUTH), (200, {"status": "kv_cache_released", "attempts": 1}))
+        self.assertEqual(client.calls, [("sleep", 0, "wait"), ("release",)])
         older = FakeApp(FakeClient())  # an engine client without release_kv_cache_memory
         api.mount(older)
         status, body = call(older, "POST", "/vsnap/v1/release_kv_cache", AUTH)
         self.assertEqual(status, 501)
         self.assertIn("release_kv_cache_memory", body["error"])
+
+    def test_requests_queued_the_engine_is_resumed_and_the_release_tried_again(self):
+        # vLLM refuses the release while requests are queued (vllm/v1/engine/core.py): the route
+        # resumes the engine (they are admitted), then pauses with mode wait and tries again.
+        queued = RuntimeError("release_kv_cache_memory() requires a completed pause first")
+        app, client = self.release_client([queued, queued])
+        self.assertEqual(call(app, "POST", "/vsnap/v1/release_kv_cache", AUTH, {"queued": "wait"}), (200, {"status": "kv_cache_released", "attempts": 3}))
+        resume = ("wake_up", ["scheduling"])
+        self.assertEqual(client.calls, [("sleep", 0, "wait"), ("release",), resume, ("sleep", 0, "wait"), ("release",), resume, ("sleep", 0, "wait"), ("release",)])
+
+    def test_abort_policy_aborts_the_queue_and_a_failure_never_leaves_the_engine_paused(self):
+        app, client = self.release_client([])
+        self.assertEqual(call(app, "POST", "/vsnap/v1/release_kv_cache", AUTH, {"queued": "abort"})[0], 200)
+        self.assertEqual(client.calls[0], ("sleep", 0, "abort"))
+        queued = RuntimeError("release_kv_cache_memory() requires a completed pause first")
+        app, client = self.release_client([queued])
+        status, body = call(app, "POST", "/vsnap/v1/release_kv_cache", AUTH, {"queued": "abort"})
+        self.assertEqual(status, 409)
+        self.assertIn("queued", body["error"])
+        self.assertEqual(client.calls[-1], ("wake_up", ["scheduling"]))  # resumed
+        app, client = self.release_client([RuntimeError("release_kv_cache_memory() requires all executor memory to be resident")])
+        status, body = call(app, "POST", "/vsnap/v1/release_kv_cache", AUTH)
+        self.assertEqual(status, 500)
+        self.assertEqual(client.calls, [("sleep", 0, "wait"), ("release",), ("wake_up", ["scheduling"])])  # no retry, resumed
+        app, client = self.release_client([queued] * 8)
+        status, body = call(app, "POST", "/vsnap/v1/release_kv_cache", AUTH)
+        self.assertEqual(status, 409)  # still queued at the last attempt
+        self.assertEqual(client.calls.count(("wake_up", ["scheduling"])), 8)
+        self.assertEqual(call(app, "POST", "/vsnap/v1/release_kv_cache", AUTH, {"queued": "keep"})[0], 400)
 
     def test_reset_prefix_cache_false_is_an_error(self):
         client = FakeClient()

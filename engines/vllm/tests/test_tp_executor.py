@@ -138,15 +138,14 @@ class ParallelDecodingTest(unittest.TestCase):
         import math
 
         from vllm.v1.engine.core import EngineCore
+        from vllm.v1.executor.abstract import Executor as Base
 
         vocab = 6
         rank_logits = [[0.5, 2.0, -1.0, 0.0, 1.5, 0.25], [0.0, -1.5, 1.4, 0.0, 1.2, 0.5]]
         calls = []
 
-        class Executor:
+        class Executor(Base):
             def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
-                if method == "ref_memory_asleep":
-                    return [False, False]
                 calls.append((method, args))
                 shift = len(calls) - 1  # a different winner each step
                 return [base64.b64encode(array.array("f", [v + (shift if i == (shift % vocab) else 0) for i, v in enumerate(r)]).tobytes()).decode()
@@ -170,16 +169,15 @@ class ParallelDecodingTest(unittest.TestCase):
         import math
 
         from vllm.v1.engine.core import EngineCore
+        from vllm.v1.executor.abstract import Executor as Base
 
         # every position's logits (3 prompt positions x vocab 4), per rank, flattened
         rank_rows = [[0.1, 0.2, 0.3, 0.4, 1.0, 0.0, 0.5, 0.2, 0.0, 0.0, 2.0, 0.1],
                      [0.4, 0.3, 0.2, 0.1, 0.0, 1.0, 0.5, 0.2, 0.3, 0.0, 0.0, 0.1]]
         calls = []
 
-        class Executor:
+        class Executor(Base):
             def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
-                if method == "ref_memory_asleep":
-                    return [False, False]
                 calls.append((method, args))
                 rows = rank_rows if args[2] else [r[-4:] for r in rank_rows]
                 return [base64.b64encode(array.array("f", r).tobytes()).decode() for r in rows]

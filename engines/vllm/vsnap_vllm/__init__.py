@@ -27,6 +27,11 @@ def register():
         adapter.patch_worker(bridge.BRIDGE.after_load, bridge.WORKER_METHODS, bridge.BRIDGE.fail)
     except Exception as e:  # noqa: BLE001 - a plugin must never stop vLLM from starting
         bridge.BRIDGE.fail("patch_worker", e)
+    if adapter.rust_frontend():
+        # No FastAPI app will exist in this serve: nothing below can attach a route.
+        api.MOUNTED.update(mechanism=None, detail=adapter.RUST_FRONTEND_DETAIL)
+        log.warning("vsnap: %s", adapter.RUST_FRONTEND_DETAIL)
+        return
     # API-server side: the endpoint plugin (entry point vsnap_vllm.endpoint:plugin) attaches the
     # routes where vLLM has endpoint plugins; older vLLM gets a wrapped build_app where that is
     # detected to work; otherwise nothing, said loudly.

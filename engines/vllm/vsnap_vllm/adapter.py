@@ -41,9 +41,10 @@ class Allocation:
         ctypes.c_uint64.from_address(self.handle_slot).value = value
 
 
-# Newest vLLM keeps the allocator in vllm/backends/platform/device_allocator/ and leaves
-# compatibility shims at the old paths (a lazy __getattr__ package, sys.modules aliases).
-_ALLOCATOR_MODULES = ("vllm.backends.platform.device_allocator.cumem", "vllm.device_allocator.cumem")
+# vLLM main keeps the allocator in vllm/device_allocator/cumem.py. A restructure pull request
+# (closed unmerged) moved it to vllm/backends/platform/device_allocator/ with shims at the old
+# paths (a lazy __getattr__ package, sys.modules aliases): the class's own module is what counts.
+_ALLOCATOR_MODULES = ("vllm.device_allocator.cumem", "vllm.backends.platform.device_allocator.cumem")
 
 
 def _cumem():
@@ -96,6 +97,41 @@ def allocations(tag=None):
         raise BridgeUnsupported("CuMemAllocator has no pointer_to_data")
     out = [_to_allocation(d) for d in table.values() if tag is None or d.tag == tag]
     return sorted(out, key=lambda a: a.va)
+
+
+def asleep_tags():
+    """The allocator's tags with an allocation asleep (AllocationData.is_asleep, newer vLLM), or
+    None where the allocator does not say."""
+    alloc = allocator()
+    if alloc is None:
+        return []
+    datas = list(getattr(alloc, "pointer_to_data", {}).values())
+    if any(not hasattr(d, "is_asleep") for d in datas):
+        return None
+    return sorted({d.tag for d in datas if d.is_asleep})
+
+
+def sleep_mode(owner):
+    """Whether vLLM runs with sleep mode, from its configuration (`model_config.enable_sleep_mode`),
+    not from the allocator's presence: `--enable-cumem-allocator` (PR #33648) puts the weights in
+    the sleep-mode allocator's pool without sleep mode (vllm/v1/worker/gpu_worker.py
+    `_maybe_get_memory_pool_context` reads `enable_cumem_allocator`). None where the
+    configuration does not say."""
+    config = getattr(owner, "vllm_config", None)
+    model = getattr(owner, "model_config", None) or getattr(config, "model_config", None)
+    value = getattr(model, "enable_sleep_mode", None)
+    return None if value is None else bool(value)
+
+
+def rust_frontend():
+    """True when `vllm serve` runs vLLM's Rust frontend (VLLM_USE_RUST_FRONTEND=1, vllm/envs.py,
+    read by vllm/entrypoints/cli/serve.py): no FastAPI app is built, so no endpoint plugin and no
+    wrapped build_app can add routes, and vLLM's dev routes are not served either."""
+    return os.environ.get("VLLM_USE_RUST_FRONTEND", "0").strip().lower() in ("1", "true")
+
+
+RUST_FRONTEND_DETAIL = ("VLLM_USE_RUST_FRONTEND=1: vLLM's Rust frontend serves this engine and builds no FastAPI app, so no "
+                        "/vsnap/v1 route (and no dev route) can be attached; start it without VLLM_USE_RUST_FRONTEND (or =0) to use vsnap")
 
 
 def allocation_for_handle(handle):
@@ -378,15 +414,62 @@ async def reset_prefix_cache(client):
     return True if result is None else bool(result)
 
 
-async def release_kv_cache_memory(client):
-    """The engine's own weight-resident suspend (PR #44890): pause keeping requests
-    (`sleep(0, "keep")`), then discard the KV cache; `wake_up(["kv_cache"])` undoes both."""
+class EngineBusy(RuntimeError):
+    """The engine kept requests queued: vLLM will not release the KV cache under them."""
+
+
+RELEASE_ATTEMPTS = 8
+RELEASE_BACKOFF = 0.05  # seconds before the second attempt, doubling, at most 1 s
+QUEUED_POLICIES = ("wait", "abort")
+
+
+def _requests_queued(error):
+    # vllm/v1/engine/core.py `release_kv_cache_memory`: "requires a completed pause first" unless
+    # the scheduler is paused with no requests queued and no batch in flight.
+    return "completed pause" in str(error)
+
+
+async def resume(client):
+    """Resumes a level-0 pause: wake_up(["scheduling"]) (vllm/v1/engine/core.py `EngineCore.wake_up`:
+    "scheduling" alone wakes no memory and resumes once nothing is asleep). Never raises."""
+    try:
+        await wake_up(client, ["scheduling"])
+    except Exception:  # noqa: BLE001 - reported by the caller's own error
+        import logging
+
+        logging.getLogger("vsnap_vllm").exception("vsnap: resuming the engine after a failed KV-cache release failed")
+
+
+async def release_kv_cache_memory(client, queued="wait", attempts=RELEASE_ATTEMPTS, backoff=None):
+    """The engine's own weight-resident suspend (PR #44890): pause, then discard the KV cache;
+    `wake_up(["kv_cache"])` undoes both. vLLM refuses the release while any request is queued
+    or running, and a pause of mode `keep` keeps them: so `queued="wait"` pauses with mode `wait`
+    (running requests finish) and, while requests stay queued, resumes the engine (they are
+    admitted), waits and tries again, `attempts` times; `queued="abort"` pauses with mode `abort`
+    (every request aborted). After any failure the engine is resumed, never left paused. Returns
+    the number of attempts; EngineBusy when requests were still queued at the last."""
     release = getattr(client, "release_kv_cache_memory", None)
     if not callable(release):
         raise BridgeUnsupported("this vLLM's engine client has no release_kv_cache_memory (added about v0.30, PR #44890)")
-    await sleep(client, 0, "keep")
-    with profile.span("vsnap.client release_kv_cache_memory"):
-        await release()
+    if queued not in QUEUED_POLICIES:
+        raise ValueError(f"queued must be one of {QUEUED_POLICIES}, not {queued!r}")
+    for attempt in range(1, attempts + 1):
+        await sleep(client, 0, queued)
+        try:
+            with profile.span("vsnap.client release_kv_cache_memory"):
+                await release()
+            return attempt
+        except Exception as e:
+            await resume(client)
+            if not _requests_queued(e):
+                raise
+            if queued == "abort" or attempt == attempts:
+                raise EngineBusy(f"the engine still had requests queued after {attempt} attempt(s) ({e}); it was resumed. "
+                                 "Retry when it is idle, or release with queued 'abort' (the queued requests are aborted)") from e
+        import asyncio
+
+        await asyncio.sleep(min((RELEASE_BACKOFF if backoff is None else backoff) * 2 ** (attempt - 1), 1.0))
+    raise AssertionError("unreachable")
 
 
 def engine_facts(owner):

@@ -50,6 +50,15 @@ async def _json_body(request):
     return body
 
 
+def _request_class():
+    """Starlette's Request (vLLM's API server is FastAPI on Starlette), or None without it."""
+    try:
+        from starlette.requests import Request
+    except ImportError:
+        return None
+    return Request
+
+
 def _route(handler):
     step = f"vsnap.route {handler.__name__}"
 
@@ -68,6 +77,12 @@ def _route(handler):
         return adapter.json_response(content, status)
 
     endpoint.__name__ = f"vsnap_{handler.__name__}"
+    # FastAPI hands the request only to a parameter annotated Request; any other parameter is read
+    # from the query string (an unannotated `request` became a required query field: every call
+    # answered 422). Servers that call endpoints positionally are unaffected.
+    request_class = _request_class()
+    if request_class is not None:
+        endpoint.__annotations__ = {"request": request_class}
     return endpoint
 
 
@@ -120,11 +135,17 @@ async def reset_prefix_cache(request, client):
 
 
 async def release_kv_cache(request, client):
+    body = await _json_body(request)
+    queued = body.get("queued", "wait")
+    if queued not in adapter.QUEUED_POLICIES:
+        raise HttpError(400, 'queued must be "wait" (let queued requests finish first) or "abort"')
     try:
-        await adapter.release_kv_cache_memory(client)
+        attempts = await adapter.release_kv_cache_memory(client, queued)
     except adapter.BridgeUnsupported as e:
         raise HttpError(501, str(e)) from e
-    return 200, {"status": "kv_cache_released"}
+    except adapter.EngineBusy as e:
+        raise HttpError(409, str(e)) from e
+    return 200, {"status": "kv_cache_released", "attempts": attempts}
 
 
 async def reload_weights(request, client):

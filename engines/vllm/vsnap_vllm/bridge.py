@@ -68,6 +68,9 @@ class Bridge:
         if adapter.allocator() is None:
             log.warning("vsnap: sleep mode is off (--enable-sleep-mode): weights stay unexportable, the bridge is idle")
             return
+        if adapter.sleep_mode(worker) is False:
+            log.warning("vsnap: the weights are in the cumem pool (--enable-cumem-allocator) but sleep mode is off: "
+                        "start vLLM with --enable-sleep-mode to suspend it")
         with self._lock:
             self._ensure()
             # Classify first (refuses ROCm's list-shaped handles before touching any memory).
@@ -190,7 +193,10 @@ class Bridge:
             "pid": os.getpid(),
             "device": {"ordinal": device, "uuid": self._device_uuid(device)},
             "memory": self.driver.kind,
-            "sleepMode": adapter.allocator() is not None,
+            "sleepMode": self._sleep_mode(worker),
+            "cumemAllocator": adapter.allocator() is not None,
+            "asleepTags": self._asleep_tags(),
+            "frontend": "rust" if adapter.rust_frontend() else "python",
             "hooks": self.hook_mode,
             "weightsMapped": self.weights_mapped,
             "regions": len(allocations),
@@ -200,6 +206,18 @@ class Bridge:
             "rehome": self.load_report,
             "reloadWeights": callable(getattr(worker, "reload_weights", None)),
         }
+
+    @staticmethod
+    def _sleep_mode(worker):
+        configured = adapter.sleep_mode(worker)
+        return adapter.allocator() is not None if configured is None else configured and adapter.allocator() is not None
+
+    @staticmethod
+    def _asleep_tags():
+        try:
+            return adapter.asleep_tags()
+        except Exception:  # noqa: BLE001 - a reading for the status, never a reason to fail it
+            return None
 
     def _process_bytes(self, device, allocations):
         """processBytes: this process's GPU memory outside the weights it owns (gpumem.py), for the

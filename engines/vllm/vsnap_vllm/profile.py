@@ -98,7 +98,7 @@ class _Proxy:
 
 def instrument_allocator(cumem):
     """Wraps, from outside, what vLLM's sleep and wake call in the allocator module `cumem`
-    (vllm/backends/platform/device_allocator/cumem.py, or the reference engine's stand-in):
+    (vllm/device_allocator/cumem.py on vLLM main, or the reference engine's stand-in):
     its module-level create_and_map / unmap_and_release (outermost: the bridge's wrap or hooks
     inside), CuMemAllocator.sleep / wake_up / discard, and the module's `gc` and `torch` globals
     seen through proxies that time gc.collect and torch.cuda / torch.accelerator empty_cache.

@@ -76,6 +76,7 @@ export async function doctor(ctx: Context): Promise<number> {
           engine.ok ? `engine: ${engine.url}: vLLM ${engine.version}, plugin ${engine.plugin}, ${engine.sleeping ? 'asleep' : 'awake'}, attention ${engine.attentionBackend}` : `engine: ${engine.url}: ${engine.error}`,
           ...(engine.routes ? [`engine routes: ${describeRoutes(engine.routes as { mechanism: string | null; detail: string })}`] : []),
           ...(engine.bridge ? [`engine bridge: ${engine.bridge as string}`] : []),
+          ...(engine.sleepMode ? [`engine sleep mode: ${engine.sleepMode as string}`] : []),
         ]
       : []),
   ];
@@ -88,10 +89,16 @@ function engineBridge(s: EngineStatus): Record<string, unknown> {
   const problems = s.ranks.filter((r) => r.supported === false).map((r) => `rank ${r.rank}: ${r.unsupportedReason ?? 'unsupported'}`);
   const kinds = s.ranks.map((r) => r.weightsMemory).filter((k) => k !== undefined);
   const memory = kinds.length ? ` (weights memory: ${kinds.map((k) => Object.entries(k!).map(([kind, n]) => `${n} ${kind}`).join(', ')).join('; ')})` : '';
+  const noSleepMode = s.ranks.filter((r) => !r.sleepMode);
+  const sleepMode = noSleepMode.length
+    ? `OFF${noSleepMode.some((r) => r.cumemAllocator) ? ' (--enable-cumem-allocator puts the weights in the cumem pool, but that is not sleep mode)' : ''}: start vLLM with --enable-sleep-mode`
+    : 'on';
   return {
-    ...(problems.length ? { ok: false } : {}),
+    ...(problems.length || noSleepMode.length ? { ok: false } : {}),
     routes: s.routes ?? { mechanism: 'unknown', detail: 'an older plugin that does not say' },
     bridge: problems.length ? `DISABLED: ${problems.join('; ')}` : `ok${memory}`,
+    sleepMode,
+    frontend: s.ranks[0]?.frontend ?? null,
     releaseKvCache: s.features?.releaseKvCache ?? null,
   };
 }
