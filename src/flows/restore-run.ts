@@ -112,13 +112,10 @@ export class EngineRestoreRun implements RestoreRun {
    * then reads the engine and resolves a move onto other GPUs (checked before anything changes).
    */
   static async open(source: Snapshot | SnapshotRef, client: EngineClient, options: EngineRestoreOptions, recovery: { reload: boolean; materialize: MaterializePolicy }): Promise<EngineRestoreRun> {
-    // The snapshot is opened (or pulled) while the engine is read: neither changes anything yet.
-    // Both are waited for (no pull is left running), and the snapshot's failure comes first.
-    const [opened, read] = await Promise.allSettled([openSnapshot(source, client, options, recovery), engineControl(client, options.signal ? { signal: options.signal } : {})]);
-    if (opened.status === 'rejected') throw opened.reason;
-    if (read.status === 'rejected') throw read.reason;
-    const { snapshot, openError } = opened.value;
-    const { control, status } = read.value;
+    // The snapshot first: one that cannot be opened (and not recovered from) fails the restore
+    // before the engine is asked anything.
+    const { snapshot, openError } = await openSnapshot(source, client, options, recovery);
+    const { control, status } = await engineControl(client, options.signal ? { signal: options.signal } : {});
     preflight(status, options);
     const store = snapshot?.store ?? (source as SnapshotRef).store;
     const name = snapshot?.name ?? (source as SnapshotRef).name;
