@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// Checks the import graph of src/ against the layers of docs/design.md: a file may import only
+// Checks the import graph of src/ against the layers of docs/architecture.md: a file may import only
 // from its own folder or from a folder of a lower layer, and no set of files may import each
 // other in a circle (type-only imports count: a circle of types is still a circle of concepts).
 // Exits 1 and lists every violation. `--print` prints the layers and the folder graph.
@@ -67,7 +67,7 @@ export function check() {
     const rel = relative(root, file);
     const from = folderOf(file);
     const fromRank = LAYERS.indexOf(from);
-    if (fromRank < 0) problems.push(`${rel}: folder '${from}' is in no layer (add it to LAYERS in scripts/check-layers.mjs and to docs/design.md)`);
+    if (fromRank < 0) problems.push(`${rel}: folder '${from}' is in no layer (add it to LAYERS in scripts/check-layers.mjs and to docs/architecture.md)`);
     for (const target of targets) {
       if (!graph.has(target)) {
         problems.push(`${rel}: imports ${relative(root, target)}, which does not exist`);

@@ -290,7 +290,7 @@ function remapRestoreError(ranks: readonly DeepRank[], restored: Outcome[], pair
     first.code === 'E_CHECKPOINT_UNSUPPORTED'
       ? 'This driver cannot restore a process onto other GPUs (GPU pairs need r580 or newer): upgrade it, or restore without a GPU map.'
       : memory
-        ? `A new GPU lacks the memory the process had, although the SDK's check before the restore found room (${measured ?? 'not measured'}; the process part is an estimate: raise ontoReserveBytes). ` +
+        ? `A new GPU lacks the memory the process had, although the SDK's check before the restore found room (${measured ?? 'not measured'}; the process part is an estimate: raise move.reserveBytes). ` +
           'The failed rank(s) may not be restorable any more, even in place: on driver 580 a following restore failed with CUDA_ERROR_OPERATING_SYSTEM. ' +
           "Try restoreEngine without onto/gpuMap once; if it fails, kill the engine's processes, start the engine again and restore it from its snapshot."
         : "The driver wants every GPU the process was checkpointed with, as a permutation onto GPUs of the same chip; check the map, or restore without one.";

@@ -151,7 +151,7 @@ export function resolveRemap(
  * 1-3 GiB for vLLM).
  */
 
-/** The GPU memory a deep-suspended worker's process restore is assumed to need, per rank, unless `ontoReserveBytes` says otherwise. @internal */
+/** The GPU memory a deep-suspended worker's process restore is assumed to need, per rank, unless `reserveBytes` says otherwise. @internal */
 export const DEFAULT_PROCESS_RESERVE_BYTES = 2 * 1024 ** 3;
 
 /** What a new GPU must have free for the ranks sent onto it. @internal */
@@ -169,29 +169,29 @@ const mib = (n: number): string => `${(n / 1024 ** 2).toFixed(0)} MiB`;
 
 /**
  * What each rank's process restore needs on its new GPU, in bytes (indexed by rank): the
- * caller's `ontoReserveBytes` for every rank when given, else what the plugin measured
+ * caller's `reserveBytes` for every rank when given, else what the plugin measured
  * (`processBytes` in the status: NVML's reading of the worker's pid), else the estimate
  * DEFAULT_PROCESS_RESERVE_BYTES. @internal
  */
-export function processReserve(status: { readonly ranks: ReadonlyArray<{ readonly rank: number; readonly processBytes?: number | null }> }, ontoReserveBytes?: number): number[] {
+export function processReserve(status: { readonly ranks: ReadonlyArray<{ readonly rank: number; readonly processBytes?: number | null }> }, reserveBytes?: number): number[] {
   const out: number[] = [];
-  for (const r of status.ranks) out[r.rank] = ontoReserveBytes ?? (typeof r.processBytes === 'number' ? r.processBytes : DEFAULT_PROCESS_RESERVE_BYTES);
+  for (const r of status.ranks) out[r.rank] = reserveBytes ?? (typeof r.processBytes === 'number' ? r.processBytes : DEFAULT_PROCESS_RESERVE_BYTES);
   return out;
 }
 
 /**
  * Checks that every GPU a rank is restored onto has room for the rank's process (the caller's
- * `ontoReserveBytes`: one count for every rank, or one per rank; else the remap's per-rank
+ * `reserveBytes`: one count for every rank, or one per rank; else the remap's per-rank
  * processBytes, which resolveRemap read from the status; else the estimate) and its weights (`weightsBytes[rank]`), from `devices` read with free memory. Throws
  * E_INVALID_ARGUMENT naming each GPU short of room (details.gpus: needed and free) before
  * anything changes; returns what it measured. A GPU whose free memory is unknown is not refused.
  * @internal
  */
-export function checkRoom(remap: GpuRemap, devices: readonly GpuDevice[], weightsBytes: readonly number[], ontoReserveBytes?: number | readonly number[]): GpuRoom[] {
-  const processBytes = ontoReserveBytes ?? remap.processBytes ?? DEFAULT_PROCESS_RESERVE_BYTES;
+export function checkRoom(remap: GpuRemap, devices: readonly GpuDevice[], weightsBytes: readonly number[], reserveBytes?: number | readonly number[]): GpuRoom[] {
+  const processBytes = reserveBytes ?? remap.processBytes ?? DEFAULT_PROCESS_RESERVE_BYTES;
   const perRank = (rank: number): number => (typeof processBytes === 'number' ? processBytes : (processBytes[rank] ?? DEFAULT_PROCESS_RESERVE_BYTES));
   for (const n of typeof processBytes === 'number' ? [processBytes] : processBytes) {
-    if (!Number.isSafeInteger(n) || n < 0) invalid(`ontoReserveBytes must be a byte count (a non-negative integer), got ${String(n)}`, { ontoReserveBytes: n });
+    if (!Number.isSafeInteger(n) || n < 0) invalid(`move.reserveBytes must be a byte count (a non-negative integer), got ${String(n)}`, { reserveBytes: n });
   }
   const byGpu = new Map<string, number[]>();
   remap.rankTargets.forEach((uuid, rank) => byGpu.set(uuid, [...(byGpu.get(uuid) ?? []), rank]));
@@ -205,7 +205,7 @@ export function checkRoom(remap: GpuRemap, devices: readonly GpuDevice[], weight
     const process = typeof processBytes === 'number' ? `${mib(processBytes)} per rank` : short.flatMap((r) => r.ranks.map((k) => `${mib(perRank(k))} for rank ${k}`)).join(', ');
     invalid(
       `not enough free memory on ${short.map((r) => `GPU ${r.ordinal} (${r.uuid}): ${mib(r.free!)} free, ${mib(r.needed)} needed for rank(s) ${r.ranks.join(', ')}`).join('; ')}. ` +
-        `Needed: ${process} for the process restore (ontoReserveBytes, else what the plugin measured, else an estimate) plus the rank's weights. Nothing was changed: the engine is still ` +
+        `Needed: ${process} for the process restore (move.reserveBytes, else what the plugin measured, else an estimate) plus the rank's weights. Nothing was changed: the engine is still ` +
         'deep-suspended on its own GPU(s). Free memory there, pick another GPU, or restore it without onto/gpuMap.',
       { reason: 'memory', gpus: short.map((r) => ({ ...r })), processBytes },
     );

@@ -156,7 +156,7 @@ export async function suspendEngine(store: RegionStore, name: string, client: En
 }
 
 function checkSuspendOptions(options: EngineSuspendOptions): void {
-  checkOptions('suspendEngine options', options, SUSPEND_OPTIONS, { resident: 'tiers.gpu', neighbour: 'tiers.neighbour', lockTimeoutMs: 'deep: { lockTimeoutMs }', checkpointBackend: 'hooks.checkpoint' });
+  checkOptions('suspendEngine options', options, SUSPEND_OPTIONS, { resident: 'tiers.gpu', neighbour: 'tiers.neighbour', lockTimeoutMs: 'deep: { lockTimeoutMs }' });
   checkOptions('suspendEngine options.tiers', options.tiers, TIER_KEYS);
   if (typeof options.tiers?.engine === 'object') checkOptions('suspendEngine options.tiers.engine', options.tiers.engine, ENGINE_TIER_KEYS);
   if (options.capture) checkCaptureOptions(options.capture, 'suspendEngine options.capture');

@@ -26,7 +26,6 @@ const MOVED = {
   queueTimeoutMs: 'queue.timeoutMs',
   materialize: 'recovery: { policy, materialize }',
   registry: 'metrics',
-  checkpointBackend: 'hooks.checkpoint',
 };
 const TIERS = ['ram', 'gpu', 'neighbour', 'multipath'];
 const ENGINE = ['name', 'client', 'snapshot', 'from', 'devices', 'memoryBytes', 'asleepBytes', 'pinned', 'idleTtlMs', 'group', 'weightsBytes', 'deepSuspend', 'movableTo', 'check'];
@@ -64,7 +63,7 @@ export function resolveOptions(options: SwapControllerOptions): SwapConfig {
   checkOptions('SwapController options', options, OPTIONS, MOVED);
   checkOptions('SwapController options.tiers', options.tiers, TIERS, { cache: 'tiers.ram', resident: 'tiers.gpu' });
   checkOptions('SwapController options.queue', options.queue, ['limit', 'timeoutMs'], { queueLimit: 'queue.limit', queueTimeoutMs: 'queue.timeoutMs' });
-  checkOptions('SwapController options.hooks', options.hooks, ['checkpoint'], { checkpointBackend: 'hooks.checkpoint' });
+  checkOptions('SwapController options.hooks', options.hooks, ['checkpoint'], {});
   const neighbour = options.tiers?.neighbour;
   if (neighbour !== undefined && !(neighbour instanceof NeighbourTier)) checkOptions('SwapController options.tiers.neighbour', neighbour, ['device', 'budgetBytes']);
   const engines: EngineSpec[] = [];

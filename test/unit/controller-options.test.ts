@@ -32,7 +32,6 @@ describe('SwapController options: unknown keys are refused with a hint', () => {
     ['queueTimeoutMs', 'queue.timeoutMs'],
     ['materialize', 'recovery: { policy, materialize }'],
     ['registry', 'metrics'],
-    ['checkpointBackend', 'hooks.checkpoint'],
   ])('%s: says where it went (%s)', async (key, now) => {
     const e = await refusal({ [key]: {} });
     expect(e.code).toBe('E_INVALID_ARGUMENT');
