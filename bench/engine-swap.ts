@@ -39,7 +39,7 @@
 // Bundle it into dist-gpu/ (the test helpers find test/fixtures from the package root above the
 // bundle) and run it as root, where test/gpu/run.sh has set VSNAP_REF_CUMEM_LIB:
 //   node dist-gpu/bench-engine-swap.mjs [--device cuda|host] [--layers 36] [--hidden 4096] [--reps 5]
-//     [--rows sweep,capture2,tier0,engine,ram,ram2,vllm-l1,pagecache,cold] [--neighbour 1] [--out bench/results] [--store /tmp/vsnap-swap-store]
+//     [--rows sweep,capture2,tier0,ram,ram2,vllm-l1,engine,pagecache,cold] [--neighbour 1] [--out bench/results] [--store /tmp/vsnap-swap-store]
 //     [--sweep-regions 36,252,1000,4000] [--sweep-gib 16] [--capture2-gib 16] [--ceiling dist-gpu/ceiling]
 //     [--vllm-cycles 3] [--hash-threads N] [--overlap none,kv,weights,all]
 // Writes <out>/engine-swap-<GiB>GiB.json (every swap) and .md, prints the table; progress on stderr.
@@ -70,10 +70,11 @@ const CHECK_OPTIONS = CHECK ? { check: { mode: CHECK[1] as 'prefill' | 'decode',
 
 type RowName = 'tier0' | 'engine' | 'ram' | 'ram2' | 'pagecache' | 'cold';
 type Tier = 'gpu' | 'neighbour' | 'ram' | 'store' | 'engine';
-const ROWS: readonly RowName[] = ['tier0', 'engine', 'ram', 'ram2', 'pagecache', 'cold'];
+// The RAM rows before the engine row (never run on a GPU before issue 25): a failure there cannot cost them.
+const ROWS: readonly RowName[] = ['tier0', 'ram', 'ram2', 'engine', 'pagecache', 'cold'];
 type ExtraRow = 'sweep' | 'capture2' | 'vllm-l1';
 const EXTRA: readonly ExtraRow[] = ['sweep', 'capture2', 'vllm-l1'];
-const ALL_ROWS = ['sweep', 'capture2', 'tier0', 'engine', 'ram', 'ram2', 'vllm-l1', 'pagecache', 'cold'];
+const ALL_ROWS = ['sweep', 'capture2', 'tier0', 'ram', 'ram2', 'vllm-l1', 'engine', 'pagecache', 'cold'];
 type Overlap = 'none' | 'kv' | 'weights' | 'all';
 const OVERLAPS: readonly Overlap[] = ['none', 'kv', 'weights', 'all'];
 /** The rows the overlap modes apply to (the others run without overlap). */
@@ -630,9 +631,9 @@ try {
   awake = 0;
   log(`suspended B in ${ms(suspendB.seconds)}${suspendB.captured ? ' (it captured again)' : ''}`);
 
-  // 3. The rows; vLLM's level-1 sleep after the RAM tier's (then before the page cache's).
+  // 3. The rows; vLLM's level-1 sleep after the RAM tier's (then before the engine row's and the page cache's).
   for (const row of rowsToRun) {
-    if (row === 'pagecache' || row === 'cold') await vllmRow();
+    if (row === 'engine' || row === 'pagecache' || row === 'cold') await vllmRow();
     rows.push(...(await runRow(row)));
   }
   await vllmRow();
