@@ -33,7 +33,8 @@ const HINTS: Partial<Record<ErrorCode | 'E_USAGE', Hint>> = {
   E_MANIFEST_MISMATCH: 'the engine does not match this snapshot (another model or layout): capture it with `vsnap snapshot <name> --force`',
   E_ENGINE_UNREACHABLE: (c) => (c === 'swap' ? 'is `vsnap serve` running at --agent <url> (or $VSNAP_AGENT_URL)?' : 'is the engine running at --engine <url> (or $VSNAP_ENGINE_URL)?'),
   E_ENGINE_HTTP: (c) => (c === 'swap' ? "pass the agent's control token with --token (or $VSNAP_CONTROL_TOKEN)" : "pass the engine's VSNAP_TOKEN with --token (or $VSNAP_TOKEN); `vsnap status --engine <url>` checks the connection"),
-  E_ENGINE_STATE: 'see `vsnap status --engine <url>`',
+  E_ENGINE_STATE: (c) =>
+    c === 'serve' ? "the engine's own output is above, each line prefixed with its model's name; check its `command:`, `args:` and `env:` in the --config file" : 'see `vsnap status --engine <url>`',
   E_NO_SPACE: 'free space with `vsnap rm <name>` and `vsnap gc`, or choose another --store',
   E_CUDA_UNAVAILABLE: '`vsnap doctor` says why; `vsnap demo --cpu` runs without a GPU',
   E_CHECKPOINT_UNSUPPORTED: '`vsnap doctor` shows checkpointApi; suspend without --deep',
