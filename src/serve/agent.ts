@@ -83,7 +83,7 @@ export interface SwapAgentOptions {
  * The HTTP agent (`vsnap serve`): an OpenAI-compatible proxy in front of the engines a
  * {@link SwapController} manages. `/v1/completions` and `/v1/chat/completions` go to the engine of
  * their `model`, woken as needed; answers (streamed ones too) pass through unbuffered.
- * `/v1/models` lists the models. Per-engine control routes in the vllm-snapshot style, behind a
+ * `/v1/models` lists the models, `/v1/models/{id}` answers one (OpenAI's model object, or its 404 error). Per-engine control routes in the vllm-snapshot style, behind a
  * bearer token: `POST /engines/:name/snapshot` (`?force=1`), `/suspend` (409 when not
  * restorable), `/restore`, `GET /engines/:name/snapshot_status`. Also `GET /metrics`
  * (Prometheus), `GET /healthz` (`degraded` with the engines that failed or are down), and a
@@ -114,6 +114,7 @@ export class SwapAgent {
       budget: new BodyBudget(options.maxInFlightBodyBytes ?? 256 * 1024 * 1024),
       board: new StatusBoard(options),
       publicStatus: options.publicStatus ?? !options.controlToken,
+      created: Math.floor(Date.now() / 1000),
     };
     const requestTimeout = options.requestTimeoutMs ?? 120_000;
     const headersTimeout = Math.min(options.headersTimeoutMs ?? 30_000, requestTimeout);
@@ -160,6 +161,13 @@ interface AgentContext {
   readonly budget: BodyBudget;
   readonly board: StatusBoard;
   readonly publicStatus: boolean;
+  /** When it started listening, in Unix seconds (the models' `created`). */
+  readonly created: number;
+}
+
+/** OpenAI's model object; `created` is when this agent started (the models have no other date here). */
+function modelObject(ctx: AgentContext, id: string): { id: string; object: 'model'; created: number; owned_by: string } {
+  return { id, object: 'model', created: ctx.created, owned_by: 'vsnap' };
 }
 
 function requireControl(options: SwapAgentOptions, req: IncomingMessage): void {
@@ -215,7 +223,14 @@ async function handle(ctx: AgentContext, req: IncomingMessage, res: ServerRespon
   if (path.startsWith('/v1/')) {
     if (options.apiKey && !bearerMatches(req.headers.authorization, options.apiKey)) throw new HttpError('E_UNAUTHORIZED', 'missing or wrong API key (send Authorization: Bearer <api key>)');
     if (get && path === '/v1/models') {
-      return send(res, 200, { object: 'list', data: controller.models().map((id) => ({ id, object: 'model', owned_by: 'vsnap' })) });
+      return send(res, 200, { object: 'list', data: controller.models().map((id) => modelObject(ctx, id)) });
+    }
+    if (get && path.startsWith('/v1/models/')) {
+      // the id may hold slashes (`meta-llama/Llama-3.1-8B`), sent raw or percent-encoded
+      const id = decodeSegment(path.slice('/v1/models/'.length));
+      if (controller.models().includes(id)) return send(res, 200, modelObject(ctx, id));
+      // OpenAI's answer for an id it does not serve
+      return send(res, 404, { error: { message: `The model '${id}' does not exist`, type: 'invalid_request_error', param: 'model', code: 'model_not_found' } });
     }
     if (req.method === 'POST' && (path === '/v1/completions' || path === '/v1/chat/completions')) return proxy(ctx, req, res, path);
     throw new HttpError('E_NOT_FOUND', `no route ${req.method} ${path}`);

@@ -238,6 +238,35 @@ interface ConfigIssue {
   line: number;
   column: number;
   message: string;
+  /** The message continues the path as a sentence ("models.x.port is required") instead of following a colon. */
+  sentence?: boolean;
+}
+
+/** Whether the value at `path` is absent: its parent is an object without that key. */
+function isMissing(root: unknown, path: ReadonlyArray<string | number>): boolean {
+  let node: unknown = root;
+  for (const key of path.slice(0, -1)) {
+    if (node === null || typeof node !== 'object') return false;
+    node = (node as Record<string | number, unknown>)[key];
+  }
+  return node !== null && typeof node === 'object' && !Object.prototype.hasOwnProperty.call(node, path[path.length - 1]!);
+}
+
+/** "a number", "an object", from zod's expected type. */
+function article(expected: string): string {
+  return `${/^[aeiou]/.test(expected) ? 'an' : 'a'} ${expected}`;
+}
+
+/**
+ * Where YAML's first error is the brace of an unquoted `${...}` (a plain scalar may hold braces in
+ * block style, but inside a flow collection `{` starts a mapping): that reference and its offset.
+ */
+function unquotedEnvInFlow(text: string, errorAt: number): { text: string; offset: number } | undefined {
+  for (const offset of [errorAt - 1, errorAt]) {
+    const m = /^\$\{[^}\s]*\}?/.exec(text.slice(Math.max(0, offset)));
+    if (offset >= 0 && m && m[0].length > 2) return { text: m[0], offset };
+  }
+  return undefined;
 }
 
 /** `${env:NAME}` anywhere in a string is replaced by that environment variable. */
@@ -276,6 +305,12 @@ export function parseConfig(text: string, source: string, env: NodeJS.ProcessEnv
   const lines = new LineCounter();
   const doc = parseDocument(text, { lineCounter: lines, prettyErrors: false }); // JSON is YAML too
   if (doc.errors.length) {
+    const unquoted = unquotedEnvInFlow(text, doc.errors[0]!.pos[0]);
+    if (unquoted) {
+      // one mistake, one problem: the parser's later errors all follow from this one
+      const at = lines.linePos(unquoted.offset);
+      throw configError(source, [{ path: '(syntax)', line: at.line, column: at.col, message: `${unquoted.text} is not quoted inside a flow mapping or list ({...} or [...]), where YAML reads its braces as a mapping: quote it: "${unquoted.text}"` }]);
+    }
     const issues = doc.errors.map((e) => {
       const at = lines.linePos(e.pos[0]);
       return { path: '(syntax)', line: at.line, column: at.col, message: e.message.split('\n')[0]! };
@@ -334,6 +369,10 @@ export function parseConfig(text: string, source: string, env: NodeJS.ProcessEnv
           const at = node ? lines.linePos(node) : { line: 0, col: 0 };
           // a record key's own message (zod wraps it in "Invalid key in record")
           const inner = i.code === 'invalid_key' ? i.issues[0]?.message : undefined;
+          // a key that is not there at all: "models.x.port is required (a number)", at the mapping that lacks it
+          if (i.code === 'invalid_type' && i.path.length > 0 && isMissing(raw, i.path as Array<string | number>)) {
+            return { path: i.path.join('.'), line: at.line, column: at.col, message: `is required (${article(i.expected)})`, sentence: true };
+          }
           return { path: i.path.join('.') || '(root)', line: at.line, column: at.col, message: inner ?? i.message };
         })),
   ];
@@ -404,6 +443,6 @@ function locate(doc: ReturnType<typeof parseDocument>, path: Array<string | numb
 }
 
 function configError(source: string, issues: ConfigIssue[]): VsnapError {
-  const lines = issues.map((i) => `  ${source}${i.line ? `:${i.line}:${i.column}` : ''} ${i.path}: ${i.message}`);
+  const lines = issues.map((i) => `  ${source}${i.line ? `:${i.line}:${i.column}` : ''} ${i.path}${i.sentence ? ' ' : ': '}${i.message}`);
   return new VsnapError('E_CONFIG', `the configuration is invalid (${issues.length} problem${issues.length === 1 ? '' : 's'}):\n${lines.join('\n')}`, { issues });
 }

@@ -11,7 +11,7 @@ import { checkPorts, type ServeConfig } from './config.js';
 import { SwapController, type SwapEvent } from '../swap/controller.js';
 import { EngineRecord } from './engine-record.js';
 import { ModelReadinessBoard, type ModelReadinessSource } from './model-readiness.js';
-import { Supervisor, type SupervisorOptions } from './supervisor.js';
+import { checkCommand, Supervisor, type SupervisorOptions } from './supervisor.js';
 import { budgetsOf, bytesOf, controllerOptionsOf } from './controller-options.js';
 
 const GiB = 2 ** 30;
@@ -85,6 +85,8 @@ export async function serve(config: ServeConfig, options: ServeOptions = {}): Pr
     log(`vsnap: stopped engine '${l.name}' (pid ${l.pid}, ${l.processes} process(es)${l.killed ? ', SIGKILL after the grace period' : ''}), left running by a vsnap serve that died`);
   }
   await checkPorts(config);
+  // an engine command that is not there is a mistake in the configuration: said before anything starts
+  for (const [name, m] of Object.entries(config.models)) if (m.command) checkCommand({ name, command: m.command, env: m.env });
   // Models with a registry source (CA and credentials from the environment): read before anything starts.
   const registry = Object.values(config.models).some((m) => m.registry) ? new Registry(registryOptionsFromEnv()) : undefined;
   const store = await RegionStore.open(config.store);

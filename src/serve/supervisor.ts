@@ -1,5 +1,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { EventEmitter } from 'node:events';
+import { accessSync, constants as fsConstants, statSync } from 'node:fs';
+import { delimiter, join, resolve } from 'node:path';
 import { createInterface } from 'node:readline';
 import { setTimeout as sleep } from 'node:timers/promises';
 
@@ -72,6 +74,8 @@ interface Running {
   restarts: number;
   stopping: boolean;
   status: EngineProcessState['status'];
+  /** Why spawn itself failed (ENOENT, EACCES), when it did. */
+  spawnError?: NodeJS.ErrnoException;
 }
 
 /**
@@ -112,10 +116,13 @@ export class Supervisor extends EventEmitter {
 
   /**
    * Boots the engines one at a time. `onReady(name)` runs after each is healthy, before the next
-   * starts; `onRestart(name)` after an engine came back from a crash.
+   * starts; `onRestart(name)` after an engine came back from a crash. Throws E_CONFIG before
+   * starting any when an engine's command is not an executable (on its PATH, or at its path).
    */
   async start(hooks: { onReady?: (name: string) => Promise<void>; onRestart?: (name: string) => Promise<void> } = {}): Promise<void> {
     this.onRestart = hooks.onRestart;
+    // a command that is not there is said for every engine before any starts (not as an exit code later)
+    for (const running of this.engines.values()) checkCommand(running.spec);
     process.once('exit', this.killOnExit);
     for (const running of this.engines.values()) {
       if (this.stopped) throw new VsnapError('E_ABORTED', `the boot was stopped before engine '${running.spec.name}' started`, { engine: running.spec.name });
@@ -158,13 +165,17 @@ export class Supervisor extends EventEmitter {
     const [command, args] = wrapper ? [wrapper.program, wrapper.args(signal, spec.command, spec.args)] : [spec.command, [...spec.args]];
     const child = spawn(command, args, { env: { ...process.env, ...(spec.env ?? {}) }, stdio: ['ignore', 'pipe', 'pipe'], detached: true });
     running.child = child;
+    delete running.spawnError;
     if (child.pid !== undefined) this.emit('spawn', { name: spec.name, pid: child.pid });
     running.status = 'starting';
     const log = this.options.log ?? ((name: string, line: string) => process.stderr.write(`[${name}] ${line}\n`));
     for (const stream of [child.stdout, child.stderr]) {
       if (stream) createInterface({ input: stream }).on('line', (line) => log(spec.name, line));
     }
-    child.on('error', (err) => log(spec.name, `could not start ${spec.command}: ${err.message}`));
+    child.on('error', (err: NodeJS.ErrnoException) => {
+      running.spawnError = err;
+      log(spec.name, `could not start ${spec.command}: ${err.message}`);
+    });
     child.on('exit', (code, signal) => {
       this.emit('exit', { name: spec.name, code, signal, pid: child.pid });
       if (running.stopping || this.stopped) {
@@ -208,6 +219,11 @@ export class Supervisor extends EventEmitter {
       const child = running.child;
       if (this.stopped) throw new VsnapError('E_ABORTED', `engine '${spec.name}' was stopped before it was healthy`, { engine: spec.name });
       if (child && (child.exitCode !== null || child.signalCode !== null)) {
+        // spawn's ENOENT (exit code -2), or the parent-death wrapper's "cannot execute" (127: setpriv and shells)
+        if (running.spawnError?.code === 'ENOENT' || child.exitCode === 127) checkCommand(spec);
+        if (running.spawnError) {
+          throw new VsnapError('E_ENGINE_STATE', `engine '${spec.name}': its command '${spec.command}' could not be started (${running.spawnError.code ?? running.spawnError.message}); check \`command:\` for ${spec.name} in the configuration`, { engine: spec.name, command: spec.command });
+        }
         const how = child.exitCode !== null ? `code ${child.exitCode}` : child.signalCode!;
         throw new VsnapError('E_ENGINE_STATE', `engine '${spec.name}' exited (${how}) before it was healthy; see its log lines above`, { engine: spec.name });
       }
@@ -240,6 +256,30 @@ export class Supervisor extends EventEmitter {
       await exited;
     }
   }
+}
+
+/**
+ * Throws E_CONFIG naming the engine and its command when the command is not an executable file:
+ * a path (with a slash) from this process's directory, else a name on the PATH the engine gets.
+ * @internal
+ */
+export function checkCommand(spec: Pick<SupervisedEngine, 'name' | 'command' | 'env'>): void {
+  const path = spec.env?.PATH ?? process.env.PATH ?? '';
+  const candidates = spec.command.includes('/') ? [resolve(spec.command)] : path.split(delimiter).filter((d) => d !== '').map((d) => join(d, spec.command));
+  for (const file of candidates) {
+    try {
+      accessSync(file, fsConstants.X_OK);
+      if (statSync(file).isFile()) return;
+    } catch {
+      // not here
+    }
+  }
+  const where = spec.command.includes('/') ? `no executable file at ${resolve(spec.command)}` : `not found on PATH (${path || 'empty'})`;
+  throw new VsnapError(
+    'E_CONFIG',
+    `engine '${spec.name}': its command '${spec.command}' was not found: ${where}. Set \`command:\` for ${spec.name} in the configuration to the engine's program (a name on PATH, or an absolute path)`,
+    { engine: spec.name, command: spec.command },
+  );
 }
 
 /** Signals the child's whole process group (it leads one: `detached`), so its workers stop with it. */

@@ -231,3 +231,28 @@ describe('Supervisor: engines die with the process that started them (SIGKILL in
     expect(orphan.stdout).toBe('');
   });
 });
+
+describe('Supervisor: engine commands', () => {
+  it('an engine command that does not exist is an E_CONFIG naming it and the model, before any engine starts (with or without the parent-death wrapper)', async () => {
+    for (const parentDeathSignal of [false, 'SIGTERM'] as const) {
+      const port = await freePort();
+      const spawned: string[] = [];
+      const sup = new Supervisor(
+        [
+          { name: 'first', ...fakeEngine(port) },
+          { name: 'llama', command: 'vsnap-no-such-engine', args: ['serve'], url: 'http://127.0.0.1:9' },
+        ],
+        { parentDeathSignal, log: () => undefined },
+      );
+      cleanup.push(() => sup.stop());
+      sup.on('spawn', (e: { name: string }) => spawned.push(e.name));
+      const err = await sup.start().then(() => undefined, (e: unknown) => e as { code: string; message: string });
+      expect(err?.code).toBe('E_CONFIG');
+      expect(err?.message).toMatch(/engine 'llama': its command 'vsnap-no-such-engine' was not found: not found on PATH \(.*\)\. Set `command:` for llama in the configuration/);
+      expect(err?.message).not.toMatch(/exited|code -2|127/);
+      expect(spawned).toEqual([]); // said before the first engine was started
+    }
+    const relative = new Supervisor([{ name: 'm', command: './bin/nope', args: [], url: 'http://127.0.0.1:9' }], { log: () => undefined });
+    await expect(relative.start()).rejects.toMatchObject({ code: 'E_CONFIG', message: expect.stringMatching(/its command '\.\/bin\/nope' was not found: no executable file at \/.*\/bin\/nope/) as string });
+  });
+});
