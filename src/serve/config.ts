@@ -2,7 +2,6 @@ import { readFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 
 import { isScalar, LineCounter, parseDocument, visit } from 'yaml';
-import type { z } from 'zod';
 
 import { VsnapError } from '../errors.js';
 import { snapshotNameFor } from '../store/names.js';
