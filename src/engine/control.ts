@@ -1,7 +1,8 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 
 import { VsnapError } from '../errors.js';
-import { RUST_FRONTEND_HINT, type CallOptions, type EngineClient, type EngineStatus, type QueuedRequestsPolicy } from './engine-client.js';
+import type { CallOptions, EngineClient, EngineStatus, QueuedRequestsPolicy } from './engine-client.js';
+import { RUST_FRONTEND_HINT } from './schemas.js';
 import { VsnapStatusSchema } from './schemas.js';
 
 /**

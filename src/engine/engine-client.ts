@@ -21,7 +21,6 @@ import {
 import type { CallOptions, CompletionResult, EngineClientOptions, EngineStatus, QueuedRequestsPolicy } from './types.js';
 
 export type { CallOptions, CompletionResult, EngineClientOptions, EngineStatus, QueuedRequestsPolicy } from './types.js';
-export { RUST_FRONTEND_HINT } from './schemas.js';
 
 const LONG_CALL_MS = 10 * 60_000;
 
