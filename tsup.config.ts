@@ -1,6 +1,6 @@
 import { defineConfig } from 'tsup';
 
-// The library (ESM + CJS + types) and the CLI (one ESM bundle with a shebang).
+// The library (ESM + CJS + types: the root, vsnap/plumbing and vsnap/serve) and the CLI (one ESM bundle with a shebang).
 // `npm run build` (scripts/build.mjs) empties dist/ first, so neither config cleans the other's output.
 // Source maps ship without the sources inside them (sourcesContent): src/ is not published, and
 // embedding it made the maps 39% of the unpacked package; the mappings alone still let
@@ -10,7 +10,7 @@ const noSourcesContent = (options: { sourcesContent?: boolean }): void => {
 };
 export default defineConfig([
   {
-    entry: { index: 'src/index.ts' },
+    entry: { index: 'src/index.ts', plumbing: 'src/plumbing.ts', 'serve/index': 'src/serve/index.ts' },
     format: ['esm', 'cjs'],
     dts: true,
     sourcemap: true,

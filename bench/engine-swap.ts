@@ -3,7 +3,7 @@
 // asleep, swapped back and forth end to end, once for each tier a restore can come from:
 //   tier0      weights kept on the GPU across sleep (ResidentWeights) and mapped back: no copy
 //   engine     the engine's own tier 0: weights never leave its mapping, only the KV cache is
-//              released (suspendEngineKeepingWeights / resumeEngineKeptWeights, vLLM's
+//              released (suspendEngine / restoreEngine with tiers.engine, vLLM's
 //              release_kv_cache_memory): no export, no mapping, no copy
 //   ram        hot: both snapshots held in the pinned RAM tier (HostCache): one bulk DMA
 //   pagecache  warm disk: no cache, the blobs read from the page cache
@@ -28,10 +28,18 @@
 // both with overlapKvWake). Rows of another mode than `none` are labelled with it.
 // `ram2`: the ram row with every restore over two PCIe links (restoreEngine's multipath: part of
 // the bytes host -> GPU `--neighbour` -> NVLink peer copy), skipped where that GPU is missing.
+// Issue 25 (restores at the PCIe limit): the report opens with its targets, each against a ceiling
+// or reference measured in the same run (bench/swap-report.ts targetsTable): the RAM-tier restore
+// without the check <= 1.05x the bytes alone (raw pinned H2D of the engine's own regions, run by
+// the ceiling program before the RAM rows; without it the sweep's nearest layout), also per phase
+// (bytesAloneTable); the same restore <= 0.95x vLLM's level-1 /wake_up (the vllm-l1 row), with the
+// pinned host memory each holds per sleeping engine; the RAM-tier swap <= 0.45 s and the SDK-held
+// tier-0 swap <= 0.08 s (beside the engine row), serial and per overlap mode; the sweep's restore
+// via exported fds, 4,000 regions <= 1.1x of 36.
 // Bundle it into dist-gpu/ (the test helpers find test/fixtures from the package root above the
 // bundle) and run it as root, where test/gpu/run.sh has set VSNAP_REF_CUMEM_LIB:
 //   node dist-gpu/bench-engine-swap.mjs [--device cuda|host] [--layers 36] [--hidden 4096] [--reps 5]
-//     [--rows sweep,capture2,tier0,engine,ram,ram2,vllm-l1,pagecache,cold] [--neighbour 1] [--out bench/results] [--store /tmp/vsnap-swap-store]
+//     [--rows sweep,capture2,tier0,ram,ram2,vllm-l1,engine,pagecache,cold] [--neighbour 1] [--out bench/results] [--store /tmp/vsnap-swap-store]
 //     [--sweep-regions 36,252,1000,4000] [--sweep-gib 16] [--capture2-gib 16] [--ceiling dist-gpu/ceiling]
 //     [--vllm-cycles 3] [--hash-threads N] [--overlap none,kv,weights,all]
 // Writes <out>/engine-swap-<GiB>GiB.json (every swap) and .md, prints the table; progress on stderr.
@@ -41,30 +49,13 @@ import { cpus, tmpdir } from 'node:os';
 import { basename, dirname, join } from 'node:path';
 import { isDeepStrictEqual, parseArgs } from 'node:util';
 
-import {
-  captureEngine,
-  cudaStatus,
-  EngineClient,
-  type EngineRestoreOptions,
-  type EngineSuspendOptions,
-  HostCache,
-  listDevices,
-  type Manifest,
-  RegionStore,
-  releaseIdleResources,
-  ResidentWeights,
-  restoreEngine,
-  resumeEngineKeptWeights,
-  Snapshot,
-  suspendEngine,
-  suspendEngineKeepingWeights,
-  swapEngines,
-} from '../src/index.js';
+import { captureEngine, cudaStatus, EngineClient, type EngineRestoreOptions, type EngineSuspendOptions, HostCache, type Manifest, RegionStore, ResidentWeights, restoreEngine, Snapshot, suspendEngine, swapEngines } from '../src/index.js';
+import { listDevices, releaseIdleResources } from '../src/plumbing.js';
 import { packageRoot } from '../src/native/index.js';
 import { askCapital, pluginSitePath, startEngine, type TestEngine } from '../test/helpers/engine.js';
 import { type Capture2Result, capture2Table, runCapture2 } from './capture-two-gpu.js';
-import { overlapTable, type PhaseRow, phaseTable, sweepTable, targetsTable, vllmTable } from './swap-report.js';
-import { runSweep, type SweepRow } from './swap-sweep.js';
+import { bytesAloneOf, bytesAloneTable, type ModeRow, overlapTable, type PhaseRow, phaseTable, sweepTable, targetsTable, vllmTable } from './swap-report.js';
+import { type Ceiling, runCeiling, runSweep, type SweepRow } from './swap-sweep.js';
 import { gpuBytesOf, runVllmLevel1, type VllmLevel1Result } from './swap-vllm.js';
 
 const MiB = 1024 * 1024;
@@ -79,10 +70,11 @@ const CHECK_OPTIONS = CHECK ? { check: { mode: CHECK[1] as 'prefill' | 'decode',
 
 type RowName = 'tier0' | 'engine' | 'ram' | 'ram2' | 'pagecache' | 'cold';
 type Tier = 'gpu' | 'neighbour' | 'ram' | 'store' | 'engine';
-const ROWS: readonly RowName[] = ['tier0', 'engine', 'ram', 'ram2', 'pagecache', 'cold'];
+// The RAM rows before the engine row (never run on a GPU before issue 25): a failure there cannot cost them.
+const ROWS: readonly RowName[] = ['tier0', 'ram', 'ram2', 'engine', 'pagecache', 'cold'];
 type ExtraRow = 'sweep' | 'capture2' | 'vllm-l1';
 const EXTRA: readonly ExtraRow[] = ['sweep', 'capture2', 'vllm-l1'];
-const ALL_ROWS = ['sweep', 'capture2', 'tier0', 'engine', 'ram', 'ram2', 'vllm-l1', 'pagecache', 'cold'];
+const ALL_ROWS = ['sweep', 'capture2', 'tier0', 'ram', 'ram2', 'vllm-l1', 'engine', 'pagecache', 'cold'];
 type Overlap = 'none' | 'kv' | 'weights' | 'all';
 const OVERLAPS: readonly Overlap[] = ['none', 'kv', 'weights', 'all'];
 /** The rows the overlap modes apply to (the others run without overlap). */
@@ -262,6 +254,11 @@ let sweep: { rows: SweepRow[]; cacheCreateSeconds: number; ceilingNote: string |
 let capture2: Capture2Result | null = null;
 let vllmLevel1: VllmLevel1Result | null = null;
 let ramTierBytes: number | null = null;
+/** Raw pinned H2D of the engine's own regions (bench/ceiling.cu), measured before the RAM rows: target 1's "bytes alone". */
+let engineCeiling: Ceiling | null = null;
+/** Why there is no engineCeiling, where it was tried and failed. */
+let engineCeilingNote: string | null = null;
+let engineCeilingTried = false;
 let failure: unknown;
 
 /** How a row swaps: the options of both halves, the tier the restore must come from, and what to do first. */
@@ -365,14 +362,15 @@ async function swapKept(index: number, warmup: boolean): Promise<SwapRecord> {
   const from = sides[awake]!;
   const to = sides[1 - awake]!;
   const t0 = performance.now();
-  const suspended = await suspendEngineKeepingWeights(from.client);
+  await suspendEngine(store, from.name, from.client, { tiers: { engine: true } });
   const suspendSeconds = since(t0);
   const expected = to.snapshot!.manifest.data.expectedResponse;
-  const restoreSeconds = await resumeEngineKeptWeights(to.client, expected ? { expected } : {});
+  const resumed = await restoreEngine({ store, name: to.name }, to.client, { tiers: { engine: expected ? { expected } : true } });
+  const restoreSeconds = resumed.seconds;
   const wallSeconds = since(t0);
   awake = 1 - awake;
   const after = await afterSwap('engine', index, from, to);
-  log(`[engine]${warmup ? ' warm-up' : ''} swap ${index} ${from.label}->${to.label}: ${ms(wallSeconds)} (suspend ${ms(suspendSeconds)} via ${suspended.via}; resume ${ms(restoreSeconds)})`);
+  log(`[engine]${warmup ? ' warm-up' : ''} swap ${index} ${from.label}->${to.label}: ${ms(wallSeconds)} (suspend ${ms(suspendSeconds)}; resume ${ms(restoreSeconds)})`);
   return {
     row: 'engine',
     overlap: 'none',
@@ -401,7 +399,7 @@ async function swapKept(index: number, warmup: boolean): Promise<SwapRecord> {
 async function runKeptSwaps(result: RowResult): Promise<void> {
   const parked = sides[awake]!;
   const other = sides[1 - awake]!;
-  await suspendEngineKeepingWeights(parked.client);
+  await suspendEngine(store, parked.name, parked.client, { tiers: { engine: true } });
   await restoreEngine(other.snapshot!, other.client, {});
   awake = 1 - awake;
   try {
@@ -411,7 +409,7 @@ async function runKeptSwaps(result: RowResult): Promise<void> {
     const last = sides[awake]!;
     const kept = sides[1 - awake]!;
     await suspendEngine(store, last.name, last.client, {});
-    await resumeEngineKeptWeights(kept.client);
+    await restoreEngine({ store, name: kept.name }, kept.client, { tiers: { engine: true } });
     awake = 1 - awake;
   }
 }
@@ -450,6 +448,27 @@ function summarise(result: RowResult): void {
     asleepGpuBytesMedian: medianOf(measured.flatMap((s) => (typeof s.asleepGpuBytes === 'number' ? [s.asleepGpuBytes] : []))),
     tiers: [...new Set(measured.map((s) => s.tier))],
   };
+}
+
+/**
+ * Target 1's "bytes alone": raw pinned H2D of the engine's own region sizes (its snapshot's), in
+ * the ceiling program's own process, before the RAM tier pins its memory (the awake engine holds
+ * its weights meanwhile; the ceiling needs as much GPU memory again, and as much pinned host
+ * memory). Without the binary, the sweep's layout nearest the engine's region count stands in.
+ */
+function measureEngineCeiling(): void {
+  const sizes = [...sides[0]!.snapshot!.manifest.regions()].map(({ region }) => region.size);
+  engineCeilingTried = true;
+  const t = performance.now();
+  try {
+    engineCeiling = runCeiling(args.ceiling, sizes, Math.min(reps, 5));
+    if (!engineCeiling) engineCeilingNote = `no ceiling binary at ${args.ceiling} (bench/run.sh builds it with nvcc)`;
+  } catch (err) {
+    engineCeilingNote = `the ceiling program failed: ${(err as Error).message.split('\n')[0]}`;
+  }
+  log(engineCeiling
+    ? `[ram] raw pinned H2D of the engine's ${sizes.length} regions (${gib(engineCeiling.bytes)} GiB): ${engineCeiling.h2dGBps.max} GB/s best, ${engineCeiling.h2dGBps.median} median (pinned in ${engineCeiling.pinSeconds.toFixed(1)} s; ${since(t).toFixed(1)} s in all)`
+    : `[ram] no raw H2D of the engine's regions: ${engineCeilingNote}`);
 }
 
 /** The RAM tier's bytes for a snapshot (HostCache places every region at a 4 KiB boundary). */
@@ -497,7 +516,7 @@ async function runRow(row: RowName): Promise<RowResult[]> {
     const resident = new ResidentWeights();
     try {
       // After the two warm-up swaps, the engine asleep is always held: every measured restore maps its weights back.
-      await each({ suspend: { resident }, restore: { resident }, tier: 'gpu' });
+      await each({ suspend: { tiers: { gpu: resident } }, restore: { tiers: { gpu: resident } }, tier: 'gpu' });
       result.setup.residentBytesAfterRow = resident.bytes;
     } finally {
       resident.close(); // the engine asleep now restores from the store or the RAM tier in the next rows
@@ -509,6 +528,7 @@ async function runRow(row: RowName): Promise<RowResult[]> {
       log(`[ram2] skipped: ${result.skipped}`);
       return [result];
     }
+    if (device === 'cuda' && !engineCeilingTried) measureEngineCeiling();
     const budgetBytes = sides.reduce((n, s) => n + cacheBytes(s.snapshot!.manifest), 0) + 64 * MiB;
     ramTierBytes = budgetBytes;
     let t = performance.now();
@@ -520,7 +540,7 @@ async function runRow(row: RowName): Promise<RowResult[]> {
       for (const s of sides) await cache.load(store, s.snapshot!.manifest);
       result.setup.cacheLoadSeconds = since(t);
       log(`[ram] HostCache of ${gib(budgetBytes)} GiB (${cache.pinned ? 'pinned' : 'not pinned'}) created in ${ms(result.setup.cacheCreateSeconds)}, both snapshots loaded in ${ms(result.setup.cacheLoadSeconds)}`);
-      await each({ suspend: {}, restore: { cache, ...(row === 'ram2' ? { multipath: { neighbour } } : {}) }, tier: 'ram' });
+      await each({ suspend: {}, restore: { tiers: { ram: cache, ...(row === 'ram2' ? { multipath: { neighbour } } : {}) } }, tier: 'ram' });
     } finally {
       cache.close();
     }
@@ -539,7 +559,7 @@ async function runRow(row: RowName): Promise<RowResult[]> {
       const err = dropCaches();
       if (err !== null) throw new Error(`dropping the page cache failed: ${err}`);
     };
-    await runSwaps(result, { suspend: {}, restore: { directIo: true }, tier: 'store', beforeSwap });
+    await runSwaps(result, { suspend: {}, restore: { transfer: { directIo: true } }, tier: 'store', beforeSwap });
   }
   if (!result.summary) summarise(result);
   return results;
@@ -611,9 +631,9 @@ try {
   awake = 0;
   log(`suspended B in ${ms(suspendB.seconds)}${suspendB.captured ? ' (it captured again)' : ''}`);
 
-  // 3. The rows; vLLM's level-1 sleep after the RAM tier's (then before the page cache's).
+  // 3. The rows; vLLM's level-1 sleep after the RAM tier's (then before the engine row's and the page cache's).
   for (const row of rowsToRun) {
-    if (row === 'pagecache' || row === 'cold') await vllmRow();
+    if (row === 'engine' || row === 'pagecache' || row === 'cold') await vllmRow();
     rows.push(...(await runRow(row)));
   }
   await vllmRow();
@@ -657,6 +677,9 @@ const result = {
   capture2,
   vllmLevel1,
   ramTierBytes,
+  ramTierEngineBytes: sides[0]?.snapshot ? cacheBytes(sides[0].snapshot.manifest) : null,
+  engineCeiling,
+  engineCeilingNote,
   ...(failure ? { error: failure instanceof Error ? (failure.stack ?? failure.message) : String(failure) } : {}),
 };
 
@@ -706,29 +729,34 @@ lines.push(
 );
 if (rows.length === 0) lines.length = 0; // no engine rows: only the tables below
 const byRow = (row: RowName): PhaseRow | undefined => phased.find((p) => p.label === LABEL[row]);
-// The raw H2D of the sweep's layout closest to the engines' region count stands for the engines' ceiling.
-const engineRegions = sides[0]?.regions ?? 0;
-const nearest = sweep?.rows.filter((r) => r.ceiling).sort((x, y) => Math.abs(x.regions - engineRegions) - Math.abs(y.regions - engineRegions))[0];
+/** A row's results per overlap mode, in the order they ran (none first). */
+const modeRows = (row: RowName): ModeRow[] =>
+  rows.flatMap((r) => {
+    const p = r.row === row ? phased.find((x) => x.label === r.label) : undefined;
+    return p ? [{ overlap: r.overlap, row: p }] : [];
+  });
+const bytesAlone = bytesAloneOf(bytes, sides[0]?.regions ?? 0, engineCeiling, sweep?.rows ?? null);
+const ramTierEngineBytes = sides[0]?.snapshot ? cacheBytes(sides[0].snapshot.manifest) : null;
 const targets = targetsTable({
-  ram: byRow('ram'),
-  ram2: byRow('ram2'),
-  tier0: byRow('tier0'),
-  engine: byRow('engine'),
-  ramHydrateGBps: rows.find((r) => r.row === 'ram' && r.overlap === 'none')?.summary?.hydrateGBpsMedian ?? null,
-  overlapped: rows.flatMap((r) => (r.overlap !== 'none' && (r.row === 'ram' || r.row === 'ram2' || r.row === 'tier0') && r.summary?.swapSeconds ? [{ row: r.row, overlap: r.overlap, swapMedian: r.summary.swapSeconds.median }] : [])),
-  h2dCeiling: nearest?.ceiling ? { GBps: nearest.ceiling.h2dGBps.max, regions: nearest.regions } : null,
   engineBytes: bytes,
+  ram: modeRows('ram'),
+  ram2: modeRows('ram2'),
+  tier0: modeRows('tier0'),
+  engine: byRow('engine'),
+  bytesAlone,
   sweep: sweep?.rows ?? null,
-  capture2,
   vllm: vllmLevel1,
+  ramTierEngineBytes: rows.some((r) => r.row === 'ram' && r.summary) ? ramTierEngineBytes : null,
 });
+const perPhase = bytesAloneTable(modeRows('ram'), bytesAlone);
+if (perPhase) lines.unshift(perPhase, '');
 if (targets) lines.unshift(targets, '');
 result.targets = targets || null;
 for (const t of [
   sweep ? sweepTable(sweep.rows, `${device}${gpu ? `, ${gpu.name}` : ''}`, sweep.ceilingNote) : '',
   overlapTable(rows.flatMap((r) => (OVERLAP_ROWS.includes(r.row) && r.summary ? [{ row: LABEL[r.row], overlap: r.overlap, swapMedian: r.summary.swapSeconds?.median ?? null, suspendMedian: r.summary.suspendSeconds?.median ?? null, restoreMedian: r.summary.restoreSeconds?.median ?? null, wakeKvCache: r.summary.phasesMedian.wakeKvCache ?? null, awaitRoom: r.summary.phasesMedian.awaitRoom ?? null }] : []))),
   capture2Table(capture2),
-  vllmTable(vllmLevel1, byRow('ram'), byRow('tier0'), ramTierBytes, byRow('ram2')),
+  vllmTable(vllmLevel1, byRow('ram'), byRow('tier0'), ramTierBytes, byRow('ram2'), ramTierEngineBytes),
 ]) {
   if (t) lines.push('', t);
 }

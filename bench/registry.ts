@@ -7,7 +7,8 @@ import { mkdirSync, mkdtempSync, rmSync, statSync, writeFileSync } from 'node:fs
 import { cpus, tmpdir } from 'node:os';
 import { join } from 'node:path';
 
-import { HostRegion, RegionStore, Registry, Snapshot } from '../src/index.js';
+import { RegionStore, Registry, Snapshot } from '../src/index.js';
+import { HostRegion } from '../src/plumbing.js';
 import { hashFile } from '../src/registry/push.js';
 import { startRegistry } from '../test/helpers/registry.js';
 

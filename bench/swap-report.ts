@@ -1,7 +1,8 @@
-// Markdown tables of `npm run bench -- swap` for the rows of issue 14: the phase breakdown per
-// swap, the region-count sweep, the two-GPU capture and vLLM's level-1 sleep beside vsnap.
-import { type Capture2Result, capture2Target } from './capture-two-gpu.js';
-import type { SweepRow } from './swap-sweep.js';
+// Markdown tables of `npm run bench -- swap`: the targets of issue 25 (each against its ceiling
+// or reference measured in the same run), the RAM-tier restore per phase against the bytes alone,
+// the phase breakdown per swap, the region-count sweep and vLLM's level-1 sleep beside vsnap (the
+// two-GPU capture's table is bench/capture-two-gpu.ts's).
+import type { Ceiling, SweepRow } from './swap-sweep.js';
 import type { VllmLevel1Result } from './swap-vllm.js';
 
 const GiB = 2 ** 30;
@@ -39,7 +40,7 @@ export function phaseTable(rows: readonly PhaseRow[]): string {
   if (rows.length === 0) return '';
   const sus = ordered(rows.flatMap((r) => Object.keys(r.suspendPhases)), SUSPEND_ORDER);
   const res = ordered(rows.flatMap((r) => Object.keys(r.restorePhases)), RESTORE_ORDER);
-  const head = ['phases, medians in ms', 'swap', 'suspend', ...sus.map((n) => `s.${n}`), 'restore', ...res.map((n) => `r.${n}`), 'restore w/o check'];
+  const head = ['phases, medians in ms', 'swap', 'suspend', ...sus.map((n) => `s.${n}`), 'restore', ...res.map((n) => `r.${n}${n === 'verifyDigests' ? ' (waited)' : ''}`), 'restore w/o check'];
   const lines = [`| ${head.join(' | ')} |`, `|---|${head.slice(1).map(() => '---:').join('|')}|`];
   for (const r of rows) {
     lines.push(
@@ -47,7 +48,13 @@ export function phaseTable(rows: readonly PhaseRow[]): string {
         `${msCell(r.restoreMedian ?? undefined)} | ${res.map((n) => msCell(r.restorePhases[n])).join(' | ')} | ${msCell(withoutCheck(r.restoreMedian, r.restorePhases) ?? undefined)} |`,
     );
   }
-  lines.push('', 's.* = suspendEngine phases, r.* = restoreEngine phases (each the median over the row\'s measured swaps, so the phases need not add up to the median total exactly).');
+  lines.push(
+    '',
+    's.* = suspendEngine phases, r.* = restoreEngine phases (each the median over the row\'s measured swaps, so the phases need not add up to the median total exactly). ' +
+      (res.includes('verifyDigests')
+        ? 'r.verifyDigests (waited): only the digest time the restore waited for. From the RAM tier the GPU digest of the regions holding the first 85% of the bytes runs while the rest is copied (Snapshot.restore, src/snapshot/copy-overlap.ts): that part is inside r.hydrate, and r.verifyDigests holds the tail\'s digest and whatever of the head\'s outlasted the copy.'
+        : ''),
+  );
   return lines.join('\n');
 }
 
@@ -72,8 +79,9 @@ export function sweepTable(rows: readonly SweepRow[], device: string, note: stri
   const worstImported = rows.every((r) => r.imported) ? Math.max(...rows.map((r) => r.imported!.vsFirst ?? 0)) : null;
   lines.push(
     '',
-    `Target (issue 14): every count within 10% of the ${n0}-region time; this run: worst ${f(worst)}x mapped (${worst <= 1.1 ? 'met' : 'not met'})` +
-      (worstImported === null ? '' : `, ${f(worstImported)}x via fds (${worstImported <= 1.1 ? 'met' : 'not met'})`) +
+    `Target (issue 25): restore via exported fds of 4,000 regions within ${TARGETS.fdsRegions}x of 36 (16 GiB); this run: ` +
+      (worstImported === null ? 'no restore via fds' : `worst ${f(worstImported)}x via fds (${worstImported <= TARGETS.fdsRegions ? 'met' : 'not met'})`) +
+      ` (mapped without fds, every count against ${n0}: worst ${f(worst)}x)` +
       `. Snapshot.restore from the pinned RAM tier into one device allocation per region, median of the reps after one warm-up; "via fds" exports each allocation as a POSIX fd, then does what restoreEngine does with an engine's export: one region set over the fds (imported and mapped in restoreEngine's form: pipelined unless VSNAP_REGION_MAPPING says otherwise), the copy and its GPU digest through it, timed from the first import to the verified copy (the engine's export, which the plugin does in the engine process, is timed as the same exports in one process). ` +
       `Not the reference engine: its regions are PyTorch caching-allocator segments, and every request under 10 MiB shares a 20 MiB segment, so 16 GiB in 4,000 own segments (4.2 MiB) cannot be made there.` +
       (note ? ` Ceiling: ${note}.` : ''),
@@ -82,7 +90,7 @@ export function sweepTable(rows: readonly SweepRow[], device: string, note: stri
 }
 
 /** vLLM's level-1 row beside vsnap's RAM-tier and tier-0 restores of the same engines, same run. */
-export function vllmTable(v: VllmLevel1Result | null, ram: PhaseRow | undefined, tier0: PhaseRow | undefined, hostCacheBytes: number | null, ram2?: PhaseRow): string {
+export function vllmTable(v: VllmLevel1Result | null, ram: PhaseRow | undefined, tier0: PhaseRow | undefined, hostCacheBytes: number | null, ram2?: PhaseRow, perEngineBytes?: number | null): string {
   if (!v) return '';
   if (v.skipped || !v.summary) return `| vLLM level-1 sleep | skipped: ${cell(v.skipped ?? 'no result')} |\n|---|---|`;
   const s = v.summary;
@@ -93,7 +101,7 @@ export function vllmTable(v: VllmLevel1Result | null, ram: PhaseRow | undefined,
     '|---|---:|---:|---:|---:|---:|---:|',
     `| vLLM level-1 sleep + /wake_up, ${cell(v.allocator)} | first ${f(s.firstSleepSeconds)}, later ${f(s.laterSleepMedianSeconds)} | ${f(s.wakeMedianSeconds)} | ${f(s.wakeMedianSeconds)} | 1.00x | ${g(s.hostHeldBytes)} (own pinned copy, per engine; ${g(s.hostHeldAfterWakeBytes)} still held awake after the last wake) | ${g(s.gpuBytesAsleep)} |`,
   ];
-  if (ram) lines.push(`| vsnap RAM tier (suspend + restoreEngine) | ${f(ram.suspendMedian)} | ${f(ram.restoreMedian)} | ${f(ramNoCheck)} | ${ramNoCheck === null ? 'n/a' : `${f(ramNoCheck / s.wakeMedianSeconds)}x`} | ${g(hostCacheBytes)} (one shared, budgeted RAM tier for both engines) | ${g(ram.asleepGpuBytes)} |`);
+  if (ram) lines.push(`| vsnap RAM tier (suspend + restoreEngine) | ${f(ram.suspendMedian)} | ${f(ram.restoreMedian)} | ${f(ramNoCheck)} | ${ramNoCheck === null ? 'n/a' : `${f(ramNoCheck / s.wakeMedianSeconds)}x`} | ${perEngineBytes == null ? '' : `${g(perEngineBytes)} per engine (its snapshot) in `}${g(hostCacheBytes)} (one shared, budgeted RAM tier for both engines) | ${g(ram.asleepGpuBytes)} |`);
   if (ram2) {
     const r2 = withoutCheck(ram2.restoreMedian, ram2.restorePhases);
     lines.push(`| vsnap RAM tier over two PCIe links (multipath) | ${f(ram2.suspendMedian)} | ${f(ram2.restoreMedian)} | ${f(r2)} | ${r2 === null ? 'n/a' : `${f(r2 / s.wakeMedianSeconds)}x`} | ${g(hostCacheBytes)} (the same RAM tier) | ${g(ram2.asleepGpuBytes)} |`);
@@ -104,29 +112,10 @@ export function vllmTable(v: VllmLevel1Result | null, ram: PhaseRow | undefined,
   }
   lines.push(
     '',
-    `Target (issue 14): vsnap RAM-tier restore without the check <= 0.9x of vLLM's level-1 wake: ${ramNoCheck === null ? 'no RAM row this run' : `${f(ramNoCheck / s.wakeMedianSeconds)}x, ${ramNoCheck / s.wakeMedianSeconds <= 0.9 ? 'met' : 'not met'}`}. ` +
+    `Target (issue 25): vsnap RAM-tier restore without the check <= ${TARGETS.restoreVsVllm}x of vLLM's level-1 wake of the same engine: ${ramNoCheck === null ? 'no RAM row this run' : `${f(ramNoCheck / s.wakeMedianSeconds)}x, ${ramNoCheck / s.wakeMedianSeconds <= TARGETS.restoreVsVllm ? 'met' : 'not met'}`}. ` +
       `vLLM: ${v.cycles.length} cycles of /sleep?level=1 then /wake_up on the awake engine, every wake checked against the probe answer; host memory held = MemAvailable drop while asleep (the engine core's /proc status deltas are in the JSON); GPU = nvidia-smi used_memory of the engine core while asleep.`,
   );
   return lines.join('\n');
-}
-
-export interface TargetsInput {
-  ram?: PhaseRow | undefined;
-  /** The RAM row restored over two PCIe links (multipath), where run. */
-  ram2?: PhaseRow | undefined;
-  tier0?: PhaseRow | undefined;
-  /** The engine's own tier 0 (weights kept in the engine, KV cache released), where run. */
-  engine?: PhaseRow | undefined;
-  /** Median hydrate GB/s of the RAM row's restores (inside restoreEngine). */
-  ramHydrateGBps: number | null;
-  /** Raw pinned H2D measured in the same run (the sweep's ceiling), and for how many regions. */
-  h2dCeiling: { GBps: number; regions: number } | null;
-  engineBytes: number;
-  sweep: readonly SweepRow[] | null;
-  capture2: Capture2Result | null;
-  vllm: VllmLevel1Result | null;
-  /** The overlapped rows' swap medians (`--overlap` modes other than none). */
-  overlapped?: ReadonlyArray<{ row: 'ram' | 'ram2' | 'tier0'; overlap: string; swapMedian: number }>;
 }
 
 /** One row per tier and overlap mode (`--overlap`). */
@@ -160,42 +149,157 @@ export function overlapTable(rows: readonly OverlapRow[]): string {
   return lines.join('\n');
 }
 
-/** The compact summary: each target of issue 14 this run measured, its value, and whether it was met. */
+/** The raw pinned H2D time of the engine's bytes, measured in the same run: what a restore's copy cannot beat. */
+export interface BytesAlone {
+  seconds: number;
+  GBps: number;
+  regions: number;
+  bytes: number;
+  /** Where the GB/s comes from: the engine's own regions (its snapshot's sizes), or the sweep layout nearest its region count. */
+  source: 'engine regions' | 'sweep layout';
+}
+
+/** The raw H2D of `bytes`: the ceiling measured over the engine's own regions when there is one, else the sweep layout nearest its region count. */
+export function bytesAloneOf(bytes: number, regions: number, engineCeiling: Ceiling | null, sweep: readonly SweepRow[] | null): BytesAlone | null {
+  if (bytes <= 0) return null;
+  if (engineCeiling) {
+    const GBps = engineCeiling.h2dGBps.max;
+    return { seconds: engineCeiling.bytes / GBps / 1e9, GBps, regions: engineCeiling.regions, bytes: engineCeiling.bytes, source: 'engine regions' };
+  }
+  const nearest = (sweep ?? []).filter((r) => r.ceiling).sort((x, y) => Math.abs(x.regions - regions) - Math.abs(y.regions - regions))[0];
+  if (!nearest?.ceiling) return null;
+  const GBps = nearest.ceiling.h2dGBps.max;
+  return { seconds: bytes / GBps / 1e9, GBps, regions: nearest.regions, bytes, source: 'sweep layout' };
+}
+
+/** An engine row of one overlap mode (`--overlap`); `none` is the serial swap. */
+export interface ModeRow {
+  overlap: string;
+  row: PhaseRow;
+}
+
+export interface TargetsInput {
+  /** One engine's weights bytes (0: no engine ran). */
+  engineBytes: number;
+  /** The RAM-tier rows, one per overlap mode run. */
+  ram: readonly ModeRow[];
+  /** The RAM tier over two PCIe links (multipath), per overlap mode, where run. */
+  ram2?: readonly ModeRow[];
+  /** The SDK-held tier-0 rows, one per overlap mode run. */
+  tier0: readonly ModeRow[];
+  /** The engine's own tier 0 (weights kept in the engine, KV cache released), where run. */
+  engine?: PhaseRow | undefined;
+  /** The raw pinned H2D of the engine's bytes, same run. */
+  bytesAlone: BytesAlone | null;
+  sweep: readonly SweepRow[] | null;
+  vllm: VllmLevel1Result | null;
+  /** Pinned host memory the RAM tier holds for one sleeping engine (its snapshot's bytes there). */
+  ramTierEngineBytes: number | null;
+}
+
+/** The targets of issue 25, in its order. */
+export const TARGETS = {
+  restoreVsBytes: 1.05,
+  restoreVsVllm: 0.95,
+  ramSwapSeconds: 0.45,
+  tier0SwapSeconds: 0.08,
+  fdsRegions: 1.1,
+} as const;
+
+const modeLabel = (overlap: string): string => (overlap === 'none' ? 'serial (overlap none)' : `overlap ${overlap}`);
+const s3 = (x: number | null | undefined): string => (x === null || x === undefined ? 'n/a' : `${f(x)} s`);
+const ratio = (a: number | null | undefined, b: number | null | undefined): number | null => (a === null || a === undefined || !b ? null : a / b);
+const x3 = (r: number | null): string => (r === null ? 'n/a' : `${f(r)}x`);
+const gibCell = (b: number | null | undefined): string => (b === null || b === undefined ? 'n/a' : `${f(b / GiB, 2)} GiB`);
+const ceilingCell = (b: BytesAlone): string => `${s3(b.seconds)}: raw pinned H2D ${f(b.GBps, 2)} GB/s, ${b.source === 'engine regions' ? `the engine's ${b.regions} regions` : `sweep layout of ${b.regions} regions, scaled to ${f(b.bytes / GiB, 2)} GiB`}`;
+
+/**
+ * The summary of issue 25: per target, this run's value, the reference it is held against
+ * (measured in the same run), their ratio and the verdict. Where the reference or the value is
+ * missing the line says so instead of judging.
+ */
 export function targetsTable(t: TargetsInput): string {
-  const lines = ['| target (issue 14) | this run | verdict |', '|---|---|---|'];
-  const verdict = (ok: boolean): string => (ok ? 'met' : 'not met');
+  const lines = ['| target (issue 25) | this run | ceiling / reference, same run | ratio | verdict |', '|---|---|---|---:|---|'];
+  const verdict = (ok: boolean | null): string => (ok === null ? 'n/a' : ok ? 'met' : 'not met');
   const small = t.engineBytes > 0 && t.engineBytes < 16 * GiB ? ' (engines under 16 GiB: does not test the target)' : '';
-  const wake = t.vllm?.summary?.wakeMedianSeconds;
-  const ramNoCheck = t.ram ? withoutCheck(t.ram.restoreMedian, t.ram.restorePhases) : null;
-  if (wake && ramNoCheck !== null) {
-    lines.push(`| RAM-tier restore without the check <= 0.9x vLLM level-1 wake | ${f(ramNoCheck)} s vs ${f(wake)} s = ${f(ramNoCheck / wake)}x | ${verdict(ramNoCheck / wake <= 0.9)}${small} |`);
+  const b = t.bytesAlone;
+  const noCheck = (r: PhaseRow): number | null => withoutCheck(r.restoreMedian, r.restorePhases);
+  // 1. RAM-tier restore without the check against the bytes alone, per mode.
+  for (const { overlap, row } of t.ram) {
+    const v = noCheck(row);
+    const r = b ? ratio(v, b.seconds) : null;
+    lines.push(`| 1. RAM-tier restore without the check <= ${TARGETS.restoreVsBytes}x the bytes alone, ${modeLabel(overlap)} | ${s3(v)} | ${b ? ceilingCell(b) : 'n/a: no raw H2D this run (no ceiling binary, or no GPU)'} | ${x3(r)} | ${verdict(r === null ? null : r <= TARGETS.restoreVsBytes)}${small} |`);
   }
-  const ram2NoCheck = t.ram2 ? withoutCheck(t.ram2.restoreMedian, t.ram2.restorePhases) : null;
-  if (wake && ram2NoCheck !== null) {
-    lines.push(`| RAM-tier restore without the check <= 0.9x vLLM level-1 wake, two PCIe links (multipath) | ${f(ram2NoCheck)} s vs ${f(wake)} s = ${f(ram2NoCheck / wake)}x | ${verdict(ram2NoCheck / wake <= 0.9)}${small} |`);
+  // 2. against vLLM's level-1 wake of the same engine, and the pinned host memory each holds asleep.
+  const wake = t.vllm?.summary?.wakeMedianSeconds ?? null;
+  for (const { overlap, row } of t.ram) {
+    const v = noCheck(row);
+    const r = ratio(v, wake);
+    lines.push(
+      `| 2. RAM-tier restore without the check <= ${TARGETS.restoreVsVllm}x vLLM's level-1 /wake_up of the same engine, ${modeLabel(overlap)} | ${s3(v)} (with the check ${s3(row.restoreMedian)}) | ${wake === null ? `n/a: ${t.vllm?.skipped ? `vllm-l1 skipped: ${cell(t.vllm.skipped)}` : 'no vllm-l1 row this run'}` : `vLLM wake ${s3(wake)} (${cell(t.vllm!.allocator)})`} | ${x3(r)} | ${verdict(r === null ? null : r <= TARGETS.restoreVsVllm)}${small} |`,
+    );
   }
-  if (t.ram2?.swapMedian != null) lines.push(`| RAM-tier swap of two engines incl. the check <= 0.5 s median, two PCIe links (multipath) | ${f(t.ram2.swapMedian)} s | ${verdict(t.ram2.swapMedian <= 0.5)}${small} |`);
-  if (t.ram?.swapMedian != null) lines.push(`| RAM-tier swap of two engines incl. the check <= 0.5 s median | ${f(t.ram.swapMedian)} s | ${verdict(t.ram.swapMedian <= 0.5)}${small} |`);
-  if (t.tier0?.swapMedian != null) lines.push(`| tier-0 swap incl. the check <= 0.1 s median | ${f(t.tier0.swapMedian)} s | ${verdict(t.tier0.swapMedian <= 0.1)}${small} |`);
-  if (t.engine?.swapMedian != null) lines.push(`| tier-0 swap incl. the check <= 0.1 s median, the engine's own tier 0 (KV cache released, weights kept in the engine) | ${f(t.engine.swapMedian)} s | ${verdict(t.engine.swapMedian <= 0.1)}${small} |`);
-  for (const o of t.overlapped ?? []) {
-    const [what, limit] = o.row === 'ram' ? ['RAM-tier', 0.5] : o.row === 'ram2' ? ['RAM-tier (two links)', 0.5] : ['tier-0', 0.1];
-    lines.push(`| ${what} swap incl. the check <= ${limit} s median, overlap ${o.overlap} | ${f(o.swapMedian)} s | ${verdict(o.swapMedian <= limit)}${small} |`);
+  if (t.ram.length > 0 || t.vllm?.summary) {
+    const held = t.vllm?.summary?.hostHeldBytes ?? null;
+    lines.push(`| 2. pinned host memory held per sleeping engine (reported beside the target) | vsnap ${gibCell(t.ramTierEngineBytes)} (its snapshot in the shared, budgeted RAM tier) | vLLM ${gibCell(held)} (its own pinned copy, per engine) | ${x3(ratio(t.ramTierEngineBytes, held))} | reported |`);
   }
-  if (t.ramHydrateGBps !== null && t.h2dCeiling) {
-    const r = t.ramHydrateGBps / t.h2dCeiling.GBps;
-    lines.push(`| hydrate inside the engine flow >= 0.97x raw H2D, same run | ${f(t.ramHydrateGBps, 2)} / ${f(t.h2dCeiling.GBps, 2)} GB/s (raw, ${t.h2dCeiling.regions} regions) = ${f(r)}x | ${verdict(r >= 0.97)} |`);
+  // 3. RAM-tier swap of two engines incl. the check, serial and overlapped; one run judges one run.
+  const swapLine = (what: string, overlap: string, row: PhaseRow): string => {
+    const v = row.swapMedian;
+    return `| 3. ${what} swap of two engines incl. the check <= ${TARGETS.ramSwapSeconds} s median, ${modeLabel(overlap)} | ${s3(v)} | ${b ? `${ceilingCell(b)} (one engine's bytes)` : 'n/a'} | ${x3(b ? ratio(v, b.seconds) : null)} | ${v === null ? 'n/a' : v <= TARGETS.ramSwapSeconds ? 'met in this run (1 of the 3 runs the target needs)' : 'not met'}${small} |`;
+  };
+  for (const { overlap, row } of t.ram) lines.push(swapLine('RAM-tier', overlap, row));
+  for (const { overlap, row } of t.ram2 ?? []) lines.push(swapLine('RAM-tier (two PCIe links, multipath)', overlap, row));
+  // 4. SDK-held tier-0 swap incl. the check, beside the engine's own tier 0.
+  const own = t.engine?.swapMedian ?? null;
+  for (const { overlap, row } of t.tier0) {
+    const v = row.swapMedian;
+    const r = ratio(v, own);
+    lines.push(`| 4. SDK-held tier-0 swap incl. the check <= ${TARGETS.tier0SwapSeconds} s median, ${modeLabel(overlap)} | ${s3(v)} | ${own === null ? "n/a: no engine row (the engine's own tier 0) this run" : `the engine's own tier 0 ${s3(own)}`} | ${x3(r)} | ${verdict(v === null ? null : v <= TARGETS.tier0SwapSeconds)}${small} |`);
   }
+  if (own !== null) lines.push(`| 4. the engine's own tier 0 swap incl. the check (KV cache released, weights kept in the engine: the reference beside target 4) | ${s3(own)} | | | reference${own <= TARGETS.tier0SwapSeconds ? '' : ` (over ${TARGETS.tier0SwapSeconds} s itself)`} |`);
+  // 5. the sweep: restore via exported fds, the most regions against the fewest.
   if (t.sweep && t.sweep.length > 1) {
-    const worst = Math.max(...t.sweep.map((r) => r.vsFirst ?? 0));
-    const im = t.sweep.every((r) => r.imported) ? Math.max(...t.sweep.map((r) => r.imported!.vsFirst ?? 0)) : null;
-    const counts = t.sweep.map((r) => r.regions).join(' / ');
-    lines.push(`| ${counts} regions restore within 10% of the ${t.sweep[0]!.regions}-region time | worst ${f(worst)}x mapped${im === null ? '' : `, ${f(im)}x via fds`} | ${verdict(Math.max(worst, im ?? 0) <= 1.1)} |`);
+    const sorted = [...t.sweep].sort((a, c) => a.regions - c.regions);
+    const few = sorted[0]!;
+    const many = sorted.at(-1)!;
+    const fewFds = few.imported?.restoreMedianSeconds ?? null;
+    const manyFds = many.imported?.restoreMedianSeconds ?? null;
+    const r = ratio(manyFds, fewFds);
+    const tests = few.regions === 36 && many.regions === 4000 && few.bytes >= 16 * GiB ? '' : ` (${many.regions} vs ${few.regions} regions of ${f(few.bytes / GiB, 2)} GiB: the target is 4,000 vs 36 of 16 GiB, not tested)`;
+    const why = manyFds === null || fewFds === null ? `n/a: ${many.importedError ?? few.importedError ?? 'no restore via fds (needs a GPU)'}` : null;
+    lines.push(
+      `| 5. restore via exported fds, ${many.regions} regions <= ${TARGETS.fdsRegions}x ${few.regions} (same bytes) | ${why ?? `${msCell(manyFds!)} ms`} (mapped, no fds: ${msCell(many.restoreMedianSeconds)} ms) | ${fewFds === null ? 'n/a' : `${few.regions} regions via fds ${msCell(fewFds)} ms`} | ${x3(r)} | ${verdict(r === null ? null : r <= TARGETS.fdsRegions)}${tests} |`,
+    );
   }
-  if (t.capture2) {
-    const c = t.capture2;
-    const { value, met } = capture2Target(c);
-    lines.push(`| two-GPU capture into the RAM tier >= 0.9x aggregate D2H | ${value} | ${met === null ? (c.skipped ? '' : 'n/a') : verdict(met)} |`);
-  }
-  return lines.length > 2 ? lines.join('\n') : '';
+  if (lines.length === 2) return '';
+  lines.push(
+    '',
+    `Targets of issue 25 this run measured. Ceilings and references are this run's: 1 and 3 the raw pinned H2D (bench/ceiling.cu, best of its repetitions) of ${b ? (b.source === 'engine regions' ? "the engine's own regions, in its own process before the RAM rows" : "the sweep's layout nearest the engine's region count, its GB/s applied to the engine's bytes") : 'the engine (not measured this run)'}; 2 vLLM's level-1 /wake_up of the awake engine (the vllm-l1 row), against which the restore counts without its check (vLLM's wake checks nothing); 4 the engine row; 5 the sweep's fewest regions. ` +
+      `Target 3 needs three runs out of three: this report judges its own run only, so "met in this run" is one of the three. Medians over each row's measured swaps.`,
+  );
+  return lines.join('\n');
+}
+
+/**
+ * Target 1 per phase: every phase of the RAM-tier restores (without the check) against the raw
+ * H2D of the same bytes. The copy (r.hydrate) can at best match it; everything else is the
+ * per-region and per-engine work around the copy, and the target leaves it 5% of the bytes' time.
+ */
+export function bytesAloneTable(rows: readonly ModeRow[], b: BytesAlone | null): string {
+  if (!b || rows.length === 0) return '';
+  const phases = ordered(rows.flatMap((r) => Object.keys(r.row.restorePhases)), RESTORE_ORDER).filter((n) => n !== 'expectedResponse');
+  const head = ['RAM-tier restore against the bytes alone, ms (x of the bytes alone)', ...rows.map((r) => `RAM tier, ${modeLabel(r.overlap)}`)];
+  const lines = [`| ${head.join(' | ')} |`, `|---|${rows.map(() => '---:').join('|')}|`];
+  const c = (v: number | null | undefined): string => (v === null || v === undefined ? '' : `${msCell(v)} (${f(v / b.seconds)}x)`);
+  lines.push(`| the bytes alone: raw pinned H2D of ${f(b.bytes / GiB, 2)} GiB at ${f(b.GBps, 2)} GB/s (${b.source === 'engine regions' ? `the engine's ${b.regions} regions` : `sweep layout of ${b.regions} regions`}) | ${rows.map(() => c(b.seconds)).join(' | ')} |`);
+  for (const n of phases) lines.push(`| r.${n}${n === 'verifyDigests' ? ' (waited)' : ''} | ${rows.map((r) => c(r.row.restorePhases[n])).join(' | ')} |`);
+  const total = rows.map((r) => withoutCheck(r.row.restoreMedian, r.row.restorePhases));
+  lines.push(`| restore without the check (target <= ${TARGETS.restoreVsBytes}x) | ${total.map((v) => c(v)).join(' | ')} |`);
+  lines.push(`| of which outside the copy (restore without the check - r.hydrate; target 1 leaves it ${f(TARGETS.restoreVsBytes - 1, 2)}x) | ${rows.map((r, i) => (total[i] === null || r.row.restorePhases.hydrate === undefined ? '' : c(total[i]! - r.row.restorePhases.hydrate))).join(' | ')} |`);
+  lines.push(
+    '',
+    'Each phase is the median over the row\'s measured restores, so the phases need not add up to the median total; with overlap, phases that ran at the same time as others (restoreEngine\'s `overlapped`, e.g. r.wakeKvCache during the hydrate) are counted in full but cost the restore only what stuck out. r.hydrate includes the digest of the first 85% of the bytes, which runs while the rest is copied; r.verifyDigests is the digest time the restore waited for after the copy.',
+  );
+  return lines.join('\n');
 }

@@ -11,8 +11,9 @@
 import { execFileSync } from 'node:child_process';
 import { closeSync, existsSync } from 'node:fs';
 
-import { DeviceAllocation, HostCache, HostRegion, MappedRegions, type RegionMemory, type RegionStore, Snapshot } from '../src/index.js';
-import { restoreMapping } from '../src/snapshot/engine-flows.js';
+import { HostCache, type RegionMemory, type RegionStore, Snapshot } from '../src/index.js';
+import { DeviceAllocation, HostRegion, MappedRegions } from '../src/plumbing.js';
+import { restoreMapping } from '../src/flows/restore-run.js';
 
 const MiB = 1024 * 1024;
 const GiB = 1024 * MiB;

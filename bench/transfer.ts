@@ -17,7 +17,8 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { randomBytes } from 'node:crypto';
 
-import { cudaStatus, DeviceAllocation, HostCache, listDevices, RegionStore, releaseIdleResources, Snapshot } from '../src/index.js';
+import { cudaStatus, HostCache, RegionStore, Snapshot } from '../src/index.js';
+import { DeviceAllocation, listDevices, releaseIdleResources } from '../src/plumbing.js';
 import { native } from '../src/native/index.js';
 import { digestRegions } from '../src/digest/index.js';
 

@@ -5,7 +5,8 @@ import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
-import { cudaStatus, DeviceAllocation, HostCache, HostRegion, RegionStore, Snapshot } from 'vsnap';
+import { cudaStatus, HostCache, RegionStore, Snapshot } from 'vsnap';
+import { DeviceAllocation, HostRegion } from 'vsnap/plumbing';
 
 const MiB = 1024 * 1024;
 const root = process.argv[2] ?? mkdtempSync(join(tmpdir(), 'vsnap-example-'));

@@ -2,7 +2,8 @@
 // engine of their `model`, which is woken (and the other suspended) when it does not fit.
 //   VSNAP_TOKEN=... npx tsx examples/router.ts http://127.0.0.1:8001=llama http://127.0.0.1:8002=qwen
 // Then: curl localhost:8080/v1/completions -H 'content-type: application/json' -d '{"model":"qwen","prompt":"Hello","max_tokens":8}'
-import { EngineClient, HostCache, RegionStore, SwapAgent, SwapController, type SwapEvent } from 'vsnap';
+import { EngineClient, HostCache, RegionStore, SwapController, type SwapEvent } from 'vsnap';
+import { SwapAgent } from 'vsnap/serve';
 
 const GiB = 2 ** 30;
 const engines = process.argv.slice(2).map((arg) => {
@@ -18,11 +19,11 @@ const cache = process.env.VSNAP_RAM_GIB ? await HostCache.create({ budgetBytes: 
 
 const controller = await SwapController.create({
   store,
-  ...(cache ? { cache } : {}),
+  ...(cache ? { tiers: { ram: cache } } : {}),
   // Each engine holds ~20 GiB awake; the GPU budget leaves room for one at a time.
   engines: engines.map((e) => ({ ...e, memoryBytes: 20 * GiB, asleepBytes: 2 * GiB })),
   budgets: { 0: Number(process.env.VSNAP_BUDGET_GIB ?? 30) * GiB },
-  queueLimit: 256,
+  queue: { limit: 256 },
 });
 controller.on('swap', (e: SwapEvent) => console.log(`${e.action} ${e.engine}: ${(e.seconds * 1000).toFixed(0)} ms`));
 
@@ -37,7 +38,7 @@ console.log(`routing ${engines.map((e) => e.name).join(', ')} on ${agent.url}`);
 for (const signal of ['SIGINT', 'SIGTERM'] as const) {
   process.once(signal, async () => {
     await agent.close();
-    controller.close();
+    await controller.close();
     cache?.close();
     for (const e of engines) await e.client.close();
     process.exit(0);

@@ -41,9 +41,12 @@ if (process.argv[1] === fileURLToPath(import.meta.url)) {
   process.exitCode = pipeline({
     before: [
       { label: 'the prebuild matches native/', command: process.execPath, args: ['.ci/check-prebuild.mjs'] },
+      { label: 'imports go down the layers, no circle', command: process.execPath, args: ['scripts/check-layers.mjs'] },
       { label: 'build (when dist/ is stale)', command: process.execPath, args: ['scripts/build.mjs', '--if-stale'] },
       { label: 'type-check', command: bin('tsc'), args: ['--noEmit'] },
       { label: 'API report', command: bin('api-extractor'), args: ['run'] },
+      { label: 'API report of vsnap/plumbing', command: bin('api-extractor'), args: ['run', '-c', 'api-extractor.plumbing.json'] },
+      { label: 'API report of vsnap/serve', command: bin('api-extractor'), args: ['run', '-c', 'api-extractor.serve.json'] },
       { label: "the vLLM plugin's tests", command: 'python3', args: ['-m', 'unittest', 'discover', '-s', 'engines/vllm/tests', '-t', 'engines/vllm'] },
     ],
     tests: { label: 'vitest', command: bin('vitest'), args: ['run', ...args] },

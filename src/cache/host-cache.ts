@@ -5,6 +5,7 @@ import { native, type NativeHostBuffer } from '../native/index.js';
 import type { RegionStore } from '../store/region-store.js';
 import { runTransfer, type TransferOptions } from '../transfer/transfer.js';
 import { Arena } from './arena.js';
+import { regionId } from '../manifest/region-id.js';
 
 /**
  * Options of {@link HostCache.create}.
@@ -275,7 +276,7 @@ export class HostCache {
     const offsets = new Map<string, number>();
     let bytes = 0;
     for (const { rank, key, size } of items) {
-      offsets.set(`${rank}/${key}`, bytes);
+      offsets.set(regionId(rank, key), bytes);
       bytes += Math.ceil(size / 4096) * 4096;
     }
     return { bytes, offsets };
@@ -323,7 +324,7 @@ export class HostCache {
             size: region.size,
             chunkSize: region.chunkSize,
             checksums: region.checksums,
-            memory: { kind: 'buffer' as const, buffer: this.buffer, offset: offsets.get(`${rank}/${region.key}`)! },
+            memory: { kind: 'buffer' as const, buffer: this.buffer, offset: offsets.get(regionId(rank, region.key))! },
           })),
           ...options,
         }),

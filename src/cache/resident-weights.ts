@@ -4,6 +4,9 @@ import type { ExportedRegions } from '../engine/export.js';
 import { toVsnapError, VsnapError } from '../errors.js';
 import { FdReceiver, type FdMessage } from '../ipc/fd-receiver.js';
 import { native, type NativeHeldHandles } from '../native/index.js';
+import { checkLive, type LiveCheckReport } from '../digest/compare.js';
+import type { Manifest } from '../manifest/manifest.js';
+import type { RegionMemory } from '../regions/memory.js';
 
 /** One suspended engine's weights kept on the GPU. @internal */
 export interface ResidentEntry {
@@ -154,3 +157,15 @@ export class ResidentWeights {
     this.close();
   }
 }
+
+/**
+ * Tier 0: the dirty check on weights held for a suspended engine, before they are released
+ * (a demotion). The held descriptors are digested where they live (on the GPU for CUDA memory).
+ * @internal
+ */
+export async function checkResident(manifest: Manifest, entry: ResidentEntry): Promise<LiveCheckReport> {
+  const kind = manifest.data.platform.kind === 'cuda' ? 'imported' : 'host';
+  const live = entry.ranks.flatMap((r) => r.regions.map((x, i) => ({ rank: r.rank, key: x.key, size: x.size, memory: { kind, fd: r.fds[i]! } as RegionMemory })));
+  return checkLive(manifest, live);
+}
+

@@ -1,6 +1,4 @@
 import { createCipheriv, createHash } from 'node:crypto';
-import { homedir } from 'node:os';
-import { join } from 'node:path';
 
 import { cudaStatus, listDevices } from '../gpu/cuda.js';
 import { abortError } from '../errors.js';
@@ -9,9 +7,9 @@ import { HostRegion } from '../regions/host-region.js';
 import type { RegionMemory } from '../regions/memory.js';
 import { Snapshot } from '../snapshot/snapshot.js';
 import { RegionStore } from '../store/region-store.js';
-import { releaseIdleResources } from '../transfer/staging.js';
+import { releaseIdleResources } from '../transfer/idle.js';
 import type { Context } from './context.js';
-import { EXIT, UsageError } from './context.js';
+import { defaultStoreRoot, EXIT, UsageError } from './context.js';
 import { formatBytes, formatRate, progressLine } from './output.js';
 
 /** Deterministic pseudo-random bytes (AES-128-CTR keystream of a seed): fast and reproducible. */
@@ -71,12 +69,11 @@ export interface DemoReport {
   restore: { bytes: number; seconds: number };
 }
 
-/** The demo's store, per user: $XDG_CACHE_HOME/vsnap/demo-store, else ~/.cache/vsnap/demo-store. */
-export function demoStoreRoot(): string {
-  return join(process.env.XDG_CACHE_HOME || join(homedir(), '.cache'), 'vsnap', 'demo-store');
-}
+/** The demo's snapshot name, and the model id its captures record (so it never writes over a snapshot it did not make). */
+const DEMO_NAME = 'demo';
+const DEMO_MODEL = 'vsnap/demo-pattern';
 
-/** vsnap demo [--size MiB] [--cpu] [--store dir]. */
+/** vsnap demo [--size MiB] [--cpu] [--store dir]: into the same store as every other command (the default one unless --store). */
 export async function demo(ctx: Context): Promise<number> {
   const totalMiB = Number(ctx.options.size ?? '1024');
   if (!Number.isInteger(totalMiB) || totalMiB < 1) throw new UsageError('--size must be a whole number of MiB >= 1');
@@ -84,7 +81,8 @@ export async function demo(ctx: Context): Promise<number> {
     totalMiB,
     cpu: ctx.options.cpu === true,
     signal: ctx.signal,
-    ...(ctx.options.store !== undefined ? { store: ctx.storeRoot } : {}),
+    store: ctx.storeRoot,
+    named: ctx.options.store !== undefined,
     ...(ctx.json ? { log: () => undefined } : {}),
   });
   if (ctx.json) ctx.print('', report);
@@ -96,7 +94,7 @@ export async function demo(ctx: Context): Promise<number> {
  * one, else host memory), fills them with a seeded pattern, captures them into a real store,
  * wipes them, restores, and checks every byte.
  */
-export async function runDemo(options: { store?: string; totalMiB?: number; cpu?: boolean; log?: (s: string) => void; signal?: AbortSignal }): Promise<DemoReport> {
+export async function runDemo(options: { store?: string; named?: boolean; totalMiB?: number; cpu?: boolean; log?: (s: string) => void; signal?: AbortSignal }): Promise<DemoReport> {
   const log = options.log ?? ((s: string) => console.log(s));
   const signal = options.signal ? { signal: options.signal } : {};
   const status = await cudaStatus();
@@ -113,6 +111,9 @@ export async function runDemo(options: { store?: string; totalMiB?: number; cpu?
       : `vsnap demo on the CPU (${status.available ? 'forced' : `no GPU: ${status.reason}`}): ${sizes.length} host-memory regions, ${formatBytes(sizes.reduce((a, b) => a + b, 0))}`,
   );
 
+  const root = options.store ?? defaultStoreRoot();
+  const store = await RegionStore.open(root);
+  await refuseForeignDemo(store, root);
   const regions: DemoRegion[] = [];
   try {
     for (const [i, size] of sizes.entries()) {
@@ -135,13 +136,11 @@ export async function runDemo(options: { store?: string; totalMiB?: number; cpu?
     }
     for (const r of regions) await fill(r, options.signal);
 
-    const root = options.store ?? demoStoreRoot();
-    const store = await RegionStore.open(root);
     log(`capturing ${formatBytes(sizes.reduce((a, b) => a + b, 0))} into ${root}`);
     const captureProgress = progressLine('capture');
-    const snap = await Snapshot.capture(store, 'demo', {
+    const snap = await Snapshot.capture(store, DEMO_NAME, {
       regions: regions.map((r) => ({ key: r.key, size: r.size, memory: r.memory })),
-      model: { id: 'vsnap/demo-pattern' },
+      model: { id: DEMO_MODEL },
       onProgress: captureProgress.update,
       ...signal,
     }).finally(() => captureProgress.done());
@@ -153,7 +152,7 @@ export async function runDemo(options: { store?: string; totalMiB?: number; cpu?
     log('wiped     every region');
 
     const restoreProgress = progressLine('restore');
-    const restored = await (await Snapshot.open(store, 'demo')).restore({
+    const restored = await (await Snapshot.open(store, DEMO_NAME)).restore({
       regions: regions.map((r) => ({ key: r.key, size: r.size, memory: r.memory })),
       onProgress: restoreProgress.update,
       ...signal,
@@ -163,7 +162,8 @@ export async function runDemo(options: { store?: string; totalMiB?: number; cpu?
     let ok = true;
     for (const r of regions) ok = (await check(r, options.signal)) && ok;
     log(ok ? 'checked   every byte: identical to what was captured' : 'MISMATCH: restored bytes differ from the captured ones');
-    log(`store     ${root} (list it with: npx vsnap ls --store ${root})`);
+    const where = options.named ? ` --store ${root}` : '';
+    log(`store     ${root}, snapshot "${DEMO_NAME}" (list it with: npx vsnap ls${where}; remove it with: npx vsnap rm ${DEMO_NAME}${where})`);
     return {
       ok,
       device: useGpu ? 'gpu' : 'cpu',
@@ -175,5 +175,14 @@ export async function runDemo(options: { store?: string; totalMiB?: number; cpu?
   } finally {
     for (const r of regions) r.close();
     await releaseIdleResources();
+  }
+}
+
+/** The demo shares the user's store: a snapshot called "demo" that another model made is left alone. */
+async function refuseForeignDemo(store: RegionStore, root: string): Promise<void> {
+  if (!(await store.list()).some((s) => s.name === DEMO_NAME)) return;
+  const model = (await Snapshot.open(store, DEMO_NAME)).manifest.data.model?.id;
+  if (model !== DEMO_MODEL) {
+    throw new UsageError(`${root} already has a snapshot "${DEMO_NAME}" of another model (${model ?? 'none recorded'}): the demo leaves it alone; pass --store <another directory>`);
   }
 }

@@ -20,7 +20,9 @@ const HINTS: Partial<Record<ErrorCode | 'E_USAGE', Hint>> = {
   E_USAGE: (c) => `see \`vsnap ${c || ''} --help\``.replace('  ', ' '),
   E_INVALID_NAME: 'snapshot names are 1-128 letters, digits, ".", "_" or "-", starting with a letter or digit',
   E_STORE_INVALID: (c) =>
-    c === 'snapshot' || c === 'suspend' ? 'check --store (or $VSNAP_STORE)' : 'check --store (or $VSNAP_STORE); a store is made by the first `vsnap snapshot` (or `vsnap demo`)',
+    c === 'snapshot' || c === 'suspend' || c === 'demo' || c === 'pull'
+      ? 'check --store (or $VSNAP_STORE)'
+      : 'check --store (or $VSNAP_STORE); a store is made by the first `vsnap snapshot`, `vsnap pull` or `vsnap demo` into it',
   E_STORE_LOCKED: 'another vsnap process is using the store; let it finish, then try again',
   E_SNAPSHOT_NOT_FOUND: (c) =>
     c === 'pull' ? 'check the repository and tag: the registry has no snapshot there' : 'list what the store has with `vsnap ls --all`; make a snapshot with `vsnap snapshot <name> --engine <url>`',
@@ -31,7 +33,8 @@ const HINTS: Partial<Record<ErrorCode | 'E_USAGE', Hint>> = {
   E_MANIFEST_MISMATCH: 'the engine does not match this snapshot (another model or layout): capture it with `vsnap snapshot <name> --force`',
   E_ENGINE_UNREACHABLE: (c) => (c === 'swap' ? 'is `vsnap serve` running at --agent <url> (or $VSNAP_AGENT_URL)?' : 'is the engine running at --engine <url> (or $VSNAP_ENGINE_URL)?'),
   E_ENGINE_HTTP: (c) => (c === 'swap' ? "pass the agent's control token with --token (or $VSNAP_CONTROL_TOKEN)" : "pass the engine's VSNAP_TOKEN with --token (or $VSNAP_TOKEN); `vsnap status --engine <url>` checks the connection"),
-  E_ENGINE_STATE: 'see `vsnap status --engine <url>`',
+  E_ENGINE_STATE: (c) =>
+    c === 'serve' ? "the engine's own output is above, each line prefixed with its model's name; check its `command:`, `args:` and `env:` in the --config file" : 'see `vsnap status --engine <url>`',
   E_NO_SPACE: 'free space with `vsnap rm <name>` and `vsnap gc`, or choose another --store',
   E_CUDA_UNAVAILABLE: '`vsnap doctor` says why; `vsnap demo --cpu` runs without a GPU',
   E_CHECKPOINT_UNSUPPORTED: '`vsnap doctor` shows checkpointApi; suspend without --deep',

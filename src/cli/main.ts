@@ -52,7 +52,7 @@ export function program(run: (command: string, fn: Run, args: string[], options:
   };
   def('demo', 'capture, wipe, restore and check a few regions (on the GPU if there is one, else host memory)', demo,
     new Option('--size <MiB>', 'bytes to move, in MiB').default('1024'), new Option('--cpu', 'host memory even when a GPU is present'),
-    new Option('--store <dir>', 'the store (default: a per-user demo store, $XDG_CACHE_HOME/vsnap/demo-store)'));
+    opt.store());
   def('doctor', 'check CUDA, the driver, the checkpoint API, devices, RAM, the store (read only) and, with --engine, an engine', doctor, opt.store(), opt.engine(), opt.token());
   def('snapshot', "capture a running engine's weights", snapshot, opt.engine(), opt.token(), opt.store(), new Option('--force', 'capture even if a snapshot exists')).argument('<name>', 'the snapshot name');
   def('suspend', 'sleep an engine, only if snapshot <name> can bring it back', suspend, opt.engine(), opt.token(), opt.store(), new Option('--capture', 'capture first when no snapshot matches'), new Option('--deep', "then checkpoint the engine's processes: 0 MiB left on the GPU (driver r570+)")).argument('<name>', 'the snapshot name');

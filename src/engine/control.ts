@@ -1,8 +1,8 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 
 import { VsnapError } from '../errors.js';
-import { RUST_FRONTEND_HINT, type CallOptions, type EngineClient, type EngineStatus, type QueuedRequestsPolicy } from './engine-client.js';
-import { VsnapStatusSchema } from './schemas.js';
+import type { CallOptions, EngineClient, EngineStatus, QueuedRequestsPolicy } from './engine-client.js';
+import { RUST_FRONTEND_HINT, VsnapStatusSchema } from './schemas.js';
 
 /**
  * How the flows drive an engine: through the plugin's authenticated /vsnap/v1 routes, or, where

@@ -4,7 +4,6 @@ import { Agent, errors as undiciErrors, request, type Dispatcher } from 'undici'
 import type { z } from 'zod';
 
 import { abortError, invalidArgument, VsnapError } from '../errors.js';
-import type { EngineInfo, ModelInfo } from '../manifest/types.js';
 import {
   CollectiveRpcSchema,
   CompletionSchema,
@@ -16,131 +15,14 @@ import {
   VersionSchema,
   VsnapExportSchema,
   VsnapStatusSchema,
+  RUST_FRONTEND_HINT,
   WakeAnswerSchema,
 } from './schemas.js';
+import type { CallOptions, CompletionResult, EngineClientOptions, EngineStatus, QueuedRequestsPolicy } from './types.js';
 
-/**
- * Options of {@link EngineClient}.
- * @public
- */
-export interface EngineClientOptions {
-  /** The engine's base URL, e.g. `http://127.0.0.1:8000`. */
-  readonly baseUrl: string;
-  /** The bearer token of the vsnap routes (the engine's `VSNAP_TOKEN`). */
-  readonly token?: string;
-  /** vLLM's `--api-key`, sent on `/v1` routes. */
-  readonly apiKey?: string;
-  /** Per-call timeout (default 30 s; sleep, wake and export get 10 minutes). */
-  readonly timeoutMs?: number;
-  /** Retries of idempotent calls (GETs) on connection errors and 502/503/504 (default 2). */
-  readonly retries?: number;
-  /** An undici dispatcher to use (default: a keep-alive Agent owned by the client). */
-  readonly dispatcher?: Dispatcher;
-}
-
-/**
- * Options of one call.
- * @public
- */
-export interface CallOptions {
-  /** Cancels the call (rejects with E_ABORTED). */
-  readonly signal?: AbortSignal;
-  /** Overrides the client's timeout for this call. */
-  readonly timeoutMs?: number;
-}
-
-/**
- * An engine's state as its vsnap plugin reports it (`GET /vsnap/v1/status`).
- * @public
- */
-export interface EngineStatus {
-  /** Engine kind, version, plugin version and attention backend. */
-  readonly engine: EngineInfo;
-  /** The model served. */
-  readonly model: ModelInfo;
-  /** True while any memory tag is asleep (or, newer vLLM, while the scheduler is paused). */
-  readonly sleeping: boolean;
-  /**
-   * How the plugin's routes got onto the engine's app: `endpoint_plugins` (vLLM's
-   * `vllm.endpoint_plugins` entry point), `build_app wrap` (older vLLM), or null with the reason
-   * when they could not be attached (the flows then use the dev routes). Absent from older plugins.
-   */
-  readonly routes?: { readonly mechanism: string | null; readonly detail: string };
-  /** Engine features the plugin found: `releaseKvCache`, the engine's own weight-resident suspend. */
-  readonly features?: { readonly releaseKvCache: boolean };
-  /** One entry per worker (GPU). */
-  readonly ranks: ReadonlyArray<{
-    readonly rank: number;
-    readonly pid: number;
-    readonly device: { readonly ordinal: number; readonly uuid: string };
-    /** `cuda`, or `host` for the CPU test engine. */
-    readonly memory: 'cuda' | 'host';
-    readonly sleepMode: boolean;
-    readonly weightsMapped: boolean;
-    readonly regions: number;
-    readonly bytes: number;
-    readonly attentionBackend: string | null;
-    /** False when a bridge hook failed in this worker: the engine runs on without vsnap (reason below). */
-    readonly supported?: boolean;
-    /** Why the bridge stepped aside, when it did. */
-    readonly unsupportedReason?: string | null;
-    /**
-     * Weights allocations per kind of memory at load: `posix-fd` (exported as it is), `none` or
-     * `fabric` (rehomed into POSIX-FD memory at load).
-     */
-    readonly weightsMemory?: Readonly<Record<string, number>>;
-    /** The allocator's other tags (`kv_cache`, `cudagraph`, ...): never exported as weights. */
-    readonly otherTags?: readonly string[];
-    /** Whether the worker has vLLM's `reload_weights` (the recovery path). Absent from older plugins. */
-    readonly reloadWeights?: boolean;
-    /**
-     * The worker process's GPU memory outside the weights it owns, in bytes, as NVML accounts it
-     * (after a level-2 sleep: the CUDA context, graph pool and leftovers a process restore
-     * recreates); null where NVML cannot say (host memory, no libnvidia-ml, a PID namespace).
-     * Absent from older plugins.
-     */
-    readonly processBytes?: number | null;
-    /** `nvml`: read at this status; `last`: remembered from an earlier one (a checkpointed process is not listed). */
-    readonly processBytesSource?: 'nvml' | 'last' | null;
-    /**
-     * Whether the sleep-mode allocator holds the weights (also without sleep mode, with vLLM's
-     * `--enable-cumem-allocator`); `sleepMode` says whether sleep mode is on. Absent from older plugins.
-     */
-    readonly cumemAllocator?: boolean;
-    /** The allocator's tags with memory asleep; null where the allocator does not say. Absent from older plugins. */
-    readonly asleepTags?: readonly string[] | null;
-    /** `python` (vLLM's FastAPI server) or `rust` (`VLLM_USE_RUST_FRONTEND=1`: no vsnap routes). Absent from older plugins. */
-    readonly frontend?: string;
-  }>;
-}
-
-/**
- * What the engine's own weight-resident suspend does with requests it still has: `wait` lets them
- * finish first (queued ones are served, the release tried again), `abort` aborts them.
- * @public
- */
-export type QueuedRequestsPolicy = 'wait' | 'abort';
-
-/**
- * A completion, reduced to what vsnap compares.
- * @public
- */
-export interface CompletionResult {
-  /** The generated text. */
-  readonly text: string;
-  /** Generated token ids (asked for with `return_tokens_as_token_ids`), when the engine gives them. */
-  readonly tokenIds: number[] | null;
-  /** Per-token logprobs, when asked for. */
-  readonly logprobs: number[] | null;
-  /** The engine's whole answer. */
-  readonly raw: unknown;
-}
+export type { CallOptions, CompletionResult, EngineClientOptions, EngineStatus, QueuedRequestsPolicy } from './types.js';
 
 const LONG_CALL_MS = 10 * 60_000;
-
-/** vLLM's Rust frontend builds no FastAPI app: neither the plugin's routes nor the dev routes exist. @internal */
-export const RUST_FRONTEND_HINT =
-  "If the engine runs vLLM's Rust frontend (VLLM_USE_RUST_FRONTEND=1), no endpoint plugin can attach and no dev route is served: start it without VLLM_USE_RUST_FRONTEND (or =0), with VLLM_PLUGINS=vsnap.";
 
 interface Call {
   method: 'GET' | 'POST';

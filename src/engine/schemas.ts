@@ -109,3 +109,7 @@ export const ExportHeaderSchema = z.object({
     }),
   ),
 });
+
+/** vLLM's Rust frontend builds no FastAPI app: neither the plugin's routes nor the dev routes exist. @internal */
+export const RUST_FRONTEND_HINT =
+  "If the engine runs vLLM's Rust frontend (VLLM_USE_RUST_FRONTEND=1), no endpoint plugin can attach and no dev route is served: start it without VLLM_USE_RUST_FRONTEND (or =0), with VLLM_PLUGINS=vsnap.";

@@ -1,6 +1,10 @@
 import { invalidArgument, toVsnapError, VsnapError } from '../errors.js';
 import { native, type NativeDeviceAllocation } from '../native/index.js';
 
+/** Where a CPU-only program goes instead (the same regions, captures and restores, in host memory). */
+const HOST_MEMORY_PATH =
+  "Without a GPU, use host memory: HostRegion.create(size) from 'vsnap/plumbing', and pass its .memory as the region's memory (examples/capture-restore.mjs does both)";
+
 /**
  * GPU memory owned by this process, created exportable as a POSIX file descriptor (the kind a
  * peer process can import and map). For embedders that own their memory, and for tests.
@@ -26,7 +30,9 @@ export class DeviceAllocation {
     try {
       return new DeviceAllocation(await native().allocateDevice(device, size));
     } catch (err) {
-      throw toVsnapError(err);
+      const e = toVsnapError(err);
+      if (e.code !== 'E_CUDA_UNAVAILABLE') throw e;
+      throw new VsnapError('E_CUDA_UNAVAILABLE', `${e.message}. ${HOST_MEMORY_PATH}`, e.details, { cause: e });
     }
   }
 

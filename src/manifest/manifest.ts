@@ -1,7 +1,7 @@
 import type { z } from 'zod';
 
 import { VsnapError } from '../errors.js';
-import { blobDigest } from '../store/digest.js';
+import { blobDigest } from './blob-digest.js';
 import { findMismatches, type LiveLayout, type Mismatch } from './compat.js';
 import { ManifestSchema } from './schema.js';
 import type { ManifestData, RegionInfo } from './types.js';

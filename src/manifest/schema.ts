@@ -1,6 +1,6 @@
 import { z } from 'zod';
 
-import { blobDigest } from '../store/digest.js';
+import { blobDigest } from './blob-digest.js';
 import type { ManifestData } from './types.js';
 
 /** Sizes and offsets are JSON numbers: exact up to 2^53 bytes (8 PiB). */

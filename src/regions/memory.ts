@@ -3,14 +3,14 @@ import type { NativeMemorySpec, NativeRegionSet } from '../native/index.js';
 
 /**
  * Where a region's bytes live, for capture (read) or restore (write):
- * - `host`: host memory behind a descriptor (a memfd, e.g. {@link HostRegion}); the CPU backend.
+ * - `host`: host memory behind a descriptor (a memfd, e.g. `HostRegion` of vsnap/plumbing); the CPU backend.
  * - `imported`: a descriptor another process exported for its GPU memory (POSIX-FD VMM handle);
  *   mapped for the duration of the transfer only. `device`, the GPU's ordinal in this process
  *   where known, lets a transfer over several GPUs plan its threads (the handle itself says
  *   where the memory is).
  * - `device`: GPU memory this process allocated ({@link DeviceAllocation}).
- * - `mapped`: a `host` or `imported` region already mapped by a {@link MappedRegions} set (made
- *   by {@link MappedRegions.memory}, not by hand), so the operation maps nothing itself.
+ * - `mapped`: a `host` or `imported` region already mapped by a `MappedRegions` set of vsnap/plumbing (made
+ *   by `MappedRegions.memory`, not by hand), so the operation maps nothing itself.
  * Descriptors are duplicated when a transfer starts; the caller keeps ownership of theirs.
  * @public
  */
@@ -21,7 +21,7 @@ export type RegionMemory =
   | MappedMemory;
 
 /**
- * A region of a {@link MappedRegions} set: `source` is the kind it was opened from.
+ * A region of a `MappedRegions` set (vsnap/plumbing): `source` is the kind it was opened from.
  * @public
  */
 export interface MappedMemory {

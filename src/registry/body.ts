@@ -1,7 +1,23 @@
 import type { Dispatcher } from 'undici';
 
 import { abortError, VsnapError } from '../errors.js';
-import type { RegistryTimeouts } from './http.js';
+
+/**
+ * Deadlines of every registry request. A request fails with E_REGISTRY_TIMEOUT (its URL in the
+ * message and `details.url`) when it stalls or when it runs slower than a floor rate.
+ * @public
+ */
+export interface RegistryTimeouts {
+  /** No byte received (or sent) for this long while vsnap waits for one: the request fails. Default 60 000 ms. */
+  readonly stallMs?: number;
+  /** The time every request may take before `minBytesPerSecond` applies. Default 60 000 ms. */
+  readonly graceMs?: number;
+  /**
+   * The slowest average rate a request may run at: its deadline is `graceMs` plus the time its
+   * bytes so far need at this rate, so it grows with the bytes. Default 65 536 (64 KiB/s).
+   */
+  readonly minBytesPerSecond?: number;
+}
 
 /**
  * The deadlines of one request: it fails when no byte moves for `stallMs` while vsnap waits for

@@ -3,26 +3,11 @@ import { Readable } from 'node:stream';
 import { Agent, request } from 'undici';
 
 import { abortError, VsnapError } from '../errors.js';
-import { OciBody, Watchdog } from './body.js';
+import { OciBody, Watchdog, type RegistryTimeouts } from './body.js';
 import { basicHeader, type Challenge, dockerConfigCredentials, parseChallenge, type RegistryCredentials } from './auth.js';
 import type { RegistryReference } from './reference.js';
 
-/**
- * Deadlines of every registry request. A request fails with E_REGISTRY_TIMEOUT (its URL in the
- * message and `details.url`) when it stalls or when it runs slower than a floor rate.
- * @public
- */
-export interface RegistryTimeouts {
-  /** No byte received (or sent) for this long while vsnap waits for one: the request fails. Default 60 000 ms. */
-  readonly stallMs?: number;
-  /** The time every request may take before `minBytesPerSecond` applies. Default 60 000 ms. */
-  readonly graceMs?: number;
-  /**
-   * The slowest average rate a request may run at: its deadline is `graceMs` plus the time its
-   * bytes so far need at this rate, so it grows with the bytes. Default 65 536 (64 KiB/s).
-   */
-  readonly minBytesPerSecond?: number;
-}
+export type { RegistryTimeouts } from './body.js';
 
 /**
  * How to reach a registry.

@@ -6,7 +6,7 @@ import { abortError, toVsnapError, VsnapError } from '../errors.js';
 import { Manifest } from '../manifest/manifest.js';
 import type { RegionInfo } from '../manifest/types.js';
 import { native } from '../native/index.js';
-import { blobDigest } from '../store/digest.js';
+import { blobDigest } from '../manifest/blob-digest.js';
 import type { RegionStore } from '../store/region-store.js';
 import { ANNOTATION, OCI_MANIFEST, parseArtifact, sha256Digest, type Descriptor, type SnapshotArtifact } from './artifact.js';
 import { BODY_LIMITS, type OciHttp } from './http.js';

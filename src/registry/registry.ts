@@ -3,6 +3,7 @@ import type { Manifest } from '../manifest/manifest.js';
 import { validateName } from '../store/names.js';
 import type { RegionStore } from '../store/region-store.js';
 import { Snapshot } from '../snapshot/snapshot.js';
+import { SNAPSHOT_ARTIFACT_TYPE } from './artifact.js';
 import { OciHttp } from './http.js';
 import { checkCompatible, pullInto, resolveArtifact } from './pull.js';
 import { pushManifest } from './push.js';
@@ -33,6 +34,14 @@ const MiB = 1024 * 1024;
  * @public
  */
 export class Registry {
+  /** The artifact type of a vsnap snapshot in an OCI registry (its image manifest's `artifactType`). */
+  static readonly ARTIFACT_TYPE: 'application/vnd.vsnap.snapshot.v1+json' = SNAPSHOT_ARTIFACT_TYPE;
+
+  /** Parses a reference `<registry>/<repository>[:<tag> | @<digest>]` (E_INVALID_ARGUMENT when it is not one). */
+  static parseReference(text: string): RegistryReference {
+    return parseReference(text);
+  }
+
   private readonly options: RegistryOptions;
   private readonly state: PushState;
 

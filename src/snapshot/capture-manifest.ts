@@ -2,9 +2,10 @@ import { invalidArgument, VsnapError } from '../errors.js';
 import { cudaStatus, listDevices, type GpuDevice } from '../gpu/cuda.js';
 import { Manifest } from '../manifest/manifest.js';
 import type { ManifestData, PlatformInfo, RankInfo, RegionInfo } from '../manifest/types.js';
-import { blobDigest } from '../store/digest.js';
+import { blobDigest } from '../manifest/blob-digest.js';
 import { VERSION } from '../version.js';
 import type { CaptureOptions, CaptureRegion } from './snapshot-types.js';
+import { regionId } from '../manifest/region-id.js';
 
 // What a capture records besides the bytes: its regions checked, the platform it ran on, and
 // the manifest that binds them.
@@ -18,7 +19,7 @@ export function checkCaptureRegions(regions: readonly CaptureRegion[]): void {
     if (!Number.isSafeInteger(r.size) || r.size < 0) invalidArgument(`regions[${i}].size`, 'a non-negative integer', r.size);
     const rank = r.rank ?? 0;
     if (!Number.isInteger(rank) || rank < 0) invalidArgument(`regions[${i}].rank`, 'an integer >= 0', r.rank);
-    const id = `${rank}/${r.key}`;
+    const id = regionId(rank, r.key);
     if (seen.has(id)) invalidArgument(`regions[${i}].key`, `unique within rank ${rank}`, r.key);
     seen.add(id);
   }

@@ -5,6 +5,7 @@ import type { Manifest } from '../manifest/manifest.js';
 import type { RegionStore } from '../store/region-store.js';
 import { passOn, runTransfer, type TransferOptions } from '../transfer/transfer.js';
 import { withChecksums } from './capture-manifest.js';
+import { regionId } from '../manifest/region-id.js';
 
 function changedSinceCapture(manifest: Manifest, key: string, rank: number, chunk: number, against: string): VsnapError {
   return new VsnapError(
@@ -35,7 +36,7 @@ export async function persistFromRamTier(store: RegionStore, manifest: Manifest,
   try {
     const listed = [...manifest.regions()];
     const total = listed.reduce((sum, { region }) => sum + region.size, 0);
-    const inRam = (rank: number, key: string) => ({ kind: 'buffer' as const, buffer: lease.buffer, offset: lease.offsets.get(`${rank}/${key}`)! });
+    const inRam = (rank: number, key: string) => ({ kind: 'buffer' as const, buffer: lease.buffer, offset: lease.offsets.get(regionId(rank, key))! });
     const txn = await store.beginCapture(manifest.name, total, manifest.id);
     let published = manifest;
     try {

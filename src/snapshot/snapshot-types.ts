@@ -2,11 +2,11 @@
 
 import type { HostCache } from '../cache/host-cache.js';
 import type { LiveLayout, LiveRegion } from '../manifest/compat.js';
+import type { Manifest } from '../manifest/manifest.js';
 import type { EngineInfo, ExpectedResponse, ModelInfo, TensorInfo } from '../manifest/types.js';
 import type { RegionMemory } from '../regions/memory.js';
 import type { MultipathOptions, MultipathStats } from '../transfer/multipath.js';
 import type { TransferOptions } from '../transfer/transfer.js';
-import type { Snapshot } from './snapshot.js';
 
 /**
  * A region to capture.
@@ -61,11 +61,11 @@ export interface CaptureOptions extends TransferOptions {
    */
   readonly hash?: CaptureHash;
   /**
-   * Incremental capture: an earlier capture of these regions in the same store. Regions whose
+   * Incremental capture: an earlier capture (a {@link Snapshot}) of these regions in the same store. Regions whose
    * GPU digests are unchanged since it are not read again; the new snapshot shares their blobs.
    * Not with a RAM-tier `cache` reservation (the RAM tier needs every byte).
    */
-  readonly base?: Snapshot;
+  readonly base?: { readonly manifest: Manifest };
 }
 
 /**

@@ -4,7 +4,7 @@ import type { LiveRegion } from '../manifest/compat.js';
 import { Manifest } from '../manifest/manifest.js';
 import type { RegionInfo } from '../manifest/types.js';
 import type { NativeTransferResult } from '../native/index.js';
-import { blobDigest } from '../store/digest.js';
+import { blobDigest } from '../manifest/blob-digest.js';
 import { failpoint } from '../store/failpoints.js';
 import { validateName } from '../store/names.js';
 import { RegionStore, type VerifyReport } from '../store/region-store.js';
@@ -13,8 +13,11 @@ import { DEFAULT_CHUNK_SIZE } from '../transfer/staging.js';
 import { passOn, runTransfer, type TransferOptions } from '../transfer/transfer.js';
 import { multipathStats, runMultipath, type MultipathOptions } from '../transfer/multipath.js';
 import { captureManifest, checkCaptureRegions, platformOf } from './capture-manifest.js';
-import { captureDigests, reusableRegions, verifyRestoredByDevice } from './live-check.js';
+import { captureDigests, reusableRegions } from './capture-digests.js';
+import { copyWithEarlyDigest } from './copy-overlap.js';
+import { verifyRestoredByDevice } from '../digest/compare.js';
 import type { CaptureOptions, DeviceTiming, RestoreOptions, RestoreRegion, TransferSummary } from './snapshot-types.js';
+import { regionId } from '../manifest/region-id.js';
 
 /** How a region is named in transfer errors: its key, prefixed with its rank when there are several ranks. */
 function regionLabel(rank: number, key: string, multiRank: boolean): string {
@@ -170,7 +173,7 @@ export class Snapshot {
           size: r.size,
           chunkSize,
           memory: r.memory,
-          ...(reservation ? { hostCopy: { kind: 'buffer' as const, buffer: reservation.buffer, offset: reservation.offsets.get(`${items[i]!.rank}/${r.key}`)! } } : {}),
+          ...(reservation ? { hostCopy: { kind: 'buffer' as const, buffer: reservation.buffer, offset: reservation.offsets.get(regionId(items[i]!.rank, r.key))! } } : {}),
         })),
         ...(deferred ? { hash: false } : {}),
         ...passOn(options),
@@ -222,13 +225,36 @@ export class Snapshot {
    */
   async restore(options: RestoreOptions): Promise<TransferSummary> {
     const manifest = this.current; // the one the bytes are restored by, even if a persist completes meanwhile
-    const { devices: copied, ...summary } = await this.restoreBytes(options);
     const live = options.regions.map((r) => ({ rank: r.rank ?? 0, key: r.key, size: r.size, memory: r.memory }));
     // A deferred capture's RAM copy was never hashed: its GPU digests are the one check it gets.
-    const digest = await verifyRestoredByDevice(manifest, live, (options.verifyDigests ?? true) || !manifest.checksummed);
-    const devices = (copied ?? []).map((d): DeviceTiming => {
+    const digesting = (options.verifyDigests ?? true) || !manifest.checksummed;
+    // From the RAM tier, the digest of the first regions copied runs while the rest are copied.
+    let head: { ids: Set<string>; done: Promise<Awaited<ReturnType<typeof verifyRestoredByDevice>>> } | undefined;
+    const onHead = digesting
+      ? (ids: readonly string[]) => {
+          const set = new Set(ids);
+          head = { ids: set, done: verifyRestoredByDevice(manifest, live.filter((l) => set.has(regionId(l.rank, l.key)))) };
+          head.done.catch(() => undefined); // awaited below on every path
+        }
+      : undefined;
+    let copied: Awaited<ReturnType<Snapshot['restoreBytes']>>;
+    try {
+      copied = await this.restoreBytes(options, onHead);
+    } catch (err) {
+      await head?.done.catch(() => undefined); // nothing reads the regions once the restore has failed
+      throw err;
+    }
+    const waited = performance.now();
+    const early = head ? await head.done : undefined;
+    const headWait = (performance.now() - waited) / 1000;
+    const rest = head ? live.filter((l) => !head!.ids.has(regionId(l.rank, l.key))) : live;
+    const tail = await verifyRestoredByDevice(manifest, rest, digesting);
+    // The digest time the restore waited for: the tail's, and whatever of the head's outlasted the tail's copy.
+    const digest = early || tail ? { seconds: headWait + (tail?.seconds ?? 0), devices: tail?.devices ?? early?.devices ?? [] } : undefined;
+    const { devices: bytesByDevice, ...summary } = copied;
+    const devices = (bytesByDevice ?? []).map((d): DeviceTiming => {
       const checked = digest?.devices.find((x) => x.device === d.device);
-      return { device: d.device, bytes: d.bytes, hydrateSeconds: d.seconds, ...(checked ? { digestSeconds: checked.seconds } : {}) };
+      return { device: d.device, bytes: d.bytes, hydrateSeconds: d.seconds, ...(checked ? { digestSeconds: headWait + checked.seconds } : {}) };
     });
     return {
       ...summary,
@@ -237,7 +263,7 @@ export class Snapshot {
     };
   }
 
-  private async restoreBytes(options: RestoreOptions): Promise<Omit<TransferSummary, 'devices'> & { devices?: NativeTransferResult['devices'] }> {
+  private async restoreBytes(options: RestoreOptions, onHead?: (ids: readonly string[]) => void): Promise<Omit<TransferSummary, 'devices'> & { devices?: NativeTransferResult['devices'] }> {
     if (!Array.isArray(options?.regions)) invalidArgument('regions', 'an array of restore targets', options?.regions);
     const byRank: LiveRegion[][] = [];
     for (const r of options.regions) {
@@ -248,7 +274,7 @@ export class Snapshot {
     }
     this.manifest.assertCompatible({ ...(options.live ?? {}), ranks: byRank.map((regions) => ({ regions })) });
     if (!this.isDurable && !options.cache?.has(this.id)) throw notDurable(this, 'a restore');
-    const targets = new Map(options.regions.map((r) => [`${r.rank ?? 0}/${r.key}`, r]));
+    const targets = new Map(options.regions.map((r) => [regionId(r.rank ?? 0, r.key), r]));
     const verify = options.verify ?? 'chunk';
     const multiRank = this.manifest.data.ranks.length > 1;
     if (verify !== 'chunk' && verify !== 'all-first') invalidArgument('verify', "'chunk' or 'all-first'", verify);
@@ -262,17 +288,17 @@ export class Snapshot {
       const lease = await options.cache.acquire(this.store, this.manifest, { ...common, directIo: options.directIo ?? false });
       try {
         if (options.multipath) return await this.restoreMultipath(options.multipath, lease, targets, common, wasHeld, started);
-        const result = await runTransfer({
-          ...common,
-          op: 'copy',
-          regions: [...this.manifest.regions()].map(({ rank, region }) => ({
-            name: regionLabel(rank, region.key, multiRank),
-            size: region.size,
-            chunkSize: region.chunkSize,
-            hostCopy: { kind: 'buffer' as const, buffer: lease.buffer, offset: lease.offsets.get(`${rank}/${region.key}`)! },
-            memory: targets.get(`${rank}/${region.key}`)!.memory,
-          })),
-        });
+        const order = [...this.manifest.regions()];
+        const regions = order.map(({ rank, region }) => ({
+          name: regionLabel(rank, region.key, multiRank),
+          size: region.size,
+          chunkSize: region.chunkSize,
+          hostCopy: { kind: 'buffer' as const, buffer: lease.buffer, offset: lease.offsets.get(regionId(rank, region.key))! },
+          memory: targets.get(regionId(rank, region.key))!.memory,
+        }));
+        const result = onHead
+          ? await copyWithEarlyDigest(common, regions, (done) => onHead(done.map((i) => regionId(order[i]!.rank, order[i]!.region.key))))
+          : await runTransfer({ ...common, op: 'copy', regions });
         const seconds = wasHeld ? result.seconds : (performance.now() - started) / 1000;
         return { bytes: result.bytes, seconds, bytesPerSecond: result.bytes / Math.max(seconds, 1e-9), tier: wasHeld ? 'ram' : 'store', devices: result.devices };
       } finally {
@@ -290,7 +316,7 @@ export class Snapshot {
           size: region.size,
           chunkSize: region.chunkSize,
           checksums: region.checksums,
-          memory: targets.get(`${rank}/${region.key}`)!.memory,
+          memory: targets.get(regionId(rank, region.key))!.memory,
         })),
         directIo: options.directIo ?? false,
       }),
@@ -312,8 +338,8 @@ export class Snapshot {
       regions: [...this.manifest.regions()].map(({ rank, region }) => ({
         name: region.key,
         size: region.size,
-        memory: targets.get(`${rank}/${region.key}`)!.memory,
-        source: { buffer: lease.buffer, offset: lease.offsets.get(`${rank}/${region.key}`)! },
+        memory: targets.get(regionId(rank, region.key))!.memory,
+        source: { buffer: lease.buffer, offset: lease.offsets.get(regionId(rank, region.key))! },
       })),
     });
     const seconds = wasHeld ? result.seconds : (performance.now() - started) / 1000;

@@ -5,9 +5,11 @@ import { dirname, join } from 'node:path';
 import { toVsnapError, VsnapError } from '../errors.js';
 import type { Manifest } from '../manifest/manifest.js';
 import { failpoint } from './failpoints.js';
+import type { StoreFiles } from './files.js';
 import { fsyncDir, mkdirDurable } from './fsutil.js';
+import { checkEntry } from './layout.js';
 import { tryLock } from './lock.js';
-import type { RegionStore } from './region-store.js';
+import { validateName } from './names.js';
 
 /**
  * One capture in flight: a private directory under tmp/ that blobs are written into, then
@@ -17,27 +19,44 @@ import type { RegionStore } from './region-store.js';
 export class CaptureTransaction {
   readonly id: string;
   readonly dir: string;
-  private readonly store: RegionStore;
+  private readonly files: StoreFiles;
   private readonly name: string;
   /** The store's publish sequence number when this capture started. */
   readonly startSeq: number;
   private readonly releaseOwnLock: () => void;
   private done = false;
 
-  private constructor(store: RegionStore, name: string, id: string, startSeq: number, releaseOwnLock: () => void) {
-    this.store = store;
+  private constructor(files: StoreFiles, name: string, id: string, startSeq: number, releaseOwnLock: () => void) {
+    this.files = files;
     this.name = name;
     this.id = id;
     this.startSeq = startSeq;
-    this.dir = join(store.root, 'tmp', id);
+    this.dir = join(files.root, 'tmp', id);
     this.releaseOwnLock = releaseOwnLock;
   }
 
-  static begin(store: RegionStore, name: string, id: string, startSeq: number): CaptureTransaction {
+  /**
+   * Starts a capture of `name` with capture id `id`: checks free space for `bytes`, then makes a
+   * private tmp directory that this process holds a lock on (so no cleaner removes it while in use).
+   */
+  static begin(files: StoreFiles, name: string, bytes: number, id: string): CaptureTransaction {
+    validateName(name);
+    files.writable('capture');
+    try {
+      const startSeq = files.takeStartSeq(id) ?? files.readSeq();
+      files.checkFreeSpace(bytes);
+      checkEntry(join(files.root, 'tmp'), 'dir');
+      return CaptureTransaction.lockAndMake(files, name, id, startSeq);
+    } catch (err) {
+      throw toVsnapError(err);
+    }
+  }
+
+  private static lockAndMake(files: StoreFiles, name: string, id: string, startSeq: number): CaptureTransaction {
     // The lock file comes first and stays locked while this capture lives: cleaners skip it.
-    const release = tryLock(join(store.root, 'tmp', `${id}.lock`), true);
+    const release = tryLock(join(files.root, 'tmp', `${id}.lock`), true);
     if (!release) throw new VsnapError('E_INTERNAL', `capture id ${id} is already in use`);
-    const txn = new CaptureTransaction(store, name, id, startSeq, release);
+    const txn = new CaptureTransaction(files, name, id, startSeq, release);
     try {
       mkdirSync(txn.dir); // fails on anything already there, a link included
     } catch (err) {
@@ -67,11 +86,11 @@ export class CaptureTransaction {
       if (manifest.name !== this.name || manifest.id !== this.id) {
         throw new VsnapError('E_INTERNAL', `capture ${this.id} of '${this.name}' was asked to publish manifest ${manifest.id} of '${manifest.name}'`);
       }
-      await this.store.withLock(false, async () => {
+      await this.files.withLock(false, async () => {
         const touched = new Set<string>();
         const placed = new Set<string>();
         for (const blob of blobs) {
-          const dest = this.store.blobPath(blob.digest); // refuses a linked prefix or blob
+          const dest = this.files.blobPath(blob.digest); // refuses a linked prefix or blob
           // No tmpPath: shared with an earlier capture (incremental), and it must still be stored.
           if (blob.tmpPath === undefined) {
             if (!lstatSync(dest, { throwIfNoEntry: false })?.isFile()) throw new VsnapError('E_BLOB_MISSING', `blob ${blob.digest} shared with an earlier capture was removed meanwhile; capture again`, { blob: blob.digest });
@@ -97,23 +116,23 @@ export class CaptureTransaction {
         for (const dir of touched) fsyncDir(dir);
         failpoint('publish.after-blobs');
 
-        await this.store.withMetaLock(async () => {
+        await this.files.withMetaLock(async () => {
           failpoint('publish.meta-locked');
-          this.store.snapshotDirExists(this.name, true); // a real directory, never a link
+          this.files.snapshotDirExists(this.name, true); // a real directory, never a link
           const manifestTmp = join(this.dir, 'manifest.json');
-          this.store.writeManifestTmp(manifestTmp, manifest);
+          this.files.writeManifestTmp(manifestTmp, manifest);
           failpoint('publish.manifest-written');
-          renameSync(manifestTmp, this.store.manifestPath(this.name, manifest.id));
-          fsyncDir(dirname(this.store.manifestPath(this.name, manifest.id)));
+          renameSync(manifestTmp, this.files.manifestPath(this.name, manifest.id));
+          fsyncDir(dirname(this.files.manifestPath(this.name, manifest.id)));
           failpoint('publish.after-manifest');
 
           // `current` moves unless a capture of this name was published after this one started.
-          const current = await this.store.readCurrent(this.name);
+          const current = await this.files.readCurrent(this.name);
           const newer = current !== undefined && !('junk' in current) && current.id !== manifest.id && current.seq > this.startSeq;
           if (!newer) {
-            const seq = this.store.nextSeq(current && !('junk' in current) ? current.seq : 0);
+            const seq = this.files.nextSeq(current && !('junk' in current) ? current.seq : 0);
             failpoint('publish.seq-taken');
-            this.store.writeCurrent(this.name, manifest.id, seq, join(this.dir, 'current'));
+            this.files.writeCurrent(this.name, manifest.id, seq, join(this.dir, 'current'));
             failpoint('publish.after-current');
           }
         });

@@ -1,7 +1,7 @@
 import { toVsnapError } from '../errors.js';
 import type { Manifest } from '../manifest/manifest.js';
 import { runTransfer, type TransferOptions } from '../transfer/transfer.js';
-import type { RegionStore } from './region-store.js';
+import type { StoreFiles } from './files.js';
 import type { VerifyProblem, VerifyReport } from './types.js';
 
 /**
@@ -9,13 +9,13 @@ import type { VerifyProblem, VerifyReport } from './types.js';
  * problem found. A blob path that is a link is a problem of its region (E_STORE_UNSAFE).
  * @internal
  */
-export async function verifyManifest(store: RegionStore, manifest: Manifest, options: TransferOptions): Promise<VerifyReport> {
+export async function verifyManifest(files: Pick<StoreFiles, 'blobPath'>, manifest: Manifest, options: TransferOptions): Promise<VerifyReport> {
   const started = performance.now();
   const problems: VerifyProblem[] = [];
   const regions: Array<{ rank: number; key: string; blobPath: string; size: number; chunkSize: number; checksums: readonly string[] }> = [];
   for (const { rank, region } of manifest.regions()) {
     try {
-      regions.push({ rank, key: region.key, blobPath: store.blobPath(region.blob), size: region.size, chunkSize: region.chunkSize, checksums: region.checksums });
+      regions.push({ rank, key: region.key, blobPath: files.blobPath(region.blob), size: region.size, chunkSize: region.chunkSize, checksums: region.checksums });
     } catch (err) {
       const e = toVsnapError(err);
       problems.push({ rank, region: region.key, code: e.code, message: e.message });

@@ -1,41 +1,21 @@
-import type { EventEmitter } from 'node:events';
-
 import { Counter, Gauge, type Registry } from 'prom-client';
 
-import { NeighbourTier } from '../gpu/neighbour-tier.js';
-import type { NeighbourParkOptions, NeighbourParkResult } from '../snapshot/neighbour-flows.js';
+import { NeighbourTier } from '../cache/neighbour-tier.js';
+import type { NeighbourParkOptions, NeighbourParkResult } from '../cache/neighbour-tier.js';
+import type { NeighbourEvictedEvent, SwapEmitter } from './events.js';
 import { parkable, planPark, type PlanNeighbour } from './neighbour-plan.js';
 import type { PlanInput } from './planner.js';
+import type { NeighbourView, SwapNeighbourOptions } from './types.js';
 
-/**
- * The neighbour-GPU tier of a {@link SwapController}: a GPU and a byte budget, or a tier you made
- * (and keep: the controller then does not close it).
- * @public
- */
-export type SwapNeighbourOptions = NeighbourTier | { readonly device: number; readonly budgetBytes: number };
-
-/**
- * The neighbour tier, for status pages.
- * @public
- */
-export interface NeighbourView {
-  /** The GPU holding the parked weights. */
-  readonly device: number;
-  /** The tier's byte budget. */
-  readonly budgetBytes: number;
-  /** Bytes parked now. */
-  readonly usedBytes: number;
-  /** What is parked, least recently used first: the snapshot id, the engine it was parked for (when known), its bytes. */
-  readonly entries: ReadonlyArray<{ readonly id: string; readonly engine?: string; readonly bytes: number }>;
-}
+export type { NeighbourView, SwapNeighbourOptions } from './types.js';
 
 /** Why parked weights were evicted. @internal */
-export type EvictReason = 'room' | 'budget' | 'lru' | 'stale';
+export type EvictReason = NeighbourEvictedEvent['reason'];
 
 /**
  * The controller's side of the neighbour tier: who parked what, the park decisions (through the
  * pure planner), evictions, events (`parked`, `neighbourEvicted`) and metrics. Every call comes
- * from the executor's serial queue.
+ * from the executor's serial queue (close() after it drained).
  * @internal
  */
 export class NeighbourParking {
@@ -50,7 +30,9 @@ export class NeighbourParking {
   constructor(
     options: SwapNeighbourOptions,
     registry: Registry,
-    private readonly events: EventEmitter,
+    private readonly events: SwapEmitter,
+    /** Told when an engine's parked copy is evicted (with the snapshot id). */
+    private readonly onEvicted: (engine: string, snapshotId: string) => void = () => undefined,
   ) {
     this.owned = !(options instanceof NeighbourTier);
     this.tier = options instanceof NeighbourTier ? options : NeighbourTier.create({ device: options.device, budgetBytes: options.budgetBytes });
@@ -114,6 +96,7 @@ export class NeighbourParking {
     this.owners.delete(id);
     if (!this.tier.evict(id)) return;
     this.evictions.inc({ reason });
+    if (engine) this.onEvicted(engine, id);
     this.events.emit('neighbourEvicted', { snapshotId: id, ...(engine ? { engine } : {}), reason, ...(forEngine ? { for: forEngine } : {}) });
   }
 

@@ -2,7 +2,7 @@ import type { HostCache } from '../cache/host-cache.js';
 import type { ResidentWeights } from '../cache/resident-weights.js';
 import type { ErrorCode } from '../errors.js';
 import { toVsnapError } from '../errors.js';
-import { blobProblems } from '../snapshot/engine-checks.js';
+import { blobProblems } from '../flows/checks.js';
 import { Snapshot } from '../snapshot/snapshot.js';
 import type { RegionStore } from '../store/region-store.js';
 

@@ -2,7 +2,6 @@ import { availableParallelism } from 'node:os';
 
 import { toVsnapError } from '../errors.js';
 import { native, type NativeStagingPool } from '../native/index.js';
-import { releaseWarmNeighbours } from './multipath.js';
 import { deviceContexts } from './contexts.js';
 
 /** Default chunk and slot size: large copies reach the PCIe line rate (54.2 GB/s at 64 MiB on an H200). */
@@ -104,16 +103,3 @@ const REGISTRY = Symbol.for('vsnap.stagingPools.v1');
 /** @internal */
 export const stagingPools: StagingPools = ((globalThis as Record<symbol, unknown>)[REGISTRY] as StagingPools | undefined) ??
   ((globalThis as Record<symbol, unknown>)[REGISTRY] = new StagingPools()) as StagingPools;
-
-/**
- * Frees the staging memory vsnap keeps pinned between transfers, lets go of the CUDA contexts it
- * keeps for the GPUs it moved bytes to or from, and of the neighbour GPU contexts multi-path
- * restores keep (all otherwise freed after 30 s idle; `VSNAP_STAGING_IDLE_MS` changes that).
- * Call before a process that used vsnap hands the GPU to others, or in tests.
- * @public
- */
-export async function releaseIdleResources(): Promise<void> {
-  await stagingPools.releaseIdle();
-  releaseWarmNeighbours();
-  await deviceContexts.releaseIdle();
-}

@@ -9,7 +9,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
 
-import { cudaStatus, DeviceAllocation, HostCache, HostRegion, listDevices, RegionStore, releaseIdleResources, Snapshot, VsnapError } from '../../src/index.js';
+import { cudaStatus, HostCache, RegionStore, Snapshot, VsnapError } from '../../src/index.js';
+import { DeviceAllocation, HostRegion, listDevices, releaseIdleResources } from '../../src/plumbing.js';
 import { runTransfer } from '../../src/transfer/transfer.js';
 
 const MiB = 1024 ** 2;

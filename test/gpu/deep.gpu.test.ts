@@ -8,8 +8,9 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 
-import { captureEngine, cudaStatus, EngineClient, RegionStore, releaseIdleResources, restoreEngine, suspendEngine, VsnapError } from '../../src/index.js';
-import { nativeCheckpointBackend } from '../../src/snapshot/deep-suspend.js';
+import { captureEngine, cudaStatus, EngineClient, RegionStore, restoreEngine, suspendEngine, VsnapError } from '../../src/index.js';
+import { releaseIdleResources } from '../../src/plumbing.js';
+import { nativeCheckpointBackend } from '../../src/flows/deep.js';
 import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
 import { gpuMemoryOf, gpuUsedMiB } from './nvidia-smi.js';
 

@@ -9,7 +9,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 
-import { captureEngine, cudaStatus, DeviceAllocation, EngineClient, RegionStore, releaseIdleResources, restoreEngine, Snapshot, suspendEngine } from '../../src/index.js';
+import { captureEngine, cudaStatus, EngineClient, RegionStore, restoreEngine, Snapshot, suspendEngine } from '../../src/index.js';
+import { DeviceAllocation, releaseIdleResources } from '../../src/plumbing.js';
 import { digestRegions } from '../../src/digest/index.js';
 import { native } from '../../src/native/index.js';
 import { askCapital, startEngine, type TestEngine, syncWeights } from '../helpers/engine.js';

@@ -6,7 +6,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 
-import { captureEngine, cudaStatus, EngineClient, HostCache, RegionStore, releaseIdleResources, restoreEngine, Snapshot, suspendEngine, VsnapError } from '../../src/index.js';
+import { captureEngine, cudaStatus, EngineClient, HostCache, RegionStore, restoreEngine, Snapshot, suspendEngine, VsnapError } from '../../src/index.js';
+import { releaseIdleResources } from '../../src/plumbing.js';
 import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
 import { gpuMemoryOf } from './nvidia-smi.js';
 
@@ -65,7 +66,7 @@ describe('GPU: capture, suspend and restore the reference engine', async () => {
     try {
       for (let round = 1; round <= 4; round++) {
         // rounds 1-2 stream from the store (page cache); 3 loads the RAM tier; 4 restores from it
-        const report = await restoreEngine(snap, client, round >= 3 ? { cache } : {});
+        const report = await restoreEngine(snap, client, round >= 3 ? { tiers: { ram: cache } } : {});
         const phases = Object.entries(report.phases).map(([k, v]) => `${k} ${(v * 1000).toFixed(1)} ms`).join(', ');
         console.log(`restore ${round}: ${(report.seconds * 1000).toFixed(1)} ms total (${(report.bytes / GiB).toFixed(2)} GiB from ${report.tier}): ${phases}`);
         assert.deepEqual(await ask(client), before);
@@ -106,7 +107,7 @@ describe('GPU: capture, suspend and restore the reference engine', async () => {
     rmSync(store.blobPath(region.blob));
     const loads = async () => Number((await client.collectiveRpc('ref_weight_loads'))![0]);
     const loaded = await loads();
-    const report = await restoreEngine(snap, client, { recovery: 'reload', materialize: 'required', onWarning: () => undefined });
+    const report = await restoreEngine(snap, client, { onWarning: () => undefined, recovery: { policy: 'reload', materialize: 'required' } });
     const phases = Object.entries(report.phases).map(([k, v]) => `${k} ${(v * 1000).toFixed(1)} ms`).join(', ');
     console.log(`recovery: ${(report.seconds * 1000).toFixed(1)} ms total (${(report.bytes / GiB).toFixed(2)} GiB reloaded by the engine): ${phases}`);
     assert.equal(report.path, 'recovered');

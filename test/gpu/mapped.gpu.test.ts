@@ -9,7 +9,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, it } from 'node:test';
 
-import { cudaStatus, DeviceAllocation, HostCache, MappedRegions, RegionStore, Snapshot } from '../../src/index.js';
+import { cudaStatus, HostCache, RegionStore, Snapshot } from '../../src/index.js';
+import { DeviceAllocation, MappedRegions } from '../../src/plumbing.js';
 import type { RegionMemory } from '../../src/index.js';
 import { native, type NativeMapFault, type NativeVmmTimings } from '../../src/native/index.js';
 import { vmmSince as since } from '../helpers/vmm.js';

@@ -12,7 +12,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 
-import { cudaStatus, DeviceAllocation, HostCache, listDevices, RegionStore, releaseIdleResources, Snapshot } from '../../src/index.js';
+import { cudaStatus, HostCache, RegionStore, Snapshot } from '../../src/index.js';
+import { DeviceAllocation, listDevices, releaseIdleResources } from '../../src/plumbing.js';
 import { native } from '../../src/native/index.js';
 import { canAccessPeer, type MultipathStats } from '../../src/transfer/multipath.js';
 

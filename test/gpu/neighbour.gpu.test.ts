@@ -13,22 +13,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 
-import {
-  captureEngine,
-  cudaStatus,
-  DeviceAllocation,
-  EngineClient,
-  HostCache,
-  listDevices,
-  NeighbourTier,
-  RegionStore,
-  releaseIdleResources,
-  restoreEngine,
-  Snapshot,
-  suspendEngine,
-  SwapController,
-  type SwapEvent,
-} from '../../src/index.js';
+import { captureEngine, cudaStatus, EngineClient, HostCache, NeighbourTier, RegionStore, restoreEngine, Snapshot, suspendEngine, SwapController, type SwapEvent } from '../../src/index.js';
+import { DeviceAllocation, listDevices, releaseIdleResources } from '../../src/plumbing.js';
 import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
 import { native } from '../../src/native/index.js';
 import { canAccessPeer } from '../../src/transfer/multipath.js';
@@ -159,9 +145,9 @@ describe('GPU: the neighbour-GPU tier', async () => {
       const [a, b] = engines as [(typeof engines)[0], (typeof engines)[0]];
       const warnings: string[] = [];
       const onWarning = (m: string) => warnings.push(m);
-      const suspended = await suspendEngine(store, 'nb1', a.c, { neighbour: tier, onWarning });
+      const suspended = await suspendEngine(store, 'nb1', a.c, { onWarning, tiers: { neighbour: tier } });
       assert.ok(suspended.parked, `parked (${warnings.join('; ')})`);
-      const report = await restoreEngine(suspended.snapshot, a.c, { neighbour: tier, onWarning });
+      const report = await restoreEngine(suspended.snapshot, a.c, { onWarning, tiers: { neighbour: tier } });
       assert.equal(report.tier, 'neighbour', warnings.join('; '));
       assert.ok(report.phases.verifyDigests !== undefined, 'verified by GPU digest');
       assert.deepEqual((await askCapital(a.c, 16)).ids, a.expected);
@@ -176,7 +162,7 @@ describe('GPU: the neighbour-GPU tier', async () => {
           { name: 'nb2', client: b.c, memoryBytes: 10 * GiB },
         ],
         budgets: { 0: 15 * GiB, 1: 100 * GiB },
-        neighbour: tier,
+        tiers: { neighbour: tier },
       });
       const swaps: SwapEvent[] = [];
       controller.on('swap', (e: SwapEvent) => swaps.push(e));
@@ -190,7 +176,7 @@ describe('GPU: the neighbour-GPU tier', async () => {
           }
         }
       } finally {
-        controller.close();
+        await controller.close();
       }
       const restores = swaps.filter((e) => e.action === 'restore');
       assert.equal(restores.at(-1)?.engine, 'nb1');

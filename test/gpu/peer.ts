@@ -4,7 +4,7 @@
 // Replies one line per command on stdout. argv: <socket> <nonce> <sizes, comma-separated>
 import { createInterface } from 'node:readline';
 
-import { DeviceAllocation, sendFds } from '../../src/index.js';
+import { DeviceAllocation, sendFds } from '../../src/plumbing.js';
 import { patternBytes } from '../../src/cli/demo.js';
 
 const [socket, nonce, sizesArg] = process.argv.slice(2) as [string, string, string];

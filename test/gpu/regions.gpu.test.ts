@@ -10,7 +10,8 @@ import { createInterface, type Interface } from 'node:readline';
 import { after, before, describe, it } from 'node:test';
 import { fileURLToPath } from 'node:url';
 
-import { cudaStatus, DeviceAllocation, FdReceiver, HostCache, listDevices, RegionStore, releaseIdleResources, Snapshot, VsnapError } from '../../src/index.js';
+import { cudaStatus, HostCache, RegionStore, Snapshot, VsnapError } from '../../src/index.js';
+import { DeviceAllocation, FdReceiver, listDevices, releaseIdleResources } from '../../src/plumbing.js';
 import { native } from '../../src/native/index.js';
 import { gpuMemoryOf } from './nvidia-smi.js';
 

@@ -15,8 +15,9 @@ import { after, before, describe, it } from 'node:test';
 
 import { engineControl } from '../../src/engine/control.js';
 import { exportRegions } from '../../src/engine/export.js';
-import { captureEngine, cudaStatus, DeviceAllocation, EngineClient, listDevices, RegionStore, releaseIdleResources, restoreEngine, suspendEngine, VsnapError, type GpuDevice } from '../../src/index.js';
-import { nativeCheckpointBackend } from '../../src/snapshot/deep-suspend.js';
+import { captureEngine, cudaStatus, EngineClient, RegionStore, restoreEngine, suspendEngine, VsnapError, type GpuDevice } from '../../src/index.js';
+import { DeviceAllocation, listDevices, releaseIdleResources } from '../../src/plumbing.js';
+import { nativeCheckpointBackend } from '../../src/flows/deep.js';
 import type { Snapshot } from '../../src/snapshot/snapshot.js';
 import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
 
@@ -103,7 +104,7 @@ describe('GPU: a deep-suspended engine restored onto another GPU', async () => {
       assert.equal(await backend.state(pid), 'checkpointed');
       const deepSeen = smiOf(pid);
       assert.ok(deepSeen === null || deepSeen.mib === 0, `a deep-suspended engine holds nothing on any GPU (${JSON.stringify(deepSeen)})`);
-      const r = await restoreEngine(snap, client, { onto: to.ordinal });
+      const r = await restoreEngine(snap, client, { move: { onto: to.ordinal } });
       const seen = smiOf(pid);
       assert.deepEqual(r.gpus, [to.uuid], 'the export reports the new GPU');
       assert.equal(seen?.uuid, to.uuid, `nvidia-smi lists the engine on ${to.uuid}`);
@@ -161,7 +162,7 @@ describe('GPU: a deep-suspended engine restored onto another GPU', async () => {
       assert.equal(await backend.state(pid), 'checkpointed');
       const fill = await fillGpu1(leave);
       try {
-        const err = await restoreEngine(snap, client, { onto: g1.ordinal }).then(
+        const err = await restoreEngine(snap, client, { move: { onto: g1.ordinal } }).then(
           () => undefined,
           (e: VsnapError) => e,
         );
@@ -247,7 +248,7 @@ describe('GPU: a deep-suspended engine restored onto another GPU', async () => {
     if (smiOf(pid)?.uuid !== g0.uuid) {
       // an earlier test left it on GPU 1 (the open-descriptors one moves it): back to GPU 0 first
       await suspendEngine(store, 'ref', client, { deep: true });
-      await restoreEngine(snap, client, { onto: g0.ordinal });
+      await restoreEngine(snap, client, { move: { onto: g0.ordinal } });
     }
     assert.equal(smiOf(pid)?.uuid, g0.uuid);
     await suspendEngine(store, 'ref', client, { deep: true });

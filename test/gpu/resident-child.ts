@@ -6,6 +6,6 @@ const [url, token, root] = process.argv.slice(2) as [string, string, string];
 const client = new EngineClient({ baseUrl: url, token });
 const store = await RegionStore.open(root);
 const resident = new ResidentWeights();
-await suspendEngine(store, 'a', client, { captureIfNeeded: true, resident });
+await suspendEngine(store, 'a', client, { captureIfNeeded: true, tiers: { gpu: resident } });
 process.stdout.write(`holding ${resident.bytes}\n`);
 setInterval(() => undefined, 1000);

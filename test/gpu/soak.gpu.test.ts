@@ -8,7 +8,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 
-import { cudaStatus, EngineClient, HostCache, RegionStore, releaseIdleResources, ResidentWeights, restoreEngine, suspendEngine } from '../../src/index.js';
+import { cudaStatus, EngineClient, HostCache, RegionStore, ResidentWeights, restoreEngine, suspendEngine } from '../../src/index.js';
+import { releaseIdleResources } from '../../src/plumbing.js';
 import { stagingPools } from '../../src/transfer/staging.js';
 import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
 import { gpuMemoryOf, gpuUsedMiB } from './nvidia-smi.js';
@@ -82,8 +83,8 @@ describe('GPU: soak of the reference engine', async () => {
     const seconds: Record<string, number[]> = { store: [], ram: [], gpu: [] };
     const cycle = async (i: number): Promise<void> => {
       const tier = tiers[i % 3]!;
-      const { snapshot } = await suspendEngine(store, 'soak', client, { captureIfNeeded: true, ...(tier === 'gpu' ? { resident } : {}) });
-      const report = await restoreEngine(snapshot, client, { ...(tier === 'ram' ? { cache } : {}), ...(tier === 'gpu' ? { resident } : {}) });
+      const { snapshot } = await suspendEngine(store, 'soak', client, { captureIfNeeded: true, ...(tier === 'gpu' ? { tiers: { gpu: resident } } : {}) });
+      const report = await restoreEngine(snapshot, client, { tiers: { ...(tier === 'ram' ? { ram: cache } : {}), ...(tier === 'gpu' ? { gpu: resident } : {}) } });
       if (i >= 3) assert.equal(report.tier, tier, `cycle ${i}`);
       seconds[tier]!.push(report.seconds);
       assert.deepEqual(await askCapital(client, 16), expected, `cycle ${i}: the answer changed`);

@@ -10,7 +10,9 @@ import { after, before, describe, it } from 'node:test';
 
 import { request } from 'undici';
 
-import { cudaStatus, EngineClient, HostCache, RegionStore, releaseIdleResources, SwapAgent, SwapController, type SwapEvent } from '../../src/index.js';
+import { cudaStatus, EngineClient, HostCache, RegionStore, SwapController, type SwapEvent } from '../../src/index.js';
+import { releaseIdleResources } from '../../src/plumbing.js';
+import { SwapAgent } from '../../src/serve/index.js';
 import { startEngine, type TestEngine } from '../helpers/engine.js';
 
 const GiB = 1024 ** 3;
@@ -56,7 +58,7 @@ describe('GPU: one H200 time-shared by two engines through the agent', async () 
       const cache = tier === 'ram' ? await HostCache.create({ budgetBytes: 6 * GiB }) : undefined;
       const controller = await SwapController.create({
         store,
-        ...(cache ? { cache } : {}),
+        ...(cache ? { tiers: { ram: cache } } : {}),
         engines: engines.map((x) => ({ name: x.name, client: x.client, memoryBytes: 4 * GiB })),
         budgets: { 0: (overlap ? 7 : 6) * GiB },
         overlap,
@@ -94,7 +96,7 @@ describe('GPU: one H200 time-shared by two engines through the agent', async () 
         else assert.equal(overlapped, 0);
       } finally {
         await agent.close();
-        controller.close();
+        await controller.close();
         cache?.close();
       }
     });

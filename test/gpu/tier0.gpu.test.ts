@@ -6,19 +6,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 
-import {
-  cudaStatus,
-  EngineClient,
-  HostCache,
-  RegionStore,
-  releaseIdleResources,
-  ResidentWeights,
-  restoreEngine,
-  resumeEngineKeptWeights,
-  Snapshot,
-  suspendEngine,
-  suspendEngineKeepingWeights,
-} from '../../src/index.js';
+import { cudaStatus, EngineClient, HostCache, RegionStore, ResidentWeights, restoreEngine, Snapshot, suspendEngine } from '../../src/index.js';
+import { releaseIdleResources } from '../../src/plumbing.js';
 import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
 import { gpuMemoryOf, gpuUsedMiB } from './nvidia-smi.js';
 
@@ -65,19 +54,19 @@ describe('GPU: tier 0, weights resident across sleep', async () => {
     const answer = await ask(c);
     const own = { suspend: [] as number[], resume: [] as number[] };
     for (let i = 0; i < 10; i++) {
-      const s = await suspendEngineKeepingWeights(c);
+      const s = await suspendEngine(store, 'own', c, { tiers: { engine: true } });
       own.suspend.push(s.seconds);
-      if (i === 0) console.log(`engine tier 0 (${s.via}): engine holds ${gpuMemoryOf(e.enginePid)} MiB while suspended`);
-      own.resume.push(await resumeEngineKeptWeights(c));
+      if (i === 0) console.log(`engine tier 0 (${s.keptIn}): engine holds ${gpuMemoryOf(e.enginePid)} MiB while suspended`);
+      own.resume.push((await restoreEngine({ store, name: 'own' }, c, { tiers: { engine: true } })).seconds);
       assert.deepEqual(await ask(c), answer);
     }
     const resident = new ResidentWeights();
     const sdk = { suspend: [] as number[], resume: [] as number[] };
     try {
       for (let i = 0; i < 10; i++) {
-        const s = await suspendEngine(store, 'own-vs-sdk', c, { captureIfNeeded: true, resident });
+        const s = await suspendEngine(store, 'own-vs-sdk', c, { captureIfNeeded: true, tiers: { gpu: resident } });
         sdk.suspend.push(s.seconds);
-        const r = await restoreEngine(s.snapshot, c, { resident });
+        const r = await restoreEngine(s.snapshot, c, { tiers: { gpu: resident } });
         assert.equal(r.tier, 'gpu');
         sdk.resume.push(r.seconds);
         assert.deepEqual(await ask(c), answer);
@@ -94,10 +83,10 @@ describe('GPU: tier 0, weights resident across sleep', async () => {
     const [a, b] = engines as [{ e: TestEngine; c: EngineClient }, { e: TestEngine; c: EngineClient }];
     const answers = [await ask(a.c), await ask(b.c)];
     const usedAwake = gpuUsedMiB();
-    const sa = await suspendEngine(store, 'a', a.c, { captureIfNeeded: true, resident });
+    const sa = await suspendEngine(store, 'a', a.c, { captureIfNeeded: true, tiers: { gpu: resident } });
     const usedHeld = gpuUsedMiB();
     console.log(`tier 0 holds ${(resident.bytes / GiB).toFixed(2)} GiB; GPU used ${usedAwake} MiB awake -> ${usedHeld} MiB after a tier-0 suspend (engine ${gpuMemoryOf(a.e.enginePid)} MiB, this process ${gpuMemoryOf(process.pid)} MiB)`);
-    const sb = await suspendEngine(store, 'b', b.c, { captureIfNeeded: true, resident });
+    const sb = await suspendEngine(store, 'b', b.c, { captureIfNeeded: true, tiers: { gpu: resident } });
     const snaps = [sa.snapshot, sb.snapshot];
     const adopt: number[] = [];
     const total: number[] = [];
@@ -105,13 +94,13 @@ describe('GPU: tier 0, weights resident across sleep', async () => {
     for (let i = 0; i < 20; i++) {
       const k = i % 2;
       const x = engines[k]!;
-      const r = await restoreEngine(snaps[k]!, x.c, { resident });
+      const r = await restoreEngine(snaps[k]!, x.c, { tiers: { gpu: resident } });
       assert.equal(r.tier, 'gpu');
       adopt.push(r.phases.adoptWeights!);
       total.push(r.seconds);
       assert.deepEqual(await ask(x.c), answers[k], `round ${i}`);
       const t = performance.now();
-      await suspendEngine(store, k === 0 ? 'a' : 'b', x.c, { resident });
+      await suspendEngine(store, k === 0 ? 'a' : 'b', x.c, { tiers: { gpu: resident } });
       suspend.push((performance.now() - t) / 1000);
     }
     console.log(`tier-0 restore, 2.4 GiB: adopt weights ${stats(adopt)}; end to end incl. expected response ${stats(total)}; tier-0 suspend ${stats(suspend)}`);
@@ -143,7 +132,7 @@ describe('GPU: tier 0, weights resident across sleep', async () => {
     console.log(`SDK killed while holding tier 0: GPU used ${held} -> ${freed} MiB`);
     assert.ok(held - freed >= 2 * 1024, 'the driver freed the held weights');
     assert.equal((await a.c.vsnapStatus()).sleeping, true);
-    const r = await restoreEngine((await Snapshot.open(store, 'a')), a.c, { resident: new ResidentWeights() });
+    const r = await restoreEngine((await Snapshot.open(store, 'a')), a.c, { tiers: { gpu: new ResidentWeights() } });
     assert.equal(r.tier, 'store');
     assert.deepEqual(await ask(a.c), answer);
   });
@@ -156,19 +145,19 @@ describe('GPU: tier 0, weights resident across sleep', async () => {
     try {
       const bytes = (await c.vsnapStatus()).ranks[0]!.bytes;
       const answer = await ask(c);
-      const s = await suspendEngine(store, 'big', c, { captureIfNeeded: true, resident });
+      const s = await suspendEngine(store, 'big', c, { captureIfNeeded: true, tiers: { gpu: resident } });
       const gpu = [];
       for (let i = 0; i < 3; i++) {
-        const r = await restoreEngine(s.snapshot, c, { resident });
+        const r = await restoreEngine(s.snapshot, c, { tiers: { gpu: resident } });
         assert.equal(r.tier, 'gpu');
         gpu.push(r);
         assert.deepEqual(await ask(c), answer);
-        await suspendEngine(store, 'big', c, { resident: i < 2 ? resident : undefined });
+        await suspendEngine(store, 'big', c, { tiers: { gpu: i < 2 ? resident : undefined } });
       }
       const cache = await HostCache.create({ budgetBytes: bytes + GiB });
       try {
         await cache.load(store, s.snapshot.manifest);
-        const ram = await restoreEngine(s.snapshot, c, { cache });
+        const ram = await restoreEngine(s.snapshot, c, { tiers: { ram: cache } });
         assert.equal(ram.tier, 'ram');
         assert.deepEqual(await ask(c), answer);
         console.log(

@@ -15,8 +15,9 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 
-import { captureEngine, cudaStatus, EngineClient, HostCache, listDevices, RegionStore, releaseIdleResources, restoreEngine, suspendEngine, type Snapshot } from '../../src/index.js';
-import { nativeCheckpointBackend } from '../../src/snapshot/deep-suspend.js';
+import { captureEngine, cudaStatus, EngineClient, HostCache, RegionStore, restoreEngine, suspendEngine, type Snapshot } from '../../src/index.js';
+import { listDevices, releaseIdleResources } from '../../src/plumbing.js';
+import { nativeCheckpointBackend } from '../../src/flows/deep.js';
 import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
 import { gpuMemoryOf, gpuUsedPerGpuMiB } from './nvidia-smi.js';
 
@@ -93,7 +94,7 @@ describe('GPU: tensor parallel size 2 (one worker process per GPU)', async () =>
     const totals: number[] = [];
     const perRank: Array<Array<{ rank: number; device: number; GiB: number; hydrateMs: number; hydrateGBps: number; digestMs?: number }>> = [];
     for (let round = 1; round <= ROUNDS; round++) {
-      const report = await restoreEngine(snap, client, { cache });
+      const report = await restoreEngine(snap, client, { tiers: { ram: cache } });
       assert.equal(report.tier, 'ram');
       assert.equal(report.bytes, snap.manifest.totalBytes);
       assert.deepEqual(await askCapital(client, 16), expected, `round ${round}: token ids and logprobs bit for bit`);
@@ -152,12 +153,12 @@ describe('GPU: tensor parallel size 2 (one worker process per GPU)', async () =>
     assert.ok(snap, 'needs the capture of the first test');
     const backend = nativeCheckpointBackend();
     // the engine is asleep (level 2) after the first test: wake it, then suspend deep from awake
-    await restoreEngine(snap, client, { cache });
+    await restoreEngine(snap, client, { tiers: { ram: cache } });
     const awakeMiB = pids.map(gpuMemoryOf);
     const plain = await suspendEngine(store, 'tp', client);
     const level2MiB = pids.map(gpuMemoryOf);
     const level2Used = gpuUsedPerGpuMiB();
-    await restoreEngine(snap, client, { cache });
+    await restoreEngine(snap, client, { tiers: { ram: cache } });
     const rounds = [];
     for (let round = 1; round <= 2; round++) {
       const s = await suspendEngine(store, 'tp', client, { deep: true });
@@ -166,7 +167,7 @@ describe('GPU: tensor parallel size 2 (one worker process per GPU)', async () =>
       for (const pid of pids) assert.equal(await backend.state(pid), 'checkpointed');
       deepMiB.forEach((m, r) => assert.ok(m === null || m === 0, `rank ${r} still holds ${m} MiB after deep suspend`));
       assert.equal((await client.vsnapStatus()).sleeping, true); // the status answers while both are checkpointed
-      const r = await restoreEngine(snap, client, { cache });
+      const r = await restoreEngine(snap, client, { tiers: { ram: cache } });
       for (const pid of pids) assert.equal(await backend.state(pid), 'running');
       assert.deepEqual(await askCapital(client, 16), expected, 'bit for bit after a deep round trip of both ranks');
       rounds.push({

@@ -1,6 +1,6 @@
 import { VsnapError } from '../../src/errors.js';
 import type { NativeGpuPair, NativeProcessState } from '../../src/native/index.js';
-import type { CheckpointBackend } from '../../src/snapshot/deep-suspend.js';
+import type { CheckpointBackend } from '../../src/flows/deep.js';
 
 type Op = 'state' | 'lock' | 'checkpoint' | 'restore' | 'unlock';
 

@@ -10,7 +10,7 @@ import { Manifest } from '../../src/manifest/manifest.js';
 import { native } from '../../src/native/index.js';
 import { buildArtifact, configBlob, OCI_MANIFEST, sha256Digest } from '../../src/registry/artifact.js';
 import { hashFile } from '../../src/registry/push.js';
-import { blobDigest } from '../../src/store/digest.js';
+import { blobDigest } from '../../src/manifest/blob-digest.js';
 import type { RegionStore } from '../../src/store/region-store.js';
 import { patternBytes } from './regions.js';
 

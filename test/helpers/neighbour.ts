@@ -1,7 +1,7 @@
 import { readSync, writeSync } from 'node:fs';
 
 import { VsnapError } from '../../src/errors.js';
-import type { NeighbourBackend } from '../../src/gpu/neighbour-tier.js';
+import type { NeighbourBackend } from '../../src/cache/neighbour-tier.js';
 import { HostRegion } from '../../src/regions/host-region.js';
 import type { RegionMemory } from '../../src/regions/memory.js';
 

@@ -9,7 +9,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { RegionStore } from '../../src/store/region-store.js';
-import { SwapAgent } from '../../src/swap/agent.js';
+import { SwapAgent } from '../../src/serve/agent.js';
 import { SwapController } from '../../src/swap/controller.js';
 import { startEngine, type TestEngine } from '../helpers/engine.js';
 
@@ -31,7 +31,7 @@ beforeAll(async () => {
 });
 afterAll(async () => {
   for (const a of agents) await a.close();
-  controller?.close();
+  await controller?.close();
   await client?.close();
   await engine?.stop();
   if (storeDir) rmSync(storeDir, { recursive: true, force: true });

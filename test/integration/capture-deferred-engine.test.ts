@@ -5,7 +5,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { HostCache } from '../../src/cache/host-cache.js';
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { HostRegion } from '../../src/regions/host-region.js';
-import { restoreEngine, suspendEngine } from '../../src/snapshot/engine-flows.js';
+import { restoreEngine, suspendEngine } from '../../src/flows/index.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { runTransfer } from '../../src/transfer/transfer.js';
 import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
@@ -57,7 +57,7 @@ describe('restoreEngine of a capture with its hash deferred', () => {
     await overwriteInRam(cache, s.snapshot.id, region.key, flipped);
 
     const maps = memfdMappings();
-    const err = await rejection(restoreEngine(s.snapshot, client, { cache, verifyDigests: false }));
+    const err = await rejection(restoreEngine(s.snapshot, client, { tiers: { ram: cache }, verify: { digests: false } }));
     expect(err.code).toBe('E_DIGEST_MISMATCH');
     expect(JSON.stringify(err.details)).toContain(`0/${region.key}`);
     const status = await client.vsnapStatus();
@@ -66,7 +66,7 @@ describe('restoreEngine of a capture with its hash deferred', () => {
     expect(memfdMappings()).toBe(maps);
 
     await overwriteInRam(cache, s.snapshot.id, region.key, sound);
-    expect((await restoreEngine(s.snapshot, client, { cache })).tier).toBe('ram');
+    expect((await restoreEngine(s.snapshot, client, { tiers: { ram: cache } })).tier).toBe('ram');
     expect((await askCapital(client, 8)).ids).toEqual(before);
     await s.snapshot.persist();
     expect((await store.current('ref'))?.id).toBe(s.snapshot.id);

@@ -29,6 +29,8 @@ interface Case {
   exit: number;
   message?: RegExp;
   hint: RegExp;
+  /** It logs on stderr before it fails (vsnap serve's engine lines), --json or not. */
+  logs?: boolean;
 }
 
 async function expectError(c: Case): Promise<void> {
@@ -45,7 +47,7 @@ async function expectError(c: Case): Promise<void> {
   expect(body.hint).toMatch(c.hint);
   if (c.message) expect(body.message).toMatch(c.message);
   expect(json.stdout).not.toMatch(SDK_TERMS);
-  expect(json.stderr).toBe('');
+  if (!c.logs) expect(json.stderr).toBe('');
 }
 
 describe('error output of every command', () => {
@@ -107,6 +109,14 @@ describe('error output of every command', () => {
     await expectError({ args: ['serve', '--config', bad], code: 'E_CONFIG', exit: 1, message: /bad\.yaml/, hint: /--config/ });
     await expectError({ args: ['serve', '--config', join(dir, 'missing.yaml')], code: 'E_CONFIG', exit: 1, hint: /--config/ });
     await expectError({ args: ['serve'], code: 'E_USAGE', exit: 2, message: /--config/, hint: /serve --help/ });
+    // an engine command that is not there: named with its model, pointing at `command:` (not an exit code and `vsnap status`)
+    const engineConfig = (model: string): string => `listen: { port: 0 }\nstore: ${join(dir, 'store')}\ngpus:\n  "0": { budgetGiB: 1 }\nmodels:\n  m:\n${model}    port: ${String(49152 + (process.pid % 8000))}\n    memoryGiB: 0.5\n`;
+    const noCommand = join(dir, 'no-command.yaml');
+    writeFileSync(noCommand, engineConfig('    command: vsnap-no-such-engine\n'));
+    await expectError({ args: ['serve', '--config', noCommand], code: 'E_CONFIG', exit: 1, message: /engine 'm': its command 'vsnap-no-such-engine' was not found.*`command:` for m/, hint: /--config/ });
+    const exits = join(dir, 'exits.yaml');
+    writeFileSync(exits, engineConfig(`    command: ${JSON.stringify(process.execPath)}\n    args: [-e, "process.exit(3)"]\n`));
+    await expectError({ args: ['serve', '--config', exits], code: 'E_ENGINE_STATE', exit: 1, message: /engine 'm' exited \(code 3\)/, hint: /output is above.*`command:`, `args:` and `env:` in the --config file/, logs: true });
     await expectError({ args: ['swap', 'm', '--agent', DEAD], code: 'E_ENGINE_UNREACHABLE', exit: 1, hint: /--agent/ });
     await expectError({ args: ['swap', 'm', '--agent', 'nope'], code: 'E_USAGE', exit: 2, message: /--agent must be an http\(s\) URL/, hint: /swap --help/ });
     await expectError({ args: ['swap'], code: 'E_USAGE', exit: 2, message: /model/, hint: /swap --help/ });

@@ -4,8 +4,21 @@ import { join } from 'node:path';
 
 import { describe, expect, it } from 'vitest';
 
+import { HostRegion } from '../../src/regions/host-region.js';
+import { Snapshot } from '../../src/snapshot/snapshot.js';
+import { RegionStore } from '../../src/store/region-store.js';
 import { cliPath, runCli, type CliResult } from '../helpers/cli.js';
 import { tempDir } from '../helpers/tmp.js';
+
+/** A store whose snapshot "demo" is another model's. */
+async function seedForeignDemo(root: string): Promise<void> {
+  const host = HostRegion.create(4096);
+  try {
+    await Snapshot.capture(await RegionStore.open(root), 'demo', { regions: [{ key: 'w', size: 4096, memory: host.memory }], model: { id: 'someone/else' } });
+  } finally {
+    host.close();
+  }
+}
 
 /** The command, with no store from the environment. */
 const vsnap = (...args: string[]): Promise<CliResult> => runCli(args, { VSNAP_STORE: '' });
@@ -82,11 +95,35 @@ describe('the vsnap command', () => {
     expect(existsSync(join(root, '..'))).toBe(false);
   });
 
-  it('the demo store is per user (under $XDG_CACHE_HOME)', async () => {
-    const cache = tempDir();
-    const out = await runCli(['demo', '--cpu', '--size', '8', '--json'], { VSNAP_STORE: '', XDG_CACHE_HOME: cache });
-    expect(out.code).toBe(0);
-    expect(JSON.parse(out.stdout)).toMatchObject({ store: join(cache, 'vsnap', 'demo-store') });
+  it('one default store: what ls and doctor say before the demo is where the demo writes, and ls then lists it', async () => {
+    const home = tempDir();
+    const env = { VSNAP_STORE: '', XDG_DATA_HOME: '', XDG_CACHE_HOME: '', HOME: home };
+    const expected = join(home, '.local', 'share', 'vsnap');
+    const before = await runCli(['ls'], env);
+    expect(before.code).toBe(1);
+    expect(before.stderr).toContain(`[E_STORE_INVALID] no store at ${expected}\n`);
+    expect(before.stderr).toMatch(/hint: .*a store is made by the first `vsnap snapshot`, `vsnap pull` or `vsnap demo`/);
+    const doctor = await runCli(['doctor'], env);
+    expect(doctor.stdout).toContain(`store: ${expected}: none yet (made by the first \`vsnap snapshot\`, \`vsnap pull\` or \`vsnap demo\`)`);
+
+    const demo = await runCli(['demo', '--cpu', '--size', '8'], env);
+    expect(demo.code, demo.stderr).toBe(0);
+    expect(demo.stdout).toContain(`store     ${expected}, snapshot "demo" (list it with: npx vsnap ls; remove it with: npx vsnap rm demo)`);
+    expect(JSON.parse((await runCli(['demo', '--cpu', '--size', '8', '--json'], env)).stdout)).toMatchObject({ store: expected });
+    const after = await runCli(['ls', '--json'], env);
+    expect(after.code).toBe(0);
+    expect(JSON.parse(after.stdout)).toEqual([expect.objectContaining({ name: 'demo', versions: 2 })]);
+    expect((await runCli(['doctor'], env)).stdout).toContain(`store: ${expected}: 1 snapshot(s)`);
+    expect(existsSync(join(home, '.cache'))).toBe(false); // no second store anywhere else
+  });
+
+  it('the demo never writes over a snapshot called "demo" of another model', async () => {
+    const store = join(tempDir(), 'store');
+    await seedForeignDemo(store);
+    const out = await vsnap('demo', '--cpu', '--size', '8', '--store', store);
+    expect(out.code).toBe(2);
+    expect(out.stderr).toMatch(/already has a snapshot "demo" of another model \(someone\/else\).*--store/);
+    expect(JSON.parse((await vsnap('ls', '--all', '--store', store, '--json')).stdout)).toHaveLength(1);
   });
 
   it('Ctrl-C during a capture aborts it through its AbortSignal, says so, exits 130 and leaves no temporary files', async () => {

@@ -3,7 +3,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { VsnapError } from '../../src/errors.js';
 import { native } from '../../src/native/index.js';
-import { captureEngine, restoreEngine, suspendEngine } from '../../src/snapshot/engine-flows.js';
+import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/index.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { SwapController } from '../../src/swap/controller.js';
 import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
@@ -35,15 +35,15 @@ describe('deep suspend through suspendEngine / restoreEngine', () => {
     const { e, client, store, before, snap, pid } = await setUp();
     expect(pid).toBe(e.enginePid);
     const driver = new FakeCheckpointDriver([pid]);
-    const r = await suspendEngine(store, 'ref', client, { deep: true, checkpointBackend: driver });
+    const r = await suspendEngine(store, 'ref', client, { deep: true, hooks: { checkpoint: driver } });
     expect(Object.keys(r.phases)).toEqual(['status', 'check', 'digest', 'sleep', 'deep.checkState', 'deep.lock', 'deep.checkpoint']);
     expect(driver.states.get(pid)).toBe('checkpointed');
     // suspending again: already asleep and deep, nothing changes
-    const again = await suspendEngine(store, 'ref', client, { deep: true, checkpointBackend: driver });
+    const again = await suspendEngine(store, 'ref', client, { deep: true, hooks: { checkpoint: driver } });
     expect(again.alreadyAsleep).toBe(true);
     expect(driver.states.get(pid)).toBe('checkpointed');
 
-    const report = await restoreEngine(snap, client, { checkpointBackend: driver });
+    const report = await restoreEngine(snap, client, { hooks: { checkpoint: driver } });
     expect(Object.keys(report.phases).slice(0, 4)).toEqual(['deep.restore', 'deep.unlock', 'prepare', 'wakeWeights']);
     expect(driver.notRunning()).toEqual([]);
     expect((await askCapital(client, 8)).ids).toEqual(before);
@@ -53,34 +53,34 @@ describe('deep suspend through suspendEngine / restoreEngine', () => {
     const { client, store, before, snap, pid } = await setUp();
     const driver = new FakeCheckpointDriver([pid]);
     driver.fail('lock', pid, 'timeout');
-    const err = await rejection(suspendEngine(store, 'ref', client, { deep: true, checkpointBackend: driver }));
+    const err = await rejection(suspendEngine(store, 'ref', client, { deep: true, hooks: { checkpoint: driver } }));
     expect(err.code).toBe('E_CHECKPOINT');
     expect(err.details).toMatchObject({ reason: 'timeout', stranded: [] });
     expect(driver.notRunning()).toEqual([]);
     expect((await client.vsnapStatus()).sleeping).toBe(true);
-    await restoreEngine(snap, client, { checkpointBackend: driver });
+    await restoreEngine(snap, client, { hooks: { checkpoint: driver } });
     expect((await askCapital(client, 8)).ids).toEqual(before);
   });
 
   it('a failed process restore: E_CHECKPOINT saying to retry, no wake attempted; the retry restores it', async () => {
     const { client, store, before, snap, pid } = await setUp();
     const driver = new FakeCheckpointDriver([pid]);
-    await suspendEngine(store, 'ref', client, { deep: true, checkpointBackend: driver });
+    await suspendEngine(store, 'ref', client, { deep: true, hooks: { checkpoint: driver } });
     driver.fail('restore', pid, 'driver');
-    const err = await rejection(restoreEngine(snap, client, { checkpointBackend: driver }));
+    const err = await rejection(restoreEngine(snap, client, { hooks: { checkpoint: driver } }));
     expect(err.code).toBe('E_CHECKPOINT');
     expect(err.details).toMatchObject({ step: 'restore', ranks: [0] });
     expect(err.message).toMatch(/Retry the restore/);
     expect(driver.states.get(pid)).toBe('checkpointed');
     expect((await client.vsnapStatus()).sleeping).toBe(true); // no wake was attempted
-    await restoreEngine(snap, client, { checkpointBackend: driver });
+    await restoreEngine(snap, client, { hooks: { checkpoint: driver } });
     expect(driver.notRunning()).toEqual([]);
     expect((await askCapital(client, 8)).ids).toEqual(before);
   });
 
   it('refuses deep together with tier 0', async () => {
     const { client, store } = await setUp();
-    const err = await rejection(suspendEngine(store, 'ref', client, { deep: true, resident: {} as never }));
+    const err = await rejection(suspendEngine(store, 'ref', client, { deep: true, tiers: { gpu: {} as never } }));
     expect(err.code).toBe('E_INVALID_ARGUMENT');
   });
 
@@ -113,7 +113,7 @@ describe('deep suspend through suspendEngine / restoreEngine', () => {
   it('the SwapController suspends a deepSuspend engine deep; after a failed deep step it counts its asleepBytes again', async () => {
     const { client, store, before, pid } = await setUp();
     const driver = new FakeCheckpointDriver([pid]);
-    const c = await SwapController.create({ store, engines: [{ name: 'ref', client, memoryBytes: 10e9, asleepBytes: 2e9, deepSuspend: true }], budgets: { 0: 20e9 }, checkpointBackend: driver });
+    const c = await SwapController.create({ store, engines: [{ name: 'ref', client, memoryBytes: 10e9, asleepBytes: 2e9, deepSuspend: true }], budgets: { 0: 20e9 }, hooks: { checkpoint: driver } });
     try {
       expect(c.states()[0]!.state).toBe('awake');
       driver.fail('checkpoint', pid, 'driver');

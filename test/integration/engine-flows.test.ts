@@ -5,7 +5,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { HostCache } from '../../src/cache/host-cache.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
-import { captureEngine, restoreEngine, suspendEngine } from '../../src/snapshot/engine-flows.js';
+import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/index.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { askCapital, startEngine, type EngineOptions, type TestEngine } from '../helpers/engine.js';
 import { tempDir } from '../helpers/tmp.js';
@@ -66,7 +66,7 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     try {
       for (const tier of ['store', 'ram']) {
         await suspendEngine(store, 'ref', client);
-        expect((await restoreEngine(snap, client, { cache })).tier).toBe(tier);
+        expect((await restoreEngine(snap, client, { tiers: { ram: cache } })).tier).toBe(tier);
         expect(await ask(client)).toEqual(before);
       }
     } finally {
@@ -201,7 +201,7 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
       const s = await suspendEngine(store, 'ref', client, { captureIfNeeded: true, capture: { cache, persist: 'async' } });
       expect(s.captured).toBe(true);
       expect((await client.vsnapStatus()).sleeping).toBe(true);
-      const report = await restoreEngine(s.snapshot, client, { cache });
+      const report = await restoreEngine(s.snapshot, client, { tiers: { ram: cache } });
       expect(report.tier).toBe('ram');
       expect(await ask(client)).toEqual(before);
       await s.snapshot.persist();

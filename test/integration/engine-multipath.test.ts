@@ -4,7 +4,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { HostCache } from '../../src/cache/host-cache.js';
-import { captureEngine, restoreEngine, suspendEngine } from '../../src/snapshot/engine-flows.js';
+import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/index.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
 import { tempDir } from '../helpers/tmp.js';
@@ -36,8 +36,7 @@ describe('restoreEngine over two links (multipath)', () => {
     await suspendEngine(store, 'ref', client);
     const warnings: string[] = [];
     const report = await restoreEngine(snap, client, {
-      cache,
-      multipath: { neighbour: 1, chunkSize: 64 * 1024, testFaults: { relayChunks: 8 } },
+      tiers: { ram: cache, multipath: { neighbour: 1, chunkSize: 64 * 1024, testFaults: { relayChunks: 8 } } },
       onWarning: (m) => warnings.push(m),
     });
     expect(report.tier).toBe('ram');
@@ -53,7 +52,7 @@ describe('restoreEngine over two links (multipath)', () => {
   it('a relay chunk failing is copied again over the direct path: the restore completes, verified', async () => {
     const { client, cache, store, snap, before } = await setup();
     await suspendEngine(store, 'ref', client);
-    const report = await restoreEngine(snap, client, { cache, multipath: { neighbour: 1, chunkSize: 64 * 1024, testFaults: { failRelayAt: 1, relayChunks: 8 } } });
+    const report = await restoreEngine(snap, client, { tiers: { ram: cache, multipath: { neighbour: 1, chunkSize: 64 * 1024, testFaults: { failRelayAt: 1, relayChunks: 8 } } } });
     expect(report.multipath).toMatchObject({ requeuedChunks: 1, neighbourNote: expect.stringMatching(/injected fault/) });
     expect(await askCapital(client, 8).then((a) => a.ids)).toEqual(before);
   });
@@ -64,13 +63,13 @@ describe('restoreEngine over two links (multipath)', () => {
     const fds = readdirSync('/proc/self/fd').length;
     await expect(
       // the neighbour takes 4 chunks, the direct path all the others: its copy 2 always happens, and fails
-      restoreEngine(snap, client, { cache, multipath: { neighbour: 1, chunkSize: 64 * 1024, testFaults: { failDirectAt: 2, relayChunks: 4 } } }),
+      restoreEngine(snap, client, { tiers: { ram: cache, multipath: { neighbour: 1, chunkSize: 64 * 1024, testFaults: { failDirectAt: 2, relayChunks: 4 } } } }),
     ).rejects.toMatchObject({ message: expect.stringMatching(/injected fault: direct copy 2 failed/), details: { recovered: true } });
     expect(readdirSync('/proc/self/fd').length).toBe(fds); // no descriptor (nor the mapping it would hold) left
     const status = await client.vsnapStatus();
     expect(status.sleeping).toBe(true);
     expect(status.ranks[0]!.weightsMapped).toBe(false);
-    await restoreEngine(snap, client, { cache });
+    await restoreEngine(snap, client, { tiers: { ram: cache } });
     expect(await askCapital(client, 8).then((a) => a.ids)).toEqual(before);
   });
 
@@ -78,7 +77,7 @@ describe('restoreEngine over two links (multipath)', () => {
     const { client, cache, store, snap, before } = await setup({ tensorParallelSize: 2 });
     await suspendEngine(store, 'ref', client);
     const warnings: string[] = [];
-    const report = await restoreEngine(snap, client, { cache, multipath: { neighbour: 1 }, onWarning: (m) => warnings.push(m) });
+    const report = await restoreEngine(snap, client, { onWarning: (m) => warnings.push(m), tiers: { ram: cache, multipath: { neighbour: 1 } } });
     expect(report.multipath).toBeUndefined();
     expect(warnings.join('\n')).toMatch(/multipath skipped: the engine has 2 ranks/);
     expect(await askCapital(client, 8).then((a) => a.ids)).toEqual(before);
@@ -99,10 +98,9 @@ describe('SwapController with multipath', () => {
     running.push(cache);
     const controller = await SwapController.create({
       store: await RegionStore.open(tempDir()),
-      cache,
+      tiers: { ram: cache, multipath: { neighbour: 1, chunkSize: 64 * 1024, testFaults: { relayChunks: 4 } } },
       engines: engines.map((e) => ({ name: e.name, client: e.client, memoryBytes: 10e9, asleepBytes: 1e9, devices: [0] })),
       budgets: { 0: 15e9 },
-      multipath: { neighbour: 1, chunkSize: 64 * 1024, testFaults: { relayChunks: 4 } },
     });
     const restores: Array<{ tier?: string; bytesViaNeighbour?: number }> = [];
     controller.on('swap', (e: { action: string; tier?: string; bytesViaNeighbour?: number }) => {

@@ -4,7 +4,7 @@ import { join } from 'node:path';
 
 import { afterEach, describe, expect, it } from 'vitest';
 
-import { EngineRecord } from '../../src/swap/engine-record.js';
+import { EngineRecord } from '../../src/serve/engine-record.js';
 import { groupMembers, until } from '../helpers/serve-process.js';
 import { tempDir } from '../helpers/tmp.js';
 

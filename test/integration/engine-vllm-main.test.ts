@@ -5,8 +5,8 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { engineControl } from '../../src/engine/control.js';
 import { VsnapError } from '../../src/errors.js';
-import { captureEngine } from '../../src/snapshot/engine-flows.js';
-import { resumeEngineKeptWeights, suspendEngineKeepingWeights } from '../../src/snapshot/engine-kv-release.js';
+import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/index.js';
+import type { QueuedRequestsPolicy } from '../../src/engine/engine-client.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { runCli } from '../helpers/cli.js';
 import { askCapital, startEngine, type EngineOptions, type TestEngine } from '../helpers/engine.js';
@@ -30,6 +30,14 @@ async function engine(options: EngineOptions = {}) {
 }
 
 const ask = async (client: EngineClient) => (await askCapital(client, 8)).ids;
+
+// The engine's own tier 0 through the flows (tiers.engine); it needs no snapshot.
+async function keepInEngine(client: EngineClient, queued?: QueuedRequestsPolicy) {
+  return suspendEngine(await RegionStore.open(tempDir()), 'kept', client, { tiers: { engine: queued ? { queued } : true } });
+}
+async function resumeKept(client: EngineClient) {
+  return restoreEngine({ store: await RegionStore.open(tempDir()), name: 'kept' }, client, { tiers: { engine: true } });
+}
 
 /** vLLM's gauge of requests waiting in the scheduler (GET /metrics). */
 async function waiting(url: string): Promise<number> {
@@ -55,20 +63,21 @@ describe('the engine releases its KV cache only with nothing queued (vllm/v1/eng
       const { e, client } = await engine(devMode ? { env: { VSNAP_REF_NO_BUILD_APP: '1' } } : {});
       const before = await ask(client);
       const { pending } = await queueARequest(e, client);
-      const r = await suspendEngineKeepingWeights(client); // default: wait
-      expect(r.via).toBe(devMode ? 'dev' : 'vsnap');
+      const r = await keepInEngine(client); // default: wait
+      expect(r.keptIn).toBe('engine');
+      expect((await client.routeMechanism()).mechanism === null).toBe(devMode);
       expect(await pending).toEqual({ ok: true, finish: 'length', tokens: 4 }); // served before the release
       expect(await waiting(e.url)).toBe(0);
-      await resumeEngineKeptWeights(client);
+      await resumeKept(client);
       expect(await ask(client)).toEqual(before);
     });
 
     it(`${via}: queued 'abort' aborts it`, async () => {
       const { e, client } = await engine(devMode ? { env: { VSNAP_REF_NO_BUILD_APP: '1' } } : {});
       const { pending } = await queueARequest(e, client);
-      await suspendEngineKeepingWeights(client, { queued: 'abort' });
+      await keepInEngine(client, 'abort');
       expect(await pending).toEqual({ ok: true, finish: 'abort', tokens: 0 });
-      await resumeEngineKeptWeights(client);
+      await resumeKept(client);
       expect((await client.completions({ prompt: 'after', max_tokens: 2, logprobs: 1 })).tokenIds).toHaveLength(2);
     });
   }

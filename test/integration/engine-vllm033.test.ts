@@ -2,8 +2,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { VsnapError } from '../../src/errors.js';
-import { resumeEngineKeptWeights, suspendEngineKeepingWeights } from '../../src/snapshot/engine-kv-release.js';
-import { captureEngine, restoreEngine, suspendEngine } from '../../src/snapshot/engine-flows.js';
+import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/index.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { SwapController, type SwapEvent } from '../../src/swap/controller.js';
@@ -26,6 +25,14 @@ async function engine(options: EngineOptions = {}) {
 }
 
 const ask = async (client: EngineClient) => (await askCapital(client, 8)).ids;
+
+// The engine's own tier 0 through the flows (tiers.engine): no snapshot is needed, so none is in the store.
+async function keepInEngine(client: EngineClient, check?: object) {
+  return suspendEngine(await RegionStore.open(tempDir()), 'kept', client, { tiers: { engine: check ? { check } : true } });
+}
+async function resumeKept(client: EngineClient, expected?: import('../../src/manifest/types.js').ExpectedResponse) {
+  return restoreEngine({ store: await RegionStore.open(tempDir()), name: 'kept' }, client, { tiers: { engine: expected ? { expected } : true } });
+}
 
 async function roundTrip(client: EngineClient): Promise<void> {
   const store = await RegionStore.open(tempDir());
@@ -138,33 +145,35 @@ describe('vLLM 0.33 details', () => {
 describe("the engine's own weight-resident suspend (release_kv_cache_memory)", () => {
   it('through the plugin routes: weights stay mapped, the KV cache comes back, same answer', async () => {
     const { client } = await engine({ devMode: false });
-    const r = await suspendEngineKeepingWeights(client, { probe: { prompt: 'The capital of France is', maxTokens: 8 } });
-    expect(r.via).toBe('vsnap');
+    const r = await keepInEngine(client, { prompt: 'The capital of France is', maxTokens: 8 });
+    expect(r.keptIn).toBe('engine');
+    expect(r.snapshot).toBeUndefined();
     const asleep = await client.vsnapStatus();
     expect(asleep.sleeping).toBe(true);
     expect(asleep.ranks[0]!.weightsMapped).toBe(true); // nothing of the weights was released
-    await expect(suspendEngineKeepingWeights(client)).rejects.toMatchObject({ code: 'E_ENGINE_STATE' });
-    await resumeEngineKeptWeights(client, { expected: r.expected! });
+    await expect(keepInEngine(client)).rejects.toMatchObject({ code: 'E_ENGINE_STATE' });
+    await resumeKept(client, r.expected!);
     expect((await client.vsnapStatus()).sleeping).toBe(false);
     // the recorded check is the prefill check: a prompt logprob off by one part in a million fails the resume
     expect(r.expected!.promptLogprobs).toHaveLength('The capital of France is'.length - 1);
-    const again = await suspendEngineKeepingWeights(client, { probe: {} });
+    const again = await keepInEngine(client, {});
     const tampered = { ...again.expected!, promptLogprobs: again.expected!.promptLogprobs!.map((x, i) => (i === 5 ? x + 2 ** -20 : x)) };
-    await expect(resumeEngineKeptWeights(client, { expected: tampered })).rejects.toMatchObject({ code: 'E_RESPONSE_MISMATCH', details: { difference: expect.stringMatching(/^prompt logprobs differ/) } });
+    await expect(resumeKept(client, tampered)).rejects.toMatchObject({ code: 'E_RESPONSE_MISMATCH', details: { difference: expect.stringMatching(/^prompt logprobs differ/) } });
   });
 
   it('through the dev routes, and refused cleanly where the engine has no such route', async () => {
     const { client } = await engine({ env: { VSNAP_REF_NO_BUILD_APP: '1' } });
     const before = await ask(client);
     await expect(client.releaseKvCacheMemory()).rejects.toMatchObject({ code: 'E_ENGINE_HTTP' }); // needs a pause first
-    const r = await suspendEngineKeepingWeights(client);
-    expect(r.via).toBe('dev');
+    const r = await keepInEngine(client);
+    expect(r.keptIn).toBe('engine');
+    expect(await client.routeMechanism()).toMatchObject({ mechanism: null, devRoutes: true }); // driven through the dev routes
     expect(await client.isSleeping()).toBe(true);
-    await resumeEngineKeptWeights(client);
+    await resumeKept(client);
     expect(await ask(client)).toEqual(before);
 
     const old = await engine({ env: { VSNAP_REF_NO_BUILD_APP: '1', VSNAP_REF_LEGACY_ROUTES: '1' } });
-    await expect(suspendEngineKeepingWeights(old.client)).rejects.toMatchObject({ code: 'E_ENGINE_STATE' });
+    await expect(keepInEngine(old.client)).rejects.toMatchObject({ code: 'E_ENGINE_STATE' });
   });
 });
 
@@ -191,7 +200,7 @@ describe('SwapController with the engine keeping its weights (option)', () => {
       expect(events.map((e) => [e.action, e.tier ?? null])).toEqual([['suspend', null], ['restore', 'gpu']]);
       expect(await store.current('a')).toBeFalsy(); // nothing was captured
     } finally {
-      controller.close();
+      await controller.close();
     }
   });
 });

@@ -2,7 +2,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 
 import { ResidentWeights } from '../../src/cache/resident-weights.js';
 import { VsnapError } from '../../src/errors.js';
-import { restoreEngine, suspendEngine } from '../../src/snapshot/engine-flows.js';
+import { restoreEngine, suspendEngine } from '../../src/flows/index.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { askCapital, startEngine } from '../helpers/engine.js';
 import { FaultyClient, openFds, type Route } from '../helpers/faults.js';
@@ -38,25 +38,25 @@ describe('a fault at each step of a suspend: the weights stay (or a snapshot hol
         const { client, resident, store, answer, fds, ask } = await setup();
         await store.remove('ref'); // so the suspend has to capture (and probe) first
         client.inject({ route });
-        const err = await suspendEngine(store, 'ref', client, { captureIfNeeded: true, ...(tier0 ? { resident } : {}), ...warn }).catch((x: unknown) => x);
+        const err = await suspendEngine(store, 'ref', client, { captureIfNeeded: true, ...(tier0 ? { tiers: { gpu: resident } } : {}), ...warn }).catch((x: unknown) => x);
         expect(err).toBeInstanceOf(VsnapError);
         expect((await client.vsnapStatus()).sleeping).toBe(false);
         expect(await ask()).toEqual(answer); // its weights are untouched
         expect(resident.entries()).toEqual([]);
         expect(openFds()).toEqual(fds);
-        const { snapshot } = await suspendEngine(store, 'ref', client, { captureIfNeeded: true, ...(tier0 ? { resident } : {}) });
-        await restoreEngine(snapshot, client, tier0 ? { resident } : {});
+        const { snapshot } = await suspendEngine(store, 'ref', client, { captureIfNeeded: true, ...(tier0 ? { tiers: { gpu: resident } } : {}) });
+        await restoreEngine(snapshot, client, tier0 ? { tiers: { gpu: resident } } : {});
         expect(await ask()).toEqual(answer);
       });
     }
     it(`the sleep's answer is lost after the engine slept${tier0 ? ' (tier 0)' : ''}: tier 0 lets go, the snapshot brings the weights back`, async () => {
       const { client, resident, store, answer, fds, ask, snapshot } = await setup();
       client.inject({ route: 'sleep', when: 'after' });
-      await expect(suspendEngine(store, 'ref', client, { ...(tier0 ? { resident } : {}) })).rejects.toBeInstanceOf(VsnapError);
+      await expect(suspendEngine(store, 'ref', client, { ...(tier0 ? { tiers: { gpu: resident } } : {}) })).rejects.toBeInstanceOf(VsnapError);
       expect((await client.vsnapStatus()).sleeping).toBe(true);
       expect(resident.entries()).toEqual([]);
       expect(openFds()).toEqual(fds);
-      await restoreEngine(snapshot, client, tier0 ? { resident } : {});
+      await restoreEngine(snapshot, client, tier0 ? { tiers: { gpu: resident } } : {});
       expect(await ask()).toEqual(answer);
     });
   }

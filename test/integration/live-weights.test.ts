@@ -1,13 +1,14 @@
 import { chmodSync, readFileSync, unlinkSync, writeFileSync, readSync, writeSync } from 'node:fs';
+import { join } from 'node:path';
 
 import { afterEach, describe, expect, it } from 'vitest';
 
 import { ResidentWeights } from '../../src/cache/resident-weights.js';
 import { EngineClient } from '../../src/engine/engine-client.js';
-import { checkResident } from '../../src/snapshot/live-check.js';
+import { checkResident } from '../../src/cache/resident-weights.js';
 import { VsnapError } from '../../src/errors.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
-import { captureEngine, restoreEngine, suspendEngine } from '../../src/snapshot/engine-flows.js';
+import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/index.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { askCapital, startEngine, syncWeights, type TestEngine } from '../helpers/engine.js';
 import { patternedRegions } from '../helpers/regions.js';
@@ -103,7 +104,7 @@ describe('live weights: the dirty check before a discard, incremental capture, v
     const store = await RegionStore.open(tempDir());
     const resident = new ResidentWeights();
     try {
-      const s = await suspendEngine(store, 'ref', client, { captureIfNeeded: true, resident });
+      const s = await suspendEngine(store, 'ref', client, { captureIfNeeded: true, tiers: { gpu: resident } });
       const held = resident.peek(client.baseUrl)!;
       expect(await checkResident(s.snapshot.manifest, held)).toMatchObject({ checked: true, changed: [] });
       // One byte of one held region changes (the engine is asleep: nothing else writes there).
@@ -123,7 +124,7 @@ describe('live weights: the dirty check before a discard, incremental capture, v
     const store = await RegionStore.open(tempDir());
     const snap = await captureEngine(store, 'ref', client);
     // Rewrite the manifest as version 1 wrote it.
-    const path = store.manifestPath('ref', snap.id);
+    const path = join(store.root, 'snapshots', 'ref', `${snap.id}.json`);
     const v1 = JSON.parse(readFileSync(path, 'utf8')) as Record<string, unknown> & { ranks: Array<{ regions: Array<Record<string, unknown>> }> };
     v1.schemaVersion = 1;
     delete v1.digestAlgorithm;

@@ -3,10 +3,10 @@ import { afterEach, describe, expect, it } from 'vitest';
 
 import { HostCache } from '../../src/cache/host-cache.js';
 import { EngineClient } from '../../src/engine/engine-client.js';
-import { NeighbourTier } from '../../src/gpu/neighbour-tier.js';
-import { captureEngine } from '../../src/snapshot/engine-flows.js';
+import { NeighbourTier } from '../../src/cache/neighbour-tier.js';
+import { captureEngine } from '../../src/flows/index.js';
 import { RegionStore } from '../../src/store/region-store.js';
-import { SwapAgent } from '../../src/swap/agent.js';
+import { SwapAgent } from '../../src/serve/agent.js';
 import { SwapController, type SwapEvent } from '../../src/swap/controller.js';
 import { askCapital, startEngine } from '../helpers/engine.js';
 import { hostPeerBackend } from '../helpers/neighbour.js';
@@ -66,10 +66,9 @@ describe('SwapController with a neighbour-GPU tier (CPU reference engines, host 
     cleanup.push(() => tier.close());
     const controller = await SwapController.create({
       store,
-      cache,
+      tiers: { ram: cache, neighbour: tier },
       engines: engines.map((x) => ({ name: x.name, client: x.client, memoryBytes: 10 * GB })),
       budgets: { 0: 15 * GB },
-      neighbour: tier,
     });
     cleanup.push(() => controller.close());
     const w = watch(controller);
@@ -135,7 +134,7 @@ describe('SwapController with a neighbour-GPU tier (CPU reference engines, host 
         { name: 'model-3', client: engines[2]!.client, memoryBytes: 10 * GB, devices: [1] },
       ],
       budgets,
-      neighbour: tier,
+      tiers: { neighbour: tier },
     });
     cleanup.push(() => controller.close());
     const w = watch(controller);
@@ -156,7 +155,7 @@ describe('SwapController with a neighbour-GPU tier (CPU reference engines, host 
     expect(w.evicted.some((e) => e.reason === 'room' && e.for === 'model-3')).toBe(true);
     expect(w.restores().some((r) => r.tier === 'neighbour')).toBe(true);
     expect(w.restores().filter((r) => r.engine === 'model-3').every((r) => r.tier !== 'neighbour')).toBe(true); // never parked: it runs on GPU 1
-    controller.close();
+    await controller.close();
     expect(tier.closed).toBe(false); // a tier passed in stays the caller's
     tier.close();
     expect(peer.openCount()).toBe(0);
@@ -170,7 +169,7 @@ describe('SwapController with a neighbour-GPU tier (CPU reference engines, host 
       store,
       engines: engines.map((x) => ({ name: x.name, client: x.client, memoryBytes: 10 * GB })),
       budgets: { 0: 15 * GB, 1: 100 * GB },
-      neighbour: NeighbourTier.create({ device: 1, budgetBytes: (n + 1) * GB, backend: peer.backend }), // one engine's copy
+      tiers: { neighbour: NeighbourTier.create({ device: 1, budgetBytes: (n + 1) * GB, backend: peer.backend }) }, // one engine's copy
     });
     cleanup.push(() => controller.close());
     const w = watch(controller);

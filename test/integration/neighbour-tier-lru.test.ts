@@ -1,6 +1,6 @@
 import { afterEach, describe, expect, it } from 'vitest';
 
-import { NeighbourTier } from '../../src/gpu/neighbour-tier.js';
+import { NeighbourTier } from '../../src/cache/neighbour-tier.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { hostPeerBackend } from '../helpers/neighbour.js';

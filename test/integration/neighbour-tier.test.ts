@@ -3,7 +3,7 @@ import { readSync, writeSync } from 'node:fs';
 import { afterEach, describe, expect, it } from 'vitest';
 
 import { VsnapError } from '../../src/errors.js';
-import { NeighbourTier, type NeighbourBackend } from '../../src/gpu/neighbour-tier.js';
+import { NeighbourTier, type NeighbourBackend } from '../../src/cache/neighbour-tier.js';
 import { HostRegion } from '../../src/regions/host-region.js';
 import type { RegionMemory } from '../../src/regions/memory.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';

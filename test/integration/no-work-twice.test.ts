@@ -8,7 +8,7 @@ import { VsnapError } from '../../src/errors.js';
 import { native } from '../../src/native/index.js';
 import { HostRegion } from '../../src/regions/host-region.js';
 import { MappedRegions } from '../../src/regions/mapped.js';
-import { captureEngine, restoreEngine, suspendEngine } from '../../src/snapshot/engine-flows.js';
+import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/index.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { askCapital, startEngine, syncWeights } from '../helpers/engine.js';
 import { FaultyClient, openFds } from '../helpers/faults.js';
@@ -69,7 +69,7 @@ describe('no work twice: one export and one mapping per region per flow', () => 
     cleanup.push(() => cache.close());
     for (const tier of ['store', 'ram']) {
       await suspendEngine(store, 'ref', client);
-      const r = await counted(client, () => restoreEngine(capture.value, client, { cache }));
+      const r = await counted(client, () => restoreEngine(capture.value, client, { tiers: { ram: cache } }));
       expect(r.value.tier).toBe(tier);
       expect(r).toMatchObject({ mapped: n, exports: 1 });
     }

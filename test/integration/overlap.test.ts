@@ -4,8 +4,8 @@ import { afterEach, describe, expect, it } from 'vitest';
 
 import { ResidentWeights } from '../../src/cache/resident-weights.js';
 import { VsnapError } from '../../src/errors.js';
-import { captureEngine, restoreEngine, suspendEngine } from '../../src/snapshot/engine-flows.js';
-import { swapEngines, type SwapOverlap } from '../../src/snapshot/engine-swap.js';
+import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/index.js';
+import { swapEngines, type SwapOverlap } from '../../src/flows/swap.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { askCapital, startEngine } from '../helpers/engine.js';
 import { FaultyClient, openFds } from '../helpers/faults.js';
@@ -168,11 +168,11 @@ describe('swapEngines: one engine to sleep, the other back, overlapped', () => {
     const resident = new ResidentWeights();
     cleanup.push(() => resident.close());
     await restoreEngine(snapB, b);
-    await suspendEngine(snapB.store, 'b', b, { resident });
+    await suspendEngine(snapB.store, 'b', b, { tiers: { gpu: resident } });
     expect(resident.entries()).toHaveLength(1);
     a.inject({ route: 'sleep' });
     b.calls.length = 0;
-    const err = (await swapEngines({ suspend: { client: a, name: 'a' }, restore: { source: snapB, client: b, resident, ...warn }, overlap: 'weights' }).catch((x: unknown) => x)) as VsnapError;
+    const err = (await swapEngines({ suspend: { client: a, name: 'a' }, restore: { source: snapB, client: b, ...warn, tiers: { gpu: resident } }, overlap: 'weights' }).catch((x: unknown) => x)) as VsnapError;
     expect(err.details).toMatchObject({ suspended: 'awake', restored: 'asleep' });
     expect((err.details.restoreError as VsnapError).code).toBe('E_ABORTED');
     expect(b.calls).toContain('adopt');

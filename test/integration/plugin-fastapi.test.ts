@@ -7,7 +7,7 @@ import { engineControl } from '../../src/engine/control.js';
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { exportRegions } from '../../src/engine/export.js';
 import { VsnapError } from '../../src/errors.js';
-import { restoreEngine, suspendEngine } from '../../src/snapshot/engine-flows.js';
+import { restoreEngine, suspendEngine } from '../../src/flows/index.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { askCapital, startEngine, type EngineOptions, type TestEngine } from '../helpers/engine.js';
 import { tempDir } from '../helpers/tmp.js';
@@ -81,8 +81,8 @@ describe.skipIf(!fastapi && !required)('the /vsnap/v1 routes under FastAPI and u
     const store = await RegionStore.open(tempDir());
     const resident = new ResidentWeights();
     try {
-      const s = await suspendEngine(store, 'ref', client, { captureIfNeeded: true, resident });
-      const report = await restoreEngine(s.snapshot, client, { resident });
+      const s = await suspendEngine(store, 'ref', client, { captureIfNeeded: true, tiers: { gpu: resident } });
+      const report = await restoreEngine(s.snapshot, client, { tiers: { gpu: resident } });
       expect(report.tier).toBe('gpu');
     } finally {
       resident.close();

@@ -5,7 +5,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { HostCache } from '../../src/cache/host-cache.js';
 import type { EngineClient } from '../../src/engine/engine-client.js';
 import { VsnapError } from '../../src/errors.js';
-import { restoreEngine, suspendEngine } from '../../src/snapshot/engine-flows.js';
+import { restoreEngine, suspendEngine } from '../../src/flows/index.js';
 import type { Snapshot } from '../../src/snapshot/snapshot.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { askCapital, startEngine, type EngineOptions } from '../helpers/engine.js';
@@ -92,7 +92,7 @@ describe('recovery: each cause, fail (today) then reload', () => {
     expect(await sleeping(client)).toBe(true);
     expect(await loads(client)).toBe(before);
 
-    const report = await restoreEngine(snapshot, client, { recovery: 'reload', materialize: 'required', ...quiet });
+    const report = await restoreEngine(snapshot, client, { ...quiet, recovery: { policy: 'reload', materialize: 'required' } });
     expect(report).toMatchObject({ path: 'recovered', recovery: { reason: 'damaged', code: 'E_CHECKSUM', expectedResponse: 'matched', materialize: 'required' } });
     const fresh = report.recovery!.snapshot!;
     expect(fresh.id).not.toBe(snapshot.id);
@@ -112,7 +112,7 @@ describe('recovery: each cause, fail (today) then reload', () => {
     const { client, store, answer, ask, snapshot } = await setup();
     rmSync(firstBlob(snapshot));
     expect(((await restoreEngine(snapshot, client, quiet).catch((x: unknown) => x)) as VsnapError).code).toBe('E_BLOB_MISSING');
-    const report = await restoreEngine(snapshot, client, { recovery: 'reload', materialize: 'async', ...quiet });
+    const report = await restoreEngine(snapshot, client, { ...quiet, recovery: { policy: 'reload', materialize: 'async' } });
     expect(report).toMatchObject({ path: 'recovered', recovery: { reason: 'missing', code: 'E_BLOB_MISSING', expectedResponse: 'matched', materialize: 'async' } });
     expect(report.recovery!.snapshot).toBeUndefined();
     expect(await ask()).toEqual(answer); // serving while the capture runs
@@ -132,7 +132,7 @@ describe('recovery: each cause, fail (today) then reload', () => {
     await store.remove('ref');
     const warnings: string[] = [];
     client.inject({ route: 'export' }); // the restore's recovery exports nothing: this is the capture's export
-    const report = await restoreEngine({ store, name: 'ref' }, client, { recovery: 'reload', materialize: 'async', onWarning: (m) => warnings.push(m) });
+    const report = await restoreEngine({ store, name: 'ref' }, client, { onWarning: (m) => warnings.push(m), recovery: { policy: 'reload', materialize: 'async' } });
     const outcome = await report.recovery!.materialized!;
     expect(outcome.ok).toBe(false);
     expect((outcome as { error: VsnapError }).error.code).toBe('E_ENGINE_HTTP');
@@ -150,10 +150,10 @@ describe('recovery: each cause, fail (today) then reload', () => {
     const { snapshot: ramOnly } = await suspendEngine(store, 'ref', client, { captureIfNeeded: true, capture: { cache, persist: 'off' } });
     expect(ramOnly.durable).toBe(false);
     expect(cache.evict(ramOnly.id)).toBe(true);
-    const err = (await restoreEngine(ramOnly, client, { cache, ...quiet }).catch((x: unknown) => x)) as VsnapError;
+    const err = (await restoreEngine(ramOnly, client, { ...quiet, tiers: { ram: cache } }).catch((x: unknown) => x)) as VsnapError;
     expect(err.code).toBe('E_NOT_DURABLE');
     expect(await sleeping(client)).toBe(true);
-    const report = await restoreEngine(ramOnly, client, { cache, recovery: 'reload', ...quiet });
+    const report = await restoreEngine(ramOnly, client, { ...quiet, recovery: 'reload', tiers: { ram: cache } });
     expect(report).toMatchObject({ path: 'recovered', recovery: { reason: 'not-durable', code: 'E_NOT_DURABLE', expectedResponse: 'matched' } });
     expect(await ask()).toEqual(answer);
     expect(cache.usedBytes).toBe(0);
@@ -211,7 +211,7 @@ describe('a fault during the reload: the engine is left asleep (or said dead), n
     flipByte(firstBlob(snapshot));
     const fds = openFds();
     const before = await loads(client);
-    const err = (await restoreEngine(snapshot, client, { cache, recovery: 'reload', materialize: 'required', ...quiet }).catch((x: unknown) => x)) as VsnapError;
+    const err = (await restoreEngine(snapshot, client, { ...quiet, recovery: { policy: 'reload', materialize: 'required' }, tiers: { ram: cache } }).catch((x: unknown) => x)) as VsnapError;
     expect(err).toBeInstanceOf(VsnapError);
     expect(err.code).toBe('E_ENGINE_HTTP');
     expect(err.details).toMatchObject({ recovered: true, recovery: 'damaged', snapshotError: 'E_CHECKSUM' });

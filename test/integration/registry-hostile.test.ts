@@ -11,7 +11,7 @@ import { pushManifest, UPLOAD_ATTEMPTS } from '../../src/registry/push.js';
 import { parseReference } from '../../src/registry/reference.js';
 import { PushState } from '../../src/registry/state.js';
 import { Manifest } from '../../src/manifest/manifest.js';
-import { blobDigest } from '../../src/store/digest.js';
+import { blobDigest } from '../../src/manifest/blob-digest.js';
 import { Registry } from '../../src/registry/registry.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';

@@ -8,11 +8,11 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { VsnapError } from '../../src/errors.js';
 import { Registry } from '../../src/registry/registry.js';
-import { restoreEngine, suspendEngine } from '../../src/snapshot/engine-flows.js';
+import { restoreEngine, suspendEngine } from '../../src/flows/index.js';
 import { RegionStore } from '../../src/store/region-store.js';
-import { parseConfig } from '../../src/swap/config.js';
+import { parseConfig } from '../../src/serve/config.js';
 import { SwapController } from '../../src/swap/controller.js';
-import { serve } from '../../src/swap/serve.js';
+import { serve } from '../../src/serve/serve.js';
 import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
 import { freePort } from '../helpers/net.js';
 import { registryAvailable, startRegistry, type TestRegistry } from '../helpers/registry.js';
@@ -172,7 +172,7 @@ describe.skipIf(!run)('a registry reference as a snapshot source', () => {
       expect(await reg.mark()).toEqual([]);
       await controller.suspend('ref');
     } finally {
-      controller.close();
+      await controller.close();
     }
   });
 

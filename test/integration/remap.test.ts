@@ -6,7 +6,7 @@ import { engineControl } from '../../src/engine/control.js';
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { exportRegions, openExports } from '../../src/engine/export.js';
 import { VsnapError } from '../../src/errors.js';
-import { captureEngine, restoreEngine, suspendEngine } from '../../src/snapshot/engine-flows.js';
+import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/index.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { SwapController } from '../../src/swap/controller.js';
@@ -39,7 +39,7 @@ describe('restore onto another GPU: refusals and handles', () => {
   it('the SwapController: a deep engine whose processes were restored but whose wake then failed counts its asleepBytes again (it is no longer deep)', async () => {
     const { client, store, snap, pid } = await setUp();
     const driver = new FakeCheckpointDriver([pid]);
-    const c = await SwapController.create({ store, engines: [{ name: 'ref', client, memoryBytes: 10e9, asleepBytes: 2e9, deepSuspend: true }], budgets: { 0: 20e9 }, checkpointBackend: driver, recovery: 'fail' }); // the damaged blob stays a failure (recovery: swap-recovery.test.ts)
+    const c = await SwapController.create({ store, engines: [{ name: 'ref', client, memoryBytes: 10e9, asleepBytes: 2e9, deepSuspend: true }], budgets: { 0: 20e9 }, hooks: { checkpoint: driver }, recovery: 'fail' }); // the damaged blob stays a failure (recovery: swap-recovery.test.ts)
     try {
       await c.suspend('ref');
       expect(c.usage()[0]).toBe(0);
@@ -55,7 +55,7 @@ describe('restore onto another GPU: refusals and handles', () => {
       expect(c.states()[0]!.state).toBe('asleep');
       expect(c.usage()[0]).toBe(2e9);
     } finally {
-      c.close();
+      await c.close();
     }
   });
 
@@ -65,7 +65,7 @@ describe('restore onto another GPU: refusals and handles', () => {
     const { control } = await engineControl(client);
     const open = await exportRegions(control, 1);
     expect(openExports(pid)).toBeGreaterThan(0);
-    const err = await rejection(suspendEngine(store, 'ref', client, { deep: true, checkpointBackend: driver }));
+    const err = await rejection(suspendEngine(store, 'ref', client, { deep: true, hooks: { checkpoint: driver } }));
     expect(err.code).toBe('E_ENGINE_STATE');
     expect(err.details).toMatchObject({ reason: 'handles', ranks: [0] });
     expect(err.message).toMatch(/Close the export/);
@@ -73,10 +73,10 @@ describe('restore onto another GPU: refusals and handles', () => {
     open.close();
     expect(openExports(pid)).toBe(0);
     // the engine is asleep at level 2 and deep-suspends now; the flows leave no export open
-    await suspendEngine(store, 'ref', client, { deep: true, checkpointBackend: driver });
+    await suspendEngine(store, 'ref', client, { deep: true, hooks: { checkpoint: driver } });
     expect(driver.states.get(pid)).toBe('checkpointed');
     expect(openExports(pid)).toBe(0);
-    await restoreEngine(snap, client, { checkpointBackend: driver });
+    await restoreEngine(snap, client, { hooks: { checkpoint: driver } });
     expect(openExports(pid)).toBe(0);
     expect((await askCapital(client, 8)).ids).toEqual(before);
   });
@@ -84,14 +84,14 @@ describe('restore onto another GPU: refusals and handles', () => {
   it('onto for an engine that keeps its weights in host memory: E_INVALID_ARGUMENT before anything changes (still deep-suspended)', async () => {
     const { client, store, before, snap, pid } = await setUp();
     const driver = new FakeCheckpointDriver([pid]);
-    await suspendEngine(store, 'ref', client, { deep: true, checkpointBackend: driver });
+    await suspendEngine(store, 'ref', client, { deep: true, hooks: { checkpoint: driver } });
     driver.calls.length = 0;
-    const err = await rejection(restoreEngine(snap, client, { checkpointBackend: driver, onto: 1 }));
+    const err = await rejection(restoreEngine(snap, client, { hooks: { checkpoint: driver }, move: { onto: 1 } }));
     expect(err.code).toBe('E_INVALID_ARGUMENT');
     expect(err.message).toMatch(/host memory/);
     expect(driver.calls).toEqual([]);
     expect(driver.states.get(pid)).toBe('checkpointed');
-    await restoreEngine(snap, client, { checkpointBackend: driver });
+    await restoreEngine(snap, client, { hooks: { checkpoint: driver } });
     expect((await askCapital(client, 8)).ids).toEqual(before);
   });
 
@@ -103,7 +103,7 @@ describe('restore onto another GPU: refusals and handles', () => {
       store,
       engines: [{ name: 'ref', client, memoryBytes: 10e9, deepSuspend: true, movableTo: [1] }],
       budgets: { 0: 5e9, 1: 20e9 },
-      checkpointBackend: driver,
+      hooks: { checkpoint: driver },
     });
     try {
       expect(driver.states.get(pid)).toBe('checkpointed');
@@ -118,13 +118,13 @@ describe('restore onto another GPU: refusals and handles', () => {
       expect(driver.states.get(pid)).toBe('checkpointed'); // nothing changed: still deep-suspended
       expect(c.usage()[0]).toBe(0);
     } finally {
-      c.close();
+      await c.close();
     }
     // a plain restore still brings it back
     const snap = (await store.current('ref'))!;
     expect(snap).toBeTruthy();
     expect(driver.states.get(pid)).toBe('checkpointed');
-    await restoreEngine(Snapshot.of(store, snap), client, { checkpointBackend: driver });
+    await restoreEngine(Snapshot.of(store, snap), client, { hooks: { checkpoint: driver } });
     expect((await askCapital(client, 8)).ids).toEqual(before);
   });
 });

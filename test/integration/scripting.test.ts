@@ -23,7 +23,8 @@ const SCRIPT = `import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
-import { HostRegion, RegionStore, Snapshot, VERSION, VsnapError, type RestoreRegion } from 'vsnap';
+import { RegionStore, Snapshot, VERSION, VsnapError, type RestoreRegion } from 'vsnap';
+import { HostRegion } from 'vsnap/plumbing';
 
 async function main(): Promise<void> {
   const dir = mkdtempSync(join(tmpdir(), 'vsnap-script-'));

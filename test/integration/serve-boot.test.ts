@@ -5,8 +5,8 @@ import { request } from 'undici';
 import { afterEach, describe, expect, it } from 'vitest';
 
 import { packageRoot } from '../../src/native/index.js';
-import { parseConfig } from '../../src/swap/config.js';
-import { serve, type ServeHandle } from '../../src/swap/serve.js';
+import { parseConfig } from '../../src/serve/config.js';
+import { serve, type ServeHandle } from '../../src/serve/serve.js';
 import { pluginSitePath, startEngine, type TestEngine } from '../helpers/engine.js';
 import { freePort } from '../helpers/net.js';
 import { until } from '../helpers/serve-process.js';

@@ -1,8 +1,8 @@
 import { request } from 'undici';
 import { afterEach, describe, expect, it } from 'vitest';
 
-import { parseConfig } from '../../src/swap/config.js';
-import { serve, type ServeHandle } from '../../src/swap/serve.js';
+import { parseConfig } from '../../src/serve/config.js';
+import { serve, type ServeHandle } from '../../src/serve/serve.js';
 import { freePort } from '../helpers/net.js';
 import { tempDir } from '../helpers/tmp.js';
 

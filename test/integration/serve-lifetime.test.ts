@@ -73,8 +73,8 @@ describe('vsnap serve: no engine outlives it', () => {
     const host = join(dir, 'host.mts');
     writeFileSync(
       host,
-      `import { loadConfig } from ${JSON.stringify(join(process.cwd(), 'src/swap/config.ts'))};
-      import { serve } from ${JSON.stringify(join(process.cwd(), 'src/swap/serve.ts'))};
+      `import { loadConfig } from ${JSON.stringify(join(process.cwd(), 'src/serve/config.ts'))};
+      import { serve } from ${JSON.stringify(join(process.cwd(), 'src/serve/serve.ts'))};
       const h = await serve(loadConfig(${JSON.stringify(file)}), { parentDeathSignal: false, log: (l) => console.error(l) });
       await h.booted;
       console.error('booted');

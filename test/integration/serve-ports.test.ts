@@ -3,8 +3,8 @@ import { createServer, type Server } from 'node:net';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 
-import { parseConfig } from '../../src/swap/config.js';
-import { serve } from '../../src/swap/serve.js';
+import { parseConfig } from '../../src/serve/config.js';
+import { serve } from '../../src/serve/serve.js';
 import { freePort } from '../helpers/net.js';
 import { tempDir } from '../helpers/tmp.js';
 

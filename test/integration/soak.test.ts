@@ -3,7 +3,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { HostCache } from '../../src/cache/host-cache.js';
 import { ResidentWeights } from '../../src/cache/resident-weights.js';
 import { EngineClient } from '../../src/engine/engine-client.js';
-import { restoreEngine, suspendEngine } from '../../src/snapshot/engine-flows.js';
+import { restoreEngine, suspendEngine } from '../../src/flows/index.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { askCapital, startEngine } from '../helpers/engine.js';
 import { openFds, rssBytes } from '../helpers/faults.js';
@@ -29,8 +29,8 @@ describe('soak (CPU reference engine, host backend)', () => {
     const tiers = ['store', 'ram', 'gpu'] as const;
     const cycle = async (i: number): Promise<void> => {
       const tier = tiers[i % 3]!;
-      const { snapshot } = await suspendEngine(store, 'ref', client, { captureIfNeeded: true, ...(tier === 'gpu' ? { resident } : {}) });
-      const report = await restoreEngine(snapshot, client, { ...(tier === 'ram' ? { cache } : {}), ...(tier === 'gpu' ? { resident } : {}) });
+      const { snapshot } = await suspendEngine(store, 'ref', client, { captureIfNeeded: true, ...(tier === 'gpu' ? { tiers: { gpu: resident } } : {}) });
+      const report = await restoreEngine(snapshot, client, { tiers: { ...(tier === 'ram' ? { ram: cache } : {}), ...(tier === 'gpu' ? { gpu: resident } : {}) } });
       if (i >= 3) expect(report.tier).toBe(tier); // the first pass fills the RAM tier
       expect((await askCapital(client, 8)).ids, `cycle ${i}`).toEqual(expected);
     };

@@ -8,9 +8,9 @@ import { ResidentWeights } from '../../src/cache/resident-weights.js';
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { RegionStore } from '../../src/store/region-store.js';
-import { SwapAgent } from '../../src/swap/agent.js';
+import { SwapAgent } from '../../src/serve/agent.js';
 import { SwapController } from '../../src/swap/controller.js';
-import type { StatusReport } from '../../src/swap/status/board.js';
+import type { StatusReport } from '../../src/serve/status/board.js';
 import { startEngine } from '../helpers/engine.js';
 import { tempDir } from '../helpers/tmp.js';
 
@@ -52,7 +52,7 @@ async function setup() {
   cleanup.push(() => resident.close());
   const controller = await SwapController.create({
     store,
-    resident,
+    tiers: { gpu: resident },
     engines: engines.map((x) => ({ name: x.name, client: x.client, memoryBytes: 10 * GB, weightsBytes: 2 * GB })),
     budgets: { 0: 13 * GB },
   });

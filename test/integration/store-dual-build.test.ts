@@ -9,11 +9,13 @@ import { tempDir } from '../helpers/tmp.js';
 
 const esmPath = fileURLToPath(new URL('../../dist/index.js', import.meta.url));
 const cjsPath = fileURLToPath(new URL('../../dist/index.cjs', import.meta.url));
-type Vsnap = typeof import('../../src/index.js');
+const dist = (file: string) => fileURLToPath(new URL(`../../dist/${file}`, import.meta.url));
+type Vsnap = typeof import('../../src/index.js') & typeof import('../../src/plumbing.js');
 
 async function load(): Promise<{ esm: Vsnap; cjs: Vsnap }> {
-  const esm = (await import(esmPath)) as Vsnap;
-  const cjs = createRequire(import.meta.url)(cjsPath) as Vsnap;
+  const require = createRequire(import.meta.url);
+  const esm = { ...(await import(esmPath)), ...(await import(dist('plumbing.js'))) } as Vsnap;
+  const cjs = { ...require(cjsPath), ...require(dist('plumbing.cjs')) } as Vsnap;
   expect(esm.VsnapError).not.toBe(cjs.VsnapError); // two copies of the class: the case at hand
   return { esm, cjs };
 }

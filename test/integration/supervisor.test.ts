@@ -5,7 +5,7 @@ import { promisify } from 'node:util';
 
 import { afterEach, describe, expect, it } from 'vitest';
 
-import { Supervisor } from '../../src/swap/supervisor.js';
+import { Supervisor } from '../../src/serve/supervisor.js';
 import { freePort } from '../helpers/net.js';
 import { tempDir } from '../helpers/tmp.js';
 
@@ -113,7 +113,7 @@ describe('Supervisor: process groups', () => {
     const host = join(dir, 'host.mts');
     writeFileSync(
       host,
-      `import { Supervisor } from ${JSON.stringify(join(process.cwd(), 'src/swap/supervisor.ts'))};
+      `import { Supervisor } from ${JSON.stringify(join(process.cwd(), 'src/serve/supervisor.ts'))};
       const sup = new Supervisor([{ name: 'e', command: process.execPath, args: ['-e', ${JSON.stringify(engine)}], url: 'http://127.0.0.1:${port}' }],
         { log: (n, l) => console.log('[' + n + '] ' + l), graceMs: 5000 });
       process.on('SIGINT', async () => { console.log('host got SIGINT'); console.log('states ' + JSON.stringify(sup.states().map((s) => s.status))); await sup.stop(); console.log('states ' + JSON.stringify(sup.states().map((s) => s.status))); process.exit(0); });
@@ -151,7 +151,7 @@ describe('Supervisor: process groups', () => {
     const host = join(dir, 'host.mts');
     writeFileSync(
       host,
-      `import { Supervisor } from ${JSON.stringify(join(process.cwd(), 'src/swap/supervisor.ts'))};
+      `import { Supervisor } from ${JSON.stringify(join(process.cwd(), 'src/serve/supervisor.ts'))};
       const sup = new Supervisor([{ name: 'e', command: process.execPath, args: ['-e', "process.on('SIGTERM', () => {}); require('http').createServer((q, r) => r.end('ok')).listen(${port}, '127.0.0.1')"], url: 'http://127.0.0.1:${port}' }], { log: () => undefined });
       await sup.start();
       console.log('ready ' + sup.pid('e'));
@@ -172,7 +172,7 @@ describe('Supervisor: engines die with the process that started them (SIGKILL in
     const file = join(dir, 'host.mts');
     writeFileSync(
       file,
-      `import { Supervisor } from ${JSON.stringify(join(process.cwd(), 'src/swap/supervisor.ts'))};
+      `import { Supervisor } from ${JSON.stringify(join(process.cwd(), 'src/serve/supervisor.ts'))};
       const sup = new Supervisor([{ name: 'e', command: process.execPath, args: ['-e', "require('http').createServer((q, r) => r.end('ok')).listen(${port}, '127.0.0.1')"], url: 'http://127.0.0.1:${port}' }], { log: () => undefined, ${options} });
       await sup.start();
       console.log('ready ' + sup.pid('e') + ' ' + sup.parentDeath);
@@ -215,7 +215,7 @@ describe('Supervisor: engines die with the process that started them (SIGKILL in
     writeFileSync(
       file,
       `import { spawn } from 'node:child_process';
-      import { PYTHON_WRAPPER } from ${JSON.stringify(join(process.cwd(), 'src/swap/parent-death.ts'))};
+      import { PYTHON_WRAPPER } from ${JSON.stringify(join(process.cwd(), 'src/serve/parent-death.ts'))};
       const c = spawn(PYTHON_WRAPPER.program, PYTHON_WRAPPER.args('SIGTERM', process.execPath, ['-e', 'console.log("engine " + process.pid); setInterval(() => {}, 1000)']), { stdio: ['ignore', 'inherit', 'inherit'], detached: true });
       setInterval(() => {}, 1000);`,
     );
@@ -227,7 +227,32 @@ describe('Supervisor: engines die with the process that started them (SIGKILL in
     child.kill('SIGKILL');
     await until(() => !alive(enginePid));
     // a wrapper whose parent is not the pid it was given (it died first) exits without running the command
-    const orphan = await promisify(execFile)('python3', ['-c', (await import('../../src/swap/parent-death.js')).PYTHON_WRAPPER.args('SIGTERM', 'echo', ['ran'])[1]!, '15', '1', 'echo', 'ran']);
+    const orphan = await promisify(execFile)('python3', ['-c', (await import('../../src/serve/parent-death.js')).PYTHON_WRAPPER.args('SIGTERM', 'echo', ['ran'])[1]!, '15', '1', 'echo', 'ran']);
     expect(orphan.stdout).toBe('');
+  });
+});
+
+describe('Supervisor: engine commands', () => {
+  it('an engine command that does not exist is an E_CONFIG naming it and the model, before any engine starts (with or without the parent-death wrapper)', async () => {
+    for (const parentDeathSignal of [false, 'SIGTERM'] as const) {
+      const port = await freePort();
+      const spawned: string[] = [];
+      const sup = new Supervisor(
+        [
+          { name: 'first', ...fakeEngine(port) },
+          { name: 'llama', command: 'vsnap-no-such-engine', args: ['serve'], url: 'http://127.0.0.1:9' },
+        ],
+        { parentDeathSignal, log: () => undefined },
+      );
+      cleanup.push(() => sup.stop());
+      sup.on('spawn', (e: { name: string }) => spawned.push(e.name));
+      const err = await sup.start().then(() => undefined, (e: unknown) => e as { code: string; message: string });
+      expect(err?.code).toBe('E_CONFIG');
+      expect(err?.message).toMatch(/engine 'llama': its command 'vsnap-no-such-engine' was not found: not found on PATH \(.*\)\. Set `command:` for llama in the configuration/);
+      expect(err?.message).not.toMatch(/exited|code -2|127/);
+      expect(spawned).toEqual([]); // said before the first engine was started
+    }
+    const relative = new Supervisor([{ name: 'm', command: './bin/nope', args: [], url: 'http://127.0.0.1:9' }], { log: () => undefined });
+    await expect(relative.start()).rejects.toMatchObject({ code: 'E_CONFIG', message: expect.stringMatching(/its command '\.\/bin\/nope' was not found: no executable file at \/.*\/bin\/nope/) as string });
   });
 });

@@ -5,10 +5,10 @@ import { afterEach, describe, expect, it } from 'vitest';
 
 import { HostCache } from '../../src/cache/host-cache.js';
 import { VsnapError } from '../../src/errors.js';
-import { captureEngine } from '../../src/snapshot/engine-flows.js';
+import { captureEngine } from '../../src/flows/index.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { RegionStore } from '../../src/store/region-store.js';
-import { SwapAgent } from '../../src/swap/agent.js';
+import { SwapAgent } from '../../src/serve/agent.js';
 import { SwapController, type SwapControllerOptions } from '../../src/swap/controller.js';
 import { askCapital, startEngine } from '../helpers/engine.js';
 import { FaultyClient, openFds } from '../helpers/faults.js';
@@ -130,7 +130,7 @@ describe('swaps fail without collateral damage', () => {
   it('with a RAM tier, a damaged snapshot is found before anyone is suspended for it', async () => {
     const cache = await HostCache.create({ budgetBytes: 64 * 1024 * 1024, pin: false });
     cleanup.push(() => cache.close());
-    const { store, controller, state, awake, asleep, started } = await pair({ cache });
+    const { store, controller, state, awake, asleep, started } = await pair({ tiers: { ram: cache } });
     cache.clear(); // the RAM copy made at capture is good: drop it, so the (damaged) store copy is loaded
     await corrupt(store, asleep.name);
     started.length = 0;

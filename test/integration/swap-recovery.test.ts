@@ -3,10 +3,10 @@ import { rmSync } from 'node:fs';
 import { afterEach, describe, expect, it } from 'vitest';
 
 import { VsnapError } from '../../src/errors.js';
-import { suspendEngine } from '../../src/snapshot/engine-flows.js';
+import { suspendEngine } from '../../src/flows/index.js';
 import { RegionStore } from '../../src/store/region-store.js';
-import { SwapController, type SwapControllerOptions } from '../../src/swap/controller.js';
-import { StatusBoard } from '../../src/swap/status/board.js';
+import { SwapController, type RecoveredEvent, type SwapControllerOptions } from '../../src/swap/controller.js';
+import { StatusBoard } from '../../src/serve/status/board.js';
 import { askCapital, startEngine } from '../helpers/engine.js';
 import { FaultyClient } from '../helpers/faults.js';
 import { tempDir } from '../helpers/tmp.js';
@@ -39,8 +39,8 @@ describe('the SwapController recovers an engine whose snapshot cannot be used', 
   it('by default: the engine is reloaded and served, counted by reason, shown on the status page, and a new snapshot follows', async () => {
     const { client, store, snapshot, controller, answer, loads } = await setup({});
     const events: string[] = [];
-    const recovered: Array<Record<string, unknown>> = [];
-    controller.on('recovered', (e: Record<string, unknown>) => recovered.push(e));
+    const recovered: RecoveredEvent[] = [];
+    controller.on('recovered', (e) => recovered.push(e));
     const materialized = new Promise<{ snapshotId: string }>((resolve) => controller.on('materialized', resolve));
     controller.on('swap', (e: { action: string; tier?: string; recovered?: string }) => events.push(`${e.action} ${e.tier} ${e.recovered ?? ''}`.trim()));
     const before = await loads();

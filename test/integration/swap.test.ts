@@ -4,7 +4,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { HostCache } from '../../src/cache/host-cache.js';
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { RegionStore } from '../../src/store/region-store.js';
-import { SwapAgent } from '../../src/swap/agent.js';
+import { SwapAgent } from '../../src/serve/agent.js';
 import { SwapController, type SwapEvent } from '../../src/swap/controller.js';
 import { startEngine, type TestEngine } from '../helpers/engine.js';
 import { tempDir } from '../helpers/tmp.js';
@@ -57,7 +57,7 @@ describe('SwapController and the HTTP agent over three CPU reference engines', (
       store,
       engines: engines.map((x) => ({ name: x.name, client: x.client, memoryBytes: 10 * GB, asleepBytes: 2 * GB })),
       budgets: { 0: budget },
-      queueLimit: 500,
+      queue: { limit: 500 },
     });
     cleanup.push(() => controller.close());
     let worst = 0;
@@ -96,7 +96,7 @@ describe('SwapController and the HTTP agent over three CPU reference engines', (
       store,
       engines: engines.map((x) => ({ name: x.name, client: x.client, memoryBytes: 10 * GB })),
       budgets: { 0: 15 * GB },
-      queueLimit: 3,
+      queue: { limit: 3 },
     });
     cleanup.push(() => controller.close());
     const agent = await SwapAgent.listen({ controller, store });
@@ -206,7 +206,7 @@ describe('SwapController and the HTTP agent over three CPU reference engines', (
     cleanup.push(() => cache.close());
     const controller = await SwapController.create({
       store,
-      cache,
+      tiers: { ram: cache },
       engines: [a!, b!].map((x) => ({ name: x.name, client: x.client, memoryBytes: 10 * GB, asleepBytes: 2 * GB })),
       budgets: { 0: 15 * GB }, // room for one
     });

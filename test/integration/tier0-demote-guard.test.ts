@@ -33,10 +33,10 @@ describe('tier 0: the dirty check before a demotion (SwapController)', () => {
     // holding fit; c fits only once a's holding is demoted.
     const controller = await SwapController.create({
       store,
-      resident,
+      tiers: { gpu: resident },
       engines: clients.map((client, i) => ({ name: ['a', 'b', 'c'][i]!, client, memoryBytes: (i === 2 ? 13 : 12) * GB, weightsBytes: 4 * GB })),
       budgets: { 0: 16 * GB },
-      queueLimit: 100,
+      queue: { limit: 100 },
     });
     cleanup.push(() => controller.close());
     const failures: Array<{ engine: string; action: string; error: VsnapError }> = [];

@@ -5,7 +5,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { ResidentWeights } from '../../src/cache/resident-weights.js';
 import { VsnapError } from '../../src/errors.js';
 import { FdReceiver } from '../../src/ipc/fd-receiver.js';
-import { restoreEngine, suspendEngine } from '../../src/snapshot/engine-flows.js';
+import { restoreEngine, suspendEngine } from '../../src/flows/index.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { askCapital, startEngine } from '../helpers/engine.js';
 import { FaultyClient, openFds, unhandledDuring } from '../helpers/faults.js';
@@ -26,10 +26,10 @@ async function setup() {
   const store = await RegionStore.open(tempDir());
   const before = (await askCapital(client, 8)).ids;
   // one full round first, so what stays open for good (pools, the addon) is in the baseline
-  const s = await suspendEngine(store, 'ref', client, { captureIfNeeded: true, resident });
-  await restoreEngine(s.snapshot, client, { resident });
+  const s = await suspendEngine(store, 'ref', client, { captureIfNeeded: true, tiers: { gpu: resident } });
+  await restoreEngine(s.snapshot, client, { tiers: { gpu: resident } });
   const fds = openFds();
-  const suspend = async () => (await suspendEngine(store, 'ref', client, { resident })).snapshot;
+  const suspend = async () => (await suspendEngine(store, 'ref', client, { tiers: { gpu: resident } })).snapshot;
   return { e, client, resident, store, before, fds, suspend };
 }
 
@@ -39,7 +39,7 @@ describe('tier-0 failure paths: nothing stranded, leaked or left unhandled', () 
     const snap = await suspend();
     client.inject({ route: 'adopt', when: 'before' });
     client.calls.length = 0;
-    const run = await unhandledDuring(() => restoreEngine(snap, client, { resident, onWarning: () => undefined }));
+    const run = await unhandledDuring(() => restoreEngine(snap, client, { onWarning: () => undefined, tiers: { gpu: resident } }));
     expect(run.error).toBeUndefined();
     expect(run.unhandled).toEqual([]);
     expect(run.value!.tier).toBe('store');
@@ -54,7 +54,7 @@ describe('tier-0 failure paths: nothing stranded, leaked or left unhandled', () 
     const { client, resident, before, fds, suspend } = await setup();
     const snap = await suspend();
     client.inject({ route: 'adopt', when: 'after' });
-    const run = await unhandledDuring(() => restoreEngine(snap, client, { resident, onWarning: () => undefined }));
+    const run = await unhandledDuring(() => restoreEngine(snap, client, { onWarning: () => undefined, tiers: { gpu: resident } }));
     expect(run.error).toBeUndefined();
     expect(run.unhandled).toEqual([]);
     expect(run.value!.tier).toBe('store');
@@ -67,7 +67,7 @@ describe('tier-0 failure paths: nothing stranded, leaked or left unhandled', () 
     const { client, resident, before, fds, suspend } = await setup();
     const snap = await suspend();
     client.inject({ route: 'wakeKv' });
-    const report = await restoreEngine(snap, client, { resident, onWarning: () => undefined });
+    const report = await restoreEngine(snap, client, { onWarning: () => undefined, tiers: { gpu: resident } });
     expect(report.tier).toBe('store');
     expect(resident.entries()).toEqual([]);
     expect((await askCapital(client, 8)).ids).toEqual(before);
@@ -78,7 +78,7 @@ describe('tier-0 failure paths: nothing stranded, leaked or left unhandled', () 
     const { e, client, resident, fds, suspend } = await setup();
     const snap = await suspend();
     client.inject({ route: 'adopt', when: 'before', action: () => e.stop() });
-    const run = await unhandledDuring(() => restoreEngine(snap, client, { resident, onWarning: () => undefined }));
+    const run = await unhandledDuring(() => restoreEngine(snap, client, { onWarning: () => undefined, tiers: { gpu: resident } }));
     expect(run.unhandled).toEqual([]);
     expect(run.error).toBeInstanceOf(VsnapError);
     expect((run.error as VsnapError).code).toBe('E_ENGINE_UNREACHABLE');

@@ -6,7 +6,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { ResidentWeights } from '../../src/cache/resident-weights.js';
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
-import { restoreEngine, suspendEngine } from '../../src/snapshot/engine-flows.js';
+import { restoreEngine, suspendEngine } from '../../src/flows/index.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { SwapController, type SwapEvent } from '../../src/swap/controller.js';
 import { askCapital, startEngine, type EngineOptions } from '../helpers/engine.js';
@@ -35,12 +35,12 @@ describe('tier 0: weights kept on the "GPU" across sleep (CPU reference engine)'
       cleanup.push(() => resident.close());
       const before = await ask(client);
       for (let round = 0; round < 5; round++) {
-        const s = await suspendEngine(store, 'ref', client, { captureIfNeeded: true, resident });
+        const s = await suspendEngine(store, 'ref', client, { captureIfNeeded: true, tiers: { gpu: resident } });
         const status = await client.vsnapStatus();
         expect(status.sleeping).toBe(true);
         expect(status.ranks[0]!.weightsMapped).toBe(false);
         expect(resident.entries()).toEqual([expect.objectContaining({ engine: client.baseUrl, snapshotId: s.snapshot.id, bytes: status.ranks[0]!.bytes })]);
-        const report = await restoreEngine(s.snapshot, client, { resident });
+        const report = await restoreEngine(s.snapshot, client, { tiers: { gpu: resident } });
         expect(report.tier).toBe('gpu');
         expect(Object.keys(report.phases)).toEqual(['prepare', 'adoptWeights', 'wakeKvCache', 'resetPrefixCache', 'expectedResponse']);
         expect(resident.entries()).toEqual([]); // the engine holds its weights again
@@ -55,11 +55,11 @@ describe('tier 0: weights kept on the "GPU" across sleep (CPU reference engine)'
     const resident = new ResidentWeights();
     cleanup.push(() => resident.close());
     const before = await ask(a.client);
-    const s = await suspendEngine(store, 'ref', a.client, { captureIfNeeded: true, resident });
+    const s = await suspendEngine(store, 'ref', a.client, { captureIfNeeded: true, tiers: { gpu: resident } });
     // A new engine process of the same model at the same URL: the pids differ.
     const held = resident.peek(a.client.baseUrl)!;
     (held.ranks[0] as { pid: number }).pid = -1;
-    const report = await restoreEngine(s.snapshot, a.client, { resident });
+    const report = await restoreEngine(s.snapshot, a.client, { tiers: { gpu: resident } });
     expect(report.tier).toBe('store');
     expect(resident.entries()).toEqual([]);
     expect(await ask(a.client)).toEqual(before);
@@ -77,7 +77,7 @@ describe('tier 0: weights kept on the "GPU" across sleep (CPU reference engine)'
     child.kill('SIGKILL');
     await new Promise((r) => child.on('exit', r));
     expect((await client.vsnapStatus()).sleeping).toBe(true);
-    const report = await restoreEngine((await Snapshot.open(await RegionStore.open(root), 'ref')), client, { resident: new ResidentWeights() });
+    const report = await restoreEngine((await Snapshot.open(await RegionStore.open(root), 'ref')), client, { tiers: { gpu: new ResidentWeights() } });
     expect(report.tier).toBe('store');
     expect(await ask(client)).toEqual(before);
   });
@@ -91,10 +91,10 @@ describe('tier 0: weights kept on the "GPU" across sleep (CPU reference engine)'
     // awake: 12 GB each (4 GB of weights); budget 20 GB: one awake + up to 2 x 4 GB of tier-0 weights
     const controller = await SwapController.create({
       store,
-      resident,
+      tiers: { gpu: resident },
       engines: engines.map((x, i) => ({ name: ['a', 'b', 'c'][i]!, client: x.client, memoryBytes: 12 * GB, weightsBytes: 4 * GB })),
       budgets: { 0: 20 * GB },
-      queueLimit: 100,
+      queue: { limit: 100 },
     });
     cleanup.push(() => controller.close());
     let worst = 0;

@@ -4,7 +4,7 @@ import { readdirSync, readlinkSync } from 'node:fs';
 
 import { expect } from 'vitest';
 
-import { releaseIdleResources } from '../../src/transfer/staging.js';
+import { releaseIdleResources } from '../../src/transfer/idle.js';
 
 export interface Usage {
   /** Open descriptors of this process (/proc/self/fd). */

@@ -6,7 +6,7 @@ import { afterAll, describe, expect, it } from 'vitest';
 
 import { VsnapError } from '../../src/errors.js';
 import { Manifest } from '../../src/manifest/manifest.js';
-import { blobDigest } from '../../src/store/digest.js';
+import { blobDigest } from '../../src/manifest/blob-digest.js';
 import { FULL, record, SEED } from './figures.js';
 
 const RUNS = FULL ? 5_000 : 2_500; // per property; four properties

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 
-import { parseConfig } from '../../src/swap/config.js';
+import { parseConfig } from '../../src/serve/config.js';
 
 const config = (tier: string, gpus = '"0": { budgetGiB: 130 }\n  "1": { budgetGiB: 130 }') => `
 store: /var/lib/vsnap

@@ -2,7 +2,7 @@ import { readFileSync } from 'node:fs';
 
 import { describe, expect, it } from 'vitest';
 
-import { loadConfig } from '../../src/swap/config.js';
+import { loadConfig } from '../../src/serve/config.js';
 import { CONFIG_KEYS } from '../../scripts/config-reference.js';
 import { configJsonSchema, configReference, REFERENCE_PATH, SCHEMA_PATH, schemaKeys } from '../../scripts/config-schema.js';
 

@@ -7,7 +7,7 @@ import { VsnapError } from '../../src/errors.js';
 import { createServer, type Server } from 'node:net';
 
 import { validateName } from '../../src/store/names.js';
-import { checkPorts, loadConfig, parseConfig, snapshotNameForModel } from '../../src/swap/config.js';
+import { checkPorts, loadConfig, parseConfig, snapshotNameForModel } from '../../src/serve/config.js';
 import { tempDir } from '../helpers/tmp.js';
 
 const good = `
@@ -126,6 +126,27 @@ describe('serve configuration', () => {
     const noWay = issues('store: /s\ngpus: { "0": { budgetGiB: 1 } }\nmodels:\n  m: { memoryGiB: 1, gpus: [1] }\n');
     expect(noWay.map((i) => i.message).join('\n')).toMatch(/either url .* or command/);
     expect(noWay.map((i) => i.message).join('\n')).toMatch(/gpu 1 has no budget/);
+  });
+
+  it('a missing key says it is required, with the line of the mapping that lacks it (not zod\'s "expected string, received undefined")', () => {
+    const noMemory = good.replace('    memoryGiB: 20\n', '');
+    expect(issues(noMemory)).toEqual([expect.objectContaining({ path: 'models.qwen.memoryGiB', line: 15, message: 'is required (a number)' })]);
+    expect(() => parseConfig(noMemory, 'my.yaml', { CTL: 'x' })).toThrow(/my\.yaml:15:5 models\.qwen\.memoryGiB is required \(a number\)$/m);
+    expect(() => parseConfig(good.replace('store: /var/lib/vsnap\n', ''), 'my.yaml', { CTL: 'x' })).toThrow(/my\.yaml:2:1 store is required \(a string\)$/m);
+    // a value that is there but of the wrong type keeps the type message
+    expect(issues(good.replace('memoryGiB: 20', 'memoryGiB: lots'))).toEqual([expect.objectContaining({ path: 'models.qwen.memoryGiB', message: expect.stringMatching(/expected number, received string/) })]);
+  });
+
+  it('an unquoted ${env:X} or ${PORT} inside a flow mapping or list is one problem, at its place, saying to quote it', () => {
+    const flowMap = good.replace('  qwen:\n    url: http://10.0.0.2:8000\n', '  qwen:\n    url: http://10.0.0.2:8000\n    env: { HF_TOKEN: ${env:CTL}, A: b }\n');
+    const found = issues(flowMap);
+    expect(found).toEqual([expect.objectContaining({ path: '(syntax)', line: 16, message: expect.stringContaining('quote it: "${env:CTL}"') })]);
+    expect(() => parseConfig(flowMap, 'my.yaml', { CTL: 'x' })).toThrow(/\(1 problem\):\n {2}my\.yaml:16:22 \(syntax\): \$\{env:CTL\} is not quoted inside a flow mapping or list/);
+    const flowList = issues(good.replace('"${PORT}"', '${PORT}'));
+    expect(flowList).toEqual([expect.objectContaining({ path: '(syntax)', line: 10, message: expect.stringContaining('quote it: "${PORT}"') })]);
+    // quoted, or in block style, it is fine
+    expect(() => parseConfig(flowMap.replace('${env:CTL}, A', '"${env:CTL}", A'), 'my.yaml', { CTL: 'x' })).not.toThrow();
+    expect(() => parseConfig(good.replace('controlToken: ${env:CTL}', 'controlToken: ${env:CTL}'), 'my.yaml', { CTL: 'x' })).not.toThrow();
   });
 
   it('the message names the file and line', () => {

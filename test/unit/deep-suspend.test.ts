@@ -2,7 +2,7 @@ import { describe, expect, it } from 'vitest';
 
 import { VsnapError } from '../../src/errors.js';
 import { native } from '../../src/native/index.js';
-import { deepRestoreRanks, deepSuspendRanks, nativeCheckpointBackend } from '../../src/snapshot/deep-suspend.js';
+import { deepRestoreRanks, deepSuspendRanks, nativeCheckpointBackend } from '../../src/flows/deep.js';
 import { FakeCheckpointDriver } from '../helpers/fake-checkpoint.js';
 import { rejection } from '../helpers/rejection.js';
 

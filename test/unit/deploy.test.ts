@@ -5,7 +5,7 @@ import { describe, expect, it } from 'vitest';
 import { parse, parseAllDocuments } from 'yaml';
 
 import { packageRoot } from '../../src/native/index.js';
-import { parseConfig } from '../../src/swap/config.js';
+import { parseConfig } from '../../src/serve/config.js';
 
 // The deployment files cannot be built or run here (no Docker, Kubernetes or GPU): these checks
 // keep their syntax, their cross-references and the vsnap configuration they carry valid.

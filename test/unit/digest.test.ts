@@ -8,7 +8,7 @@ import { VsnapError } from '../../src/errors.js';
 import { Manifest } from '../../src/manifest/manifest.js';
 import { native } from '../../src/native/index.js';
 import { HostRegion } from '../../src/regions/host-region.js';
-import { blobDigest } from '../../src/store/digest.js';
+import { blobDigest } from '../../src/manifest/blob-digest.js';
 
 // Fixed vectors of vsnap-gd1 (native/digest/digest_mix.h). They were computed three ways that
 // agree: the native CPU code, the TypeScript port, and a big-integer Python transcription of the

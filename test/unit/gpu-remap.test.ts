@@ -4,8 +4,8 @@ import type { EngineStatus } from '../../src/engine/engine-client.js';
 import { VsnapError } from '../../src/errors.js';
 import type { GpuDevice } from '../../src/gpu/cuda.js';
 import { native } from '../../src/native/index.js';
-import { deepRestoreRanks, deepSuspendRanks, nativeCheckpointBackend } from '../../src/snapshot/deep-suspend.js';
-import { checkRoom, DEFAULT_PROCESS_RESERVE_BYTES, describeRoom, permutationPairs, processReserve, resolveRemap } from '../../src/snapshot/gpu-remap.js';
+import { deepRestoreRanks, deepSuspendRanks, nativeCheckpointBackend } from '../../src/flows/deep.js';
+import { checkRoom, DEFAULT_PROCESS_RESERVE_BYTES, describeRoom, permutationPairs, processReserve, resolveRemap } from '../../src/flows/gpu-remap.js';
 import { FakeCheckpointDriver } from '../helpers/fake-checkpoint.js';
 import { rejection } from '../helpers/rejection.js';
 
@@ -225,7 +225,7 @@ describe('room on the new GPU, checked before the driver is called', () => {
   it('passes with room; ontoReserveBytes replaces the estimate; every rank of a multi-GPU move is counted on its own target', () => {
     expect(describeRoom(checkRoom(pairsOnto1(), withFree([0, 7 * GiB]), [4 * GiB]))).toBe('GPU 1: 7168 MiB free, 6144 MiB estimated');
     expect(checkRoom(pairsOnto1(), withFree([0, 5 * GiB]), [4 * GiB], GiB / 2)[0]!.needed).toBe(4.5 * GiB);
-    rejectsWith(() => checkRoom(pairsOnto1(), withFree([0, 5 * GiB]), [4 * GiB], -1), 'E_INVALID_ARGUMENT', /ontoReserveBytes/);
+    rejectsWith(() => checkRoom(pairsOnto1(), withFree([0, 5 * GiB]), [4 * GiB], -1), 'E_INVALID_ARGUMENT', /reserveBytes/);
     const tp = resolveRemap(engineOn([0, 1]), machine(4), { gpuMap: { 0: 2, 1: 3 } })!;
     const err = rejectsWith(() => checkRoom(tp, withFree([0, 0, 10 * GiB, 3 * GiB]), [2 * GiB, 2 * GiB]), 'E_INVALID_ARGUMENT', /GPU 3/);
     expect((err.details.gpus as unknown[]).length).toBe(1);

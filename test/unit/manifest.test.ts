@@ -2,7 +2,7 @@ import { describe, expect, it } from 'vitest';
 
 import { VsnapError } from '../../src/errors.js';
 import { Manifest } from '../../src/manifest/manifest.js';
-import { blobDigest } from '../../src/store/digest.js';
+import { blobDigest } from '../../src/manifest/blob-digest.js';
 
 const sum = (n: number): string => n.toString(16).padStart(32, '0');
 

@@ -3,7 +3,7 @@ import { describe, expect, it } from 'vitest';
 import type { EngineStatus } from '../../src/engine/engine-client.js';
 import { VsnapError, type ErrorCode } from '../../src/errors.js';
 import { Manifest } from '../../src/manifest/manifest.js';
-import { expectedFor, recoveryReason } from '../../src/snapshot/engine-recovery.js';
+import { expectedFor, recoveryReason } from '../../src/flows/recovery.js';
 
 // Which restore errors recovery goes past (restoreEngine's recovery: 'reload'), as a pure decision.
 

@@ -3,7 +3,7 @@ import { createServer } from 'node:http';
 import { describe, expect, it } from 'vitest';
 
 import { EngineClient } from '../../src/engine/engine-client.js';
-import { checkOf, checkSpec, compareResponses, probe, recheck } from '../../src/snapshot/engine-checks.js';
+import { checkOf, checkSpec, compareResponses, probe, recheck } from '../../src/engine/response-check.js';
 import type { ExpectedResponse } from '../../src/manifest/types.js';
 
 const decode: ExpectedResponse = { prompt: 'p', maxTokens: 2, tokenIds: [5, 6], text: ' t5 t6', logprobs: [-0.5, -1.5] };
@@ -12,12 +12,10 @@ const prefill: ExpectedResponse = { ...decode, maxTokens: 2, promptTokenIds: [1,
 describe('the expected-response check', () => {
   it('defaults to the cheapest check: the prompt scored and one token (one forward pass)', () => {
     expect(checkSpec({})).toEqual({ prompt: 'The capital of France is', mode: 'prefill', maxTokens: 1 });
-    expect(checkSpec({ check: { mode: 'decode' } })).toEqual({ prompt: 'The capital of France is', mode: 'decode', maxTokens: 16 });
-    // the older options still work; check wins over them
-    expect(checkSpec({ probePrompt: 'a', probeMaxTokens: 4 })).toEqual({ prompt: 'a', mode: 'prefill', maxTokens: 4 });
-    expect(checkSpec({ probePrompt: 'a', probeMaxTokens: 4, check: { prompt: 'b', maxTokens: 2 } })).toEqual({ prompt: 'b', mode: 'prefill', maxTokens: 2 });
-    expect(() => checkSpec({ check: { maxTokens: 0 } })).toThrow(expect.objectContaining({ code: 'E_INVALID_ARGUMENT' }));
-    expect(() => checkSpec({ check: { mode: 'greedy' as 'decode' } })).toThrow(expect.objectContaining({ code: 'E_INVALID_ARGUMENT' }));
+    expect(checkSpec({ mode: 'decode' })).toEqual({ prompt: 'The capital of France is', mode: 'decode', maxTokens: 16 });
+    expect(checkSpec({ prompt: 'b', maxTokens: 2 })).toEqual({ prompt: 'b', mode: 'prefill', maxTokens: 2 });
+    expect(() => checkSpec({ maxTokens: 0 })).toThrow(expect.objectContaining({ code: 'E_INVALID_ARGUMENT' }));
+    expect(() => checkSpec({ mode: 'greedy' as 'decode' })).toThrow(expect.objectContaining({ code: 'E_INVALID_ARGUMENT' }));
   });
 
   it('re-runs the check a response was recorded with: older manifests (no prompt logprobs) keep the decode check', () => {
@@ -57,7 +55,7 @@ describe('probe against an engine that ignores echo', () => {
     try {
       await expect(probe(client, checkSpec({}))).rejects.toMatchObject({ code: 'E_ENGINE_PROTOCOL', message: expect.stringMatching(/mode: 'decode'/) });
       // the decode check works with it
-      expect(await probe(client, checkSpec({ check: { mode: 'decode', maxTokens: 1 } }))).toEqual({ prompt: 'The capital of France is', maxTokens: 1, tokenIds: [9], text: ' x', logprobs: [-0.5] });
+      expect(await probe(client, checkSpec({ mode: 'decode', maxTokens: 1 }))).toEqual({ prompt: 'The capital of France is', maxTokens: 1, tokenIds: [9], text: ' x', logprobs: [-0.5] });
     } finally {
       await client.close();
       await new Promise((resolve) => server.close(resolve));

@@ -70,10 +70,26 @@ class _AccessDesc(ctypes.Structure):  # CUmemAccessDesc: 12 bytes
     _fields_ = [("location", _Location), ("flags", ctypes.c_int)]
 
 
+class _ThreadState(threading.local):
+    """Per thread: whether a context was made current here, and the out-parameters of the calls
+    (made once, passed by a reference made once: no ctypes object per call)."""
+
+    def __init__(self):
+        self.ready = False
+        self.u64 = ctypes.c_uint64()
+        self.u64_ref = ctypes.byref(self.u64)
+        self.fd = ctypes.c_int(-1)
+        self.fd_ref = ctypes.byref(self.fd)
+
+
 class CudaDriver:
-    """CUDA driver calls through ctypes. Every call makes sure a context is current: the
-    primary context of the allocation's device when the thread has none (vLLM's own C
-    extension does the same)."""
+    """CUDA driver calls through ctypes. A thread's first call makes sure a context is current
+    (the primary context of the allocation's device when the thread has none, as vLLM's own C
+    extension does before each call); later calls on that thread go straight to the driver. A
+    call that fails checks again: where no context is current any more, one is made current and
+    the call is made once more, so a context dropped meanwhile gives the answer the check before
+    every call gave. The allocation properties and the access descriptor are built once per
+    device (the driver only reads them)."""
 
     kind = "cuda"
 
@@ -92,25 +108,31 @@ class CudaDriver:
         self._sig("cuCtxSynchronize", [])
         self._sig("cuDevicePrimaryCtxRetain", [ctypes.POINTER(vp), i32])
         self._sig("cuMemGetAllocationGranularity", [ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(_AllocationProp), i32])
-        self._sig("cuMemCreate", [ctypes.POINTER(u64), ctypes.c_size_t, ctypes.POINTER(_AllocationProp), u64])
-        self._sig("cuMemRelease", [u64])
-        self._sig("cuMemExportToShareableHandle", [vp, u64, i32, u64])
-        self._sig("cuMemImportFromShareableHandle", [ctypes.POINTER(u64), vp, i32])
+        # The per-region calls, kept bound (one attribute lookup a call) and given pointers made
+        # once (ctypes only checks a reference's type), handles and sizes as plain integers.
+        self._create = self._sig("cuMemCreate", [ctypes.POINTER(u64), ctypes.c_size_t, ctypes.POINTER(_AllocationProp), u64])
+        self._release = self._sig("cuMemRelease", [u64])
+        self._export = self._sig("cuMemExportToShareableHandle", [vp, u64, i32, u64])
+        self._import = self._sig("cuMemImportFromShareableHandle", [ctypes.POINTER(u64), vp, i32])
         self._sig("cuMemAddressReserve", [ctypes.POINTER(u64), ctypes.c_size_t, ctypes.c_size_t, u64, u64])
         self._sig("cuMemAddressFree", [u64, ctypes.c_size_t])
-        self._sig("cuMemMap", [u64, ctypes.c_size_t, ctypes.c_size_t, u64, u64])
-        self._sig("cuMemUnmap", [u64, ctypes.c_size_t])
-        self._sig("cuMemSetAccess", [u64, ctypes.c_size_t, ctypes.POINTER(_AccessDesc), ctypes.c_size_t])
+        self._map = self._sig("cuMemMap", [u64, ctypes.c_size_t, ctypes.c_size_t, u64, u64])
+        self._unmap = self._sig("cuMemUnmap", [u64, ctypes.c_size_t])
+        self._set_access = self._sig("cuMemSetAccess", [u64, ctypes.c_size_t, ctypes.POINTER(_AccessDesc), ctypes.c_size_t])
         self._sig("cuMemcpyDtoD_v2", [u64, u64, ctypes.c_size_t])
         self._sig("cuMemGetAllocationPropertiesFromHandle", [ctypes.POINTER(_AllocationProp), u64])
         self._check(self._cu.cuInit(0), "cuInit")
         self._contexts = {}
         self._lock = threading.Lock()
+        self._thread = _ThreadState()
+        self._props = {}  # device -> (CUmemAllocationProp, a reference to it): POSIX-FD exportable, pinned, on that device
+        self._access = {}  # device -> (CUmemAccessDesc, a reference to it): read-write from that device
 
     def _sig(self, name, argtypes):
         fn = getattr(self._cu, name)
         fn.argtypes = argtypes
         fn.restype = ctypes.c_int
+        return fn
 
     def _check(self, result, call):
         if result != 0:
@@ -121,28 +143,59 @@ class CudaDriver:
                 raise NotExportable(f"{call} failed with {text}: the memory was not created exportable")
             raise DriverError(f"{call} failed with {text}")
 
+    def _again(self, device, call, result, fn, *args):
+        """A call that answered `result` (not success) on a thread whose context was made current
+        once: if none is current any more, one is made current and the call is made again, as the
+        check every call made before did; the failure (or the second one) is raised."""
+        if self.ensure_context(device):
+            result = fn(*args)
+        self._check(result, call)
+
     def ensure_context(self, device):
+        """Makes the primary context of `device` current on this thread if none is; True if it did."""
         current = ctypes.c_void_p()
         self._check(self._cu.cuCtxGetCurrent(ctypes.byref(current)), "cuCtxGetCurrent")
-        if current.value:
-            return
-        with self._lock:
-            ctx = self._contexts.get(device)
-            if ctx is None:
-                dev = ctypes.c_int()
-                self._check(self._cu.cuDeviceGet(ctypes.byref(dev), device), "cuDeviceGet")
-                ctx = ctypes.c_void_p()
-                self._check(self._cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
-                self._contexts[device] = ctx
-        self._check(self._cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        if not current.value:
+            with self._lock:
+                ctx = self._contexts.get(device)
+                if ctx is None:
+                    dev = ctypes.c_int()
+                    self._check(self._cu.cuDeviceGet(ctypes.byref(dev), device), "cuDeviceGet")
+                    ctx = ctypes.c_void_p()
+                    self._check(self._cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+                    self._contexts[device] = ctx
+            self._check(self._cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        self._thread.ready = True
+        return not current.value
+
+    def _ready(self, device):
+        """This thread's state, a context made current first if this thread never had one."""
+        t = self._thread
+        if not t.ready:
+            self.ensure_context(device)
+        return t
 
     def _prop(self, device):
-        prop = _AllocationProp()
-        prop.type = _CU_MEM_ALLOCATION_TYPE_PINNED
-        prop.requestedHandleTypes = _CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-        prop.location.type = _CU_MEM_LOCATION_TYPE_DEVICE
-        prop.location.id = device
-        return prop
+        """The allocation properties for exportable memory on `device` and a reference to them."""
+        found = self._props.get(device)
+        if found is None:
+            prop = _AllocationProp()
+            prop.type = _CU_MEM_ALLOCATION_TYPE_PINNED
+            prop.requestedHandleTypes = _CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+            prop.location.type = _CU_MEM_LOCATION_TYPE_DEVICE
+            prop.location.id = device
+            found = self._props[device] = (prop, ctypes.byref(prop))
+        return found[1]
+
+    def _access_ref(self, device):
+        found = self._access.get(device)
+        if found is None:
+            access = _AccessDesc()
+            access.location.type = _CU_MEM_LOCATION_TYPE_DEVICE
+            access.location.id = device
+            access.flags = _CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+            found = self._access[device] = (access, ctypes.byref(access))
+        return found[1]
 
     def device_uuid(self, device):
         self.ensure_context(device)
@@ -155,10 +208,31 @@ class CudaDriver:
 
     def export_fd(self, device, handle):
         """A new POSIX descriptor for the memory of `handle`; NotExportable if it cannot be."""
-        self.ensure_context(device)
-        fd = ctypes.c_int(-1)
-        self._check(self._cu.cuMemExportToShareableHandle(ctypes.byref(fd), handle, _CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), "cuMemExportToShareableHandle")
-        return fd.value
+        t = self._ready(device)
+        result = self._export(t.fd_ref, handle, _CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)
+        if result:
+            self._again(device, "cuMemExportToShareableHandle", result, self._export, t.fd_ref, handle, _CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)
+        return t.fd.value
+
+    def export_fds(self, device, handles):
+        """export_fd for each of `handles` (all on `device`), in order; on a failure the
+        descriptors made so far are closed and the failure is raised with the index that failed
+        (`.index` on the exception)."""
+        t = self._ready(device)
+        export, ref, fd, posix = self._export, t.fd_ref, t.fd, _CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        fds = []
+        try:
+            for handle in handles:
+                result = export(ref, handle, posix, 0)
+                if result:
+                    self._again(device, "cuMemExportToShareableHandle", result, export, ref, handle, posix, 0)
+                fds.append(fd.value)
+        except Exception as e:
+            for f in fds:
+                os.close(f)
+            e.index = len(fds)
+            raise
+        return fds
 
     def handle_kind(self, device, handle):
         """POSIX_FD, FABRIC or NONE, from the handle types the memory was created with."""
@@ -171,16 +245,35 @@ class CudaDriver:
         return FABRIC if types & _CU_MEM_HANDLE_TYPE_FABRIC else NONE
 
     def create_exportable(self, device, size):
-        self.ensure_context(device)
-        handle = ctypes.c_uint64()
+        t = self._ready(device)
         prop = self._prop(device)
-        self._check(self._cu.cuMemCreate(ctypes.byref(handle), size, ctypes.byref(prop), 0), "cuMemCreate")
-        return handle.value
+        result = self._create(t.u64_ref, size, prop, 0)
+        if result:
+            self._again(device, "cuMemCreate", result, self._create, t.u64_ref, size, prop, 0)
+        return t.u64.value
+
+    def create_mapped(self, device, va, size):
+        """create_exportable + map at `va` in one call (what a wake does per region); the new
+        memory is released if the map fails. Returns the handle."""
+        t = self._ready(device)
+        prop = self._prop(device)
+        result = self._create(t.u64_ref, size, prop, 0)
+        if result:
+            self._again(device, "cuMemCreate", result, self._create, t.u64_ref, size, prop, 0)
+        handle = t.u64.value
+        try:
+            self._map_ready(device, va, size, handle)
+        except Exception:
+            self.release(device, handle)
+            raise
+        return handle
 
     def import_fd(self, fd):
-        handle = ctypes.c_uint64()
-        self._check(self._cu.cuMemImportFromShareableHandle(ctypes.byref(handle), ctypes.c_void_p(fd), _CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), "cuMemImportFromShareableHandle")
-        return handle.value
+        t = self._thread  # no context is made current for an import (none ever was)
+        result = self._import(t.u64_ref, fd, _CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        if result:
+            self._check(result, "cuMemImportFromShareableHandle")
+        return t.u64.value
 
     def reserve(self, device, size):
         self.ensure_context(device)
@@ -193,21 +286,29 @@ class CudaDriver:
         self._check(self._cu.cuMemAddressFree(va, size), "cuMemAddressFree")
 
     def map(self, device, va, size, handle):
-        self.ensure_context(device)
-        self._check(self._cu.cuMemMap(va, size, 0, handle, 0), "cuMemMap")
-        access = _AccessDesc()
-        access.location.type = _CU_MEM_LOCATION_TYPE_DEVICE
-        access.location.id = device
-        access.flags = _CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-        self._check(self._cu.cuMemSetAccess(va, size, ctypes.byref(access), 1), "cuMemSetAccess")
+        self._ready(device)
+        self._map_ready(device, va, size, handle)
+
+    def _map_ready(self, device, va, size, handle):
+        result = self._map(va, size, 0, handle, 0)
+        if result:
+            self._again(device, "cuMemMap", result, self._map, va, size, 0, handle, 0)
+        access = self._access_ref(device)
+        result = self._set_access(va, size, access, 1)
+        if result:
+            self._again(device, "cuMemSetAccess", result, self._set_access, va, size, access, 1)
 
     def unmap(self, device, va, size):
-        self.ensure_context(device)
-        self._check(self._cu.cuMemUnmap(va, size), "cuMemUnmap")
+        self._ready(device)
+        result = self._unmap(va, size)
+        if result:
+            self._again(device, "cuMemUnmap", result, self._unmap, va, size)
 
     def release(self, device, handle):
-        self.ensure_context(device)
-        self._check(self._cu.cuMemRelease(handle), "cuMemRelease")
+        self._ready(device)
+        result = self._release(handle)
+        if result:
+            self._again(device, "cuMemRelease", result, self._release, handle)
 
     def copy(self, device, dst, src, size):
         self.ensure_context(device)
@@ -268,6 +369,27 @@ class HostDriver:
         fd = os.memfd_create("vsnap-region", os.MFD_CLOEXEC)
         os.ftruncate(fd, size)
         return fd
+
+    def create_mapped(self, device, va, size):
+        handle = self.create_exportable(device, size)
+        try:
+            self.map(device, va, size, handle)
+        except Exception:
+            self.release(device, handle)
+            raise
+        return handle
+
+    def export_fds(self, device, handles):
+        fds = []
+        try:
+            for handle in handles:
+                fds.append(self.export_fd(device, handle))
+        except Exception as e:
+            for fd in fds:
+                os.close(fd)
+            e.index = len(fds)
+            raise
+        return fds
 
     def import_fd(self, fd):
         return os.dup(fd)

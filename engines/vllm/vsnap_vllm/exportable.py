@@ -73,12 +73,7 @@ class Exporter:
 
     def create_on_wake(self, allocation):
         """In place of vLLM's create_and_map for one allocation: exportable memory, mapped."""
-        new = self.driver.create_exportable(allocation.device, allocation.size)
-        try:
-            self.driver.map(allocation.device, allocation.va, allocation.size, new)
-        except Exception:
-            self.driver.release(allocation.device, new)
-            raise
+        new = self.driver.create_mapped(allocation.device, allocation.va, allocation.size)
         allocation.set_handle(new)
         self._known.add((allocation.device, new))
 
@@ -134,10 +129,25 @@ class Exporter:
         kind = kind_fn(allocation.device, allocation.handle) if kind_fn else NONE
         return NONE if kind == POSIX_FD else kind  # claims POSIX-FD but did not export: treat as none
 
+    def _all_known(self, allocations):
+        """True when every allocation's memory is known exportable (made so, or mapped back from
+        a kept descriptor) and its kind at load recorded: what make_all_exportable would find."""
+        known, kept, kinds = self._known, self._kept, self.kinds
+        for a in allocations:
+            key = (a.device, a.handle)
+            if (key not in known and key not in kept) or a.va not in kinds:
+                return False
+        return True
+
     def make_all_exportable(self, allocations, copy=True):
         """Rehomes every allocation that is not exportable yet; returns what it did, per kind of
         memory: {"kinds": {kind: count}, "seconds": {kind: s}, "rehomed", "alreadyExportable", "bytes"}."""
         started = time.perf_counter()
+        if self._all_known(allocations):  # every export after a wake: nothing to classify, nothing to rehome
+            seconds = time.perf_counter() - started
+            n = len(allocations)
+            return {"rehomed": 0, "alreadyExportable": n, "bytes": 0, "seconds": seconds,
+                    "kinds": {POSIX_FD: n} if n else {}, "secondsByKind": {POSIX_FD: seconds} if n else {}}
         rehomed = kept = moved = 0
         counts, seconds_by = {}, {}
         for allocation in allocations:
@@ -160,22 +170,48 @@ class Exporter:
                 "kinds": counts, "secondsByKind": seconds_by}
 
     def export_fds(self, allocations):
-        """A new descriptor for each allocation (the caller closes them)."""
-        fds = []
+        """A new descriptor for each allocation (the caller closes them): one driver batch for
+        the allocations of one device that were not mapped back from a kept descriptor."""
+        fds = [None] * len(allocations)
+        exported = []  # indices into allocations, in the order of the driver's batch
         try:
-            for allocation in allocations:
+            for i, allocation in enumerate(allocations):
                 kept = self._kept.get((allocation.device, allocation.handle))
                 if kept is not None:
-                    fds.append(os.dup(kept))
-                    continue
-                try:
-                    fds.append(self.driver.export_fd(allocation.device, allocation.handle))
-                except NotExportable as e:
-                    raise NotExportable(
-                        f"weights allocation at {allocation.va:#x} is not exportable: was the engine started with the vsnap "
-                        "plugin loaded (VLLM_PLUGINS includes vsnap) and --enable-sleep-mode?") from e
+                    fds[i] = os.dup(kept)
+                else:
+                    exported.append(i)
+            if exported:
+                devices = {allocations[i].device for i in exported}
+                if len(devices) == 1:
+                    try:
+                        got = self.driver.export_fds(devices.pop(), [allocations[i].handle for i in exported])
+                    except NotExportable as e:
+                        raise self._not_exportable(allocations[exported[getattr(e, "index", 0)]], e) from e
+                else:
+                    got = []
+                    try:
+                        for i in exported:
+                            got.append(self.driver.export_fd(allocations[i].device, allocations[i].handle))
+                    except NotExportable as e:
+                        for fd in got:
+                            os.close(fd)
+                        raise self._not_exportable(allocations[exported[len(got)]], e) from e
+                    except Exception:
+                        for fd in got:
+                            os.close(fd)
+                        raise
+                for i, fd in zip(exported, got):
+                    fds[i] = fd
         except Exception:
             for fd in fds:
-                os.close(fd)
+                if fd is not None:
+                    os.close(fd)
             raise
         return fds
+
+    @staticmethod
+    def _not_exportable(allocation, cause):
+        return NotExportable(
+            f"weights allocation at {allocation.va:#x} is not exportable: was the engine started with the vsnap "
+            "plugin loaded (VLLM_PLUGINS includes vsnap) and --enable-sleep-mode?")

@@ -14,7 +14,7 @@ import { formatBytes } from '../output.js';
 export async function doctor(ctx: Context): Promise<number> {
   const status = await cudaStatus();
   const devices = status.available ? await listDevices({ freeMemory: true }) : [];
-  // Read only: a missing store is reported, never made (the first `vsnap snapshot` makes it).
+  // Read only: a missing store is reported, never made (the first snapshot, pull or demo makes it).
   let store: Record<string, unknown>;
   const root = ctx.storeRoot;
   if (!existsSync(root)) {
@@ -70,7 +70,7 @@ export async function doctor(ctx: Context): Promise<number> {
       ? `store: ${root}: ${store.error}`
       : store.exists
         ? `store: ${root}: ${store.snapshots} snapshot(s), ${formatBytes(store.bytes as number)} in ${store.blobs} blob(s), ${formatBytes(store.freeBytes as number)} free`
-        : `store: ${root}: none yet (the first \`vsnap snapshot\` makes it), ${formatBytes(store.freeBytes as number)} free there`,
+        : `store: ${root}: none yet (made by the first \`vsnap snapshot\`, \`vsnap pull\` or \`vsnap demo\`), ${formatBytes(store.freeBytes as number)} free there`,
     ...(engine
       ? [
           engine.ok ? `engine: ${engine.url}: vLLM ${engine.version}, plugin ${engine.plugin}, ${engine.sleeping ? 'asleep' : 'awake'}, attention ${engine.attentionBackend}` : `engine: ${engine.url}: ${engine.error}`,

@@ -1,6 +1,6 @@
 import { Snapshot } from '../../snapshot/snapshot.js';
-import { captureEngine, restoreEngine, suspendEngine } from '../../snapshot/engine-flows.js';
-import type { MaterializePolicy } from '../../snapshot/engine-recovery.js';
+import { captureEngine, restoreEngine, suspendEngine } from '../../flows/index.js';
+import type { MaterializePolicy } from '../../flows/recovery.js';
 import type { Context } from '../context.js';
 import { EXIT } from '../context.js';
 import { formatBytes, progressLine } from '../output.js';
@@ -17,7 +17,7 @@ export async function snapshot(ctx: Context): Promise<number> {
       return EXIT.ok;
     }
     const progress = progressLine('capture');
-    const snap = await captureEngine(store, name, client, { onProgress: progress.update, signal: ctx.signal }).finally(() => progress.done());
+    const snap = await captureEngine(store, name, client, { transfer: { onProgress: progress.update }, signal: ctx.signal }).finally(() => progress.done());
     const c = snap.lastCapture!;
     ctx.print(`captured ${name} (${snap.id}): ${formatBytes(c.bytes)} in ${snap.manifest.regionCount} regions, ${c.seconds.toFixed(2)} s`, {
       cached: false,
@@ -40,7 +40,7 @@ export async function suspend(ctx: Context): Promise<number> {
     const r = await suspendEngine(store, name, client, { captureIfNeeded: ctx.options.capture === true, deep: ctx.options.deep === true, signal: ctx.signal });
     ctx.print(
       r.alreadyAsleep ? `the engine was already asleep` : `suspended${r.captured ? ' (captured first)' : ''}${ctx.options.deep === true ? ' deep' : ''} in ${r.seconds.toFixed(2)} s; restore with: vsnap restore ${name}`,
-      { id: r.snapshot.id, captured: r.captured, alreadyAsleep: r.alreadyAsleep, seconds: r.seconds },
+      { id: r.snapshot?.id ?? null, captured: r.captured, alreadyAsleep: r.alreadyAsleep, seconds: r.seconds },
     );
     return EXIT.ok;
   } finally {
@@ -59,8 +59,8 @@ export async function restore(ctx: Context): Promise<number> {
     const store = await ctx.openStore(recover && materialize !== 'off' ? 'create' : 'read');
     const source = recover ? { store, name, ...(ctx.options.id ? { id: ctx.options.id } : {}) } : await Snapshot.open(store, name, ctx.options.id ? { id: ctx.options.id } : {});
     const progress = progressLine('restore');
-    const onto = typeof ctx.options.onto === 'string' ? { onto: /^\d+$/.test(ctx.options.onto) ? Number(ctx.options.onto) : ctx.options.onto } : {};
-    const report = await restoreEngine(source, client, { onProgress: progress.update, signal: ctx.signal, ...onto, ...(recover ? { recovery: 'reload' as const, materialize } : {}) }).finally(() =>
+    const move = typeof ctx.options.onto === 'string' ? { move: { onto: /^\d+$/.test(ctx.options.onto) ? Number(ctx.options.onto) : ctx.options.onto } } : {};
+    const report = await restoreEngine(source, client, { transfer: { onProgress: progress.update }, signal: ctx.signal, ...move, ...(recover ? { recovery: { policy: 'reload' as const, materialize } } : {}) }).finally(() =>
       progress.done(),
     );
     const phases = Object.entries(report.phases).map(([k, v]) => `${k} ${(v * 1000).toFixed(1)} ms`).join(', ');

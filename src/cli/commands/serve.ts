@@ -1,8 +1,8 @@
 import { request } from 'undici';
 
 import { VsnapError } from '../../errors.js';
-import { loadConfig } from '../../swap/config.js';
-import { serve as runServe } from '../../swap/serve.js';
+import { loadConfig } from '../../serve/config.js';
+import { serve as runServe } from '../../serve/serve.js';
 import type { Context } from '../context.js';
 import { checkHttpUrl, EXIT, UsageError } from '../context.js';
 

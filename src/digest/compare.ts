@@ -1,0 +1,99 @@
+import { changedChunks, digestRegions, type DigestResult, type DigestTarget } from './index.js';
+import { VsnapError } from '../errors.js';
+import type { Manifest } from '../manifest/manifest.js';
+import type { RegionInfo } from '../manifest/types.js';
+import type { RegionMemory } from '../regions/memory.js';
+import { regionId } from '../manifest/region-id.js';
+
+// Live memory compared with a snapshot's GPU digests: the dirty check before a discard (checkLive)
+// and the verification of restored memory (verifyRestored).
+
+/** A live region, by rank and key. @internal */
+export interface LiveRegionRef {
+  readonly rank: number;
+  readonly key: string;
+  readonly size: number;
+  readonly memory: RegionMemory;
+}
+
+/**
+ * The dirty check before a discard: whether the live weights still equal the snapshot.
+ * @public
+ */
+export interface LiveCheckReport {
+  /** False when the snapshot has no GPU digests (a version-1 capture): nothing was compared, and it counts as stale. */
+  readonly checked: boolean;
+  /** The regions whose bytes differ from the snapshot, as `rank/key`. */
+  readonly changed: readonly string[];
+  /** Bytes digested. */
+  readonly bytes: number;
+  /** Wall time of the digest. */
+  readonly seconds: number;
+}
+
+/** Digests live regions with the chunking of the snapshot's regions (matched by rank and key). */
+async function digestAgainst(
+  manifest: Manifest,
+  live: readonly LiveRegionRef[],
+): Promise<{ pairs: Array<{ region: RegionInfo; ref: string; actual: string[] }>; seconds: number; bytes: number; devices: DigestResult['devices'] }> {
+  const byId = new Map(live.map((l) => [regionId(l.rank, l.key), l]));
+  const pairs: Array<{ region: RegionInfo; ref: string; target: DigestTarget }> = [];
+  for (const { rank, region } of manifest.regions()) {
+    const l = byId.get(regionId(rank, region.key));
+    if (l) pairs.push({ region, ref: regionId(rank, region.key), target: { size: region.size, chunkSize: region.chunkSize, memory: l.memory } });
+  }
+  const result = await digestRegions(pairs.map((p) => p.target));
+  return {
+    pairs: pairs.map((p, i) => ({ region: p.region, ref: p.ref, actual: result.digests[i]! })),
+    seconds: result.seconds,
+    bytes: pairs.reduce((s, p) => s + p.region.size, 0),
+    devices: result.devices,
+  };
+}
+
+/**
+ * Digests the live regions and compares them with the snapshot's digests. A snapshot without
+ * digests (version 1) is not compared: `checked` is false.
+ * @internal
+ */
+export async function checkLive(manifest: Manifest, live: readonly LiveRegionRef[]): Promise<LiveCheckReport> {
+  if ([...manifest.regions()].some(({ region }) => !region.digests)) return { checked: false, changed: [], bytes: 0, seconds: 0 };
+  const { pairs, seconds, bytes } = await digestAgainst(manifest, live);
+  const changed = pairs.filter((p) => changedChunks(p.region.digests!, p.actual).length > 0).map((p) => p.ref);
+  return { checked: true, changed, bytes, seconds };
+}
+
+/**
+ * Verification after a restore: digests the restored memory (on the GPU for device memory) and
+ * compares it with the snapshot. Skipped when the snapshot has no digests or `enabled` is false;
+ * returns the seconds it took, or undefined when skipped. Throws E_DIGEST_MISMATCH.
+ * @internal
+ */
+export async function verifyRestored(manifest: Manifest, live: readonly LiveRegionRef[], enabled = true): Promise<number | undefined> {
+  return (await verifyRestoredByDevice(manifest, live, enabled))?.seconds;
+}
+
+/**
+ * {@link verifyRestored}, with each GPU's share: the bytes it digested and the wall time of its
+ * batch (the GPUs digest concurrently, each on its own context and stream).
+ * @internal
+ */
+export async function verifyRestoredByDevice(
+  manifest: Manifest,
+  live: readonly LiveRegionRef[],
+  enabled = true,
+): Promise<{ seconds: number; devices: DigestResult['devices'] } | undefined> {
+  if (!enabled || [...manifest.regions()].some(({ region }) => !region.digests)) return undefined;
+  const { pairs, seconds, devices } = await digestAgainst(manifest, live);
+  const bad = pairs.map((p) => ({ region: p.ref, chunks: changedChunks(p.region.digests!, p.actual) })).filter((b) => b.chunks.length);
+  if (bad.length) {
+    throw new VsnapError(
+      'E_DIGEST_MISMATCH',
+      `after restoring '${manifest.name}' (${manifest.id}) the memory of ${bad.length} region(s) does not match the snapshot's GPU digests ` +
+        `(${bad.slice(0, 5).map((b) => `${b.region}: chunk ${b.chunks.slice(0, 4).join(', ')}`).join('; ')}): the bytes changed between host and GPU memory, ` +
+        'or something wrote into the regions during the restore. Restore again; if it repeats, check the GPU (nvidia-smi -q -d ECC).',
+      { snapshot: manifest.name, id: manifest.id, regions: bad },
+    );
+  }
+  return { seconds, devices };
+}

@@ -1,0 +1,382 @@
+import { toVsnapError, VsnapError } from '../errors.js';
+import type { CallOptions, EngineClient, EngineStatus } from '../engine/engine-client.js';
+import { engineControl, type EngineControl } from '../engine/control.js';
+import { exportRegions, type ExportedRegions } from '../engine/export.js';
+import { liveRefs, mapExported } from '../engine/exported.js';
+import { compareResponses, recheck } from '../engine/response-check.js';
+import { listDevices } from '../gpu/cuda.js';
+import type { ExpectedResponse } from '../manifest/types.js';
+import { defaultMapping, type MappedRegions, type MappedRegionsOptions } from '../regions/mapped.js';
+import { pullIfMissing } from '../registry/source.js';
+import { Snapshot } from '../snapshot/snapshot.js';
+import { restoreTiers } from '../tiers/index.js';
+import type { HydrateTargets, RestoreRun, Tier, TierRestore } from '../tiers/tier.js';
+import { holdsWeights, liveFacts, liveRanks, phaseTimer, preflight, warn } from './checks.js';
+import { resumeIfDeep } from './deep.js';
+import { checkRoom, describeRoom, resolveRemap, type GpuRemap } from './gpu-remap.js';
+import type { FlowHooks } from './hooks.js';
+import { awaitRoom, startKvWake, type EarlyWake } from './kv-overlap.js';
+import { recoveryReason, type MaterializePolicy, type RecoveryReason } from './recovery.js';
+import type { EngineRestoreOptions, EngineRestoreReport, SnapshotRef } from './types.js';
+
+/*
+ * One restore in progress: what restoreEngine's steps share (restore.ts is the order of the steps,
+ * this file the steps). It is the RestoreRun the tiers see (src/tiers/tier.ts).
+ */
+
+/** The snapshot asked for could not be opened (or pulled): the error, and whether a recovery may go past it. */
+interface OpenError {
+  readonly error: VsnapError;
+  readonly reason: RecoveryReason | undefined;
+}
+
+/**
+ * How a restore maps the engine's regions: pipelined (the copy starts on the first regions while
+ * the rest are imported; measured on the H200 the fastest form at every region count, 36 to 4,000:
+ * bench/results/2026-12-01-h200-region-count.log), unless VSNAP_REGION_MAPPING says otherwise.
+ * @internal
+ */
+export function restoreMapping(): MappedRegionsOptions {
+  return { mapping: defaultMapping('pipelined') };
+}
+
+/**
+ * Opens the snapshot, pulling it first when it has a registry source. One that cannot be opened
+ * fails the restore, unless it may be recovered from (or the engine's own tier may hold the weights).
+ */
+async function openSnapshot(
+  source: Snapshot | SnapshotRef,
+  client: EngineClient,
+  options: EngineRestoreOptions,
+  recovery: { reload: boolean },
+): Promise<{ snapshot?: Snapshot; openError?: OpenError }> {
+  if ('manifest' in source) return { snapshot: source }; // structural: a Snapshot of the other build (ESM/CJS) too
+  try {
+    await pullIfMissing(source, client, { signal: options.signal, allowModelSwap: options.allowModelSwap });
+    return { snapshot: await Snapshot.open(source.store, source.name, source.id !== undefined ? { id: source.id } : {}) };
+  } catch (err) {
+    const error = toVsnapError(err);
+    const reason = recovery.reload ? recoveryReason(error, undefined, undefined, options) : undefined;
+    // Only the engine's own tier can restore without the snapshot; otherwise this is the end.
+    if (!reason && !options.tiers?.engine) throw error;
+    return { openError: { error, reason } };
+  }
+}
+
+/** @internal */
+export class EngineRestoreRun implements RestoreRun {
+  readonly started = performance.now();
+  readonly phases: Record<string, number> = {};
+  readonly lap = phaseTimer(this.phases);
+  readonly tiers: readonly Tier[];
+  readonly recovery: { reload: boolean; materialize: MaterializePolicy };
+  readonly hooks: FlowHooks;
+  readonly hydrate: RestoreRun['hydrate'];
+  readonly call: CallOptions;
+  status: EngineStatus;
+  remap: GpuRemap | undefined;
+  private exported: ExportedRegions | undefined;
+  private mapped: MappedRegions | undefined;
+  private prepared: HydrateTargets | undefined;
+  private early: EarlyWake | undefined;
+
+  private constructor(
+    readonly client: EngineClient,
+    readonly control: EngineControl,
+    status: EngineStatus,
+    readonly snapshot: Snapshot | undefined,
+    readonly openError: OpenError | undefined,
+    readonly name: string,
+    readonly store: Snapshot['store'],
+    readonly options: EngineRestoreOptions,
+    recovery: { reload: boolean; materialize: MaterializePolicy },
+  ) {
+    this.status = status;
+    this.recovery = recovery;
+    this.hooks = options.hooks ?? {};
+    this.call = options.signal ? { signal: options.signal } : {};
+    this.tiers = restoreTiers(options.tiers ?? {});
+    const t = options.transfer ?? {};
+    this.hydrate = {
+      ...(t.threads ? { threads: t.threads } : {}),
+      ...(t.onProgress ? { onProgress: t.onProgress } : {}),
+      ...(t.directIo !== undefined ? { directIo: t.directIo } : {}),
+      ...(options.verify?.blobs ? { verify: options.verify.blobs } : {}),
+      ...(options.verify?.digests !== undefined ? { verifyDigests: options.verify.digests } : {}),
+    };
+  }
+
+  /**
+   * Prepare: opens the snapshot (pulling it first when it has a registry source), before the
+   * engine is touched: one that cannot be opened fails here, unless it may be recovered from;
+   * then reads the engine and resolves a move onto other GPUs (checked before anything changes).
+   */
+  static async open(source: Snapshot | SnapshotRef, client: EngineClient, options: EngineRestoreOptions, recovery: { reload: boolean; materialize: MaterializePolicy }): Promise<EngineRestoreRun> {
+    // The snapshot first: one that cannot be opened (and not recovered from) fails the restore
+    // before the engine is asked anything.
+    const { snapshot, openError } = await openSnapshot(source, client, options, recovery);
+    const { control, status } = await engineControl(client, options.signal ? { signal: options.signal } : {});
+    preflight(status, options);
+    const store = snapshot?.store ?? (source as SnapshotRef).store;
+    const name = snapshot?.name ?? (source as SnapshotRef).name;
+    const run = new EngineRestoreRun(client, control, status, snapshot, openError, name, store, options, recovery);
+    const move = options.move;
+    if (move?.onto !== undefined || move?.gpuMap !== undefined) {
+      const onGpus = status.ranks.every((r) => r.memory === 'cuda'); // a host-memory engine is refused without listing GPUs
+      run.remap = resolveRemap(status, onGpus ? await listDevices() : [], move);
+    }
+    return run;
+  }
+
+  warn(message: string): void {
+    warn(this.options, message);
+  }
+
+  /**
+   * A deep-suspended engine (found by the driver's state of its pids): every rank restored (onto
+   * its new GPU with a move, after a check that each has room for the process and its weights: a
+   * move the driver refuses for memory may leave the process unrestorable, see gpu-remap.ts) and
+   * unlocked first.
+   */
+  async resumeDeep(): Promise<void> {
+    const remap = this.remap;
+    const weights: number[] = [];
+    for (const r of this.status.ranks) weights[r.rank] = Math.max(r.bytes, this.snapshot?.manifest.data.ranks.find((m) => m.rank === r.rank)?.regions.reduce((n, x) => n + x.size, 0) ?? 0);
+    const roomCheck = remap ? async () => describeRoom(checkRoom(remap, await listDevices({ freeMemory: true }), weights, this.options.move?.reserveBytes)) : undefined;
+    const deep = await resumeIfDeep(this.status, this.hooks.checkpoint, remap?.pairs, roomCheck);
+    if (!deep) return;
+    for (const [step, seconds] of Object.entries(deep)) this.phases[`deep.${step}`] = seconds;
+    this.lap.restart();
+    this.status = await this.control.status(this.call);
+  }
+
+  /** An awake engine is refused, unless the caller swaps models in place (it is put to sleep first). */
+  async sleepIfAwake(): Promise<void> {
+    if (!this.status.sleeping) {
+      if (!this.options.allowModelSwap) {
+        throw new VsnapError('E_ENGINE_STATE', 'the engine is awake: restoring would overwrite a working model. Suspend it first, or pass allowModelSwap to swap models in place.');
+      }
+      await this.control.sleep(2, undefined, this.call);
+      this.lap('sleep');
+      this.status = await this.control.status(this.call);
+    }
+    this.lap('prepare'); // the engine's status, the snapshot opened, the driver asked whether a rank is checkpointed
+  }
+
+  async targets(): Promise<HydrateTargets> {
+    if (this.prepared) return this.prepared;
+    const snapshot = this.snapshot!;
+    if (this.status.ranks.some((r) => !r.weightsMapped)) await this.control.wake(['weights'], this.call);
+    this.lap('wakeWeights');
+    const exported = (this.exported = await exportRegions(this.control, this.status.ranks.length, this.call));
+    this.lap('export');
+    if (this.remap) checkMoved(exported, this.remap);
+    snapshot.manifest.assertCompatible({ ...liveFacts(this.status, exported, this.options.allowModelSwap ?? false), ranks: liveRanks(exported) });
+    this.lap('validate');
+    // Mapped once, on a few threads: the hydrate and the GPU digest that verifies it share the mappings.
+    const mapped = (this.mapped = await mapExported(exported, restoreMapping()));
+    const live = liveRefs(exported, mapped);
+    this.lap('map');
+    // With overlapKvWake the KV cache wakes now; its failure stops the hydrate (and the other way
+    // round, a failure waits for it before the engine goes back to sleep).
+    const stop = new AbortController();
+    if (this.options.overlapKvWake) this.early = startKvWake(this.control, this.tagsAfterWeights(), this.call, this.hooks.beforeKvWake, (e) => stop.abort(e));
+    const signal = this.early ? (this.call.signal ? AbortSignal.any([this.call.signal, stop.signal]) : stop.signal) : this.call.signal;
+    const regions = live.map((x, i) => ({ key: x.key, size: x.size, tag: exportedTag(exported, i), rank: x.rank, memory: x.memory }));
+    return (this.prepared = { direct: liveRefs(exported), mapped: live, regions, signal, ranks: exported.ranks.length });
+  }
+
+  /** After a hydrate: its digest time apart, the descriptors closed, the mappings dropped while the engine finishes its wake. */
+  async afterHydrate(outcome: TierRestore): Promise<void> {
+    this.lap('hydrate');
+    if (outcome.digestSeconds !== undefined) {
+      this.phases.hydrate! -= outcome.digestSeconds;
+      this.phases.verifyDigests = outcome.digestSeconds;
+    }
+    this.exported?.close();
+    // Unmapping thousands of regions runs off the JS thread while the engine wakes its KV cache.
+    const unmapping = this.mapped?.close() ?? Promise.resolve();
+    unmapping.catch(() => undefined);
+    await this.finishWake();
+    await unmapping;
+  }
+
+  /**
+   * The tags a restore wakes after the weights: the KV cache, by name, alone. vLLM's executor counts
+   * only `weights` and `kv_cache` asleep and skips a whole wake that names any other tag
+   * (vllm/v1/executor/abstract.py `wake_up`); other pools come back with any wake (the `cudagraph`
+   * pool of --sleep-mode-offload-cudagraph: docs/features/sleep_mode.md).
+   */
+  tagsAfterWeights(): string[] {
+    return ['kv_cache'];
+  }
+
+  /** Whether a failed restore may wake the KV cache to put the engine back to sleep: not in a swap whose room never opened (the other engine still holds the GPU). */
+  private mayWakeRest(): boolean {
+    return !this.hooks.beforeKvWake;
+  }
+
+  async finishWake(expected: ExpectedResponse | null = this.snapshot?.manifest.data.expectedResponse ?? null, path: 'restored' | 'recovered' = 'restored'): Promise<void> {
+    if (this.early) {
+      // Started during the hydrate (overlapKvWake): what is left of it is waited for here.
+      await this.early.done;
+      Object.assign(this.phases, this.early.phases);
+      this.lap('wakeKvCacheWait');
+    } else {
+      if (this.hooks.beforeKvWake) {
+        await awaitRoom(this.hooks.beforeKvWake);
+        this.lap('awaitRoom');
+      }
+      // The KV cache by name (tagsAfterWeights). Never a wake of all tags: before vLLM PR #52514 that
+      // maps the woken weights a second time (vllm/device_allocator/cumem.py `wake_up`), which fails
+      // and unmaps them.
+      await this.control.wake(this.tagsAfterWeights(), this.call);
+      this.lap('wakeKvCache');
+    }
+    await this.control.resetPrefixCache(this.call);
+    this.lap('resetPrefixCache');
+    if (!expected) return;
+    await this.hooks.beforeCheck?.();
+    const actual = await recheck(this.client, expected, this.options.signal);
+    this.lap('expectedResponse');
+    const difference = compareResponses(expected, actual, this.options.verify?.logprobTolerance ?? 0);
+    if (!difference) return;
+    throw new VsnapError(
+      'E_RESPONSE_MISMATCH',
+      path === 'restored'
+        ? `after restoring '${this.name}' the engine's answer differs from the one recorded at capture: ${difference}. ` +
+          'The weights verified byte for byte, so state outside the snapshot is wrong (an attention backend such as FlashInfer keeps some).'
+        : `after the engine reloaded its weights, its answer differs from the one '${this.name}' recorded at capture: ${difference}. ` +
+          'Its checkpoint is not the one the snapshot was taken from (or state outside the weights is wrong).',
+      { expected, actual, difference },
+    );
+  }
+
+  async fallBack(what: string, failure: VsnapError): Promise<void> {
+    this.status = await this.reread(what, failure);
+    if (!holdsWeights(this.status)) return;
+    try {
+      await sleepAgain(this.control, this.status, this.call, this.mayWakeRest());
+    } catch (err) {
+      const e = toVsnapError(err);
+      throw new VsnapError(e.code, `${what} failed (${failure.message}) and putting the engine back to sleep failed too (${e.message}); check it before sending requests`, { ...e.details, recovered: false }, { cause: failure });
+    }
+    this.status = await this.reread(what, failure);
+  }
+
+  /** Re-reads the engine after a failed step; an engine that no longer answers ends the restore. */
+  private async reread(what: string, cause: VsnapError): Promise<EngineStatus> {
+    try {
+      return await this.control.status(this.call);
+    } catch (err) {
+      const e = toVsnapError(err);
+      throw new VsnapError(e.code, `${what} failed (${cause.message}), and the engine no longer answers (${e.message}). Restart it; its snapshot brings the weights back.`, { ...e.details, recovered: false }, { cause: e });
+    }
+  }
+
+  /**
+   * Reads the engine back and puts it to sleep only if it holds weights (an engine that never woke
+   * is left alone); `wakeRest`: see {@link sleepAgain} (default: unless in a swap whose room never opened).
+   */
+  async backToSleep(wakeRest = this.mayWakeRest()): Promise<{ state: string; asleep: boolean }> {
+    let status: EngineStatus;
+    try {
+      status = await this.control.status();
+    } catch (err) {
+      return { state: `the engine no longer answers (${(err as Error).message}); restart it`, asleep: false };
+    }
+    if (!holdsWeights(status)) return { state: 'the engine is asleep', asleep: true };
+    try {
+      const freed = await sleepAgain(this.control, status, {}, wakeRest);
+      return freed
+        ? { state: 'the engine was put back to sleep', asleep: true }
+        : { state: "the engine is asleep, its weights still mapped (vLLM's executor ignores a sleep while the KV cache is asleep; the next restore or wake frees them)", asleep: true };
+    } catch (err) {
+      return { state: `putting the engine back to sleep failed too (${(err as Error).message}); check it before sending requests`, asleep: false };
+    }
+  }
+
+  /**
+   * After a failure: the descriptors and mappings dropped (a mapping left would keep the engine's
+   * freed weights allocated), a KV wake in flight waited for (a sleep racing it could leave the KV
+   * cache awake). Returns the failure's cause: when the hydrate stopped because the KV wake (or
+   * the wait before it) failed, that failure.
+   */
+  async cleanUp(err: unknown): Promise<VsnapError> {
+    this.exported?.close();
+    await this.mapped?.close().catch(() => undefined);
+    await this.early?.settled;
+    const e = toVsnapError(err);
+    if (this.early && e.code === 'E_ABORTED' && !this.call.signal?.aborted) return this.early.done.then(() => e, (x: unknown) => toVsnapError(x));
+    return e;
+  }
+
+  /** The report of a restore served by a tier. */
+  report(outcome: TierRestore): EngineRestoreReport {
+    return {
+      bytes: outcome.bytes,
+      tier: outcome.tier,
+      seconds: (performance.now() - this.started) / 1000,
+      phases: this.phases,
+      path: 'restored',
+      ...(this.remap && this.exported ? { gpus: this.exported.ranks.map((r) => r.deviceUuid) } : {}),
+      ...(outcome.devices ? { devices: outcome.devices } : {}),
+      ...(outcome.multipath ? { multipath: outcome.multipath } : {}),
+      ...(this.early && !outcome.finished ? { overlapped: Object.keys(this.early.phases) } : {}),
+    };
+  }
+}
+
+/**
+ * After a restore onto other GPUs: every rank's export must report the GPU it was sent to (the
+ * plugin reads the UUID afresh at each export). The weights' memory is new there, at the same
+ * addresses; a rank still on its old GPU (or elsewhere) means the move did not happen as asked.
+ */
+function checkMoved(exported: ExportedRegions, remap: GpuRemap): void {
+  const wrong = exported.ranks.filter((r) => r.deviceUuid !== remap.rankTargets[r.rank]);
+  if (wrong.length === 0) return;
+  throw new VsnapError(
+    'E_ENGINE_STATE',
+    `after the restore onto other GPUs, ${wrong.map((r) => `rank ${r.rank} reports GPU ${r.deviceUuid}, not ${remap.rankTargets[r.rank]}`).join('; ')}. ` +
+      'Is the vsnap plugin current (it re-reads its GPU at each export)? Check the engine with nvidia-smi before sending it requests.',
+    { ranks: wrong.map((r) => r.rank), reported: wrong.map((r) => r.deviceUuid), expected: wrong.map((r) => remap.rankTargets[r.rank]) },
+  );
+}
+
+/**
+ * Puts an engine that holds weights back to sleep at level 2. vLLM's executor ignores a sleep while
+ * any of its tags is still asleep (vllm/v1/executor/abstract.py `sleep`: "Executor is already
+ * sleeping"), so the weights of an engine whose KV cache did not wake are freed only if the KV
+ * cache is woken first. That takes the KV cache's memory: `wakeRest` says whether the restore may
+ * (false in a swap, whose room gate did not open: the other engine still holds the GPU). Returns
+ * whether the weights were let go (false: the sleep was the executor's no-op).
+ */
+async function sleepAgain(control: EngineControl, status: EngineStatus, call: CallOptions, wakeRest: boolean): Promise<boolean> {
+  const asleep = status.sleeping ? executorTagsAsleep(status) : [];
+  if (asleep.length && wakeRest) await control.wake(asleep, call);
+  await control.sleep(2, undefined, call);
+  return !asleep.length || wakeRest;
+}
+
+/**
+ * The tags vLLM's executor still counts asleep, by what the allocator reports. The executor tracks
+ * `weights` and `kv_cache` only, and skips a whole wake that names a tag it does not count asleep
+ * (vllm/v1/executor/abstract.py `wake_up`): never name an awake one. Older plugins do not report
+ * the allocator's tags: the KV cache then (the weights are awake: `holdsWeights`).
+ */
+function executorTagsAsleep(status: EngineStatus): string[] {
+  if (status.ranks.every((r) => Array.isArray(r.asleepTags))) {
+    const asleep = new Set(status.ranks.flatMap((r) => r.asleepTags ?? []));
+    return ['weights', 'kv_cache'].filter((t) => asleep.has(t));
+  }
+  return ['kv_cache'];
+}
+
+/** The tag of the i-th exported region (rank by rank, in the order sent). */
+function exportedTag(exported: ExportedRegions, i: number): string {
+  for (const r of exported.ranks) {
+    if (i < r.regions.length) return r.regions[i]!.tag;
+    i -= r.regions.length;
+  }
+  throw new RangeError(`exported region ${i}`);
+}

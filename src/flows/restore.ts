@@ -1,0 +1,128 @@
+import { invalidArgument, VsnapError } from '../errors.js';
+import type { EngineClient } from '../engine/engine-client.js';
+import type { Manifest } from '../manifest/manifest.js';
+import { checkOptions } from '../options.js';
+import { ENGINE_TIER_KEYS, TIER_KEYS } from '../tiers/index.js';
+import type { Snapshot } from '../snapshot/snapshot.js';
+import { captureEngine } from './capture.js';
+import { recoverEngine, recoveryReason, type MaterializePolicy, type RecoveryReason } from './recovery.js';
+import { EngineRestoreRun } from './restore-run.js';
+import type { EngineRestoreOptions, EngineRestoreReport, SnapshotRef } from './types.js';
+
+/*
+ * restoreEngine: the order of its steps. The steps are EngineRestoreRun's (restore-run.ts); where
+ * the weights come from is the tiers' (src/tiers): the first that holds them serves them.
+ */
+
+const RESTORE_OPTIONS = ['tiers', 'recovery', 'move', 'verify', 'overlapKvWake', 'allowModelSwap', 'transfer', 'signal', 'onWarning', 'hooks'];
+const MOVED = {
+  cache: 'tiers.ram',
+  resident: 'tiers.gpu',
+  neighbour: 'tiers.neighbour',
+  multipath: 'tiers.multipath',
+  onto: 'move.onto',
+  gpuMap: 'move.gpuMap',
+  ontoReserveBytes: 'move.reserveBytes',
+  materialize: "recovery: { policy, materialize }",
+  verifyDigests: 'verify.digests',
+  logprobTolerance: 'verify.logprobTolerance',
+  threads: 'transfer.threads',
+  directIo: 'transfer.directIo',
+  onProgress: 'transfer.onProgress',
+};
+
+/**
+ * Restores a snapshot into a suspended engine: wakes the weights, has the workers export them,
+ * checks the layout and facts, hydrates with every chunk verified, wakes the KV cache, resets the
+ * prefix cache, and re-runs the expected response; only then does it resolve. The weights come
+ * from the first of `tiers` that holds them (tier 0 maps them back; a neighbour GPU or the RAM
+ * tier copies them), else from the store. Any failure puts an engine that woke back to sleep and
+ * says how to recover. With `recovery: 'reload'`, a snapshot that cannot be used (missing,
+ * damaged, incompatible, RAM copy lost) is replaced by the engine's own reload of its weights
+ * (see {@link RecoveryReason}).
+ * @public
+ */
+export async function restoreEngine(source: Snapshot | SnapshotRef, client: EngineClient, options: EngineRestoreOptions = {}): Promise<EngineRestoreReport> {
+  checkOptions('restoreEngine options', options, RESTORE_OPTIONS, MOVED);
+  checkOptions('restoreEngine options.tiers', options.tiers, TIER_KEYS);
+  if (typeof options.tiers?.engine === 'object') checkOptions('restoreEngine options.tiers.engine', options.tiers.engine, ENGINE_TIER_KEYS);
+  checkOptions('restoreEngine options.move', options.move, ['onto', 'gpuMap', 'reserveBytes'], { ontoReserveBytes: 'move.reserveBytes' });
+  checkOptions('restoreEngine options.verify', options.verify, ['blobs', 'digests', 'logprobTolerance'], { verifyDigests: 'verify.digests' });
+  checkOptions('restoreEngine options.transfer', options.transfer, ['threads', 'directIo', 'onProgress']);
+  const run = await EngineRestoreRun.open(source, client, options, recoveryPolicy(options));
+  await run.resumeDeep();
+  await run.sleepIfAwake();
+  const kept = run.tiers.find((t) => t.name === 'kept');
+  if (kept?.holds(run)) return run.report((await kept.restore(run))!); // the engine's own weights: nothing else may replace them
+  if (run.openError) {
+    for (const tier of run.tiers) tier.release?.(run); // what tier 0 held cannot be checked against a snapshot that cannot be read
+    if (!run.openError.reason || run.status.ranks.some((r) => r.reloadWeights === false)) throw run.openError.error;
+    return recover(run, run.openError.error, run.openError.reason, undefined);
+  }
+  try {
+    for (const tier of run.tiers) {
+      let outcome;
+      try {
+        if (tier.holds(run)) outcome = await tier.restore(run);
+      } finally {
+        tier.release?.(run);
+      }
+      if (!outcome) continue;
+      if (!outcome.finished) await run.afterHydrate(outcome);
+      return run.report(outcome);
+    }
+    throw new VsnapError('E_INTERNAL', `no tier could restore '${run.name}'`);
+  } catch (err) {
+    const e = await run.cleanUp(err);
+    // The snapshot's own faults (never the engine's, nor a cancellation) may be recovered from.
+    const manifest = run.snapshot!.manifest;
+    const reason = run.recovery.reload && !run.call.signal?.aborted ? recoveryReason(e, manifest, run.status, options) : undefined;
+    if (reason) return recover(run, e, reason, manifest);
+    const { state, asleep } = await run.backToSleep();
+    throw new VsnapError(
+      e.code,
+      `${e.message}\nRestore of '${run.name}' failed; ${state}. Retry the restore, or wake the engine and reload its weights with vLLM's reload_weights (restoreEngine's recovery: 'reload').`,
+      { ...e.details, recovered: asleep },
+      { cause: e },
+    );
+  }
+}
+
+/** The recovery option, checked: `fail` unless it says `reload`. */
+function recoveryPolicy(options: EngineRestoreOptions): { reload: boolean; materialize: MaterializePolicy } {
+  const r = options.recovery ?? 'fail';
+  const { policy, materialize = 'off' } = typeof r === 'string' ? { policy: r } : r;
+  if (policy !== 'fail' && policy !== 'reload') invalidArgument('recovery', "'fail', 'reload' or { policy, materialize }", r);
+  if (materialize !== 'off' && materialize !== 'async' && materialize !== 'required') invalidArgument('recovery.materialize', "'off', 'async' or 'required'", materialize);
+  return { reload: policy === 'reload', materialize };
+}
+
+/** The engine reloads its weights itself (the snapshot cannot be used), then follows the materialize policy. */
+async function recover(run: EngineRestoreRun, cause: VsnapError, reason: RecoveryReason, manifest: Manifest | undefined): Promise<EngineRestoreReport> {
+  const { options } = run;
+  run.warn(`snapshot '${run.name}' cannot be used (${cause.code}); the engine reloads its weights itself`);
+  const outcome = await recoverEngine({
+    control: run.control,
+    client: run.client,
+    store: run.store,
+    name: run.name,
+    manifest,
+    cause,
+    reason,
+    materialize: run.recovery.materialize,
+    call: run.call,
+    lap: run.lap,
+    onWarning: options.onWarning,
+    finishWake: (expected) => run.finishWake(expected, 'recovered'),
+    backToSleep: () => run.backToSleep(),
+    capture: (probe) =>
+      captureEngine(run.store, run.name, run.client, {
+        ...(probe ? { check: { prompt: probe.prompt, maxTokens: probe.maxTokens, mode: probe.promptLogprobs ? 'prefill' : 'decode' } } : {}),
+        ...(options.tiers?.ram ? { cache: options.tiers.ram } : {}),
+        ...(options.onWarning ? { onWarning: options.onWarning } : {}),
+        ...(options.transfer ? { transfer: { ...(options.transfer.threads ? { threads: options.transfer.threads } : {}), ...(options.transfer.onProgress ? { onProgress: options.transfer.onProgress } : {}) } } : {}),
+        ...(options.signal ? { signal: options.signal } : {}),
+      }),
+  });
+  return { bytes: outcome.bytes, tier: 'engine', seconds: (performance.now() - run.started) / 1000, phases: run.phases, path: 'recovered', recovery: outcome.recovery };
+}

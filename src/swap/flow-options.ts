@@ -1,0 +1,59 @@
+import type { NeighbourParkOptions, NeighbourTier } from '../cache/neighbour-tier.js';
+import type { ResidentWeights } from '../cache/resident-weights.js';
+import type { EngineRestoreOptions, EngineSuspendOptions } from '../flows/index.js';
+import type { SwapConfig } from './options.js';
+import type { Slot } from './state.js';
+
+/*
+ * The controller's options as the engine flows take them: the one translation from
+ * SwapControllerOptions (and a slot) to restoreEngine's and suspendEngine's options.
+ */
+
+/** Whether a restore of this engine goes over two PCIe links (tiers.multipath): one GPU, not the neighbour. */
+function twoLinks(config: SwapConfig, slot: Slot): boolean {
+  const m = config.multipath;
+  return m !== undefined && slot.devices.length === 1 && slot.devices[0] !== m.neighbour;
+}
+
+/** restoreEngine's options for a wake: `neighbour` (an open tier), `onto` (a move), `beforeKvWake` (an overlapped swap's wait for the other engine's sleep). @internal */
+export function restoreOptions(
+  config: SwapConfig,
+  slot: Slot,
+  step: { neighbour?: NeighbourTier | undefined; onto?: readonly number[] | undefined; beforeKvWake?: (() => Promise<void>) | undefined; onWarning: (message: string) => void },
+): EngineRestoreOptions {
+  const tiers = {
+    ...(config.ram ? { ram: config.ram } : {}),
+    ...(config.gpu ? { gpu: config.gpu } : {}),
+    ...(step.neighbour && !step.neighbour.closed ? { neighbour: step.neighbour } : {}),
+    ...(twoLinks(config, slot) ? { multipath: config.multipath! } : {}),
+  };
+  const hooks = { ...(config.checkpoint ? { checkpoint: config.checkpoint } : {}), ...(step.beforeKvWake ? { beforeKvWake: step.beforeKvWake } : {}) };
+  return {
+    tiers,
+    ...(step.onto ? { move: { onto: step.onto[0]! } } : {}),
+    recovery: { policy: config.recovery.reload ? 'reload' : 'fail', materialize: config.recovery.materialize },
+    ...(config.overlap ? { overlapKvWake: true } : {}),
+    hooks,
+    onWarning: step.onWarning,
+  };
+}
+
+/** suspendEngine's options for a suspend: `gpu` (tier 0 keeps its weights), `neighbour` (a park, with its admission rule). @internal */
+export function suspendOptions(
+  config: SwapConfig,
+  slot: Slot,
+  step: { captureIfNeeded: boolean; gpu?: ResidentWeights | undefined; neighbour?: NeighbourParkOptions | undefined; onWarning: (message: string) => void },
+): EngineSuspendOptions {
+  const { spec } = slot;
+  return {
+    captureIfNeeded: step.captureIfNeeded,
+    tiers: { ...(config.ram ? { ram: config.ram } : {}), ...(step.gpu ? { gpu: step.gpu } : {}), ...(step.neighbour ? { neighbour: step.neighbour } : {}) },
+    ...(spec.deepSuspend ? { deep: true } : {}),
+    ...(config.checkpoint ? { hooks: { checkpoint: config.checkpoint } } : {}),
+    ...(spec.check ? { capture: { check: spec.check } } : {}),
+    ...(step.neighbour ? { onWarning: step.onWarning } : {}),
+  };
+}
+
+/** The engine's own tier 0 (vLLM's release_kv_cache_memory), for a suspend and for the wake after it. @internal */
+export const KEPT_BY_ENGINE = { tiers: { engine: true } } as const satisfies EngineSuspendOptions & EngineRestoreOptions;

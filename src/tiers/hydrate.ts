@@ -1,0 +1,33 @@
+import type { HostCache } from '../cache/host-cache.js';
+import type { MultipathOptions } from '../transfer/multipath.js';
+import type { RestoreRun, TierRestore } from './tier.js';
+
+/**
+ * Copies the snapshot into the engine's mapped weights, from the RAM tier (`cache`) or the store,
+ * every chunk verified and the restored memory checked by GPU digest (Snapshot.restore). Two PCIe
+ * links (`multipath`) only for an engine on one GPU: with several ranks each GPU's own link is in
+ * use already. @internal
+ */
+export async function hydrate(run: RestoreRun, cache: HostCache | undefined, multipath: MultipathOptions | undefined): Promise<TierRestore> {
+  const targets = await run.targets();
+  const twoLinks = multipath && targets.ranks === 1 ? { multipath } : {};
+  if (multipath && targets.ranks > 1) run.warn(`multipath skipped: the engine has ${targets.ranks} ranks (each GPU's own link is in use)`);
+  const { verify, verifyDigests, ...transfer } = run.hydrate;
+  const result = await run.snapshot!.restore({
+    regions: targets.regions,
+    ...twoLinks,
+    ...(cache ? { cache } : {}),
+    ...(verify ? { verify } : {}),
+    ...(verifyDigests !== undefined ? { verifyDigests } : {}),
+    ...transfer,
+    ...(targets.signal ? { signal: targets.signal } : {}),
+    directIo: transfer.directIo ?? false,
+  });
+  return {
+    tier: result.tier === 'ram' ? 'ram' : 'store',
+    bytes: result.bytes,
+    ...(result.digestSeconds !== undefined ? { digestSeconds: result.digestSeconds } : {}),
+    ...(result.devices ? { devices: result.devices } : {}),
+    ...(result.multipath ? { multipath: result.multipath } : {}),
+  };
+}
