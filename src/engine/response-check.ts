@@ -86,8 +86,9 @@ export async function probe(client: EngineClient, check: Required<ResponseCheckO
 /**
  * Re-runs the check `expected` was recorded with. The engine answered this very check when the
  * snapshot was taken, so an answer it cannot give in a usable form now (not JSON: Python's json
- * writes NaN and Infinity, which broken weights produce; no prompt log-probabilities, or
- * non-finite ones) says the restored engine does not compute what it did: `E_RESPONSE_MISMATCH`,
+ * writes NaN and Infinity, which broken weights produce; an error answer saying the numbers could
+ * not be rendered, as vLLM's web stack gives; no prompt log-probabilities, or non-finite ones)
+ * says the restored engine does not compute what it did: `E_RESPONSE_MISMATCH`,
  * not a protocol error. (Measured on an H200: one flipped exponent byte of an int8 scale gave
  * NaN log-probabilities.)
  */
@@ -95,7 +96,7 @@ export async function recheck(client: EngineClient, expected: ExpectedResponse, 
   try {
     return await probe(client, checkOf(expected), signal);
   } catch (err) {
-    if (!(err instanceof VsnapError) || err.code !== 'E_ENGINE_PROTOCOL') throw err;
+    if (!(err instanceof VsnapError) || (err.code !== 'E_ENGINE_PROTOCOL' && !nonFiniteAnswer(err))) throw err;
     throw new VsnapError(
       'E_RESPONSE_MISMATCH',
       `the engine's answer to the check it answered at capture is unusable now (${err.message}): it does not compute what it did when the snapshot was taken`,
@@ -103,6 +104,21 @@ export async function recheck(client: EngineClient, expected: ExpectedResponse, 
       { cause: err },
     );
   }
+}
+
+/**
+ * Whether an HTTP error answer is the engine failing to render non-finite numbers. vLLM's web
+ * stack answers with Starlette's `JSONResponse`, whose `render` calls `json.dumps(...,
+ * allow_nan=False)`: log-probabilities of NaN (broken weights) raise `ValueError: Out of range
+ * float values are not JSON compliant`, which vLLM's exception handlers answer as a 400
+ * `BadRequestError` (seen on an H200, 2026-12-02, with one flipped exponent byte: the reference
+ * engine on vLLM's route table). A 500 with the same message is taken alike.
+ */
+function nonFiniteAnswer(err: VsnapError): boolean {
+  if (err.code !== 'E_ENGINE_HTTP') return false;
+  const status = (err.details as { status?: unknown }).status;
+  const body = (err.details as { body?: unknown }).body;
+  return (status === 400 || status === 500) && typeof body === 'string' && /float values are not JSON compliant/.test(body);
 }
 
 function firstTokenDifference(what: string, expected: readonly number[], actual: readonly number[]): string | undefined {

@@ -64,6 +64,29 @@ describe('probe against an engine that ignores echo', () => {
 });
 
 describe('recheck after a restore against an answer that cannot be used', () => {
+  it("vLLM's web stack refusing to render NaN log-probabilities (400 BadRequestError) is E_RESPONSE_MISMATCH too", async () => {
+    // Starlette's JSONResponse.render: json.dumps(allow_nan=False) raises ValueError on NaN, which
+    // vLLM's exception handlers answer 400; the body as the reference engine gave it on an H200
+    let body = '{"error":{"message":"Out of range float values are not JSON compliant: nan","type":"BadRequestError","param":null,"code":400}}';
+    const server = createServer((_req, res) => {
+      res.statusCode = 400;
+      res.setHeader('content-type', 'application/json');
+      res.end(body);
+    });
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const client = new EngineClient({ baseUrl: `http://127.0.0.1:${(server.address() as { port: number }).port}` });
+    const expected = { prompt: 'The capital of France is', maxTokens: 1, tokenIds: [3], text: ' t0', logprobs: [-0.5], promptTokenIds: [1, 2], promptLogprobs: [-1.25] };
+    try {
+      await expect(recheck(client, expected)).rejects.toMatchObject({ code: 'E_RESPONSE_MISMATCH', details: { unusable: true, status: 400 } });
+      // any other 400 stays the engine's error
+      body = '{"error":{"message":"This model\'s maximum context length is 8 tokens","type":"BadRequestError","param":null,"code":400}}';
+      await expect(recheck(client, expected)).rejects.toMatchObject({ code: 'E_ENGINE_HTTP', details: { status: 400 } });
+    } finally {
+      await client.close();
+      await new Promise((resolve) => server.close(resolve));
+    }
+  });
+
   it('a body with NaN log-probabilities (not JSON) is E_RESPONSE_MISMATCH, not a protocol error', async () => {
     // Python's json.dumps writes NaN for the logprobs of broken weights (seen on an H200 with one
     // flipped exponent byte); the engine answered the same check at capture
