@@ -1,28 +1,16 @@
 import { chmodSync, closeSync, openSync, writeSync } from 'node:fs';
 
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 
-import { EngineClient } from '../../src/engine/engine-client.js';
 import { HostCache } from '../../src/cache/host-cache.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/index.js';
 import { RegionStore } from '../../src/store/region-store.js';
-import { askCapital, startEngine, type EngineOptions, type TestEngine } from '../helpers/engine.js';
+import { ask, useEngines } from '../helpers/engines.js';
 import { tempDir } from '../helpers/tmp.js';
 
-const running: Array<TestEngine | EngineClient> = [];
-afterEach(async () => {
-  for (const x of running.splice(0)) await (x instanceof EngineClient ? x.close() : x.stop());
-});
+const { engine } = useEngines();
 
-async function engine(options: EngineOptions = {}) {
-  const e = await startEngine(options);
-  const client = new EngineClient({ baseUrl: e.url, token: e.token });
-  running.push(e, client);
-  return { e, client };
-}
-
-const ask = async (client: EngineClient) => (await askCapital(client, 8)).ids;
 
 describe('capture, suspend and restore a running engine (CPU reference engine, real plugin, real socket)', () => {
   it('round-trips the weights: same answer after sleep level 2 and restore', async () => {

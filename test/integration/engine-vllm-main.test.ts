@@ -1,6 +1,6 @@
 import { join } from 'node:path';
 
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { engineControl } from '../../src/engine/control.js';
@@ -9,7 +9,8 @@ import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/ind
 import type { QueuedRequestsPolicy } from '../../src/engine/engine-client.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { runCli } from '../helpers/cli.js';
-import { askCapital, startEngine, type EngineOptions, type TestEngine } from '../helpers/engine.js';
+import type { TestEngine } from '../helpers/engine.js';
+import { ask, useEngines } from '../helpers/engines.js';
 import { tempDir } from '../helpers/tmp.js';
 
 // What vLLM main enforces and the reference engine now does too (issue 22), each with the SDK
@@ -17,19 +18,8 @@ import { tempDir } from '../helpers/tmp.js';
 // VLLM_USE_RUST_FRONTEND, --enable-cumem-allocator. The weight-sync API is driven by
 // live-weights.test.ts (test/helpers/engine.ts syncWeights).
 
-const running: Array<TestEngine | EngineClient> = [];
-afterEach(async () => {
-  for (const x of running.splice(0)) await (x instanceof EngineClient ? x.close() : x.stop());
-});
+const { engine } = useEngines();
 
-async function engine(options: EngineOptions = {}) {
-  const e = await startEngine(options);
-  const client = new EngineClient({ baseUrl: e.url, token: e.token });
-  running.push(e, client);
-  return { e, client };
-}
-
-const ask = async (client: EngineClient) => (await askCapital(client, 8)).ids;
 
 // The engine's own tier 0 through the flows (tiers.engine); it needs no snapshot.
 async function keepInEngine(client: EngineClient, queued?: QueuedRequestsPolicy) {

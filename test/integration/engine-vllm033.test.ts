@@ -1,4 +1,4 @@
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { VsnapError } from '../../src/errors.js';
@@ -6,25 +6,14 @@ import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/ind
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { SwapController, type SwapEvent } from '../../src/swap/controller.js';
-import { askCapital, startEngine, type EngineOptions, type TestEngine } from '../helpers/engine.js';
+import { ask, useEngines } from '../helpers/engines.js';
 import { tempDir } from '../helpers/tmp.js';
 
 // The reference engine shaped like vLLM 0.33 (API server and engine core in two processes,
 // endpoint plugins, handle-type modes; see test/fixtures/engine/README.md) and its older switches.
 
-const running: Array<TestEngine | EngineClient> = [];
-afterEach(async () => {
-  for (const x of running.splice(0)) await (x instanceof EngineClient ? x.close() : x.stop());
-});
+const { engine } = useEngines();
 
-async function engine(options: EngineOptions = {}) {
-  const e = await startEngine(options);
-  const client = new EngineClient({ baseUrl: e.url, token: e.token });
-  running.push(e, client);
-  return { e, client };
-}
-
-const ask = async (client: EngineClient) => (await askCapital(client, 8)).ids;
 
 // The engine's own tier 0 through the flows (tiers.engine): no snapshot is needed, so none is in the store.
 async function keepInEngine(client: EngineClient, check?: object) {
