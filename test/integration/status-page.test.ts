@@ -105,7 +105,8 @@ describe.skipIf(!chromium && process.env.CI !== 'true')('the status page of vsna
     expect(await page.textContent('#chart')).toContain('no swaps yet');
     // the labels say what they count
     const row = (await page.textContent('tr[data-engine="reference-a"]'))!;
-    expect(row).toContain('0 B held on GPU');
+    // (what an asleep engine keeps on the GPU is not "held": that word is for weights kept in tier 0)
+    expect(row).toContain('0 B on GPU asleep');
     expect(row).toContain('0 requests in flight');
     expect(row).toContain('0 waiting');
 

@@ -73,7 +73,7 @@ function render(r) {
       (held ? " <span class=muted>" + bytes(e.weightsHeldBytes) + "</span>" : "") + (e.neighbourBytes > 0 ? " <span class=muted>" + bytes(e.neighbourBytes) + " parked on the neighbour</span>" : "") + (notReady ? " <span class=muted>" + esc(e.readiness.reason || "") + "</span>" : e.error ? " <span class=muted>" + esc(e.error) + "</span>" : "") +
       (e.snapshotProblem ? " <span class='pill failed'>snapshot damaged</span> <span class=muted>" + esc(e.snapshotProblem) + "</span>" : "") +
       (e.recovery ? " <span class='pill waking'>recovered</span> <span class=muted>" + esc("reloaded by the engine (" + e.recovery.reason + ", " + e.recovery.code + "); new snapshot: " + e.recovery.snapshot) + "</span>" : "") + "</td><td>" + e.devices.join(", ") +
-      "</td><td class=num>" + bytes(e.memoryBytes) + " on GPU</td><td class=num>" + bytes(e.asleepBytes) + " held on GPU</td><td class=num>" + e.leases + (e.leases === 1 ? " request" : " requests") + " in flight</td><td class=num>" + e.waiting + " waiting</td><td>" +
+      "</td><td class=num>" + bytes(e.memoryBytes) + " on GPU awake</td><td class=num>" + bytes(e.asleepBytes) + " on GPU asleep</td><td class=num>" + e.leases + (e.leases === 1 ? " request" : " requests") + " in flight</td><td class=num>" + e.waiting + " waiting</td><td>" +
       (e.process ? esc(e.process.status) + (e.process.pid ? " (pid " + e.process.pid + ")" : "") : "<span class=muted>external</span>") + "</td></tr>";
   }).join("");
   $("gpus").innerHTML = r.gpus.map((g) => {
