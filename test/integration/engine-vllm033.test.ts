@@ -3,7 +3,6 @@ import { describe, expect, it } from 'vitest';
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { VsnapError } from '../../src/errors.js';
 import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/index.js';
-import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { SwapController, type SwapEvent } from '../../src/swap/controller.js';
 import { ask, useEngines } from '../helpers/engines.js';
