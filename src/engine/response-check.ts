@@ -115,10 +115,8 @@ export async function recheck(client: EngineClient, expected: ExpectedResponse, 
  * engine on vLLM's route table). A 500 with the same message is taken alike.
  */
 function nonFiniteAnswer(err: VsnapError): boolean {
-  if (err.code !== 'E_ENGINE_HTTP') return false;
-  const status = (err.details as { status?: unknown }).status;
-  const body = (err.details as { body?: unknown }).body;
-  return (status === 400 || status === 500) && typeof body === 'string' && /float values are not JSON compliant/.test(body);
+  const { status, body } = err.details;
+  return err.code === 'E_ENGINE_HTTP' && (status === 400 || status === 500) && typeof body === 'string' && /float values are not JSON compliant/.test(body);
 }
 
 function firstTokenDifference(what: string, expected: readonly number[], actual: readonly number[]): string | undefined {
