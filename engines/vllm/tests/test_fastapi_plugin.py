@@ -16,6 +16,7 @@ AUTH = {"authorization": f"Bearer {TOKEN}"}
 NONCES = ["n" * 64]
 ROUTES = [
     ("GET", "/vsnap/v1/status", None),
+    ("GET", "/vsnap/v1/describe", None),
     ("POST", "/vsnap/v1/export", {"socket": "/tmp/vsnap.sock", "nonces": NONCES}),
     ("POST", "/vsnap/v1/sleep", {"level": 2}),
     ("POST", "/vsnap/v1/wake", {"tags": ["weights"]}),
@@ -60,10 +61,12 @@ class FastAPIPluginTest(unittest.TestCase):
         self.assertEqual(status["routes"]["mechanism"], "build_app wrap" if self.legacy else "endpoint_plugins")
         self.assertEqual(status["ranks"][0]["rank"], 0)
         self.assertEqual(answers["/vsnap/v1/export"][1], {"ranks": [{"rank": 0, "regions": 1, "bytes": 4096}]})
+        self.assertEqual(answers["/vsnap/v1/describe"][1]["ranks"][0]["regions"][0]["wakeWrites"], False)
         self.assertEqual(answers["/vsnap/v1/sleep"][1], {"status": "sleeping", "level": 2})
         self.assertEqual(answers["/vsnap/v1/release_kv_cache"][1], {"status": "kv_cache_released", "attempts": 1})
         calls = [c for c in self.client.calls if c[0] != "collective_rpc" or c[1] != "vsnap_status"]
         self.assertEqual(calls, [
+            ("collective_rpc", "vsnap_describe", ()),
             ("collective_rpc", "vsnap_export", ("/tmp/vsnap.sock", NONCES)),
             ("sleep", 2, "abort"),
             ("wake_up", ["weights"]),

@@ -44,6 +44,13 @@ class DescribeTest(unittest.TestCase):
         ])
         self.assertEqual(regions[3]["tensors"][0]["dtype"], "float16")
 
+    def test_regions_the_wake_writes_hold_a_buffer_or_no_tensor_of_the_model(self):
+        # vLLM's level-2 wake copies the model's named buffers back (gpu_worker.py `wake_up`); a
+        # region with no tensor of the model may hold a draft model's, saved the same way.
+        allocations = [alloc(0x1000, 0x1000), alloc(0x2000, 0x1000), alloc(0x3000, 0x1000)]
+        model = FakeModel([("w", FakeTensor(0x1000)), ("x", FakeTensor(0x2000))], [("rope.inv_freq", FakeTensor(0x2800, "torch.float32", (8,)))])
+        self.assertEqual([(r["key"], r["wakeWrites"]) for r in describe(allocations, model)], [("w", False), ("x", True), ("anon:0", True)])
+
     def test_order_of_discovery_does_not_change_keys(self):
         allocations = [alloc(0x1000, 0x1000), alloc(0x2000, 0x1000)]
         forward = describe(allocations, FakeModel([("x", FakeTensor(0x1000)), ("y", FakeTensor(0x2000))]))

@@ -140,6 +140,16 @@ class EndpointPluginTest(unittest.TestCase):
         self.assertEqual(call(app, "POST", "/vsnap/v1/reload_weights", {})[0], 401)  # authenticated like every vsnap route
         self.assertEqual(client.calls, [("reload_weights", ())])
 
+    def test_describe_answers_every_ranks_region_table(self):
+        client = FakeClient()
+        app = FakeApp(client)
+        api.mount(app)
+        status, body = call(app, "GET", "/vsnap/v1/describe", AUTH)
+        self.assertEqual(status, 200)
+        self.assertIn("ranks", body)
+        self.assertEqual(client.calls, [("vsnap_describe", ())])
+        self.assertEqual(call(app, "GET", "/vsnap/v1/describe", {})[0], 401)
+
 
 PROBE = """
 import json, os, sys

@@ -92,6 +92,9 @@ class FakeEngineClient:
                      "model": {"id": "vsnap/fake", "revision": "r1", "dtype": "bfloat16", "quantization": None, "tensorParallelSize": 1, "pipelineParallelSize": 1},
                      "device": {"ordinal": 0, "uuid": "host-0"}, "memory": "host", "sleepMode": True, "hooks": "wrapped create_and_map",
                      "weightsMapped": True, "regions": 1, "bytes": 4096, "attentionBackend": "TRITON_ATTN"}]
+        if method == "vsnap_describe":
+            return [{"version": 1, "rank": 0, "pid": 1, "memory": "host", "device": {"ordinal": 0, "uuid": "host-0"},
+                     "regions": [{"key": "w", "tag": "weights", "va": 4096, "size": 4096, "tensors": [], "wakeWrites": False}]}]
         if method == "vsnap_export":
             return [{"rank": 0, "regions": 1, "bytes": 4096}]
         if method == "vsnap_adopt":

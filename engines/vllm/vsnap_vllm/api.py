@@ -1,4 +1,4 @@
-"""The /vsnap/v1 routes on vLLM's API server: status, export, sleep, wake, reset_prefix_cache,
+"""The /vsnap/v1 routes on vLLM's API server: status, describe, export, sleep, wake, reset_prefix_cache,
 release_kv_cache, reload_weights. How they got there (an endpoint plugin, a wrapped build_app, or not at all) is
 in MOUNTED and in the status answer.
 
@@ -103,6 +103,13 @@ async def export(request, client):
     return 200, {"ranks": ranks}
 
 
+async def describe(request, client):
+    # The weights region table of every rank, asleep or awake, without descriptors: a restore fills
+    # new memory for it before the wake and hands that over with the wake's adopt.
+    ranks = await adapter.collective_rpc(client, "vsnap_describe")
+    return 200, {"ranks": ranks}
+
+
 async def sleep(request, client):
     body = await _json_body(request)
     level = body.get("level", 1)
@@ -159,6 +166,7 @@ async def reload_weights(request, client):
 
 ROUTES = [
     ("/status", status, ["GET"]),
+    ("/describe", describe, ["GET"]),
     ("/export", export, ["POST"]),
     ("/sleep", sleep, ["POST"]),
     ("/wake", wake, ["POST"]),

@@ -205,6 +205,7 @@ class Bridge:
             **self._process_bytes(device, allocations),
             "rehome": self.load_report,
             "reloadWeights": callable(getattr(worker, "reload_weights", None)),
+            "describe": True,  # vsnap_describe (and /vsnap/v1/describe): the region table while asleep
         }
 
     @staticmethod
@@ -243,6 +244,31 @@ class Bridge:
             return adapter.allocations()
         except Exception:  # noqa: BLE001
             return []
+
+    def describe(self, worker):
+        """This rank's weights region table, what export sends without the descriptors, awake or
+        asleep: a sleeping engine keeps its allocations' addresses and sizes (vLLM frees a virtual
+        range only with its segment), so the SDK can fill new memory for them before the wake and
+        hand it over (adopt), instead of waiting for the wake and an export."""
+        rank = adapter.worker_rank(worker)
+        self._check_supported()
+        with self._lock:
+            self._ensure()
+            allocations = adapter.allocations(TAG)
+            if not allocations:
+                raise BridgeError("this engine has no weights allocations: was it started with --enable-sleep-mode?")
+            with profile.span("vsnap describe.describe", allocations=len(allocations)):
+                regions = describe(allocations, adapter.worker_model(worker))
+        device = adapter.worker_device(worker)
+        self._uuids.pop(device, None)  # read afresh, as export does (a deep suspend may have moved it)
+        return {
+            "version": 1,
+            "rank": rank,
+            "pid": os.getpid(),
+            "memory": self.driver.kind,
+            "device": {"ordinal": device, "uuid": self._device_uuid(device)},
+            "regions": [{k: r[k] for k in ("key", "tag", "va", "size", "tensors", "wakeWrites")} for r in regions],
+        }
 
     def export(self, worker, socket_path, nonces):
         """Sends this rank's weights region table and descriptors to the SDK's socket."""
@@ -301,10 +327,16 @@ def vsnap_status(self):
         return BRIDGE.status(self)
 
 
+def vsnap_describe(self):
+    """Worker method: this rank's weights region table, asleep or awake (no descriptors)."""
+    with profile.span("vsnap describe"):
+        return BRIDGE.describe(self)
+
+
 def vsnap_export(self, socket_path, nonces):
     """Worker method: send this rank's weights regions to the SDK."""
     with profile.span("vsnap export"):
         return BRIDGE.export(self, socket_path, list(nonces))
 
 
-WORKER_METHODS = {"vsnap_status": vsnap_status, "vsnap_export": vsnap_export, "vsnap_adopt": vsnap_adopt}
+WORKER_METHODS = {"vsnap_status": vsnap_status, "vsnap_describe": vsnap_describe, "vsnap_export": vsnap_export, "vsnap_adopt": vsnap_adopt}
