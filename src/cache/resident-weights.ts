@@ -1,8 +1,8 @@
 import { closeSync } from 'node:fs';
 
 import type { ExportedRegions } from '../engine/export.js';
+import { handOver } from '../engine/hand-over.js';
 import { toVsnapError, VsnapError } from '../errors.js';
-import { FdReceiver, type FdMessage } from '../ipc/fd-receiver.js';
 import { native, type NativeHeldHandles } from '../native/index.js';
 import { checkLive, type LiveCheckReport } from '../digest/compare.js';
 import type { Manifest } from '../manifest/manifest.js';
@@ -97,12 +97,10 @@ export class ResidentWeights {
   }
 
   /**
-   * Hands an engine its held weights back: offers each rank its descriptors on a fresh private
-   * socket and runs `wake`, which makes the engine fetch them and map them back. The one owner of
-   * that lifecycle: whatever `wake` does, every offer is settled and awaited (no rejection is left
-   * unhandled), every descriptor a peer sent is closed, and the socket is closed, which withdraws
-   * (and closes the duplicates of) offers nobody took. The holding stays until
-   * {@link ResidentWeights.release}. Throws what `wake` threw, or why an offer was not taken.
+   * Hands an engine its held weights back: offers each rank its descriptors and runs `wake`, which
+   * makes the engine fetch them and map them back (engine/hand-over.ts owns that lifecycle). The
+   * holding stays until {@link ResidentWeights.release}. Throws what `wake` threw, or why an offer
+   * was not taken.
    * @internal
    */
   async adopt(
@@ -112,28 +110,8 @@ export class ResidentWeights {
   ): Promise<{ bytes: number }> {
     const held = this.held.get(engine);
     if (!held) throw new VsnapError('E_INVALID_ARGUMENT', `tier 0 holds no weights of ${engine}`, { engine });
-    const receiver = await FdReceiver.listen();
-    try {
-      const timing = { timeoutMs: options.timeoutMs ?? 120_000, ...(options.signal ? { signal: options.signal } : {}) };
-      const offers: Array<{ nonce: string; taken: Promise<FdMessage> }> = [];
-      for (const r of held.ranks) offers.push(receiver.offer({ regions: r.regions }, r.fds, timing));
-      const taken = Promise.allSettled(offers.map((o) => o.taken)); // settled below on every path
-      let failure: { error: unknown } | undefined;
-      try {
-        await wake({ socket: receiver.path, nonces: offers.map((o) => o.nonce) });
-      } catch (error) {
-        failure = { error };
-        receiver.close(); // the engine will not fetch now: withdraw what it did not take
-      }
-      const results = await taken;
-      for (const r of results) if (r.status === 'fulfilled') for (const fd of r.value.fds) closeSync(fd);
-      if (failure) throw failure.error;
-      const missed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
-      if (missed) throw toVsnapError(missed.reason);
-      return { bytes: held.bytes };
-    } finally {
-      receiver.close();
-    }
+    await handOver(held.ranks, wake, options);
+    return { bytes: held.bytes };
   }
 
   /** Lets go of an engine's weights (its GPU memory is freed once nothing else maps it). */

@@ -1,8 +1,8 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 
 import { VsnapError } from '../errors.js';
-import type { CallOptions, EngineClient, EngineStatus, QueuedRequestsPolicy } from './engine-client.js';
-import { RUST_FRONTEND_HINT, VsnapStatusSchema } from './schemas.js';
+import type { CallOptions, EngineClient, EngineRegionTable, EngineStatus, QueuedRequestsPolicy } from './engine-client.js';
+import { RUST_FRONTEND_HINT, VsnapDescribeSchema, VsnapStatusSchema } from './schemas.js';
 
 /**
  * How the flows drive an engine: through the plugin's authenticated /vsnap/v1 routes, or, where
@@ -13,6 +13,8 @@ import { RUST_FRONTEND_HINT, VsnapStatusSchema } from './schemas.js';
 export interface EngineControl {
   readonly via: 'vsnap' | 'dev';
   status(call?: CallOptions): Promise<EngineStatus>;
+  /** Every rank's weights region table, asleep or awake (plugins whose status says `describe`). */
+  describe(call?: CallOptions): Promise<EngineRegionTable[]>;
   exportTo(socket: string, nonces: readonly string[], call?: CallOptions): Promise<void>;
   sleep(level: 1 | 2, mode: 'abort' | 'wait' | 'keep' | undefined, call?: CallOptions): Promise<void>;
   wake(tags: readonly string[] | undefined, call?: CallOptions, adopt?: { socket: string; nonces: readonly string[] }): Promise<void>;
@@ -30,6 +32,7 @@ function viaRoutes(client: EngineClient): EngineControl {
   return {
     via: 'vsnap',
     status: (call) => client.vsnapStatus(call),
+    describe: (call) => client.vsnapDescribe(call),
     exportTo: async (socket, nonces, call) => {
       await client.vsnapExport({ socket, nonces }, call);
     },
@@ -55,6 +58,13 @@ function viaDevRoutes(client: EngineClient): EngineControl {
         });
       }
       return parsed.data;
+    },
+    describe: async (call) => {
+      const parsed = VsnapDescribeSchema.safeParse({ ranks: (await client.collectiveRpc('vsnap_describe', {}, call)) ?? [] });
+      if (!parsed.success) {
+        throw new VsnapError('E_ENGINE_PROTOCOL', `the workers' vsnap_describe has an unexpected shape: is the vsnap plugin of a matching version loaded?`, { issues: parsed.error.issues });
+      }
+      return parsed.data.ranks;
     },
     exportTo: async (socket, nonces, call) => {
       await client.collectiveRpc('vsnap_export', { args: [socket, [...nonces]] }, call);

@@ -13,14 +13,15 @@ import {
   ResetPrefixCacheSchema,
   SleepAnswerSchema,
   VersionSchema,
+  VsnapDescribeSchema,
   VsnapExportSchema,
   VsnapStatusSchema,
   RUST_FRONTEND_HINT,
   WakeAnswerSchema,
 } from './schemas.js';
-import type { CallOptions, CompletionResult, EngineClientOptions, EngineStatus, QueuedRequestsPolicy } from './types.js';
+import type { CallOptions, CompletionResult, EngineClientOptions, EngineRegionTable, EngineStatus, QueuedRequestsPolicy } from './types.js';
 
-export type { CallOptions, CompletionResult, EngineClientOptions, EngineStatus, QueuedRequestsPolicy } from './types.js';
+export type { CallOptions, CompletionResult, EngineClientOptions, EngineRegionTable, EngineStatus, QueuedRequestsPolicy } from './types.js';
 
 const LONG_CALL_MS = 10 * 60_000;
 
@@ -156,6 +157,16 @@ export class EngineClient {
   /** The vsnap plugin's view of the engine (`GET /vsnap/v1/status`). */
   async vsnapStatus(options?: CallOptions): Promise<EngineStatus> {
     return this.json(VsnapStatusSchema, { method: 'GET', path: '/vsnap/v1/status', auth: 'vsnap', idempotent: true, options });
+  }
+
+  /**
+   * Every worker's weights region table (`GET /vsnap/v1/describe`): what an export sends, without
+   * descriptors, also while the engine is asleep. A restore fills new memory for these regions
+   * before the wake and hands it over.
+   */
+  async vsnapDescribe(options?: CallOptions): Promise<EngineRegionTable[]> {
+    const r = await this.json(VsnapDescribeSchema, { method: 'GET', path: '/vsnap/v1/describe', auth: 'vsnap', idempotent: true, options, defaultTimeoutMs: LONG_CALL_MS });
+    return r.ranks;
   }
 
   /** Asks every worker to send its weights regions and descriptors to `socket` (one nonce per rank). */

@@ -1,29 +1,18 @@
 import { closeSync } from 'node:fs';
 
 import { toVsnapError, VsnapError } from '../errors.js';
-import { listDevices, type GpuDevice } from '../gpu/cuda.js';
 import { FdReceiver } from '../ipc/fd-receiver.js';
-import type { TensorInfo } from '../manifest/types.js';
 import type { RegionMemory } from '../regions/memory.js';
 import type { EngineControl } from './control.js';
-import { ExportHeaderSchema } from './schemas.js';
+import { readTables, type RegionTables, type TableRegion } from './region-table.js';
 
 /** One exported weights region: where it lives in the engine and how to reach it here. @internal */
-export interface ExportedRegion {
-  readonly rank: number;
-  readonly key: string;
-  readonly tag: string;
-  readonly va: number;
-  readonly size: number;
-  readonly tensors: TensorInfo[];
+export interface ExportedRegion extends TableRegion {
   readonly memory: RegionMemory;
-  /** This process's ordinal of the engine's GPU (undefined for host memory). */
-  readonly device: number | undefined;
 }
 
 /** Every rank's exported regions; close() closes the descriptors. @internal */
-export interface ExportedRegions {
-  readonly ranks: ReadonlyArray<{ rank: number; pid: number; deviceUuid: string; memory: 'cuda' | 'host'; gpu?: GpuDevice; regions: ExportedRegion[] }>;
+export interface ExportedRegions extends RegionTables<ExportedRegion> {
   readonly seconds: number;
   close(): void;
   /** Hands the descriptors over to the caller (close() then leaves them open). */
@@ -70,42 +59,17 @@ export async function exportRegions(control: EngineControl, rankCount: number, o
     // The export call returns once every worker has sent; wait for both, failing fast on either.
     const exportCall = control.exportTo(receiver.path, expected.map((e) => e.nonce), options.signal ? { signal: options.signal } : {});
     const [, ...got] = await Promise.all([exportCall, ...messages]);
-    const gpus = got.some((m) => (m.header as { memory?: string }).memory === 'cuda') ? await listDevices() : [];
-    const ranks = got.map((m) => {
-      const parsed = ExportHeaderSchema.safeParse(m.header);
-      if (!parsed.success) {
-        throw new VsnapError('E_ENGINE_PROTOCOL', `a worker (pid ${m.pid}) sent a region table of the wrong shape: ${parsed.error.issues[0]?.message}`, {
-          issues: parsed.error.issues,
-        });
+    const tables = await readTables(got.map((m) => m.header), rankCount, (i) => got[i]!.pid);
+    const ranks = tables.map((t) => {
+      const m = got.find((x) => (x.header as { rank?: unknown }).rank === t.rank)!;
+      if (t.regions.length !== m.fds.length) {
+        throw new VsnapError('E_ENGINE_PROTOCOL', `rank ${t.rank} sent ${m.fds.length} descriptors for ${t.regions.length} regions`);
       }
-      const h = parsed.data;
-      if (h.regions.length !== m.fds.length) {
-        throw new VsnapError('E_ENGINE_PROTOCOL', `rank ${h.rank} sent ${m.fds.length} descriptors for ${h.regions.length} regions`);
-      }
-      const gpu = h.memory === 'cuda' ? gpus.find((g) => g.uuid === h.device.uuid) : undefined;
-      const device = gpu?.ordinal;
-      if (h.memory === 'cuda') {
-        if (device === undefined) {
-          throw new VsnapError('E_CUDA_UNAVAILABLE', `rank ${h.rank}'s GPU ${h.device.uuid} is not visible to this process: give it the same GPUs as the engine (CUDA_VISIBLE_DEVICES)`, {
-            uuid: h.device.uuid,
-          });
-        }
-      }
-      const regions = h.regions.map((r, i): ExportedRegion => ({
-        rank: h.rank,
-        key: r.key,
-        tag: r.tag,
-        va: r.va,
-        size: r.size,
-        tensors: r.tensors,
-        memory: h.memory === 'cuda' ? { kind: 'imported', fd: m.fds[i]!, device: device! } : { kind: 'host', fd: m.fds[i]! },
-        device,
+      const regions = t.regions.map((r, i): ExportedRegion => ({
+        ...r,
+        memory: t.memory === 'cuda' ? { kind: 'imported', fd: m.fds[i]!, device: r.device! } : { kind: 'host', fd: m.fds[i]! },
       }));
-      return { rank: h.rank, pid: h.pid, deviceUuid: h.device.uuid, memory: h.memory, ...(gpu ? { gpu } : {}), regions };
-    });
-    ranks.sort((a, b) => a.rank - b.rank);
-    ranks.forEach((r, i) => {
-      if (r.rank !== i) throw new VsnapError('E_ENGINE_PROTOCOL', `ranks sent are ${ranks.map((x) => x.rank).join(',')}, expected 0..${rankCount - 1}`);
+      return { ...t, regions };
     });
     let closed = false;
     const pids = got.map((m) => m.pid);

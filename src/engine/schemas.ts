@@ -66,6 +66,8 @@ const RankStatusSchema = z
     cumemAllocator: z.boolean().optional(),
     asleepTags: z.array(z.string()).nullable().optional(),
     frontend: z.string().optional(),
+    // Newer plugins: the region table can be read while asleep (vsnap_describe).
+    describe: z.boolean().optional(),
   })
   .passthrough();
 
@@ -106,9 +108,14 @@ export const ExportHeaderSchema = z.object({
       va: z.number().int().nonnegative(),
       size: z.number().int().positive(),
       tensors: z.array(z.object({ name: z.string(), offset: z.number().int().nonnegative(), dtype: z.string(), shape: z.array(z.number().int().nonnegative()) })),
+      // A describe's: whether vLLM's own wake writes into the region (the model's buffers copied back after a level-2 sleep).
+      wakeWrites: z.boolean().optional(),
     }),
   ),
 });
+
+/** `GET /vsnap/v1/describe` (and the workers' `vsnap_describe`): every rank's region table, as an export's header. */
+export const VsnapDescribeSchema = z.object({ ranks: z.array(ExportHeaderSchema).min(1) });
 
 /** vLLM's Rust frontend builds no FastAPI app: neither the plugin's routes nor the dev routes exist. @internal */
 export const RUST_FRONTEND_HINT =

@@ -1,7 +1,7 @@
 // The engine client's public types: its options, one call's options, the plugin's status, a completion.
 import type { Dispatcher } from 'undici';
 
-import type { EngineInfo, ModelInfo } from '../manifest/types.js';
+import type { EngineInfo, ModelInfo, TensorInfo } from '../manifest/types.js';
 
 /**
  * Options of {@link EngineClient}.
@@ -95,6 +95,37 @@ export interface EngineStatus {
     readonly asleepTags?: readonly string[] | null;
     /** `python` (vLLM's FastAPI server) or `rust` (`VLLM_USE_RUST_FRONTEND=1`: no vsnap routes). Absent from older plugins. */
     readonly frontend?: string;
+    /** Whether the plugin describes the weights regions while asleep ({@link EngineClient.vsnapDescribe}). Absent from older plugins. */
+    readonly describe?: boolean;
+  }>;
+}
+
+/**
+ * One worker's weights region table ({@link EngineClient.vsnapDescribe}): each region's key (the
+ * lowest-offset named tensor in it, else `anon:N`), allocator tag, address in the worker, size and
+ * tensors.
+ * @public
+ */
+export interface EngineRegionTable {
+  /** The table's format (1). */
+  readonly version: 1;
+  /** The worker's rank. */
+  readonly rank: number;
+  /** The worker's process id. */
+  readonly pid: number;
+  /** `cuda`, or `host` for the CPU test engine. */
+  readonly memory: 'cuda' | 'host';
+  /** The worker's GPU: its ordinal in the worker, and its UUID. */
+  readonly device: { readonly ordinal: number; readonly uuid: string };
+  /** The weights regions, in address order. */
+  readonly regions: ReadonlyArray<{
+    readonly key: string;
+    readonly tag: string;
+    readonly va: number;
+    readonly size: number;
+    readonly tensors: readonly TensorInfo[];
+    /** Whether the engine's own wake writes into the region (vLLM copies the model's buffers back after a level-2 sleep). */
+    readonly wakeWrites?: boolean;
   }>;
 }
 
