@@ -28,22 +28,29 @@ export function splitIndex(sizes: readonly number[]): number {
  * Copies `regions` (op `copy`) in two jobs, calling `onHead` with the indices of the regions the
  * first job wrote as soon as it is done (the caller starts their digest). Progress runs over both
  * jobs as one. Per device, the seconds run from the start of the first job to the last byte of the
- * second. With fewer than two regions, one job and no `onHead`.
+ * second. With fewer than two regions, one job and no `onHead`. With `gate`, the regions from
+ * index `gate.first` on are in the second job, which starts only once `gate.after` resolved (they
+ * are never in the head: its digest could run before someone else's last write).
  * @internal
  */
 export async function copyWithEarlyDigest(
   common: { label: string } & Pick<TransferOptions, 'onProgress' | 'signal' | 'threads'>,
   regions: readonly TransferRegion[],
   onHead: (indices: readonly number[]) => void,
+  gate?: { readonly first: number; readonly after: Promise<void> },
 ): Promise<NativeTransferResult> {
-  if (regions.length < 2) return runTransfer({ ...common, op: 'copy', regions: [...regions] });
-  const k = splitIndex(regions.map((r) => r.size));
+  if (regions.length < 2 || gate?.first === 0) {
+    await gate?.after;
+    return runTransfer({ ...common, op: 'copy', regions: [...regions] });
+  }
+  const k = Math.min(splitIndex(regions.map((r) => r.size)), gate?.first ?? regions.length - 1);
   const total = regions.reduce((n, r) => n + r.size, 0);
   const started = performance.now();
   const progress = (offset: number) =>
     common.onProgress ? { onProgress: (p: Parameters<NonNullable<TransferOptions['onProgress']>>[0]) => common.onProgress!({ ...p, bytesDone: offset + p.bytesDone, bytesTotal: total }) } : {};
   const head = await runTransfer({ ...common, ...progress(0), op: 'copy', regions: regions.slice(0, k) });
   onHead(Array.from({ length: k }, (_, i) => i));
+  await gate?.after;
   const tailStart = (performance.now() - started) / 1000;
   const tail = await runTransfer({ ...common, ...progress(head.bytes), op: 'copy', regions: regions.slice(k) });
   const devices = new Map<number, { device: number; bytes: number; seconds: number }>();

@@ -150,6 +150,13 @@ export interface RestoreOptions extends TransferOptions {
    * with the GPU digest as after any restore.
    */
   readonly multipath?: MultipathOptions;
+  /**
+   * Regions (by region id) that something else writes into until `after` resolves (an engine's
+   * wake copying its buffers back into memory being filled for it, flows/fill.ts): they are
+   * copied, and digested, only after it. Not with `multipath`.
+   * @internal
+   */
+  readonly late?: { readonly ids: ReadonlySet<string>; readonly after: Promise<void> };
 }
 
 /**

@@ -288,7 +288,11 @@ export class Snapshot {
       const lease = await options.cache.acquire(this.store, this.manifest, { ...common, directIo: options.directIo ?? false });
       try {
         if (options.multipath) return await this.restoreMultipath(options.multipath, lease, targets, common, wasHeld, started);
-        const order = [...this.manifest.regions()];
+        // Regions written by someone else until `late.after` go last, after it (copyWithEarlyDigest's gate).
+        const all = [...this.manifest.regions()];
+        const isLate = (x: (typeof all)[number]) => !!options.late?.ids.has(regionId(x.rank, x.region.key));
+        const order = options.late ? [...all.filter((x) => !isLate(x)), ...all.filter(isLate)] : all;
+        const gate = options.late && order.some(isLate) ? { first: order.findIndex(isLate), after: options.late.after } : undefined;
         const regions = order.map(({ rank, region }) => ({
           name: regionLabel(rank, region.key, multiRank),
           size: region.size,
@@ -296,15 +300,17 @@ export class Snapshot {
           hostCopy: { kind: 'buffer' as const, buffer: lease.buffer, offset: lease.offsets.get(regionId(rank, region.key))! },
           memory: targets.get(regionId(rank, region.key))!.memory,
         }));
-        const result = onHead
-          ? await copyWithEarlyDigest(common, regions, (done) => onHead(done.map((i) => regionId(order[i]!.rank, order[i]!.region.key))))
-          : await runTransfer({ ...common, op: 'copy', regions });
+        const result =
+          onHead || gate
+            ? await copyWithEarlyDigest(common, regions, (done) => onHead?.(done.map((i) => regionId(order[i]!.rank, order[i]!.region.key))), gate)
+            : await runTransfer({ ...common, op: 'copy', regions });
         const seconds = wasHeld ? result.seconds : (performance.now() - started) / 1000;
         return { bytes: result.bytes, seconds, bytesPerSecond: result.bytes / Math.max(seconds, 1e-9), tier: wasHeld ? 'ram' : 'store', devices: result.devices };
       } finally {
         lease.release();
       }
     }
+    if (options.late) await options.late.after; // from disk the wait costs little beside the read: one job, after it
     const result = await this.store.withLock(false, () =>
       runTransfer({
         ...common,
