@@ -3,7 +3,7 @@ import { statSync } from 'node:fs';
 
 import { invalidArgument, VsnapError } from '../errors.js';
 import type { EngineClient, EngineStatus } from '../engine/engine-client.js';
-import type { ExportedRegions } from '../engine/export.js';
+import type { RegionTables } from '../engine/region-table.js';
 import type { LiveLayout } from '../manifest/compat.js';
 import type { Snapshot } from '../snapshot/snapshot.js';
 
@@ -36,7 +36,7 @@ export function preflight(status: EngineStatus, options: { onWarning?: (m: strin
 }
 
 /** The engine, model and platform facts a snapshot must match. */
-export function liveFacts(status: EngineStatus, exported: ExportedRegions, allowModelSwap: boolean): Omit<LiveLayout, 'ranks'> {
+export function liveFacts(status: EngineStatus, exported: RegionTables, allowModelSwap: boolean): Omit<LiveLayout, 'ranks'> {
   const m = status.model;
   const model = allowModelSwap
     ? { dtype: m.dtype, quantization: m.quantization, tensorParallelSize: m.tensorParallelSize, pipelineParallelSize: m.pipelineParallelSize }
@@ -44,7 +44,7 @@ export function liveFacts(status: EngineStatus, exported: ExportedRegions, allow
   const engine = { kind: status.engine.kind, version: status.engine.version, pluginVersion: status.engine.pluginVersion, attentionBackend: status.engine.attentionBackend };
   const first = exported.ranks[0]!;
   if (first.memory === 'host') return { engine, model, platform: { kind: 'host' } };
-  const device = first.gpu; // found by the export
+  const device = first.gpu; // found by the export (or describe)
   return {
     engine,
     model,
@@ -52,7 +52,7 @@ export function liveFacts(status: EngineStatus, exported: ExportedRegions, allow
   };
 }
 
-export function liveRanks(exported: ExportedRegions): LiveLayout['ranks'] {
+export function liveRanks(exported: RegionTables): LiveLayout['ranks'] {
   return exported.ranks.map((r) => ({ regions: r.regions.map((x) => ({ key: x.key, size: x.size, tag: x.tag })) }));
 }
 

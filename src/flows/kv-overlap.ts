@@ -41,8 +41,10 @@ export async function awaitRoom(before: () => Promise<void>): Promise<void> {
 }
 
 /**
- * Starts the wake of `tags` now: after `before` (the wait for room, in a swap) resolves, if
- * given. `onFail` is told at once when it fails (the restore then stops its hydrate).
+ * Starts the wake of `tags` now: after `after` (the wake of the weights, when it runs beside the
+ * hydrate too; its failure is this wake's, and nothing more is woken) and `before` (the wait for
+ * room, in a swap) resolve, if given. `onFail` is told at once when it fails (the restore then
+ * stops its hydrate).
  * @internal
  */
 export function startKvWake(
@@ -51,9 +53,11 @@ export function startKvWake(
   call: { signal?: AbortSignal },
   before: (() => Promise<void>) | undefined,
   onFail: (error: VsnapError) => void,
+  after?: Promise<void>,
 ): EarlyWake {
   const phases: Record<string, number> = {};
   const run = async (): Promise<void> => {
+    if (after) await after;
     let mark = performance.now();
     if (before) {
       await awaitRoom(before);

@@ -1,7 +1,9 @@
 import { toVsnapError, VsnapError } from '../errors.js';
 import type { CallOptions, EngineClient, EngineStatus } from '../engine/engine-client.js';
 import { engineControl, type EngineControl } from '../engine/control.js';
+import { describeRegions } from '../engine/describe.js';
 import { exportRegions, type ExportedRegions } from '../engine/export.js';
+import { handOver } from '../engine/hand-over.js';
 import { liveRefs, mapExported } from '../engine/exported.js';
 import { compareResponses, recheck } from '../engine/response-check.js';
 import { listDevices } from '../gpu/cuda.js';
@@ -13,6 +15,7 @@ import { restoreTiers } from '../tiers/index.js';
 import type { HydrateTargets, RestoreRun, Tier, TierRestore } from '../tiers/tier.js';
 import { holdsWeights, liveFacts, liveRanks, phaseTimer, preflight, warn } from './checks.js';
 import { resumeIfDeep } from './deep.js';
+import { makeFillMemory, type FillMemory } from './fill.js';
 import { checkRoom, describeRoom, resolveRemap, type GpuRemap } from './gpu-remap.js';
 import type { FlowHooks } from './hooks.js';
 import { awaitRoom, startKvWake, type EarlyWake } from './kv-overlap.js';
@@ -38,6 +41,28 @@ interface OpenError {
  */
 export function restoreMapping(): MappedRegionsOptions {
   return { mapping: defaultMapping('pipelined') };
+}
+
+/**
+ * Where a hydrate's target memory comes from: `fill` (the default), memory made here and filled
+ * while the engine's wake maps it (flows/fill.ts), or `wake`, the engine's wake first and then its
+ * export, mapped here. VSNAP_RESTORE_TARGETS=wake chooses the second (for comparison, or a plugin
+ * whose wake cannot adopt).
+ * @internal
+ */
+export function restoreTargets(): 'fill' | 'wake' {
+  const v = process.env.VSNAP_RESTORE_TARGETS;
+  if (v === undefined || v === '' || v === 'fill') return 'fill';
+  if (v === 'wake') return 'wake';
+  throw new VsnapError('E_CONFIG', `VSNAP_RESTORE_TARGETS=${JSON.stringify(v)}: expected 'fill' (the default) or 'wake'`, { value: v });
+}
+
+/** The engine's wake of its weights, mapping memory made here (fill), running beside the hydrate. */
+interface FillWake {
+  readonly done: Promise<void>;
+  readonly settled: Promise<void>;
+  /** Its seconds, once done (recorded as the `wakeWeights` phase after the hydrate, so the phases keep one order). */
+  seconds?: number;
 }
 
 /**
@@ -79,6 +104,8 @@ export class EngineRestoreRun implements RestoreRun {
   private mapped: MappedRegions | undefined;
   private prepared: HydrateTargets | undefined;
   private early: EarlyWake | undefined;
+  private fill: FillMemory | undefined;
+  private fillWake: FillWake | undefined;
 
   private constructor(
     readonly client: EngineClient,
@@ -163,8 +190,9 @@ export class EngineRestoreRun implements RestoreRun {
     this.lap('prepare'); // the engine's status, the snapshot opened, the driver asked whether a rank is checkpointed
   }
 
-  async targets(): Promise<HydrateTargets> {
+  async targets(use: { fill?: boolean } = {}): Promise<HydrateTargets> {
     if (this.prepared) return this.prepared;
+    if (use.fill && this.mayFill()) return (this.prepared = await this.fillTargets());
     const snapshot = this.snapshot!;
     if (this.status.ranks.some((r) => !r.weightsMapped)) await this.control.wake(['weights'], this.call);
     this.lap('wakeWeights');
@@ -186,6 +214,45 @@ export class EngineRestoreRun implements RestoreRun {
     return (this.prepared = { direct: liveRefs(exported), mapped: live, regions, signal, ranks: exported.ranks.length });
   }
 
+  /**
+   * Whether this restore can fill memory of its own for the weights: every rank asleep with its
+   * weights unmapped, a plugin that describes its regions while asleep, and no move onto other GPUs
+   * (the memory would have to be made on the GPU the process is not on yet).
+   */
+  private mayFill(): boolean {
+    return restoreTargets() === 'fill' && !this.remap && this.status.sleeping && this.status.ranks.every((r) => r.describe === true && !r.weightsMapped);
+  }
+
+  /**
+   * The weights' targets made here: the engine's region table read while it sleeps and checked
+   * against the snapshot, new memory made for it, and the engine's wake of its weights started
+   * with that memory to adopt (it maps it at its addresses while the hydrate fills it). A failed
+   * wake stops the hydrate, and the other way round the restore waits for the wake before it puts
+   * the engine back to sleep. With overlapKvWake the KV cache wakes once the weights have.
+   */
+  private async fillTargets(): Promise<HydrateTargets> {
+    const tables = await describeRegions(this.control, this.status.ranks.length, this.call);
+    this.lap('describe');
+    this.snapshot!.manifest.assertCompatible({ ...liveFacts(this.status, tables, this.options.allowModelSwap ?? false), ranks: liveRanks(tables) });
+    this.lap('validate');
+    const fill = (this.fill = await makeFillMemory(tables));
+    this.lap('allocate');
+    const stop = new AbortController();
+    const started = performance.now();
+    const done = handOver(fill.ranks, (adopt) => this.control.wake(['weights'], this.call, adopt), this.call).then(
+      () => void (fillWake.seconds = (performance.now() - started) / 1000),
+      (err: unknown) => {
+        const e = toVsnapError(err);
+        stop.abort(e);
+        throw e;
+      },
+    );
+    const fillWake: FillWake = (this.fillWake = { done, settled: done.then(() => undefined, () => undefined) });
+    if (this.options.overlapKvWake) this.early = startKvWake(this.control, this.tagsAfterWeights(), this.call, this.hooks.beforeKvWake, (e) => stop.abort(e), done);
+    const signal = this.call.signal ? AbortSignal.any([this.call.signal, stop.signal]) : stop.signal;
+    return { direct: fill.live, mapped: fill.live, regions: fill.regions, signal, ranks: tables.ranks.length, late: { ids: fill.wakeWrites, after: done } };
+  }
+
   /** After a hydrate: its digest time apart, the descriptors closed, the mappings dropped while the engine finishes its wake. */
   async afterHydrate(outcome: TierRestore): Promise<void> {
     this.lap('hydrate');
@@ -193,9 +260,15 @@ export class EngineRestoreRun implements RestoreRun {
       this.phases.hydrate! -= outcome.digestSeconds;
       this.phases.verifyDigests = outcome.digestSeconds;
     }
+    if (this.fillWake) {
+      // The engine maps the filled memory: once it has, its handles keep it, and ours go.
+      await this.fillWake.done;
+      this.lap('wakeWeightsWait');
+      this.phases.wakeWeights = this.fillWake.seconds!;
+    }
     this.exported?.close();
-    // Unmapping thousands of regions runs off the JS thread while the engine wakes its KV cache.
-    const unmapping = this.mapped?.close() ?? Promise.resolve();
+    // Unmapping thousands of regions (and letting go of memory made here) runs off the JS thread while the engine wakes its KV cache.
+    const unmapping = Promise.all([this.mapped?.close(), this.fill?.close()]);
     unmapping.catch(() => undefined);
     await this.finishWake();
     await unmapping;
@@ -305,10 +378,22 @@ export class EngineRestoreRun implements RestoreRun {
   async cleanUp(err: unknown): Promise<VsnapError> {
     this.exported?.close();
     await this.mapped?.close().catch(() => undefined);
+    // Memory made here goes once the engine's wake of it is over (an engine that mapped it keeps it until it sleeps).
+    await this.fillWake?.settled;
+    await this.fill?.close().catch(() => undefined);
     await this.early?.settled;
     const e = toVsnapError(err);
-    if (this.early && e.code === 'E_ABORTED' && !this.call.signal?.aborted) return this.early.done.then(() => e, (x: unknown) => toVsnapError(x));
+    if (e.code !== 'E_ABORTED' || this.call.signal?.aborted) return e;
+    const wakeFailure = this.fillWake ? await this.fillWake.done.then(() => undefined, (x: unknown) => toVsnapError(x)) : undefined;
+    if (wakeFailure) return wakeFailure;
+    if (this.early) return this.early.done.then(() => e, (x: unknown) => toVsnapError(x));
     return e;
+  }
+
+  /** The phases that ran beside the hydrate. */
+  private overlapped(outcome: TierRestore): string[] {
+    if (outcome.finished) return [];
+    return [...(this.fillWake ? ['wakeWeights'] : []), ...(this.early ? Object.keys(this.early.phases) : [])];
   }
 
   /** The report of a restore served by a tier. */
@@ -322,7 +407,7 @@ export class EngineRestoreRun implements RestoreRun {
       ...(this.remap && this.exported ? { gpus: this.exported.ranks.map((r) => r.deviceUuid) } : {}),
       ...(outcome.devices ? { devices: outcome.devices } : {}),
       ...(outcome.multipath ? { multipath: outcome.multipath } : {}),
-      ...(this.early && !outcome.finished ? { overlapped: Object.keys(this.early.phases) } : {}),
+      ...(this.overlapped(outcome).length ? { overlapped: this.overlapped(outcome) } : {}),
     };
   }
 }

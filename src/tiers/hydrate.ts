@@ -9,7 +9,9 @@ import type { RestoreRun, TierRestore } from './tier.js';
  * use already. @internal
  */
 export async function hydrate(run: RestoreRun, cache: HostCache | undefined, multipath: MultipathOptions | undefined): Promise<TierRestore> {
-  const targets = await run.targets();
+  // Memory filled here while the engine's wake maps it, except over two links (the neighbour GPU's
+  // share is copied into the engine's own mappings there).
+  const targets = await run.targets({ fill: !(multipath && run.status.ranks.length === 1) });
   const twoLinks = multipath && targets.ranks === 1 ? { multipath } : {};
   if (multipath && targets.ranks > 1) run.warn(`multipath skipped: the engine has ${targets.ranks} ranks (each GPU's own link is in use)`);
   const { verify, verifyDigests, ...transfer } = run.hydrate;
@@ -21,6 +23,7 @@ export async function hydrate(run: RestoreRun, cache: HostCache | undefined, mul
     ...(verifyDigests !== undefined ? { verifyDigests } : {}),
     ...transfer,
     ...(targets.signal ? { signal: targets.signal } : {}),
+    ...(targets.late ? { late: targets.late } : {}),
     directIo: transfer.directIo ?? false,
   });
   return {

@@ -42,6 +42,8 @@ export interface HydrateTargets {
   readonly signal: AbortSignal | undefined;
   /** The number of ranks exported. */
   readonly ranks: number;
+  /** Memory filled here: the regions the engine's wake writes into, to be filled after that wake (Snapshot.restore's `late`). */
+  readonly late?: { readonly ids: ReadonlySet<string>; readonly after: Promise<void> };
 }
 
 /** What a tier may use of the restore it serves (flows/restore-run.ts). @internal */
@@ -58,8 +60,12 @@ export interface RestoreRun {
   warn(message: string): void;
   /** Records the time since the previous phase under `phase`. */
   lap(phase: string): void;
-  /** Wakes, exports, validates and maps the weights (once per run); a KV-cache wake may start beside the hydrate. */
-  targets(): Promise<HydrateTargets>;
+  /**
+   * The weights' targets (made once per run): with `fill`, where the engine allows, new memory made
+   * here and checked against the snapshot, which the engine's wake maps while the hydrate fills it;
+   * otherwise the weights woken, exported, validated and mapped. A KV-cache wake may start beside the hydrate.
+   */
+  targets(use?: { fill?: boolean }): Promise<HydrateTargets>;
   /** Wakes the other tags, resets the prefix cache, and checks the expected response. */
   finishWake(): Promise<void>;
   /** After a tier failed part way: re-reads the engine and puts it back to sleep if it holds weights, for the next tier. */

@@ -4,10 +4,10 @@ import { EngineClient, type CallOptions, type CompletionResult, type EngineStatu
 import { VsnapError } from '../../src/errors.js';
 
 /** The engine routes the flows drive, as the fault injector names them. */
-export type Route = 'status' | 'export' | 'sleep' | 'wake' | 'adopt' | 'wakeKv' | 'reset' | 'complete' | 'reload';
+export type Route = 'status' | 'describe' | 'export' | 'sleep' | 'wake' | 'adopt' | 'wakeKv' | 'reset' | 'complete' | 'reload';
 
 export interface Fault {
-  /** Which call (`adopt`: a tier-0 wake; `wake`: a wake of the weights; `wakeKv`: of the KV cache). */
+  /** Which call (`adopt`: a wake of the weights handing memory over, tier 0's or a filled restore's; `wake`: a wake of the weights; `wakeKv`: of the KV cache). */
   route: Route;
   /** `before`: the engine never sees the call; `after`: it does the work, then the answer is lost. */
   when?: 'before' | 'after';
@@ -53,6 +53,9 @@ export class FaultyClient extends EngineClient {
 
   override vsnapStatus(options?: CallOptions): Promise<EngineStatus> {
     return this.through('status', () => super.vsnapStatus(options));
+  }
+  override vsnapDescribe(options?: CallOptions): ReturnType<EngineClient['vsnapDescribe']> {
+    return this.through('describe', () => super.vsnapDescribe(options));
   }
   override vsnapExport(args: { socket: string; nonces: readonly string[] }, options?: CallOptions): Promise<Array<{ rank: number; regions: number; bytes: number }>> {
     return this.through('export', () => super.vsnapExport(args, options));

@@ -1,4 +1,4 @@
-import { afterEach, describe, expect, it } from 'vitest';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 
 import { ResidentWeights } from '../../src/cache/resident-weights.js';
 import { VsnapError } from '../../src/errors.js';
@@ -62,8 +62,15 @@ describe('a fault at each step of a suspend: the weights stay (or a snapshot hol
   }
 });
 
-describe('a fault at each step of a restore: the engine is left asleep (never slept if it never woke), the next restore works', () => {
-  for (const route of ['status', 'wake', 'export', 'wakeKv', 'reset', 'complete'] as Route[]) {
+// The two forms of a restore's targets (restore-run.ts restoreTargets): memory filled here while the
+// engine's wake adopts it (describe, then a wake with adopt), or the engine's wake, then its export.
+const TARGETS = { fill: ['status', 'describe', 'adopt', 'wakeKv', 'reset', 'complete'], wake: ['status', 'wake', 'export', 'wakeKv', 'reset', 'complete'] } as const;
+
+describe.each(Object.keys(TARGETS) as Array<keyof typeof TARGETS>)('a fault at each step of a restore (targets: %s): the engine is left asleep (never slept if it never woke), the next restore works', (targets) => {
+  const env = process.env.VSNAP_RESTORE_TARGETS;
+  beforeEach(() => void (process.env.VSNAP_RESTORE_TARGETS = targets));
+  afterEach(() => void (env === undefined ? delete process.env.VSNAP_RESTORE_TARGETS : (process.env.VSNAP_RESTORE_TARGETS = env)));
+  for (const route of TARGETS[targets] as readonly Route[]) {
     for (const when of ['before', 'after'] as const) {
       it(`${route} fails (${when})`, async () => {
         const { client, store, answer, fds, ask, snapshot } = await setup();
@@ -72,8 +79,9 @@ describe('a fault at each step of a restore: the engine is left asleep (never sl
         client.calls.length = 0;
         const err = (await restoreEngine(snapshot, client, warn).catch((x: unknown) => x)) as VsnapError;
         expect(err).toBeInstanceOf(VsnapError);
+        expect(client.calls).toContain(route); // the step was taken (and failed)
         if (route !== 'status') expect(err.details.recovered).toBe(true);
-        if (route === 'wake' && when === 'before') expect(client.calls).not.toContain('sleep');
+        if ((route === 'wake' || route === 'adopt' || route === 'describe') && when === 'before') expect(client.calls).not.toContain('sleep'); // it never woke
         const after = await client.vsnapStatus();
         expect(after.sleeping).toBe(true);
         // Asleep means the weights let go: vLLM's executor ignores a sleep while the KV cache is

@@ -59,9 +59,10 @@ describe('no work twice: one export and one mapping per region per flow', () => 
     expect(capture).toMatchObject({ mapped: n, exports: 1 });
 
     expect(await counted(client, () => suspendEngine(store, 'ref', client))).toMatchObject({ mapped: n, exports: 1 });
-    // The hydrate and the digest that verifies it share one mapping (was 2n).
+    // The hydrate and the digest that verifies it share one mapping (was 2n). The restore fills memory
+    // made here while the engine's wake adopts it: no export, one mapping of that memory.
     const restored = await counted(client, () => restoreEngine(capture.value, client));
-    expect(restored).toMatchObject({ mapped: n, exports: 1 });
+    expect(restored).toMatchObject({ mapped: n, exports: 0 });
     expect(Object.keys(restored.value.phases)).toContain('verifyDigests');
     expect(await ask(client)).toEqual(answer);
 
@@ -71,7 +72,15 @@ describe('no work twice: one export and one mapping per region per flow', () => 
       await suspendEngine(store, 'ref', client);
       const r = await counted(client, () => restoreEngine(capture.value, client, { tiers: { ram: cache } }));
       expect(r.value.tier).toBe(tier);
-      expect(r).toMatchObject({ mapped: n, exports: 1 });
+      expect(r).toMatchObject({ mapped: n, exports: 0 });
+    }
+    // The other targets (the engine's wake, then its export): one export, one mapping of it.
+    process.env.VSNAP_RESTORE_TARGETS = 'wake';
+    try {
+      await suspendEngine(store, 'ref', client);
+      expect(await counted(client, () => restoreEngine(capture.value, client, { tiers: { ram: cache } }))).toMatchObject({ mapped: n, exports: 1 });
+    } finally {
+      delete process.env.VSNAP_RESTORE_TARGETS;
     }
 
     // Weights changed in place: the dirty check, the new capture's digests and its copy share one mapping (was 3n).
@@ -152,15 +161,22 @@ describe('a restore that fails after the regions were mapped leaves no mapping a
     });
   }
 
-  it('the engine dies after the export: the restore fails, nothing of it stays mapped or open', async () => {
-    const { engine, client, store } = await setup();
-    const { snapshot } = await suspendEngine(store, 'ref', client, { captureIfNeeded: true });
-    const fds = openFds();
-    const mappings = memfdMappings();
-    client.inject({ route: 'export', pass: true, when: 'after', action: () => process.kill(engine.enginePid, 'SIGKILL') });
-    const err = (await restoreEngine(snapshot, client, { onWarning: () => undefined }).catch((x: unknown) => x)) as VsnapError;
-    expect(err).toBeInstanceOf(VsnapError);
-    expect(memfdMappings()).toBe(mappings);
-    expect(openFds()).toEqual(fds);
-  });
+  for (const [targets, route] of [['wake', 'export'], ['fill', 'adopt']] as const) {
+    it(`the engine dies after the ${route} (targets: ${targets}): the restore fails, nothing of it stays mapped or open`, async () => {
+      const { engine, client, store } = await setup();
+      const { snapshot } = await suspendEngine(store, 'ref', client, { captureIfNeeded: true });
+      const fds = openFds();
+      const mappings = memfdMappings();
+      process.env.VSNAP_RESTORE_TARGETS = targets;
+      try {
+        client.inject({ route, pass: true, when: 'after', action: () => process.kill(engine.enginePid, 'SIGKILL') });
+        const err = (await restoreEngine(snapshot, client, { onWarning: () => undefined }).catch((x: unknown) => x)) as VsnapError;
+        expect(err).toBeInstanceOf(VsnapError);
+      } finally {
+        delete process.env.VSNAP_RESTORE_TARGETS;
+      }
+      expect(memfdMappings()).toBe(mappings);
+      expect(openFds()).toEqual(fds);
+    });
+  }
 });

@@ -169,7 +169,7 @@ describe('swaps fail without collateral damage', () => {
 
   it('a wake that fails at the engine: waiters get a short error, the snapshot is not marked, the next request works', async () => {
     const { controller, state, asleep, ask, failed } = await pair();
-    asleep.client.inject({ route: 'wake', when: 'before' });
+    asleep.client.inject({ route: 'adopt', when: 'before' }); // the wake of the weights, handed the memory being filled
     const err = (await controller.acquire(asleep.name).catch((e: unknown) => e)) as VsnapError;
     expect(err.code).toBe('E_ENGINE_HTTP');
     expect(err.message).not.toMatch(/http:|\//);
@@ -184,7 +184,8 @@ describe('swaps fail without collateral damage', () => {
     expect(await ask(asleep.name)).toEqual(asleep.answer); // one full swap, so pools are in the baseline
     expect(await ask(awake.name)).toEqual(awake.answer);
     const fds = openFds();
-    asleep.client.inject({ route: 'export', when: 'before', action: () => asleep.e.stop() });
+    // it dies as its weights' wake starts: the memory made for it is being filled (and must not leak)
+    asleep.client.inject({ route: 'adopt', when: 'before', action: () => asleep.e.stop() });
     const err = (await controller.acquire(asleep.name).catch((e: unknown) => e)) as VsnapError;
     expect(err).toBeInstanceOf(VsnapError);
     expect(state(asleep.name).state).toBe('failed');
