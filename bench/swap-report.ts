@@ -24,7 +24,7 @@ export interface PhaseRow {
 
 /** The flows' own phase names (src/snapshot/engine-flows.ts, phaseTimer laps), in the order they run. */
 const SUSPEND_ORDER = ['status', 'check', 'digest', 'capture', 'hold', 'sleep'];
-const RESTORE_ORDER = ['sleep', 'wakeWeights', 'export', 'validate', 'map', 'hydrate', 'verifyDigests', 'adoptWeights', 'awaitRoom', 'wakeKvCache', 'wakeKvCacheWait', 'resetPrefixCache', 'expectedResponse'];
+const RESTORE_ORDER = ['sleep', 'describe', 'wakeWeights', 'export', 'validate', 'allocate', 'map', 'hydrate', 'verifyDigests', 'wakeWeightsWait', 'adoptWeights', 'awaitRoom', 'wakeKvCache', 'wakeKvCacheWait', 'resetPrefixCache', 'expectedResponse'];
 
 function ordered(names: Iterable<string>, order: readonly string[]): string[] {
   const all = [...new Set(names)];
@@ -176,6 +176,8 @@ export function bytesAloneOf(bytes: number, regions: number, engineCeiling: Ceil
 export interface ModeRow {
   overlap: string;
   row: PhaseRow;
+  /** The column's label, where not `RAM tier, <mode>`. */
+  label?: string;
 }
 
 export interface TargetsInput {
@@ -289,7 +291,7 @@ export function targetsTable(t: TargetsInput): string {
 export function bytesAloneTable(rows: readonly ModeRow[], b: BytesAlone | null): string {
   if (!b || rows.length === 0) return '';
   const phases = ordered(rows.flatMap((r) => Object.keys(r.row.restorePhases)), RESTORE_ORDER).filter((n) => n !== 'expectedResponse');
-  const head = ['RAM-tier restore against the bytes alone, ms (x of the bytes alone)', ...rows.map((r) => `RAM tier, ${modeLabel(r.overlap)}`)];
+  const head = ['RAM-tier restore against the bytes alone, ms (x of the bytes alone)', ...rows.map((r) => r.label ?? `RAM tier, ${modeLabel(r.overlap)}`)];
   const lines = [`| ${head.join(' | ')} |`, `|---|${rows.map(() => '---:').join('|')}|`];
   const c = (v: number | null | undefined): string => (v === null || v === undefined ? '' : `${msCell(v)} (${f(v / b.seconds)}x)`);
   lines.push(`| the bytes alone: raw pinned H2D of ${f(b.bytes / GiB, 2)} GiB at ${f(b.GBps, 2)} GB/s (${b.source === 'engine regions' ? `the engine's ${b.regions} regions` : `sweep layout of ${b.regions} regions`}) | ${rows.map(() => c(b.seconds)).join(' | ')} |`);
@@ -299,7 +301,7 @@ export function bytesAloneTable(rows: readonly ModeRow[], b: BytesAlone | null):
   lines.push(`| of which outside the copy (restore without the check - r.hydrate; target 1 leaves it ${f(TARGETS.restoreVsBytes - 1, 2)}x) | ${rows.map((r, i) => (total[i] === null || r.row.restorePhases.hydrate === undefined ? '' : c(total[i]! - r.row.restorePhases.hydrate))).join(' | ')} |`);
   lines.push(
     '',
-    'Each phase is the median over the row\'s measured restores, so the phases need not add up to the median total; with overlap, phases that ran at the same time as others (restoreEngine\'s `overlapped`, e.g. r.wakeKvCache during the hydrate) are counted in full but cost the restore only what stuck out. r.hydrate includes the digest of the first 85% of the bytes, which runs while the rest is copied; r.verifyDigests is the digest time the restore waited for after the copy.',
+    'Each phase is the median over the row\'s measured restores, so the phases need not add up to the median total; with overlap, phases that ran at the same time as others (restoreEngine\'s `overlapped`, e.g. r.wakeKvCache during the hydrate; r.wakeWeights where the memory is filled here while the engine\'s wake adopts it, the default targets, r.wakeWeightsWait being what of it outlasted the hydrate) are counted in full but cost the restore only what stuck out. r.hydrate includes the digest of the first 85% of the bytes, which runs while the rest is copied; r.verifyDigests is the digest time the restore waited for after the copy.',
   );
   return lines.join('\n');
 }
