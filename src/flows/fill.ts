@@ -1,10 +1,13 @@
 import { closeSync } from 'node:fs';
 
 import { toVsnapError, VsnapError } from '../errors.js';
+import type { EngineStatus } from '../engine/engine-client.js';
 import type { HandOverRank } from '../engine/hand-over.js';
 import type { RegionTables } from '../engine/region-table.js';
 import type { LiveRegionRef } from '../digest/compare.js';
 import { DeviceAllocation } from '../gpu/device-allocation.js';
+import { listDevices } from '../gpu/cuda.js';
+import type { Manifest } from '../manifest/manifest.js';
 import { regionId } from '../manifest/region-id.js';
 import { HostRegion } from '../regions/host-region.js';
 import { MappedRegions } from '../regions/mapped.js';
@@ -12,52 +15,83 @@ import type { RestoreRegion } from '../snapshot/snapshot-types.js';
 
 /*
  * A restore's new weights memory, made here rather than by the engine's wake: one exportable
- * allocation per region of the sleeping engine's table (GPU memory on the rank's GPU; a memfd for
- * the CPU engine), which the hydrate fills while the engine's wake maps the same memory at its
- * addresses (the plugin's adopt, as tier 0 hands held weights back). The wake, the export and the
- * copy then run at once instead of one after another. Once the engine has mapped it, the engine's
- * handle keeps the memory: close() lets go of this process's handles, mappings and descriptors,
- * and the engine's next sleep frees it.
+ * allocation per region of the snapshot (GPU memory on the rank's GPU; a memfd for the CPU engine),
+ * which the hydrate fills while the engine's wake maps the same memory at its addresses (the
+ * plugin's adopt, as tier 0 hands held weights back). The wake, the export and the copy then run at
+ * once instead of one after another. The memory is made from the snapshot's sizes while the engine's
+ * region table is read (a snapshot that does not match it is refused, and the memory let go, before
+ * any byte moves). Once the engine has mapped it, the engine's handle keeps the memory: close() lets
+ * go of this process's handles, mappings and descriptors, and the engine's next sleep frees it.
  */
+
+/** One region to make: the snapshot's rank, key, tag and size, on the rank's GPU (undefined: host memory). @internal */
+export interface FillRegion {
+  readonly rank: number;
+  readonly key: string;
+  readonly tag: string;
+  readonly size: number;
+  readonly device: number | undefined;
+}
 
 /** The memory made for one restore. @internal */
 export interface FillMemory {
-  /** The regions as Snapshot.restore takes them, rank by rank in table order. */
+  /** The regions as Snapshot.restore takes them, in the snapshot's order. */
   readonly regions: RestoreRegion[];
   /** The same regions as live regions (for a GPU digest, or a peer copy). */
   readonly live: LiveRegionRef[];
-  /** What the engine's wake adopts, one entry per rank. */
-  readonly ranks: HandOverRank[];
-  /** The regions (by region id) the engine's wake writes into itself: filled only after it (unsaid counts as written). */
-  readonly wakeWrites: ReadonlySet<string>;
   /** Bytes made. */
   readonly bytes: number;
+  /**
+   * What the engine's wake adopts, one entry per rank of `tables` (the engine's region table,
+   * checked against the snapshot: same keys and sizes), with each region's address there; and the
+   * regions (by region id) the engine's wake writes into itself, filled only after it (unsaid
+   * counts as written).
+   */
+  handOver(tables: RegionTables): { ranks: HandOverRank[]; wakeWrites: ReadonlySet<string> };
   /** Lets go of this process's hold on the memory: its mappings here, handles and descriptors (idempotent). */
   close(): Promise<void>;
+}
+
+/**
+ * The regions to make for `manifest`'s snapshot in the engine of `status` (its ranks' GPUs found
+ * among this process's by UUID).
+ * @internal
+ */
+export async function fillRegions(manifest: Manifest, status: EngineStatus): Promise<FillRegion[]> {
+  const gpus = status.ranks.some((r) => r.memory === 'cuda') ? await listDevices() : [];
+  const device = (rank: number): number | undefined => {
+    const r = status.ranks.find((x) => x.rank === rank);
+    if (!r || r.memory === 'host') return undefined;
+    const gpu = gpus.find((g) => g.uuid === r.device.uuid);
+    if (!gpu) {
+      throw new VsnapError('E_CUDA_UNAVAILABLE', `rank ${rank}'s GPU ${r.device.uuid} is not visible to this process: give it the same GPUs as the engine (CUDA_VISIBLE_DEVICES)`, { uuid: r.device.uuid });
+    }
+    return gpu.ordinal;
+  };
+  return [...manifest.regions()].map(({ rank, region }) => ({ rank, key: region.key, tag: region.tag, size: region.size, device: device(rank) }));
 }
 
 type Made = { kind: 'device'; allocation: DeviceAllocation; fd: number } | { kind: 'host'; region: HostRegion };
 
 /**
- * Makes exportable memory for every region of `tables`, each exactly its region's size (an engine's
+ * Makes exportable memory for every region of `wanted`, each exactly its region's size (an engine's
  * regions are multiples of the VMM granularity: one that is not is refused, since the engine could
  * not map a larger allocation in its place). On any failure (no room on the GPU), what was made is
  * let go before the error is thrown.
  * @internal
  */
-export async function makeFillMemory(tables: RegionTables): Promise<FillMemory> {
-  const wanted = tables.ranks.flatMap((r) => r.regions.map((x) => ({ rank: r, region: x })));
+export async function makeFillMemory(wanted: readonly FillRegion[]): Promise<FillMemory> {
   const settled = await Promise.allSettled(
-    wanted.map(async ({ rank, region }): Promise<Made> => {
-      if (rank.memory === 'host') return { kind: 'host', region: HostRegion.create(region.size, 'vsnap-fill') };
-      const allocation = await DeviceAllocation.allocate(region.device!, region.size);
+    wanted.map(async (region): Promise<Made> => {
+      if (region.device === undefined) return { kind: 'host', region: HostRegion.create(region.size, 'vsnap-fill') };
+      const allocation = await DeviceAllocation.allocate(region.device, region.size);
       try {
         if (allocation.size !== region.size) {
           throw new VsnapError(
             'E_ENGINE_PROTOCOL',
-            `rank ${rank.rank}'s region ${JSON.stringify(region.key)} is ${region.size} bytes, not a multiple of the GPU's VMM granularity (${allocation.size} allocated): ` +
+            `rank ${region.rank}'s region ${JSON.stringify(region.key)} is ${region.size} bytes, not a multiple of the GPU's VMM granularity (${allocation.size} allocated): ` +
               'the engine cannot map new memory in its place. Restore with VSNAP_RESTORE_TARGETS=wake, and report the engine version.',
-            { rank: rank.rank, key: region.key, size: region.size, allocated: allocation.size },
+            { rank: region.rank, key: region.key, size: region.size, allocated: allocation.size },
           );
         }
         return { kind: 'device', allocation, fd: allocation.exportFd() };
@@ -95,24 +129,35 @@ export async function makeFillMemory(tables: RegionTables): Promise<FillMemory> 
   }
   // Host memory (memfds) mapped here once, for the copy and the digest that verifies it; GPU memory made here is mapped already.
   try {
-    mapped = await MappedRegions.open(made.map((m, i) => ({ memory: m.kind === 'host' ? m.region.memory : ({ kind: 'device', allocation: m.allocation } as const), size: wanted[i]!.region.size })));
+    mapped = await MappedRegions.open(made.map((m, i) => ({ memory: m.kind === 'host' ? m.region.memory : ({ kind: 'device', allocation: m.allocation } as const), size: wanted[i]!.size })));
   } catch (err) {
     release();
     throw toVsnapError(err);
   }
   const regions: RestoreRegion[] = [];
   const live: LiveRegionRef[] = [];
-  const ranks: HandOverRank[] = tables.ranks.map(() => ({ regions: [], fds: [] }));
-  const wakeWrites = new Set<string>();
-  wanted.forEach(({ rank, region }, i) => {
-    const m = made[i]!;
+  const byId = new Map<string, Made>();
+  wanted.forEach((region, i) => {
     const memory = mapped!.memory(i);
-    regions.push({ key: region.key, size: region.size, tag: region.tag, rank: rank.rank, memory });
-    if (region.wakeWrites !== false) wakeWrites.add(regionId(rank.rank, region.key));
-    live.push({ rank: rank.rank, key: region.key, size: region.size, memory });
-    const r = ranks[tables.ranks.indexOf(rank)] as { regions: HandOverRank['regions'][number][]; fds: number[] };
-    r.regions.push({ key: region.key, va: region.va, size: region.size });
-    r.fds.push(m.kind === 'host' ? m.region.fd : m.fd);
+    regions.push({ key: region.key, size: region.size, tag: region.tag, rank: region.rank, memory });
+    live.push({ rank: region.rank, key: region.key, size: region.size, memory });
+    byId.set(regionId(region.rank, region.key), made[i]!);
   });
-  return { regions, live, ranks, wakeWrites, bytes: wanted.reduce((n, w) => n + w.region.size, 0), close };
+  const handOver = (tables: RegionTables): { ranks: HandOverRank[]; wakeWrites: ReadonlySet<string> } => {
+    const wakeWrites = new Set<string>();
+    const ranks = tables.ranks.map((rank): HandOverRank => {
+      const fds: number[] = [];
+      const list = rank.regions.map((region) => {
+        const id = regionId(rank.rank, region.key);
+        const m = byId.get(id);
+        if (!m) throw new VsnapError('E_INTERNAL', `no memory was made for rank ${rank.rank}'s region ${JSON.stringify(region.key)} (the table was checked against the snapshot)`);
+        if (region.wakeWrites !== false) wakeWrites.add(id);
+        fds.push(m.kind === 'host' ? m.region.fd : m.fd);
+        return { key: region.key, va: region.va, size: region.size };
+      });
+      return { regions: list, fds };
+    });
+    return { ranks, wakeWrites };
+  };
+  return { regions, live, bytes: wanted.reduce((n, w) => n + w.size, 0), handOver, close };
 }

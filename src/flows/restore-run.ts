@@ -3,6 +3,7 @@ import type { CallOptions, EngineClient, EngineStatus } from '../engine/engine-c
 import { engineControl, type EngineControl } from '../engine/control.js';
 import { describeRegions } from '../engine/describe.js';
 import { exportRegions, type ExportedRegions } from '../engine/export.js';
+import type { RegionTables } from '../engine/region-table.js';
 import { handOver } from '../engine/hand-over.js';
 import { liveRefs, mapExported } from '../engine/exported.js';
 import { compareResponses, recheck } from '../engine/response-check.js';
@@ -15,7 +16,7 @@ import { restoreTiers } from '../tiers/index.js';
 import type { HydrateTargets, RestoreRun, Tier, TierRestore } from '../tiers/tier.js';
 import { holdsWeights, liveFacts, liveRanks, phaseTimer, preflight, warn } from './checks.js';
 import { resumeIfDeep } from './deep.js';
-import { makeFillMemory, type FillMemory } from './fill.js';
+import { fillRegions, makeFillMemory, type FillMemory } from './fill.js';
 import { checkRoom, describeRoom, resolveRemap, type GpuRemap } from './gpu-remap.js';
 import type { FlowHooks } from './hooks.js';
 import { awaitRoom, startKvWake, type EarlyWake } from './kv-overlap.js';
@@ -231,15 +232,27 @@ export class EngineRestoreRun implements RestoreRun {
    * the engine back to sleep. With overlapKvWake the KV cache wakes once the weights have.
    */
   private async fillTargets(): Promise<HydrateTargets> {
-    const tables = await describeRegions(this.control, this.status.ranks.length, this.call);
-    this.lap('describe');
-    this.snapshot!.manifest.assertCompatible({ ...liveFacts(this.status, tables, this.options.allowModelSwap ?? false), ranks: liveRanks(tables) });
-    this.lap('validate');
-    const fill = (this.fill = await makeFillMemory(tables));
-    this.lap('allocate');
+    const manifest = this.snapshot!.manifest;
+    // The memory is made from the snapshot's sizes while the engine's table is read; a table that
+    // does not match refuses the restore, and lets the memory go, before any byte moves.
+    const making = fillRegions(manifest, this.status).then(makeFillMemory);
+    making.catch(() => undefined); // awaited (or let go) below on every path
+    let tables: RegionTables;
+    try {
+      tables = await describeRegions(this.control, this.status.ranks.length, this.call);
+      this.lap('describe');
+      manifest.assertCompatible({ ...liveFacts(this.status, tables, this.options.allowModelSwap ?? false), ranks: liveRanks(tables) });
+      this.lap('validate');
+    } catch (err) {
+      await making.then((f) => f.close(), () => undefined);
+      throw err;
+    }
+    const fill = (this.fill = await making);
+    this.lap('allocate'); // what of making the memory the describe did not cover
+    const { ranks, wakeWrites } = fill.handOver(tables);
     const stop = new AbortController();
     const started = performance.now();
-    const done = handOver(fill.ranks, (adopt) => this.control.wake(['weights'], this.call, adopt), this.call).then(
+    const done = handOver(ranks, (adopt) => this.control.wake(['weights'], this.call, adopt), this.call).then(
       () => void (fillWake.seconds = (performance.now() - started) / 1000),
       (err: unknown) => {
         const e = toVsnapError(err);
@@ -250,7 +263,7 @@ export class EngineRestoreRun implements RestoreRun {
     const fillWake: FillWake = (this.fillWake = { done, settled: done.then(() => undefined, () => undefined) });
     if (this.options.overlapKvWake) this.early = startKvWake(this.control, this.tagsAfterWeights(), this.call, this.hooks.beforeKvWake, (e) => stop.abort(e), done);
     const signal = this.call.signal ? AbortSignal.any([this.call.signal, stop.signal]) : stop.signal;
-    return { direct: fill.live, mapped: fill.live, regions: fill.regions, signal, ranks: tables.ranks.length, late: { ids: fill.wakeWrites, after: done } };
+    return { direct: fill.live, mapped: fill.live, regions: fill.regions, signal, ranks: tables.ranks.length, late: { ids: wakeWrites, after: done } };
   }
 
   /** After a hydrate: its digest time apart, the descriptors closed, the mappings dropped while the engine finishes its wake. */

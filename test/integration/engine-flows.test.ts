@@ -7,6 +7,7 @@ import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/index.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { ask, useEngines } from '../helpers/engines.js';
+import { openFds } from '../helpers/faults.js';
 import { tempDir } from '../helpers/tmp.js';
 
 const { engine } = useEngines();
@@ -118,7 +119,9 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     const store = await RegionStore.open(tempDir());
     const snapB = await captureEngine(store, 'b', b.client);
     await suspendEngine(store, 'a', a.client, { captureIfNeeded: true });
+    const fds = openFds();
     const err = await restoreEngine(snapB, a.client).catch((e: unknown) => e);
+    expect(openFds()).toEqual(fds); // the memory made for it (from the snapshot's sizes, while the table was read) is let go
     expect(err).toMatchObject({ code: 'E_MANIFEST_MISMATCH' });
     const paths = (err as { details: { mismatches: Array<{ path: string }> } }).details.mismatches.map((m) => m.path);
     expect(paths).toEqual(expect.arrayContaining(['model.id', 'model.revision']));
