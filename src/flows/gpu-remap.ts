@@ -1,5 +1,6 @@
 import { VsnapError } from '../errors.js';
 import type { EngineStatus } from '../engine/engine-client.js';
+import type { ExportedRegions } from '../engine/export.js';
 import type { GpuDevice } from '../gpu/cuda.js';
 import type { NativeGpuPair } from '../native/index.js';
 
@@ -216,4 +217,21 @@ export function checkRoom(remap: GpuRemap, devices: readonly GpuDevice[], weight
 /** One line of what checkRoom measured, for an error message. @internal */
 export function describeRoom(rooms: readonly GpuRoom[]): string {
   return rooms.map((r) => `GPU ${r.ordinal}: ${r.free === null ? 'free memory unknown' : `${mib(r.free)} free`}, ${mib(r.needed)} estimated`).join('; ');
+}
+
+/**
+ * After a restore onto other GPUs: every rank's export must report the GPU it was sent to (the
+ * plugin reads the UUID afresh at each export). The weights' memory is new there, at the same
+ * addresses; a rank still on its old GPU (or elsewhere) means the move did not happen as asked.
+ * @internal
+ */
+export function checkMoved(exported: ExportedRegions, remap: GpuRemap): void {
+  const wrong = exported.ranks.filter((r) => r.deviceUuid !== remap.rankTargets[r.rank]);
+  if (wrong.length === 0) return;
+  throw new VsnapError(
+    'E_ENGINE_STATE',
+    `after the restore onto other GPUs, ${wrong.map((r) => `rank ${r.rank} reports GPU ${r.deviceUuid}, not ${remap.rankTargets[r.rank]}`).join('; ')}. ` +
+      'Is the vsnap plugin current (it re-reads its GPU at each export)? Check the engine with nvidia-smi before sending it requests.',
+    { ranks: wrong.map((r) => r.rank), reported: wrong.map((r) => r.deviceUuid), expected: wrong.map((r) => remap.rankTargets[r.rank]) },
+  );
 }

@@ -1,10 +1,7 @@
 import { toVsnapError, VsnapError } from '../errors.js';
 import type { CallOptions, EngineClient, EngineStatus } from '../engine/engine-client.js';
 import { engineControl, type EngineControl } from '../engine/control.js';
-import { describeRegions } from '../engine/describe.js';
 import { exportRegions, type ExportedRegions } from '../engine/export.js';
-import type { RegionTables } from '../engine/region-table.js';
-import { handOver } from '../engine/hand-over.js';
 import { liveRefs, mapExported } from '../engine/exported.js';
 import { compareResponses, recheck } from '../engine/response-check.js';
 import { listDevices } from '../gpu/cuda.js';
@@ -16,8 +13,10 @@ import { restoreTiers } from '../tiers/index.js';
 import type { HydrateTargets, RestoreRun, Tier, TierRestore } from '../tiers/tier.js';
 import { holdsWeights, liveFacts, liveRanks, phaseTimer, preflight, warn } from './checks.js';
 import { resumeIfDeep } from './deep.js';
-import { fillRegions, makeFillMemory, type FillMemory } from './fill.js';
-import { checkRoom, describeRoom, resolveRemap, type GpuRemap } from './gpu-remap.js';
+import type { FillMemory } from './fill.js';
+import { restoreTargets, startFill, type FillWake } from './fill-targets.js';
+import { sleepAgain } from './sleep-again.js';
+import { checkMoved, checkRoom, describeRoom, resolveRemap, type GpuRemap } from './gpu-remap.js';
 import type { FlowHooks } from './hooks.js';
 import { awaitRoom, startKvWake, type EarlyWake } from './kv-overlap.js';
 import { recoveryReason, type MaterializePolicy, type RecoveryReason } from './recovery.js';
@@ -42,28 +41,6 @@ interface OpenError {
  */
 export function restoreMapping(): MappedRegionsOptions {
   return { mapping: defaultMapping('pipelined') };
-}
-
-/**
- * Where a hydrate's target memory comes from: `fill` (the default), memory made here and filled
- * while the engine's wake maps it (flows/fill.ts), or `wake`, the engine's wake first and then its
- * export, mapped here. VSNAP_RESTORE_TARGETS=wake chooses the second (for comparison, or a plugin
- * whose wake cannot adopt).
- * @internal
- */
-export function restoreTargets(): 'fill' | 'wake' {
-  const v = process.env.VSNAP_RESTORE_TARGETS;
-  if (v === undefined || v === '' || v === 'fill') return 'fill';
-  if (v === 'wake') return 'wake';
-  throw new VsnapError('E_CONFIG', `VSNAP_RESTORE_TARGETS=${JSON.stringify(v)}: expected 'fill' (the default) or 'wake'`, { value: v });
-}
-
-/** The engine's wake of its weights, mapping memory made here (fill), running beside the hydrate. */
-interface FillWake {
-  readonly done: Promise<void>;
-  readonly settled: Promise<void>;
-  /** Its seconds, once done (recorded as the `wakeWeights` phase after the hydrate, so the phases keep one order). */
-  seconds?: number;
 }
 
 /**
@@ -224,46 +201,21 @@ export class EngineRestoreRun implements RestoreRun {
     return restoreTargets() === 'fill' && !this.remap && this.status.sleeping && this.status.ranks.every((r) => r.describe === true && !r.weightsMapped);
   }
 
-  /**
-   * The weights' targets made here: the engine's region table read while it sleeps and checked
-   * against the snapshot, new memory made for it, and the engine's wake of its weights started
-   * with that memory to adopt (it maps it at its addresses while the hydrate fills it). A failed
-   * wake stops the hydrate, and the other way round the restore waits for the wake before it puts
-   * the engine back to sleep. With overlapKvWake the KV cache wakes once the weights have.
-   */
+  /** The weights' targets made here (fill-targets.ts), the engine's wake of them beside the hydrate. */
   private async fillTargets(): Promise<HydrateTargets> {
-    const manifest = this.snapshot!.manifest;
-    // The memory is made from the snapshot's sizes while the engine's table is read; a table that
-    // does not match refuses the restore, and lets the memory go, before any byte moves.
-    const making = fillRegions(manifest, this.status).then(makeFillMemory);
-    making.catch(() => undefined); // awaited (or let go) below on every path
-    let tables: RegionTables;
-    try {
-      tables = await describeRegions(this.control, this.status.ranks.length, this.call);
-      this.lap('describe');
-      manifest.assertCompatible({ ...liveFacts(this.status, tables, this.options.allowModelSwap ?? false), ranks: liveRanks(tables) });
-      this.lap('validate');
-    } catch (err) {
-      await making.then((f) => f.close(), () => undefined);
-      throw err;
-    }
-    const fill = (this.fill = await making);
-    this.lap('allocate'); // what of making the memory the describe did not cover
-    const { ranks, wakeWrites } = fill.handOver(tables);
-    const stop = new AbortController();
-    const started = performance.now();
-    const done = handOver(ranks, (adopt) => this.control.wake(['weights'], this.call, adopt), this.call).then(
-      () => void (fillWake.seconds = (performance.now() - started) / 1000),
-      (err: unknown) => {
-        const e = toVsnapError(err);
-        stop.abort(e);
-        throw e;
-      },
-    );
-    const fillWake: FillWake = (this.fillWake = { done, settled: done.then(() => undefined, () => undefined) });
-    if (this.options.overlapKvWake) this.early = startKvWake(this.control, this.tagsAfterWeights(), this.call, this.hooks.beforeKvWake, (e) => stop.abort(e), done);
-    const signal = this.call.signal ? AbortSignal.any([this.call.signal, stop.signal]) : stop.signal;
-    return { direct: fill.live, mapped: fill.live, regions: fill.regions, signal, ranks: tables.ranks.length, late: { ids: wakeWrites, after: done } };
+    const started = await startFill({
+      control: this.control,
+      status: this.status,
+      manifest: this.snapshot!.manifest,
+      call: this.call,
+      allowModelSwap: this.options.allowModelSwap ?? false,
+      lap: this.lap,
+      ...(this.options.overlapKvWake ? { kvWake: { tags: this.tagsAfterWeights(), before: this.hooks.beforeKvWake } } : {}),
+      made: (fill) => void (this.fill = fill),
+    });
+    this.fillWake = started.wake;
+    this.early = started.early;
+    return started.targets;
   }
 
   /** After a hydrate: its digest time apart, the descriptors closed, the mappings dropped while the engine finishes its wake. */
@@ -423,51 +375,6 @@ export class EngineRestoreRun implements RestoreRun {
       ...(this.overlapped(outcome).length ? { overlapped: this.overlapped(outcome) } : {}),
     };
   }
-}
-
-/**
- * After a restore onto other GPUs: every rank's export must report the GPU it was sent to (the
- * plugin reads the UUID afresh at each export). The weights' memory is new there, at the same
- * addresses; a rank still on its old GPU (or elsewhere) means the move did not happen as asked.
- */
-function checkMoved(exported: ExportedRegions, remap: GpuRemap): void {
-  const wrong = exported.ranks.filter((r) => r.deviceUuid !== remap.rankTargets[r.rank]);
-  if (wrong.length === 0) return;
-  throw new VsnapError(
-    'E_ENGINE_STATE',
-    `after the restore onto other GPUs, ${wrong.map((r) => `rank ${r.rank} reports GPU ${r.deviceUuid}, not ${remap.rankTargets[r.rank]}`).join('; ')}. ` +
-      'Is the vsnap plugin current (it re-reads its GPU at each export)? Check the engine with nvidia-smi before sending it requests.',
-    { ranks: wrong.map((r) => r.rank), reported: wrong.map((r) => r.deviceUuid), expected: wrong.map((r) => remap.rankTargets[r.rank]) },
-  );
-}
-
-/**
- * Puts an engine that holds weights back to sleep at level 2. vLLM's executor ignores a sleep while
- * any of its tags is still asleep (vllm/v1/executor/abstract.py `sleep`: "Executor is already
- * sleeping"), so the weights of an engine whose KV cache did not wake are freed only if the KV
- * cache is woken first. That takes the KV cache's memory: `wakeRest` says whether the restore may
- * (false in a swap, whose room gate did not open: the other engine still holds the GPU). Returns
- * whether the weights were let go (false: the sleep was the executor's no-op).
- */
-async function sleepAgain(control: EngineControl, status: EngineStatus, call: CallOptions, wakeRest: boolean): Promise<boolean> {
-  const asleep = status.sleeping ? executorTagsAsleep(status) : [];
-  if (asleep.length && wakeRest) await control.wake(asleep, call);
-  await control.sleep(2, undefined, call);
-  return !asleep.length || wakeRest;
-}
-
-/**
- * The tags vLLM's executor still counts asleep, by what the allocator reports. The executor tracks
- * `weights` and `kv_cache` only, and skips a whole wake that names a tag it does not count asleep
- * (vllm/v1/executor/abstract.py `wake_up`): never name an awake one. Older plugins do not report
- * the allocator's tags: the KV cache then (the weights are awake: `holdsWeights`).
- */
-function executorTagsAsleep(status: EngineStatus): string[] {
-  if (status.ranks.every((r) => Array.isArray(r.asleepTags))) {
-    const asleep = new Set(status.ranks.flatMap((r) => r.asleepTags ?? []));
-    return ['weights', 'kv_cache'].filter((t) => asleep.has(t));
-  }
-  return ['kv_cache'];
 }
 
 /** The tag of the i-th exported region (rank by rank, in the order sent). */
