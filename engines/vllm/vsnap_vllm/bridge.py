@@ -254,20 +254,30 @@ class Bridge:
         self._check_supported()
         with self._lock:
             self._ensure()
-            allocations = adapter.allocations(TAG)
-            if not allocations:
-                raise BridgeError("this engine has no weights allocations: was it started with --enable-sleep-mode?")
+            allocations = self._weights_allocations()
             with profile.span("vsnap describe.describe", allocations=len(allocations)):
                 regions = describe(allocations, adapter.worker_model(worker))
+        return self._table(worker, rank, regions, ("key", "tag", "va", "size", "tensors", "wakeWrites"))
+
+    def _weights_allocations(self):
+        allocations = adapter.allocations(TAG)
+        if not allocations:
+            raise BridgeError("this engine has no weights allocations: was it started with --enable-sleep-mode?")
+        return allocations
+
+    def _table(self, worker, rank, regions, keys):
+        """This rank's region table as the SDK reads it (an export's header, a describe's answer)."""
         device = adapter.worker_device(worker)
-        self._uuids.pop(device, None)  # read afresh, as export does (a deep suspend may have moved it)
+        # Read afresh (the worker runs here): a deep-suspended process restored onto another GPU
+        # has that GPU's UUID now, and the status reports it from here on.
+        self._uuids.pop(device, None)
         return {
             "version": 1,
             "rank": rank,
             "pid": os.getpid(),
             "memory": self.driver.kind,
             "device": {"ordinal": device, "uuid": self._device_uuid(device)},
-            "regions": [{k: r[k] for k in ("key", "tag", "va", "size", "tensors", "wakeWrites")} for r in regions],
+            "regions": [{k: r[k] for k in keys} for r in regions],
         }
 
     def export(self, worker, socket_path, nonces):
@@ -278,9 +288,7 @@ class Bridge:
         self._check_supported()
         with self._lock:
             self._ensure()
-            allocations = adapter.allocations(TAG)
-            if not allocations:
-                raise BridgeError("this engine has no weights allocations: was it started with --enable-sleep-mode?")
+            allocations = self._weights_allocations()
             if not self.weights_mapped:
                 raise BridgeError("the weights are asleep: wake them first (POST /vsnap/v1/wake with tags ['weights'])")
             with profile.span("vsnap export.make_all_exportable", allocations=len(allocations)):
@@ -291,18 +299,7 @@ class Bridge:
                 r["memory"] = self.exporter.kinds.get(r["va"])
             with profile.span("vsnap export.export_fds"):
                 fds = self.exporter.export_fds(allocations)
-        device = adapter.worker_device(worker)
-        # Read afresh (the worker runs here): a deep-suspended process restored onto another GPU
-        # has that GPU's UUID now, and the status reports it from here on.
-        self._uuids.pop(device, None)
-        header = {
-            "version": 1,
-            "rank": rank,
-            "pid": os.getpid(),
-            "memory": self.driver.kind,
-            "device": {"ordinal": device, "uuid": self._device_uuid(device)},
-            "regions": [{k: r[k] for k in ("key", "tag", "va", "size", "memory", "tensors")} for r in regions],
-        }
+        header = self._table(worker, rank, regions, ("key", "tag", "va", "size", "memory", "tensors"))
         try:
             with profile.span("vsnap export.send_fds", fds=len(fds)):
                 send_fds(socket_path, nonces[rank], header, fds)
