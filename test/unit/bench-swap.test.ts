@@ -64,7 +64,8 @@ describe('bench swap: sweep on host memory', () => {
     expect(logs.some((l) => l.includes('64 regions'))).toBe(true);
     const table = sweepTable(out.rows, 'host', out.ceilingNote);
     expect(table).toContain('| 64 |');
-    expect(table).toMatch(/worst \d\.\d{3}x/);
+    // the worst ratio of this run, whatever it is (a loaded host can make it 10x or more)
+    expect(table).toContain(`worst ${Math.max(...out.rows.map((r) => r.vsFirst ?? 0)).toFixed(3)}x`);
   });
   it('has no ceiling without the binary', () => {
     expect(runCeiling(null, [MiB], 1)).toBeNull();
