@@ -33,9 +33,20 @@ export interface RegionTables<R extends TableRegion = TableRegion> {
 }
 
 /**
+ * The GPU of this process with `uuid`, where rank `rank` of the engine runs; refused clearly when
+ * this process does not see it.
+ * @internal
+ */
+export function rankGpu(gpus: readonly GpuDevice[], rank: number, uuid: string): GpuDevice {
+  const gpu = gpus.find((g) => g.uuid === uuid);
+  if (!gpu) throw new VsnapError('E_CUDA_UNAVAILABLE', `rank ${rank}'s GPU ${uuid} is not visible to this process: give it the same GPUs as the engine (CUDA_VISIBLE_DEVICES)`, { uuid });
+  return gpu;
+}
+
+/**
  * The region tables the workers sent (an export's headers, or a describe's answer), checked:
  * each of the right shape, on a GPU this process sees, ranks 0..n-1 once each, sorted.
- * `what` names the source in errors; `pidOf` gives the sender's pid where the socket vouched for it.
+ * `pidOf` gives the sender's pid where the socket vouched for it.
  * @internal
  */
 export async function readTables(headers: readonly unknown[], rankCount: number, pidOf: (i: number) => number | undefined = () => undefined): Promise<Array<TableRank>> {
@@ -51,13 +62,8 @@ export async function readTables(headers: readonly unknown[], rankCount: number,
   });
   const gpus = parsed.some((h) => h.memory === 'cuda') ? await listDevices() : [];
   const ranks = parsed.map((h): TableRank => {
-    const gpu = h.memory === 'cuda' ? gpus.find((g) => g.uuid === h.device.uuid) : undefined;
+    const gpu = h.memory === 'cuda' ? rankGpu(gpus, h.rank, h.device.uuid) : undefined;
     const device = gpu?.ordinal;
-    if (h.memory === 'cuda' && device === undefined) {
-      throw new VsnapError('E_CUDA_UNAVAILABLE', `rank ${h.rank}'s GPU ${h.device.uuid} is not visible to this process: give it the same GPUs as the engine (CUDA_VISIBLE_DEVICES)`, {
-        uuid: h.device.uuid,
-      });
-    }
     const regions = h.regions.map(
       (r): TableRegion => ({ rank: h.rank, key: r.key, tag: r.tag, va: r.va, size: r.size, tensors: r.tensors, device, ...(r.wakeWrites !== undefined ? { wakeWrites: r.wakeWrites } : {}) }),
     );

@@ -3,7 +3,7 @@ import { closeSync } from 'node:fs';
 import { toVsnapError, VsnapError } from '../errors.js';
 import type { EngineStatus } from '../engine/engine-client.js';
 import type { HandOverRank } from '../engine/hand-over.js';
-import type { RegionTables } from '../engine/region-table.js';
+import { rankGpu, type RegionTables } from '../engine/region-table.js';
 import type { LiveRegionRef } from '../digest/compare.js';
 import { DeviceAllocation } from '../gpu/device-allocation.js';
 import { listDevices } from '../gpu/cuda.js';
@@ -61,12 +61,7 @@ export async function fillRegions(manifest: Manifest, status: EngineStatus): Pro
   const gpus = status.ranks.some((r) => r.memory === 'cuda') ? await listDevices() : [];
   const device = (rank: number): number | undefined => {
     const r = status.ranks.find((x) => x.rank === rank);
-    if (!r || r.memory === 'host') return undefined;
-    const gpu = gpus.find((g) => g.uuid === r.device.uuid);
-    if (!gpu) {
-      throw new VsnapError('E_CUDA_UNAVAILABLE', `rank ${rank}'s GPU ${r.device.uuid} is not visible to this process: give it the same GPUs as the engine (CUDA_VISIBLE_DEVICES)`, { uuid: r.device.uuid });
-    }
-    return gpu.ordinal;
+    return !r || r.memory === 'host' ? undefined : rankGpu(gpus, rank, r.device.uuid).ordinal;
   };
   return [...manifest.regions()].map(({ rank, region }) => ({ rank, key: region.key, tag: region.tag, size: region.size, device: device(rank) }));
 }
