@@ -24,7 +24,7 @@ export interface PhaseRow {
 
 /** The flows' own phase names (src/snapshot/engine-flows.ts, phaseTimer laps), in the order they run. */
 const SUSPEND_ORDER = ['status', 'check', 'digest', 'capture', 'hold', 'sleep'];
-const RESTORE_ORDER = ['sleep', 'describe', 'wakeWeights', 'export', 'validate', 'allocate', 'map', 'hydrate', 'verifyDigests', 'wakeWeightsWait', 'adoptWeights', 'awaitRoom', 'wakeKvCache', 'wakeKvCacheWait', 'resetPrefixCache', 'expectedResponse'];
+const RESTORE_ORDER = ['sleep', 'allocate', 'describe', 'allocateRest', 'wakeWeights', 'export', 'validate', 'map', 'hydrate', 'verifyDigests', 'wakeWeightsWait', 'adoptWeights', 'awaitRoom', 'wakeKvCache', 'wakeKvCacheWait', 'resetPrefixCache', 'expectedResponse'];
 
 function ordered(names: Iterable<string>, order: readonly string[]): string[] {
   const all = [...new Set(names)];
@@ -52,7 +52,7 @@ export function phaseTable(rows: readonly PhaseRow[]): string {
     '',
     's.* = suspendEngine phases, r.* = restoreEngine phases (each the median over the row\'s measured swaps, so the phases need not add up to the median total exactly). ' +
       (res.includes('verifyDigests')
-        ? 'r.verifyDigests (waited): only the digest time the restore waited for. From the RAM tier the GPU digest of the regions holding the first 85% of the bytes runs while the rest is copied (Snapshot.restore, src/snapshot/copy-overlap.ts): that part is inside r.hydrate, and r.verifyDigests holds the tail\'s digest and whatever of the head\'s outlasted the copy.'
+        ? 'r.verifyDigests (waited): only the digest time the restore waited for. From the RAM tier the GPU digest of the regions holding the first 90% of the bytes runs while the rest is copied (Snapshot.restore, src/snapshot/copy-overlap.ts): that part is inside r.hydrate, and r.verifyDigests holds the tail\'s digest and whatever of the head\'s outlasted the copy.'
         : ''),
   );
   return lines.join('\n');
@@ -301,7 +301,7 @@ export function bytesAloneTable(rows: readonly ModeRow[], b: BytesAlone | null):
   lines.push(`| of which outside the copy (restore without the check - r.hydrate; target 1 leaves it ${f(TARGETS.restoreVsBytes - 1, 2)}x) | ${rows.map((r, i) => (total[i] === null || r.row.restorePhases.hydrate === undefined ? '' : c(total[i]! - r.row.restorePhases.hydrate))).join(' | ')} |`);
   lines.push(
     '',
-    'Each phase is the median over the row\'s measured restores, so the phases need not add up to the median total; with overlap, phases that ran at the same time as others (restoreEngine\'s `overlapped`, e.g. r.wakeKvCache during the hydrate; r.wakeWeights where the memory is filled here while the engine\'s wake adopts it, the default targets, r.wakeWeightsWait being what of it outlasted the hydrate) are counted in full but cost the restore only what stuck out. r.hydrate includes the digest of the first 85% of the bytes, which runs while the rest is copied; r.verifyDigests is the digest time the restore waited for after the copy.',
+    'Each phase is the median over the row\'s measured restores, so the phases need not add up to the median total; with overlap, phases that ran at the same time as others (restoreEngine\'s `overlapped`, e.g. r.wakeKvCache during the hydrate; with the default targets, memory made here and filled while the engine\'s wake adopts it: r.describe, r.validate, r.allocateRest (the memory of all but the largest regions, whose copy starts after r.allocate) and r.wakeWeights, r.wakeWeightsWait being what of them outlasted the hydrate) are counted in full but cost the restore only what stuck out. r.hydrate includes the digest of the first 90% of the bytes, which runs while the rest is copied; r.verifyDigests is the digest time the restore waited for after the copy.',
   );
   return lines.join('\n');
 }

@@ -5,9 +5,11 @@ import { describeRegions } from '../engine/describe.js';
 import { handOver } from '../engine/hand-over.js';
 import type { RegionTables } from '../engine/region-table.js';
 import type { Manifest } from '../manifest/manifest.js';
-import type { HydrateTargets } from '../tiers/tier.js';
+import type { FilledTargets } from '../tiers/tier.js';
 import { liveFacts, liveRanks } from './checks.js';
-import { fillRegions, makeFillMemory, type FillMemory } from './fill.js';
+import { fillHandOver, fillRegions, firstRegions, makeFillMemory, type FillMemory } from './fill.js';
+import { regionId } from '../manifest/region-id.js';
+import type { RestStage } from '../snapshot/snapshot-types.js';
 import { startKvWake, type EarlyWake } from './kv-overlap.js';
 
 /*
@@ -32,12 +34,14 @@ export function restoreTargets(): 'fill' | 'wake' {
 
 /** The engine's wake of its weights, mapping memory made here, running beside the hydrate. @internal */
 export interface FillWake {
+  /** Resolves once the engine has mapped the memory; rejects with why not (or why the wake never started: the table did not match). */
   readonly done: Promise<void>;
   /** Settles with `done`, never rejects. */
   readonly settled: Promise<void>;
-  /** Its seconds, once done (recorded as the `wakeWeights` phase after the hydrate, so the phases keep one order). */
-  seconds?: number;
 }
+
+/** The phases a filled restore runs beside its hydrate, in the order the report lists them. @internal */
+export const FILL_OVERLAPPED = ['describe', 'validate', 'allocateRest', 'wakeWeights'] as const;
 
 /** What startFill needs of the restore. @internal */
 export interface FillStart {
@@ -47,48 +51,66 @@ export interface FillStart {
   readonly call: CallOptions;
   readonly allowModelSwap: boolean;
   lap(phase: string): void;
+  /** Records a phase that ran beside the hydrate, with its own seconds. */
+  overlapped(phase: string, seconds: number): void;
   /** With overlapKvWake: the KV cache's wake, started once the weights' is done. */
   readonly kvWake?: { readonly tags: readonly string[]; readonly before: (() => Promise<void>) | undefined };
-  /** Told the memory as soon as it is made (the restore lets go of it on every path from then on). */
+  /** Told each part of the memory as soon as it is made (the restore lets go of it on every path from then on). */
   made(fill: FillMemory): void;
 }
 
+/** How many of the rest's allocations run at once: a few, so the copy's job finds a thread of the libuv pool free. */
+const REST_CONCURRENCY = 2;
+
 /**
- * Makes the targets: the memory made from the snapshot's sizes while the engine's table is read (a
- * table that does not match refuses the restore, and lets the memory go, before any byte moves),
- * then the engine's wake of its weights started with that memory to adopt. A failed wake stops the
- * hydrate (the targets' signal), and the regions the wake writes into are filled after it (`late`).
+ * Makes the targets in two parts (fill.ts): the memory of the largest regions, whose copy starts as
+ * soon as it is made, then, beside that copy, the engine's table read and checked against the
+ * snapshot while the rest of the memory is made, and the engine's wake of its weights started with
+ * all of it to adopt. A table that does not match refuses the restore before the engine is
+ * touched (the copy into memory made here stops, and the memory is let go). A failed wake stops
+ * the hydrate (the targets' signal), and the regions the wake writes into are filled after it
+ * (copied again if they were among the first).
  * @internal
  */
-export async function startFill(run: FillStart): Promise<{ targets: HydrateTargets; wake: FillWake; early: EarlyWake | undefined }> {
-  const making = fillRegions(run.manifest, run.status).then(makeFillMemory);
-  making.catch(() => undefined); // awaited (or let go) below on every path
-  let tables: RegionTables;
-  try {
-    tables = await describeRegions(run.control, run.status.ranks.length, run.call);
-    run.lap('describe');
-    run.manifest.assertCompatible({ ...liveFacts(run.status, tables, run.allowModelSwap), ranks: liveRanks(tables) });
-    run.lap('validate');
-  } catch (err) {
-    await making.then((f) => f.close(), () => undefined);
-    throw err;
-  }
-  const fill = await making;
-  run.made(fill);
-  run.lap('allocate'); // what of making the memory the describe did not cover
-  const { ranks, wakeWrites } = fill.handOver(tables);
+export async function startFill(run: FillStart): Promise<{ targets: FilledTargets; wake: FillWake; early: EarlyWake | undefined }> {
+  const wanted = await fillRegions(run.manifest, run.status);
+  const firstIds = firstRegions(wanted);
+  const first = await makeFillMemory(wanted.filter((w) => firstIds.has(regionId(w.rank, w.key))));
+  run.made(first);
+  run.lap('allocate'); // the first part's memory: what stands before the copy
   const stop = new AbortController();
-  const started = performance.now();
-  const done = handOver(ranks, (adopt) => run.control.wake(['weights'], run.call, adopt), run.call).then(
-    () => void (wake.seconds = (performance.now() - started) / 1000),
-    (err: unknown) => {
-      const e = toVsnapError(err);
-      stop.abort(e);
-      throw e;
-    },
-  );
+  const rest = (async (): Promise<RestStage> => {
+    const started = performance.now();
+    const making = makeFillMemory(wanted.filter((w) => !firstIds.has(regionId(w.rank, w.key))), REST_CONCURRENCY).then((m) => {
+      run.made(m);
+      run.overlapped('allocateRest', (performance.now() - started) / 1000);
+      return m;
+    });
+    making.catch(() => undefined); // awaited below on every path
+    let tables: RegionTables;
+    try {
+      tables = await describeRegions(run.control, run.status.ranks.length, run.call);
+      run.overlapped('describe', (performance.now() - started) / 1000);
+      const checking = performance.now();
+      run.manifest.assertCompatible({ ...liveFacts(run.status, tables, run.allowModelSwap), ranks: liveRanks(tables) });
+      run.overlapped('validate', (performance.now() - checking) / 1000);
+    } catch (err) {
+      await making.catch(() => undefined); // what was made is the restore's to let go (made)
+      throw err;
+    }
+    const more = await making;
+    const { ranks, wakeWrites } = fillHandOver(tables, [first, more]);
+    const waking = performance.now();
+    const adopted = handOver(ranks, (adopt) => run.control.wake(['weights'], run.call, adopt), run.call).then(() =>
+      run.overlapped('wakeWeights', (performance.now() - waking) / 1000),
+    );
+    return { regions: more.regions, late: { ids: wakeWrites, after: adopted } };
+  })();
+  // The wake adopts the memory once the rest is made and the table checked; either failing stops the hydrate.
+  const done = rest.then((r) => r.late.after);
+  done.catch((err: unknown) => stop.abort(toVsnapError(err)));
   const wake: FillWake = { done, settled: done.then(() => undefined, () => undefined) };
   const early = run.kvWake ? startKvWake(run.control, run.kvWake.tags, run.call, run.kvWake.before, (e) => stop.abort(e), done) : undefined;
   const signal = run.call.signal ? AbortSignal.any([run.call.signal, stop.signal]) : stop.signal;
-  return { targets: { direct: fill.live, mapped: fill.live, regions: fill.regions, signal, ranks: tables.ranks.length, late: { ids: wakeWrites, after: done } }, wake, early };
+  return { targets: { kind: 'filled', regions: first.regions, signal, ranks: run.status.ranks.length, stages: { first: firstIds, rest } }, wake, early };
 }

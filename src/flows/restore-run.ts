@@ -10,11 +10,11 @@ import { defaultMapping, type MappedRegions, type MappedRegionsOptions } from '.
 import { pullIfMissing } from '../registry/source.js';
 import { Snapshot } from '../snapshot/snapshot.js';
 import { restoreTiers } from '../tiers/index.js';
-import type { HydrateTargets, RestoreRun, Tier, TierRestore } from '../tiers/tier.js';
+import type { FilledTargets, HydrateTargets, MappedTargets, RestoreRun, Tier, TierRestore } from '../tiers/tier.js';
 import { holdsWeights, liveFacts, liveRanks, phaseTimer, preflight, warn } from './checks.js';
 import { resumeIfDeep } from './deep.js';
 import type { FillMemory } from './fill.js';
-import { restoreTargets, startFill, type FillWake } from './fill-targets.js';
+import { FILL_OVERLAPPED, restoreTargets, startFill, type FillWake } from './fill-targets.js';
 import { sleepAgain } from './sleep-again.js';
 import { checkMoved, checkRoom, describeRoom, resolveRemap, type GpuRemap } from './gpu-remap.js';
 import type { FlowHooks } from './hooks.js';
@@ -82,8 +82,11 @@ export class EngineRestoreRun implements RestoreRun {
   private mapped: MappedRegions | undefined;
   private prepared: HydrateTargets | undefined;
   private early: EarlyWake | undefined;
-  private fill: FillMemory | undefined;
+  /** Memory made here for the weights, part by part as it was made. */
+  private readonly fill: FillMemory[] = [];
   private fillWake: FillWake | undefined;
+  /** The phases of a filled restore that ran beside the hydrate, with their own seconds (listed after it, in FILL_OVERLAPPED's order). */
+  private readonly besideHydrate: Record<string, number> = {};
 
   private constructor(
     readonly client: EngineClient,
@@ -168,8 +171,13 @@ export class EngineRestoreRun implements RestoreRun {
     this.lap('prepare'); // the engine's status, the snapshot opened, the driver asked whether a rank is checkpointed
   }
 
+  targets(use: { fill: true }): Promise<HydrateTargets>;
+  targets(use?: { fill?: false }): Promise<MappedTargets>;
   async targets(use: { fill?: boolean } = {}): Promise<HydrateTargets> {
-    if (this.prepared) return this.prepared;
+    if (this.prepared) {
+      if (this.prepared.kind === 'filled' && !use.fill) throw new VsnapError('E_INTERNAL', 'a tier asked for mapped targets after another was given memory made here');
+      return this.prepared;
+    }
     if (use.fill && this.mayFill()) return (this.prepared = await this.fillTargets());
     const snapshot = this.snapshot!;
     if (this.status.ranks.some((r) => !r.weightsMapped)) await this.control.wake(['weights'], this.call);
@@ -189,7 +197,7 @@ export class EngineRestoreRun implements RestoreRun {
     if (this.options.overlapKvWake) this.early = startKvWake(this.control, this.tagsAfterWeights(), this.call, this.hooks.beforeKvWake, (e) => stop.abort(e));
     const signal = this.early ? (this.call.signal ? AbortSignal.any([this.call.signal, stop.signal]) : stop.signal) : this.call.signal;
     const regions = live.map((x, i) => ({ key: x.key, size: x.size, tag: exportedTag(exported, i), rank: x.rank, memory: x.memory }));
-    return (this.prepared = { direct: liveRefs(exported), mapped: live, regions, signal, ranks: exported.ranks.length });
+    return (this.prepared = { kind: 'mapped', direct: liveRefs(exported), mapped: live, regions, signal, ranks: exported.ranks.length });
   }
 
   /**
@@ -202,7 +210,7 @@ export class EngineRestoreRun implements RestoreRun {
   }
 
   /** The weights' targets made here (fill-targets.ts), the engine's wake of them beside the hydrate. */
-  private async fillTargets(): Promise<HydrateTargets> {
+  private async fillTargets(): Promise<FilledTargets> {
     const started = await startFill({
       control: this.control,
       status: this.status,
@@ -210,15 +218,16 @@ export class EngineRestoreRun implements RestoreRun {
       call: this.call,
       allowModelSwap: this.options.allowModelSwap ?? false,
       lap: this.lap,
+      overlapped: (phase, seconds) => void (this.besideHydrate[phase] = seconds),
       ...(this.options.overlapKvWake ? { kvWake: { tags: this.tagsAfterWeights(), before: this.hooks.beforeKvWake } } : {}),
-      made: (fill) => void (this.fill = fill),
+      made: (fill) => void this.fill.push(fill),
     });
     this.fillWake = started.wake;
     this.early = started.early;
     return started.targets;
   }
 
-  /** After a hydrate: its digest time apart, the descriptors closed, the mappings dropped while the engine finishes its wake. */
+  /** After a hydrate: its digest time apart, and the phases that ran beside it, then the rest of the wake. */
   async afterHydrate(outcome: TierRestore): Promise<void> {
     this.lap('hydrate');
     if (outcome.digestSeconds !== undefined) {
@@ -226,17 +235,24 @@ export class EngineRestoreRun implements RestoreRun {
       this.phases.verifyDigests = outcome.digestSeconds;
     }
     if (this.fillWake) {
-      // The engine maps the filled memory: once it has, its handles keep it, and ours go.
+      // The engine maps the filled memory: once it has, its handles keep it (ours go during the check).
       await this.fillWake.done;
       this.lap('wakeWeightsWait');
-      this.phases.wakeWeights = this.fillWake.seconds!;
+      for (const phase of FILL_OVERLAPPED) if (this.besideHydrate[phase] !== undefined) this.phases[phase] = this.besideHydrate[phase];
     }
     this.exported?.close();
-    // Unmapping thousands of regions (and letting go of memory made here) runs off the JS thread while the engine wakes its KV cache.
-    const unmapping = Promise.all([this.mapped?.close(), this.fill?.close()]);
-    unmapping.catch(() => undefined);
     await this.finishWake();
-    await unmapping;
+  }
+
+  /**
+   * Lets go of this process's hold on the engine's weights: the mappings of the hydrate and the
+   * handles of memory made here (the engine's own keep the memory). Run while the engine answers the
+   * check: unmapping hundreds of regions takes milliseconds the wake need not wait for.
+   */
+  private async letGo(): Promise<void> {
+    const mapped = this.mapped;
+    const fill = this.fill.splice(0);
+    await Promise.all([mapped?.close(), ...fill.map((f) => f.close())]);
   }
 
   /**
@@ -273,9 +289,12 @@ export class EngineRestoreRun implements RestoreRun {
     }
     await this.control.resetPrefixCache(this.call);
     this.lap('resetPrefixCache');
-    if (!expected) return;
+    if (!expected) return this.letGo();
     await this.hooks.beforeCheck?.();
-    const actual = await recheck(this.client, expected, this.options.signal);
+    const checking = recheck(this.client, expected, this.options.signal);
+    checking.catch(() => undefined); // awaited below
+    await this.letGo();
+    const actual = await checking;
     this.lap('expectedResponse');
     const difference = compareResponses(expected, actual, this.options.verify?.logprobTolerance ?? 0);
     if (!difference) return;
@@ -345,7 +364,7 @@ export class EngineRestoreRun implements RestoreRun {
     await this.mapped?.close().catch(() => undefined);
     // Memory made here goes once the engine's wake of it is over (an engine that mapped it keeps it until it sleeps).
     await this.fillWake?.settled;
-    await this.fill?.close().catch(() => undefined);
+    await Promise.all(this.fill.splice(0).map((f) => f.close().catch(() => undefined)));
     await this.early?.settled;
     const e = toVsnapError(err);
     if (e.code !== 'E_ABORTED' || this.call.signal?.aborted) return e;
@@ -358,7 +377,7 @@ export class EngineRestoreRun implements RestoreRun {
   /** The phases that ran beside the hydrate. */
   private overlapped(outcome: TierRestore): string[] {
     if (outcome.finished) return [];
-    return [...(this.fillWake ? ['wakeWeights'] : []), ...(this.early ? Object.keys(this.early.phases) : [])];
+    return [...(this.fillWake ? FILL_OVERLAPPED.filter((p) => this.phases[p] !== undefined) : []), ...(this.early ? Object.keys(this.early.phases) : [])];
   }
 
   /** The report of a restore served by a tier. */

@@ -244,11 +244,12 @@ export interface EngineRestoreReport {
   /**
    * Seconds per phase, in order: sleep (model swap only), prepare (the engine's status, the
    * snapshot opened, each rank's checkpoint state read from the driver), then from the RAM tier or
-   * the store describe (the sleeping engine's region table read), validate (the snapshot's layout
-   * and facts checked against it), allocate (the weights' memory made here), hydrate, verifyDigests,
-   * wakeWeightsWait (what of the engine's wake of its weights, adopting that memory during the
-   * hydrate, was left after it) and wakeWeights (that wake, which ran beside the hydrate: listed in
-   * `overlapped`); where the memory is not made here (a move, two links, `VSNAP_RESTORE_TARGETS=wake`)
+   * the store allocate (the memory of the largest regions, made here), hydrate, verifyDigests,
+   * wakeWeightsWait (what of the work beside the hydrate was left after it), and the phases that
+   * ran beside the hydrate, listed in `overlapped`: describe (the sleeping engine's region table
+   * read), validate (the snapshot's layout and facts checked against it), allocateRest (the other
+   * regions' memory) and wakeWeights (the engine's wake of its weights, adopting that memory);
+   * where the memory is not made here (a move, two links, `VSNAP_RESTORE_TARGETS=wake`)
    * wakeWeights, export, validate, map (every region mapped once, for the hydrate and its
    * verification), hydrate; from tier 0 adoptWeights; then wakeKvCache, resetPrefixCache,
    * expectedResponse. A deep-suspended engine starts with
@@ -267,8 +268,8 @@ export interface EngineRestoreReport {
   readonly multipath?: MultipathStats;
   /**
    * The phases that ran concurrently with others (absent: none), so the phases add up to more
-   * than `seconds`. `wakeWeights` where the weights' memory was made here (the wake adopts it while
-   * the hydrate fills it). With `overlapKvWake`: `wakeKvCache` (and `awaitRoom`, the wait for the other
+   * than `seconds`. `describe`, `validate`, `allocateRest` and `wakeWeights` where the weights'
+   * memory was made here (the wake adopts it while the hydrate fills it). With `overlapKvWake`: `wakeKvCache` (and `awaitRoom`, the wait for the other
    * engine's sleep in a swap) ran during the hydrate; `wakeKvCacheWait` is the part of the wake
    * the restore still waited for after its hydrate.
    */

@@ -2,16 +2,20 @@ import type { NativeTransferResult } from '../native/index.js';
 import { runTransfer, type TransferOptions, type TransferRegion } from '../transfer/transfer.js';
 
 /*
- * A copy from the RAM tier with the GPU digest of its head overlapped with the copy of its tail.
- * The digest reads GPU memory at HBM speed (about 1.5 TB/s measured on an H200) while the copy is
- * bound by PCIe (55 GB/s), so the two barely meet: the regions that make up the first part of the
- * bytes are copied by one job, then digested while a second job copies the rest; only the tail's
- * digest is left after the last byte landed. The split costs one drain of the copy pipeline
- * between the two jobs (one chunk's DMA, about 1 ms at 64 MiB).
+ * A copy from the RAM tier in a few jobs, so other work runs beside it:
+ *  - the GPU digest of its head runs while its tail is copied. The digest reads GPU memory at HBM
+ *    speed (about 1.5 TB/s measured on an H200) while the copy is bound by PCIe (55 GB/s), so the
+ *    regions that make up the first 90% of the bytes are copied, then digested while a later job
+ *    copies the rest; only the tail's digest is left after the last byte landed;
+ *  - targets whose memory is still being made (a restore's fill): the regions with memory are
+ *    copied first, the others once it is made;
+ *  - regions written by someone else until a promise resolves (the engine's wake): copied after it.
+ * Each split costs one drain of the copy pipeline between two jobs (one chunk's DMA, about 1 ms at
+ * 64 MiB).
  */
 
 /** The share of the bytes copied before the digest starts. */
-const HEAD_SHARE = 0.85;
+const HEAD_SHARE = 0.9;
 
 /** Where to split: the first regions holding at least HEAD_SHARE of the bytes, leaving at least one region for the tail. */
 export function splitIndex(sizes: readonly number[]): number {
@@ -24,40 +28,79 @@ export function splitIndex(sizes: readonly number[]): number {
   return sizes.length - 1;
 }
 
+/** One region of a staged copy, named by its region id. @internal */
+export interface CopyItem {
+  readonly id: string;
+  readonly region: TransferRegion;
+}
+
 /**
- * Copies `regions` (op `copy`) in two jobs, calling `onHead` with the indices of the regions the
- * first job wrote as soon as it is done (the caller starts their digest). Progress runs over both
- * jobs as one. Per device, the seconds run from the start of the first job to the last byte of the
- * second. With fewer than two regions, one job and no `onHead`. With `gate`, the regions from
- * index `gate.first` on are in the second job, which starts only once `gate.after` resolved (they
- * are never in the head: its digest could run before someone else's last write).
+ * What to copy: `first` at once; then, once `rest` resolves, its items in order, those from index
+ * `gate.first` on only once `gate.after` resolved (an id may appear in both lists: copied twice,
+ * since something else wrote into it between the two). @internal
+ */
+export interface CopyPlan {
+  readonly first: readonly CopyItem[];
+  readonly rest?: Promise<{ readonly items: readonly CopyItem[]; readonly gate?: { readonly first: number; readonly after: Promise<void> } }>;
+}
+
+/**
+ * Copies a plan (op `copy`) in a few jobs, calling `onHead` with the ids of the regions whose bytes
+ * are final as soon as the head's job is done (the caller starts their digest): the regions that
+ * hold HEAD_SHARE of the bytes, never one copied again later, never one behind the gate. Progress
+ * runs over the jobs as one, out of `bytesTotal` (every region once; a region copied again counts
+ * once). Per device, the seconds run from the start of the first job to the last byte of the last.
+ * When `rest` rejects, the copy of `first` is waited for (the caller's signal stops it) and the
+ * rejection is thrown.
  * @internal
  */
-export async function copyWithEarlyDigest(
+export async function copyInStages(
   common: { label: string } & Pick<TransferOptions, 'onProgress' | 'signal' | 'threads'>,
-  regions: readonly TransferRegion[],
-  onHead: (indices: readonly number[]) => void,
-  gate?: { readonly first: number; readonly after: Promise<void> },
+  plan: CopyPlan,
+  bytesTotal: number,
+  onHead: ((ids: readonly string[]) => void) | undefined,
 ): Promise<NativeTransferResult> {
-  if (regions.length < 2 || gate?.first === 0) {
-    await gate?.after;
-    return runTransfer({ ...common, op: 'copy', regions: [...regions] });
-  }
-  const k = Math.min(splitIndex(regions.map((r) => r.size)), gate?.first ?? regions.length - 1);
-  const total = regions.reduce((n, r) => n + r.size, 0);
   const started = performance.now();
-  const progress = (offset: number) =>
-    common.onProgress ? { onProgress: (p: Parameters<NonNullable<TransferOptions['onProgress']>>[0]) => common.onProgress!({ ...p, bytesDone: offset + p.bytesDone, bytesTotal: total }) } : {};
-  const head = await runTransfer({ ...common, ...progress(0), op: 'copy', regions: regions.slice(0, k) });
-  onHead(Array.from({ length: k }, (_, i) => i));
-  await gate?.after;
-  const tailStart = (performance.now() - started) / 1000;
-  const tail = await runTransfer({ ...common, ...progress(head.bytes), op: 'copy', regions: regions.slice(k) });
-  const devices = new Map<number, { device: number; bytes: number; seconds: number }>();
-  for (const d of head.devices ?? []) devices.set(d.device, { ...d });
-  for (const d of tail.devices ?? []) {
-    const seen = devices.get(d.device);
-    devices.set(d.device, { device: d.device, bytes: (seen?.bytes ?? 0) + d.bytes, seconds: tailStart + d.seconds });
+  const results: Array<{ at: number; result: NativeTransferResult }> = [];
+  let done = 0;
+  const job = async (items: readonly CopyItem[]): Promise<void> => {
+    if (items.length === 0) return;
+    const at = (performance.now() - started) / 1000;
+    const offset = done;
+    const progress = common.onProgress
+      ? { onProgress: (p: Parameters<NonNullable<TransferOptions['onProgress']>>[0]) => common.onProgress!({ ...p, bytesDone: Math.min(offset + p.bytesDone, bytesTotal), bytesTotal }) }
+      : {};
+    const result = await runTransfer({ ...common, ...progress, op: 'copy', regions: items.map((x) => x.region) });
+    done += result.bytes;
+    results.push({ at, result });
+  };
+  const firstJob = job(plan.first);
+  let rest: Awaited<NonNullable<CopyPlan['rest']>>;
+  try {
+    rest = plan.rest ? await plan.rest : { items: [] };
+  } catch (err) {
+    await firstJob.catch(() => undefined);
+    throw err;
   }
-  return { bytes: head.bytes + tail.bytes, seconds: (performance.now() - started) / 1000, devices: [...devices.values()] };
+  await firstJob;
+  const all = [...plan.first, ...rest.items];
+  const gateAt = plan.first.length + (rest.gate?.first ?? rest.items.length);
+  // The head: up to HEAD_SHARE of the bytes (one region: all of it), not past the gate, at least what is copied already.
+  const split = all.length < 2 ? all.length : splitIndex(all.map((x) => x.region.size));
+  const k = Math.max(plan.first.length, Math.min(split, gateAt));
+  await job(all.slice(plan.first.length, k));
+  if (onHead && k > 0 && k < all.length) {
+    const later = new Set(all.slice(k).map((x) => x.id));
+    onHead(all.slice(0, k).map((x) => x.id).filter((id) => !later.has(id)));
+  }
+  await rest.gate?.after;
+  await job(all.slice(k));
+  const devices = new Map<number, { device: number; bytes: number; seconds: number }>();
+  for (const { at, result } of results) {
+    for (const d of result.devices ?? []) {
+      const seen = devices.get(d.device);
+      devices.set(d.device, { device: d.device, bytes: (seen?.bytes ?? 0) + d.bytes, seconds: Math.max(seen?.seconds ?? 0, at + d.seconds) });
+    }
+  }
+  return { bytes: bytesTotal, seconds: (performance.now() - started) / 1000, devices: [...devices.values()] };
 }

@@ -151,12 +151,31 @@ export interface RestoreOptions extends TransferOptions {
    */
   readonly multipath?: MultipathOptions;
   /**
-   * Regions (by region id) that something else writes into until `after` resolves (an engine's
-   * wake copying its buffers back into memory being filled for it, flows/fill.ts): they are
-   * copied, and digested, only after it. Not with `multipath`.
+   * Targets whose memory is being made (flows/fill.ts): `regions` holds only the regions of
+   * `stages.first`, copied at once; the others come with `stages.rest`. Not with `multipath`.
    * @internal
    */
-  readonly late?: { readonly ids: ReadonlySet<string>; readonly after: Promise<void> };
+  readonly stages?: RestoreStages;
+}
+
+/**
+ * A restore's targets in two parts: the regions (by region id) whose memory is in the restore's
+ * `regions` now, and the rest, once made. @internal
+ */
+export interface RestoreStages {
+  readonly first: ReadonlySet<string>;
+  /** Rejects when the rest cannot be made (or must not be: the restore then fails with its error). */
+  readonly rest: Promise<RestStage>;
+}
+
+/**
+ * The rest of a restore's targets, and the regions (by region id) that something else writes into
+ * until `late.after` resolves (an engine's wake copying its buffers back into memory being filled
+ * for it): they are copied, and digested, only after it (again, if they were among the first). @internal
+ */
+export interface RestStage {
+  readonly regions: readonly RestoreRegion[];
+  readonly late: { readonly ids: ReadonlySet<string>; readonly after: Promise<void> };
 }
 
 /**

@@ -14,9 +14,9 @@ import { passOn, runTransfer, type TransferOptions } from '../transfer/transfer.
 import { multipathStats, runMultipath, type MultipathOptions } from '../transfer/multipath.js';
 import { captureManifest, checkCaptureRegions, platformOf } from './capture-manifest.js';
 import { captureDigests, reusableRegions } from './capture-digests.js';
-import { copyWithEarlyDigest } from './copy-overlap.js';
+import { copyInStages, type CopyItem, type CopyPlan } from './copy-overlap.js';
 import { verifyRestoredByDevice } from '../digest/compare.js';
-import type { CaptureOptions, DeviceTiming, RestoreOptions, RestoreRegion, TransferSummary } from './snapshot-types.js';
+import type { CaptureOptions, DeviceTiming, RestoreOptions, RestoreRegion, RestStage, TransferSummary } from './snapshot-types.js';
 import { regionId } from '../manifest/region-id.js';
 
 /** How a region is named in transfer errors: its key, prefixed with its rank when there are several ranks. */
@@ -225,7 +225,11 @@ export class Snapshot {
    */
   async restore(options: RestoreOptions): Promise<TransferSummary> {
     const manifest = this.current; // the one the bytes are restored by, even if a persist completes meanwhile
-    const live = options.regions.map((r) => ({ rank: r.rank ?? 0, key: r.key, size: r.size, memory: r.memory }));
+    if (!Array.isArray(options?.regions)) invalidArgument('regions', 'an array of restore targets', options?.regions);
+    // Every target by region id; with stages, the rest join once made (before any of them is copied or digested).
+    const targets = new Map(options.regions.map((r) => [regionId(r.rank ?? 0, r.key), r]));
+    const live = (ids?: ReadonlySet<string>) =>
+      [...targets.entries()].filter(([id]) => !ids || ids.has(id)).map(([, r]) => ({ rank: r.rank ?? 0, key: r.key, size: r.size, memory: r.memory }));
     // A deferred capture's RAM copy was never hashed: its GPU digests are the one check it gets.
     const digesting = (options.verifyDigests ?? true) || !manifest.checksummed;
     // From the RAM tier, the digest of the first regions copied runs while the rest are copied.
@@ -233,13 +237,13 @@ export class Snapshot {
     const onHead = digesting
       ? (ids: readonly string[]) => {
           const set = new Set(ids);
-          head = { ids: set, done: verifyRestoredByDevice(manifest, live.filter((l) => set.has(regionId(l.rank, l.key)))) };
+          head = { ids: set, done: verifyRestoredByDevice(manifest, live(set)) };
           head.done.catch(() => undefined); // awaited below on every path
         }
       : undefined;
     let copied: Awaited<ReturnType<Snapshot['restoreBytes']>>;
     try {
-      copied = await this.restoreBytes(options, onHead);
+      copied = await this.restoreBytes(options, targets, onHead);
     } catch (err) {
       await head?.done.catch(() => undefined); // nothing reads the regions once the restore has failed
       throw err;
@@ -247,7 +251,7 @@ export class Snapshot {
     const waited = performance.now();
     const early = head ? await head.done : undefined;
     const headWait = (performance.now() - waited) / 1000;
-    const rest = head ? live.filter((l) => !head!.ids.has(regionId(l.rank, l.key))) : live;
+    const rest = live().filter((l) => !head?.ids.has(regionId(l.rank, l.key)));
     const tail = await verifyRestoredByDevice(manifest, rest, digesting);
     // The digest time the restore waited for: the tail's, and whatever of the head's outlasted the tail's copy.
     const digest = early || tail ? { seconds: headWait + (tail?.seconds ?? 0), devices: tail?.devices ?? early?.devices ?? [] } : undefined;
@@ -263,18 +267,47 @@ export class Snapshot {
     };
   }
 
-  private async restoreBytes(options: RestoreOptions, onHead?: (ids: readonly string[]) => void): Promise<Omit<TransferSummary, 'devices'> & { devices?: NativeTransferResult['devices'] }> {
-    if (!Array.isArray(options?.regions)) invalidArgument('regions', 'an array of restore targets', options?.regions);
+  /** Checks the targets' layout against the manifest (every region, by rank and key, sizes and tags, and the facts given). */
+  private checkTargets(regions: Iterable<RestoreRegion>, options: RestoreOptions): void {
     const byRank: LiveRegion[][] = [];
-    for (const r of options.regions) {
+    for (const r of regions) {
       const rank = r.rank ?? 0;
       if (!Number.isInteger(rank) || rank < 0) invalidArgument('rank', 'an integer >= 0', r.rank);
       while (byRank.length <= rank) byRank.push([]);
       byRank[rank]!.push({ key: r.key, size: r.size, ...(r.tag !== undefined ? { tag: r.tag } : {}) });
     }
     this.manifest.assertCompatible({ ...(options.live ?? {}), ranks: byRank.map((regions) => ({ regions })) });
+  }
+
+  /**
+   * With stages: the rest of the targets, joined to `targets` and checked with them once made. The
+   * first part alone is checked region by region before anything is copied into it.
+   */
+  private joinStages(options: RestoreOptions, targets: Map<string, RestoreRegion>): Promise<RestStage> | undefined {
+    const stages = options.stages;
+    if (!stages) return undefined;
+    if (options.multipath) invalidArgument('stages', 'no stages with multipath', stages);
+    const sizes = new Map([...this.manifest.regions()].map(({ rank, region }) => [regionId(rank, region.key), region.size]));
+    for (const [id, r] of targets) {
+      if (!stages.first.has(id) || sizes.get(id) !== r.size) invalidArgument('regions', `regions of the snapshot, each of its size, all in stages.first (${id} is not)`, r.key);
+    }
+    const joined = stages.rest.then((rest) => {
+      for (const r of rest.regions) targets.set(regionId(r.rank ?? 0, r.key), r);
+      this.checkTargets(targets.values(), options);
+      return rest;
+    });
+    joined.catch(() => undefined); // awaited by the copy on every path
+    return joined;
+  }
+
+  private async restoreBytes(
+    options: RestoreOptions,
+    targets: Map<string, RestoreRegion>,
+    onHead?: (ids: readonly string[]) => void,
+  ): Promise<Omit<TransferSummary, 'devices'> & { devices?: NativeTransferResult['devices'] }> {
+    const staged = this.joinStages(options, targets);
+    if (!staged) this.checkTargets(options.regions, options);
     if (!this.isDurable && !options.cache?.has(this.id)) throw notDurable(this, 'a restore');
-    const targets = new Map(options.regions.map((r) => [regionId(r.rank ?? 0, r.key), r]));
     const verify = options.verify ?? 'chunk';
     const multiRank = this.manifest.data.ranks.length > 1;
     if (verify !== 'chunk' && verify !== 'all-first') invalidArgument('verify', "'chunk' or 'all-first'", verify);
@@ -285,32 +318,41 @@ export class Snapshot {
     if (options.cache?.fits(this.manifest)) {
       const started = performance.now();
       const wasHeld = options.cache.has(this.id);
+      if (staged && !wasHeld) await staged; // the rest checked before the RAM tier loads the snapshot from the store
       const lease = await options.cache.acquire(this.store, this.manifest, { ...common, directIo: options.directIo ?? false });
       try {
         if (options.multipath) return await this.restoreMultipath(options.multipath, lease, targets, common, wasHeld, started);
-        // Regions written by someone else until `late.after` go last, after it (copyWithEarlyDigest's gate).
         const all = [...this.manifest.regions()];
-        const isLate = (x: (typeof all)[number]) => !!options.late?.ids.has(regionId(x.rank, x.region.key));
-        const order = options.late ? [...all.filter((x) => !isLate(x)), ...all.filter(isLate)] : all;
-        const gate = options.late && order.some(isLate) ? { first: order.findIndex(isLate), after: options.late.after } : undefined;
-        const regions = order.map(({ rank, region }) => ({
-          name: regionLabel(rank, region.key, multiRank),
-          size: region.size,
-          chunkSize: region.chunkSize,
-          hostCopy: { kind: 'buffer' as const, buffer: lease.buffer, offset: lease.offsets.get(regionId(rank, region.key))! },
-          memory: targets.get(regionId(rank, region.key))!.memory,
-        }));
-        const result =
-          onHead || gate
-            ? await copyWithEarlyDigest(common, regions, (done) => onHead?.(done.map((i) => regionId(order[i]!.rank, order[i]!.region.key))), gate)
-            : await runTransfer({ ...common, op: 'copy', regions });
+        const item = ({ rank, region }: (typeof all)[number]): CopyItem => ({
+          id: regionId(rank, region.key),
+          region: {
+            name: regionLabel(rank, region.key, multiRank),
+            size: region.size,
+            chunkSize: region.chunkSize,
+            hostCopy: { kind: 'buffer' as const, buffer: lease.buffer, offset: lease.offsets.get(regionId(rank, region.key))! },
+            memory: targets.get(regionId(rank, region.key))!.memory,
+          },
+        });
+        const first = staged ? all.filter((x) => options.stages!.first.has(regionId(x.rank, x.region.key))) : [];
+        const plan: CopyPlan = {
+          first: first.map(item),
+          // The regions written by someone else until `late.after` go last, after it (and again if among the first).
+          rest: (staged ?? Promise.resolve(undefined)).then((rest) => {
+            const late = (x: (typeof all)[number]) => !!rest?.late.ids.has(regionId(x.rank, x.region.key));
+            const others = all.filter((x) => !first.includes(x));
+            const order = [...others.filter((x) => !late(x)), ...all.filter(late)];
+            const gate = rest && order.some(late) ? { first: order.findIndex(late), after: rest.late.after } : undefined;
+            return { items: order.map(item), ...(gate ? { gate } : {}) };
+          }),
+        };
+        const result = await copyInStages(common, plan, all.reduce((n, x) => n + x.region.size, 0), onHead);
         const seconds = wasHeld ? result.seconds : (performance.now() - started) / 1000;
         return { bytes: result.bytes, seconds, bytesPerSecond: result.bytes / Math.max(seconds, 1e-9), tier: wasHeld ? 'ram' : 'store', devices: result.devices };
       } finally {
         lease.release();
       }
     }
-    if (options.late) await options.late.after; // from disk the wait costs little beside the read: one job, after it
+    if (staged) await (await staged).late.after; // from disk the wait costs little beside the read: one job, after it
     const result = await this.store.withLock(false, () =>
       runTransfer({
         ...common,

@@ -11,7 +11,7 @@ import type { RestoreRun, TierRestore } from './tier.js';
 export async function hydrate(run: RestoreRun, cache: HostCache | undefined, multipath: MultipathOptions | undefined): Promise<TierRestore> {
   // Memory filled here while the engine's wake maps it, except over two links (the neighbour GPU's
   // share is copied into the engine's own mappings there).
-  const targets = await run.targets({ fill: !(multipath && run.status.ranks.length === 1) });
+  const targets = multipath && run.status.ranks.length === 1 ? await run.targets() : await run.targets({ fill: true });
   const twoLinks = multipath && targets.ranks === 1 ? { multipath } : {};
   if (multipath && targets.ranks > 1) run.warn(`multipath skipped: the engine has ${targets.ranks} ranks (each GPU's own link is in use)`);
   const { verify, verifyDigests, ...transfer } = run.hydrate;
@@ -23,7 +23,7 @@ export async function hydrate(run: RestoreRun, cache: HostCache | undefined, mul
     ...(verifyDigests !== undefined ? { verifyDigests } : {}),
     ...transfer,
     ...(targets.signal ? { signal: targets.signal } : {}),
-    ...(targets.late ? { late: targets.late } : {}),
+    ...(targets.kind === 'filled' ? { stages: targets.stages } : {}),
     directIo: transfer.directIo ?? false,
   });
   return {

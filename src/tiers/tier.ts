@@ -5,7 +5,7 @@ import type { EngineControl } from '../engine/control.js';
 import type { ExportedRegions } from '../engine/export.js';
 import type { VsnapError } from '../errors.js';
 import type { Snapshot } from '../snapshot/snapshot.js';
-import type { DeviceTiming, RestoreRegion } from '../snapshot/snapshot-types.js';
+import type { DeviceTiming, RestoreRegion, RestoreStages } from '../snapshot/snapshot-types.js';
 import type { MultipathStats } from '../transfer/multipath.js';
 import type { TransferOptions } from '../transfer/transfer.js';
 
@@ -30,8 +30,9 @@ export type TierName = 'gpu' | 'neighbour' | 'ram' | 'store' | 'engine';
 /** The tiers themselves: `kept` is the engine's own tier 0. @internal */
 export type TierId = 'gpu' | 'kept' | 'neighbour' | 'ram' | 'store';
 
-/** An engine's weights woken, exported, checked against the snapshot and mapped: what a hydrate fills. @internal */
-export interface HydrateTargets {
+/** An engine's weights woken, exported, checked against the snapshot and mapped: what a hydrate (or a peer copy) fills. @internal */
+export interface MappedTargets {
+  readonly kind: 'mapped';
   /** The regions as exported (the descriptors: what a peer copy takes). */
   readonly direct: readonly LiveRegionRef[];
   /** The same regions through the restore's mapping (what a copy from the host and the GPU digest use). */
@@ -42,9 +43,25 @@ export interface HydrateTargets {
   readonly signal: AbortSignal | undefined;
   /** The number of ranks exported. */
   readonly ranks: number;
-  /** Memory filled here: the regions the engine's wake writes into, to be filled after that wake (Snapshot.restore's `late`). */
-  readonly late?: { readonly ids: ReadonlySet<string>; readonly after: Promise<void> };
 }
+
+/**
+ * Memory made here for the weights, in two parts, which the engine's wake maps while the hydrate
+ * fills it (flows/fill-targets.ts): `regions` are the first part's, the rest come with
+ * `stages.rest` (Snapshot.restore's `stages`). @internal
+ */
+export interface FilledTargets {
+  readonly kind: 'filled';
+  readonly regions: readonly RestoreRegion[];
+  /** Stops the hydrate: the restore's signal, a table that does not match, the failure of the engine's wake (or of a KV-cache wake beside it). */
+  readonly signal: AbortSignal | undefined;
+  /** The number of ranks of the engine. */
+  readonly ranks: number;
+  readonly stages: RestoreStages;
+}
+
+/** What a hydrate fills. @internal */
+export type HydrateTargets = MappedTargets | FilledTargets;
 
 /** What a tier may use of the restore it serves (flows/restore-run.ts). @internal */
 export interface RestoreRun {
@@ -65,7 +82,8 @@ export interface RestoreRun {
    * here and checked against the snapshot, which the engine's wake maps while the hydrate fills it;
    * otherwise the weights woken, exported, validated and mapped. A KV-cache wake may start beside the hydrate.
    */
-  targets(use?: { fill?: boolean }): Promise<HydrateTargets>;
+  targets(use: { fill: true }): Promise<HydrateTargets>;
+  targets(use?: { fill?: false }): Promise<MappedTargets>;
   /** Wakes the other tags, resets the prefix cache, and checks the expected response. */
   finishWake(): Promise<void>;
   /** After a tier failed part way: re-reads the engine and puts it back to sleep if it holds weights, for the next tier. */

@@ -44,7 +44,7 @@ describe('deep suspend through suspendEngine / restoreEngine', () => {
     expect(driver.states.get(pid)).toBe('checkpointed');
 
     const report = await restoreEngine(snap, client, { hooks: { checkpoint: driver } });
-    expect(Object.keys(report.phases).slice(0, 4)).toEqual(['deep.restore', 'deep.unlock', 'prepare', 'describe']);
+    expect(Object.keys(report.phases).slice(0, 4)).toEqual(['deep.restore', 'deep.unlock', 'prepare', 'allocate']);
     expect(driver.notRunning()).toEqual([]);
     expect((await askCapital(client, 8)).ids).toEqual(before);
   });

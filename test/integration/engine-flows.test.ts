@@ -1,8 +1,13 @@
 import { chmodSync, closeSync, openSync, writeSync } from 'node:fs';
 
-import { describe, expect, it } from 'vitest';
+import { readFileSync } from 'node:fs';
+
+import { describe, expect, it, vi } from 'vitest';
 
 import { HostCache } from '../../src/cache/host-cache.js';
+import { VsnapError } from '../../src/errors.js';
+import { firstRegions } from '../../src/flows/fill.js';
+import { HostRegion } from '../../src/regions/host-region.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/index.js';
 import { RegionStore } from '../../src/store/region-store.js';
@@ -47,8 +52,8 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     // The default targets: the region table read while asleep, memory made and filled here while the
     // engine's wake of its weights adopts it (flows/fill.ts).
     const report = await restoreEngine(snap, client);
-    expect(Object.keys(report.phases)).toEqual(['prepare', 'describe', 'validate', 'allocate', 'hydrate', 'verifyDigests', 'wakeWeightsWait', 'wakeWeights', 'wakeKvCache', 'resetPrefixCache', 'expectedResponse']);
-    expect(report.overlapped).toEqual(['wakeWeights']);
+    expect(Object.keys(report.phases)).toEqual(['prepare', 'allocate', 'hydrate', 'verifyDigests', 'wakeWeightsWait', 'describe', 'validate', 'allocateRest', 'wakeWeights', 'wakeKvCache', 'resetPrefixCache', 'expectedResponse']);
+    expect(report.overlapped).toEqual(['describe', 'validate', 'allocateRest', 'wakeWeights']);
     expect(report.bytes).toBe(snap.manifest.totalBytes);
     expect((await client.vsnapStatus()).sleeping).toBe(false);
     expect(await ask(client)).toEqual(before);
@@ -130,6 +135,38 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     const after = await a.client.vsnapStatus();
     expect(after.sleeping).toBe(true);
     expect(after.ranks.map((r) => r.weightsMapped)).toEqual([false]);
+  });
+
+  it('memory for the rest of the regions cannot be made while the first are copied: the restore fails with why, nothing woke, nothing is left', async () => {
+    const { client } = await engine();
+    const store = await RegionStore.open(tempDir());
+    const cache = await HostCache.create({ budgetBytes: 64 * 1024 * 1024, pin: false });
+    try {
+      const before = await ask(client);
+      const { snapshot } = await suspendEngine(store, 'rest', client, { captureIfNeeded: true, tiers: { ram: cache } });
+      const first = firstRegions([...snapshot.manifest.regions()].map(({ rank, region }) => ({ rank, key: region.key, tag: region.tag, size: region.size, device: undefined }))).size;
+      const memfds = (): number => readFileSync('/proc/self/maps', 'utf8').split('\n').filter((l) => l.includes('/memfd:vsnap-fill')).length;
+      const fds = openFds();
+      const create = HostRegion.create.bind(HostRegion);
+      let made = 0;
+      const spy = vi.spyOn(HostRegion, 'create').mockImplementation((size, name) => {
+        if (name === 'vsnap-fill' && ++made > first) throw new VsnapError('E_HOST_MEMORY', 'injected: no memory left for the rest');
+        return create(size, name);
+      });
+      const err = await restoreEngine(snapshot, client, { tiers: { ram: cache } }).catch((e: unknown) => e);
+      spy.mockRestore();
+      expect(made).toBeGreaterThan(first); // the first part was made (and copied into) before the rest failed
+      expect(err).toMatchObject({ code: 'E_HOST_MEMORY', message: expect.stringMatching(/could not be made/) });
+      const status = await client.vsnapStatus();
+      expect(status.sleeping).toBe(true);
+      expect(status.ranks.map((r) => r.weightsMapped)).toEqual([false]); // the engine's wake never ran
+      expect(openFds()).toEqual(fds);
+      expect(memfds()).toBe(0);
+      await restoreEngine(snapshot, client, { tiers: { ram: cache } });
+      expect(await ask(client)).toEqual(before);
+    } finally {
+      cache.close();
+    }
   });
 
   it('swaps models of the same layout into a running server when asked', async () => {

@@ -30,7 +30,7 @@ it('examples/suspend-restore.ts runs with ts-node against the reference engine',
       env: { ...process.env, VSNAP_ENGINE_URL: engine.url, VSNAP_TOKEN: engine.token, TS_NODE_TRANSPILE_ONLY: '1' },
     });
     expect(stdout).toMatch(/suspended \(captured first\)/);
-    expect(stdout).toMatch(/restored \d+ bytes in [\d.]+ ms: prepare [\d.]+ ms, describe [\d.]+ ms, validate/);
+    expect(stdout).toMatch(/restored \d+ bytes in [\d.]+ ms: prepare [\d.]+ ms, allocate [\d.]+ ms, hydrate/);
     expect(stdout).toMatch(/the engine answers again/);
   } finally {
     await engine.stop();

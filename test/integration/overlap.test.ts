@@ -35,13 +35,13 @@ describe('restoreEngine with overlapKvWake: the KV cache wakes while the hydrate
     const { snapshot } = await suspendEngine(store, 'ref', client, { captureIfNeeded: true });
     const report = await restoreEngine(snapshot, client, { overlapKvWake: true });
     // The weights' wake (adopting the memory filled here) and, once it is done, the KV cache's: both beside the hydrate.
-    expect(report.overlapped).toEqual(['wakeWeights', 'wakeKvCache']);
-    expect(Object.keys(report.phases)).toEqual(['prepare', 'describe', 'validate', 'allocate', 'hydrate', 'verifyDigests', 'wakeWeightsWait', 'wakeWeights', 'wakeKvCache', 'wakeKvCacheWait', 'resetPrefixCache', 'expectedResponse']);
+    expect(report.overlapped).toEqual(['describe', 'validate', 'allocateRest', 'wakeWeights', 'wakeKvCache']);
+    expect(Object.keys(report.phases)).toEqual(['prepare', 'allocate', 'hydrate', 'verifyDigests', 'wakeWeightsWait', 'describe', 'validate', 'allocateRest', 'wakeWeights', 'wakeKvCache', 'wakeKvCacheWait', 'resetPrefixCache', 'expectedResponse']);
     expect(await ask(client)).toEqual(before);
     // without the option: serial, as before, and no `overlapped`
     await suspendEngine(store, 'ref', client);
     const serial = await restoreEngine(snapshot, client);
-    expect(serial.overlapped).toEqual(['wakeWeights']);
+    expect(serial.overlapped).toEqual(['describe', 'validate', 'allocateRest', 'wakeWeights']);
     expect(Object.keys(serial.phases)).not.toContain('wakeKvCacheWait');
     expect(await ask(client)).toEqual(before);
   });
@@ -132,7 +132,7 @@ describe('swapEngines: one engine to sleep, the other back, overlapped', () => {
       expect(report.restore.path).toBe('restored');
       expect(Object.keys(report.phases)).toEqual(expect.arrayContaining(['suspend', 'restore']));
       if (overlap !== 'all') expect(order).toEqual(['a slept', 'b wakes its KV cache']);
-      if (overlap === 'weights') expect(report.restore.overlapped).toEqual(['wakeWeights', 'awaitRoom', 'wakeKvCache']);
+      if (overlap === 'weights') expect(report.restore.overlapped).toEqual(['describe', 'validate', 'allocateRest', 'wakeWeights', 'awaitRoom', 'wakeKvCache']);
       expect(await a.isSleeping()).toBe(true);
       expect(await ask(b)).toEqual(answerB);
       // and back

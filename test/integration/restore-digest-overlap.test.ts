@@ -1,6 +1,9 @@
 // A RAM-tier restore digests the regions copied first while the rest are still being copied
 // (src/snapshot/copy-overlap.ts): a digest mismatch anywhere still fails the restore, naming the
-// region and chunk; progress runs over the whole restore as one.
+// region and chunk; progress runs over the whole restore as one. Targets in two parts (a restore
+// filling memory it makes, flows/fill.ts): the first part is copied before the rest exists, a
+// region someone else writes into until a promise resolves is copied (again) after it, and a rest
+// that cannot be made fails the restore with its own error.
 import { describe, expect, it } from 'vitest';
 
 import { HostCache } from '../../src/cache/host-cache.js';
@@ -8,15 +11,17 @@ import { Manifest } from '../../src/manifest/manifest.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { splitIndex } from '../../src/snapshot/copy-overlap.js';
 import { RegionStore } from '../../src/store/region-store.js';
-import { holdsPattern, patternedRegions } from '../helpers/regions.js';
+import { fillRegion, holdsPattern, patternedRegions } from '../helpers/regions.js';
+import { regionId } from '../../src/manifest/region-id.js';
+import type { RestoreRegion } from '../../src/snapshot/snapshot-types.js';
 import { tempDir } from '../helpers/tmp.js';
 
 const KiB = 1024;
-// The head is a, b, c (at least 85% of the bytes); d alone is the tail.
+// The head is a, b, c (at least 90% of the bytes); d alone is the tail.
 const SIZES = { a: 256 * KiB, b: 128 * KiB, c: 64 * KiB, d: 16 * KiB };
 
 describe('splitIndex', () => {
-  it('takes the first regions holding 85% of the bytes, and always leaves one for the tail', () => {
+  it('takes the first regions holding 90% of the bytes, and always leaves one for the tail', () => {
     expect(splitIndex([256, 128, 64, 16])).toBe(3);
     expect(splitIndex([10, 10])).toBe(1);
     expect(splitIndex([1, 1, 1, 97])).toBe(3);
@@ -77,3 +82,82 @@ describe('a RAM-tier restore with the head digested during the tail copy', () =>
     });
   }
 });
+
+describe('a RAM-tier restore into targets that come in two parts', () => {
+  async function setup() {
+    const sources = patternedRegions(SIZES);
+    const store = await RegionStore.open(tempDir());
+    const regions = Object.keys(SIZES).map((key) => ({ key, size: sources.get(key)!.size, memory: sources.get(key)!.memory }));
+    const snap = await Snapshot.capture(store, 'm', { regions, chunkSize: 16 * KiB });
+    for (const r of sources.values()) r.close();
+    const cache = await HostCache.create({ budgetBytes: 4 * 1024 * KiB, pin: false });
+    const targets = patternedRegions(Object.fromEntries(Object.keys(SIZES).map((k) => [`${k}-target`, SIZES[k as keyof typeof SIZES]])));
+    const into = (key: string): RestoreRegion => ({ key, size: targets.get(`${key}-target`)!.size, memory: targets.get(`${key}-target`)!.memory });
+    const close = () => {
+      cache.close();
+      for (const t of targets.values()) t.close();
+    };
+    return { snap, cache, into, targets, close };
+  }
+  const ids = (...keys: string[]) => new Set(keys.map((k) => regionId(0, k)));
+
+  it('copies the first part before the rest exists, and a region written meanwhile again after the write', async () => {
+    const { snap, cache, into, targets, close } = await setup();
+    try {
+      await snap.restore({ regions: Object.keys(SIZES).map(into), cache }); // loads the RAM tier
+      for (const t of targets.values()) fillRegion(t, 0);
+      let firstCopied = false;
+      let releaseRest!: () => void;
+      const restMade = new Promise<void>((resolve) => (releaseRest = resolve));
+      // "The engine's wake": writes into a (copied first) and c once the rest exists, then resolves.
+      let wrote = false;
+      const wake = restMade.then(() => {
+        firstCopied = holdsPattern(targets.get('a-target')!, 'a'); // the first part landed before the rest was made
+        fillRegion(targets.get('a-target')!, 0xee);
+        fillRegion(targets.get('c-target')!, 0xee);
+        wrote = true;
+      });
+      const rest = restMade.then(() => ({ regions: ['b', 'c', 'd'].map(into), late: { ids: ids('a', 'c'), after: wake } }));
+      const restoring = snap.restore({ regions: [into('a')], cache, stages: { first: ids('a'), rest } });
+      // The copy of the first part is a job of its own: it ends whether or not the rest is ever made.
+      await waitUntil(() => holdsPattern(targets.get('a-target')!, 'a'));
+      releaseRest();
+      const r = await restoring;
+      expect(firstCopied).toBe(true);
+      expect(wrote).toBe(true);
+      expect(r.bytes).toBe(Object.values(SIZES).reduce((n, s) => n + s, 0));
+      for (const key of Object.keys(SIZES)) expect(holdsPattern(targets.get(`${key}-target`)!, key)).toBe(true);
+    } finally {
+      close();
+    }
+  });
+
+  it('a rest that cannot be made fails the restore with its own error, once the first part is copied', async () => {
+    const { snap, cache, into, targets, close } = await setup();
+    try {
+      await snap.restore({ regions: Object.keys(SIZES).map(into), cache });
+      for (const t of targets.values()) fillRegion(t, 0);
+      const rest = Promise.reject(Object.assign(new Error('the table does not match'), { code: 'E_MANIFEST_MISMATCH' }));
+      await expect(snap.restore({ regions: [into('a')], cache, stages: { first: ids('a'), rest } })).rejects.toThrow('the table does not match');
+      expect(holdsPattern(targets.get('a-target')!, 'a')).toBe(true); // its copy was over before the restore failed
+    } finally {
+      close();
+    }
+  });
+
+  it('refuses a first part that is not the snapshot\'s', async () => {
+    const { snap, cache, into, close } = await setup();
+    try {
+      const rest = new Promise<never>(() => undefined);
+      await expect(snap.restore({ regions: [into('a')], cache, stages: { first: ids('b'), rest } })).rejects.toMatchObject({ code: 'E_INVALID_ARGUMENT' });
+      await expect(snap.restore({ regions: [{ ...into('a'), size: 16 * KiB }], cache, stages: { first: ids('a'), rest } })).rejects.toMatchObject({ code: 'E_INVALID_ARGUMENT' });
+    } finally {
+      close();
+    }
+  });
+});
+
+/** Polls `ok` on the event loop until it holds (no clock: the first part's copy ends on its own). */
+async function waitUntil(ok: () => boolean): Promise<void> {
+  while (!ok()) await new Promise((r) => setImmediate(r));
+}
