@@ -14,6 +14,9 @@ import { closeSync, existsSync } from 'node:fs';
 import { HostCache, type RegionMemory, type RegionStore, Snapshot } from '../src/index.js';
 import { DeviceAllocation, HostRegion, MappedRegions } from '../src/plumbing.js';
 import { restoreMapping } from '../src/flows/restore-run.js';
+import { firstRegions, makeFillMemory, type FillMemory } from '../src/flows/fill.js';
+import { REST_CONCURRENCY } from '../src/flows/fill-targets.js';
+import { regionId } from '../src/manifest/region-id.js';
 
 const MiB = 1024 * 1024;
 const GiB = 1024 * MiB;
@@ -112,6 +115,15 @@ export interface SweepRow {
   imported: { exportSeconds: number; restoreSeconds: number[]; restoreMedianSeconds: number; vsFirst: number | null; vsCeiling: number | null } | null;
   /** Why the via-fds restores did not run to the end (e.g. the process's fd limit), if they did not. */
   importedError: string | null;
+  /**
+   * GPU only: restoreEngine's default form. The memory made in the restore (flows/fill.ts: the
+   * largest regions first, their copy started at once, the rest made beside it), every region's
+   * allocation exported as a POSIX fd and imported and mapped once region by region beside the copy
+   * (what the plugin's adopt does in the engine, stood in for in this process): timed from the first
+   * allocation to the verified copy with every region mapped.
+   */
+  filled: { restoreSeconds: number[]; restoreMedianSeconds: number; vsFirst: number | null; vsCeiling: number | null } | null;
+  filledError: string | null;
 }
 
 export interface SweepOptions {
@@ -191,6 +203,23 @@ export async function runSweep(o: SweepOptions): Promise<{ rows: SweepRow[]; cac
             for (const fd of fds) closeSync(fd);
           }
         }
+        let filled: SweepRow['filled'] = null;
+        let filledError: string | null = null;
+        if (o.device === 'cuda') {
+          try {
+            const times: number[] = [];
+            for (let r = 0; r < o.reps + 1; r++) {
+              const t0 = await restoreFilled(snap, cache);
+              if (r > 0) times.push(t0);
+            }
+            const fm = median(times);
+            const firstFilled = rows[0]?.filled?.restoreMedianSeconds;
+            filled = { restoreSeconds: times, restoreMedianSeconds: fm, vsFirst: firstFilled ? fm / firstFilled : 1, vsCeiling: ceiling ? gbps(bytes, fm) / ceiling.h2dGBps.max : null };
+          } catch (err) {
+            filledError = (err as Error).message.split('\n')[0]!;
+            o.log(`[sweep] ${sizes.length} regions filled failed (the mapped row stands): ${filledError}`);
+          }
+        }
         const row: SweepRow = {
           regions: sizes.length,
           bytes,
@@ -206,12 +235,15 @@ export async function runSweep(o: SweepOptions): Promise<{ rows: SweepRow[]; cac
           vsCeiling: ceiling ? gbps(bytes, m) / ceiling.h2dGBps.max : null,
           imported,
           importedError,
+          filled,
+          filledError,
         };
         rows.push(row);
         o.log(
           `[sweep] ${sizes.length} regions of ${(row.minRegionBytes / MiB).toFixed(1)}-${(row.maxRegionBytes / MiB).toFixed(1)} MiB: restore ${(m * 1000).toFixed(1)} ms ` +
             `(${row.restoreGBps.toFixed(2)} GB/s, ${row.vsFirst!.toFixed(3)}x of ${rows[0]!.regions} regions${ceiling ? `, ${row.vsCeiling!.toFixed(3)}x of raw H2D ${ceiling.h2dGBps.max} GB/s` : ''}); ` +
             (imported ? `via fds: export ${(imported.exportSeconds * 1000).toFixed(1)} ms, restore ${(imported.restoreMedianSeconds * 1000).toFixed(1)} ms (${imported.vsFirst!.toFixed(3)}x); ` : '') +
+            (filled ? `filled: restore ${(filled.restoreMedianSeconds * 1000).toFixed(1)} ms (${filled.vsFirst!.toFixed(3)}x); ` : '') +
             `setup ${setupSeconds.toFixed(1)} s`,
         );
       } finally {
@@ -223,4 +255,40 @@ export async function runSweep(o: SweepOptions): Promise<{ rows: SweepRow[]; cac
     cache.close();
   }
   return { rows, cacheCreateSeconds, ceilingNote };
+}
+
+/**
+ * One restore in restoreEngine's default form (flows/fill-targets.ts), on GPU 0, without an engine:
+ * the memory of the largest regions made, their copy started, the rest made beside it (as many at
+ * once as the flow makes them), then every allocation's fd imported and mapped region by region
+ * (the engine's adopt, stood in for here) while the copy goes on. Returns its seconds; everything
+ * is let go after the clock.
+ */
+async function restoreFilled(snap: Snapshot, cache: HostCache): Promise<number> {
+  const wanted = [...snap.manifest.regions()].map(({ rank, region }) => ({ rank, key: region.key, tag: region.tag, size: region.size, device: 0 }));
+  const parts: FillMemory[] = [];
+  let adopt: MappedRegions | undefined;
+  const t0 = performance.now();
+  try {
+    const firstIds = firstRegions(wanted);
+    const isFirst = (w: (typeof wanted)[number]): boolean => firstIds.has(regionId(w.rank, w.key));
+    const first = await makeFillMemory(wanted.filter(isFirst));
+    parts.push(first);
+    let adopted: Promise<void> = Promise.resolve();
+    const rest = (async () => {
+      const more = await makeFillMemory(wanted.filter((w) => !isFirst(w)), REST_CONCURRENCY);
+      parts.push(more);
+      const fd = (id: string): number => (first.descriptor(id) ?? more.descriptor(id))!;
+      adopted = MappedRegions.open(wanted.map((w) => ({ memory: { kind: 'imported' as const, fd: fd(regionId(w.rank, w.key)), device: 0 }, size: w.size })), { mapping: 'per-region' }).then((set) => void (adopt = set));
+      adopted.catch(() => undefined); // awaited after the restore
+      return { regions: more.regions, late: { ids: new Set<string>(), after: adopted } };
+    })();
+    const res = await snap.restore({ regions: first.regions, cache, stages: { first: firstIds, rest } });
+    if (res.tier !== 'ram') throw new Error(`[sweep] filled: restored from ${res.tier ?? 'store'}, expected the RAM tier`);
+    await adopted;
+    return since(t0);
+  } finally {
+    await adopt?.close();
+    for (const p of parts) await p.close();
+  }
 }

@@ -59,8 +59,8 @@ export interface FillStart {
   made(fill: FillMemory): void;
 }
 
-/** How many of the rest's allocations run at once: a few, so the copy's job finds a thread of the libuv pool free. */
-const REST_CONCURRENCY = 2;
+/** How many of the rest's allocations run at once: a few, so the copy's job finds a thread of the libuv pool free. @internal */
+export const REST_CONCURRENCY = 2;
 
 /**
  * Makes the targets in two parts (fill.ts): the memory of the largest regions, whose copy starts as

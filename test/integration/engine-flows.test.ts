@@ -150,13 +150,13 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
       const create = HostRegion.create.bind(HostRegion);
       let made = 0;
       const spy = vi.spyOn(HostRegion, 'create').mockImplementation((size, name) => {
-        if (name === 'vsnap-fill' && ++made > first) throw new VsnapError('E_HOST_MEMORY', 'injected: no memory left for the rest');
+        if (name === 'vsnap-fill' && ++made > first) throw new VsnapError('E_NO_SPACE', 'injected: no memory left for the rest');
         return create(size, name);
       });
       const err = await restoreEngine(snapshot, client, { tiers: { ram: cache } }).catch((e: unknown) => e);
       spy.mockRestore();
       expect(made).toBeGreaterThan(first); // the first part was made (and copied into) before the rest failed
-      expect(err).toMatchObject({ code: 'E_HOST_MEMORY', message: expect.stringMatching(/could not be made/) });
+      expect(err).toMatchObject({ code: 'E_NO_SPACE', message: expect.stringMatching(/could not be made/) });
       const status = await client.vsnapStatus();
       expect(status.sleeping).toBe(true);
       expect(status.ranks.map((r) => r.weightsMapped)).toEqual([false]); // the engine's wake never ran

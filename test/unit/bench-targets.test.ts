@@ -32,7 +32,7 @@ const vllm = (wake: number, held: number | null = 22.3 * GiB): VllmLevel1Result 
   cycles: [],
   summary: { firstSleepSeconds: 8.5, laterSleepMedianSeconds: 0.35, wakeMedianSeconds: wake, hostHeldBytes: held, hostHeldAfterWakeBytes: held, gpuBytesAsleep: 0.7 * GiB },
 });
-function sweepRow(regions: number, mapped: number, viaFds: number | null, bytes = 16 * GiB): SweepRow {
+function sweepRow(regions: number, mapped: number, viaFds: number | null, bytes = 16 * GiB, filled: number | null = viaFds): SweepRow {
   return {
     regions,
     bytes,
@@ -48,6 +48,8 @@ function sweepRow(regions: number, mapped: number, viaFds: number | null, bytes 
     vsCeiling: null,
     imported: viaFds === null ? null : { exportSeconds: 0.01, restoreSeconds: [viaFds], restoreMedianSeconds: viaFds, vsFirst: null, vsCeiling: null },
     importedError: viaFds === null ? 'too many open files' : null,
+    filled: filled === null ? null : { restoreSeconds: [filled], restoreMedianSeconds: filled, vsFirst: null, vsCeiling: null },
+    filledError: filled === null ? 'out of memory' : null,
   };
 }
 /** Engine-sized bytes at 54.4 GB/s: 0.3304 s alone. */
@@ -137,6 +139,15 @@ describe('bench swap report: the targets of issue 25', () => {
     expect(line(failed, '5. restore via exported fds')).toMatch(/n\/a: too many open files .*\| n\/a \| n\/a \|$/);
     const host = targetsTable(base({ sweep: [sweepRow(4, 0.01, null, 4 * 2 ** 20), sweepRow(64, 0.01, null, 4 * 2 ** 20)] }));
     expect(line(host, '5. restore via exported fds, 64 regions <= 1.1x 4')).toContain('not tested');
+  });
+
+  it("5: the restore into memory made in the restore (restoreEngine's default form), the most regions against the fewest", () => {
+    const t = targetsTable(base({ sweep: [sweepRow(36, 0.312, 0.321, 16 * GiB, 0.330), sweepRow(4000, 0.326, 0.35, 16 * GiB, 0.340)] }));
+    expect(line(t, "5. restore into memory made in the restore (restoreEngine's default form), 4000 regions <= 1.1x 36")).toContain('| 340.0 ms | 36 regions filled 330.0 ms | 1.030x | met |');
+    const slow = targetsTable(base({ sweep: [sweepRow(36, 0.312, 0.321, 16 * GiB, 0.330), sweepRow(4000, 0.326, 0.35, 16 * GiB, 0.5)] }));
+    expect(line(slow, '5. restore into memory made in the restore')).toMatch(/\| 1\.515x \| not met \|$/);
+    const failed = targetsTable(base({ sweep: [sweepRow(36, 0.312, 0.321, 16 * GiB, 0.330), sweepRow(4000, 0.326, 0.35, 16 * GiB, null)] }));
+    expect(line(failed, '5. restore into memory made in the restore')).toMatch(/n\/a: out of memory .*\| n\/a \| n\/a \|$/);
   });
 
   it('says what is missing instead of judging, and marks engines under 16 GiB', () => {
