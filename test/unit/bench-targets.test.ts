@@ -191,7 +191,7 @@ describe('bench swap report: the tables beside the targets', () => {
   it('the phase table says verifyDigests holds only the digest time the restore waited for', () => {
     const t = phaseTable([ram('RAM tier', 0.62, 0.45, 0.335)]);
     expect(t).toContain('r.verifyDigests (waited)');
-    expect(t).toContain('the GPU digest of the regions holding the first 85% of the bytes runs while the rest is copied');
+    expect(t).toContain('the GPU digest of the regions holding the first 90% of the bytes runs while the rest is copied');
     expect(phaseTable([tier0(0.1)])).not.toContain('(waited)');
   });
 
