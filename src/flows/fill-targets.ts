@@ -20,16 +20,17 @@ import { startKvWake, type EarlyWake } from './kv-overlap.js';
 
 /**
  * Where a hydrate's target memory comes from: `fill` (the default), memory made here and filled
- * while the engine's wake maps it, or `wake`, the engine's wake first and then its export, mapped
- * here. VSNAP_RESTORE_TARGETS=wake chooses the second (for comparison, or a plugin whose wake
- * cannot adopt).
+ * while the engine's wake maps it (the largest regions' first, the rest beside their copy);
+ * `fill-whole`, the same with every region's memory made before the copy starts (for comparison);
+ * or `wake`, the engine's wake first and then its export, mapped here. VSNAP_RESTORE_TARGETS
+ * chooses (`wake` also serves a plugin whose wake cannot adopt).
  * @internal
  */
-export function restoreTargets(): 'fill' | 'wake' {
+export function restoreTargets(): 'fill' | 'fill-whole' | 'wake' {
   const v = process.env.VSNAP_RESTORE_TARGETS;
   if (v === undefined || v === '' || v === 'fill') return 'fill';
-  if (v === 'wake') return 'wake';
-  throw new VsnapError('E_CONFIG', `VSNAP_RESTORE_TARGETS=${JSON.stringify(v)}: expected 'fill' (the default) or 'wake'`, { value: v });
+  if (v === 'wake' || v === 'fill-whole') return v;
+  throw new VsnapError('E_CONFIG', `VSNAP_RESTORE_TARGETS=${JSON.stringify(v)}: expected 'fill' (the default), 'fill-whole' or 'wake'`, { value: v });
 }
 
 /** The engine's wake of its weights, mapping memory made here, running beside the hydrate. @internal */
@@ -74,7 +75,7 @@ export const REST_CONCURRENCY = 2;
  */
 export async function startFill(run: FillStart): Promise<{ targets: FilledTargets; wake: FillWake; early: EarlyWake | undefined }> {
   const wanted = await fillRegions(run.manifest, run.status);
-  const firstIds = firstRegions(wanted);
+  const firstIds = restoreTargets() === 'fill-whole' ? new Set(wanted.map((w) => regionId(w.rank, w.key))) : firstRegions(wanted);
   const first = await makeFillMemory(wanted.filter((w) => firstIds.has(regionId(w.rank, w.key))));
   run.made(first);
   run.lap('allocate'); // the first part's memory: what stands before the copy

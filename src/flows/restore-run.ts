@@ -206,7 +206,7 @@ export class EngineRestoreRun implements RestoreRun {
    * (the memory would have to be made on the GPU the process is not on yet).
    */
   private mayFill(): boolean {
-    return restoreTargets() === 'fill' && !this.remap && this.status.sleeping && this.status.ranks.every((r) => r.describe === true && !r.weightsMapped);
+    return restoreTargets() !== 'wake' && !this.remap && this.status.sleeping && this.status.ranks.every((r) => r.describe === true && !r.weightsMapped);
   }
 
   /** The weights' targets made here (fill-targets.ts), the engine's wake of them beside the hydrate. */
