@@ -5,11 +5,11 @@ import { describeRegions } from '../engine/describe.js';
 import { handOver } from '../engine/hand-over.js';
 import type { RegionTables } from '../engine/region-table.js';
 import type { Manifest } from '../manifest/manifest.js';
+import { regionId } from '../manifest/region-id.js';
+import type { RestStage } from '../snapshot/snapshot-types.js';
 import type { FilledTargets } from '../tiers/tier.js';
 import { liveFacts, liveRanks } from './checks.js';
 import { fillHandOver, fillRegions, firstRegions, makeFillMemory, type FillMemory } from './fill.js';
-import { regionId } from '../manifest/region-id.js';
-import type { RestStage } from '../snapshot/snapshot-types.js';
 import { startKvWake, type EarlyWake } from './kv-overlap.js';
 
 /*

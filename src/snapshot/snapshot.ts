@@ -333,13 +333,14 @@ export class Snapshot {
             memory: targets.get(regionId(rank, region.key))!.memory,
           },
         });
-        const first = staged ? all.filter((x) => options.stages!.first.has(regionId(x.rank, x.region.key))) : [];
+        const inFirst = (x: (typeof all)[number]): boolean => !!staged && options.stages!.first.has(regionId(x.rank, x.region.key));
+        const first = all.filter(inFirst);
         const plan: CopyPlan = {
           first: first.map(item),
           // The regions written by someone else until `late.after` go last, after it (and again if among the first).
           rest: (staged ?? Promise.resolve(undefined)).then((rest) => {
             const late = (x: (typeof all)[number]) => !!rest?.late.ids.has(regionId(x.rank, x.region.key));
-            const others = all.filter((x) => !first.includes(x));
+            const others = all.filter((x) => !inFirst(x));
             const order = [...others.filter((x) => !late(x)), ...all.filter(late)];
             const gate = rest && order.some(late) ? { first: order.findIndex(late), after: rest.late.after } : undefined;
             return { items: order.map(item), ...(gate ? { gate } : {}) };
