@@ -17,6 +17,7 @@ NONCES = ["n" * 64]
 ROUTES = [
     ("GET", "/vsnap/v1/status", None),
     ("GET", "/vsnap/v1/describe", None),
+    ("POST", "/vsnap/v1/digest", {"chunkSize": 4096}),
     ("POST", "/vsnap/v1/export", {"socket": "/tmp/vsnap.sock", "nonces": NONCES}),
     ("POST", "/vsnap/v1/sleep", {"level": 2}),
     ("POST", "/vsnap/v1/wake", {"tags": ["weights"]}),
@@ -62,11 +63,13 @@ class FastAPIPluginTest(unittest.TestCase):
         self.assertEqual(status["ranks"][0]["rank"], 0)
         self.assertEqual(answers["/vsnap/v1/export"][1], {"ranks": [{"rank": 0, "regions": 1, "bytes": 4096}]})
         self.assertEqual(answers["/vsnap/v1/describe"][1]["ranks"][0]["regions"][0]["wakeWrites"], False)
+        self.assertEqual(answers["/vsnap/v1/digest"][1]["ranks"][0]["regions"][0]["digests"], ["0" * 32])
         self.assertEqual(answers["/vsnap/v1/sleep"][1], {"status": "sleeping", "level": 2})
         self.assertEqual(answers["/vsnap/v1/release_kv_cache"][1], {"status": "kv_cache_released", "attempts": 1})
         calls = [c for c in self.client.calls if c[0] != "collective_rpc" or c[1] != "vsnap_status"]
         self.assertEqual(calls, [
             ("collective_rpc", "vsnap_describe", ()),
+            ("collective_rpc", "vsnap_digest", (4096,)),
             ("collective_rpc", "vsnap_export", ("/tmp/vsnap.sock", NONCES)),
             ("sleep", 2, "abort"),
             ("wake_up", ["weights"]),
@@ -89,7 +92,7 @@ class FastAPIPluginTest(unittest.TestCase):
     def test_bad_bodies_are_400(self):
         for path, body in [("/vsnap/v1/sleep", b"{nope"), ("/vsnap/v1/sleep", {"level": 7}), ("/vsnap/v1/sleep", [1]),
                            ("/vsnap/v1/wake", {"tags": "weights"}), ("/vsnap/v1/wake", {"adopt": {"socket": 1}}),
-                           ("/vsnap/v1/export", {"socket": 3}), ("/vsnap/v1/release_kv_cache", {"queued": "keep"})]:
+                           ("/vsnap/v1/export", {"socket": 3}), ("/vsnap/v1/digest", {"chunkSize": 5}), ("/vsnap/v1/release_kv_cache", {"queued": "keep"})]:
             status, answer = self.call("POST", path, body)
             self.assertEqual(status, 400, f"{path} {body}")
             self.assertIn("error", answer)

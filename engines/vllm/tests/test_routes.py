@@ -150,6 +150,21 @@ class EndpointPluginTest(unittest.TestCase):
         self.assertEqual(client.calls, [("vsnap_describe", ())])
         self.assertEqual(call(app, "GET", "/vsnap/v1/describe", {})[0], 401)
 
+    def test_digest_asks_every_rank_for_its_digests_in_the_chunk_size_given(self):
+        client = FakeClient()
+        app = FakeApp(client)
+        api.mount(app)
+        status, body = call(app, "POST", "/vsnap/v1/digest", AUTH, {"chunkSize": 64 << 20})
+        self.assertEqual(status, 200)
+        self.assertIn("ranks", body)
+        self.assertEqual(client.calls, [("vsnap_digest", (64 << 20,))])
+        for bad in ({}, {"chunkSize": 0}, {"chunkSize": 24}, {"chunkSize": "4096"}, {"chunkSize": True}, {"chunkSize": 2 << 30}):
+            status, body = call(app, "POST", "/vsnap/v1/digest", AUTH, bad)
+            self.assertEqual(status, 400, bad)
+            self.assertIn("chunkSize", body["error"])
+        self.assertEqual(call(app, "POST", "/vsnap/v1/digest", {}, {"chunkSize": 4096})[0], 401)
+        self.assertEqual(client.calls, [("vsnap_digest", (64 << 20,))])  # nothing reached the workers
+
 
 PROBE = """
 import json, os, sys

@@ -95,6 +95,10 @@ class FakeEngineClient:
         if method == "vsnap_describe":
             return [{"version": 1, "rank": 0, "pid": 1, "memory": "host", "device": {"ordinal": 0, "uuid": "host-0"},
                      "regions": [{"key": "w", "tag": "weights", "va": 4096, "size": 4096, "tensors": [], "wakeWrites": False}]}]
+        if method == "vsnap_digest":
+            return [{"version": 1, "rank": 0, "pid": 1, "memory": "host", "device": {"ordinal": 0, "uuid": "host-0"}, "chunkSize": args[0],
+                     "regions": [{"key": "w", "tag": "weights", "va": 4096, "size": 4096, "tensors": [], "wakeWrites": False,
+                                  "digests": ["0" * 32]}]}]
         if method == "vsnap_export":
             return [{"rank": 0, "regions": 1, "bytes": 4096}]
         if method == "vsnap_adopt":

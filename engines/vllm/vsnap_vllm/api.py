@@ -1,4 +1,4 @@
-"""The /vsnap/v1 routes on vLLM's API server: status, describe, export, sleep, wake, reset_prefix_cache,
+"""The /vsnap/v1 routes on vLLM's API server: status, describe, digest, export, sleep, wake, reset_prefix_cache,
 release_kv_cache, reload_weights. How they got there (an endpoint plugin, a wrapped build_app, or not at all) is
 in MOUNTED and in the status answer.
 
@@ -110,6 +110,17 @@ async def describe(request, client):
     return 200, {"ranks": ranks}
 
 
+async def digest(request, client):
+    # Every rank's region table with the GPU digests of its weights, computed in the workers over
+    # the memory they have mapped: the SDK's dirty check before a suspend, with no export.
+    body = await _json_body(request)
+    chunk_size = body.get("chunkSize")
+    if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size <= 0 or chunk_size % 16 or chunk_size > 1 << 30:
+        raise HttpError(400, 'expected {"chunkSize": <a positive multiple of 16 up to 1 GiB>}')
+    ranks = await adapter.collective_rpc(client, "vsnap_digest", (chunk_size,))
+    return 200, {"ranks": ranks}
+
+
 async def sleep(request, client):
     body = await _json_body(request)
     level = body.get("level", 1)
@@ -167,6 +178,7 @@ async def reload_weights(request, client):
 ROUTES = [
     ("/status", status, ["GET"]),
     ("/describe", describe, ["GET"]),
+    ("/digest", digest, ["POST"]),
     ("/export", export, ["POST"]),
     ("/sleep", sleep, ["POST"]),
     ("/wake", wake, ["POST"]),

@@ -206,7 +206,15 @@ class Bridge:
             "rehome": self.load_report,
             "reloadWeights": callable(getattr(worker, "reload_weights", None)),
             "describe": True,  # vsnap_describe (and /vsnap/v1/describe): the region table while asleep
+            # vsnap_digest (and /vsnap/v1/digest): the weights' GPU digests computed here
+            "digest": self._can_digest(),
         }
+
+    def _can_digest(self):
+        try:
+            return bool(self.driver.can_digest())
+        except Exception:  # noqa: BLE001 - a reading for the status
+            return False
 
     @staticmethod
     def _sleep_mode(worker):
@@ -258,6 +266,31 @@ class Bridge:
             with profile.span("vsnap describe.describe", allocations=len(allocations)):
                 regions = describe(allocations, adapter.worker_model(worker))
         return self._table(worker, rank, regions, ("key", "tag", "va", "size", "tensors", "wakeWrites"))
+
+    def digest(self, worker, chunk_size):
+        """This rank's weights region table (as describe gives it) with each region's vsnap-gd1
+        digests in chunks of `chunk_size`, computed here over the memory the engine has mapped:
+        the SDK's dirty check before a suspend, without an export, an import or a mapping in the
+        SDK's process."""
+        rank = adapter.worker_rank(worker)
+        self._check_supported()
+        with self._lock:
+            self._ensure()
+            if not self.driver.can_digest():
+                raise BridgeError("this worker cannot digest its weights (host memory needs numpy): the SDK exports them instead")
+            allocations = self._weights_allocations()
+            if not self.weights_mapped:
+                raise BridgeError("the weights are asleep: there is nothing mapped to digest")
+            with profile.span("vsnap digest.describe", allocations=len(allocations)):
+                regions = describe(allocations, adapter.worker_model(worker))
+            device = adapter.worker_device(worker)
+            with profile.span("vsnap digest.digest", allocations=len(allocations)):
+                digests = self.driver.digest_many(device, [(r["va"], r["size"]) for r in regions], chunk_size)
+        table = self._table(worker, rank, regions, ("key", "tag", "va", "size", "tensors", "wakeWrites"))
+        for r, d in zip(table["regions"], digests):
+            r["digests"] = d
+        table["chunkSize"] = chunk_size
+        return table
 
     def _weights_allocations(self):
         allocations = adapter.allocations(TAG)
@@ -330,10 +363,16 @@ def vsnap_describe(self):
         return BRIDGE.describe(self)
 
 
+def vsnap_digest(self, chunk_size):
+    """Worker method: this rank's weights region table with the digests of its weights."""
+    with profile.span("vsnap digest"):
+        return BRIDGE.digest(self, int(chunk_size))
+
+
 def vsnap_export(self, socket_path, nonces):
     """Worker method: send this rank's weights regions to the SDK."""
     with profile.span("vsnap export"):
         return BRIDGE.export(self, socket_path, list(nonces))
 
 
-WORKER_METHODS = {"vsnap_status": vsnap_status, "vsnap_describe": vsnap_describe, "vsnap_export": vsnap_export, "vsnap_adopt": vsnap_adopt}
+WORKER_METHODS = {"vsnap_status": vsnap_status, "vsnap_describe": vsnap_describe, "vsnap_digest": vsnap_digest, "vsnap_export": vsnap_export, "vsnap_adopt": vsnap_adopt}

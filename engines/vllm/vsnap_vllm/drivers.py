@@ -14,6 +14,8 @@ import mmap
 import os
 import threading
 
+from . import gd1
+
 
 class DriverError(RuntimeError):
     pass
@@ -127,6 +129,8 @@ class CudaDriver:
         self._thread = _ThreadState()
         self._props = {}  # device -> (CUmemAllocationProp, a reference to it): POSIX-FD exportable, pinned, on that device
         self._access = {}  # device -> (CUmemAccessDesc, a reference to it): read-write from that device
+        self._kernels = {}  # device -> (the digest kernel, its stream, the module image)
+        self._digest_calls = None
 
     def _sig(self, name, argtypes):
         fn = getattr(self._cu, name)
@@ -315,6 +319,77 @@ class CudaDriver:
         self._check(self._cu.cuMemcpyDtoD_v2(dst, src, size), "cuMemcpyDtoD")
         self._check(self._cu.cuCtxSynchronize(), "cuCtxSynchronize")
 
+    # ---- the GPU digest (vsnap-gd1) of memory mapped in this process
+
+    def can_digest(self):
+        return os.path.exists(gd1.FATBIN)
+
+    def _digest_kernel(self, device):
+        """vsnap's digest kernel in `device`'s primary context and a non-blocking stream, made once
+        (bound lazily: a driver that never digests needs none of these entry points)."""
+        found = self._kernels.get(device)
+        if found is not None:
+            return found
+        self.ensure_context(device)
+        u64, i32, vp = ctypes.c_uint64, ctypes.c_int, ctypes.c_void_p
+        if not self._digest_calls:
+            self._digest_calls = {
+                "load": self._sig("cuModuleLoadData", [ctypes.POINTER(vp), ctypes.c_char_p]),
+                "function": self._sig("cuModuleGetFunction", [ctypes.POINTER(vp), vp, ctypes.c_char_p]),
+                "stream": self._sig("cuStreamCreate", [ctypes.POINTER(vp), ctypes.c_uint]),
+                "launch": self._sig("cuLaunchKernel", [vp, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, vp, ctypes.POINTER(vp), ctypes.POINTER(vp)]),
+                "alloc": self._sig("cuMemAlloc_v2", [ctypes.POINTER(u64), ctypes.c_size_t]),
+                "free": self._sig("cuMemFree_v2", [u64]),
+                "fetch": self._sig("cuMemcpyDtoHAsync_v2", [vp, u64, ctypes.c_size_t, vp]),
+                "sync": self._sig("cuStreamSynchronize", [vp]),
+            }
+        c = self._digest_calls
+        with open(gd1.FATBIN, "rb") as f:
+            image = f.read()
+        module, fn, stream = vp(), vp(), vp()
+        self._check(c["load"](ctypes.byref(module), image), "cuModuleLoadData (digest kernel)")
+        self._check(c["function"](ctypes.byref(fn), module, b"vsnap_digest_chunks"), "cuModuleGetFunction (vsnap_digest_chunks)")
+        self._check(c["stream"](ctypes.byref(stream), 1), "cuStreamCreate")  # CU_STREAM_NON_BLOCKING
+        found = self._kernels[device] = (fn, stream, image)  # the image is kept while the module lives
+        return found
+
+    def digest_many(self, device, spans, chunk_size):
+        """vsnap-gd1 digests of each (va, size) of `spans`, device memory mapped in this process on
+        `device`, chunk by chunk: one kernel launch a span on a stream of its own, one copy of the
+        partial sums back, finished here. A list of digest lists, in the order of `spans`."""
+        gd1.check_chunk_size(chunk_size)
+        fn, stream, _ = self._digest_kernel(device)
+        c = self._digest_calls
+        per_chunk = -(-chunk_size // gd1.SPAN_BYTES)
+        plans = [(va, size, -(-size // chunk_size) * per_chunk) for va, size in spans]
+        blocks = sum(p[2] for p in plans)
+        if blocks == 0:
+            return [[] for _ in spans]
+        scratch = ctypes.c_uint64()
+        self._check(c["alloc"](ctypes.byref(scratch), blocks * 16), "cuMemAlloc (digest partials)")
+        try:
+            at = 0
+            for va, size, n in plans:
+                if n == 0:
+                    continue
+                if n > 0x7FFFFFFF:
+                    raise DriverError("region too large for one digest launch")
+                values = [ctypes.c_uint64(va), ctypes.c_uint64(size), ctypes.c_uint64(chunk_size), ctypes.c_uint32(per_chunk),
+                          ctypes.c_uint64(gd1.SPAN_BYTES), ctypes.c_uint64(scratch.value + at * 16)]
+                args = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values])
+                self._check(c["launch"](fn, n, 1, 1, gd1.THREADS, 1, 1, 0, stream, args, None), "cuLaunchKernel (digest)")
+                at += n
+            partials = gd1.partials_buffer(2 * blocks)
+            self._check(c["fetch"](gd1.buffer_address(partials), scratch.value, blocks * 16, stream), "cuMemcpyDtoHAsync (digest partials)")
+            self._check(c["sync"](stream), "cuStreamSynchronize")
+        finally:
+            c["free"](scratch.value)
+        out, at = [], 0
+        for va, size, n in plans:
+            out.append(gd1.finish_partials(partials[2 * at: 2 * (at + n)], size, chunk_size, per_chunk))
+            at += n
+        return out
+
 
 # ---------------------------------------------------------------------------- host memory
 
@@ -352,6 +427,14 @@ class HostDriver:
 
     def device_uuid(self, device):
         return f"HOST-{device}"
+
+    def can_digest(self):
+        return gd1.numpy_available()
+
+    def digest_many(self, device, spans, chunk_size):
+        """vsnap-gd1 digests of each (va, size) of `spans`, host memory mapped in this process."""
+        gd1.check_chunk_size(chunk_size)
+        return [gd1.digest_host(va, size, chunk_size) for va, size in spans]
 
     def export_fd(self, device, handle):
         if handle == 0:
