@@ -50,7 +50,7 @@ export type { RegistryCredentials } from './registry/auth.js';
 export type { PullCompatibility, PullOptions, PullReport, PushOptions, PushReport, RegistryOptions, RegistryProgress } from './registry/types.js';
 export type { RegistrySource } from './registry/source.js';
 
-export { EngineClient, type CallOptions, type CompletionResult, type EngineClientOptions, type EngineRegionTable, type EngineStatus, type QueuedRequestsPolicy } from './engine/engine-client.js';
+export { EngineClient, type CallOptions, type CompletionResult, type EngineClientOptions, type EngineDigestTable, type EngineRegionTable, type EngineStatus, type QueuedRequestsPolicy } from './engine/engine-client.js';
 export type { ResponseCheckOptions } from './engine/response-check.js';
 
 export { captureEngine, restorableFor, restoreEngine, suspendEngine, swapEngines } from './flows/index.js';

@@ -29,6 +29,12 @@ export interface LiveCheckReport {
   readonly bytes: number;
   /** Wall time of the digest. */
   readonly seconds: number;
+  /**
+   * Where the live weights were digested: `engine`, by its workers over the memory they have
+   * mapped (plugins whose status says `digest`); `sdk`, here, through an export of the weights.
+   * Absent when nothing was compared.
+   */
+  readonly digestedIn?: 'engine' | 'sdk';
 }
 
 /** Digests live regions with the chunking of the snapshot's regions (matched by rank and key). */
@@ -60,7 +66,45 @@ export async function checkLive(manifest: Manifest, live: readonly LiveRegionRef
   if ([...manifest.regions()].some(({ region }) => !region.digests)) return { checked: false, changed: [], bytes: 0, seconds: 0 };
   const { pairs, seconds, bytes } = await digestAgainst(manifest, live);
   const changed = pairs.filter((p) => changedChunks(p.region.digests!, p.actual).length > 0).map((p) => p.ref);
-  return { checked: true, changed, bytes, seconds };
+  return { checked: true, changed, bytes, seconds, digestedIn: 'sdk' };
+}
+
+/**
+ * The chunk size every region of the manifest was digested in, when it has GPU digests and one
+ * chunk size throughout (what an engine's own digest is asked for); undefined otherwise.
+ * @internal
+ */
+export function uniformDigestChunk(manifest: Manifest): number | undefined {
+  let chunk: number | undefined;
+  for (const { region } of manifest.regions()) {
+    if (!region.digests || (chunk !== undefined && region.chunkSize !== chunk)) return undefined;
+    chunk = region.chunkSize;
+  }
+  return chunk;
+}
+
+/**
+ * The dirty check from digests the engine's workers computed over their own weights
+ * (`vsnap_digest`): each of the snapshot's regions against the live region of its rank and key; a
+ * region the engine did not digest counts as changed.
+ * @internal
+ */
+export function checkDigested(
+  manifest: Manifest,
+  ranks: ReadonlyArray<{ readonly rank: number; readonly regions: ReadonlyArray<{ readonly key: string; readonly digests: readonly string[] }> }>,
+  seconds: number,
+): LiveCheckReport {
+  const live = new Map<string, readonly string[]>();
+  for (const r of ranks) for (const region of r.regions) live.set(regionId(r.rank, region.key), region.digests);
+  const changed: string[] = [];
+  let bytes = 0;
+  for (const { rank, region } of manifest.regions()) {
+    const id = regionId(rank, region.key);
+    const actual = live.get(id);
+    if (actual) bytes += region.size;
+    if (!actual || changedChunks(region.digests ?? [], actual).length > 0) changed.push(id);
+  }
+  return { checked: true, changed, bytes, seconds, digestedIn: 'engine' };
 }
 
 /**

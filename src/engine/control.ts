@@ -1,8 +1,8 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 
 import { VsnapError } from '../errors.js';
-import type { CallOptions, EngineClient, EngineRegionTable, EngineStatus, QueuedRequestsPolicy } from './engine-client.js';
-import { RUST_FRONTEND_HINT, VsnapDescribeSchema, VsnapStatusSchema } from './schemas.js';
+import type { CallOptions, EngineClient, EngineDigestTable, EngineRegionTable, EngineStatus, QueuedRequestsPolicy } from './engine-client.js';
+import { RUST_FRONTEND_HINT, VsnapDescribeSchema, VsnapDigestSchema, VsnapStatusSchema } from './schemas.js';
 
 /**
  * How the flows drive an engine: through the plugin's authenticated /vsnap/v1 routes, or, where
@@ -15,6 +15,8 @@ export interface EngineControl {
   status(call?: CallOptions): Promise<EngineStatus>;
   /** Every rank's weights region table, asleep or awake (plugins whose status says `describe`). */
   describe(call?: CallOptions): Promise<EngineRegionTable[]>;
+  /** Every rank's region table with its weights' GPU digests, computed by the workers (plugins whose status says `digest`). */
+  digest(chunkSize: number, call?: CallOptions): Promise<EngineDigestTable[]>;
   exportTo(socket: string, nonces: readonly string[], call?: CallOptions): Promise<void>;
   sleep(level: 1 | 2, mode: 'abort' | 'wait' | 'keep' | undefined, call?: CallOptions): Promise<void>;
   wake(tags: readonly string[] | undefined, call?: CallOptions, adopt?: { socket: string; nonces: readonly string[] }): Promise<void>;
@@ -33,6 +35,7 @@ function viaRoutes(client: EngineClient): EngineControl {
     via: 'vsnap',
     status: (call) => client.vsnapStatus(call),
     describe: (call) => client.vsnapDescribe(call),
+    digest: (chunkSize, call) => client.vsnapDigest({ chunkSize }, call),
     exportTo: async (socket, nonces, call) => {
       await client.vsnapExport({ socket, nonces }, call);
     },
@@ -63,6 +66,13 @@ function viaDevRoutes(client: EngineClient): EngineControl {
       const parsed = VsnapDescribeSchema.safeParse({ ranks: (await client.collectiveRpc('vsnap_describe', {}, call)) ?? [] });
       if (!parsed.success) {
         throw new VsnapError('E_ENGINE_PROTOCOL', `the workers' vsnap_describe has an unexpected shape: is the vsnap plugin of a matching version loaded?`, { issues: parsed.error.issues });
+      }
+      return parsed.data.ranks;
+    },
+    digest: async (chunkSize, call) => {
+      const parsed = VsnapDigestSchema.safeParse({ ranks: (await client.collectiveRpc('vsnap_digest', { args: [chunkSize] }, call)) ?? [] });
+      if (!parsed.success) {
+        throw new VsnapError('E_ENGINE_PROTOCOL', `the workers' vsnap_digest has an unexpected shape: is the vsnap plugin of a matching version loaded?`, { issues: parsed.error.issues });
       }
       return parsed.data.ranks;
     },

@@ -14,14 +14,15 @@ import {
   SleepAnswerSchema,
   VersionSchema,
   VsnapDescribeSchema,
+  VsnapDigestSchema,
   VsnapExportSchema,
   VsnapStatusSchema,
   RUST_FRONTEND_HINT,
   WakeAnswerSchema,
 } from './schemas.js';
-import type { CallOptions, CompletionResult, EngineClientOptions, EngineRegionTable, EngineStatus, QueuedRequestsPolicy } from './types.js';
+import type { CallOptions, CompletionResult, EngineClientOptions, EngineDigestTable, EngineRegionTable, EngineStatus, QueuedRequestsPolicy } from './types.js';
 
-export type { CallOptions, CompletionResult, EngineClientOptions, EngineRegionTable, EngineStatus, QueuedRequestsPolicy } from './types.js';
+export type { CallOptions, CompletionResult, EngineClientOptions, EngineDigestTable, EngineRegionTable, EngineStatus, QueuedRequestsPolicy } from './types.js';
 
 const LONG_CALL_MS = 10 * 60_000;
 
@@ -166,6 +167,24 @@ export class EngineClient {
    */
   async vsnapDescribe(options?: CallOptions): Promise<EngineRegionTable[]> {
     const r = await this.json(VsnapDescribeSchema, { method: 'GET', path: '/vsnap/v1/describe', auth: 'vsnap', idempotent: true, options, defaultTimeoutMs: LONG_CALL_MS });
+    return r.ranks;
+  }
+
+  /**
+   * Every worker's weights region table with the GPU digests of its regions in chunks of
+   * `chunkSize` bytes (`POST /vsnap/v1/digest`, plugins whose status says `digest`), computed in
+   * the workers over the memory they have mapped. The weights must be awake.
+   */
+  async vsnapDigest(args: { chunkSize: number }, options?: CallOptions): Promise<EngineDigestTable[]> {
+    const r = await this.json(VsnapDigestSchema, {
+      method: 'POST',
+      path: '/vsnap/v1/digest',
+      auth: 'vsnap',
+      body: { chunkSize: args.chunkSize },
+      idempotent: true,
+      options,
+      defaultTimeoutMs: LONG_CALL_MS,
+    });
     return r.ranks;
   }
 

@@ -68,6 +68,8 @@ const RankStatusSchema = z
     frontend: z.string().optional(),
     // Newer plugins: the region table can be read while asleep (vsnap_describe).
     describe: z.boolean().optional(),
+    // Newer plugins: the worker digests its own weights (vsnap_digest), the dirty check without an export.
+    digest: z.boolean().optional(),
   })
   .passthrough();
 
@@ -116,6 +118,20 @@ export const ExportHeaderSchema = z.object({
 
 /** `GET /vsnap/v1/describe` (and the workers' `vsnap_describe`): every rank's region table, as an export's header. */
 export const VsnapDescribeSchema = z.object({ ranks: z.array(ExportHeaderSchema).min(1) });
+
+const DIGEST_HEX = z.string().regex(/^[0-9a-f]{32}$/);
+
+/** `POST /vsnap/v1/digest` (and the workers' `vsnap_digest`): every rank's region table, each region with its GPU digests. */
+export const VsnapDigestSchema = z.object({
+  ranks: z
+    .array(
+      ExportHeaderSchema.extend({
+        chunkSize: z.number().int().positive(),
+        regions: z.array(ExportHeaderSchema.shape.regions.element.extend({ digests: z.array(DIGEST_HEX) })),
+      }),
+    )
+    .min(1),
+});
 
 /** vLLM's Rust frontend builds no FastAPI app: neither the plugin's routes nor the dev routes exist. @internal */
 export const RUST_FRONTEND_HINT =

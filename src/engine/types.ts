@@ -97,6 +97,8 @@ export interface EngineStatus {
     readonly frontend?: string;
     /** Whether the plugin describes the weights regions while asleep ({@link EngineClient.vsnapDescribe}). Absent from older plugins. */
     readonly describe?: boolean;
+    /** Whether the worker digests its own weights ({@link EngineClient.vsnapDigest}). Absent from older plugins. */
+    readonly digest?: boolean;
   }>;
 }
 
@@ -127,6 +129,19 @@ export interface EngineRegionTable {
     /** Whether the engine's own wake writes into the region (vLLM copies the model's buffers back after a level-2 sleep). */
     readonly wakeWrites?: boolean;
   }>;
+}
+
+/**
+ * One worker's weights region table with the GPU digests of each region, computed by the worker
+ * over the memory it has mapped (`POST /vsnap/v1/digest`): what a suspend's dirty check compares
+ * with the snapshot, without exporting the weights.
+ * @public
+ */
+export interface EngineDigestTable extends Omit<EngineRegionTable, 'regions'> {
+  /** The bytes each digest covers (a region's last chunk may be shorter). */
+  readonly chunkSize: number;
+  /** The weights regions, in address order, each with its digests (vsnap-gd1, 32 hex digits a chunk). */
+  readonly regions: ReadonlyArray<EngineRegionTable['regions'][number] & { readonly digests: readonly string[] }>;
 }
 
 /**

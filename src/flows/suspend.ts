@@ -2,8 +2,9 @@ import { invalidArgument, VsnapError } from '../errors.js';
 import type { CallOptions, EngineClient, EngineStatus } from '../engine/engine-client.js';
 import { engineControl, type EngineControl } from '../engine/control.js';
 import { exportRegions, type ExportedRegions } from '../engine/export.js';
-import { checkLive, type LiveCheckReport } from '../digest/compare.js';
+import { checkDigested, checkLive, uniformDigestChunk, type LiveCheckReport } from '../digest/compare.js';
 import { liveRefs, mapExported } from '../engine/exported.js';
+import { readTables } from '../engine/region-table.js';
 import type { Mismatch } from '../manifest/compat.js';
 import type { Manifest } from '../manifest/manifest.js';
 import { checkOptions } from '../options.js';
@@ -69,7 +70,7 @@ class LiveWeights {
   private exported: ExportedRegions | undefined;
   private mapped: MappedRegions | undefined;
   constructor(
-    private readonly control: EngineControl,
+    readonly control: EngineControl,
     private readonly ranks: number,
     private readonly call: CallOptions,
   ) {}
@@ -196,6 +197,12 @@ async function ensureRestorable(
     lap('capture');
     return s;
   };
+  const early = snapshot ? await checkInEngine(snapshot, status, weights.control, options, lap) : undefined;
+  if (early?.liveCheck.changed.length === 0) return { snapshot: snapshot!, captured: false, liveCheck: early.liveCheck };
+  if (early) {
+    if (options.onStale === 'refuse') throw staleError(name, early.liveCheck);
+    return { snapshot: await capture(snapshot), captured: true, liveCheck: early.liveCheck };
+  }
   const problems = snapshot ? await restorable(snapshot, status, await weights.export(), options) : [`the store has no snapshot '${name}'`];
   lap('check');
   if (problems.length === 0) {
@@ -216,6 +223,51 @@ async function ensureRestorable(
   }
   // The weights exported for the check are captured as they are.
   return { snapshot: await capture(), captured: true };
+}
+
+/**
+ * How the live weights are digested for the dirty check: `engine` (the default), by the engine's
+ * workers over the memory they have mapped, where every rank's plugin says `digest` and the
+ * snapshot's digests share one chunk size; `sdk`, here, through an export (every other engine).
+ * VSNAP_DIRTY_CHECK chooses.
+ * @internal
+ */
+export function dirtyCheckIn(): 'engine' | 'sdk' {
+  const v = process.env.VSNAP_DIRTY_CHECK;
+  if (v === undefined || v === '' || v === 'engine') return 'engine';
+  if (v === 'sdk') return v;
+  throw new VsnapError('E_CONFIG', `VSNAP_DIRTY_CHECK=${JSON.stringify(v)}: expected 'engine' (the default) or 'sdk'`, { value: v });
+}
+
+/**
+ * The checks of a suspend from one call to the engine: its workers send their region tables with
+ * the digests of their weights (no export, no mapping here). The layout and blobs are checked
+ * against the tables; the digests against the snapshot's. Undefined where the engine cannot
+ * digest, or the layout or blobs do not match: the caller then takes the export path, which says
+ * why or captures.
+ */
+async function checkInEngine(
+  snapshot: Snapshot,
+  status: EngineStatus,
+  control: EngineControl,
+  options: EngineSuspendOptions,
+  lap: (phase: string) => void,
+): Promise<{ liveCheck: LiveCheckReport } | undefined> {
+  const chunk = uniformDigestChunk(snapshot.manifest);
+  if (chunk === undefined || dirtyCheckIn() !== 'engine' || !status.ranks.every((r) => r.digest === true)) return undefined;
+  const t0 = performance.now();
+  const digested = await control.digest(chunk, options.signal ? { signal: options.signal } : {});
+  const seconds = (performance.now() - t0) / 1000;
+  const tables = { ranks: await readTables(digested, status.ranks.length) };
+  lap('digest');
+  const mismatches = snapshot.manifest.checkCompatibility({ ...liveFacts(status, tables, false), ranks: liveRanks(tables) });
+  if (mismatches.length > 0 || blobProblems(snapshot).length > 0) return undefined;
+  if (options.verifyBlobs) {
+    const report = await snapshot.verify(options.signal ? { signal: options.signal } : {});
+    if (report.problems.length > 0) return undefined;
+  }
+  lap('check');
+  return { liveCheck: checkDigested(snapshot.manifest, digested, seconds) };
 }
 
 /** E_STALE for a suspend that would discard weights the snapshot does not hold. @internal */

@@ -36,7 +36,7 @@ describe('deep suspend through suspendEngine / restoreEngine', () => {
     expect(pid).toBe(e.enginePid);
     const driver = new FakeCheckpointDriver([pid]);
     const r = await suspendEngine(store, 'ref', client, { deep: true, hooks: { checkpoint: driver } });
-    expect(Object.keys(r.phases)).toEqual(['status', 'check', 'digest', 'sleep', 'deep.checkState', 'deep.lock', 'deep.checkpoint']);
+    expect(Object.keys(r.phases)).toEqual(['status', 'digest', 'check', 'sleep', 'deep.checkState', 'deep.lock', 'deep.checkpoint']);
     expect(driver.states.get(pid)).toBe('checkpointed');
     // suspending again: already asleep and deep, nothing changes
     const again = await suspendEngine(store, 'ref', client, { deep: true, hooks: { checkpoint: driver } });

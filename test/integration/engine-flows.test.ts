@@ -42,9 +42,13 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     const layer = m.ranks[0]!.regions.find((r) => r.key === 'model.layers.0.mlp.weight')!;
     expect(layer.tensors.map((t) => t.name)).toEqual(['model.layers.0.mlp.weight', 'model.layers.0.mlp.scales']);
 
+    const exports = vi.spyOn(client, 'vsnapExport');
     const suspended = await suspendEngine(store, 'ref', client);
-    expect(suspended).toMatchObject({ captured: false, alreadyAsleep: false });
-    expect(Object.keys(suspended.phases)).toEqual(['status', 'check', 'digest', 'sleep']);
+    expect(suspended).toMatchObject({ captured: false, alreadyAsleep: false, liveCheck: { checked: true, changed: [], digestedIn: 'engine' } });
+    // The dirty check in one call: the engine's workers digest their own weights, nothing is exported.
+    expect(Object.keys(suspended.phases)).toEqual(['status', 'digest', 'check', 'sleep']);
+    expect(exports).not.toHaveBeenCalled();
+    exports.mockRestore();
     const asleep = await client.vsnapStatus();
     expect(asleep.sleeping).toBe(true);
     expect(asleep.ranks[0]!.weightsMapped).toBe(false);

@@ -63,19 +63,60 @@ const openFds = () => readdirSync('/proc/self/fd').length;
 const ask = async (client: EngineClient) => (await askCapital(client, 8)).ids;
 
 describe('live weights under faults', () => {
-  it('the dirty check fails: the suspend fails, the engine keeps its weights, nothing is captured or leaked', async () => {
+  it('the dirty check fails here (VSNAP_DIRTY_CHECK=sdk): the suspend fails, the engine keeps its weights, nothing is captured or leaked', async () => {
     const client = await engine();
     const store = await RegionStore.open(tempDir());
     const snap = await captureEngine(store, 'ref', client);
     const answer = await ask(client);
     const fds = openFds();
     faults.digest = () => 'fail';
-    await expect(suspendEngine(store, 'ref', client)).rejects.toMatchObject({ code: 'E_CUDA' });
+    vi.stubEnv('VSNAP_DIRTY_CHECK', 'sdk');
+    try {
+      await expect(suspendEngine(store, 'ref', client)).rejects.toMatchObject({ code: 'E_CUDA' });
+    } finally {
+      vi.unstubAllEnvs();
+    }
     expect((await client.vsnapStatus()).sleeping).toBe(false);
     expect(await ask(client)).toEqual(answer);
     expect((await store.current('ref'))!.id).toBe(snap.id);
     expect(readdirSync(join(store.root, 'tmp')).filter((f) => !f.startsWith('.'))).toEqual([]);
     expect(openFds()).toBe(fds);
+  });
+
+  it("the engine's own digest fails: the suspend fails with its error, the engine keeps its weights, nothing is exported, captured or leaked", async () => {
+    const client = await engine();
+    const store = await RegionStore.open(tempDir());
+    const snap = await captureEngine(store, 'ref', client);
+    const answer = await ask(client);
+    const fds = openFds();
+    const exports = vi.spyOn(client, 'vsnapExport');
+    const digest = vi.spyOn(client, 'vsnapDigest').mockRejectedValueOnce(
+      new VsnapError('E_ENGINE_HTTP', 'POST /vsnap/v1/digest answered 500: RuntimeError: cuLaunchKernel (digest) failed with CUDA_ERROR_LAUNCH_FAILED (injected)', { status: 500 }),
+    );
+    await expect(suspendEngine(store, 'ref', client)).rejects.toMatchObject({ code: 'E_ENGINE_HTTP' });
+    expect(digest).toHaveBeenCalledTimes(1);
+    expect(exports).not.toHaveBeenCalled();
+    expect((await client.vsnapStatus()).sleeping).toBe(false);
+    expect(await ask(client)).toEqual(answer);
+    expect((await store.current('ref'))!.id).toBe(snap.id);
+    expect(readdirSync(join(store.root, 'tmp')).filter((f) => !f.startsWith('.'))).toEqual([]);
+    expect(openFds()).toBe(fds);
+    // The engine's digest answers the next time: the suspend goes through.
+    await expect(suspendEngine(store, 'ref', client)).resolves.toMatchObject({ captured: false, liveCheck: { digestedIn: 'engine' } });
+  });
+
+  it('a digest the engine sends for the wrong chunk count counts as changed: captured again, never trusted', async () => {
+    const client = await engine();
+    const store = await RegionStore.open(tempDir());
+    const snap = await captureEngine(store, 'ref', client);
+    const real = client.vsnapDigest.bind(client);
+    vi.spyOn(client, 'vsnapDigest').mockImplementationOnce(async (args, options) => {
+      const tables = await real(args, options);
+      return tables.map((t, i) => (i > 0 ? t : { ...t, regions: t.regions.map((r, j) => (j > 0 ? r : { ...r, digests: r.digests.slice(1) })) }));
+    });
+    const s = await suspendEngine(store, 'ref', client);
+    const first = snap.manifest.data.ranks[0]!.regions[0]!;
+    expect(s).toMatchObject({ captured: true, liveCheck: { checked: true, changed: [`0/${first.key}`], digestedIn: 'engine' } });
   });
 
   it('the digest fails at capture: recorded without digests (a warning), and the next suspend captures again rather than trust it', async () => {

@@ -1,7 +1,7 @@
 import { chmodSync, readFileSync, unlinkSync, writeFileSync, readSync, writeSync } from 'node:fs';
 import { join } from 'node:path';
 
-import { afterEach, describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it, vi } from 'vitest';
 
 import { ResidentWeights } from '../../src/cache/resident-weights.js';
 import { EngineClient } from '../../src/engine/engine-client.js';
@@ -49,8 +49,8 @@ describe('live weights: the dirty check before a discard, incremental capture, v
 
     const suspended = await suspendEngine(store, 'ref', client);
     expect(suspended.captured).toBe(true);
-    expect(suspended.liveCheck).toMatchObject({ checked: true, changed: [layer(2)] });
-    expect(Object.keys(suspended.phases)).toEqual(['status', 'check', 'digest', 'capture', 'sleep']);
+    expect(suspended.liveCheck).toMatchObject({ checked: true, changed: [layer(2)], digestedIn: 'engine' });
+    expect(Object.keys(suspended.phases)).toEqual(['status', 'digest', 'check', 'capture', 'sleep']);
     // Incremental: one region read again, the others shared with the first capture's blobs.
     const changedRegion = first.manifest.data.ranks[0]!.regions.find((r) => r.key === 'model.layers.2.mlp.weight')!;
     const second = suspended.snapshot;
@@ -67,6 +67,27 @@ describe('live weights: the dirty check before a discard, incremental capture, v
     expect(Object.keys(report.phases)).toContain('verifyDigests');
     expect(await ask(client)).toEqual(updated);
     expect((await second.verify()).ok).toBe(true);
+  });
+
+  it('the engine digests its own weights to the bits of the SDK: both dirty checks name the same regions', async () => {
+    const client = await engine();
+    const store = await RegionStore.open(tempDir());
+    const snap = await captureEngine(store, 'ref', client);
+    // Unchanged: every digest the workers compute equals the one the capture recorded here.
+    const tables = await client.vsnapDigest({ chunkSize: snap.manifest.data.ranks[0]!.regions[0]!.chunkSize });
+    const recorded = new Map(snap.manifest.data.ranks[0]!.regions.map((r) => [r.key, r.digests]));
+    expect(tables[0]!.regions.length).toBe(recorded.size);
+    for (const r of tables[0]!.regions) expect(r.digests, r.key).toEqual(recorded.get(r.key));
+    await updateWeights(client, 4, [0, 2]);
+    const stale = async () => ((await suspendEngine(store, 'ref', client, { onStale: 'refuse' }).catch((e: unknown) => e)) as VsnapError).details.regions;
+    const inEngine = await stale();
+    vi.stubEnv('VSNAP_DIRTY_CHECK', 'sdk');
+    try {
+      expect(await stale()).toEqual(inEngine);
+    } finally {
+      vi.unstubAllEnvs();
+    }
+    expect(inEngine).toEqual(expect.arrayContaining([layer(0), layer(2)])); // and the tensor repacked from layer 0 (anon:0)
   });
 
   it("onStale 'refuse': E_STALE names exactly the changed regions and the engine stays awake", async () => {

@@ -38,7 +38,7 @@ describe('restoreEngine and suspendEngine with the neighbour tier (CPU reference
     const suspended = await suspendEngine(s.store, 'ref', s.client, { onWarning: s.onWarning, tiers: { neighbour: s.tier } });
     expect(suspended.parked).toMatchObject({ device: 1, already: false });
     expect(suspended.parked!.bytes).toBe(s.tier.usedBytes);
-    expect(Object.keys(suspended.phases)).toEqual(['status', 'check', 'digest', 'park', 'sleep']);
+    expect(Object.keys(suspended.phases)).toEqual(['status', 'digest', 'check', 'park', 'sleep']);
     expect(s.tier.ids()).toEqual([s.snap.id]);
     expect(s.peer.copies).toEqual([{ device: 0, restore: false, bytes: s.snap.manifest.totalBytes }]);
 

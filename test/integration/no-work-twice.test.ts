@@ -58,7 +58,16 @@ describe('no work twice: one export and one mapping per region per flow', () => 
     // The capture's GPU digests and its copy share one mapping (was 2n).
     expect(capture).toMatchObject({ mapped: n, exports: 1 });
 
-    expect(await counted(client, () => suspendEngine(store, 'ref', client))).toMatchObject({ mapped: n, exports: 1 });
+    // The dirty check digested by the engine's workers: nothing exported, nothing mapped here.
+    expect(await counted(client, () => suspendEngine(store, 'ref', client))).toMatchObject({ mapped: 0, exports: 0 });
+    // Digested here instead (VSNAP_DIRTY_CHECK=sdk, or a plugin without digest): one export, one mapping.
+    await restoreEngine(capture.value, client);
+    process.env.VSNAP_DIRTY_CHECK = 'sdk';
+    try {
+      expect(await counted(client, () => suspendEngine(store, 'ref', client))).toMatchObject({ mapped: n, exports: 1 });
+    } finally {
+      delete process.env.VSNAP_DIRTY_CHECK;
+    }
     // The hydrate and the digest that verifies it share one mapping (was 2n). The restore fills memory
     // made here while the engine's wake adopts it: no export, one mapping of that memory.
     const restored = await counted(client, () => restoreEngine(capture.value, client));
@@ -83,7 +92,7 @@ describe('no work twice: one export and one mapping per region per flow', () => 
       delete process.env.VSNAP_RESTORE_TARGETS;
     }
 
-    // Weights changed in place: the dirty check, the new capture's digests and its copy share one mapping (was 3n).
+    // Weights changed in place: the engine's digest finds it; the new capture's digests and its copy share one mapping (was 3n).
     await syncWeights(client.baseUrl, 2, [1]);
     const stale = await counted(client, () => suspendEngine(store, 'ref', client));
     expect(stale.value.captured).toBe(true);

@@ -1,4 +1,4 @@
-import { execFile, spawn } from 'node:child_process';
+import { execFile, execFileSync, spawn } from 'node:child_process';
 import { readdirSync, readFileSync, symlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
@@ -107,5 +107,9 @@ describe('what is published', () => {
     const version = (JSON.parse(readFileSync('package.json', 'utf8')) as { version: string }).version;
     expect(readdirSync(out).sort()).toEqual([`vsnap-vllm-${version}.tar.gz`, `vsnap_vllm-${version}-py3-none-any.whl`]);
     expect(readdirSync('engines/vllm').sort()).toEqual(before);
+    // Both carry the digest kernel the workers run over their weights (vsnap_vllm/gd1.py).
+    const list = (script: string, file: string): string => execFileSync('python3', ['-c', script, join(out, file)], { encoding: 'utf8' });
+    expect(list('import sys, zipfile; print("\\n".join(zipfile.ZipFile(sys.argv[1]).namelist()))', `vsnap_vllm-${version}-py3-none-any.whl`)).toContain('vsnap_vllm/digest_kernel.fatbin');
+    expect(list('import sys, tarfile; print("\\n".join(tarfile.open(sys.argv[1]).getnames()))', `vsnap-vllm-${version}.tar.gz`)).toContain('vsnap_vllm/digest_kernel.fatbin');
   });
 });
