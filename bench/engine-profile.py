@@ -13,7 +13,7 @@ Cycles per rep (one engine), in this order: "tier0" = export (the descriptors he
 holds them), sleep level 2, wake weights with adopt (mapped back), wake kv_cache, reset prefix
 cache, check cold (first request after the wake; must give the recorded answer), check warm;
 "release" = release_kv_cache (vLLM's weight-resident suspend), wake kv_cache, reset, check;
-"ram" = status, check, sleep level 2, wake weights, export (the descriptors are received and
+"ram" = status, digest (the dirty check in the workers), check, sleep level 2, wake weights, export (the descriptors are received and
 closed: no hydrate, so its cold check reads unrestored memory), wake kv_cache, reset, check cold,
 check warm; then, unmeasured, reload_weights (--load-seconds 0) and one more tier-0 cycle.
 With --variants freeze,nofreeze (default) it runs the whole thing twice: with the engine's GC heap
@@ -41,6 +41,7 @@ FIXTURE = os.path.join(ROOT, "test", "fixtures", "engine")
 sys.path.insert(0, os.path.join(ROOT, "engines", "vllm"))
 
 from vsnap_vllm.fdsend import FDS_PER_BATCH, _recv_exact, _recv_fds  # noqa: E402 - the plugin's side of the same protocol
+DIGEST_CHUNK = 64 << 20  # the SDK's default chunk size (src/transfer/staging.ts DEFAULT_CHUNK_SIZE)
 PROMPT = "The quick brown fox jumps over the lazy dog. Tell me a story about swapping engines."
 
 
@@ -188,6 +189,7 @@ def run_variant(args, variant, work, site):
         def ram(rep):
             c = "ram"
             op(rep, c, "status", lambda: engine.call("GET", "/vsnap/v1/status"))
+            op(rep, c, "digest (dirty check)", lambda: engine.call("POST", "/vsnap/v1/digest", {"chunkSize": DIGEST_CHUNK}))
             op(rep, c, "check (suspend)", engine.check)
             op(rep, c, "sleep level 2", lambda: engine.call("POST", "/vsnap/v1/sleep", {"level": 2}))
             op(rep, c, "wake weights", lambda: engine.call("POST", "/vsnap/v1/wake", {"tags": ["weights"]}))
@@ -286,7 +288,7 @@ SUMMARY = [
     ("HTTP server", lambda n: n.startswith("http ")),
     ("engine core", lambda n: n.startswith("core ") and not n.startswith("core.rpc")),
     ("worker calls", lambda n: n.startswith("core.rpc ") or n.startswith("worker.rpc ")),
-    ("vsnap worker methods", lambda n: n in ("vsnap export", "vsnap adopt", "vsnap status")),
+    ("vsnap worker methods", lambda n: n in ("vsnap export", "vsnap adopt", "vsnap status", "vsnap digest")),
     ("alloc create_and_map", lambda n: n == "alloc create_and_map"),
     ("alloc unmap_and_release", lambda n: n == "alloc unmap_and_release"),
     ("vsnap hooks", lambda n: n.startswith("vsnap.hook ")),

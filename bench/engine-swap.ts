@@ -30,7 +30,9 @@
 // (VSNAP_RESTORE_TARGETS=wake: the engine's wake, then its export, mapped here), beside the default
 // (the memory made and filled here while the engine's wake adopts it), same run. `ram-whole`: the
 // same with every region's memory made before the copy starts (VSNAP_RESTORE_TARGETS=fill-whole),
-// against the default's largest regions first and the rest beside their copy.
+// against the default's largest regions first and the rest beside their copy. `ram-sdk-check`:
+// the ram row with each suspend's dirty check digested here through an export of the weights
+// (VSNAP_DIRTY_CHECK=sdk), against the default's digest by the engine's workers, same run.
 // `ram2`: the ram row with every restore over two PCIe links (restoreEngine's multipath: part of
 // the bytes host -> GPU `--neighbour` -> NVLink peer copy), skipped where that GPU is missing.
 // Issue 25 (restores at the PCIe limit): the report opens with its targets, each against a ceiling
@@ -44,7 +46,7 @@
 // Bundle it into dist-gpu/ (the test helpers find test/fixtures from the package root above the
 // bundle) and run it as root, where test/gpu/run.sh has set VSNAP_REF_CUMEM_LIB:
 //   node dist-gpu/bench-engine-swap.mjs [--device cuda|host] [--layers 36] [--hidden 4096] [--reps 5]
-//     [--rows sweep,capture2,tier0,ram,ram-wake,ram-whole,ram2,vllm-l1,engine,pagecache,cold] [--neighbour 1] [--out bench/results] [--store /tmp/vsnap-swap-store]
+//     [--rows sweep,capture2,tier0,ram,ram-wake,ram-whole,ram-sdk-check,ram2,vllm-l1,engine,pagecache,cold] [--neighbour 1] [--out bench/results] [--store /tmp/vsnap-swap-store]
 //     [--sweep-regions 36,252,1000,4000] [--sweep-gib 16] [--capture2-gib 16] [--ceiling dist-gpu/ceiling]
 //     [--vllm-cycles 3] [--hash-threads N] [--overlap none,kv,weights,all]
 // Writes <out>/engine-swap-<GiB>GiB.json (every swap) and .md, prints the table; progress on stderr.
@@ -73,13 +75,13 @@ const PROBE_TOKENS = 16;
 const CHECK = /^(prefill|decode):(\d+)$/.exec(process.env.VSNAP_BENCH_CHECK ?? '');
 const CHECK_OPTIONS = CHECK ? { check: { mode: CHECK[1] as 'prefill' | 'decode', maxTokens: Number(CHECK[2]) } } : {};
 
-type RowName = 'tier0' | 'engine' | 'ram' | 'ram-wake' | 'ram-whole' | 'ram2' | 'pagecache' | 'cold';
+type RowName = 'tier0' | 'engine' | 'ram' | 'ram-wake' | 'ram-whole' | 'ram-sdk-check' | 'ram2' | 'pagecache' | 'cold';
 type Tier = 'gpu' | 'neighbour' | 'ram' | 'store' | 'engine';
 // The RAM rows before the engine row (never run on a GPU before issue 25): a failure there cannot cost them.
-const ROWS: readonly RowName[] = ['tier0', 'ram', 'ram-wake', 'ram-whole', 'ram2', 'engine', 'pagecache', 'cold'];
+const ROWS: readonly RowName[] = ['tier0', 'ram', 'ram-wake', 'ram-whole', 'ram-sdk-check', 'ram2', 'engine', 'pagecache', 'cold'];
 type ExtraRow = 'sweep' | 'capture2' | 'vllm-l1';
 const EXTRA: readonly ExtraRow[] = ['sweep', 'capture2', 'vllm-l1'];
-const ALL_ROWS = ['sweep', 'capture2', 'tier0', 'ram', 'ram-wake', 'ram-whole', 'ram2', 'vllm-l1', 'engine', 'pagecache', 'cold'];
+const ALL_ROWS = ['sweep', 'capture2', 'tier0', 'ram', 'ram-wake', 'ram-whole', 'ram-sdk-check', 'ram2', 'vllm-l1', 'engine', 'pagecache', 'cold'];
 type Overlap = 'none' | 'kv' | 'weights' | 'all';
 const OVERLAPS: readonly Overlap[] = ['none', 'kv', 'weights', 'all'];
 /** The rows the overlap modes apply to (the others run without overlap). */
@@ -90,6 +92,7 @@ const LABEL: Record<RowName, string> = {
   ram: 'RAM tier (hot, pinned HostCache)',
   'ram-wake': "RAM tier, targets by the engine's wake and export (VSNAP_RESTORE_TARGETS=wake)",
   'ram-whole': 'RAM tier, every region\'s memory made before the copy (VSNAP_RESTORE_TARGETS=fill-whole)',
+  'ram-sdk-check': 'RAM tier, the dirty check digested here through an export (VSNAP_DIRTY_CHECK=sdk)',
   ram2: 'RAM tier over two PCIe links (multipath)',
   pagecache: 'page cache (warm disk)',
   cold: 'cold disk (caches dropped, O_DIRECT)',
@@ -528,7 +531,7 @@ async function runRow(row: RowName): Promise<RowResult[]> {
     } finally {
       resident.close(); // the engine asleep now restores from the store or the RAM tier in the next rows
     }
-  } else if (row === 'ram' || row === 'ram-wake' || row === 'ram-whole' || row === 'ram2') {
+  } else if (row === 'ram' || row === 'ram-wake' || row === 'ram-whole' || row === 'ram-sdk-check' || row === 'ram2') {
     const gpus = cuda.available ? (await listDevices()).length : 2; // the host backend has a stand-in neighbour
     if (row === 'ram2' && gpus <= neighbour) {
       result.skipped = `needs GPU ${neighbour} as the neighbour (${gpus} visible)`;
@@ -548,10 +551,12 @@ async function runRow(row: RowName): Promise<RowResult[]> {
       result.setup.cacheLoadSeconds = since(t);
       log(`[ram] HostCache of ${gib(budgetBytes)} GiB (${cache.pinned ? 'pinned' : 'not pinned'}) created in ${ms(result.setup.cacheCreateSeconds)}, both snapshots loaded in ${ms(result.setup.cacheLoadSeconds)}`);
       if (row === 'ram-wake' || row === 'ram-whole') process.env.VSNAP_RESTORE_TARGETS = row === 'ram-wake' ? 'wake' : 'fill-whole';
+      if (row === 'ram-sdk-check') process.env.VSNAP_DIRTY_CHECK = 'sdk';
       try {
         await each({ suspend: {}, restore: { tiers: { ram: cache, ...(row === 'ram2' ? { multipath: { neighbour } } : {}) } }, tier: 'ram' });
       } finally {
         if (row === 'ram-wake' || row === 'ram-whole') delete process.env.VSNAP_RESTORE_TARGETS;
+        if (row === 'ram-sdk-check') delete process.env.VSNAP_DIRTY_CHECK;
       }
     } finally {
       cache.close();

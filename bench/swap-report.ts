@@ -62,8 +62,8 @@ export function sweepTable(rows: readonly SweepRow[], device: string, note: stri
   if (rows.length === 0) return '';
   const n0 = rows[0]!.regions;
   const lines = [
-    `| region-count sweep, RAM-tier restore (${device}) | regions | region size (MiB) | restore median (ms) | GB/s | vs ${n0} regions | raw pinned H2D, same regions (GB/s) | vs raw H2D | export fds (ms) | restore via fds: map set, copy, digest (ms) | vs ${n0} regions | vs raw H2D | filled: memory made in the restore (ms) | vs ${n0} regions | vs raw H2D |`,
-    '|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
+    `| region-count sweep, RAM-tier restore (${device}) | regions | region size (MiB) | restore median (ms) | GB/s | vs ${n0} regions | raw pinned H2D, same regions (GB/s) | vs raw H2D | export fds (ms) | restore via fds: map set, copy, digest (ms) | vs ${n0} regions | vs raw H2D | filled: memory made in the restore (ms) | vs ${n0} regions | vs raw H2D | woken: made, exported, mapped, copied (ms) | vs ${n0} regions | vs raw H2D |`,
+    '|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
   ];
   const x = (v: number | null | undefined): string => (v === null || v === undefined ? 'n/a' : `${f(v)}x`);
   for (const r of rows) {
@@ -73,7 +73,8 @@ export function sweepTable(rows: readonly SweepRow[], device: string, note: stri
     lines.push(
       `| ${f(r.bytes / GiB, 2)} GiB | ${r.regions} | ${size} | ${msCell(r.restoreMedianSeconds)} | ${f(r.restoreGBps, 2)} | ${x(r.vsFirst)} | ${f(r.ceiling?.h2dGBps.max, 2)} | ${x(r.vsCeiling)} | ` +
         `${im ? msCell(im.exportSeconds) : 'n/a'} | ${im ? msCell(im.restoreMedianSeconds) : 'n/a'} | ${x(im?.vsFirst)} | ${x(im?.vsCeiling)} | ` +
-        `${r.filled ? msCell(r.filled.restoreMedianSeconds) : 'n/a'} | ${x(r.filled?.vsFirst)} | ${x(r.filled?.vsCeiling)} |`,
+        `${r.filled ? msCell(r.filled.restoreMedianSeconds) : 'n/a'} | ${x(r.filled?.vsFirst)} | ${x(r.filled?.vsCeiling)} | ` +
+        `${r.woken ? msCell(r.woken.restoreMedianSeconds) : 'n/a'} | ${x(r.woken?.vsFirst)} | ${x(r.woken?.vsCeiling)} |`,
     );
   }
   const worst = Math.max(...rows.map((r) => r.vsFirst ?? 0));
@@ -84,7 +85,7 @@ export function sweepTable(rows: readonly SweepRow[], device: string, note: stri
     `Target (issue 25): restore via exported fds of 4,000 regions within ${TARGETS.fdsRegions}x of 36 (16 GiB); this run: ` +
       (worstImported === null ? 'no restore via fds' : `worst ${f(worstImported)}x via fds (${worstImported <= TARGETS.fdsRegions ? 'met' : 'not met'})`) +
       ` (mapped without fds, every count against ${n0}: worst ${f(worst)}x${worstFilled === null ? '' : `; filled, restoreEngine's default form: worst ${f(worstFilled)}x`})` +
-      `. Snapshot.restore from the pinned RAM tier into one device allocation per region, median of the reps after one warm-up; "via fds" exports each allocation as a POSIX fd, then does what restoreEngine does with an engine's export: one region set over the fds (imported and mapped in restoreEngine's form: pipelined unless VSNAP_REGION_MAPPING says otherwise), the copy and its GPU digest through it, timed from the first import to the verified copy (the engine's export, which the plugin does in the engine process, is timed as the same exports in one process); "filled" is restoreEngine's default form: the memory made in the restore (the largest regions first, their copy started at once, the rest made beside it), every allocation's fd imported and mapped region by region beside the copy (the engine's adopt, which the plugin does in the engine process, stood in for in this one), timed from the first allocation to the verified copy with every region mapped. ` +
+      `. Snapshot.restore from the pinned RAM tier into one device allocation per region, median of the reps after one warm-up; "via fds" exports each allocation as a POSIX fd, then does what restoreEngine does with an engine's export: one region set over the fds (imported and mapped in restoreEngine's form: pipelined unless VSNAP_REGION_MAPPING says otherwise), the copy and its GPU digest through it, timed from the first import to the verified copy (the engine's export, which the plugin does in the engine process, is timed as the same exports in one process); "filled" is restoreEngine's default form: the memory made in the restore (the largest regions first, their copy started at once, the rest made beside it), every allocation's fd imported and mapped region by region beside the copy (the engine's adopt, which the plugin does in the engine process, stood in for in this one), timed from the first allocation to the verified copy with every region mapped; "woken" is its other form whole (VSNAP_RESTORE_TARGETS=wake): every region's memory made and mapped one after the other (the engine's wake), exported, then imported, mapped and copied into as "via fds", timed from the first allocation to the verified copy. ` +
       `Not the reference engine: its regions are PyTorch caching-allocator segments, and every request under 10 MiB shares a 20 MiB segment, so 16 GiB in 4,000 own segments (4.2 MiB) cannot be made there.` +
       (note ? ` Ceiling: ${note}.` : ''),
   );

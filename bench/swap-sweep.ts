@@ -124,6 +124,14 @@ export interface SweepRow {
    */
   filled: { restoreSeconds: number[]; restoreMedianSeconds: number; vsFirst: number | null; vsCeiling: number | null } | null;
   filledError: string | null;
+  /**
+   * GPU only: restoreEngine's other form whole (VSNAP_RESTORE_TARGETS=wake), to compare with
+   * `filled`: each region's memory made and mapped (what the engine's wake does), exported as a
+   * POSIX fd (its export), then imported and mapped as `imported` and copied into: timed from the
+   * first allocation to the verified copy.
+   */
+  woken: { restoreSeconds: number[]; restoreMedianSeconds: number; vsFirst: number | null; vsCeiling: number | null } | null;
+  wokenError: string | null;
 }
 
 export interface SweepOptions {
@@ -220,6 +228,23 @@ export async function runSweep(o: SweepOptions): Promise<{ rows: SweepRow[]; cac
             o.log(`[sweep] ${sizes.length} regions filled failed (the mapped row stands): ${filledError}`);
           }
         }
+        let woken: SweepRow['woken'] = null;
+        let wokenError: string | null = null;
+        if (o.device === 'cuda') {
+          try {
+            const times: number[] = [];
+            for (let r = 0; r < o.reps + 1; r++) {
+              const t0 = await restoreWoken(snap, cache);
+              if (r > 0) times.push(t0);
+            }
+            const wm = median(times);
+            const firstWoken = rows[0]?.woken?.restoreMedianSeconds;
+            woken = { restoreSeconds: times, restoreMedianSeconds: wm, vsFirst: firstWoken ? wm / firstWoken : 1, vsCeiling: ceiling ? gbps(bytes, wm) / ceiling.h2dGBps.max : null };
+          } catch (err) {
+            wokenError = (err as Error).message.split('\n')[0]!;
+            o.log(`[sweep] ${sizes.length} regions woken failed (the mapped row stands): ${wokenError}`);
+          }
+        }
         const row: SweepRow = {
           regions: sizes.length,
           bytes,
@@ -237,6 +262,8 @@ export async function runSweep(o: SweepOptions): Promise<{ rows: SweepRow[]; cac
           importedError,
           filled,
           filledError,
+          woken,
+          wokenError,
         };
         rows.push(row);
         o.log(
@@ -244,6 +271,7 @@ export async function runSweep(o: SweepOptions): Promise<{ rows: SweepRow[]; cac
             `(${row.restoreGBps.toFixed(2)} GB/s, ${row.vsFirst!.toFixed(3)}x of ${rows[0]!.regions} regions${ceiling ? `, ${row.vsCeiling!.toFixed(3)}x of raw H2D ${ceiling.h2dGBps.max} GB/s` : ''}); ` +
             (imported ? `via fds: export ${(imported.exportSeconds * 1000).toFixed(1)} ms, restore ${(imported.restoreMedianSeconds * 1000).toFixed(1)} ms (${imported.vsFirst!.toFixed(3)}x); ` : '') +
             (filled ? `filled: restore ${(filled.restoreMedianSeconds * 1000).toFixed(1)} ms (${filled.vsFirst!.toFixed(3)}x); ` : '') +
+            (woken ? `woken: restore ${(woken.restoreMedianSeconds * 1000).toFixed(1)} ms (${woken.vsFirst!.toFixed(3)}x); ` : '') +
             `setup ${setupSeconds.toFixed(1)} s`,
         );
       } finally {
@@ -290,5 +318,32 @@ async function restoreFilled(snap: Snapshot, cache: HostCache): Promise<number> 
   } finally {
     await adopt?.close();
     for (const p of parts) await p.close();
+  }
+}
+
+/**
+ * One restore in restoreEngine's other form (VSNAP_RESTORE_TARGETS=wake), on GPU 0, without an
+ * engine: every region's memory made and mapped one after the other (the engine's wake), each
+ * exported as a POSIX fd (its export), then one region set over the fds and the copy with its GPU
+ * digest through it, as `imported`. Returns its seconds; everything is let go after the clock.
+ */
+async function restoreWoken(snap: Snapshot, cache: HostCache): Promise<number> {
+  const wanted = [...snap.manifest.regions()].map(({ region }) => ({ key: region.key, size: region.size }));
+  const made: DeviceAllocation[] = [];
+  const fds: number[] = [];
+  let set: MappedRegions | undefined;
+  const t0 = performance.now();
+  try {
+    for (const w of wanted) made.push(await DeviceAllocation.allocate(0, w.size));
+    for (const a of made) fds.push(a.exportFd());
+    const viaFds = wanted.map((w, i) => ({ key: w.key, size: w.size, memory: { kind: 'imported' as const, fd: fds[i]!, device: 0 } }));
+    set = await MappedRegions.open(viaFds, restoreMapping());
+    const res = await snap.restore({ regions: viaFds.map((x, i) => ({ key: x.key, size: x.size, memory: set!.memory(i) })), cache });
+    if (res.tier !== 'ram') throw new Error(`[sweep] woken: restored from ${res.tier ?? 'store'}, expected the RAM tier`);
+    return since(t0);
+  } finally {
+    await set?.close();
+    for (const fd of fds) closeSync(fd);
+    for (const a of made) a.close();
   }
 }

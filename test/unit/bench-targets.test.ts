@@ -50,6 +50,8 @@ function sweepRow(regions: number, mapped: number, viaFds: number | null, bytes 
     importedError: viaFds === null ? 'too many open files' : null,
     filled: filled === null ? null : { restoreSeconds: [filled], restoreMedianSeconds: filled, vsFirst: null, vsCeiling: null },
     filledError: filled === null ? 'out of memory' : null,
+    woken: null,
+    wokenError: 'no GPU',
   };
 }
 /** Engine-sized bytes at 54.4 GB/s: 0.3304 s alone. */
