@@ -1,4 +1,4 @@
-import { spawn, type ChildProcess } from 'node:child_process';
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { execFileSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -155,3 +155,21 @@ export async function syncWeights(url: string, seed: number, layers?: number[]):
     await post('/resume');
   }
 }
+
+let numpyHere: boolean | undefined;
+/**
+ * Whether the reference engine's workers digest their own weights (the plugin's `digest`: numpy
+ * on host memory), so a suspend's dirty check makes no export. numpy is a test prerequisite that
+ * `.ci/run` installs: with CI=true its absence fails here; elsewhere the tests that need it skip
+ * and the others expect the export form.
+ */
+export function engineDigests(): boolean {
+  if (numpyHere === undefined) numpyHere = spawnSync('python3', ['-c', 'import numpy'], { stdio: 'ignore' }).status === 0;
+  if (!numpyHere && process.env.CI === 'true') {
+    throw new Error('python3 cannot import numpy: the reference engine digests its weights with it (pip install numpy; .ci/run does)');
+  }
+  return numpyHere;
+}
+
+/** The dirty-check phases of a suspend, in the order they run: the engine's digest, or the export form. */
+export const dirtyCheckPhases = (): string[] => (engineDigests() ? ['digest', 'check'] : ['check', 'digest']);

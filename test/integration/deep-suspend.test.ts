@@ -6,7 +6,7 @@ import { native } from '../../src/native/index.js';
 import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/index.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { SwapController } from '../../src/swap/controller.js';
-import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
+import { askCapital, dirtyCheckPhases, startEngine, type TestEngine } from '../helpers/engine.js';
 import { FakeCheckpointDriver } from '../helpers/fake-checkpoint.js';
 import { tempDir } from '../helpers/tmp.js';
 import { rejection } from '../helpers/rejection.js';
@@ -36,7 +36,7 @@ describe('deep suspend through suspendEngine / restoreEngine', () => {
     expect(pid).toBe(e.enginePid);
     const driver = new FakeCheckpointDriver([pid]);
     const r = await suspendEngine(store, 'ref', client, { deep: true, hooks: { checkpoint: driver } });
-    expect(Object.keys(r.phases)).toEqual(['status', 'digest', 'check', 'sleep', 'deep.checkState', 'deep.lock', 'deep.checkpoint']);
+    expect(Object.keys(r.phases)).toEqual(['status', ...dirtyCheckPhases(), 'sleep', 'deep.checkState', 'deep.lock', 'deep.checkpoint']);
     expect(driver.states.get(pid)).toBe('checkpointed');
     // suspending again: already asleep and deep, nothing changes
     const again = await suspendEngine(store, 'ref', client, { deep: true, hooks: { checkpoint: driver } });

@@ -4,7 +4,7 @@ import { EngineClient } from '../../src/engine/engine-client.js';
 import { NeighbourTier } from '../../src/cache/neighbour-tier.js';
 import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/index.js';
 import { RegionStore } from '../../src/store/region-store.js';
-import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
+import { askCapital, dirtyCheckPhases, startEngine, type TestEngine } from '../helpers/engine.js';
 import { FaultyClient } from '../helpers/faults.js';
 import { hostPeerBackend } from '../helpers/neighbour.js';
 import { tempDir } from '../helpers/tmp.js';
@@ -38,7 +38,7 @@ describe('restoreEngine and suspendEngine with the neighbour tier (CPU reference
     const suspended = await suspendEngine(s.store, 'ref', s.client, { onWarning: s.onWarning, tiers: { neighbour: s.tier } });
     expect(suspended.parked).toMatchObject({ device: 1, already: false });
     expect(suspended.parked!.bytes).toBe(s.tier.usedBytes);
-    expect(Object.keys(suspended.phases)).toEqual(['status', 'digest', 'check', 'park', 'sleep']);
+    expect(Object.keys(suspended.phases)).toEqual(['status', ...dirtyCheckPhases(), 'park', 'sleep']);
     expect(s.tier.ids()).toEqual([s.snap.id]);
     expect(s.peer.copies).toEqual([{ device: 0, restore: false, bytes: s.snap.manifest.totalBytes }]);
 

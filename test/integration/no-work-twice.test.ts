@@ -10,7 +10,7 @@ import { HostRegion } from '../../src/regions/host-region.js';
 import { MappedRegions } from '../../src/regions/mapped.js';
 import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/index.js';
 import { RegionStore } from '../../src/store/region-store.js';
-import { askCapital, startEngine, syncWeights } from '../helpers/engine.js';
+import { askCapital, engineDigests, startEngine, syncWeights } from '../helpers/engine.js';
 import { FaultyClient, openFds } from '../helpers/faults.js';
 import { tempDir } from '../helpers/tmp.js';
 
@@ -59,7 +59,8 @@ describe('no work twice: one export and one mapping per region per flow', () => 
     expect(capture).toMatchObject({ mapped: n, exports: 1 });
 
     // The dirty check digested by the engine's workers: nothing exported, nothing mapped here.
-    expect(await counted(client, () => suspendEngine(store, 'ref', client))).toMatchObject({ mapped: 0, exports: 0 });
+    const inEngine = engineDigests();
+    expect(await counted(client, () => suspendEngine(store, 'ref', client))).toMatchObject(inEngine ? { mapped: 0, exports: 0 } : { mapped: n, exports: 1 });
     // Digested here instead (VSNAP_DIRTY_CHECK=sdk, or a plugin without digest): one export, one mapping.
     await restoreEngine(capture.value, client);
     process.env.VSNAP_DIRTY_CHECK = 'sdk';

@@ -34,6 +34,7 @@ def spec_sums(chunk):
     return a, b
 
 
+@unittest.skipUnless(gd1.numpy_available(), "needs numpy (vLLM brings it; .ci/run installs it)")
 class Gd1Test(unittest.TestCase):
     def test_the_sdks_fixed_vectors(self):
         for name, data, chunk, expected in VECTORS:
