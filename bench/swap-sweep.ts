@@ -91,6 +91,14 @@ export const median = (v: readonly number[]): number => [...v].sort((a, b) => a 
 /** Seconds since the performance.now() reading `t`. */
 export const since = (t: number): number => (performance.now() - t) / 1000;
 
+/** A restore form's restores in the sweep: seconds each, their median, against the first count's median and the raw H2D. */
+export interface FormTiming {
+  restoreSeconds: number[];
+  restoreMedianSeconds: number;
+  vsFirst: number | null;
+  vsCeiling: number | null;
+}
+
 export interface SweepRow {
   regions: number;
   bytes: number;
@@ -122,7 +130,7 @@ export interface SweepRow {
    * (what the plugin's adopt does in the engine, stood in for in this process): timed from the first
    * allocation to the verified copy with every region mapped.
    */
-  filled: { restoreSeconds: number[]; restoreMedianSeconds: number; vsFirst: number | null; vsCeiling: number | null } | null;
+  filled: FormTiming | null;
   filledError: string | null;
   /**
    * GPU only: restoreEngine's other form whole (VSNAP_RESTORE_TARGETS=wake), to compare with
@@ -130,7 +138,7 @@ export interface SweepRow {
    * POSIX fd (its export), then imported and mapped as `imported` and copied into: timed from the
    * first allocation to the verified copy.
    */
-  woken: { restoreSeconds: number[]; restoreMedianSeconds: number; vsFirst: number | null; vsCeiling: number | null } | null;
+  woken: FormTiming | null;
   wokenError: string | null;
 }
 
@@ -211,40 +219,26 @@ export async function runSweep(o: SweepOptions): Promise<{ rows: SweepRow[]; cac
             for (const fd of fds) closeSync(fd);
           }
         }
-        let filled: SweepRow['filled'] = null;
-        let filledError: string | null = null;
-        if (o.device === 'cuda') {
+        // restoreEngine's two forms, each timed whole (GPU only): `o.reps` restores after one warm-up.
+        const timedForm = async (form: 'filled' | 'woken', restore: () => Promise<number>): Promise<{ result: FormTiming | null; error: string | null }> => {
+          if (o.device !== 'cuda') return { result: null, error: null };
           try {
             const times: number[] = [];
             for (let r = 0; r < o.reps + 1; r++) {
-              const t0 = await restoreFilled(snap, cache);
-              if (r > 0) times.push(t0);
+              const seconds = await restore();
+              if (r > 0) times.push(seconds);
             }
-            const fm = median(times);
-            const firstFilled = rows[0]?.filled?.restoreMedianSeconds;
-            filled = { restoreSeconds: times, restoreMedianSeconds: fm, vsFirst: firstFilled ? fm / firstFilled : 1, vsCeiling: ceiling ? gbps(bytes, fm) / ceiling.h2dGBps.max : null };
+            const m = median(times);
+            const first = rows[0]?.[form]?.restoreMedianSeconds;
+            return { result: { restoreSeconds: times, restoreMedianSeconds: m, vsFirst: first ? m / first : 1, vsCeiling: ceiling ? gbps(bytes, m) / ceiling.h2dGBps.max : null }, error: null };
           } catch (err) {
-            filledError = (err as Error).message.split('\n')[0]!;
-            o.log(`[sweep] ${sizes.length} regions filled failed (the mapped row stands): ${filledError}`);
+            const error = (err as Error).message.split('\n')[0]!;
+            o.log(`[sweep] ${sizes.length} regions ${form} failed (the mapped row stands): ${error}`);
+            return { result: null, error };
           }
-        }
-        let woken: SweepRow['woken'] = null;
-        let wokenError: string | null = null;
-        if (o.device === 'cuda') {
-          try {
-            const times: number[] = [];
-            for (let r = 0; r < o.reps + 1; r++) {
-              const t0 = await restoreWoken(snap, cache);
-              if (r > 0) times.push(t0);
-            }
-            const wm = median(times);
-            const firstWoken = rows[0]?.woken?.restoreMedianSeconds;
-            woken = { restoreSeconds: times, restoreMedianSeconds: wm, vsFirst: firstWoken ? wm / firstWoken : 1, vsCeiling: ceiling ? gbps(bytes, wm) / ceiling.h2dGBps.max : null };
-          } catch (err) {
-            wokenError = (err as Error).message.split('\n')[0]!;
-            o.log(`[sweep] ${sizes.length} regions woken failed (the mapped row stands): ${wokenError}`);
-          }
-        }
+        };
+        const { result: filled, error: filledError } = await timedForm('filled', () => restoreFilled(snap!, cache));
+        const { result: woken, error: wokenError } = await timedForm('woken', () => restoreWoken(snap!, cache));
         const row: SweepRow = {
           regions: sizes.length,
           bytes,

@@ -4,7 +4,7 @@ import { engineControl, type EngineControl } from '../engine/control.js';
 import { exportRegions, type ExportedRegions } from '../engine/export.js';
 import { checkDigested, checkLive, uniformDigestChunk, type LiveCheckReport } from '../digest/compare.js';
 import { liveRefs, mapExported } from '../engine/exported.js';
-import { readTables } from '../engine/region-table.js';
+import { readTables, type RegionTables } from '../engine/region-table.js';
 import type { Mismatch } from '../manifest/compat.js';
 import type { Manifest } from '../manifest/manifest.js';
 import { checkOptions } from '../options.js';
@@ -22,9 +22,9 @@ import type { EngineCaptureOptions, EngineKeptSuspendResult, EngineSuspendOption
 
 /* suspendEngine: an engine to sleep, only once a snapshot (or a tier) can bring its weights back. */
 
-/** Why a snapshot cannot bring back the weights an engine exported, or [] if it can. */
-async function restorable(snapshot: Snapshot, status: EngineStatus, exported: ExportedRegions, options: EngineSuspendOptions): Promise<string[]> {
-  const mismatches: Mismatch[] = snapshot.manifest.checkCompatibility({ ...liveFacts(status, exported, false), ranks: liveRanks(exported) });
+/** Why a snapshot cannot bring back the weights of an engine with these region tables (its export's, or its digest's), or [] if it can. */
+async function restorable(snapshot: Snapshot, status: EngineStatus, tables: RegionTables, options: EngineSuspendOptions): Promise<string[]> {
+  const mismatches: Mismatch[] = snapshot.manifest.checkCompatibility({ ...liveFacts(status, tables, false), ranks: liveRanks(tables) });
   const problems = [...mismatches.map((m) => m.message), ...blobProblems(snapshot)];
   if (problems.length === 0 && options.verifyBlobs) {
     const report = await snapshot.verify(options.signal ? { signal: options.signal } : {});
@@ -197,18 +197,15 @@ async function ensureRestorable(
     lap('capture');
     return s;
   };
-  const early = snapshot ? await checkInEngine(snapshot, status, weights.control, options, lap) : undefined;
-  if (early?.liveCheck.changed.length === 0) return { snapshot: snapshot!, captured: false, liveCheck: early.liveCheck };
-  if (early) {
-    if (options.onStale === 'refuse') throw staleError(name, early.liveCheck);
-    return { snapshot: await capture(snapshot), captured: true, liveCheck: early.liveCheck };
-  }
-  const problems = snapshot ? await restorable(snapshot, status, await weights.export(), options) : [`the store has no snapshot '${name}'`];
-  lap('check');
+  // The engine digests its own weights where it can (one call: its tables and digests); else the
+  // weights are exported and digested here.
+  const inEngine = snapshot ? await checkInEngine(snapshot, status, weights.control, options, lap) : undefined;
+  const problems = inEngine?.problems ?? (snapshot ? await restorable(snapshot, status, await weights.export(), options) : [`the store has no snapshot '${name}'`]);
+  if (!inEngine) lap('check');
   if (problems.length === 0) {
     // Layout and blobs match, but do the bytes? Changed regions are captured again.
-    const liveCheck = await checkLive(snapshot!.manifest, liveRefs(await weights.export(), await weights.map()));
-    lap('digest');
+    const liveCheck = inEngine?.liveCheck ?? (await checkLive(snapshot!.manifest, liveRefs(await weights.export(), await weights.map())));
+    if (!inEngine) lap('digest');
     if (liveCheck.checked && liveCheck.changed.length === 0) return { snapshot: snapshot!, captured: false, liveCheck };
     if (options.onStale === 'refuse') throw staleError(name, liveCheck);
     return { snapshot: await capture(liveCheck.checked ? snapshot : undefined), captured: true, liveCheck };
@@ -242,9 +239,9 @@ export function dirtyCheckIn(): 'engine' | 'sdk' {
 /**
  * The checks of a suspend from one call to the engine: its workers send their region tables with
  * the digests of their weights (no export, no mapping here). The layout and blobs are checked
- * against the tables; the digests against the snapshot's. Undefined where the engine cannot
- * digest, or the layout or blobs do not match: the caller then takes the export path, which says
- * why or captures.
+ * against the tables (`problems`, as {@link restorable} gives them), and where they match the
+ * digests against the snapshot's (`liveCheck`). Undefined where the engine cannot digest: the
+ * caller exports the weights instead.
  */
 async function checkInEngine(
   snapshot: Snapshot,
@@ -252,7 +249,7 @@ async function checkInEngine(
   control: EngineControl,
   options: EngineSuspendOptions,
   lap: (phase: string) => void,
-): Promise<{ liveCheck: LiveCheckReport } | undefined> {
+): Promise<{ problems: string[]; liveCheck?: LiveCheckReport } | undefined> {
   const chunk = uniformDigestChunk(snapshot.manifest);
   if (chunk === undefined || dirtyCheckIn() !== 'engine' || !status.ranks.every((r) => r.digest === true)) return undefined;
   const t0 = performance.now();
@@ -260,14 +257,9 @@ async function checkInEngine(
   const seconds = (performance.now() - t0) / 1000;
   const tables = { ranks: await readTables(digested, status.ranks.length) };
   lap('digest');
-  const mismatches = snapshot.manifest.checkCompatibility({ ...liveFacts(status, tables, false), ranks: liveRanks(tables) });
-  if (mismatches.length > 0 || blobProblems(snapshot).length > 0) return undefined;
-  if (options.verifyBlobs) {
-    const report = await snapshot.verify(options.signal ? { signal: options.signal } : {});
-    if (report.problems.length > 0) return undefined;
-  }
+  const problems = await restorable(snapshot, status, tables, options);
   lap('check');
-  return { liveCheck: checkDigested(snapshot.manifest, digested, seconds) };
+  return problems.length > 0 ? { problems } : { problems, liveCheck: checkDigested(snapshot.manifest, digested, seconds) };
 }
 
 /** E_STALE for a suspend that would discard weights the snapshot does not hold. @internal */

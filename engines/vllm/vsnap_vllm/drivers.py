@@ -331,7 +331,7 @@ class CudaDriver:
         if found is not None:
             return found
         self.ensure_context(device)
-        u64, i32, vp = ctypes.c_uint64, ctypes.c_int, ctypes.c_void_p
+        u64, vp = ctypes.c_uint64, ctypes.c_void_p
         if not self._digest_calls:
             self._digest_calls = {
                 "load": self._sig("cuModuleLoadData", [ctypes.POINTER(vp), ctypes.c_char_p]),
@@ -362,6 +362,8 @@ class CudaDriver:
         c = self._digest_calls
         per_chunk = -(-chunk_size // gd1.SPAN_BYTES)
         plans = [(va, size, -(-size // chunk_size) * per_chunk) for va, size in spans]
+        if any(n > 0x7FFFFFFF for _, _, n in plans):
+            raise DriverError("region too large for one digest launch")
         blocks = sum(p[2] for p in plans)
         if blocks == 0:
             return [[] for _ in spans]
@@ -372,8 +374,6 @@ class CudaDriver:
             for va, size, n in plans:
                 if n == 0:
                     continue
-                if n > 0x7FFFFFFF:
-                    raise DriverError("region too large for one digest launch")
                 values = [ctypes.c_uint64(va), ctypes.c_uint64(size), ctypes.c_uint64(chunk_size), ctypes.c_uint32(per_chunk),
                           ctypes.c_uint64(gd1.SPAN_BYTES), ctypes.c_uint64(scratch.value + at * 16)]
                 args = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values])
@@ -381,9 +381,11 @@ class CudaDriver:
                 at += n
             partials = gd1.partials_buffer(2 * blocks)
             self._check(c["fetch"](gd1.buffer_address(partials), scratch.value, blocks * 16, stream), "cuMemcpyDtoHAsync (digest partials)")
-            self._check(c["sync"](stream), "cuStreamSynchronize")
         finally:
+            # the launches made so far finish before their scratch goes, on a failure too
+            synced = c["sync"](stream)
             c["free"](scratch.value)
+        self._check(synced, "cuStreamSynchronize")
         out, at = [], 0
         for va, size, n in plans:
             out.append(gd1.finish_partials(partials[2 * at: 2 * (at + n)], size, chunk_size, per_chunk))

@@ -12,7 +12,7 @@ zero-padded), each keyed by its index t = j mod 2^32 in the chunk:
     h0 = mix64(A + G * (n + 1))      h1 = mix64(B ^ h0 ^ F)           digest = h0:h1, 32 hex digits
 
 On the GPU the sums come from vsnap's own kernel (digest_kernel.fatbin, the bytes of
-native/digest/digest_kernel.inc, run by drivers.CudaDriver.digest_sums); on host memory (the CPU
+native/digest/digest_kernel.inc, run by drivers.CudaDriver.digest_many); on host memory (the CPU
 test engine) from numpy, which vLLM always brings. Sums mod 2^64 are order-free, so both give the
 SDK's bits.
 """
