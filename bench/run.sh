@@ -11,6 +11,8 @@
 #                                               vLLM's real allocator (built here, as test/gpu/run.sh does)
 #   npm run bench -- regions [MiB] [host|cuda] [repeats]   per-region cost of a RAM-tier restore,
 #                                               36..4,000 regions (bench/region-count.ts)
+#   npm run bench -- vmm [reps] [regions] [MiB] [modes...]   a pinned H2D copy beside VMM calls and
+#                                               frees of this or another process (bench/vmm-interference.cu)
 #   npm run bench -- registry [GiB] [out-dir]   pull from a local registry vs curl (CPU only)
 #   npm run bench -- persist [MiB] [regions] [repeats]   persisting a deferred capture: one fused
 #                                               hash-and-digest pass vs two passes (CPU only, bench/persist.ts)
@@ -47,6 +49,16 @@ fi
 if [ "${1:-}" = regions ]; then
   shift
   exec node dist-gpu/bench-region-count.mjs "$@"
+fi
+if [ "${1:-}" = vmm ]; then
+  # GPU only: what VMM calls and frees in this or another process cost a host-to-device copy
+  # beside them (bench/vmm-interference.cu; one JSON line per mode on stdout)
+  shift
+  mkdir -p dist-gpu
+  if [ ! -x dist-gpu/vmm-interference ] || [ bench/vmm-interference.cu -nt dist-gpu/vmm-interference ]; then
+    nvcc -O2 -o dist-gpu/vmm-interference bench/vmm-interference.cu -lcuda -lpthread
+  fi
+  exec dist-gpu/vmm-interference "$@"
 fi
 if [ "${1:-}" = swap ]; then
   shift
