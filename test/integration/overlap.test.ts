@@ -196,6 +196,17 @@ describe('swapEngines: one engine to sleep, the other back, overlapped', () => {
     expect(openFds()).toEqual(fds);
   });
 
+  it('all: the restore fails, the suspend still completes (that engine asleep), nothing leaks; a retry restores', async () => {
+    const { a, b, answerB, snapB, fds } = await pair();
+    b.inject({ route: 'complete' });
+    const err = (await swapEngines({ suspend: { client: a, name: 'a' }, restore: { source: snapB, client: b, ...warn }, overlap: 'all' }).catch((x: unknown) => x)) as VsnapError;
+    expect(err.details).toMatchObject({ suspended: 'asleep' });
+    expect(err.details.suspendResult).toBeDefined();
+    expect(openFds()).toEqual(fds);
+    await restoreEngine(snapB, b);
+    expect(await ask(b)).toEqual(answerB);
+  });
+
   it('weights: the restore fails, the suspend still completes (that engine asleep, its snapshot whole); a retry restores', async () => {
     const { a, b, answerA, answerB, snapB, fds } = await pair();
     b.inject({ route: 'complete' }); // the expected-response check
