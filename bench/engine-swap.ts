@@ -48,7 +48,7 @@
 //   node dist-gpu/bench-engine-swap.mjs [--device cuda|host] [--layers 36] [--hidden 4096] [--reps 5]
 //     [--rows sweep,capture2,tier0,ram,ram-wake,ram-whole,ram-sdk-check,ram2,vllm-l1,engine,pagecache,cold] [--neighbour 1] [--out bench/results] [--store /tmp/vsnap-swap-store]
 //     [--sweep-regions 36,252,1000,4000] [--sweep-gib 16] [--capture2-gib 16] [--ceiling dist-gpu/ceiling]
-//     [--vllm-cycles 3] [--hash-threads N] [--overlap none,kv,weights,all]
+//     [--vllm-cycles 3] [--hash-threads N] [--overlap none,kv,weights,all] [--trace]
 // Writes <out>/engine-swap-<GiB>GiB.json (every swap) and .md, prints the table; progress on stderr.
 import { execSync } from 'node:child_process';
 import { existsSync, mkdirSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
@@ -58,6 +58,8 @@ import { isDeepStrictEqual, parseArgs } from 'node:util';
 
 import { captureEngine, cudaStatus, EngineClient, type EngineRestoreOptions, type EngineSuspendOptions, HostCache, type Manifest, RegionStore, ResidentWeights, restoreEngine, Snapshot, suspendEngine, swapEngines } from '../src/index.js';
 import { listDevices, releaseIdleResources } from '../src/plumbing.js';
+import { firstRegions } from '../src/flows/fill.js';
+import { regionId } from '../src/manifest/region-id.js';
 import { packageRoot } from '../src/native/index.js';
 import { askCapital, pluginSitePath, startEngine, type TestEngine } from '../test/helpers/engine.js';
 import { type Capture2Result, capture2Table, runCapture2 } from './capture-two-gpu.js';
@@ -115,6 +117,7 @@ const { values: args } = parseArgs({
     store: { type: 'string', default: '/tmp/vsnap-swap-store' },
     overlap: { type: 'string', default: OVERLAPS.join(',') },
     neighbour: { type: 'string', default: '1' },
+    trace: { type: 'boolean', default: false },
   },
   strict: true,
 });
@@ -207,6 +210,8 @@ interface SwapRecord {
   suspendSeconds: number;
   /** The suspend's phases (status, check, hold, sleep). */
   suspendPhases: Record<string, number>;
+  /** With --trace: [ms since the restore started, bytes copied, phase] per progress report of its copy. */
+  copyTrace?: Array<[number, number, string]>;
   /** The restore report's seconds. */
   restoreSeconds: number;
   tier: Tier;
@@ -296,14 +301,23 @@ async function swap(
     dropCachesSeconds = since(t);
   }
   const overlap = mode.overlap ?? 'none';
+  // --trace: the copy's progress as the restore reports it (each copy job's end, and about every
+  // 100 ms within one), in ms since the restore started, to see where the hydrate's time goes.
+  const copyTrace: Array<[number, number, string]> | undefined = args.trace ? [] : undefined;
+  let restoreStarted = performance.now();
+  const traced = (restore: EngineRestoreOptions): EngineRestoreOptions =>
+    copyTrace
+      ? { ...restore, transfer: { ...restore.transfer, onProgress: (p) => copyTrace.push([performance.now() - restoreStarted, p.bytesDone, p.phase]) } }
+      : restore;
   const t0 = performance.now();
+  restoreStarted = t0;
   let suspended: Awaited<ReturnType<typeof suspendEngine>>;
   let suspendSeconds: number;
   let report: Awaited<ReturnType<typeof restoreEngine>>;
   if (overlap === 'weights' || overlap === 'all') {
     const swapped = await swapEngines({
       suspend: { ...mode.suspend, client: from.client, store, name: from.name },
-      restore: { ...mode.restore, source: to.snapshot!, client: to.client, overlapKvWake: true },
+      restore: { ...traced(mode.restore), source: to.snapshot!, client: to.client, overlapKvWake: true },
       overlap,
     });
     ({ suspend: suspended, restore: report } = swapped);
@@ -311,7 +325,8 @@ async function swap(
   } else {
     suspended = await suspendEngine(store, from.name, from.client, mode.suspend);
     suspendSeconds = since(t0);
-    report = await restoreEngine(to.snapshot!, to.client, { ...mode.restore, ...(overlap === 'kv' ? { overlapKvWake: true } : {}) });
+    restoreStarted = performance.now();
+    report = await restoreEngine(to.snapshot!, to.client, { ...traced(mode.restore), ...(overlap === 'kv' ? { overlapKvWake: true } : {}) });
   }
   const wallSeconds = since(t0);
   if (suspended.captured || suspended.alreadyAsleep) throw new Error(`suspend of ${from.label} did not find a durable snapshot or the engine was asleep (captured ${suspended.captured}, alreadyAsleep ${suspended.alreadyAsleep})`);
@@ -336,6 +351,7 @@ async function swap(
     bytes: report.bytes,
     phases: { ...report.phases },
     hydrateGBps: hydrate ? report.bytes / hydrate / 1e9 : null,
+    ...(copyTrace ? { copyTrace } : {}),
     ...(dropCachesSeconds !== undefined ? { dropCachesSeconds } : {}),
     ...after,
   };
@@ -345,6 +361,7 @@ async function swap(
       `(suspend ${ms(suspendSeconds)}: ${listed(suspended.phases)}; restore ${ms(report.seconds)} from ${report.tier}: ${listed(report.phases)})` +
       (after.spawnSeconds !== undefined ? `; then nvidia-smi spawned in ${ms(after.spawnSeconds)}` : ''),
   );
+  if (copyTrace) log(`  copy trace (ms since the restore started: GiB copied): ${copyTrace.map(([t, b, phase]) => `${t.toFixed(1)}:${(b / 2 ** 30).toFixed(2)}${phase === 'copying' ? '' : ` ${phase}`}`).join(' ')}`);
   return record;
 }
 
@@ -628,6 +645,16 @@ try {
     s.regions = status.ranks.reduce((n, r) => n + r.regions, 0);
     s.answer = await askCapital(s.client, PROBE_TOKENS);
     log(`engine ${s.label} (${s.model}, seed ${s.seed}) at ${s.engine.url}: ${gib(s.bytes)} GiB in ${s.regions} regions, answer ${JSON.stringify(s.answer.ids)}`);
+    // The regions the engine's wake writes into itself: a filled restore copies them after the wake (again, if among the first copied).
+    const table = (await s.client.vsnapDescribe()).flatMap((t) => t.regions.map((r) => ({ ...r, rank: t.rank })));
+    const written = table.filter((r) => r.wakeWrites !== false);
+    const sizes = [...new Set(table.map((r) => r.size))].sort((a, b) => b - a);
+    const first = firstRegions(table.map((r) => ({ rank: r.rank, key: r.key, tag: r.tag, size: r.size, tensors: r.tensors.length, device: undefined })));
+    const twice = written.filter((r) => first.has(regionId(r.rank, r.key)));
+    log(
+      `  its wake writes into ${written.length} of ${table.length} regions, ${gib(written.reduce((n, r) => n + r.size, 0))} GiB` +
+        ` (${written.filter((r) => r.tensors.length === 0).length} without a tensor of the model; keys ${written.slice(0, 6).map((r) => r.key).join(', ')}${written.length > 6 ? ', ...' : ''}); ${twice.length} of them among the first copied (copied twice, ${gib(twice.reduce((n, r) => n + r.size, 0))} GiB); region sizes (MiB) ${sizes.slice(0, 8).map((x) => (x / 2 ** 20).toFixed(0)).join(', ')}${sizes.length > 8 ? ', ...' : ''}`,
+    );
   }
   log(`both engines up in ${engineStartSeconds.toFixed(1)} s`);
   if (isDeepStrictEqual(sides[0]!.answer, sides[1]!.answer)) throw new Error('engines A and B give the same answer: a swap could not be told from no swap');
