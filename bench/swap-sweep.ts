@@ -287,7 +287,7 @@ export async function runSweep(o: SweepOptions): Promise<{ rows: SweepRow[]; cac
  * is let go after the clock.
  */
 async function restoreFilled(snap: Snapshot, cache: HostCache): Promise<number> {
-  const wanted = [...snap.manifest.regions()].map(({ rank, region }) => ({ rank, key: region.key, tag: region.tag, size: region.size, device: 0 }));
+  const wanted = [...snap.manifest.regions()].map(({ rank, region }) => ({ rank, key: region.key, tag: region.tag, size: region.size, tensors: region.tensors.length, device: 0 }));
   const parts: FillMemory[] = [];
   let adopt: MappedRegions | undefined;
   const t0 = performance.now();

@@ -150,7 +150,7 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     try {
       const before = await ask(client);
       const { snapshot } = await suspendEngine(store, 'rest', client, { captureIfNeeded: true, tiers: { ram: cache } });
-      const first = firstRegions([...snapshot.manifest.regions()].map(({ rank, region }) => ({ rank, key: region.key, tag: region.tag, size: region.size, device: undefined }))).size;
+      const first = firstRegions([...snapshot.manifest.regions()].map(({ rank, region }) => ({ rank, key: region.key, tag: region.tag, size: region.size, tensors: region.tensors.length, device: undefined }))).size;
       const memfds = (): number => readFileSync('/proc/self/maps', 'utf8').split('\n').filter((l) => l.includes('/memfd:vsnap-fill')).length;
       const fds = openFds();
       const create = HostRegion.create.bind(HostRegion);
