@@ -304,13 +304,12 @@ async function swap(
   // --trace: the copy's progress as the restore reports it (each copy job's end, and about every
   // 100 ms within one), in ms since the restore started, to see where the hydrate's time goes.
   const copyTrace: Array<[number, number, string]> | undefined = args.trace ? [] : undefined;
-  let restoreStarted = performance.now();
+  const t0 = performance.now();
+  let restoreStarted = t0; // the restore's start: the swap's with overlap, else after the suspend
   const traced = (restore: EngineRestoreOptions): EngineRestoreOptions =>
     copyTrace
       ? { ...restore, transfer: { ...restore.transfer, onProgress: (p) => copyTrace.push([performance.now() - restoreStarted, p.bytesDone, p.phase]) } }
       : restore;
-  const t0 = performance.now();
-  restoreStarted = t0;
   let suspended: Awaited<ReturnType<typeof suspendEngine>>;
   let suspendSeconds: number;
   let report: Awaited<ReturnType<typeof restoreEngine>>;
