@@ -22,6 +22,8 @@ const SPACE_MARGIN = 256 * 1024 * 1024;
 const TMP_GRACE_MS = 60_000;
 /** Capture ids whose start sequence is remembered until they are published (or dropped). */
 const MAX_PENDING_IDS = 4096;
+/** Manifests kept parsed (the most recently read), with the text they were parsed from. */
+const PARSED_MANIFESTS = 32;
 
 /**
  * The files of one store on disk: their paths (every one checked never to be a link), the two
@@ -39,6 +41,8 @@ export class StoreFiles {
   private readonly spaceMargin: number;
   /** The publish sequence number read when each capture id of this store was made. */
   private readonly startSeqs = new Map<string, number>();
+  /** The manifests read last, by path, with the text each was parsed from (oldest first). */
+  private readonly parsed = new Map<string, { text: string; manifest: Manifest }>();
 
   private constructor(root: string, lockTimeoutMs: number, spaceMargin: number, readOnly: boolean) {
     this.root = root;
@@ -295,8 +299,16 @@ export class StoreFiles {
       throw new VsnapError('E_SNAPSHOT_NOT_FOUND', `no snapshot named '${name}' in ${this.root}`, { name, id });
     }
     const text = await readStoreText(path);
+    const kept = this.parsed.get(path);
+    this.parsed.delete(path);
     if (text === undefined) {
       throw new VsnapError('E_SNAPSHOT_NOT_FOUND', `no capture '${id}' of snapshot '${name}' in ${this.root} (${path} is missing)`, { name, id });
+    }
+    // The file is read every time, but parsed and validated only when its text changed: a
+    // suspend's check reads the current manifest, and parsing one of 252 regions takes 4-8 ms.
+    if (kept && kept.text === text) {
+      this.parsed.set(path, kept);
+      return kept.manifest;
     }
     const manifest = Manifest.parse(text, path);
     if (manifest.id !== id || manifest.name !== name) {
@@ -305,6 +317,11 @@ export class StoreFiles {
         id,
         issues: [{ path: 'id', message: 'does not match the file name' }],
       });
+    }
+    this.parsed.set(path, { text, manifest });
+    for (const oldest of this.parsed.keys()) {
+      if (this.parsed.size <= PARSED_MANIFESTS) break;
+      this.parsed.delete(oldest);
     }
     return manifest;
   }

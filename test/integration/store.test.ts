@@ -80,6 +80,35 @@ describe('RegionStore', () => {
     expect(await store.list()).toEqual([]);
   });
 
+  it('parses a manifest again only when its file changed', async () => {
+    const dir = tempDir();
+    const store = await RegionStore.open(dir);
+    const snap = await Snapshot.capture(store, 'a', { regions: regions({ x: 2 * MiB, y: MiB }) });
+    const first = await store.current('a');
+    expect(first?.id).toBe(snap.id);
+    // unchanged: the same parsed manifest (a suspend reads the current one every time)
+    expect(await store.current('a')).toBe(first);
+    expect(await store.get('a', snap.id)).toBe(first);
+    // edited in place, the same size and maybe the same timestamp: read and parsed again
+    const path = join(dir, 'snapshots', 'a', `${snap.id}.json`);
+    const text = readFileSync(path, 'utf8');
+    const edited = text.replace(first!.data.createdAt, '2026-01-01T00:00:00.000Z');
+    expect(edited).not.toBe(text);
+    writeFileSync(path, edited);
+    const again = await store.current('a');
+    expect(again).not.toBe(first);
+    expect(again?.data.createdAt).toBe('2026-01-01T00:00:00.000Z');
+    // damaged: refused, never the manifest parsed before
+    writeFileSync(path, edited.replace('"weights"', '"weights'));
+    await expect(store.current('a')).rejects.toMatchObject({ code: 'E_MANIFEST_INVALID' });
+    // restored, then removed: parsed again, then not found
+    writeFileSync(path, text);
+    expect((await store.current('a'))?.data.createdAt).toBe(first!.data.createdAt);
+    await store.remove('a');
+    expect(await store.current('a')).toBeUndefined();
+    await expect(store.get('a', snap.id)).rejects.toMatchObject({ code: 'E_SNAPSHOT_NOT_FOUND' });
+  });
+
   it('gc refuses to run past a manifest it cannot read', async () => {
     const dir = tempDir();
     const store = await RegionStore.open(dir);
