@@ -137,6 +137,25 @@ class CudaDigestTest(unittest.TestCase):
                 self.assertEqual(digests, gd1.digest_bytes(t.cpu().numpy().tobytes(), chunk), f"{t.numel()} bytes in chunks of {chunk}")
         self.assertEqual(driver.digest_many(0, [], 4096), [])
 
+    def test_the_same_spans_again_read_the_memory_as_it_is_now(self):
+        # the launches of a set of spans are built once and the scratch kept: a second call must
+        # still digest the bytes there now, and a larger set must get a larger scratch
+        torch, driver = _cuda()
+        torch.cuda.init()
+        gen = torch.Generator(device="cuda").manual_seed(4)
+        small = [torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda", generator=gen) for n in (4096, (1 << 20) + 8)]
+        spans = [(t.data_ptr(), t.numel()) for t in small]
+        for _ in range(2):
+            self.assertEqual(driver.digest_many(0, spans, 4096), [gd1.digest_bytes(t.cpu().numpy().tobytes(), 4096) for t in small])
+        small[1].add_(1)
+        torch.cuda.synchronize()
+        self.assertEqual(driver.digest_many(0, spans, 4096), [gd1.digest_bytes(t.cpu().numpy().tobytes(), 4096) for t in small])
+        large = torch.randint(0, 256, (32 << 20,), dtype=torch.uint8, device="cuda", generator=gen)
+        torch.cuda.synchronize()
+        self.assertEqual(driver.digest_many(0, [(large.data_ptr(), large.numel())] + spans, 4096),
+                         [gd1.digest_bytes(large.cpu().numpy().tobytes(), 4096)] + [gd1.digest_bytes(t.cpu().numpy().tobytes(), 4096) for t in small])
+        self.assertEqual(driver.digest_many(0, spans, 4096), [gd1.digest_bytes(t.cpu().numpy().tobytes(), 4096) for t in small])
+
 
 if __name__ == "__main__":
     unittest.main()

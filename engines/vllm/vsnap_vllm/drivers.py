@@ -131,6 +131,8 @@ class CudaDriver:
         self._access = {}  # device -> (CUmemAccessDesc, a reference to it): read-write from that device
         self._kernels = {}  # device -> (the digest kernel, its stream, the module image)
         self._digest_calls = None
+        self._scratch = {}  # device -> (address, bytes): the digest's partial sums, kept between calls
+        self._launches = {}  # (device, spans, chunk size, scratch address) -> the launches' arguments, the latest few
 
     def _sig(self, name, argtypes):
         fn = getattr(self._cu, name)
@@ -356,7 +358,11 @@ class CudaDriver:
     def digest_many(self, device, spans, chunk_size):
         """vsnap-gd1 digests of each (va, size) of `spans`, device memory mapped in this process on
         `device`, chunk by chunk: one kernel launch a span on a stream of its own, one copy of the
-        partial sums back, finished here. A list of digest lists, in the order of `spans`."""
+        partial sums back, finished here. A list of digest lists, in the order of `spans`.
+        The scratch memory of the partial sums stays allocated between calls (a free would wait for
+        the device), and the launches' arguments are built once for a set of spans: a suspend's
+        dirty check digests the same regions every time, and building 252 launches' ctypes
+        arguments took longer than the kernel."""
         gd1.check_chunk_size(chunk_size)
         fn, stream, _ = self._digest_kernel(device)
         c = self._digest_calls
@@ -367,30 +373,54 @@ class CudaDriver:
         blocks = sum(p[2] for p in plans)
         if blocks == 0:
             return [[] for _ in spans]
-        scratch = ctypes.c_uint64()
-        self._check(c["alloc"](ctypes.byref(scratch), blocks * 16), "cuMemAlloc (digest partials)")
+        scratch = self._digest_scratch(device, blocks * 16)
+        key = (device, tuple(spans), chunk_size, scratch)
+        launches = self._launches.pop(key, None) or self._digest_launches(plans, chunk_size, per_chunk, scratch)
+        self._launches[key] = launches
+        while len(self._launches) > 8:
+            del self._launches[next(iter(self._launches))]
         try:
-            at = 0
-            for va, size, n in plans:
-                if n == 0:
-                    continue
-                values = [ctypes.c_uint64(va), ctypes.c_uint64(size), ctypes.c_uint64(chunk_size), ctypes.c_uint32(per_chunk),
-                          ctypes.c_uint64(gd1.SPAN_BYTES), ctypes.c_uint64(scratch.value + at * 16)]
-                args = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values])
+            for n, args, _ in launches:
                 self._check(c["launch"](fn, n, 1, 1, gd1.THREADS, 1, 1, 0, stream, args, None), "cuLaunchKernel (digest)")
-                at += n
             partials = gd1.partials_buffer(2 * blocks)
-            self._check(c["fetch"](gd1.buffer_address(partials), scratch.value, blocks * 16, stream), "cuMemcpyDtoHAsync (digest partials)")
+            self._check(c["fetch"](gd1.buffer_address(partials), scratch, blocks * 16, stream), "cuMemcpyDtoHAsync (digest partials)")
         finally:
-            # the launches made so far finish before their scratch goes, on a failure too
-            synced = c["sync"](stream)
-            c["free"](scratch.value)
+            synced = c["sync"](stream)  # the launches made so far finish before the scratch is used again, on a failure too
         self._check(synced, "cuStreamSynchronize")
         out, at = [], 0
         for va, size, n in plans:
             out.append(gd1.finish_partials(partials[2 * at: 2 * (at + n)], size, chunk_size, per_chunk))
             at += n
         return out
+
+    def _digest_scratch(self, device, size):
+        """Device memory for `size` bytes of partial sums on `device`: the last call's, or a larger one."""
+        found = self._scratch.get(device)
+        if found is not None and found[1] >= size:
+            return found[0]
+        c = self._digest_calls
+        if found is not None:
+            self._scratch.pop(device)
+            self._launches = {k: v for k, v in self._launches.items() if k[3] != found[0]}
+            c["free"](found[0])  # idle: every call waits for its stream before returning
+        scratch = ctypes.c_uint64()
+        self._check(c["alloc"](ctypes.byref(scratch), size), "cuMemAlloc (digest partials)")
+        self._scratch[device] = (scratch.value, size)
+        return scratch.value
+
+    @staticmethod
+    def _digest_launches(plans, chunk_size, per_chunk, scratch):
+        """Each launch's block count, argument array and the values it points to (kept alive with it)."""
+        launches, at = [], 0
+        for va, size, n in plans:
+            if n == 0:
+                continue
+            values = [ctypes.c_uint64(va), ctypes.c_uint64(size), ctypes.c_uint64(chunk_size), ctypes.c_uint32(per_chunk),
+                      ctypes.c_uint64(gd1.SPAN_BYTES), ctypes.c_uint64(scratch + at * 16)]
+            args = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values])
+            launches.append((n, args, values))
+            at += n
+        return launches
 
 
 # ---------------------------------------------------------------------------- host memory
