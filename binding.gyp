@@ -38,6 +38,7 @@
         "native/cuda/vmm.cc",
         "native/cuda/vmm_timing.cc",
         "native/cuda/vmm_batch.cc",
+        "native/cuda/vmm_alloc_set.cc",
         "native/cuda/stream.cc",
         "native/cuda/checkpoint.cc",
         "native/hash/checksum.cc",

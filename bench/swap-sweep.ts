@@ -15,7 +15,6 @@ import { HostCache, type RegionMemory, type RegionStore, Snapshot } from '../src
 import { DeviceAllocation, HostRegion, MappedRegions } from '../src/plumbing.js';
 import { restoreMapping } from '../src/flows/restore-run.js';
 import { firstRegions, makeFillMemory, type FillMemory } from '../src/flows/fill.js';
-import { REST_CONCURRENCY } from '../src/flows/fill-targets.js';
 import { regionId } from '../src/manifest/region-id.js';
 
 const MiB = 1024 * 1024;
@@ -298,7 +297,7 @@ async function restoreFilled(snap: Snapshot, cache: HostCache): Promise<number> 
     parts.push(first);
     let adopted: Promise<void> = Promise.resolve();
     const rest = (async () => {
-      const more = await makeFillMemory(wanted.filter((w) => !isFirst(w)), REST_CONCURRENCY);
+      const more = await makeFillMemory(wanted.filter((w) => !isFirst(w)));
       parts.push(more);
       const fd = (id: string): number => (first.descriptor(id) ?? more.descriptor(id))!;
       adopted = MappedRegions.open(wanted.map((w) => ({ memory: { kind: 'imported' as const, fd: fd(regionId(w.rank, w.key)), device: 0 }, size: w.size })), { mapping: 'per-region' }).then((set) => void (adopt = set));

@@ -78,6 +78,13 @@ std::shared_ptr<Mapping> Mapping::view(std::shared_ptr<void> owner, std::shared_
   return std::shared_ptr<Mapping>(new Mapping(std::move(owner), std::move(ctx), va, size));
 }
 
+std::shared_ptr<Mapping> Mapping::exportableView(std::shared_ptr<void> owner, std::shared_ptr<Context> ctx, uint64_t va, uint64_t size, uint64_t handle) {
+  std::shared_ptr<Mapping> m(new Mapping(std::move(owner), std::move(ctx), va, size));
+  m->handle_ = handle;
+  m->exportable_ = true;
+  return m;
+}
+
 Mapping::~Mapping() {
   if (owner_) return;  // a view: the batch that owns the mapping undoes it
   ctx_->makeCurrent();

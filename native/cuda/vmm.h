@@ -31,6 +31,9 @@ class Mapping {
   // A view of memory mapped by someone else (one allocation of a batched set, cuda/vmm_batch.h):
   // undoes nothing itself; `owner` is kept alive while the view lives.
   static std::shared_ptr<Mapping> view(std::shared_ptr<void> owner, std::shared_ptr<Context> ctx, uint64_t va, uint64_t size);
+  // A view of one allocation of a set made here (cuda/vmm_alloc_set.h), exportable through its
+  // handle, which `owner` holds.
+  static std::shared_ptr<Mapping> exportableView(std::shared_ptr<void> owner, std::shared_ptr<Context> ctx, uint64_t va, uint64_t size, uint64_t handle);
 
   // A new file descriptor for the physical memory (only for allocate()d memory).
   int exportFd() const;

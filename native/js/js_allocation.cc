@@ -1,6 +1,7 @@
 #include "js/js_allocation.h"
 
 #include "cuda/vmm.h"
+#include "cuda/vmm_alloc_set.h"
 
 namespace vsnap::js {
 
@@ -81,6 +82,29 @@ void initAllocation(Napi::Env env, Napi::Object exports) {
         info.Env(), [device, size] { return std::shared_ptr<cuda::Mapping>(cuda::Mapping::allocate(device, size)); },
         [](Napi::Env env, std::shared_ptr<cuda::Mapping>& m) { return DeviceAllocation::wrap(env, m); });
   }, "allocateDevice"));
+  // allocateDeviceSet(device, sizes): one DeviceAllocation a size, made together (cuda/vmm_alloc_set.h);
+  // the memory goes once every one of them is closed.
+  exports.Set("allocateDeviceSet", Napi::Function::New(env, [](const Napi::CallbackInfo& info) -> Napi::Value {
+    int device = static_cast<int>(toI64(info[0], "device"));
+    if (!info[1].IsArray()) throw toJsError(info.Env(), NativeError("E_INVALID_ARGUMENT", "sizes must be an array of byte counts"));
+    auto list = info[1].As<Napi::Array>();
+    std::vector<uint64_t> sizes;
+    for (uint32_t i = 0; i < list.Length(); i++) sizes.push_back(toU64(list.Get(i), "sizes[i]"));
+    using Views = std::vector<std::shared_ptr<cuda::Mapping>>;
+    return PromiseWorker<Views>::Run(
+        info.Env(),
+        [device, sizes] {
+          auto set = cuda::AllocationSet::allocate(device, sizes);
+          Views views;
+          for (size_t i = 0; i < set->count(); i++) views.push_back(set->view(i));
+          return views;
+        },
+        [](Napi::Env env, Views& views) -> Napi::Value {
+          Napi::Array out = Napi::Array::New(env, views.size());
+          for (size_t i = 0; i < views.size(); i++) out.Set(static_cast<uint32_t>(i), DeviceAllocation::wrap(env, views[i]));
+          return out;
+        });
+  }, "allocateDeviceSet"));
 }
 
 }  // namespace vsnap::js

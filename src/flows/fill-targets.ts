@@ -60,9 +60,6 @@ export interface FillStart {
   made(fill: FillMemory): void;
 }
 
-/** How many of the rest's allocations run at once: a few, so the copy's job finds a thread of the libuv pool free. @internal */
-export const REST_CONCURRENCY = 2;
-
 /**
  * Makes the targets in two parts (fill.ts): the memory of the largest regions, whose copy starts as
  * soon as it is made, then, beside that copy, the engine's table read and checked against the
@@ -82,7 +79,7 @@ export async function startFill(run: FillStart): Promise<{ targets: FilledTarget
   const stop = new AbortController();
   const rest = (async (): Promise<RestStage> => {
     const started = performance.now();
-    const making = makeFillMemory(wanted.filter((w) => !firstIds.has(regionId(w.rank, w.key))), REST_CONCURRENCY).then((m) => {
+    const making = makeFillMemory(wanted.filter((w) => !firstIds.has(regionId(w.rank, w.key)))).then((m) => {
       run.made(m);
       run.overlapped('allocateRest', (performance.now() - started) / 1000);
       return m;

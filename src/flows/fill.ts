@@ -124,45 +124,58 @@ type Made = { kind: 'device'; allocation: DeviceAllocation; fd: number } | { kin
 /**
  * Makes exportable memory for every region of `wanted`, each exactly its region's size (an engine's
  * regions are multiples of the VMM granularity: one that is not is refused, since the engine could
- * not map a larger allocation in its place), at most `concurrency` allocations at a time (default:
- * all at once; a few keep the libuv threadpool free for a copy running meanwhile). On any failure
- * (no room on the GPU), what was made is let go before the error is thrown.
+ * not map a larger allocation in its place). GPU memory is made in one set per GPU (one address
+ * reservation and one access call for all its regions: {@link DeviceAllocation.allocateSet}), one
+ * native call on one thread of the libuv pool; host memory region by region. On any failure (no
+ * room on the GPU), what was made is let go before the error is thrown.
  * @internal
  */
-export async function makeFillMemory(wanted: readonly FillRegion[], concurrency = wanted.length): Promise<FillMemory> {
-  const makeOne = async (region: FillRegion): Promise<Made> => {
-    if (region.device === undefined) return { kind: 'host', region: HostRegion.create(region.size, 'vsnap-fill') };
-    const allocation = await DeviceAllocation.allocate(region.device, region.size);
-    try {
-      if (allocation.size !== region.size) {
-        throw new VsnapError(
-          'E_ENGINE_PROTOCOL',
-          `rank ${region.rank}'s region ${JSON.stringify(region.key)} is ${region.size} bytes, not a multiple of the GPU's VMM granularity (${allocation.size} allocated): ` +
-            'the engine cannot map new memory in its place. Restore with VSNAP_RESTORE_TARGETS=wake, and report the engine version.',
-          { rank: region.rank, key: region.key, size: region.size, allocated: allocation.size },
-        );
-      }
-      return { kind: 'device', allocation, fd: allocation.exportFd() };
-    } catch (err) {
-      allocation.close();
-      throw err;
-    }
-  };
-  // A few workers take the regions in turn; after a failure they make no more.
+export async function makeFillMemory(wanted: readonly FillRegion[]): Promise<FillMemory> {
   const made: Made[] = [];
   let failure: { reason: unknown } | undefined;
-  let next = 0;
-  const worker = async (): Promise<void> => {
-    while (!failure && next < wanted.length) {
-      const i = next++;
+  const byDevice = new Map<number, number[]>();
+  wanted.forEach((region, i) => {
+    if (region.device === undefined) return;
+    const list = byDevice.get(region.device) ?? [];
+    list.push(i);
+    byDevice.set(region.device, list);
+  });
+  const makeSet = async (device: number, indexes: readonly number[]): Promise<void> => {
+    let allocations: DeviceAllocation[];
+    try {
+      allocations = await DeviceAllocation.allocateSet(device, indexes.map((i) => wanted[i]!.size));
+    } catch (reason) {
+      failure ??= { reason };
+      return;
+    }
+    indexes.forEach((i, k) => {
+      const region = wanted[i]!;
+      const allocation = allocations[k]!;
+      if (failure) return allocation.close();
       try {
-        made[i] = await makeOne(wanted[i]!);
+        if (allocation.size !== region.size) {
+          throw new VsnapError(
+            'E_ENGINE_PROTOCOL',
+            `rank ${region.rank}'s region ${JSON.stringify(region.key)} is ${region.size} bytes, not a multiple of the GPU's VMM granularity (${allocation.size} allocated): ` +
+              'the engine cannot map new memory in its place. Restore with VSNAP_RESTORE_TARGETS=wake, and report the engine version.',
+            { rank: region.rank, key: region.key, size: region.size, allocated: allocation.size },
+          );
+        }
+        made[i] = { kind: 'device', allocation, fd: allocation.exportFd() };
       } catch (reason) {
+        allocation.close();
         failure ??= { reason };
       }
-    }
+    });
   };
-  await Promise.all(Array.from({ length: Math.max(1, Math.min(concurrency, wanted.length)) }, worker));
+  try {
+    wanted.forEach((region, i) => {
+      if (region.device === undefined) made[i] = { kind: 'host', region: HostRegion.create(region.size, 'vsnap-fill') };
+    });
+  } catch (reason) {
+    failure ??= { reason };
+  }
+  if (!failure) await Promise.all([...byDevice].map(([device, indexes]) => makeSet(device, indexes)));
   let mapped: MappedRegions | undefined;
   let closing: Promise<void> | undefined;
   const release = (): void => {

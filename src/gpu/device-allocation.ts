@@ -36,6 +36,26 @@ export class DeviceAllocation {
     }
   }
 
+  /**
+   * Allocates one allocation a size on a device, made together: mapped side by side in one
+   * address reservation with one access call (per region, a reservation and an access call
+   * fewer than {@link DeviceAllocation.allocate}), each exportable on its own. Their memory is
+   * freed once every one of them is closed. Nothing stays allocated when it fails.
+   * @internal
+   */
+  static async allocateSet(device: number, sizes: readonly number[]): Promise<DeviceAllocation[]> {
+    if (!Number.isInteger(device) || device < 0) invalidArgument('device', 'a device ordinal (integer >= 0)', device);
+    if (!Array.isArray(sizes) || sizes.length === 0) invalidArgument('sizes', 'a non-empty array of byte counts', sizes);
+    for (const size of sizes) if (!Number.isSafeInteger(size) || size <= 0) invalidArgument('sizes', 'positive integer byte counts', size);
+    try {
+      return (await native().allocateDeviceSet(device, sizes)).map((h) => new DeviceAllocation(h));
+    } catch (err) {
+      const e = toVsnapError(err);
+      if (e.code !== 'E_CUDA_UNAVAILABLE') throw e;
+      throw new VsnapError('E_CUDA_UNAVAILABLE', `${e.message}. ${HOST_MEMORY_PATH}`, e.details, { cause: e });
+    }
+  }
+
   /** The virtual address in this process. */
   get address(): bigint {
     return this.live().address;

@@ -250,6 +250,8 @@ export interface NativeBinding {
   cudaKeepContext(device: number): Promise<void>;
   cudaReleaseContext(device: number): Promise<void>;
   allocateDevice(device: number, size: number): Promise<NativeDeviceAllocation>;
+  /** One allocation a size, mapped side by side in one reservation with one access call; the memory goes once all are closed. */
+  allocateDeviceSet(device: number, sizes: readonly number[]): Promise<NativeDeviceAllocation[]>;
   createStagingPool(slotSize: number, slotCount: number, pinDevice: number): Promise<NativeStagingPool>;
   createHostBuffer(size: number, pinDevice: number): Promise<NativeHostBuffer>;
   holdHandles(fds: readonly number[]): Promise<NativeHeldHandles>;

@@ -234,6 +234,46 @@ describe('GPU: own allocations, devices, and context lifetime', async () => {
     }
   });
 
+  it('a set of allocations made together: side by side, separate, each exportable; a fault at each step leaves nothing allocated', async () => {
+    const free = async (): Promise<number> => (await listDevices({ freeMemory: true }))[0]!.freeMemory!;
+    const sizes = [6 * MiB, 2 * MiB + 1, 64 * MiB];
+    const total = 74 * MiB;
+    const before = await free();
+    const set = await DeviceAllocation.allocateSet(0, sizes);
+    try {
+      assert.deepEqual(set.map((a) => a.size), [6 * MiB, 4 * MiB, 64 * MiB]);
+      // one reservation: the regions lie side by side
+      assert.equal(set[1]!.address, set[0]!.address + BigInt(set[0]!.size));
+      assert.equal(set[2]!.address, set[1]!.address + BigInt(set[1]!.size));
+      assert.ok((await free()) <= before - total, 'the set holds its memory');
+      for (const [i, a] of set.entries()) await a.fill(0, a.size, 0x10 + i);
+      for (const [i, a] of set.entries()) {
+        const edges = Buffer.concat([await a.read(0, 4096), await a.read(a.size - 4096, 4096)]);
+        assert.ok(edges.equals(Buffer.alloc(8192, 0x10 + i)), `region ${i} holds its own bytes`);
+      }
+      // each exports its own memory: a peer's import holds it
+      const fds = set.map((a) => a.exportFd());
+      try {
+        const held = await native().holdHandles(fds);
+        held.close();
+      } finally {
+        for (const fd of fds) closeSync(fd);
+      }
+    } finally {
+      for (const a of set) a.close();
+    }
+    assert.ok((await free()) >= before - 2 * MiB, 'closing every allocation of the set frees its memory');
+    for (const point of ['map-reserve', 'map-map', 'map-access'] as const) {
+      native().setFault(point, 1);
+      try {
+        await assert.rejects(DeviceAllocation.allocateSet(0, sizes), (err: Error) => /injected fault/.test(err.message));
+      } finally {
+        native().setFault(point, 0);
+      }
+      assert.ok((await free()) >= before - 2 * MiB, `a fault at ${point} leaves nothing allocated`);
+    }
+  });
+
   it('round-trips DeviceAllocations in this process and lets go of the context when idle', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'vsnap-gpu-own-'));
     const store = await RegionStore.open(dir);
