@@ -5,6 +5,13 @@ import { native, type NativeDeviceAllocation } from '../native/index.js';
 const HOST_MEMORY_PATH =
   "Without a GPU, use host memory: HostRegion.create(size) from 'vsnap/plumbing', and pass its .memory as the region's memory (examples/capture-restore.mjs does both)";
 
+/** A native error as a VsnapError; one saying CUDA is unavailable also says where a CPU-only program goes. */
+function withHostHint(err: unknown): VsnapError {
+  const e = toVsnapError(err);
+  if (e.code !== 'E_CUDA_UNAVAILABLE') return e;
+  return new VsnapError('E_CUDA_UNAVAILABLE', `${e.message}. ${HOST_MEMORY_PATH}`, e.details, { cause: e });
+}
+
 /**
  * GPU memory owned by this process, created exportable as a POSIX file descriptor (the kind a
  * peer process can import and map). For embedders that own their memory, and for tests.
@@ -30,9 +37,7 @@ export class DeviceAllocation {
     try {
       return new DeviceAllocation(await native().allocateDevice(device, size));
     } catch (err) {
-      const e = toVsnapError(err);
-      if (e.code !== 'E_CUDA_UNAVAILABLE') throw e;
-      throw new VsnapError('E_CUDA_UNAVAILABLE', `${e.message}. ${HOST_MEMORY_PATH}`, e.details, { cause: e });
+      throw withHostHint(err);
     }
   }
 
@@ -50,9 +55,7 @@ export class DeviceAllocation {
     try {
       return (await native().allocateDeviceSet(device, sizes)).map((h) => new DeviceAllocation(h));
     } catch (err) {
-      const e = toVsnapError(err);
-      if (e.code !== 'E_CUDA_UNAVAILABLE') throw e;
-      throw new VsnapError('E_CUDA_UNAVAILABLE', `${e.message}. ${HOST_MEMORY_PATH}`, e.details, { cause: e });
+      throw withHostHint(err);
     }
   }
 
