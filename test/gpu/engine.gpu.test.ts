@@ -15,6 +15,8 @@ const GiB = 1024 ** 3;
 const MODEL_ARGS = ['--layers', '18', '--hidden', '2048'];
 
 const ask = (client: EngineClient) => askCapital(client, 16);
+/** How many forward passes the engine replayed from the CUDA graphs it captured at start-up (reference only). */
+const replays = async (client: EngineClient) => Number((await client.collectiveRpc('ref_graph_replays'))![0]);
 
 describe('GPU: capture, suspend and restore the reference engine', async () => {
   const status = await cudaStatus();
@@ -48,6 +50,8 @@ describe('GPU: capture, suspend and restore the reference engine', async () => {
     assert.ok(rank.bytes >= 2 * GiB, `weights ${rank.bytes} bytes`);
     console.log(`engine: ${rank.regions} weights regions, ${(rank.bytes / GiB).toFixed(2)} GiB; rehome at load: ${JSON.stringify((rank as { rehome?: unknown }).rehome)}`);
     const before = await ask(client);
+    const served = await replays(client);
+    assert.ok(served >= 16, `the answer's 16 forward passes replayed CUDA graphs (${served})`);
 
     const t0 = performance.now();
     const snap = await captureEngine(store, 'ref', client);
@@ -69,7 +73,10 @@ describe('GPU: capture, suspend and restore the reference engine', async () => {
         const report = await restoreEngine(snap, client, round >= 3 ? { tiers: { ram: cache } } : {});
         const phases = Object.entries(report.phases).map(([k, v]) => `${k} ${(v * 1000).toFixed(1)} ms`).join(', ');
         console.log(`restore ${round}: ${(report.seconds * 1000).toFixed(1)} ms total (${(report.bytes / GiB).toFixed(2)} GiB from ${report.tier}): ${phases}`);
+        const replayed = await replays(client);
         assert.deepEqual(await ask(client), before);
+        // the graphs captured before the first sleep read the restored weights at their addresses
+        assert.ok((await replays(client)) >= replayed + 16, 'the answer after the restore came from the CUDA graphs');
         if (round < 4) await suspendEngine(store, 'ref', client);
       }
     } finally {
