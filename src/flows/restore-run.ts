@@ -271,23 +271,35 @@ export class EngineRestoreRun implements RestoreRun {
   }
 
   async finishWake(expected: ExpectedResponse | null = this.snapshot?.manifest.data.expectedResponse ?? null, path: 'restored' | 'recovered' = 'restored'): Promise<void> {
+    let resetting: Promise<void> | undefined;
     if (this.early) {
       // Started during the hydrate (overlapKvWake): what is left of it is waited for here.
       await this.early.done;
       Object.assign(this.phases, this.early.phases);
       this.lap('wakeKvCacheWait');
     } else {
-      if (this.hooks.beforeKvWake) {
-        await awaitRoom(this.hooks.beforeKvWake);
-        this.lap('awaitRoom');
+      // The prefix cache is emptied beside the KV cache's wake (and the wait for room before it),
+      // not after: it is the scheduler's bookkeeping, not GPU memory, and no request runs in
+      // between (the engine runs none while its KV cache sleeps), so the order does not
+      // matter and the round trip is saved.
+      const reset = (resetting = this.control.resetPrefixCache(this.call));
+      reset.catch(() => undefined); // awaited below
+      try {
+        if (this.hooks.beforeKvWake) {
+          await awaitRoom(this.hooks.beforeKvWake);
+          this.lap('awaitRoom');
+        }
+        // The KV cache by name (tagsAfterWeights). Never a wake of all tags: before vLLM PR #52514 that
+        // maps the woken weights a second time (vllm/device_allocator/cumem.py `wake_up`), which fails
+        // and unmaps them.
+        await this.control.wake(this.tagsAfterWeights(), this.call);
+        this.lap('wakeKvCache');
+      } catch (err) {
+        await reset.catch(() => undefined); // no call to the engine outlives the restore
+        throw err;
       }
-      // The KV cache by name (tagsAfterWeights). Never a wake of all tags: before vLLM PR #52514 that
-      // maps the woken weights a second time (vllm/device_allocator/cumem.py `wake_up`), which fails
-      // and unmaps them.
-      await this.control.wake(this.tagsAfterWeights(), this.call);
-      this.lap('wakeKvCache');
     }
-    await this.control.resetPrefixCache(this.call);
+    await (resetting ?? this.control.resetPrefixCache(this.call));
     this.lap('resetPrefixCache');
     if (!expected) return this.letGo();
     await this.hooks.beforeCheck?.();

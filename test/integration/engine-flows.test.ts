@@ -109,6 +109,28 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     expect(await ask(client)).not.toEqual(before);
   });
 
+  it('empties the prefix cache beside the KV cache wake, once: the reset is asked for before the KV cache wakes', async () => {
+    const { client } = await engine();
+    const store = await RegionStore.open(tempDir());
+    const before = await ask(client);
+    const snap = await captureEngine(store, 'ref', client);
+    await suspendEngine(store, 'ref', client);
+    const resets = async (): Promise<number> => Number((await client.collectiveRpc('ref_prefix_cache_resets'))![0]);
+    const asleep = await resets();
+    let seen = asleep;
+    // The hook runs just before the KV cache's wake, which waits for it: it returns only once the
+    // engine has counted the reset, so a restore that asked for the reset after the wake never
+    // finishes (the test's timeout fails it). No timing: the reset was asked for before the hook ran.
+    const beforeKvWake = async (): Promise<void> => {
+      while (seen === asleep) seen = await resets();
+    };
+    const report = await restoreEngine(snap, client, { hooks: { beforeKvWake } });
+    expect(seen).toBe(asleep + 1);
+    expect(await resets()).toBe(asleep + 1);
+    expect(Object.keys(report.phases)).toEqual(expect.arrayContaining(['awaitRoom', 'wakeKvCache', 'resetPrefixCache']));
+    expect(await ask(client)).toEqual(before);
+  });
+
   it('refuses to suspend without a restorable snapshot, and keeps the weights', async () => {
     const { client } = await engine();
     const store = await RegionStore.open(tempDir());
