@@ -271,19 +271,20 @@ export class EngineRestoreRun implements RestoreRun {
   }
 
   async finishWake(expected: ExpectedResponse | null = this.snapshot?.manifest.data.expectedResponse ?? null, path: 'restored' | 'recovered' = 'restored'): Promise<void> {
-    let resetting: Promise<void> | undefined;
+    let resetting: Promise<void>;
     if (this.early) {
       // Started during the hydrate (overlapKvWake): what is left of it is waited for here.
       await this.early.done;
       Object.assign(this.phases, this.early.phases);
       this.lap('wakeKvCacheWait');
+      resetting = this.control.resetPrefixCache(this.call);
     } else {
       // The prefix cache is emptied beside the KV cache's wake (and the wait for room before it),
       // not after: it is the scheduler's bookkeeping, not GPU memory, and no request runs in
       // between (the engine runs none while its KV cache sleeps), so the order does not
       // matter and the round trip is saved.
-      const reset = (resetting = this.control.resetPrefixCache(this.call));
-      reset.catch(() => undefined); // awaited below
+      resetting = this.control.resetPrefixCache(this.call);
+      resetting.catch(() => undefined); // awaited below
       try {
         if (this.hooks.beforeKvWake) {
           await awaitRoom(this.hooks.beforeKvWake);
@@ -295,11 +296,11 @@ export class EngineRestoreRun implements RestoreRun {
         await this.control.wake(this.tagsAfterWeights(), this.call);
         this.lap('wakeKvCache');
       } catch (err) {
-        await reset.catch(() => undefined); // no call to the engine outlives the restore
+        await resetting.catch(() => undefined); // no call to the engine outlives the restore
         throw err;
       }
     }
-    await (resetting ?? this.control.resetPrefixCache(this.call));
+    await resetting;
     this.lap('resetPrefixCache');
     if (!expected) return this.letGo();
     await this.hooks.beforeCheck?.();
