@@ -17,7 +17,8 @@ export interface EngineControl {
   describe(call?: CallOptions): Promise<EngineRegionTable[]>;
   /** Every rank's region table with its weights' GPU digests, computed by the workers (plugins whose status says `digest`). */
   digest(chunkSize: number, call?: CallOptions): Promise<EngineDigestTable[]>;
-  exportTo(socket: string, nonces: readonly string[], call?: CallOptions): Promise<void>;
+  /** Asks the workers to send their regions and descriptors to `socket`; with `digestChunkSize`, their GPU digests too (plugins whose status says `digest`). */
+  exportTo(socket: string, nonces: readonly string[], call?: CallOptions, digestChunkSize?: number): Promise<void>;
   sleep(level: 1 | 2, mode: 'abort' | 'wait' | 'keep' | undefined, call?: CallOptions): Promise<void>;
   wake(tags: readonly string[] | undefined, call?: CallOptions, adopt?: { socket: string; nonces: readonly string[] }): Promise<void>;
   resetPrefixCache(call?: CallOptions): Promise<void>;
@@ -36,8 +37,8 @@ function viaRoutes(client: EngineClient): EngineControl {
     status: (call) => client.vsnapStatus(call),
     describe: (call) => client.vsnapDescribe(call),
     digest: (chunkSize, call) => client.vsnapDigest({ chunkSize }, call),
-    exportTo: async (socket, nonces, call) => {
-      await client.vsnapExport({ socket, nonces }, call);
+    exportTo: async (socket, nonces, call, digestChunkSize) => {
+      await client.vsnapExport({ socket, nonces, ...(digestChunkSize !== undefined ? { digestChunkSize } : {}) }, call);
     },
     sleep: (level, mode, call) => client.vsnapSleep({ level, ...(mode ? { mode } : {}) }, call),
     wake: (tags, call, adopt) => client.vsnapWake({ ...(tags ? { tags } : {}), ...(adopt ? { adopt } : {}) }, call),
@@ -76,8 +77,8 @@ function viaDevRoutes(client: EngineClient): EngineControl {
       }
       return parsed.data.ranks;
     },
-    exportTo: async (socket, nonces, call) => {
-      await client.collectiveRpc('vsnap_export', { args: [socket, [...nonces]] }, call);
+    exportTo: async (socket, nonces, call, digestChunkSize) => {
+      await client.collectiveRpc('vsnap_export', { args: digestChunkSize !== undefined ? [socket, [...nonces], digestChunkSize] : [socket, [...nonces]] }, call);
     },
     sleep: (level, mode, call) => client.sleep({ level, ...(mode ? { mode } : {}) }, call),
     wake: async (tags, call, adopt) => {

@@ -188,13 +188,17 @@ export class EngineClient {
     return r.ranks;
   }
 
-  /** Asks every worker to send its weights regions and descriptors to `socket` (one nonce per rank). */
-  async vsnapExport(args: { socket: string; nonces: readonly string[] }, options?: CallOptions): Promise<Array<{ rank: number; regions: number; bytes: number }>> {
+  /**
+   * Asks every worker to send its weights regions and descriptors to `socket` (one nonce per
+   * rank); with `digestChunkSize`, each region's GPU digests in chunks of that size too, in the
+   * same message (plugins whose status says `digest`; an older plugin sends none).
+   */
+  async vsnapExport(args: { socket: string; nonces: readonly string[]; digestChunkSize?: number }, options?: CallOptions): Promise<Array<{ rank: number; regions: number; bytes: number }>> {
     const r = await this.json(VsnapExportSchema, {
       method: 'POST',
       path: '/vsnap/v1/export',
       auth: 'vsnap',
-      body: { socket: args.socket, nonces: [...args.nonces] },
+      body: { socket: args.socket, nonces: [...args.nonces], ...(args.digestChunkSize !== undefined ? { digestChunkSize: args.digestChunkSize } : {}) },
       options,
       defaultTimeoutMs: LONG_CALL_MS,
     });

@@ -41,10 +41,16 @@ export function openExports(pid: number): number {
 
 /**
  * Asks the engine's workers to send their weights regions and descriptors to a private socket,
- * one nonce per rank, and collects every rank's message.
+ * one nonce per rank, and collects every rank's message. With `digestChunkSize` the workers add
+ * their regions' GPU digests (each rank's `chunkSize` and each region's `digests`, where the
+ * plugin gave them).
  * @internal
  */
-export async function exportRegions(control: EngineControl, rankCount: number, options: { timeoutMs?: number; signal?: AbortSignal } = {}): Promise<ExportedRegions> {
+export async function exportRegions(
+  control: EngineControl,
+  rankCount: number,
+  options: { timeoutMs?: number; signal?: AbortSignal; digestChunkSize?: number } = {},
+): Promise<ExportedRegions> {
   const started = performance.now();
   const receiver = await FdReceiver.listen();
   const received: number[] = [];
@@ -57,7 +63,7 @@ export async function exportRegions(control: EngineControl, rankCount: number, o
       }),
     );
     // The export call returns once every worker has sent; wait for both, failing fast on either.
-    const exportCall = control.exportTo(receiver.path, expected.map((e) => e.nonce), options.signal ? { signal: options.signal } : {});
+    const exportCall = control.exportTo(receiver.path, expected.map((e) => e.nonce), options.signal ? { signal: options.signal } : {}, options.digestChunkSize);
     const [, ...got] = await Promise.all([exportCall, ...messages]);
     const tables = await readTables(got.map((m) => m.header), rankCount, (i) => got[i]!.pid);
     const ranks = tables.map((t) => {

@@ -15,6 +15,8 @@ export interface TableRegion {
   readonly device: number | undefined;
   /** A describe's: whether the engine's own wake writes into the region (undefined: not said). */
   readonly wakeWrites?: boolean;
+  /** An export's with digests: the region's GPU digests in chunks of the rank's `chunkSize`. */
+  readonly digests?: readonly string[];
 }
 
 /** One rank's region table, its GPU found among this process's. @internal */
@@ -25,6 +27,8 @@ export interface TableRank<R extends TableRegion = TableRegion> {
   readonly memory: 'cuda' | 'host';
   readonly gpu?: GpuDevice;
   readonly regions: R[];
+  /** An export's with digests: the chunk size of its regions' digests. */
+  readonly chunkSize?: number;
 }
 
 /** Every rank's region table (rank order): what an export or a describe found. @internal */
@@ -65,9 +69,19 @@ export async function readTables(headers: readonly unknown[], rankCount: number,
     const gpu = h.memory === 'cuda' ? rankGpu(gpus, h.rank, h.device.uuid) : undefined;
     const device = gpu?.ordinal;
     const regions = h.regions.map(
-      (r): TableRegion => ({ rank: h.rank, key: r.key, tag: r.tag, va: r.va, size: r.size, tensors: r.tensors, device, ...(r.wakeWrites !== undefined ? { wakeWrites: r.wakeWrites } : {}) }),
+      (r): TableRegion => ({
+        rank: h.rank,
+        key: r.key,
+        tag: r.tag,
+        va: r.va,
+        size: r.size,
+        tensors: r.tensors,
+        device,
+        ...(r.wakeWrites !== undefined ? { wakeWrites: r.wakeWrites } : {}),
+        ...(r.digests !== undefined ? { digests: r.digests } : {}),
+      }),
     );
-    return { rank: h.rank, pid: h.pid, deviceUuid: h.device.uuid, memory: h.memory, ...(gpu ? { gpu } : {}), regions };
+    return { rank: h.rank, pid: h.pid, deviceUuid: h.device.uuid, memory: h.memory, ...(gpu ? { gpu } : {}), regions, ...(h.chunkSize !== undefined ? { chunkSize: h.chunkSize } : {}) };
   });
   ranks.sort((a, b) => a.rank - b.rank);
   if (ranks.length !== rankCount || ranks.some((r, i) => r.rank !== i)) {

@@ -112,8 +112,12 @@ export const ExportHeaderSchema = z.object({
       tensors: z.array(z.object({ name: z.string(), offset: z.number().int().nonnegative(), dtype: z.string(), shape: z.array(z.number().int().nonnegative()) })),
       // A describe's: whether vLLM's own wake writes into the region (the model's buffers copied back after a level-2 sleep).
       wakeWrites: z.boolean().optional(),
+      // An export asked for digests (digestChunkSize): the region's GPU digests, in chunks of the header's chunkSize.
+      digests: z.array(z.string().regex(/^[0-9a-f]{32}$/)).optional(),
     }),
   ),
+  // An export asked for digests: the chunk size they were taken in.
+  chunkSize: z.number().int().positive().optional(),
 });
 
 /** `GET /vsnap/v1/describe` (and the workers' `vsnap_describe`): every rank's region table, as an export's header. */

@@ -74,8 +74,9 @@ class LiveWeights {
     private readonly ranks: number,
     private readonly call: CallOptions,
   ) {}
-  async export(): Promise<ExportedRegions> {
-    return (this.exported ??= await exportRegions(this.control, this.ranks, this.call));
+  /** The export (made once); `digestChunkSize` asks the workers for their regions' digests with it (the first call decides). */
+  async export(digestChunkSize?: number): Promise<ExportedRegions> {
+    return (this.exported ??= await exportRegions(this.control, this.ranks, { ...this.call, ...(digestChunkSize !== undefined ? { digestChunkSize } : {}) }));
   }
   async map(): Promise<MappedRegions> {
     return (this.mapped ??= await mapExported(await this.export()));
@@ -197,9 +198,10 @@ async function ensureRestorable(
     lap('capture');
     return s;
   };
-  // The engine digests its own weights where it can (one call: its tables and digests); else the
-  // weights are exported and digested here.
-  const inEngine = snapshot ? await checkInEngine(snapshot, status, weights.control, options, lap) : undefined;
+  // The engine digests its own weights where it can (one call: its tables and digests; with a tier
+  // that keeps the weights, the export it needs carries them); else they are exported and digested here.
+  const keeps = keepingTiers(options.tiers ?? {}).length > 0;
+  const inEngine = snapshot ? await checkInEngine(snapshot, status, weights, keeps, options, lap) : undefined;
   const problems = inEngine?.problems ?? (snapshot ? await restorable(snapshot, status, await weights.export(), options) : [`the store has no snapshot '${name}'`]);
   if (!inEngine) lap('check');
   if (problems.length === 0) {
@@ -238,26 +240,43 @@ export function dirtyCheckIn(): 'engine' | 'sdk' {
 
 /**
  * The checks of a suspend from one call to the engine: its workers send their region tables with
- * the digests of their weights (no export, no mapping here). The layout and blobs are checked
- * against the tables (`problems`, as {@link restorable} gives them), and where they match the
- * digests against the snapshot's (`liveCheck`). Undefined where the engine cannot digest: the
- * caller exports the weights instead.
+ * the digests of their weights (no export, no mapping here), or, when a tier will keep the
+ * weights (`keeps`: it needs their export), the export itself carries the digests (one call for
+ * both; a plugin that sends none is asked for them on their own after it). The layout and blobs
+ * are checked against the tables (`problems`, as {@link restorable} gives them), and where they
+ * match the digests against the snapshot's (`liveCheck`). Undefined where the engine cannot
+ * digest: the caller exports the weights instead.
  */
 async function checkInEngine(
   snapshot: Snapshot,
   status: EngineStatus,
-  control: EngineControl,
+  weights: LiveWeights,
+  keeps: boolean,
   options: EngineSuspendOptions,
   lap: (phase: string) => void,
 ): Promise<{ problems: string[]; liveCheck?: LiveCheckReport } | undefined> {
   const chunk = uniformDigestChunk(snapshot.manifest);
   if (chunk === undefined || dirtyCheckIn() !== 'engine' || !status.ranks.every((r) => r.digest === true)) return undefined;
   const t0 = performance.now();
-  const digested = await control.digest(chunk, options.signal ? { signal: options.signal } : {});
+  let tables: RegionTables;
+  let digested: ReadonlyArray<{ rank: number; regions: ReadonlyArray<{ key: string; digests: readonly string[] }> }> | undefined;
+  if (keeps) {
+    const exported = await weights.export(chunk);
+    if (exported.ranks.every((r) => r.chunkSize === chunk && r.regions.every((x) => x.digests !== undefined))) {
+      tables = exported;
+      digested = exported.ranks.map((r) => ({ rank: r.rank, regions: r.regions.map((x) => ({ key: x.key, digests: x.digests! })) }));
+    } else {
+      lap('export'); // an older plugin: its export carries no digests, asked for on their own below
+    }
+  }
+  if (!digested) {
+    const answer = await weights.control.digest(chunk, options.signal ? { signal: options.signal } : {});
+    tables = { ranks: await readTables(answer, status.ranks.length) };
+    digested = answer;
+  }
   const seconds = (performance.now() - t0) / 1000;
-  const tables = { ranks: await readTables(digested, status.ranks.length) };
   lap('digest');
-  const problems = await restorable(snapshot, status, tables, options);
+  const problems = await restorable(snapshot, status, tables!, options);
   lap('check');
   return problems.length > 0 ? { problems } : { problems, liveCheck: checkDigested(snapshot.manifest, digested, seconds) };
 }

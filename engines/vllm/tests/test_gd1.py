@@ -156,6 +156,20 @@ class CudaDigestTest(unittest.TestCase):
                          [gd1.digest_bytes(large.cpu().numpy().tobytes(), 4096)] + [gd1.digest_bytes(t.cpu().numpy().tobytes(), 4096) for t in small])
         self.assertEqual(driver.digest_many(0, spans, 4096), [gd1.digest_bytes(t.cpu().numpy().tobytes(), 4096) for t in small])
 
+    def test_digest_start_returns_while_the_kernels_run_and_finish_gives_the_digests(self):
+        # the export with digests launches the kernels, makes the descriptors, then finishes:
+        # the bytes read are those at the launch, and a later digest of other spans is unaffected
+        torch, driver = _cuda()
+        torch.cuda.init()
+        gen = torch.Generator(device="cuda").manual_seed(5)
+        tensors = [torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda", generator=gen) for n in (4096, 3 << 20, 64 << 20)]
+        torch.cuda.synchronize()
+        expected = [gd1.digest_bytes(t.cpu().numpy().tobytes(), 1 << 20) for t in tensors]
+        finish = driver.digest_start(0, [(t.data_ptr(), t.numel()) for t in tensors], 1 << 20)
+        other = driver.digest_many(0, [(tensors[0].data_ptr(), tensors[0].numel())], 4096)  # same stream, after the first launches
+        self.assertEqual(other, [gd1.digest_bytes(tensors[0].cpu().numpy().tobytes(), 4096)])
+        self.assertEqual(finish(), expected)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -165,6 +165,20 @@ class EndpointPluginTest(unittest.TestCase):
         self.assertEqual(call(app, "POST", "/vsnap/v1/digest", {}, {"chunkSize": 4096})[0], 401)
         self.assertEqual(client.calls, [("vsnap_digest", (64 << 20,))])  # nothing reached the workers
 
+    def test_export_with_a_digest_chunk_size_asks_the_workers_for_both(self):
+        client = FakeClient()
+        app = FakeApp(client)
+        api.mount(app)
+        body = {"socket": "/tmp/s", "nonces": ["n0"]}
+        self.assertEqual(call(app, "POST", "/vsnap/v1/export", AUTH, body)[0], 200)
+        self.assertEqual(call(app, "POST", "/vsnap/v1/export", AUTH, {**body, "digestChunkSize": 4 << 20})[0], 200)
+        self.assertEqual(client.calls, [("vsnap_export", ("/tmp/s", ["n0"])), ("vsnap_export", ("/tmp/s", ["n0"], 4 << 20))])
+        for bad in (0, 24, "4096", True, 2 << 30):
+            status, answer = call(app, "POST", "/vsnap/v1/export", AUTH, {**body, "digestChunkSize": bad})
+            self.assertEqual(status, 400, bad)
+            self.assertIn("digestChunkSize", answer["error"])
+        self.assertEqual(len(client.calls), 2)  # nothing more reached the workers
+
 
 PROBE = """
 import json, os, sys

@@ -98,9 +98,22 @@ async def export(request, client):
     body = await _json_body(request)
     socket_path, nonces = body.get("socket"), body.get("nonces")
     if not isinstance(socket_path, str) or not isinstance(nonces, list) or not all(isinstance(n, str) for n in nonces):
-        raise HttpError(400, 'expected {"socket": "<path>", "nonces": ["<one per rank>", ...]}')
-    ranks = await adapter.collective_rpc(client, "vsnap_export", (socket_path, nonces))
+        raise HttpError(400, 'expected {"socket": "<path>", "nonces": ["<one per rank>", ...], "digestChunkSize": <optional>}')
+    # With digestChunkSize, each worker's header carries its regions' digests too (a suspend that
+    # keeps the weights on the GPU: the dirty check and the export in one call).
+    chunk_size = body.get("digestChunkSize")
+    if chunk_size is None:
+        args = (socket_path, nonces)
+    else:
+        _check_chunk_size(chunk_size, "digestChunkSize")
+        args = (socket_path, nonces, chunk_size)
+    ranks = await adapter.collective_rpc(client, "vsnap_export", args)
     return 200, {"ranks": ranks}
+
+
+def _check_chunk_size(chunk_size, name):
+    if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size <= 0 or chunk_size % 16 or chunk_size > 1 << 30:
+        raise HttpError(400, f'expected {{"{name}": <a positive multiple of 16 up to 1 GiB>}}')
 
 
 async def describe(request, client):
@@ -115,8 +128,7 @@ async def digest(request, client):
     # the memory they have mapped: the SDK's dirty check before a suspend, with no export.
     body = await _json_body(request)
     chunk_size = body.get("chunkSize")
-    if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size <= 0 or chunk_size % 16 or chunk_size > 1 << 30:
-        raise HttpError(400, 'expected {"chunkSize": <a positive multiple of 16 up to 1 GiB>}')
+    _check_chunk_size(chunk_size, "chunkSize")
     ranks = await adapter.collective_rpc(client, "vsnap_digest", (chunk_size,))
     return 200, {"ranks": ranks}
 

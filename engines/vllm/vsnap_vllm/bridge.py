@@ -313,14 +313,20 @@ class Bridge:
             "regions": [{k: r[k] for k in keys} for r in regions],
         }
 
-    def export(self, worker, socket_path, nonces):
-        """Sends this rank's weights region table and descriptors to the SDK's socket."""
+    def export(self, worker, socket_path, nonces, chunk_size=None):
+        """Sends this rank's weights region table and descriptors to the SDK's socket; with
+        `chunk_size`, each region's vsnap-gd1 digests too (the digest's answer, in the same call:
+        a suspend that keeps the weights on the GPU needs both, and the kernel runs while the
+        descriptors are made)."""
         rank = adapter.worker_rank(worker)
         if rank >= len(nonces):
             raise BridgeError(f"no nonce for rank {rank} ({len(nonces)} given)")
         self._check_supported()
+        digests = None
         with self._lock:
             self._ensure()
+            if chunk_size is not None and not self.driver.can_digest():
+                raise BridgeError("this worker cannot digest its weights (host memory needs numpy): export without digests")
             allocations = self._weights_allocations()
             if not self.weights_mapped:
                 raise BridgeError("the weights are asleep: wake them first (POST /vsnap/v1/wake with tags ['weights'])")
@@ -330,9 +336,22 @@ class Bridge:
                 regions = describe(allocations, adapter.worker_model(worker))
             for r in regions:
                 r["memory"] = self.exporter.kinds.get(r["va"])
-            with profile.span("vsnap export.export_fds"):
-                fds = self.exporter.export_fds(allocations)
+            finish = None
+            if chunk_size is not None:
+                with profile.span("vsnap export.digest_start", allocations=len(allocations)):
+                    finish = self.driver.digest_start(adapter.worker_device(worker), [(r["va"], r["size"]) for r in regions], int(chunk_size))
+            try:
+                with profile.span("vsnap export.export_fds"):
+                    fds = self.exporter.export_fds(allocations)
+            finally:
+                if finish is not None:
+                    with profile.span("vsnap export.digest_finish"):
+                        digests = finish()  # on a failed export too: the kernels' buffers live until they are done
         header = self._table(worker, rank, regions, ("key", "tag", "va", "size", "memory", "tensors"))
+        if digests is not None:
+            for r, d in zip(header["regions"], digests):
+                r["digests"] = d
+            header["chunkSize"] = int(chunk_size)
         try:
             with profile.span("vsnap export.send_fds", fds=len(fds)):
                 send_fds(socket_path, nonces[rank], header, fds)
@@ -369,10 +388,10 @@ def vsnap_digest(self, chunk_size):
         return BRIDGE.digest(self, int(chunk_size))
 
 
-def vsnap_export(self, socket_path, nonces):
-    """Worker method: send this rank's weights regions to the SDK."""
+def vsnap_export(self, socket_path, nonces, chunk_size=None):
+    """Worker method: send this rank's weights regions to the SDK (with their digests, given a chunk size)."""
     with profile.span("vsnap export"):
-        return BRIDGE.export(self, socket_path, list(nonces))
+        return BRIDGE.export(self, socket_path, list(nonces), chunk_size)
 
 
 WORKER_METHODS = {"vsnap_status": vsnap_status, "vsnap_describe": vsnap_describe, "vsnap_digest": vsnap_digest, "vsnap_export": vsnap_export, "vsnap_adopt": vsnap_adopt}

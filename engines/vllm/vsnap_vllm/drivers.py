@@ -363,6 +363,12 @@ class CudaDriver:
         the device), and the launches' arguments are built once for a set of spans: a suspend's
         dirty check digests the same regions every time, and building 252 launches' ctypes
         arguments took longer than the kernel."""
+        return self.digest_start(device, spans, chunk_size)()
+
+    def digest_start(self, device, spans, chunk_size):
+        """digest_many in two steps: the kernels launched now, and a function that waits for them
+        and returns the digests (other work of the caller runs while the GPU digests). The caller
+        must call it, on its failure paths too: the next digest reuses the scratch memory."""
         gd1.check_chunk_size(chunk_size)
         fn, stream, _ = self._digest_kernel(device)
         c = self._digest_calls
@@ -372,7 +378,7 @@ class CudaDriver:
             raise DriverError("region too large for one digest launch")
         blocks = sum(p[2] for p in plans)
         if blocks == 0:
-            return [[] for _ in spans]
+            return lambda: [[] for _ in spans]
         scratch = self._digest_scratch(device, blocks * 16)
         key = (device, tuple(spans), chunk_size, scratch)
         launches = self._launches.pop(key, None) or self._digest_launches(plans, chunk_size, per_chunk, scratch)
@@ -384,14 +390,19 @@ class CudaDriver:
                 self._check(c["launch"](fn, n, 1, 1, gd1.THREADS, 1, 1, 0, stream, args, None), "cuLaunchKernel (digest)")
             partials = gd1.partials_buffer(2 * blocks)
             self._check(c["fetch"](gd1.buffer_address(partials), scratch, blocks * 16, stream), "cuMemcpyDtoHAsync (digest partials)")
-        finally:
-            synced = c["sync"](stream)  # the launches made so far finish before the scratch is used again, on a failure too
-        self._check(synced, "cuStreamSynchronize")
-        out, at = [], 0
-        for va, size, n in plans:
-            out.append(gd1.finish_partials(partials[2 * at: 2 * (at + n)], size, chunk_size, per_chunk))
-            at += n
-        return out
+        except BaseException:
+            c["sync"](stream)  # the launches made so far finish before the scratch is used again
+            raise
+
+        def finish():
+            self._check(c["sync"](stream), "cuStreamSynchronize")
+            out, at = [], 0
+            for va, size, n in plans:
+                out.append(gd1.finish_partials(partials[2 * at: 2 * (at + n)], size, chunk_size, per_chunk))
+                at += n
+            return out
+
+        return finish
 
     def _digest_scratch(self, device, size):
         """Device memory for `size` bytes of partial sums on `device`: the last call's, or a larger one."""
@@ -467,6 +478,11 @@ class HostDriver:
         """vsnap-gd1 digests of each (va, size) of `spans`, host memory mapped in this process."""
         gd1.check_chunk_size(chunk_size)
         return [gd1.digest_host(va, size, chunk_size) for va, size in spans]
+
+    def digest_start(self, device, spans, chunk_size):
+        """digest_many, as the CUDA driver's two steps (here the digests are taken at once)."""
+        digests = self.digest_many(device, spans, chunk_size)
+        return lambda: digests
 
     def export_fd(self, device, handle):
         if handle == 0:
