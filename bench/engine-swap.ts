@@ -33,6 +33,11 @@
 // against the default's largest regions first and the rest beside their copy. `ram-sdk-check`:
 // the ram row with each suspend's dirty check digested here through an export of the weights
 // (VSNAP_DIRTY_CHECK=sdk), against the default's digest by the engine's workers, same run.
+// `ram-settle`: the ram row (overlap none only) with a pause of SETTLE_MS between the suspend and
+// the restore, so the restore's copy does not run just after the other engine's sleep freed its
+// weights (whether the driver's work on freed memory slows the copy that follows, same run).
+// `ram-threads`: the ram row (overlap none only) with the copy on COPY_THREADS threads, each on
+// its own stream, against the default's one a core (at most 16), same run.
 // `ram2`: the ram row with every restore over two PCIe links (restoreEngine's multipath: part of
 // the bytes host -> GPU `--neighbour` -> NVLink peer copy), skipped where that GPU is missing.
 // Issue 25 (restores at the PCIe limit): the report opens with its targets, each against a ceiling
@@ -46,7 +51,7 @@
 // Bundle it into dist-gpu/ (the test helpers find test/fixtures from the package root above the
 // bundle) and run it as root, where test/gpu/run.sh has set VSNAP_REF_CUMEM_LIB:
 //   node dist-gpu/bench-engine-swap.mjs [--device cuda|host] [--layers 36] [--hidden 4096] [--reps 5]
-//     [--rows sweep,capture2,tier0,ram,ram-wake,ram-whole,ram-sdk-check,ram2,vllm-l1,engine,pagecache,cold] [--neighbour 1] [--out bench/results] [--store /tmp/vsnap-swap-store]
+//     [--rows sweep,capture2,tier0,ram,ram-wake,ram-whole,ram-sdk-check,ram-settle,ram-threads,ram2,vllm-l1,engine,pagecache,cold] [--neighbour 1] [--out bench/results] [--store /tmp/vsnap-swap-store]
 //     [--sweep-regions 36,252,1000,4000] [--sweep-gib 16] [--capture2-gib 16] [--ceiling dist-gpu/ceiling]
 //     [--vllm-cycles 3] [--hash-threads N] [--overlap none,kv,weights,all] [--trace]
 // Writes <out>/engine-swap-<GiB>GiB.json (every swap) and .md, prints the table; progress on stderr.
@@ -54,6 +59,7 @@ import { execSync } from 'node:child_process';
 import { existsSync, mkdirSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { cpus, tmpdir } from 'node:os';
 import { basename, dirname, join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { isDeepStrictEqual, parseArgs } from 'node:util';
 
 import { captureEngine, cudaStatus, EngineClient, type EngineRestoreOptions, type EngineSuspendOptions, HostCache, type Manifest, RegionStore, ResidentWeights, restoreEngine, Snapshot, suspendEngine, swapEngines } from '../src/index.js';
@@ -77,13 +83,17 @@ const PROBE_TOKENS = 16;
 const CHECK = /^(prefill|decode):(\d+)$/.exec(process.env.VSNAP_BENCH_CHECK ?? '');
 const CHECK_OPTIONS = CHECK ? { check: { mode: CHECK[1] as 'prefill' | 'decode', maxTokens: Number(CHECK[2]) } } : {};
 
-type RowName = 'tier0' | 'engine' | 'ram' | 'ram-wake' | 'ram-whole' | 'ram-sdk-check' | 'ram2' | 'pagecache' | 'cold';
+type RowName = 'tier0' | 'engine' | 'ram' | 'ram-wake' | 'ram-whole' | 'ram-sdk-check' | 'ram-settle' | 'ram-threads' | 'ram2' | 'pagecache' | 'cold';
 type Tier = 'gpu' | 'neighbour' | 'ram' | 'store' | 'engine';
 // The RAM rows before the engine row (never run on a GPU before issue 25): a failure there cannot cost them.
-const ROWS: readonly RowName[] = ['tier0', 'ram', 'ram-wake', 'ram-whole', 'ram-sdk-check', 'ram2', 'engine', 'pagecache', 'cold'];
+const ROWS: readonly RowName[] = ['tier0', 'ram', 'ram-wake', 'ram-whole', 'ram-sdk-check', 'ram-settle', 'ram-threads', 'ram2', 'engine', 'pagecache', 'cold'];
 type ExtraRow = 'sweep' | 'capture2' | 'vllm-l1';
 const EXTRA: readonly ExtraRow[] = ['sweep', 'capture2', 'vllm-l1'];
-const ALL_ROWS = ['sweep', 'capture2', 'tier0', 'ram', 'ram-wake', 'ram-whole', 'ram-sdk-check', 'ram2', 'vllm-l1', 'engine', 'pagecache', 'cold'];
+const ALL_ROWS = ['sweep', 'capture2', 'tier0', 'ram', 'ram-wake', 'ram-whole', 'ram-sdk-check', 'ram-settle', 'ram-threads', 'ram2', 'vllm-l1', 'engine', 'pagecache', 'cold'];
+/** ram-settle's pause between the suspend and the restore. */
+const SETTLE_MS = 500;
+/** ram-threads' copy threads. */
+const COPY_THREADS = 4;
 type Overlap = 'none' | 'kv' | 'weights' | 'all';
 const OVERLAPS: readonly Overlap[] = ['none', 'kv', 'weights', 'all'];
 /** The rows the overlap modes apply to (the others run without overlap). */
@@ -95,6 +105,8 @@ const LABEL: Record<RowName, string> = {
   'ram-wake': "RAM tier, targets by the engine's wake and export (VSNAP_RESTORE_TARGETS=wake)",
   'ram-whole': 'RAM tier, every region\'s memory made before the copy (VSNAP_RESTORE_TARGETS=fill-whole)',
   'ram-sdk-check': 'RAM tier, the dirty check digested here through an export (VSNAP_DIRTY_CHECK=sdk)',
+  'ram-settle': `RAM tier, the restore ${SETTLE_MS} ms after the suspend`,
+  'ram-threads': `RAM tier, the copy on ${COPY_THREADS} threads`,
   ram2: 'RAM tier over two PCIe links (multipath)',
   pagecache: 'page cache (warm disk)',
   cold: 'cold disk (caches dropped, O_DIRECT)',
@@ -283,6 +295,8 @@ interface SwapMode {
   tier?: Tier | undefined;
   beforeSwap?: () => void;
   overlap?: Overlap;
+  /** Serial only: a pause between the suspend and the restore (ram-settle). */
+  settleMs?: number;
 }
 
 /** One swap: suspend the awake engine, restore the other; checks the tier and the answer. */
@@ -306,6 +320,7 @@ async function swap(
   const copyTrace: Array<[number, number, string]> | undefined = args.trace ? [] : undefined;
   const t0 = performance.now();
   let restoreStarted = t0; // the restore's start: the swap's with overlap, else after the suspend
+  let settled = 0;
   const traced = (restore: EngineRestoreOptions): EngineRestoreOptions =>
     copyTrace
       ? { ...restore, transfer: { ...restore.transfer, onProgress: (p) => copyTrace.push([performance.now() - restoreStarted, p.bytesDone, p.phase]) } }
@@ -324,10 +339,15 @@ async function swap(
   } else {
     suspended = await suspendEngine(store, from.name, from.client, mode.suspend);
     suspendSeconds = since(t0);
+    if (mode.settleMs) {
+      const paused = performance.now();
+      await sleep(mode.settleMs);
+      settled = since(paused);
+    }
     restoreStarted = performance.now();
     report = await restoreEngine(to.snapshot!, to.client, { ...traced(mode.restore), ...(overlap === 'kv' ? { overlapKvWake: true } : {}) });
   }
-  const wallSeconds = since(t0);
+  const wallSeconds = since(t0) - settled; // ram-settle's pause is not the swap's
   if (suspended.captured || suspended.alreadyAsleep) throw new Error(`suspend of ${from.label} did not find a durable snapshot or the engine was asleep (captured ${suspended.captured}, alreadyAsleep ${suspended.alreadyAsleep})`);
   awake = 1 - awake;
   if (mode.tier && report.tier !== mode.tier) throw new Error(`[${row}] swap ${index}: ${to.label} restored from the ${report.tier} tier, expected ${mode.tier}`);
@@ -547,7 +567,7 @@ async function runRow(row: RowName): Promise<RowResult[]> {
     } finally {
       resident.close(); // the engine asleep now restores from the store or the RAM tier in the next rows
     }
-  } else if (row === 'ram' || row === 'ram-wake' || row === 'ram-whole' || row === 'ram-sdk-check' || row === 'ram2') {
+  } else if (row === 'ram' || row === 'ram-wake' || row === 'ram-whole' || row === 'ram-sdk-check' || row === 'ram-settle' || row === 'ram-threads' || row === 'ram2') {
     const gpus = cuda.available ? (await listDevices()).length : 2; // the host backend has a stand-in neighbour
     if (row === 'ram2' && gpus <= neighbour) {
       result.skipped = `needs GPU ${neighbour} as the neighbour (${gpus} visible)`;
@@ -569,7 +589,8 @@ async function runRow(row: RowName): Promise<RowResult[]> {
       if (row === 'ram-wake' || row === 'ram-whole') process.env.VSNAP_RESTORE_TARGETS = row === 'ram-wake' ? 'wake' : 'fill-whole';
       if (row === 'ram-sdk-check') process.env.VSNAP_DIRTY_CHECK = 'sdk';
       try {
-        await each({ suspend: {}, restore: { tiers: { ram: cache, ...(row === 'ram2' ? { multipath: { neighbour } } : {}) } }, tier: 'ram' });
+        const tiers = { ram: cache, ...(row === 'ram2' ? { multipath: { neighbour } } : {}) };
+        await each({ suspend: {}, restore: { tiers, ...(row === 'ram-threads' ? { transfer: { threads: COPY_THREADS } } : {}) }, tier: 'ram', ...(row === 'ram-settle' ? { settleMs: SETTLE_MS } : {}) });
       } finally {
         if (row === 'ram-wake' || row === 'ram-whole') delete process.env.VSNAP_RESTORE_TARGETS;
         if (row === 'ram-sdk-check') delete process.env.VSNAP_DIRTY_CHECK;
@@ -796,6 +817,8 @@ const perPhase = bytesAloneTable(
     ...modeRows('ram'),
     ...modeRows('ram-whole').map((r) => ({ ...r, label: 'RAM tier, every region\'s memory made before the copy' })),
     ...modeRows('ram-wake').map((r) => ({ ...r, label: "RAM tier, the engine's wake and export" })),
+    ...modeRows('ram-settle').map((r) => ({ ...r, label: `RAM tier, the restore ${SETTLE_MS} ms after the suspend` })),
+    ...modeRows('ram-threads').map((r) => ({ ...r, label: `RAM tier, the copy on ${COPY_THREADS} threads` })),
   ],
   bytesAlone,
 );

@@ -67,6 +67,7 @@ export async function copyInStages(
     if (items.length === 0) return;
     const at = (performance.now() - started) / 1000;
     const offset = done;
+    common.onProgress?.({ phase: 'starting', bytesDone: Math.min(offset, bytesTotal), bytesTotal }); // each job's start, for a trace of the stages
     const progress = common.onProgress
       ? { onProgress: (p: Parameters<NonNullable<TransferOptions['onProgress']>>[0]) => common.onProgress!({ ...p, bytesDone: Math.min(offset + p.bytesDone, bytesTotal), bytesTotal }) }
       : {};

@@ -9,7 +9,10 @@ import { DEFAULT_CHUNK_SIZE, defaultThreads, stagingPools } from './staging.js';
  * @public
  */
 export interface TransferProgress {
-  /** `verifying` (checking blobs before a restore writes), `copying`, or `done`. */
+  /**
+   * `verifying` (checking blobs before a restore writes), `copying`, or `done`; a restore from the
+   * RAM tier copies in a few jobs, each reported from `starting` to `done`.
+   */
   readonly phase: string;
   /** Bytes processed in this phase so far. */
   readonly bytesDone: number;
