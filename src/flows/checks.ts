@@ -77,11 +77,12 @@ export function blobProblems(snapshot: Snapshot): string[] {
 }
 
 /**
- * A stopwatch for phases: each call records the seconds since the previous one under `name`;
- * `restart()` starts the next phase now (time spent in between is not counted).
+ * A stopwatch for phases: each call records the seconds since the previous one (the first: since
+ * `from`, default now) under `name`; `restart()` starts the next phase now (time spent in
+ * between is not counted).
  */
-export function phaseTimer(into: Record<string, number>): ((name: string) => void) & { restart(): void } {
-  let mark = performance.now();
+export function phaseTimer(into: Record<string, number>, from = performance.now()): ((name: string) => void) & { restart(): void } {
+  let mark = from;
   const lap = (name: string): void => {
     const now = performance.now();
     into[name] = (now - mark) / 1000;

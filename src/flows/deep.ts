@@ -160,6 +160,7 @@ export async function deepRestoreRanks(
   backend: CheckpointBackend,
   pairs?: readonly NativeGpuPair[],
   roomCheck?: () => Promise<string | undefined>,
+  beforeRestore?: () => Promise<void>,
 ): Promise<DeepTimes | undefined> {
   const times: DeepTimes = {};
   const lap = phaseTimer(times);
@@ -185,6 +186,7 @@ export async function deepRestoreRanks(
     throw new VsnapError(first.code, `could not read the checkpoint state of the engine's workers (nothing was changed): ${unreadable.map(describe).join('; ')}`, { ...first.details, step: 'state' }, { cause: first });
   }
   const gone = read.filter((o) => o.error);
+  await beforeRestore?.();
   const measured = pairs && roomCheck && !gone.length ? await roomCheck() : undefined;
   const survivors = ranks.filter((_, i) => !read[i]!.error);
   const restored = await each(
@@ -243,10 +245,11 @@ export async function resumeIfDeep(
   backend?: CheckpointBackend,
   pairs?: readonly NativeGpuPair[],
   roomCheck?: () => Promise<string | undefined>,
+  beforeRestore?: () => Promise<void>,
 ): Promise<DeepTimes | undefined> {
   if (!backend && !pairs && !status.ranks.some((r) => r.memory === 'cuda')) return undefined;
   if (status.ranks.length === 0) return undefined;
-  return deepRestoreRanks(engineRanks(status), backend ?? nativeCheckpointBackend(), pairs, roomCheck);
+  return deepRestoreRanks(engineRanks(status), backend ?? nativeCheckpointBackend(), pairs, roomCheck, beforeRestore);
 }
 
 /** Checks, before anything changes, that every worker can be deep-suspended (the API is there, each runs). @internal */

@@ -9,7 +9,7 @@ import { regionId } from '../manifest/region-id.js';
 import type { RestStage } from '../snapshot/snapshot-types.js';
 import type { FilledTargets } from '../tiers/tier.js';
 import { liveFacts, liveRanks } from './checks.js';
-import { fillHandOver, fillRegions, firstRegions, makeFillMemory, type FillMemory } from './fill.js';
+import { earlyFits, fillHandOver, fillRegions, firstRegions, makeFillMemory, type EarlyFill, type FillMemory } from './fill.js';
 import { startKvWake, type EarlyWake } from './kv-overlap.js';
 
 /*
@@ -58,6 +58,8 @@ export interface FillStart {
   readonly kvWake?: { readonly tags: readonly string[]; readonly before: (() => Promise<void>) | undefined };
   /** Told each part of the memory as soon as it is made (the restore lets go of it on every path from then on). */
   made(fill: FillMemory): void;
+  /** The first part made before the engine was read (EarlyFill), taken where it fits; one that does not is let go here. */
+  readonly early?: Promise<EarlyFill | undefined>;
 }
 
 /**
@@ -73,7 +75,13 @@ export interface FillStart {
 export async function startFill(run: FillStart): Promise<{ targets: FilledTargets; wake: FillWake; early: EarlyWake | undefined }> {
   const wanted = await fillRegions(run.manifest, run.status);
   const firstIds = restoreTargets() === 'fill-whole' ? new Set(wanted.map((w) => regionId(w.rank, w.key))) : firstRegions(wanted);
-  const first = await makeFillMemory(wanted.filter((w) => firstIds.has(regionId(w.rank, w.key))));
+  const made = await run.early;
+  let first: FillMemory;
+  if (made && earlyFits(made, wanted, firstIds)) first = made.memory;
+  else {
+    await made?.memory.close();
+    first = await makeFillMemory(wanted.filter((w) => firstIds.has(regionId(w.rank, w.key))));
+  }
   run.made(first);
   run.lap('allocate'); // the first part's memory: what stands before the copy
   const stop = new AbortController();

@@ -119,6 +119,59 @@ export async function fillRegions(manifest: Manifest, status: EngineStatus): Pro
   return [...manifest.regions()].map(({ rank, region }) => ({ rank, key: region.key, tag: region.tag, size: region.size, tensors: region.tensors.length, device: device(rank) }));
 }
 
+/**
+ * The first part of a restore's memory, made from the snapshot alone while the engine's status is
+ * still being read (the GPU of each rank as the manifest names it): what {@link startFill} takes
+ * when the engine turns out to match (same first regions, each on the same GPU), else lets go.
+ * @internal
+ */
+export interface EarlyFill {
+  /** The first regions (by region id) made, as {@link firstRegions} chose them. */
+  readonly ids: ReadonlySet<string>;
+  /** Those regions, as they were made. */
+  readonly made: readonly FillRegion[];
+  readonly memory: FillMemory;
+}
+
+/**
+ * Makes the first part of `manifest`'s memory on the GPUs its ranks were captured on (host
+ * memory for a host rank), before the engine is read. Undefined, with nothing left allocated,
+ * when a GPU is not visible here or the memory cannot be made: the restore then makes it after
+ * the status, as without this.
+ * @internal
+ */
+export async function makeEarlyFill(manifest: Manifest): Promise<EarlyFill | undefined> {
+  try {
+    const ranks = manifest.data.ranks;
+    const gpus = ranks.some((r) => r.device !== null) ? await listDevices() : [];
+    const ordinal = new Map<number, number | undefined>();
+    for (const r of ranks) {
+      if (r.device === null) ordinal.set(r.rank, undefined);
+      else {
+        const gpu = gpus.find((g) => g.uuid === r.device!.uuid);
+        if (!gpu) return undefined;
+        ordinal.set(r.rank, gpu.ordinal);
+      }
+    }
+    const wanted = [...manifest.regions()].map(({ rank, region }): FillRegion => ({ rank, key: region.key, tag: region.tag, size: region.size, tensors: region.tensors.length, device: ordinal.get(rank) }));
+    const ids = firstRegions(wanted);
+    const made = wanted.filter((w) => ids.has(regionId(w.rank, w.key)));
+    return { ids, made, memory: await makeFillMemory(made) };
+  } catch {
+    return undefined; // made again after the status, where a real failure is reported
+  }
+}
+
+/** Whether `early` is the first part a restore of `wanted` (the engine as read) would make: the same regions, sizes and GPUs. @internal */
+export function earlyFits(early: EarlyFill, wanted: readonly FillRegion[], firstIds: ReadonlySet<string>): boolean {
+  if (early.ids.size !== firstIds.size || [...firstIds].some((id) => !early.ids.has(id))) return false;
+  const live = new Map(wanted.map((w) => [regionId(w.rank, w.key), w]));
+  return early.made.every((m) => {
+    const w = live.get(regionId(m.rank, m.key));
+    return w !== undefined && w.size === m.size && w.device === m.device;
+  });
+}
+
 type Made = { kind: 'device'; allocation: DeviceAllocation; fd: number } | { kind: 'host'; region: HostRegion };
 
 /**

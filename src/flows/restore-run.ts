@@ -13,7 +13,7 @@ import { restoreTiers } from '../tiers/index.js';
 import type { FilledTargets, HydrateTargets, MappedTargets, RestoreRun, Tier, TierRestore } from '../tiers/tier.js';
 import { holdsWeights, liveFacts, liveRanks, phaseTimer, preflight, warn } from './checks.js';
 import { resumeIfDeep } from './deep.js';
-import type { FillMemory } from './fill.js';
+import { makeEarlyFill, type EarlyFill, type FillMemory } from './fill.js';
 import { FILL_OVERLAPPED, restoreTargets, startFill, type FillWake } from './fill-targets.js';
 import { sleepAgain } from './sleep-again.js';
 import { checkMoved, checkRoom, describeRoom, resolveRemap, type GpuRemap } from './gpu-remap.js';
@@ -68,9 +68,9 @@ async function openSnapshot(
 
 /** @internal */
 export class EngineRestoreRun implements RestoreRun {
-  readonly started = performance.now();
   readonly phases: Record<string, number> = {};
-  readonly lap = phaseTimer(this.phases);
+  /** From the start of {@link EngineRestoreRun.open}: the snapshot opened and the engine's status read count as `prepare`. */
+  readonly lap: ReturnType<typeof phaseTimer>;
   readonly tiers: readonly Tier[];
   readonly recovery: { reload: boolean; materialize: MaterializePolicy };
   readonly hooks: FlowHooks;
@@ -85,10 +85,13 @@ export class EngineRestoreRun implements RestoreRun {
   /** Memory made here for the weights, part by part as it was made. */
   private readonly fill: FillMemory[] = [];
   private fillWake: FillWake | undefined;
+  /** The first part of the memory made before the engine was read (open), for fillTargets to take. */
+  private earlyFill: Promise<EarlyFill | undefined> | undefined;
   /** The phases of a filled restore that ran beside the hydrate, with their own seconds (listed after it, in FILL_OVERLAPPED's order). */
   private readonly besideHydrate: Record<string, number> = {};
 
   private constructor(
+    readonly started: number,
     readonly client: EngineClient,
     readonly control: EngineControl,
     status: EngineStatus,
@@ -99,6 +102,7 @@ export class EngineRestoreRun implements RestoreRun {
     readonly options: EngineRestoreOptions,
     recovery: { reload: boolean; materialize: MaterializePolicy },
   ) {
+    this.lap = phaseTimer(this.phases, started);
     this.status = status;
     this.recovery = recovery;
     this.hooks = options.hooks ?? {};
@@ -120,14 +124,26 @@ export class EngineRestoreRun implements RestoreRun {
    * then reads the engine and resolves a move onto other GPUs (checked before anything changes).
    */
   static async open(source: Snapshot | SnapshotRef, client: EngineClient, options: EngineRestoreOptions, recovery: { reload: boolean; materialize: MaterializePolicy }): Promise<EngineRestoreRun> {
+    const started = performance.now();
     // The snapshot first: one that cannot be opened (and not recovered from) fails the restore
     // before the engine is asked anything.
     const { snapshot, openError } = await openSnapshot(source, client, options, recovery);
-    const { control, status } = await engineControl(client, options.signal ? { signal: options.signal } : {});
-    preflight(status, options);
+    // The first part of the weights' memory is made while the engine is read (restore.ts lets go
+    // of it on every path where it is not used).
+    const early = snapshot && mayFillEarly(snapshot, client, options) ? makeEarlyFill(snapshot.manifest) : undefined;
+    let control: EngineControl;
+    let status: EngineStatus;
+    try {
+      ({ control, status } = await engineControl(client, options.signal ? { signal: options.signal } : {}));
+      preflight(status, options);
+    } catch (err) {
+      await (await early)?.memory.close();
+      throw err;
+    }
     const store = snapshot?.store ?? (source as SnapshotRef).store;
     const name = snapshot?.name ?? (source as SnapshotRef).name;
-    const run = new EngineRestoreRun(client, control, status, snapshot, openError, name, store, options, recovery);
+    const run = new EngineRestoreRun(started, client, control, status, snapshot, openError, name, store, options, recovery);
+    run.earlyFill = early;
     const move = options.move;
     if (move?.onto !== undefined || move?.gpuMap !== undefined) {
       const onGpus = status.ranks.every((r) => r.memory === 'cuda'); // a host-memory engine is refused without listing GPUs
@@ -151,8 +167,11 @@ export class EngineRestoreRun implements RestoreRun {
     const weights: number[] = [];
     for (const r of this.status.ranks) weights[r.rank] = Math.max(r.bytes, this.snapshot?.manifest.data.ranks.find((m) => m.rank === r.rank)?.regions.reduce((n, x) => n + x.size, 0) ?? 0);
     const roomCheck = remap ? async () => describeRoom(checkRoom(remap, await listDevices({ freeMemory: true }), weights, this.options.move?.reserveBytes)) : undefined;
-    const deep = await resumeIfDeep(this.status, this.hooks.checkpoint, remap?.pairs, roomCheck);
+    const opened = (performance.now() - this.started) / 1000;
+    // A checkpointed process needs its GPU memory back: memory made here early goes first.
+    const deep = await resumeIfDeep(this.status, this.hooks.checkpoint, remap?.pairs, roomCheck, () => this.dropEarly());
     if (!deep) return;
+    this.phases.open = opened; // the snapshot opened and the engine read, before its processes were restored
     for (const [step, seconds] of Object.entries(deep)) this.phases[`deep.${step}`] = seconds;
     this.lap.restart();
     this.status = await this.control.status(this.call);
@@ -221,10 +240,27 @@ export class EngineRestoreRun implements RestoreRun {
       overlapped: (phase, seconds) => void (this.besideHydrate[phase] = seconds),
       ...(this.options.overlapKvWake ? { kvWake: { tags: this.tagsAfterWeights(), before: this.hooks.beforeKvWake } } : {}),
       made: (fill) => void this.fill.push(fill),
+      ...(this.earlyFill ? { early: this.earlyFill } : {}),
     });
     this.fillWake = started.wake;
     this.early = started.early;
     return started.targets;
+  }
+
+  /**
+   * Lets go of the memory made before the engine was read, where the restore did not take it (a
+   * tier that needs none, an engine that cannot adopt it, a failure first): run by restoreEngine
+   * at its end, on every path. Closing memory the restore took is a no-op by then (letGo, cleanUp).
+   */
+  async releaseEarly(): Promise<void> {
+    await (await this.earlyFill)?.memory.close();
+  }
+
+  /** Lets go of the memory made early now, and makes none of it count from here on. */
+  private async dropEarly(): Promise<void> {
+    const early = this.earlyFill;
+    this.earlyFill = undefined;
+    await (await early)?.memory.close();
   }
 
   /** After a hydrate: its digest time apart, and the phases that ran beside it, then the rest of the wake. */
@@ -407,6 +443,21 @@ export class EngineRestoreRun implements RestoreRun {
       ...(this.overlapped(outcome).length ? { overlapped: this.overlapped(outcome) } : {}),
     };
   }
+}
+
+/**
+ * Whether a restore may make the first part of the weights' memory before it has read the
+ * engine: only where the weights will surely be copied into memory made here (the default
+ * targets, the RAM tier or the store) and no tier that keeps them elsewhere (tier 0 holding this
+ * engine's weights, the neighbour GPU, the engine's own, two links) or a move can take the
+ * restore. Whether the engine can adopt the memory is known only from its status: where it
+ * cannot, the memory is let go unused.
+ */
+function mayFillEarly(snapshot: Snapshot, client: EngineClient, options: EngineRestoreOptions): boolean {
+  const t = options.tiers ?? {};
+  if (restoreTargets() !== 'fill' || options.move || t.engine || t.neighbour || t.multipath || options.allowModelSwap) return false;
+  if (t.gpu?.has(client.baseUrl)) return false;
+  return snapshot.durable || (t.ram?.has(snapshot.id) ?? false);
 }
 
 /** The tag of the i-th exported region (rank by rank, in the order sent). */

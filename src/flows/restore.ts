@@ -50,6 +50,15 @@ export async function restoreEngine(source: Snapshot | SnapshotRef, client: Engi
   checkOptions('restoreEngine options.verify', options.verify, ['blobs', 'digests', 'logprobTolerance'], { verifyDigests: 'verify.digests' });
   checkOptions('restoreEngine options.transfer', options.transfer, ['threads', 'directIo', 'onProgress']);
   const run = await EngineRestoreRun.open(source, client, options, recoveryPolicy(options));
+  try {
+    return await restoreWith(run, options);
+  } finally {
+    await run.releaseEarly(); // memory made before the engine was read, where nothing took it
+  }
+}
+
+/** restoreEngine's steps once the snapshot is open and the engine read. */
+async function restoreWith(run: EngineRestoreRun, options: EngineRestoreOptions): Promise<EngineRestoreReport> {
   await run.resumeDeep();
   await run.sleepIfAwake();
   const kept = run.tiers.find((t) => t.name === 'kept');

@@ -242,9 +242,10 @@ export interface EngineRestoreReport {
   /** Wall time of the whole restore. */
   readonly seconds: number;
   /**
-   * Seconds per phase, in order: sleep (model swap only), prepare (the engine's status, the
-   * snapshot opened, each rank's checkpoint state read from the driver), then from the RAM tier or
-   * the store allocate (the memory of the largest regions, made here), hydrate, verifyDigests,
+   * Seconds per phase, in order, from the call on: sleep (model swap only), prepare (the
+   * snapshot opened, the engine's status, each rank's checkpoint state read from the driver), then
+   * from the RAM tier or the store allocate (what is left of making the memory of the largest
+   * regions here, begun while the engine's status was read), hydrate, verifyDigests,
    * wakeWeightsWait (what of the work beside the hydrate was left after it), and the phases that
    * ran beside the hydrate, listed in `overlapped`: describe (the sleeping engine's region table
    * read), validate (the snapshot's layout and facts checked against it), allocateRest (the other
@@ -252,8 +253,8 @@ export interface EngineRestoreReport {
    * where the memory is not made here (a move, two links, `VSNAP_RESTORE_TARGETS=wake`)
    * wakeWeights, export, validate, map (every region mapped once, for the hydrate and its
    * verification), hydrate; from tier 0 adoptWeights; then wakeKvCache, resetPrefixCache,
-   * expectedResponse. A deep-suspended engine starts with
-   * `deep.restore`, `deep.unlock`. A recovery adds reloadWeights (and materialize, when required).
+   * expectedResponse. A deep-suspended engine starts with open (the snapshot opened and the
+   * engine read), `deep.restore`, `deep.unlock`. A recovery adds reloadWeights (and materialize, when required).
    */
   readonly phases: Readonly<Record<string, number>>;
   /** `restored` from the snapshot (or a tier), or `recovered` through the engine's own loader (see `recovery`). */

@@ -89,13 +89,27 @@ export async function copyInStages(
   // The head: up to HEAD_SHARE of the bytes (one region: all of it), not past the gate, at least what is copied already.
   const split = all.length < 2 ? all.length : splitIndex(all.map((x) => x.region.size));
   const k = Math.max(plan.first.length, Math.min(split, gateAt));
+  let gateOpen = !rest.gate;
+  void rest.gate?.after.then(() => void (gateOpen = true), () => undefined);
   await job(all.slice(plan.first.length, k));
-  if (onHead && k > 0 && k < all.length) {
+  const startHead = (): void => {
+    if (!onHead || k === 0 || k >= all.length) return;
     const later = new Set(all.slice(k).map((x) => x.id));
     onHead(all.slice(0, k).map((x) => x.id).filter((id) => !later.has(id)));
+  };
+  if (gateOpen) {
+    // The tail's copy first, then the head's digest: setting the digest up takes a moment the copy need not wait for.
+    const tail = job(all.slice(k));
+    try {
+      startHead();
+    } finally {
+      await tail;
+    }
+  } else {
+    startHead();
+    await rest.gate?.after;
+    await job(all.slice(k));
   }
-  await rest.gate?.after;
-  await job(all.slice(k));
   const devices = new Map<number, { device: number; bytes: number; seconds: number }>();
   for (const { at, result } of results) {
     for (const d of result.devices ?? []) {

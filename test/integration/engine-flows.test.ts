@@ -1,6 +1,6 @@
 import { chmodSync, closeSync, openSync, writeSync } from 'node:fs';
 
-import { readFileSync } from 'node:fs';
+import { readdirSync, readFileSync, readlinkSync, statSync } from 'node:fs';
 
 import { describe, expect, it, vi } from 'vitest';
 
@@ -101,6 +101,67 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     expect(await ask(client)).toEqual(before);
   });
 
+  it("makes the first part of the weights' memory while the engine's status is read, and uses that memory; an engine that cannot adopt it leaves nothing behind", async () => {
+    const { client } = await engine();
+    const store = await RegionStore.open(tempDir());
+    const before = await ask(client);
+    const { snapshot } = await suspendEngine(store, 'early', client, { captureIfNeeded: true });
+    // The memory made here for the weights: memfds this process holds (the CPU engine's host memory), by inode.
+    const fillInodes = (): Set<number> => {
+      const inodes = new Set<number>();
+      for (const fd of readdirSync('/proc/self/fd')) {
+        try {
+          if (readlinkSync(`/proc/self/fd/${fd}`).includes('memfd:vsnap-fill')) inodes.add(statSync(`/proc/self/fd/${fd}`).ino);
+        } catch {
+          // closed meanwhile
+        }
+      }
+      return inodes;
+    };
+    const status = client.vsnapStatus.bind(client);
+    let atStatus: Set<number> | undefined;
+    let dropDescribe = false;
+    client.vsnapStatus = async (o) => {
+      atStatus ??= fillInodes();
+      const s = await status(o);
+      return dropDescribe ? { ...s, ranks: s.ranks.map(({ describe: _, ...r }) => r) } : s;
+    };
+    let beforeWake: Set<number> | undefined;
+    const fds = openFds();
+    await restoreEngine(snapshot, client, { hooks: { beforeKvWake: async () => void (beforeWake = fillInodes()) } });
+    expect(atStatus!.size).toBeGreaterThan(0); // made before the engine answered
+    for (const inode of atStatus!) expect(beforeWake!.has(inode), String(inode)).toBe(true); // and copied into, not made again
+    expect(fillInodes().size).toBe(0);
+    expect(openFds()).toEqual(fds);
+    expect(await ask(client)).toEqual(before);
+
+    // An older plugin (no describe while asleep): the restore goes through the engine's wake and export, the early memory is let go.
+    await suspendEngine(store, 'early', client);
+    atStatus = undefined;
+    dropDescribe = true;
+    const report = await restoreEngine(snapshot, client);
+    expect(atStatus!.size).toBeGreaterThan(0);
+    expect(Object.keys(report.phases).slice(0, 3)).toEqual(['prepare', 'wakeWeights', 'export']);
+    expect(fillInodes().size).toBe(0);
+    expect(openFds()).toEqual(fds);
+    expect(await ask(client)).toEqual(before);
+    // An awake engine is refused: the memory made while it was read goes too.
+    await expect(restoreEngine(snapshot, client)).rejects.toMatchObject({ code: 'E_ENGINE_STATE' });
+    expect(fillInodes().size).toBe(0);
+    expect(openFds()).toEqual(fds);
+    // The engine stops answering while it is read: the same.
+    await suspendEngine(store, 'early', client);
+    atStatus = undefined;
+    client.vsnapStatus = async () => {
+      atStatus = fillInodes();
+      throw new VsnapError('E_ENGINE_HTTP', 'injected: the engine is gone', { status: 502 });
+    };
+    await expect(restoreEngine(snapshot, client)).rejects.toMatchObject({ code: 'E_ENGINE_HTTP' });
+    expect(atStatus!.size).toBeGreaterThan(0);
+    expect(fillInodes().size).toBe(0);
+    expect(openFds()).toEqual(fds);
+  });
+
   it('without a restore, sleep level 2 loses the weights (the problem this solves)', async () => {
     const { client } = await engine();
     const before = await ask(client);
@@ -129,6 +190,30 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     expect(await resets()).toBe(asleep + 1);
     expect(Object.keys(report.phases)).toEqual(expect.arrayContaining(['awaitRoom', 'wakeKvCache', 'resetPrefixCache']));
     expect(await ask(client)).toEqual(before);
+  });
+
+  it("counts the engine's status read in the restore's time (prepare): the clock starts when restoreEngine is called", async () => {
+    const { client } = await engine();
+    const store = await RegionStore.open(tempDir());
+    const snap = await captureEngine(store, 'ref', client);
+    await suspendEngine(store, 'ref', client);
+    // The status read made slow on purpose: with the clock started after it, prepare would miss it.
+    const original = client.vsnapStatus.bind(client);
+    let read: { started: number; ended: number } | undefined;
+    vi.spyOn(client, 'vsnapStatus').mockImplementation(async (options) => {
+      const started = performance.now();
+      await new Promise((resolve) => setTimeout(resolve, 200));
+      const status = await original(options);
+      read ??= { started, ended: performance.now() };
+      return status;
+    });
+    const report = await restoreEngine(snap, client);
+    vi.restoreAllMocks();
+    expect(read).toBeDefined();
+    const phases = Object.entries(report.phases);
+    expect(phases[0]![0]).toBe('prepare');
+    expect(report.phases.prepare! * 1000).toBeGreaterThanOrEqual(read!.ended - read!.started);
+    expect(report.seconds * 1000).toBeGreaterThanOrEqual(read!.ended - read!.started);
   });
 
   it('refuses to suspend without a restorable snapshot, and keeps the weights', async () => {

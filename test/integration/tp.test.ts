@@ -84,7 +84,7 @@ describe('tensor parallel size 2 (one worker process per rank)', () => {
     expect(lastRestore).toBeLessThan(firstUnlock);
     expect(driver.notRunning()).toEqual([]);
     expect(report.bytes).toBe(snap.manifest.totalBytes);
-    expect(Object.keys(report.phases).slice(0, 4)).toEqual(['deep.restore', 'deep.unlock', 'prepare', 'allocate']);
+    expect(Object.keys(report.phases).slice(0, 5)).toEqual(['open', 'deep.restore', 'deep.unlock', 'prepare', 'allocate']);
     expect(await ask(client)).toEqual(before);
 
     // a plain level-2 round trip
