@@ -24,7 +24,8 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   vsnap::js::initPeer(env, exports);
   vsnap::js::initMultipath(env, exports);
   vsnap::js::initRegionSet(env, exports);
-  exports.Set("abiVersion", Napi::Number::New(env, 7));
+  vsnap::js::initCopyQueue(env, exports);
+  exports.Set("abiVersion", Napi::Number::New(env, 8));
   return exports;
 }
 

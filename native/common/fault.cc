@@ -28,7 +28,8 @@ Point parse(const std::string& name) {
   if (name == "map-reserve") return Point::MapReserve;
   if (name == "map-map") return Point::MapMap;
   if (name == "map-access") return Point::MapAccess;
-  throwInvalid("unknown fault point '" + name + "' (thread-start, chunk-delay, map-import, map-reserve, map-map, map-access)");
+  if (name == "copy-fail") return Point::CopyFail;
+  throwInvalid("unknown fault point '" + name + "' (thread-start, chunk-delay, map-import, map-reserve, map-map, map-access, copy-fail)");
 }
 
 bool hit(Point point) {

@@ -5,6 +5,7 @@
 //   "chunk-delay"   each transfer chunk waits `arg` ms first (keeps a transfer running)
 //   "map-import", "map-reserve", "map-map", "map-access": a batched region-set open
 //                   (transfer/region_batch.h) fails at that step, after `arg` hits let through
+//   "copy-fail"     a copy queue's chunk (transfer/copy_queue.h) fails, after `arg` chunks let through
 #pragma once
 
 #include <cstdint>
@@ -12,7 +13,7 @@
 
 namespace vsnap::fault {
 
-enum class Point { ThreadStart = 0, ChunkDelay = 1, MapImport = 2, MapReserve = 3, MapMap = 4, MapAccess = 5, Count = 6 };
+enum class Point { ThreadStart = 0, ChunkDelay = 1, MapImport = 2, MapReserve = 3, MapMap = 4, MapAccess = 5, CopyFail = 6, Count = 7 };
 
 // Arms `point` for the next `times` hits (0 disarms) with an argument (ChunkDelay: ms).
 void set(Point point, uint32_t times, uint32_t arg = 0);

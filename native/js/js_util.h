@@ -148,6 +148,7 @@ void initCheckpoint(Napi::Env env, Napi::Object exports);
 void initPeer(Napi::Env env, Napi::Object exports);       // js_peer.cc
 void initMultipath(Napi::Env env, Napi::Object exports);  // js_multipath.cc
 void initRegionSet(Napi::Env env, Napi::Object exports);
+void initCopyQueue(Napi::Env env, Napi::Object exports);  // js_copy_queue.cc
 
 // setFault(point, times, arg?): arms a test fault (common/fault.h). For tests only.
 Napi::Value SetFault(const Napi::CallbackInfo& info);

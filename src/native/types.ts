@@ -130,6 +130,40 @@ export interface NativeTransferResult {
   devices?: Array<{ device: number; bytes: number; seconds: number }>;
 }
 
+/** One region of a copy queue's batch (native/js/js_copy_queue.cc): RAM-tier bytes into `memory`. */
+export interface NativeCopyItem {
+  name: string;
+  size: number;
+  memory: NativeMemorySpec;
+  source: { kind: 'buffer'; buffer: NativeHostBuffer; offset: number };
+}
+
+/** A batch of a copy queue, landed: seconds since the queue opened. */
+export interface NativeCopyBatch {
+  id: number;
+  bytes: number;
+  /** Its first copy issued (-1: none was, an empty batch). */
+  issuedAt: number;
+  /** Its last byte landed. */
+  landedAt: number;
+  /** Per GPU written to, the bytes. */
+  devices: Array<{ device: number; bytes: number }>;
+}
+
+/**
+ * Copies RAM-tier bytes into regions batch after batch, in the order pushed, on one stream per GPU
+ * (native/transfer/copy_queue.h). An idle queue does not keep the event loop alive.
+ */
+export interface NativeCopyQueue {
+  /** Settles once the batch's last byte landed; a failure rejects it and every later batch. */
+  push(items: readonly NativeCopyItem[]): Promise<NativeCopyBatch>;
+  /** No more batches: resolves once every batch settled and the queue's threads ended. */
+  close(): Promise<void>;
+  /** Stops at the next chunk; the batches left reject with E_ABORTED (each once what was issued for it landed). */
+  cancel(): void;
+  readonly bytesLanded: number;
+}
+
 export interface NativeTransferHandle {
   promise: Promise<NativeTransferResult>;
   cancel(): void;
@@ -264,7 +298,7 @@ export interface NativeBinding {
   sendFds(path: string, nonce: string, header: string, fds: readonly number[], timeoutMs?: number): Promise<{ reply: string; fds: number[] }>;
   checksum(data: Uint8Array): string;
   /** Tests only: arms a fault point (native/common/fault.h) for its next `times` hits. */
-  setFault(point: 'thread-start' | 'chunk-delay' | NativeMapFault, times: number, arg?: number): void;
+  setFault(point: 'thread-start' | 'chunk-delay' | 'copy-fail' | NativeMapFault, times: number, arg?: number): void;
   checksumAlgorithm: string;
   checksumImplementation: string;
   createMemfd(name: string, size: number): number;
@@ -302,6 +336,8 @@ export interface NativeBinding {
   canAccessPeer(device: number, peer: number): boolean;
   /** Device-to-device copies between GPUs, on one stream of `device`; per repeat, its wall time. */
   peerCopy(spec: NativePeerCopySpec): Promise<{ bytes: number; seconds: number; copySeconds: number[] }>;
+  /** chunkSize: the largest single copy (default 64 MiB); onProgress: bytes landed, about every 256 MiB. */
+  CopyQueue: new (label: string, chunkSize?: number, onProgress?: (landed: number) => void) => NativeCopyQueue;
   startMultipath(spec: NativeMultipathSpec, onProgress?: (done: number, total: number) => void): NativeMultipathHandle;
   /** Frees the neighbour contexts multi-path restores keep between jobs. */
   releaseWarmNeighbours(): void;

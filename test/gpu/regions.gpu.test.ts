@@ -274,6 +274,77 @@ describe('GPU: own allocations, devices, and context lifetime', async () => {
     }
   });
 
+  it('a copy queue lands batches into device memory in order, every byte; a failed copy or a cancel leaves nothing in flight or allocated', async () => {
+    const free = async (): Promise<number> => (await listDevices({ freeMemory: true }))[0]!.freeMemory!;
+    const before = await free();
+    const sizes = [256 * MiB, 130 * MiB, 2 * MiB];
+    const total = sizes.reduce((n, x) => n + x, 0);
+    const offsets = sizes.map((_, i) => sizes.slice(0, i).reduce((n, x) => n + x, 0));
+    // the RAM-tier source: pinned, filled through a capture from device memory (region i holds byte 0x21 + i, its last 9 bytes its name)
+    const source = await native().createHostBuffer(total, 0);
+    const filler = await DeviceAllocation.allocate(0, total);
+    const targets = await Promise.all(sizes.map((size) => DeviceAllocation.allocate(0, size)));
+    try {
+      for (const [i, size] of sizes.entries()) {
+        await filler.fill(offsets[i]!, size, 0x21 + i);
+        await filler.write(offsets[i]! + size - 9, Buffer.from(`region ${i}`.padEnd(9)));
+      }
+      await native().startTransfer({ op: 'capture', label: 'fill', hash: false, regions: [{ name: 'all', size: total, chunkSize: 64 * MiB, memory: { kind: 'device', allocation: filler.handle }, hostCopy: { kind: 'buffer', buffer: source, offset: 0 } }] }).promise;
+      const region = (i: number) => ({ name: `r${i}`, size: sizes[i]!, chunkSize: 64 * MiB, memory: { kind: 'device' as const, allocation: targets[i]! }, hostCopy: { kind: 'buffer' as const, buffer: source, offset: offsets[i]! } });
+      const wipe = async (): Promise<void> => {
+        for (const t of targets) await t.fill(0, t.size, 0);
+      };
+      const holds = async (i: number): Promise<boolean> => {
+        const t = targets[i]!;
+        return (await t.read(0, MiB)).equals(Buffer.alloc(MiB, 0x21 + i)) && (await t.read(t.size - 9, 9)).toString() === `region ${i}`.padEnd(9);
+      };
+      const { CopyQueue } = await import('../../src/transfer/copy-queue.js');
+      // in order, every byte
+      await wipe();
+      const q = CopyQueue.open('gpu-order', [0]);
+      const [a, b] = await Promise.all([q.push([region(0)]), q.push([region(1), region(2)])]);
+      await q.close();
+      assert.equal(a.bytes + b.bytes, total);
+      assert.ok(a.landedAt <= b.landedAt, 'the second batch lands after the first');
+      assert.deepEqual(b.devices, [{ device: 0, bytes: sizes[1]! + sizes[2]! }]);
+      for (let i = 0; i < sizes.length; i++) assert.ok(await holds(i), `region ${i} copied`);
+      console.log(`copy queue: ${(total / MiB).toFixed(0)} MiB landed in ${((b.landedAt - a.issuedAt) * 1000).toFixed(1)} ms (${(total / (b.landedAt - a.issuedAt) / 1e9).toFixed(2)} GB/s)`);
+      // a copy the driver refuses (injected): that batch and the later ones fail, the earlier landed
+      await wipe();
+      const f = CopyQueue.open('gpu-fail', [0]);
+      native().setFault('copy-fail', 1, 4); // region 0's four chunks copy, region 1's first fails
+      try {
+        const ok = f.push([region(0)]);
+        const bad = f.push([region(1)]);
+        const later = f.push([region(2)]);
+        await ok;
+        await assert.rejects(bad, (err: VsnapError) => err.code === 'E_CUDA' && /injected fault/.test(err.message));
+        await assert.rejects(later, (err: VsnapError) => err.code === 'E_CUDA');
+      } finally {
+        native().setFault('copy-fail', 0);
+        await f.close();
+      }
+      assert.ok(await holds(0));
+      assert.ok(!(await holds(2)), 'nothing copied after the failure');
+      // a cancel while the copies run: what is left rejects once nothing is in flight
+      native().setFault('chunk-delay', 1000, 20);
+      const c = CopyQueue.open('gpu-cancel', [0]);
+      try {
+        const running = c.push([region(0), region(1)]);
+        c.cancel();
+        await assert.rejects(running, (err: VsnapError) => err.code === 'E_ABORTED');
+      } finally {
+        native().setFault('chunk-delay', 0);
+        await c.close();
+      }
+    } finally {
+      for (const t of targets) t.close();
+      filler.close();
+      source.close();
+    }
+    assert.ok((await free()) >= before - 2 * MiB, 'every allocation freed');
+  });
+
   it('round-trips DeviceAllocations in this process and lets go of the context when idle', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'vsnap-gpu-own-'));
     const store = await RegionStore.open(dir);
