@@ -14,7 +14,9 @@ import { closeSync, existsSync } from 'node:fs';
 import { HostCache, type RegionMemory, type RegionStore, Snapshot } from '../src/index.js';
 import { DeviceAllocation, HostRegion, MappedRegions } from '../src/plumbing.js';
 import { restoreMapping } from '../src/flows/restore-run.js';
-import { firstRegions, makeFillMemory, type FillMemory } from '../src/flows/fill.js';
+import { firstRegions, makeFillMemory, makeFillMemoryInParts, type FillMemory } from '../src/flows/fill.js';
+import { Batches } from '../src/snapshot/batches.js';
+import type { RestoreRegion } from '../src/snapshot/snapshot-types.js';
 import { regionId } from '../src/manifest/region-id.js';
 
 const MiB = 1024 * 1024;
@@ -296,15 +298,26 @@ async function restoreFilled(snap: Snapshot, cache: HostCache): Promise<number> 
     const first = await makeFillMemory(wanted.filter(isFirst));
     parts.push(first);
     let adopted: Promise<void> = Promise.resolve();
+    // The rest part by part, each copied as it comes (restoreEngine's fill-targets.ts).
+    const more = new Batches<readonly RestoreRegion[]>();
     const rest = (async () => {
-      const more = await makeFillMemory(wanted.filter((w) => !isFirst(w)));
-      parts.push(more);
-      const fd = (id: string): number => (first.descriptor(id) ?? more.descriptor(id))!;
+      let made: FillMemory[];
+      try {
+        made = await makeFillMemoryInParts(wanted.filter((w) => !isFirst(w)), (m) => {
+          parts.push(m);
+          more.send(m.regions);
+        });
+        more.end();
+      } catch (err) {
+        more.fail(err);
+        throw err;
+      }
+      const fd = (id: string): number => [first, ...made].map((p) => p.descriptor(id)).find((x) => x !== undefined)!;
       adopted = MappedRegions.open(wanted.map((w) => ({ memory: { kind: 'imported' as const, fd: fd(regionId(w.rank, w.key)), device: 0 }, size: w.size })), { mapping: 'per-region' }).then((set) => void (adopt = set));
       adopted.catch(() => undefined); // awaited after the restore
-      return { regions: more.regions, late: { ids: new Set<string>(), after: adopted } };
+      return { regions: made.flatMap((p) => p.regions), late: { ids: new Set<string>(), after: adopted } };
     })();
-    const res = await snap.restore({ regions: first.regions, cache, stages: { first: firstIds, rest } });
+    const res = await snap.restore({ regions: first.regions, cache, stages: { first: firstIds, rest, more } });
     if (res.tier !== 'ram') throw new Error(`[sweep] filled: restored from ${res.tier ?? 'store'}, expected the RAM tier`);
     await adopted;
     return since(t0);

@@ -6,10 +6,12 @@ import { handOver } from '../engine/hand-over.js';
 import type { RegionTables } from '../engine/region-table.js';
 import type { Manifest } from '../manifest/manifest.js';
 import { regionId } from '../manifest/region-id.js';
-import type { RestStage } from '../snapshot/snapshot-types.js';
+import type { EarlyRestore } from '../snapshot/early-restore.js';
+import { Batches } from '../snapshot/batches.js';
+import type { RestoreRegion, RestStage } from '../snapshot/snapshot-types.js';
 import type { FilledTargets } from '../tiers/tier.js';
 import { liveFacts, liveRanks } from './checks.js';
-import { earlyFits, fillHandOver, fillRegions, firstRegions, makeFillMemory, type EarlyFill, type FillMemory } from './fill.js';
+import { earlyFits, fillHandOver, fillRegions, firstRegions, makeFillMemory, makeFillMemoryInParts, type EarlyFill, type FillMemory } from './fill.js';
 import { startKvWake, type EarlyWake } from './kv-overlap.js';
 
 /*
@@ -31,6 +33,19 @@ export function restoreTargets(): 'fill' | 'fill-whole' | 'wake' {
   if (v === undefined || v === '' || v === 'fill') return 'fill';
   if (v === 'wake' || v === 'fill-whole') return v;
   throw new VsnapError('E_CONFIG', `VSNAP_RESTORE_TARGETS=${JSON.stringify(v)}: expected 'fill' (the default), 'fill-whole' or 'wake'`, { value: v });
+}
+
+/**
+ * Whether a filled restore from the RAM tier starts copying into its first part's memory while the
+ * engine's status is read (the default), or once the engine has answered: VSNAP_EARLY_COPY=0, the
+ * form before, kept to measure against.
+ * @internal
+ */
+export function earlyCopy(): boolean {
+  const v = process.env.VSNAP_EARLY_COPY;
+  if (v === undefined || v === '' || v === '1') return true;
+  if (v === '0') return false;
+  throw new VsnapError('E_CONFIG', `VSNAP_EARLY_COPY=${JSON.stringify(v)}: expected '1' (the default) or '0'`, { value: v });
 }
 
 /** The engine's wake of its weights, mapping memory made here, running beside the hydrate. @internal */
@@ -77,21 +92,38 @@ export async function startFill(run: FillStart): Promise<{ targets: FilledTarget
   const firstIds = restoreTargets() === 'fill-whole' ? new Set(wanted.map((w) => regionId(w.rank, w.key))) : firstRegions(wanted);
   const made = await run.early;
   let first: FillMemory;
-  if (made && earlyFits(made, wanted, firstIds)) first = made.memory;
-  else {
-    await made?.memory.close();
+  let started: EarlyRestore | undefined; // the first part's copy, started while the engine was read
+  if (made && earlyFits(made, wanted, firstIds)) {
+    first = made.memory;
+    started = made.copy;
+  } else {
+    await made?.close();
     first = await makeFillMemory(wanted.filter((w) => firstIds.has(regionId(w.rank, w.key))));
   }
   run.made(first);
   run.lap('allocate'); // the first part's memory: what stands before the copy
   const stop = new AbortController();
+  // The rest's memory part by part, each copied as it comes (the regions holding a tensor of the model).
+  const more = new Batches<readonly RestoreRegion[]>();
   const rest = (async (): Promise<RestStage> => {
     const started = performance.now();
-    const making = makeFillMemory(wanted.filter((w) => !firstIds.has(regionId(w.rank, w.key)))).then((m) => {
-      run.made(m);
-      run.overlapped('allocateRest', (performance.now() - started) / 1000);
-      return m;
-    });
+    const making = makeFillMemoryInParts(
+      wanted.filter((w) => !firstIds.has(regionId(w.rank, w.key))),
+      (m) => {
+        run.made(m);
+        more.send(m.regions);
+      },
+    ).then(
+      (parts) => {
+        more.end();
+        run.overlapped('allocateRest', (performance.now() - started) / 1000);
+        return parts;
+      },
+      (err: unknown) => {
+        more.fail(err);
+        throw err;
+      },
+    );
     making.catch(() => undefined); // awaited below on every path
     let tables: RegionTables;
     try {
@@ -104,13 +136,13 @@ export async function startFill(run: FillStart): Promise<{ targets: FilledTarget
       await making.catch(() => undefined); // what was made is the restore's to let go (made)
       throw err;
     }
-    const more = await making;
-    const { ranks, wakeWrites } = fillHandOver(tables, [first, more]);
+    const parts = await making;
+    const { ranks, wakeWrites } = fillHandOver(tables, [first, ...parts]);
     const waking = performance.now();
     const adopted = handOver(ranks, (adopt) => run.control.wake(['weights'], run.call, adopt), run.call).then(() =>
       run.overlapped('wakeWeights', (performance.now() - waking) / 1000),
     );
-    return { regions: more.regions, late: { ids: wakeWrites, after: adopted } };
+    return { regions: parts.flatMap((p) => p.regions), late: { ids: wakeWrites, after: adopted } };
   })();
   // The wake adopts the memory once the rest is made and the table checked; either failing stops the hydrate.
   const done = rest.then((r) => r.late.after);
@@ -118,5 +150,5 @@ export async function startFill(run: FillStart): Promise<{ targets: FilledTarget
   const wake: FillWake = { done, settled: done.then(() => undefined, () => undefined) };
   const early = run.kvWake ? startKvWake(run.control, run.kvWake.tags, run.call, run.kvWake.before, (e) => stop.abort(e), done) : undefined;
   const signal = run.call.signal ? AbortSignal.any([run.call.signal, stop.signal]) : stop.signal;
-  return { targets: { kind: 'filled', regions: first.regions, signal, ranks: run.status.ranks.length, stages: { first: firstIds, rest } }, wake, early };
+  return { targets: { kind: 'filled', regions: first.regions, signal, ranks: run.status.ranks.length, stages: { first: firstIds, rest, more, ...(started ? { started } : {}) } }, wake, early };
 }

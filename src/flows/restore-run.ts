@@ -9,12 +9,13 @@ import type { ExpectedResponse } from '../manifest/types.js';
 import { defaultMapping, type MappedRegions, type MappedRegionsOptions } from '../regions/mapped.js';
 import { pullIfMissing } from '../registry/source.js';
 import { Snapshot } from '../snapshot/snapshot.js';
+import type { RestoreRegion } from '../snapshot/snapshot-types.js';
 import { restoreTiers } from '../tiers/index.js';
 import type { FilledTargets, HydrateTargets, MappedTargets, RestoreRun, Tier, TierRestore } from '../tiers/tier.js';
 import { holdsWeights, liveFacts, liveRanks, phaseTimer, preflight, warn } from './checks.js';
 import { resumeIfDeep } from './deep.js';
 import { makeEarlyFill, type EarlyFill, type FillMemory } from './fill.js';
-import { FILL_OVERLAPPED, restoreTargets, startFill, type FillWake } from './fill-targets.js';
+import { earlyCopy, FILL_OVERLAPPED, restoreTargets, startFill, type FillWake } from './fill-targets.js';
 import { sleepAgain } from './sleep-again.js';
 import { checkMoved, checkRoom, describeRoom, resolveRemap, type GpuRemap } from './gpu-remap.js';
 import type { FlowHooks } from './hooks.js';
@@ -130,14 +131,21 @@ export class EngineRestoreRun implements RestoreRun {
     const { snapshot, openError } = await openSnapshot(source, client, options, recovery);
     // The first part of the weights' memory is made while the engine is read (restore.ts lets go
     // of it on every path where it is not used).
-    const early = snapshot && mayFillEarly(snapshot, client, options) ? makeEarlyFill(snapshot.manifest) : undefined;
+    // Where the RAM tier holds the snapshot, the copy into that memory starts at once too: into
+    // memory of this process's own, so an engine that turns out not to match loses nothing.
+    const ram = options.tiers?.ram;
+    const startCopy =
+      snapshot && ram && earlyCopy()
+        ? (regions: readonly RestoreRegion[]) => snapshot.startRestore(ram, regions, { ...(options.transfer?.onProgress ? { onProgress: options.transfer.onProgress } : {}), ...(options.signal ? { signal: options.signal } : {}) })
+        : undefined;
+    const early = snapshot && mayFillEarly(snapshot, client, options) ? makeEarlyFill(snapshot.manifest, startCopy) : undefined;
     let control: EngineControl;
     let status: EngineStatus;
     try {
       ({ control, status } = await engineControl(client, options.signal ? { signal: options.signal } : {}));
       preflight(status, options);
     } catch (err) {
-      await (await early)?.memory.close();
+      await (await early)?.close();
       throw err;
     }
     const store = snapshot?.store ?? (source as SnapshotRef).store;
@@ -253,14 +261,14 @@ export class EngineRestoreRun implements RestoreRun {
    * at its end, on every path. Closing memory the restore took is a no-op by then (letGo, cleanUp).
    */
   async releaseEarly(): Promise<void> {
-    await (await this.earlyFill)?.memory.close();
+    await (await this.earlyFill)?.close();
   }
 
   /** Lets go of the memory made early now, and makes none of it count from here on. */
   private async dropEarly(): Promise<void> {
     const early = this.earlyFill;
     this.earlyFill = undefined;
-    await (await early)?.memory.close();
+    await (await early)?.close();
   }
 
   /** After a hydrate: its digest time apart, and the phases that ran beside it, then the rest of the wake. */
@@ -409,6 +417,7 @@ export class EngineRestoreRun implements RestoreRun {
    * the wait before it) failed, that failure.
    */
   async cleanUp(err: unknown): Promise<VsnapError> {
+    await this.releaseEarly(); // a copy started early and not taken over stops before its memory goes
     this.exported?.close();
     await this.mapped?.close().catch(() => undefined);
     // Memory made here goes once the engine's wake of it is over (an engine that mapped it keeps it until it sleeps).

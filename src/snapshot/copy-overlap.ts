@@ -1,18 +1,32 @@
+import type { CacheLease } from '../cache/host-cache.js';
+import type { RegionInfo } from '../manifest/types.js';
+import { regionId } from '../manifest/region-id.js';
 import type { NativeTransferResult } from '../native/index.js';
-import { runTransfer, type TransferOptions, type TransferRegion } from '../transfer/transfer.js';
+import { invalidArgument } from '../errors.js';
+import type { RegionMemory } from '../regions/memory.js';
+import { CopyQueue, regionDevices, type CopyBatch } from '../transfer/copy-queue.js';
+import type { CopyItem, StartedCopy } from './copy-types.js';
+import { runTransfer, type TransferOptions } from '../transfer/transfer.js';
+import type { RestoreRegion, RestoreStages, RestStage } from './snapshot-types.js';
 
 /*
- * A copy from the RAM tier in a few jobs, so other work runs beside it:
+ * A copy from the RAM tier in stages, so other work runs beside it:
  *  - the GPU digest of its head runs while its tail is copied. The digest reads GPU memory at HBM
  *    speed (about 1.5 TB/s measured on an H200) while the copy is bound by PCIe (55 GB/s), so the
- *    regions that make up the first 90% of the bytes are copied, then digested while a later job
- *    copies the rest; only the tail's digest is left after the last byte landed;
+ *    regions that make up the first 90% of the bytes are copied, then digested while the rest is
+ *    copied; only the tail's digest is left after the last byte landed;
  *  - targets whose memory is still being made (a restore's fill): the regions with memory are
  *    copied first, the others once it is made;
  *  - regions written by someone else until a promise resolves (the engine's wake): copied after it.
- * Each split costs one drain of the copy pipeline between two jobs (one chunk's DMA, about 1 ms at
- * 64 MiB).
+ * The stages are batches of one copy queue (src/transfer/copy-queue.ts): each is queued as soon as
+ * it is ready, behind the ones before it, so the copy engine never waits between two stages; the
+ * first can be queued before the restore has read the engine (startCopy).
+ * VSNAP_RAM_COPY=jobs copies each stage as a transfer job of its own instead, one after the other
+ * (each drains its streams before the next starts: the form before the queue, kept to measure
+ * against).
  */
+
+export type { CopyItem, StartedCopy } from './copy-types.js';
 
 /** The share of the bytes copied before the digest starts. */
 const HEAD_SHARE = 0.9;
@@ -28,12 +42,6 @@ export function splitIndex(sizes: readonly number[]): number {
   return sizes.length - 1;
 }
 
-/** One region of a staged copy, named by its region id. @internal */
-export interface CopyItem {
-  readonly id: string;
-  readonly region: TransferRegion;
-}
-
 /**
  * What to copy: `first` at once; then, once `rest` resolves, its items in order, those from index
  * `gate.first` on only once `gate.after` resolved (an id may appear in both lists: copied twice,
@@ -41,11 +49,230 @@ export interface CopyItem {
  */
 export interface CopyPlan {
   readonly first: readonly CopyItem[];
+  /** Items copied as they come, after `first` and before `rest`'s (each only once: `rest` does not list them again, but for those behind its gate). */
+  readonly more?: AsyncIterable<readonly CopyItem[]>;
   readonly rest?: Promise<{ readonly items: readonly CopyItem[]; readonly gate?: { readonly first: number; readonly after: Promise<void> } }>;
 }
 
 /**
- * Copies a plan (op `copy`) in a few jobs, calling `onHead` with the ids of the regions whose bytes
+ * A region's copy from the RAM tier (`lease`, which holds the snapshot) into `memory`: named by its
+ * key, prefixed with its rank when the snapshot has several.
+ * @internal
+ */
+export function ramCopyItem(rank: number, region: RegionInfo, lease: CacheLease, memory: RegionMemory, multiRank: boolean): CopyItem {
+  const id = regionId(rank, region.key);
+  return {
+    id,
+    region: {
+      name: multiRank ? `rank ${rank}/${region.key}` : region.key,
+      size: region.size,
+      chunkSize: region.chunkSize,
+      hostCopy: { kind: 'buffer', buffer: lease.buffer, offset: lease.offsets.get(id)! },
+      memory,
+    },
+  };
+}
+
+/**
+ * What a restore from the RAM tier copies, in which order: with stages (memory being made), the
+ * `first` regions at once; the rest's batches as they come (`stages.more`: those holding a tensor
+ * of the model; one without may be written by someone else, which `staged` says); then, once
+ * `staged` resolved, the others, those written by someone else until `late.after` last, after it
+ * (and again if among the first or streamed). Without stages, every region in one go.
+ * @internal
+ */
+export function ramCopyPlan(
+  all: ReadonlyArray<{ readonly rank: number; readonly region: RegionInfo }>,
+  memoryOf: (id: string) => RegionMemory,
+  lease: CacheLease,
+  multiRank: boolean,
+  stages: Pick<RestoreStages, 'first' | 'more'> | undefined,
+  staged: Promise<RestStage> | undefined,
+): CopyPlan {
+  type Entry = (typeof all)[number];
+  const id = (x: Entry): string => regionId(x.rank, x.region.key);
+  const item = (x: Entry, memory = memoryOf(id(x))): CopyItem => ramCopyItem(x.rank, x.region, lease, memory, multiRank);
+  const inFirst = (x: Entry): boolean => !!stages?.first.has(id(x));
+  const byId = new Map(all.map((x) => [id(x), x]));
+  const streamed = new Set<string>();
+  const more = stages?.more;
+  let consumed!: () => void; // every streamed batch taken by the copy: `streamed` is final
+  const streamDone = more ? new Promise<void>((resolve) => (consumed = resolve)) : Promise.resolve();
+  return {
+    first: all.filter(inFirst).map((x) => item(x)),
+    ...(more ? { more: streamedItems(more, byId, streamed, item, () => consumed()) } : {}),
+    rest: (staged ?? Promise.resolve(undefined)).then(async (rest) => {
+      await streamDone;
+      const late = (x: Entry): boolean => !!rest?.late.ids.has(id(x));
+      const others = all.filter((x) => !inFirst(x) && !streamed.has(id(x)));
+      const order = [...others.filter((x) => !late(x)), ...all.filter(late)];
+      const gate = rest && order.some(late) ? { first: order.findIndex(late), after: rest.late.after } : undefined;
+      return { items: order.map((x) => item(x)), ...(gate ? { gate } : {}) };
+    }),
+  };
+}
+
+/**
+ * The copy items of a restore's streamed batches (RestoreStages.more): each region a region of the
+ * snapshot, of its size (else the batch fails the restore); only those holding a tensor of the model
+ * are copied as they come, and recorded in `streamed`; `done` once the last batch was taken (or the stream failed).
+ */
+async function* streamedItems(
+  more: AsyncIterable<readonly RestoreRegion[]>,
+  byId: ReadonlyMap<string, { rank: number; region: RegionInfo }>,
+  streamed: Set<string>,
+  item: (x: { rank: number; region: RegionInfo }, memory: RestoreRegion['memory']) => CopyItem,
+  done: () => void,
+): AsyncGenerator<readonly CopyItem[]> {
+  try {
+    for await (const batch of more) {
+      const items: CopyItem[] = [];
+      for (const r of batch) {
+        const id = regionId(r.rank ?? 0, r.key);
+        const x = byId.get(id);
+        if (!x || x.region.size !== r.size) invalidArgument('stages.more', 'regions of the snapshot, each of its size', r.key);
+        if (x.region.tensors.length === 0) continue;
+        streamed.add(id);
+        items.push(item(x, r.memory));
+      }
+      yield items;
+    }
+  } finally {
+    done();
+  }
+}
+
+/** A copy's progress and cancellation, and its label in errors. @internal */
+export type CopyCommon = { label: string } & Pick<TransferOptions, 'onProgress' | 'signal' | 'threads'>;
+
+/** How the stages are copied: `queue` (the default) or `jobs` (VSNAP_RAM_COPY, to measure against). @internal */
+export function ramCopyForm(): 'queue' | 'jobs' {
+  return process.env.VSNAP_RAM_COPY === 'jobs' ? 'jobs' : 'queue';
+}
+
+/**
+ * Opens a copy queue and queues `first` on it at once (restoreEngine: before the engine has
+ * answered, into memory made for it). `bytesTotal` is what the whole copy will move (progress).
+ * @internal
+ */
+export function startCopy(common: CopyCommon, first: readonly CopyItem[], bytesTotal: number): StartedCopy {
+  const started = performance.now();
+  const onProgress = common.onProgress;
+  const queue = CopyQueue.open(common.label, regionDevices(first.map((x) => x.region)), {
+    signal: common.signal,
+    ...(onProgress ? { onLanded: (landed: number) => onProgress({ phase: 'copying', bytesDone: Math.min(landed, bytesTotal), bytesTotal }) } : {}),
+  });
+  const batches: Promise<CopyBatch>[] = [];
+  const landed = push(queue, first, batches, common, bytesTotal);
+  return {
+    queue,
+    first,
+    landed,
+    started,
+    batches,
+    abandon: async () => {
+      queue.cancel();
+      await queue.close();
+    },
+  };
+}
+
+/** Queues `items` (none: a batch that lands at once), reporting its start; the promise has a handler attached. */
+function push(queue: CopyQueue, items: readonly CopyItem[], batches: Promise<CopyBatch>[], common: CopyCommon, bytesTotal: number): Promise<CopyBatch> {
+  common.onProgress?.({ phase: 'starting', bytesDone: 0, bytesTotal }); // each stage's start, for a trace of the stages
+  const batch = queue.push(items.map((x) => x.region));
+  batch.catch(() => undefined); // awaited by the caller on every path
+  batches.push(batch);
+  return batch;
+}
+
+/**
+ * Copies a plan in stages, calling `onHead` with the ids of the regions whose bytes are final as
+ * soon as the head has landed (the caller starts their digest): the regions that hold HEAD_SHARE
+ * of the bytes, never one copied again later, never one behind the gate. With `started`, the
+ * first stage is queued already (plan.first is ignored). Progress runs over the stages as one,
+ * out of `bytesTotal` (every region once). Per device, the seconds run from the first copy issued
+ * to the last byte landed. When `rest` rejects, the copy of the first stage is waited for (the
+ * caller's signal stops it) and the rejection is thrown. Nothing is in flight once it settles.
+ * @internal
+ */
+export async function copyInStages(
+  common: CopyCommon,
+  plan: CopyPlan,
+  bytesTotal: number,
+  onHead: ((ids: readonly string[]) => void) | undefined,
+  started?: StartedCopy,
+): Promise<NativeTransferResult> {
+  if (!started && ramCopyForm() === 'jobs') return copyInJobs(common, plan, bytesTotal, onHead);
+  const copy = started ?? startCopy(common, plan.first, bytesTotal);
+  const first = copy.first;
+  const { queue, batches } = copy;
+  // A copy started earlier listens to the signal it was started with; this one's stops it too.
+  const stop = (): void => queue.cancel();
+  common.signal?.addEventListener('abort', stop, { once: true });
+  if (common.signal?.aborted) queue.cancel();
+  try {
+    // Batches of the rest queued as they come, behind the first.
+    const streamed: CopyItem[] = [];
+    const streaming = (async () => {
+      if (!plan.more) return;
+      for await (const batch of plan.more) {
+        if (batch.length === 0) continue;
+        streamed.push(...batch);
+        void push(queue, batch, batches, common, bytesTotal);
+      }
+    })();
+    streaming.catch(() => undefined); // awaited below
+    let rest: Awaited<NonNullable<CopyPlan['rest']>>;
+    try {
+      rest = plan.rest ? await plan.rest : { items: [] };
+      await streaming;
+    } catch (err) {
+      await streaming.catch(() => undefined);
+      await copy.landed.catch(() => undefined);
+      throw err;
+    }
+    const queued = [...first, ...streamed];
+    const all = [...queued, ...rest.items];
+    const gateAt = queued.length + (rest.gate?.first ?? rest.items.length);
+    // The head: up to HEAD_SHARE of the bytes (one region: all of it), not past the gate, at least what is queued already.
+    const split = all.length < 2 ? all.length : splitIndex(all.map((x) => x.region.size));
+    const k = Math.max(queued.length, Math.min(split, gateAt));
+    const head = push(queue, all.slice(queued.length, k), batches, common, bytesTotal);
+    // The tail behind the head at once, or once the gate opens.
+    const tail = rest.gate ? rest.gate.after.then(() => push(queue, all.slice(k), batches, common, bytesTotal)) : push(queue, all.slice(k), batches, common, bytesTotal);
+    tail.catch(() => undefined); // awaited below
+    await copy.landed;
+    await head;
+    if (onHead && k > 0 && k < all.length) {
+      const later = new Set(all.slice(k).map((x) => x.id));
+      onHead(all.slice(0, k).map((x) => x.id).filter((id) => !later.has(id)));
+    }
+    await tail;
+  } catch (err) {
+    queue.cancel(); // a stage failed (and so does every later one) or the gate did: nothing more is copied
+    await queue.close();
+    throw err;
+  } finally {
+    common.signal?.removeEventListener('abort', stop);
+  }
+  await queue.close();
+  const landed = await Promise.all(batches);
+  common.onProgress?.({ phase: 'done', bytesDone: bytesTotal, bytesTotal });
+  const issued = landed.filter((b) => b.issuedAt >= 0);
+  const from = issued.length ? Math.min(...issued.map((b) => b.issuedAt)) : 0;
+  const devices = new Map<number, { device: number; bytes: number; seconds: number }>();
+  for (const b of landed) {
+    for (const d of b.devices) {
+      const seen = devices.get(d.device);
+      devices.set(d.device, { device: d.device, bytes: (seen?.bytes ?? 0) + d.bytes, seconds: Math.max(seen?.seconds ?? 0, b.landedAt - from) });
+    }
+  }
+  return { bytes: bytesTotal, seconds: (performance.now() - copy.started) / 1000, devices: [...devices.values()] };
+}
+
+/**
+ * copyInStages as one transfer job per stage, each after the one before (VSNAP_RAM_COPY=jobs). Copies a plan (op `copy`) in a few jobs, calling `onHead` with the ids of the regions whose bytes
  * are final as soon as the head's job is done (the caller starts their digest): the regions that
  * hold HEAD_SHARE of the bytes, never one copied again later, never one behind the gate. Progress
  * runs over the jobs as one, out of `bytesTotal` (every region once; a region copied again counts
@@ -54,8 +281,8 @@ export interface CopyPlan {
  * rejection is thrown.
  * @internal
  */
-export async function copyInStages(
-  common: { label: string } & Pick<TransferOptions, 'onProgress' | 'signal' | 'threads'>,
+async function copyInJobs(
+  common: CopyCommon,
   plan: CopyPlan,
   bytesTotal: number,
   onHead: ((ids: readonly string[]) => void) | undefined,
@@ -76,10 +303,19 @@ export async function copyInStages(
     results.push({ at, result });
   };
   const firstJob = job(plan.first);
+  // Batches that come before the rest join it here, at its front (this form copies them with it).
+  const streamed: CopyItem[] = [];
+  const streaming = (async () => {
+    if (plan.more) for await (const batch of plan.more) streamed.push(...batch);
+  })();
+  streaming.catch(() => undefined); // awaited below
   let rest: Awaited<NonNullable<CopyPlan['rest']>>;
   try {
-    rest = plan.rest ? await plan.rest : { items: [] };
+    const r = plan.rest ? await plan.rest : { items: [] };
+    await streaming;
+    rest = { ...r, items: [...streamed, ...r.items], ...(r.gate ? { gate: { ...r.gate, first: r.gate.first + streamed.length } } : {}) };
   } catch (err) {
+    await streaming.catch(() => undefined);
     await firstJob.catch(() => undefined);
     throw err;
   }

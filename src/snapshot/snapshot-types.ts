@@ -7,6 +7,7 @@ import type { EngineInfo, ExpectedResponse, ModelInfo, TensorInfo } from '../man
 import type { RegionMemory } from '../regions/memory.js';
 import type { MultipathOptions, MultipathStats } from '../transfer/multipath.js';
 import type { TransferOptions } from '../transfer/transfer.js';
+import type { EarlyRestore } from './early-restore.js';
 
 /**
  * A region to capture.
@@ -166,6 +167,14 @@ export interface RestoreStages {
   readonly first: ReadonlySet<string>;
   /** Rejects when the rest cannot be made (or must not be: the restore then fails with its error). */
   readonly rest: Promise<RestStage>;
+  /** The copy of `first` from the RAM tier, started already (Snapshot.startRestore): the restore takes it over. */
+  readonly started?: EarlyRestore;
+  /**
+   * The rest's regions batch by batch as their memory is made, before `rest` resolves (it then lists
+   * them all again): from the RAM tier, those holding a tensor of the model are copied as each batch
+   * comes; the others wait for `rest`, which says which of them something else writes into.
+   */
+  readonly more?: AsyncIterable<readonly RestoreRegion[]>;
 }
 
 /**

@@ -14,7 +14,8 @@ import { passOn, runTransfer, type TransferOptions } from '../transfer/transfer.
 import { multipathStats, runMultipath, type MultipathOptions } from '../transfer/multipath.js';
 import { captureManifest, checkCaptureRegions, platformOf } from './capture-manifest.js';
 import { captureDigests, reusableRegions } from './capture-digests.js';
-import { copyInStages, type CopyItem, type CopyPlan } from './copy-overlap.js';
+import { copyInStages, ramCopyForm, ramCopyItem, ramCopyPlan, startCopy } from './copy-overlap.js';
+import { EarlyRestore } from './early-restore.js';
 import { verifyRestoredByDevice } from '../digest/compare.js';
 import type { CaptureOptions, DeviceTiming, RestoreOptions, RestoreRegion, RestStage, TransferSummary } from './snapshot-types.js';
 import { regionId } from '../manifest/region-id.js';
@@ -317,36 +318,17 @@ export class Snapshot {
     };
     if (options.cache?.fits(this.manifest)) {
       const started = performance.now();
-      const wasHeld = options.cache.has(this.id);
+      const early = options.stages?.started;
+      if (early && (early.snapshotId !== this.id || early.cache !== options.cache)) invalidArgument('stages.started', `a copy of capture ${this.id} from the cache given`, early.snapshotId);
+      const taken = early?.take(); // this restore finishes the copy and lets the lease go from here on
+      const wasHeld = taken !== undefined || options.cache.has(this.id);
       if (staged && !wasHeld) await staged; // the rest checked before the RAM tier loads the snapshot from the store
-      const lease = await options.cache.acquire(this.store, this.manifest, { ...common, directIo: options.directIo ?? false });
+      const lease = taken?.lease ?? (await options.cache.acquire(this.store, this.manifest, { ...common, directIo: options.directIo ?? false }));
       try {
         if (options.multipath) return await this.restoreMultipath(options.multipath, lease, targets, common, wasHeld, started);
         const all = [...this.manifest.regions()];
-        const item = ({ rank, region }: (typeof all)[number]): CopyItem => ({
-          id: regionId(rank, region.key),
-          region: {
-            name: regionLabel(rank, region.key, multiRank),
-            size: region.size,
-            chunkSize: region.chunkSize,
-            hostCopy: { kind: 'buffer' as const, buffer: lease.buffer, offset: lease.offsets.get(regionId(rank, region.key))! },
-            memory: targets.get(regionId(rank, region.key))!.memory,
-          },
-        });
-        const inFirst = (x: (typeof all)[number]): boolean => !!staged && options.stages!.first.has(regionId(x.rank, x.region.key));
-        const first = all.filter(inFirst);
-        const plan: CopyPlan = {
-          first: first.map(item),
-          // The regions written by someone else until `late.after` go last, after it (and again if among the first).
-          rest: (staged ?? Promise.resolve(undefined)).then((rest) => {
-            const late = (x: (typeof all)[number]) => !!rest?.late.ids.has(regionId(x.rank, x.region.key));
-            const others = all.filter((x) => !inFirst(x));
-            const order = [...others.filter((x) => !late(x)), ...all.filter(late)];
-            const gate = rest && order.some(late) ? { first: order.findIndex(late), after: rest.late.after } : undefined;
-            return { items: order.map(item), ...(gate ? { gate } : {}) };
-          }),
-        };
-        const result = await copyInStages(common, plan, all.reduce((n, x) => n + x.region.size, 0), onHead);
+        const plan = ramCopyPlan(all, (id) => targets.get(id)!.memory, lease, multiRank, staged ? options.stages : undefined, staged);
+        const result = await copyInStages(common, plan, all.reduce((n, x) => n + x.region.size, 0), onHead, taken?.copy);
         const seconds = wasHeld ? result.seconds : (performance.now() - started) / 1000;
         return { bytes: result.bytes, seconds, bytesPerSecond: result.bytes / Math.max(seconds, 1e-9), tier: wasHeld ? 'ram' : 'store', devices: result.devices };
       } finally {
@@ -371,6 +353,33 @@ export class Snapshot {
       }),
     );
     return { bytes: result.bytes, seconds: result.seconds, bytesPerSecond: result.bytes / Math.max(result.seconds, 1e-9), tier: 'store', devices: result.devices };
+  }
+
+  /**
+   * Starts copying `regions` (the first part of a restore's targets, in memory made for them) from
+   * the RAM tier now, before {@link Snapshot.restore} is called with them: pass the result as
+   * `stages.started` (with `stages.first` its ids), and the restore goes on with the copy. Undefined
+   * where `cache` does not hold this capture. Where no restore takes it, abandon() it.
+   * @internal
+   */
+  async startRestore(cache: HostCache, regions: readonly RestoreRegion[], options: TransferOptions = {}): Promise<EarlyRestore | undefined> {
+    const manifest = this.current;
+    if (!cache.has(this.id) || !cache.fits(manifest) || ramCopyForm() !== 'queue') return undefined;
+    const lease = await cache.acquire(this.store, manifest, {}); // held: a reference, nothing is read
+    try {
+      const multiRank = manifest.data.ranks.length > 1;
+      const info = new Map([...manifest.regions()].map(({ rank, region }) => [regionId(rank, region.key), { rank, region }]));
+      const items = regions.map((r) => {
+        const found = info.get(regionId(r.rank ?? 0, r.key));
+        if (!found || found.region.size !== r.size) invalidArgument('regions', `regions of capture ${this.id}, each of its size`, r.key);
+        return ramCopyItem(found.rank, found.region, lease, r.memory, multiRank);
+      });
+      const copy = startCopy({ label: this.name, ...passOn(options) }, items, manifest.totalBytes);
+      return new EarlyRestore(this.id, cache, new Set(items.map((x) => x.id)), copy, lease);
+    } catch (err) {
+      lease.release();
+      throw toVsnapError(err);
+    }
   }
 
   private async restoreMultipath(
