@@ -17,6 +17,7 @@
  * one (a new descriptor of /dev/null), for code that closes what it exports.
  */
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 #include <unistd.h>
@@ -61,19 +62,25 @@ static int slot(const char* name) {
   return names++;
 }
 
+/* Calls may come from several threads at once (the plugin imports on a few). */
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+
 /* Counts the call; the injected failure, if any, else SUCCESS. */
 static CUresult enter(const char* name) {
+  pthread_mutex_lock(&lock);
+  CUresult r = SUCCESS;
   int i = slot(name);
   table[i].calls++;
   if (table[i].fail && table[i].times != 0) {
     if (table[i].skip > 0) {
       table[i].skip--;
-      return SUCCESS;
+    } else {
+      if (table[i].times > 0) table[i].times--;
+      r = table[i].fail;
     }
-    if (table[i].times > 0) table[i].times--;
-    return table[i].fail;
   }
-  return SUCCESS;
+  pthread_mutex_unlock(&lock);
+  return r;
 }
 
 static CUresult need_context(const char* name) {
@@ -171,7 +178,7 @@ CUresult cuMemExportToShareableHandle(void* out, Handle handle, int type, uint64
 CUresult cuMemImportFromShareableHandle(Handle* handle, void* os_handle, int type) {
   (void)os_handle; (void)type;
   CUresult r = enter("cuMemImportFromShareableHandle"); /* the plugin imports without making a context current */
-  if (!r) *handle = next_handle++;
+  if (!r) *handle = __atomic_fetch_add(&next_handle, 1, __ATOMIC_RELAXED);
   return r;
 }
 CUresult cuMemAddressReserve(CUdeviceptr* va, size_t size, size_t align, CUdeviceptr addr, uint64_t flags) {

@@ -190,6 +190,46 @@ class CudaDriverTest(unittest.TestCase):
                 os.close(fd)
             exporter.forget()
 
+    def test_handed_back_descriptors_are_imported_on_threads_and_released_when_one_fails(self):
+        from vsnap_vllm import exportable
+        exporter = Exporter(self.driver)
+        n = exportable.IMPORT_PARALLEL_FROM * 3
+        fds = [os.memfd_create(f"handed-{i}") for i in range(n)]
+        try:
+            before = open_fds()
+            handles = exporter.import_all(fds, [0] * n)
+            self.assertEqual(len(set(handles)), n)  # one handle each, in order of the descriptors
+            self.assertEqual(self.calls("cuMemImportFromShareableHandle"), n)
+            for h in handles:
+                self.driver.release(0, h)
+            # one import fails: the error is raised, every handle imported is released again, the descriptors stay open (the caller's)
+            released = self.calls("cuMemRelease")
+            imported = self.calls("cuMemImportFromShareableHandle")
+            self.fake.fake_fail_after(b"cuMemImportFromShareableHandle", ctypes.c_long(n // 2), OUT_OF_MEMORY, ctypes.c_long(1))
+            with self.assertRaises(DriverError):
+                exporter.import_all(fds, [0] * n)
+            succeeded = self.calls("cuMemImportFromShareableHandle") - imported - 1
+            self.assertGreaterEqual(succeeded, n // 2)
+            self.assertEqual(self.calls("cuMemRelease") - released, succeeded)
+            self.assertEqual(open_fds(), before)
+            # a few: one thread, the same failure path
+            self.fake.fake_fail_after(b"cuMemImportFromShareableHandle", ctypes.c_long(2), OUT_OF_MEMORY, ctypes.c_long(1))
+            released = self.calls("cuMemRelease")
+            with self.assertRaises(DriverError):
+                exporter.import_all(fds[:4], [0] * 4)
+            self.assertEqual(self.calls("cuMemRelease") - released, 2)
+            # an allocation adopts a handle imported already: no second import
+            [a] = self.allocations(1)
+            [h] = exporter.import_all(fds[:1], [0])
+            imports = self.calls("cuMemImportFromShareableHandle")
+            exporter.adopt(a, os.dup(fds[0]), in_place=False, handle=h)
+            self.assertEqual(self.calls("cuMemImportFromShareableHandle"), imports)
+            self.assertEqual(self.slots[0], h)
+            exporter.forget()
+        finally:
+            for fd in fds:
+                os.close(fd)
+
     def test_is_exportable_answers_false_for_memory_made_without_the_handle_type(self):
         exporter = Exporter(self.driver)
         [a] = self.allocations(1)

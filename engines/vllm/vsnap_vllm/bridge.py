@@ -28,7 +28,8 @@ class Bridge:
         self.hook_mode = None
         self.weights_mapped = False
         self.load_report = None
-        self.pending = {}  # va -> descriptor handed back by the SDK, mapped at the next wake
+        # va -> (descriptor handed back by the SDK, its handle imported already, its device): mapped at the next wake
+        self.pending = {}
         self.unsupported = None  # why the bridge stopped (a hook failed); vLLM carries on without it
         # device ordinal -> UUID, read once: while the SDK holds this process locked or
         # checkpointed (deep suspend) any CUDA call blocks, and the status must still answer.
@@ -42,12 +43,25 @@ class Bridge:
         if self.unsupported is None:
             self.unsupported = reason
         log.error("vsnap: the bridge is disabled in this worker (%s); vLLM carries on without it", reason, exc_info=exc)
-        for fd in self.pending.values():
+        try:
+            self._drop_pending()
+        except Exception:  # noqa: BLE001 - disabled already; what is left is vLLM's
+            self.pending = {}
+
+    def _drop_pending(self):
+        """Lets go of descriptors handed back and not adopted: their imported handles released, the
+        descriptors closed (either would keep the SDK's memory alive)."""
+        pending, self.pending = self.pending, {}
+        for fd, handle, device in pending.values():
+            try:
+                if handle is not None:
+                    self.driver.release(device, handle)
+            except Exception:  # noqa: BLE001
+                log.warning("vsnap: releasing a handed-back handle failed", exc_info=True)
             try:
                 os.close(fd)
             except OSError:
                 pass
-        self.pending = {}
 
     def _check_supported(self):
         if self.unsupported is not None:
@@ -107,10 +121,11 @@ class Bridge:
     def _adopt_pending(self, allocation, in_place):
         """Maps back the descriptor the SDK handed over for this allocation's address, if any
         (the exporter keeps the descriptor)."""
-        fd = self.pending.pop(allocation.va, None)
-        if fd is None:
+        entry = self.pending.pop(allocation.va, None)
+        if entry is None:
             return False
-        self.exporter.adopt(allocation, fd, in_place=in_place)
+        fd, handle, _ = entry
+        self.exporter.adopt(allocation, fd, in_place=in_place, handle=handle)
         return True
 
     # ---- tier 0: adopting weights the SDK kept on the GPU
@@ -152,9 +167,17 @@ class Bridge:
                 for fd in fds:
                     os.close(fd)
                 raise BridgeError("tier-0 regions do not match this engine's weights: " + "; ".join(problems or [f"{len(regions)} regions for {len(by_va)} allocations"]))
-            for fd in self.pending.values():
-                os.close(fd)
-            self.pending = {r["va"]: fd for r, fd in zip(regions, fds)}
+            # Imported now, on a few threads, so the wake only maps them.
+            devices = [by_va[r["va"]].device for r in regions]
+            try:
+                with profile.span("vsnap adopt.import"):
+                    handles = self.exporter.import_all(fds, devices)
+            except Exception:
+                for fd in fds:
+                    os.close(fd)
+                raise
+            self._drop_pending()
+            self.pending = {r["va"]: (fd, h, dev) for r, fd, h, dev in zip(regions, fds, handles, devices)}
         return {"rank": rank, "regions": len(regions)}
 
     def _before_unmap(self):

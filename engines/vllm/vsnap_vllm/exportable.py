@@ -13,11 +13,19 @@ weights tag is created exportable from the start (it is empty: nothing to copy).
 
 import logging
 import os
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from .drivers import NONE, POSIX_FD, NotExportable
 
 log = logging.getLogger("vsnap_vllm")
+
+# Descriptors handed back by the SDK are imported this many at once before the wake maps them: an
+# import costs about 0.1 ms a region in the driver, and vLLM's wake maps one allocation after another.
+IMPORT_THREADS = 8
+# Below this many, one thread imports them (starting threads would cost more).
+IMPORT_PARALLEL_FROM = 16
 
 
 class Exporter:
@@ -77,17 +85,57 @@ class Exporter:
         allocation.set_handle(new)
         self._known.add((allocation.device, new))
 
-    def adopt(self, allocation, fd, in_place=False):
+    def import_all(self, fds, devices):
+        """Imports descriptors handed back (`devices[i]`: the GPU of `fds[i]`'s allocation), on a few
+        threads when there are many (ctypes lets go of the GIL in the driver's calls), so the wake
+        that adopts them only maps. Returns the handles in order. On a failure, every handle made is
+        released again and the error raised; the descriptors stay the caller's (open) either way."""
+        d = self.driver
+        if len(fds) < IMPORT_PARALLEL_FROM:
+            handles = []
+            try:
+                for fd in fds:
+                    handles.append(d.import_fd(fd))
+            except Exception:
+                for dev, h in zip(devices, handles):
+                    _release_quietly(d, dev, h)
+                raise
+            return handles
+        results = [None] * len(fds)
+        failure = []
+        lock = threading.Lock()
+
+        def one(i):
+            if failure:
+                return
+            try:
+                results[i] = d.import_fd(fds[i])
+            except Exception as e:  # noqa: BLE001 - raised below, once every thread stopped
+                with lock:
+                    failure.append(e)
+
+        with ThreadPoolExecutor(max_workers=IMPORT_THREADS, thread_name_prefix="vsnap-import") as pool:
+            list(pool.map(one, range(len(fds))))
+        if failure:
+            for dev, h in zip(devices, results):
+                if h is not None:
+                    _release_quietly(d, dev, h)
+            raise failure[0]
+        return results
+
+    def adopt(self, allocation, fd, in_place=False, handle=None):
         """Maps memory someone handed back (tier 0: the weights this allocation had before it slept,
         kept alive by the SDK) at the allocation's address, instead of new memory. `in_place`:
         vLLM already mapped fresh memory there (official hooks), which is replaced. No copy.
-        Takes `fd`: kept for exports until forget(), closed if the adoption fails."""
+        `handle`: `fd` imported already (import_all), else it is imported here.
+        Takes `fd` (and `handle`): kept for exports until forget(), closed if the adoption fails."""
         d, dev, size, va = self.driver, allocation.device, allocation.size, allocation.va
-        try:
-            handle = d.import_fd(fd)
-        except Exception:
-            os.close(fd)
-            raise
+        if handle is None:
+            try:
+                handle = d.import_fd(fd)
+            except Exception:
+                os.close(fd)
+                raise
         try:
             if in_place:
                 old = allocation.handle
@@ -215,3 +263,11 @@ class Exporter:
         return NotExportable(
             f"weights allocation at {allocation.va:#x} is not exportable: was the engine started with the vsnap "
             "plugin loaded (VLLM_PLUGINS includes vsnap) and --enable-sleep-mode?")
+
+
+def _release_quietly(driver, device, handle):
+    """Releases a handle on a path that is failing already (its own error would hide the first)."""
+    try:
+        driver.release(device, handle)
+    except Exception:  # noqa: BLE001
+        log.warning("vsnap: releasing an imported handle failed", exc_info=True)
