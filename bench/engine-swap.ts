@@ -36,8 +36,12 @@
 // `ram-settle`: the ram row (overlap none only) with a pause of SETTLE_MS between the suspend and
 // the restore, so the restore's copy does not run just after the other engine's sleep freed its
 // weights (whether the driver's work on freed memory slows the copy that follows, same run).
-// `ram-threads`: the ram row (overlap none only) with the copy on COPY_THREADS threads, each on
-// its own stream, against the default's one a core (at most 16), same run.
+// `ram-jobs`: the ram row (overlap none only) with the RAM-tier copy as one transfer job per stage,
+// each after the one before (VSNAP_RAM_COPY=jobs: a thread a core, each on its own stream, every
+// stage drained before the next starts), against the default's one copy queue (one stream, every
+// stage queued as soon as it is ready), same run. `ram-late`: the ram row (overlap none only) with
+// the first part's copy started once the engine has answered its status (VSNAP_EARLY_COPY=0),
+// against the default's copy started while the status is read, same run.
 // `ram2`: the ram row with every restore over two PCIe links (restoreEngine's multipath: part of
 // the bytes host -> GPU `--neighbour` -> NVLink peer copy), skipped where that GPU is missing.
 // Issue 25 (restores at the PCIe limit): the report opens with its targets, each against a ceiling
@@ -51,7 +55,7 @@
 // Bundle it into dist-gpu/ (the test helpers find test/fixtures from the package root above the
 // bundle) and run it as root, where test/gpu/run.sh has set VSNAP_REF_CUMEM_LIB:
 //   node dist-gpu/bench-engine-swap.mjs [--device cuda|host] [--layers 36] [--hidden 4096] [--reps 5]
-//     [--rows sweep,capture2,tier0,ram,ram-wake,ram-whole,ram-sdk-check,ram-settle,ram-threads,ram2,vllm-l1,engine,pagecache,cold] [--neighbour 1] [--out bench/results] [--store /tmp/vsnap-swap-store]
+//     [--rows sweep,capture2,tier0,ram,ram-wake,ram-whole,ram-sdk-check,ram-settle,ram-jobs,ram-late,ram2,vllm-l1,engine,pagecache,cold] [--neighbour 1] [--out bench/results] [--store /tmp/vsnap-swap-store]
 //     [--sweep-regions 36,252,1000,4000] [--sweep-gib 16] [--capture2-gib 16] [--ceiling dist-gpu/ceiling]
 //     [--vllm-cycles 3] [--hash-threads N] [--overlap none,kv,weights,all] [--trace]
 // Writes <out>/engine-swap-<GiB>GiB.json (every swap) and .md, prints the table; progress on stderr.
@@ -83,17 +87,23 @@ const PROBE_TOKENS = 16;
 const CHECK = /^(prefill|decode):(\d+)$/.exec(process.env.VSNAP_BENCH_CHECK ?? '');
 const CHECK_OPTIONS = CHECK ? { check: { mode: CHECK[1] as 'prefill' | 'decode', maxTokens: Number(CHECK[2]) } } : {};
 
-type RowName = 'tier0' | 'engine' | 'ram' | 'ram-wake' | 'ram-whole' | 'ram-sdk-check' | 'ram-settle' | 'ram-threads' | 'ram2' | 'pagecache' | 'cold';
+type RowName = 'tier0' | 'engine' | 'ram' | 'ram-wake' | 'ram-whole' | 'ram-sdk-check' | 'ram-settle' | 'ram-jobs' | 'ram-late' | 'ram2' | 'pagecache' | 'cold';
 type Tier = 'gpu' | 'neighbour' | 'ram' | 'store' | 'engine';
 // The RAM rows before the engine row (never run on a GPU before issue 25): a failure there cannot cost them.
-const ROWS: readonly RowName[] = ['tier0', 'ram', 'ram-wake', 'ram-whole', 'ram-sdk-check', 'ram-settle', 'ram-threads', 'ram2', 'engine', 'pagecache', 'cold'];
+const ROWS: readonly RowName[] = ['tier0', 'ram', 'ram-wake', 'ram-whole', 'ram-sdk-check', 'ram-settle', 'ram-jobs', 'ram-late', 'ram2', 'engine', 'pagecache', 'cold'];
 type ExtraRow = 'sweep' | 'capture2' | 'vllm-l1';
 const EXTRA: readonly ExtraRow[] = ['sweep', 'capture2', 'vllm-l1'];
-const ALL_ROWS = ['sweep', 'capture2', 'tier0', 'ram', 'ram-wake', 'ram-whole', 'ram-sdk-check', 'ram-settle', 'ram-threads', 'ram2', 'vllm-l1', 'engine', 'pagecache', 'cold'];
+const ALL_ROWS = ['sweep', 'capture2', 'tier0', 'ram', 'ram-wake', 'ram-whole', 'ram-sdk-check', 'ram-settle', 'ram-jobs', 'ram-late', 'ram2', 'vllm-l1', 'engine', 'pagecache', 'cold'];
 /** ram-settle's pause between the suspend and the restore. */
 const SETTLE_MS = 500;
-/** ram-threads' copy threads. */
-const COPY_THREADS = 4;
+/** What the RAM rows that measure another form set in the environment while they run. */
+const ROW_ENV: Partial<Record<RowName, Record<string, string>>> = {
+  'ram-wake': { VSNAP_RESTORE_TARGETS: 'wake' },
+  'ram-whole': { VSNAP_RESTORE_TARGETS: 'fill-whole' },
+  'ram-sdk-check': { VSNAP_DIRTY_CHECK: 'sdk' },
+  'ram-jobs': { VSNAP_RAM_COPY: 'jobs' },
+  'ram-late': { VSNAP_EARLY_COPY: '0' },
+};
 type Overlap = 'none' | 'kv' | 'weights' | 'all';
 const OVERLAPS: readonly Overlap[] = ['none', 'kv', 'weights', 'all'];
 /** The rows the overlap modes apply to (the others run without overlap). */
@@ -106,7 +116,8 @@ const LABEL: Record<RowName, string> = {
   'ram-whole': 'RAM tier, every region\'s memory made before the copy (VSNAP_RESTORE_TARGETS=fill-whole)',
   'ram-sdk-check': 'RAM tier, the dirty check digested here through an export (VSNAP_DIRTY_CHECK=sdk)',
   'ram-settle': `RAM tier, the restore ${SETTLE_MS} ms after the suspend`,
-  'ram-threads': `RAM tier, the copy on ${COPY_THREADS} threads`,
+  'ram-jobs': 'RAM tier, one transfer job per stage (VSNAP_RAM_COPY=jobs)',
+  'ram-late': "RAM tier, the copy started once the engine answered (VSNAP_EARLY_COPY=0)",
   ram2: 'RAM tier over two PCIe links (multipath)',
   pagecache: 'page cache (warm disk)',
   cold: 'cold disk (caches dropped, O_DIRECT)',
@@ -567,7 +578,7 @@ async function runRow(row: RowName): Promise<RowResult[]> {
     } finally {
       resident.close(); // the engine asleep now restores from the store or the RAM tier in the next rows
     }
-  } else if (row === 'ram' || row === 'ram-wake' || row === 'ram-whole' || row === 'ram-sdk-check' || row === 'ram-settle' || row === 'ram-threads' || row === 'ram2') {
+  } else if (row === 'ram' || row === 'ram2' || row.startsWith('ram-')) {
     const gpus = cuda.available ? (await listDevices()).length : 2; // the host backend has a stand-in neighbour
     if (row === 'ram2' && gpus <= neighbour) {
       result.skipped = `needs GPU ${neighbour} as the neighbour (${gpus} visible)`;
@@ -586,14 +597,13 @@ async function runRow(row: RowName): Promise<RowResult[]> {
       for (const s of sides) await cache.load(store, s.snapshot!.manifest);
       result.setup.cacheLoadSeconds = since(t);
       log(`[ram] HostCache of ${gib(budgetBytes)} GiB (${cache.pinned ? 'pinned' : 'not pinned'}) created in ${ms(result.setup.cacheCreateSeconds)}, both snapshots loaded in ${ms(result.setup.cacheLoadSeconds)}`);
-      if (row === 'ram-wake' || row === 'ram-whole') process.env.VSNAP_RESTORE_TARGETS = row === 'ram-wake' ? 'wake' : 'fill-whole';
-      if (row === 'ram-sdk-check') process.env.VSNAP_DIRTY_CHECK = 'sdk';
+      const env = ROW_ENV[row] ?? {};
+      Object.assign(process.env, env);
       try {
         const tiers = { ram: cache, ...(row === 'ram2' ? { multipath: { neighbour } } : {}) };
-        await each({ suspend: {}, restore: { tiers, ...(row === 'ram-threads' ? { transfer: { threads: COPY_THREADS } } : {}) }, tier: 'ram', ...(row === 'ram-settle' ? { settleMs: SETTLE_MS } : {}) });
+        await each({ suspend: {}, restore: { tiers }, tier: 'ram', ...(row === 'ram-settle' ? { settleMs: SETTLE_MS } : {}) });
       } finally {
-        if (row === 'ram-wake' || row === 'ram-whole') delete process.env.VSNAP_RESTORE_TARGETS;
-        if (row === 'ram-sdk-check') delete process.env.VSNAP_DIRTY_CHECK;
+        for (const name of Object.keys(env)) delete process.env[name];
       }
     } finally {
       cache.close();
@@ -818,7 +828,8 @@ const perPhase = bytesAloneTable(
     ...modeRows('ram-whole').map((r) => ({ ...r, label: 'RAM tier, every region\'s memory made before the copy' })),
     ...modeRows('ram-wake').map((r) => ({ ...r, label: "RAM tier, the engine's wake and export" })),
     ...modeRows('ram-settle').map((r) => ({ ...r, label: `RAM tier, the restore ${SETTLE_MS} ms after the suspend` })),
-    ...modeRows('ram-threads').map((r) => ({ ...r, label: `RAM tier, the copy on ${COPY_THREADS} threads` })),
+    ...modeRows('ram-jobs').map((r) => ({ ...r, label: 'RAM tier, one transfer job per stage' })),
+    ...modeRows('ram-late').map((r) => ({ ...r, label: 'RAM tier, the copy started once the engine answered' })),
   ],
   bytesAlone,
 );
