@@ -11,7 +11,8 @@ import { DEFAULT_CHUNK_SIZE, defaultThreads, stagingPools } from './staging.js';
 export interface TransferProgress {
   /**
    * `verifying` (checking blobs before a restore writes), `copying`, or `done`; a restore from the
-   * RAM tier copies in a few jobs, each reported from `starting` to `done`.
+   * RAM tier copies in a few stages, each reported as `starting` when it is queued, then `copying`
+   * as its bytes land, and `done` once the last one did.
    */
   readonly phase: string;
   /** Bytes processed in this phase so far. */
@@ -29,7 +30,7 @@ export interface TransferOptions {
   onProgress?: (progress: TransferProgress) => void;
   /** Cancels the operation between chunks (rejects with E_ABORTED). */
   signal?: AbortSignal;
-  /** Worker threads (default: one per core, at most 16). */
+  /** Worker threads of disk reads and writes (default: one per core, at most 16); a copy from the RAM tier takes one stream per GPU instead. */
   threads?: number;
   /** Read blobs with O_DIRECT (cold data, skipping the page cache). */
   directIo?: boolean;
