@@ -245,7 +245,8 @@ export interface EngineRestoreReport {
    * Seconds per phase, in order, from the call on: sleep (model swap only), prepare (the
    * snapshot opened, the engine's status, each rank's checkpoint state read from the driver), then
    * from the RAM tier or the store allocate (what is left of making the memory of the largest
-   * regions here, begun while the engine's status was read), hydrate, verifyDigests,
+   * regions here, begun while the engine's status was read; from the RAM tier their copy began
+   * then too, so part of the bytes may have landed before hydrate starts), hydrate, verifyDigests,
    * wakeWeightsWait (what of the work beside the hydrate was left after it), and the phases that
    * ran beside the hydrate, listed in `overlapped`: describe (the sleeping engine's region table
    * read), validate (the snapshot's layout and facts checked against it), allocateRest (the other
