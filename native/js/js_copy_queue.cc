@@ -113,15 +113,18 @@ class CopyQueueWrap : public Napi::ObjectWrap<CopyQueueWrap> {
       throw toJsError(env, e);
     }
     std::weak_ptr<transfer::CopyQueue> weak = queue_;
-    lifecycle_->add(this, [weak] {  // cancelled and waited for when the environment goes
+    auto stop = [weak] {
       if (auto q = weak.lock()) {
         q->cancel();
         q->join();
       }
-    });
+    };
+    lifecycle_->add(this, stop);       // cancelled and waited for when the environment goes,
+    Lifecycle::addAtExit(this, stop);  // and at process.exit(), which runs no cleanup hook
   }
 
   ~CopyQueueWrap() override {
+    Lifecycle::removeAtExit(this);
     lifecycle_->remove(this);
     if (queue_) {
       queue_->cancel();

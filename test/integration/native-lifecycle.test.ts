@@ -18,7 +18,7 @@ const addon = join(prebuilt, readdirSync(prebuilt).find((f) => f.endsWith('.node
 // finalisation (end) must leave no crash, no unhandled rejection and no socket file behind.
 // With a CUDA driver, device memory and pinned host memory too (the GPU suite's machine).
 const gpu = (await cudaStatus()).available;
-const stages = ['loaded', 'pool', 'buffer', 'transfer', 'listener', 'offer', 'peer', ...(gpu ? ['device', 'pinned'] : [])];
+const stages = ['loaded', 'pool', 'buffer', 'transfer', 'queue', 'listener', 'offer', 'peer', ...(gpu ? ['device', 'pinned'] : [])];
 const hows = ['exit', 'worker', 'end'] as const;
 
 describe('the addon ends cleanly at every lifecycle stage', () => {
