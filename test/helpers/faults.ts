@@ -1,4 +1,4 @@
-import { readdirSync, readFileSync, readlinkSync } from 'node:fs';
+import { readdirSync, readFileSync, readlinkSync, statSync } from 'node:fs';
 
 import { EngineClient, type CallOptions, type CompletionResult, type EngineStatus } from '../../src/engine/engine-client.js';
 import { VsnapError } from '../../src/errors.js';
@@ -92,6 +92,19 @@ export function openFds(): string[] {
     if (!target.startsWith('socket:')) out.push(target);
   }
   return out.sort();
+}
+
+/** The memory a filled restore made here for an engine's weights: memfds this process holds (the CPU engine's host memory), by inode. */
+export function fillInodes(): Set<number> {
+  const inodes = new Set<number>();
+  for (const fd of readdirSync('/proc/self/fd')) {
+    try {
+      if (readlinkSync(`/proc/self/fd/${fd}`).includes('memfd:vsnap-fill')) inodes.add(statSync(`/proc/self/fd/${fd}`).ino);
+    } catch {
+      // closed meanwhile
+    }
+  }
+  return inodes;
 }
 
 /** This process's resident set, in bytes. */

@@ -1,5 +1,3 @@
-import { readdirSync, readlinkSync, statSync } from 'node:fs';
-
 import { afterEach, describe, expect, it } from 'vitest';
 
 import { HostCache } from '../../src/cache/host-cache.js';
@@ -9,7 +7,7 @@ import { native } from '../../src/native/index.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import type { TransferProgress } from '../../src/transfer/transfer.js';
 import { ask, useEngines } from '../helpers/engines.js';
-import { openFds } from '../helpers/faults.js';
+import { fillInodes, openFds } from '../helpers/faults.js';
 import { tempDir } from '../helpers/tmp.js';
 
 // A restore from the RAM tier starts copying the first part of the weights into memory made for
@@ -25,19 +23,6 @@ afterEach(() => {
   native().setFault('chunk-delay', 0);
   native().setFault('copy-fail', 0);
 });
-
-/** The memory made here for the weights: memfds this process holds (the CPU engine's host memory), by inode. */
-function fillInodes(): Set<number> {
-  const inodes = new Set<number>();
-  for (const fd of readdirSync('/proc/self/fd')) {
-    try {
-      if (readlinkSync(`/proc/self/fd/${fd}`).includes('memfd:vsnap-fill')) inodes.add(statSync(`/proc/self/fd/${fd}`).ino);
-    } catch {
-      // closed meanwhile
-    }
-  }
-  return inodes;
-}
 
 async function setup() {
   const { client } = await engine();

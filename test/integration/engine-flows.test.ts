@@ -1,6 +1,4 @@
-import { chmodSync, closeSync, openSync, writeSync } from 'node:fs';
-
-import { readdirSync, readFileSync, readlinkSync, statSync } from 'node:fs';
+import { chmodSync, closeSync, openSync, readFileSync, writeSync } from 'node:fs';
 
 import { describe, expect, it, vi } from 'vitest';
 
@@ -13,7 +11,7 @@ import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/ind
 import { RegionStore } from '../../src/store/region-store.js';
 import { ask, useEngines } from '../helpers/engines.js';
 import { dirtyCheckPhases, engineDigests } from '../helpers/engine.js';
-import { openFds } from '../helpers/faults.js';
+import { fillInodes, openFds } from '../helpers/faults.js';
 import { tempDir } from '../helpers/tmp.js';
 
 const { engine } = useEngines();
@@ -106,18 +104,6 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     const store = await RegionStore.open(tempDir());
     const before = await ask(client);
     const { snapshot } = await suspendEngine(store, 'early', client, { captureIfNeeded: true });
-    // The memory made here for the weights: memfds this process holds (the CPU engine's host memory), by inode.
-    const fillInodes = (): Set<number> => {
-      const inodes = new Set<number>();
-      for (const fd of readdirSync('/proc/self/fd')) {
-        try {
-          if (readlinkSync(`/proc/self/fd/${fd}`).includes('memfd:vsnap-fill')) inodes.add(statSync(`/proc/self/fd/${fd}`).ino);
-        } catch {
-          // closed meanwhile
-        }
-      }
-      return inodes;
-    };
     const status = client.vsnapStatus.bind(client);
     let atStatus: Set<number> | undefined;
     let dropDescribe = false;
