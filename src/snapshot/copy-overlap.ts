@@ -179,7 +179,7 @@ export function startCopy(common: CopyCommon, first: readonly CopyItem[], bytesT
 
 /** Queues `items` (none: a batch that lands at once), reporting its start; the promise has a handler attached. */
 function push(queue: CopyQueue, items: readonly CopyItem[], batches: Promise<CopyBatch>[], common: CopyCommon, bytesTotal: number): Promise<CopyBatch> {
-  common.onProgress?.({ phase: 'starting', bytesDone: 0, bytesTotal }); // each stage's start, for a trace of the stages
+  common.onProgress?.({ phase: 'starting', bytesDone: Math.min(queue.landed, bytesTotal), bytesTotal }); // each stage's start, for a trace of the stages
   const batch = queue.push(items.map((x) => x.region));
   batch.catch(() => undefined); // awaited by the caller on every path
   batches.push(batch);

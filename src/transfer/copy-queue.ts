@@ -79,6 +79,11 @@ export class CopyQueue {
     }
   }
 
+  /** Bytes landed so far (a region pushed twice counts twice). */
+  get landed(): number {
+    return this.queue.bytesLanded;
+  }
+
   /** Stops at the next chunk; what is left rejects with E_ABORTED. */
   cancel(): void {
     this.queue.cancel();

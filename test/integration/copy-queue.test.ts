@@ -70,6 +70,7 @@ describe('CopyQueue', () => {
     expect(ra.landedAt).toBeLessThanOrEqual(rb.landedAt);
     expect(rb.landedAt).toBeLessThanOrEqual(rd.landedAt);
     for (let i = 0; i < 6; i++) expectCopied(i);
+    expect(q.landed).toBe(12 * MiB);
     await q.close();
     expect(openFds().length).toBe(fds); // every target's duplicate descriptor closed
     expect(memfdMappings()).toBe(0);
