@@ -331,6 +331,9 @@ export class Snapshot {
         const result = await copyInStages(common, plan, all.reduce((n, x) => n + x.region.size, 0), onHead, taken?.copy);
         const seconds = wasHeld ? result.seconds : (performance.now() - started) / 1000;
         return { bytes: result.bytes, seconds, bytesPerSecond: result.bytes / Math.max(seconds, 1e-9), tier: wasHeld ? 'ram' : 'store', devices: result.devices };
+      } catch (err) {
+        await taken?.copy.abandon(); // idempotent: nothing of a copy taken over is left in flight on any path
+        throw err;
       } finally {
         lease.release();
       }
