@@ -96,11 +96,13 @@ export function ramCopyPlan(
   const byId = new Map(all.map((x) => [id(x), x]));
   const streamed = new Set<string>();
   const more = stages?.more;
+  // A snapshot that describes no tensor at all (regions captured without their tensors): every region is streamed.
+  const described = all.some((x) => x.region.tensors.length > 0);
   let consumed!: () => void; // every streamed batch taken by the copy: `streamed` is final
   const streamDone = more ? new Promise<void>((resolve) => (consumed = resolve)) : Promise.resolve();
   return {
     first: all.filter(inFirst).map((x) => item(x)),
-    ...(more ? { more: streamedItems(more, byId, streamed, item, () => consumed()) } : {}),
+    ...(more ? { more: streamedItems(more, byId, streamed, item, described, () => consumed()) } : {}),
     rest: (staged ?? Promise.resolve(undefined)).then(async (rest) => {
       await streamDone;
       const late = (x: Entry): boolean => !!rest?.late.ids.has(id(x));
@@ -115,6 +117,7 @@ export function ramCopyPlan(
 /**
  * The copy items of a restore's streamed batches (RestoreStages.more): each region a region of the
  * snapshot, of its size (else the batch fails the restore); only those holding a tensor of the model
+ * (every one, where the snapshot describes no tensor: as firstRegions takes the largest of all then)
  * are copied as they come, and recorded in `streamed`; `done` once the last batch was taken (or the stream failed).
  */
 async function* streamedItems(
@@ -122,6 +125,7 @@ async function* streamedItems(
   byId: ReadonlyMap<string, { rank: number; region: RegionInfo }>,
   streamed: Set<string>,
   item: (x: { rank: number; region: RegionInfo }, memory: RestoreRegion['memory']) => CopyItem,
+  described: boolean,
   done: () => void,
 ): AsyncGenerator<readonly CopyItem[]> {
   try {
@@ -131,7 +135,7 @@ async function* streamedItems(
         const id = regionId(r.rank ?? 0, r.key);
         const x = byId.get(id);
         if (!x || x.region.size !== r.size) invalidArgument('stages.more', 'regions of the snapshot, each of its size', r.key);
-        if (x.region.tensors.length === 0) continue;
+        if (described && x.region.tensors.length === 0) continue;
         streamed.add(id);
         items.push(item(x, r.memory));
       }

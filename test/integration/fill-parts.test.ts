@@ -3,6 +3,9 @@ import { readFileSync } from 'node:fs';
 import { afterEach, describe, expect, it, vi } from 'vitest';
 
 import { HostCache } from '../../src/cache/host-cache.js';
+import { Batches } from '../../src/snapshot/batches.js';
+import { Snapshot } from '../../src/snapshot/snapshot.js';
+import type { RestoreRegion, RestStage } from '../../src/snapshot/snapshot-types.js';
 import { VsnapError } from '../../src/errors.js';
 import { makeFillMemoryInParts, type FillMemory, type FillRegion } from '../../src/flows/fill.js';
 import { restoreEngine, suspendEngine } from '../../src/flows/index.js';
@@ -81,6 +84,41 @@ describe('the rest of the memory made part by part', () => {
       expect(openFds()).toEqual(fds);
     } finally {
       cache.close();
+    }
+  });
+
+  it('a snapshot that describes no tensor streams every region of a batch (none can be told apart as written by the wake)', async () => {
+    const MiB = 1024 * 1024;
+    const store = await RegionStore.open(tempDir());
+    const cache = await HostCache.create({ budgetBytes: 64 * MiB, pin: false });
+    const sources = [1, 2, 3].map((i) => {
+      const r = HostRegion.create(MiB);
+      r.write(0, Buffer.alloc(MiB, i));
+      return r;
+    });
+    const targets = [1, 2, 3].map(() => HostRegion.create(MiB));
+    try {
+      const snap = await Snapshot.capture(store, 'untyped', { regions: sources.map((r, i) => ({ key: `r${i}`, size: MiB, memory: r.memory })), cache });
+      expect([...snap.manifest.regions()].every(({ region }) => region.tensors.length === 0)).toBe(true);
+      const region = (i: number): RestoreRegion => ({ key: `r${i}`, size: MiB, memory: targets[i]!.memory });
+      const more = new Batches<readonly RestoreRegion[]>();
+      more.send([region(1)]);
+      more.end();
+      // the rest resolves only once the streamed region landed: without streaming it never would
+      let landedTwo!: () => void;
+      const two = new Promise<void>((resolve) => (landedTwo = resolve));
+      const rest: Promise<RestStage> = two.then(() => ({ regions: [region(1), region(2)], late: { ids: new Set<string>(), after: Promise.resolve() } }));
+      const result = await snap.restore({
+        regions: [region(0)],
+        cache,
+        stages: { first: new Set(['0/r0']), rest, more },
+        onProgress: (p) => void (p.phase === 'copying' && p.bytesDone >= 2 * MiB && landedTwo()),
+      });
+      expect(result.tier).toBe('ram');
+      for (const [i, t] of targets.entries()) expect(t.read(0, MiB).equals(Buffer.alloc(MiB, i + 1))).toBe(true);
+    } finally {
+      cache.close();
+      for (const r of [...sources, ...targets]) r.close();
     }
   });
 });
