@@ -4,7 +4,7 @@ import { regionId } from '../manifest/region-id.js';
 import type { NativeTransferResult } from '../native/index.js';
 import { invalidArgument } from '../errors.js';
 import type { RegionMemory } from '../regions/memory.js';
-import { CopyQueue, regionDevices, type CopyBatch } from '../transfer/copy-queue.js';
+import { CopyQueue, type CopyBatch } from '../transfer/copy-queue.js';
 import type { CopyItem, StartedCopy } from './copy-types.js';
 import { runTransfer, type TransferOptions } from '../transfer/transfer.js';
 import type { RestoreRegion, RestoreStages, RestStage } from './snapshot-types.js';
@@ -162,7 +162,7 @@ export function ramCopyForm(): 'queue' | 'jobs' {
 export function startCopy(common: CopyCommon, first: readonly CopyItem[], bytesTotal: number): StartedCopy {
   const started = performance.now();
   const onProgress = common.onProgress;
-  const queue = CopyQueue.open(common.label, regionDevices(first.map((x) => x.region)), {
+  const queue = CopyQueue.open(common.label, {
     signal: common.signal,
     ...(onProgress ? { onLanded: (landed: number) => onProgress({ phase: 'copying', bytesDone: Math.min(landed, bytesTotal), bytesTotal }) } : {}),
   });
@@ -213,8 +213,10 @@ export async function copyInStages(
   const { queue, batches } = copy;
   // A copy started earlier listens to the signal it was started with; this one's stops it too.
   const stop = (): void => queue.cancel();
-  common.signal?.addEventListener('abort', stop, { once: true });
-  if (common.signal?.aborted) queue.cancel();
+  if (started) {
+    common.signal?.addEventListener('abort', stop, { once: true });
+    if (common.signal?.aborted) queue.cancel();
+  }
   try {
     // Batches of the rest queued as they come, behind the first.
     const streamed: CopyItem[] = [];

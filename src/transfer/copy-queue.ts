@@ -1,8 +1,8 @@
 import { abortError, toVsnapError } from '../errors.js';
 import { native, type NativeCopyBatch, type NativeCopyQueue } from '../native/index.js';
-import { memoryDevice, toNativeMemory } from '../regions/memory.js';
+import { toNativeMemory } from '../regions/memory.js';
 import { deviceContexts } from './contexts.js';
-import type { TransferRegion } from './transfer.js';
+import { regionDevices, type TransferRegion } from './transfer.js';
 
 /*
  * A copy from the RAM tier as a queue (native/transfer/copy_queue.h): batches of regions pushed as
@@ -25,43 +25,32 @@ export interface CopyQueueOptions {
 
 /**
  * An open copy queue. Every region's memory is a device or mapped region (or host memory for the
- * CPU backend) and its bytes a RAM-tier buffer slice (`hostCopy`). The GPUs it writes to keep their
- * contexts while it is open. A signal that aborts cancels it: what was pushed and not landed
- * rejects with E_ABORTED (once nothing is in flight into it any more).
+ * CPU backend) and its bytes a RAM-tier buffer slice (`hostCopy`). The GPUs a batch writes to keep
+ * their contexts until it settles (as a transfer's do). A signal that aborts cancels it: what was
+ * pushed and not landed rejects with E_ABORTED (once nothing is in flight into it any more).
  * @internal
  */
 export class CopyQueue {
   private closing: Promise<void> | undefined;
-  private readonly released: () => void;
+  private readonly stop: () => void;
 
   private constructor(
     private readonly queue: NativeCopyQueue,
     private readonly label: string,
     private readonly signal: AbortSignal | undefined,
-    releaseContexts: () => void,
   ) {
-    const cancel = (): void => queue.cancel();
-    signal?.addEventListener('abort', cancel, { once: true });
-    this.released = () => {
-      signal?.removeEventListener('abort', cancel);
-      releaseContexts();
-    };
+    this.stop = () => queue.cancel();
+    signal?.addEventListener('abort', this.stop, { once: true });
   }
 
-  /** Opens a queue for copies into memory on `devices` (their contexts kept while it is open). */
-  static open(label: string, devices: Iterable<number | undefined>, options: CopyQueueOptions = {}): CopyQueue {
+  /** Opens a queue. */
+  static open(label: string, options: CopyQueueOptions = {}): CopyQueue {
     if (options.signal?.aborted) throw abortError(options.signal, `copy of '${label}'`);
-    let release!: () => void;
-    const held = new Promise<void>((resolve) => (release = resolve));
-    void deviceContexts.use(devices, () => held);
-    let queue: NativeCopyQueue;
     try {
-      queue = new (native().CopyQueue)(label, options.chunkSize, options.onLanded);
+      return new CopyQueue(new (native().CopyQueue)(label, options.chunkSize, options.onLanded), label, options.signal);
     } catch (err) {
-      release();
       throw toVsnapError(err);
     }
-    return new CopyQueue(queue, label, options.signal, release);
   }
 
   /** Queues `regions` (each with its `memory` and RAM-tier `hostCopy`); resolves once their last byte landed. */
@@ -71,7 +60,7 @@ export class CopyQueue {
       return { name: r.name, size: r.size, memory: r.memory.kind === 'buffer' ? r.memory : toNativeMemory(r.memory), source: r.hostCopy };
     });
     try {
-      return await this.queue.push(items);
+      return await deviceContexts.use(regionDevices(regions), () => this.queue.push(items));
     } catch (err) {
       const e = toVsnapError(err);
       if (e.code === 'E_ABORTED' && this.signal?.aborted) throw abortError(this.signal, `copy of '${this.label}'`);
@@ -91,11 +80,6 @@ export class CopyQueue {
 
   /** No more pushes: resolves once every batch settled (nothing in flight) and the queue's threads ended. Idempotent. */
   close(): Promise<void> {
-    return (this.closing ??= this.queue.close().finally(this.released));
+    return (this.closing ??= this.queue.close().finally(() => this.signal?.removeEventListener('abort', this.stop)));
   }
-}
-
-/** The GPUs of `regions`' memory (undefined for host memory). @internal */
-export function regionDevices(regions: readonly TransferRegion[]): Array<number | undefined> {
-  return regions.map((r) => (r.memory && r.memory.kind !== 'buffer' ? memoryDevice(r.memory) : undefined));
 }

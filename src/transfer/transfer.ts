@@ -99,6 +99,11 @@ function needsStaging(request: TransferRequest): boolean {
   }
 }
 
+/** The GPUs of `regions`' memory (undefined for host memory and RAM-tier buffers). @internal */
+export function regionDevices(regions: readonly TransferRegion[]): Array<number | undefined> {
+  return regions.map((r) => (r.memory && r.memory.kind !== 'buffer' ? memoryDevice(r.memory) : undefined));
+}
+
 /**
  * Runs one job of the native transfer engine with a shared staging pool (pinned when any region
  * is on a GPU), progress, and cancellation.
@@ -108,7 +113,7 @@ export async function runTransfer(request: TransferRequest): Promise<NativeTrans
   const { signal } = request;
   if (signal?.aborted) throw abortError(signal, `${request.op} of '${request.label}'`);
   const slotSize = Math.max(DEFAULT_CHUNK_SIZE, ...request.regions.map((r) => r.chunkSize));
-  const devices = request.regions.map((r) => (r.memory && r.memory.kind !== 'buffer' ? memoryDevice(r.memory) : undefined)).filter((d) => d !== undefined);
+  const devices = regionDevices(request.regions).filter((d) => d !== undefined);
   const needsPinning = devices.length > 0 || request.regions.some((r) => r.memory !== undefined && r.memory.kind !== 'buffer' && isImported(r.memory));
   const pinDevice = needsPinning ? (devices[0] ?? 0) : -1;
   const threads = request.threads ?? defaultThreads(new Set(devices).size);

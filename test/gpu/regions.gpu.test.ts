@@ -301,7 +301,7 @@ describe('GPU: own allocations, devices, and context lifetime', async () => {
       const { CopyQueue } = await import('../../src/transfer/copy-queue.js');
       // in order, every byte
       await wipe();
-      const q = CopyQueue.open('gpu-order', [0]);
+      const q = CopyQueue.open('gpu-order');
       const [a, b] = await Promise.all([q.push([region(0)]), q.push([region(1), region(2)])]);
       await q.close();
       assert.equal(a.bytes + b.bytes, total);
@@ -311,7 +311,7 @@ describe('GPU: own allocations, devices, and context lifetime', async () => {
       console.log(`copy queue: ${(total / MiB).toFixed(0)} MiB landed in ${((b.landedAt - a.issuedAt) * 1000).toFixed(1)} ms (${(total / (b.landedAt - a.issuedAt) / 1e9).toFixed(2)} GB/s)`);
       // a copy the driver refuses (injected): that batch and the later ones fail, the earlier landed
       await wipe();
-      const f = CopyQueue.open('gpu-fail', [0]);
+      const f = CopyQueue.open('gpu-fail');
       native().setFault('copy-fail', 1, 4); // region 0's four chunks copy, region 1's first fails
       try {
         const ok = f.push([region(0)]);
@@ -328,7 +328,7 @@ describe('GPU: own allocations, devices, and context lifetime', async () => {
       assert.ok(!(await holds(2)), 'nothing copied after the failure');
       // a cancel while the copies run: what is left rejects once nothing is in flight
       native().setFault('chunk-delay', 1000, 20);
-      const c = CopyQueue.open('gpu-cancel', [0]);
+      const c = CopyQueue.open('gpu-cancel');
       try {
         const running = c.push([region(0), region(1)]);
         c.cancel();

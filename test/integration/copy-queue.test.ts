@@ -57,7 +57,7 @@ describe('CopyQueue', () => {
     const { region, expectCopied } = await setup(6, 2 * MiB);
     const fds = openFds().length;
     const landed: number[] = [];
-    const q = CopyQueue.open('order', [], { onLanded: (n) => landed.push(n) });
+    const q = CopyQueue.open('order', { onLanded: (n) => landed.push(n) });
     const a = q.push([region(0), region(1)]);
     const b = q.push([region(2)]);
     const c = q.push([]);
@@ -79,7 +79,7 @@ describe('CopyQueue', () => {
   it('takes a batch pushed while another is still copying, and lands it after', async () => {
     const { region, expectCopied } = await setup(2, 4 * MiB);
     native().setFault('chunk-delay', 1000, 5); // every chunk waits 5 ms: the first batch is in flight when the second comes
-    const q = CopyQueue.open('behind', []);
+    const q = CopyQueue.open('behind');
     const first = q.push([region(0)]);
     const second = q.push([region(1)]);
     const [r1, r2] = await Promise.all([first, second]);
@@ -93,7 +93,7 @@ describe('CopyQueue', () => {
   it('a copy that fails rejects its batch and every later one with that error; the earlier ones landed, nothing is left open', async () => {
     const { region, expectCopied, expectUntouched } = await setup(4, 2 * MiB);
     const fds = openFds().length;
-    const q = CopyQueue.open('fails', [], { chunkSize: MiB });
+    const q = CopyQueue.open('fails', { chunkSize: MiB });
     native().setFault('copy-fail', 1, 3); // chunks 1-3 copy (region 0, half of region 1), the 4th fails
     const ok = q.push([region(0)]);
     const bad = q.push([region(1)]);
@@ -115,7 +115,7 @@ describe('CopyQueue', () => {
     const { region, expectUntouched } = await setup(3, 8 * MiB);
     const fds = openFds().length;
     native().setFault('chunk-delay', 1000, 5);
-    const q = CopyQueue.open('cancelled', []);
+    const q = CopyQueue.open('cancelled');
     const first = q.push([region(0)]);
     const second = q.push([region(1), region(2)]);
     q.cancel();
@@ -132,19 +132,19 @@ describe('CopyQueue', () => {
     const { region } = await setup(2, 8 * MiB);
     native().setFault('chunk-delay', 1000, 5);
     const abort = new AbortController();
-    const q = CopyQueue.open('signal', [], { signal: abort.signal });
+    const q = CopyQueue.open('signal', { signal: abort.signal });
     const batch = q.push([region(0), region(1)]);
     abort.abort(new Error('stop now'));
     await expect(batch).rejects.toMatchObject({ code: 'E_ABORTED', message: expect.stringMatching(/copy of 'signal'/) });
     await q.close();
-    expect(() => CopyQueue.open('late', [], { signal: abort.signal })).toThrow(expect.objectContaining({ code: 'E_ABORTED' }));
+    expect(() => CopyQueue.open('late', { signal: abort.signal })).toThrow(expect.objectContaining({ code: 'E_ABORTED' }));
   });
 
   it('refuses a target smaller than its copy without copying into it, and every batch after', async () => {
     const { region, expectUntouched } = await setup(2, 2 * MiB);
     const small = HostRegion.create(MiB);
     cleanup.push(() => small.close());
-    const q = CopyQueue.open('small', []);
+    const q = CopyQueue.open('small');
     const refused = q.push([{ ...region(0), memory: small.memory }]);
     const after = q.push([region(1)]);
     await expect(refused).rejects.toMatchObject({ code: 'E_INVALID_ARGUMENT', message: expect.stringMatching(/holds 1048576 bytes, less than the 2097152/) });
@@ -157,11 +157,11 @@ describe('CopyQueue', () => {
   it('a thread that cannot start: a coded error, nothing left running', async () => {
     native().setFault('thread-start', 1, 1); // the issuer starts, the waiter cannot
     try {
-      expect(() => CopyQueue.open('threads', [])).toThrow(expect.objectContaining({ code: 'E_INTERNAL', message: expect.stringMatching(/thread limit/) }));
+      expect(() => CopyQueue.open('threads')).toThrow(expect.objectContaining({ code: 'E_INTERNAL', message: expect.stringMatching(/thread limit/) }));
     } finally {
       native().setFault('thread-start', 0);
     }
-    const q = CopyQueue.open('after', []);
+    const q = CopyQueue.open('after');
     await q.push([]);
     await q.close();
   });
