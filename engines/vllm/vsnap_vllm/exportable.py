@@ -13,7 +13,6 @@ weights tag is created exportable from the start (it is empty: nothing to copy).
 
 import logging
 import os
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -91,31 +90,23 @@ class Exporter:
         that adopts them only maps. Returns the handles in order. On a failure, every handle made is
         released again and the error raised; the descriptors stay the caller's (open) either way."""
         d = self.driver
-        if len(fds) < IMPORT_PARALLEL_FROM:
-            handles = []
-            try:
-                for fd in fds:
-                    handles.append(d.import_fd(fd))
-            except Exception:
-                for dev, h in zip(devices, handles):
-                    _release_quietly(d, dev, h)
-                raise
-            return handles
         results = [None] * len(fds)
-        failure = []
-        lock = threading.Lock()
+        failure = []  # list.append is atomic: the threads need no lock for it
 
         def one(i):
             if failure:
                 return
             try:
                 results[i] = d.import_fd(fds[i])
-            except Exception as e:  # noqa: BLE001 - raised below, once every thread stopped
-                with lock:
-                    failure.append(e)
+            except Exception as e:  # noqa: BLE001 - raised below, once every import stopped
+                failure.append(e)
 
-        with ThreadPoolExecutor(max_workers=IMPORT_THREADS, thread_name_prefix="vsnap-import") as pool:
-            list(pool.map(one, range(len(fds))))
+        if len(fds) < IMPORT_PARALLEL_FROM:
+            for i in range(len(fds)):
+                one(i)
+        else:
+            with ThreadPoolExecutor(max_workers=IMPORT_THREADS, thread_name_prefix="vsnap-import") as pool:
+                list(pool.map(one, range(len(fds))))
         if failure:
             for dev, h in zip(devices, results):
                 if h is not None:
