@@ -19,8 +19,16 @@
 //   released-<N>ms another process, which had imported and mapped the copy's own targets, unmaps
 //                  and releases them (the memory lives on here: nothing is freed), this one waits
 //                  N ms and copies: a swap whose restore fills the memory the other engine let go
-// Every mode but the *-<N>ms ones starts its copy after a second of quiet (the memory freed by the
-// rep before has been scrubbed). Modes to run may follow the three numbers.
+//   ofreed-beside  another process frees as much memory (its own) and, the moment its free returns,
+//                  this one copies into targets it made before: a serial swap's restore, whose
+//                  copy starts as the other engine's sleep ends
+//   ofreed-thread  the same, with this process making as much memory on a second thread beside the
+//                  copy (it gets the memory just freed): the filled restore's rest
+// Every mode but the *-<N>ms and ofreed-beside/-thread ones starts its copy after a second of quiet
+// (the memory freed by the rep before has been scrubbed). Modes to run may follow the three numbers.
+// `--streams K` first: the copy's chunks go round robin over K streams (one by default).
+// Each line also gives `firstGBps`: what landed in the copy's first 60 ms (from events recorded after
+// each chunk), where the work beside it is concentrated.
 // `--offset` instead says whether cuMemMap maps an allocation from a nonzero offset (what one
 // allocation for many regions would need; CUDA 13 answers CUDA_ERROR_NOT_SUPPORTED).
 // argv: <reps> <regions> <region MiB> [mode...]; prints one JSON object per line.
@@ -234,6 +242,13 @@ int main(int argc, char** argv) {
     context();
     return offsetCheck();
   }
+  int streamCount = 1;
+  if (argc > 2 && std::string(argv[1]) == "--streams") {
+    streamCount = std::max(1, std::atoi(argv[2]));
+    argv[2] = argv[0];
+    argv += 2;
+    argc -= 2;
+  }
   int reps = argc > 1 ? std::atoi(argv[1]) : 3;
   int n = argc > 2 ? std::atoi(argv[2]) : 252;
   size_t mib = argc > 3 ? std::atoll(argv[3]) : 68;
@@ -241,29 +256,37 @@ int main(int argc, char** argv) {
   const size_t chunk = 64ull << 20;
   CUcontext ctx = context();
   (void)ctx;
-  CUstream stream;
-  CK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  std::vector<CUstream> streams(streamCount);
+  for (auto& st : streams) CK(cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+  const size_t chunksPerRegion = (size + chunk - 1) / chunk;
+  std::vector<CUevent> landed(n * chunksPerRegion);
+  for (auto& e : landed) CK(cuEventCreate(&e, CU_EVENT_DEFAULT));
+  CUevent started;
+  CK(cuEventCreate(&started, CU_EVENT_DEFAULT));
   void* host = nullptr;
   CK(cuMemHostAlloc(&host, total, CU_MEMHOSTALLOC_PORTABLE));
   std::memset(host, 1, total);
 
   std::vector<std::string> modes = {"alone", "idle", "create", "createonly", "map", "access", "import", "importonly", "free", "thread-create",
                                     "freed-0ms", "freed-50ms", "freed-100ms", "freed-200ms", "freed-400ms", "freed-1000ms",
-                                    "ofreed-0ms", "ofreed-10ms", "ofreed-50ms", "ofreed-200ms", "ofreed-1000ms", "released-0ms", "released-10ms"};
+                                    "ofreed-0ms", "ofreed-10ms", "ofreed-50ms", "ofreed-200ms", "ofreed-1000ms", "released-0ms", "released-10ms",
+                                    "ofreed-beside", "ofreed-thread"};
   if (argc > 4) modes.assign(argv + 4, argv + argc);
   for (const std::string& modeName : modes) {
     const char* mode = modeName.c_str();
     // freed-<N>ms: as much memory as the copy's is freed here N ms before it starts (a swap's
     // other engine going to sleep just before); every other mode starts after a second of quiet.
     const bool freed = std::strncmp(mode, "freed-", 6) == 0;
-    const bool ofreed = std::strncmp(mode, "ofreed-", 7) == 0;
+    const bool obeside = modeName == "ofreed-beside" || modeName == "ofreed-thread";
+    const bool ofreed = std::strncmp(mode, "ofreed-", 7) == 0 && !obeside;
+    const bool threadCreate = modeName == "thread-create" || modeName == "ofreed-thread";
     const bool released = std::strncmp(mode, "released-", 9) == 0;
-    const int settleMs = freed ? std::atoi(mode + 6) : ofreed ? std::atoi(mode + 7) : released ? std::atoi(mode + 9) : 1000;
+    const int settleMs = freed ? std::atoi(mode + 6) : ofreed ? std::atoi(mode + 7) : released ? std::atoi(mode + 9) : obeside ? 0 : 1000;
     // The helper's step: "free" for ofreed-*, "release" for released-*, else the mode's own. With
     // ofreed-* and released-* it runs (and ends) before the copy, else beside it.
-    const std::string step = ofreed ? "free" : released ? "release" : modeName;
-    const bool before = ofreed || released;
-    std::vector<double> rates, helperSeconds;
+    const std::string step = ofreed || obeside ? "free" : released ? "release" : modeName;
+    const bool before = ofreed || released || obeside;
+    std::vector<double> rates, firstRates, helperSeconds;
     for (int rep = 0; rep < reps; rep++) {
       std::vector<Region> targets(n), mine(n);
       std::vector<int> fds;
@@ -292,7 +315,7 @@ int main(int argc, char** argv) {
       for (int fd : fds) close(fd);
       char c = 'g';
       if (before) {
-        if (ofreed) std::this_thread::sleep_for(std::chrono::milliseconds(1000));  // the helper's memory settled
+        if (ofreed || obeside) std::this_thread::sleep_for(std::chrono::milliseconds(1000));  // the helper's memory settled
         double hs = 0;
         if (write(h.go, &c, 1) != 1 || read(h.back, &hs, sizeof hs) != (ssize_t)sizeof hs) return 1;
         helperSeconds.push_back(hs);
@@ -303,19 +326,37 @@ int main(int argc, char** argv) {
       double threadSeconds = 0;
       auto t0 = Clock::now();
       if (other && !before && write(h.go, &c, 1) != 1) return 1;
-      if (std::strcmp(mode, "thread-create") == 0)
+      CK(cuEventRecord(started, streams[0]));
+      if (threadCreate)
         worker = std::thread([&] {
           CK(cuCtxSetCurrent(ctx));
           auto w0 = Clock::now();
           makeRegions(mine, size, true, true, true, true);
           threadSeconds = since(w0);
         });
+      size_t k = 0;
       for (int i = 0; i < n; i++)
-        for (size_t off = 0; off < size; off += chunk)
-          CK(cuMemcpyHtoDAsync(targets[i].va + off, (char*)host + (size_t)i * size + off, std::min(chunk, size - off), stream));
-      CK(cuStreamSynchronize(stream));
+        for (size_t off = 0; off < size; off += chunk, k++) {
+          CUstream st = streams[k % streams.size()];
+          CK(cuMemcpyHtoDAsync(targets[i].va + off, (char*)host + (size_t)i * size + off, std::min(chunk, size - off), st));
+          CK(cuEventRecord(landed[k], st));
+        }
+      for (auto& st : streams) CK(cuStreamSynchronize(st));
       double s = since(t0);
       rates.push_back(total / s / 1e9);
+      {
+        // what landed in the first 60 ms after the first copy was issued (GPU clock)
+        const float window = 60.0f;
+        size_t bytes = 0;
+        k = 0;
+        for (int i = 0; i < n; i++)
+          for (size_t off = 0; off < size; off += chunk, k++) {
+            float ms = 0;
+            CK(cuEventElapsedTime(&ms, started, landed[k]));
+            if (ms <= window) bytes += std::min(chunk, size - off);
+          }
+        firstRates.push_back(bytes / (window / 1000.0) / 1e9);
+      }
       if (worker.joinable()) {
         worker.join();
         helperSeconds.push_back(threadSeconds);
@@ -342,10 +383,11 @@ int main(int argc, char** argv) {
     }
     std::vector<double> sorted = rates;
     std::sort(sorted.begin(), sorted.end());
+    std::sort(firstRates.begin(), firstRates.end());
     std::sort(helperSeconds.begin(), helperSeconds.end());
-    std::printf("{\"mode\":\"%s\",\"regions\":%d,\"regionMiB\":%zu,\"bytes\":%zu,\"h2dGBps\":{\"median\":%.2f,\"min\":%.2f,\"max\":%.2f},"
-                "\"besideSeconds\":%.4f}\n",
-                mode, n, mib, total, sorted[sorted.size() / 2], sorted.front(), sorted.back(),
+    std::printf("{\"mode\":\"%s\",\"streams\":%d,\"regions\":%d,\"regionMiB\":%zu,\"bytes\":%zu,\"h2dGBps\":{\"median\":%.2f,\"min\":%.2f,\"max\":%.2f},"
+                "\"firstGBps\":%.2f,\"besideSeconds\":%.4f}\n",
+                mode, streamCount, n, mib, total, sorted[sorted.size() / 2], sorted.front(), sorted.back(), firstRates[firstRates.size() / 2],
                 helperSeconds.empty() ? 0.0 : helperSeconds[helperSeconds.size() / 2]);
     std::fflush(stdout);
   }
