@@ -25,7 +25,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   vsnap::js::initMultipath(env, exports);
   vsnap::js::initRegionSet(env, exports);
   vsnap::js::initCopyQueue(env, exports);
-  exports.Set("abiVersion", Napi::Number::New(env, 9));
+  exports.Set("abiVersion", Napi::Number::New(env, 8));
   return exports;
 }
 

@@ -1,4 +1,4 @@
-// new CopyQueue(label, chunkSize?, onProgress?, streams?) -> CopyQueue: copies RAM-tier bytes into regions in
+// openCopyQueue(label, chunkSize, onProgress?) -> CopyQueue: copies RAM-tier bytes into regions in
 // the order batches are pushed (transfer/copy_queue.h), off the JS thread.
 //   push([{ name, size, memory: Memory, source: { kind: 'buffer', buffer, offset } }])
 //     -> Promise<{ id, bytes, issuedAt, landedAt, devices: [{ device, bytes }] }>: settles once the
@@ -6,7 +6,6 @@
 //   close() -> Promise<void>: no more batches; resolves once every batch settled and the threads ended
 //   cancel(): stops at the next chunk; the batches left reject with E_ABORTED
 //   bytesLanded: bytes landed so far
-// streams: streams per GPU (1-8, default 1), the chunks issued round robin over them.
 // onProgress(landed) is called as the bytes land (about every 256 MiB). An idle queue does not keep
 // the event loop alive; one with a batch in flight does.
 #include <map>
@@ -79,12 +78,6 @@ class CopyQueueWrap : public Napi::ObjectWrap<CopyQueueWrap> {
     std::string label = toString(info[0], "label");
     uint64_t chunk = info.Length() > 1 && !info[1].IsUndefined() ? toU64(info[1], "chunkSize") : kDefaultChunk;
     if (chunk == 0) throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "chunkSize must be above 0"));
-    int streams = 1;
-    if (info.Length() > 3 && !info[3].IsUndefined()) {
-      uint64_t n = toU64(info[3], "streams");
-      if (n < 1 || n > 8) throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "streams must be 1 to 8"));
-      streams = static_cast<int>(n);
-    }
     state_ = std::make_shared<QueueState>();
     if (info.Length() > 2 && info[2].IsFunction()) state_->onProgress = Napi::Persistent(info[2].As<Napi::Function>());
     state_->events = Napi::ThreadSafeFunction::New(env, Napi::Function::New(env, [](const Napi::CallbackInfo&) {}), "vsnap-copy-queue", 0, 1);
@@ -114,7 +107,7 @@ class CopyQueueWrap : public Napi::ObjectWrap<CopyQueueWrap> {
     try {
       queue_ = std::make_shared<transfer::CopyQueue>(
           label, chunk, [post](const transfer::BatchOutcome& o) { post(QueueEvent(o)); },
-          [post](uint64_t landed) { post(QueueEvent(landed)); }, streams);
+          [post](uint64_t landed) { post(QueueEvent(landed)); });
     } catch (const NativeError& e) {
       state_->release();
       throw toJsError(env, e);

@@ -22,15 +22,13 @@ NativeError aborted(const std::string& label) {
 
 }  // namespace
 
-CopyQueue::CopyQueue(std::string label, uint64_t chunkSize, Settled settled, Progress progress, int streams)
+CopyQueue::CopyQueue(std::string label, uint64_t chunkSize, Settled settled, Progress progress)
     : label_(std::move(label)),
       chunkSize_(chunkSize),
       settled_(std::move(settled)),
       progress_(std::move(progress)),
       opened_(std::chrono::steady_clock::now()) {
   if (chunkSize_ == 0) throwInvalid("a copy queue needs a chunk size above 0");
-  if (streams < 1 || streams > 8) throwInvalid("a copy queue takes 1 to 8 streams per GPU, not " + std::to_string(streams));
-  for (int i = 0; i < streams; i++) lanes_.push_back(std::make_unique<Lane>());
   try {
     if (fault::hit(fault::Point::ThreadStart)) throw std::system_error(EAGAIN, std::generic_category(), "injected fault");
     issuer_ = std::thread([this] { issuer(); });
@@ -113,15 +111,14 @@ void CopyQueue::issueBatch(Batch& batch) {
   outcome->id = batch.id;
   outcome->issuedAt = -1;
   std::vector<std::unique_ptr<Region>> regions;
-  // (lane, GPU) written to since the last mark
-  std::map<std::pair<size_t, int>, std::shared_ptr<cuda::Context>> devices;
+  std::map<int, std::shared_ptr<cuda::Context>> devices;  // GPUs written to since the last mark
   uint64_t unmarked = 0;
-  // Records an event on every stream written to since the last mark.
+  // Records an event on every GPU written to since the last mark.
   auto mark = [&](bool last) {
     Mark m;
-    for (auto& [key, ctx] : devices) {
+    for (auto& [device, ctx] : devices) {
       auto event = std::make_unique<cuda::Event>(ctx);
-      event->record(lanes_[key.first]->stream(ctx));
+      event->record(lane_.stream(ctx));
       m.events.push_back(std::move(event));
     }
     devices.clear();
@@ -158,10 +155,9 @@ void CopyQueue::issueBatch(Batch& batch) {
         }
         uint64_t length = std::min(chunkSize_, item.size - offset);
         if (outcome->issuedAt < 0) outcome->issuedAt = now();
-        const size_t lane = chunks_++ % lanes_.size();
-        t->copyIn(offset, src + offset, length, *lanes_[lane], 0, fence);
+        t->copyIn(offset, src + offset, length, lane_, 0, fence);
         if (auto mapping = t->deviceMapping()) {
-          devices.emplace(std::make_pair(lane, mapping->device()), mapping->context());
+          devices.emplace(mapping->device(), mapping->context());
           outcome->deviceBytes[mapping->device()] += length;
         }
         outcome->bytes += length;
@@ -189,11 +185,9 @@ void CopyQueue::issueBatch(Batch& batch) {
     mark(true);
   } catch (const NativeError& e) {
     // The event could not be recorded: wait for every stream here instead, then settle.
-    for (auto& lane : lanes_) {
-      try {
-        lane->synchronize();
-      } catch (...) {
-      }
+    try {
+      lane_.synchronize();
+    } catch (...) {
     }
     if (!outcome->error) outcome->error = e;
     if (!failed_.load()) {

@@ -1,6 +1,5 @@
 // CopyQueue: RAM-tier bytes copied into regions in the order they are pushed, batch after batch,
-// on one stream per GPU (or several, whose chunks alternate: `streams`), so the copy engine is never
-// idle between batches. A restore pushes its
+// on one stream per GPU, so the copy engine is never idle between batches. A restore pushes its
 // regions as they become ready (the first ones made, then the rest, then those the engine's wake
 // writes into) and learns when each batch has landed (to digest it while later ones copy). One
 // transfer job per batch drained its streams and started its threads again every time.
@@ -61,10 +60,8 @@ class CopyQueue {
   using Settled = std::function<void(const BatchOutcome&)>;
   using Progress = std::function<void(uint64_t landed)>;
 
-  // chunkSize: the largest single copy (cancellation and progress granularity). streams: streams
-  // per GPU (1-8), the chunks issued round robin over them (a copy engine the driver also uses for
-  // its own work, such as clearing memory another process freed, is then not the copy's only one).
-  CopyQueue(std::string label, uint64_t chunkSize, Settled settled, Progress progress, int streams = 1);
+  // chunkSize: the largest single copy (cancellation and progress granularity).
+  CopyQueue(std::string label, uint64_t chunkSize, Settled settled, Progress progress);
   ~CopyQueue();  // cancels, then waits for both threads
   CopyQueue(const CopyQueue&) = delete;
   CopyQueue& operator=(const CopyQueue&) = delete;
@@ -123,8 +120,7 @@ class CopyQueue {
   std::atomic<bool> failed_{false};
   std::optional<NativeError> error_;  // the first failure (issuer thread writes, before failed_)
   std::atomic<uint64_t> landed_{0};
-  std::vector<std::unique_ptr<Lane>> lanes_;  // issuer thread only: each one stream per GPU
-  uint64_t chunks_ = 0;                        // issuer thread only: chunks issued (which lane is next)
+  Lane lane_;  // issuer thread only: one stream per GPU
   std::thread issuer_;
   std::thread waiter_;
   std::once_flag joined_;

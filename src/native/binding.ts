@@ -7,7 +7,7 @@ import { VsnapError } from '../errors.js';
 import type { NativeBinding } from './types.js';
 
 /** The ABI the TypeScript side was written against (native/addon.cc's abiVersion). */
-export const EXPECTED_ABI = 9;
+export const EXPECTED_ABI = 8;
 
 const requireHere = createRequire(import.meta.url);
 

@@ -337,7 +337,7 @@ export interface NativeBinding {
   /** Device-to-device copies between GPUs, on one stream of `device`; per repeat, its wall time. */
   peerCopy(spec: NativePeerCopySpec): Promise<{ bytes: number; seconds: number; copySeconds: number[] }>;
   /** chunkSize: the largest single copy (default 64 MiB); onProgress: bytes landed, about every 256 MiB. */
-  CopyQueue: new (label: string, chunkSize?: number, onProgress?: (landed: number) => void, streams?: number) => NativeCopyQueue;
+  CopyQueue: new (label: string, chunkSize?: number, onProgress?: (landed: number) => void) => NativeCopyQueue;
   startMultipath(spec: NativeMultipathSpec, onProgress?: (done: number, total: number) => void): NativeMultipathHandle;
   /** Frees the neighbour contexts multi-path restores keep between jobs. */
   releaseWarmNeighbours(): void;

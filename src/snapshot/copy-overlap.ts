@@ -2,7 +2,7 @@ import type { CacheLease } from '../cache/host-cache.js';
 import type { RegionInfo } from '../manifest/types.js';
 import { regionId } from '../manifest/region-id.js';
 import type { NativeTransferResult } from '../native/index.js';
-import { invalidArgument, VsnapError } from '../errors.js';
+import { invalidArgument } from '../errors.js';
 import type { RegionMemory } from '../regions/memory.js';
 import { CopyQueue, type CopyBatch } from '../transfer/copy-queue.js';
 import type { CopyItem, StartedCopy } from './copy-types.js';
@@ -155,19 +155,6 @@ export function ramCopyForm(): 'queue' | 'jobs' {
 }
 
 /**
- * Streams per GPU a RAM-tier copy queue issues its chunks over: VSNAP_COPY_STREAMS, 1 to 8
- * (default 1).
- * @internal
- */
-export function ramCopyStreams(): number {
-  const v = process.env.VSNAP_COPY_STREAMS;
-  if (v === undefined || v === '') return 1;
-  const n = Number(v);
-  if (!Number.isInteger(n) || n < 1 || n > 8) throw new VsnapError('E_CONFIG', `VSNAP_COPY_STREAMS=${JSON.stringify(v)}: expected a whole number from 1 to 8`, { value: v });
-  return n;
-}
-
-/**
  * Opens a copy queue and queues `first` on it at once (restoreEngine: before the engine has
  * answered, into memory made for it). `bytesTotal` is what the whole copy will move (progress).
  * @internal
@@ -177,7 +164,6 @@ export function startCopy(common: CopyCommon, first: readonly CopyItem[], bytesT
   const onProgress = common.onProgress;
   const queue = CopyQueue.open(common.label, {
     signal: common.signal,
-    streams: ramCopyStreams(),
     ...(onProgress ? { onLanded: (landed: number) => onProgress({ phase: 'copying', bytesDone: Math.min(landed, bytesTotal), bytesTotal }) } : {}),
   });
   const batches: Promise<CopyBatch>[] = [];

@@ -21,8 +21,6 @@ export interface CopyQueueOptions {
   readonly onLanded?: ((landed: number) => void) | undefined;
   /** The largest single copy (default 64 MiB): how soon a cancel takes effect. */
   readonly chunkSize?: number;
-  /** Streams per GPU, 1 to 8 (default 1): the chunks are issued round robin over them. */
-  readonly streams?: number;
 }
 
 /**
@@ -49,7 +47,7 @@ export class CopyQueue {
   static open(label: string, options: CopyQueueOptions = {}): CopyQueue {
     if (options.signal?.aborted) throw abortError(options.signal, `copy of '${label}'`);
     try {
-      return new CopyQueue(new (native().CopyQueue)(label, options.chunkSize, options.onLanded, options.streams), label, options.signal);
+      return new CopyQueue(new (native().CopyQueue)(label, options.chunkSize, options.onLanded), label, options.signal);
     } catch (err) {
       throw toVsnapError(err);
     }

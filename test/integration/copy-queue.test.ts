@@ -76,16 +76,6 @@ describe('CopyQueue', () => {
     expect(memfdMappings()).toBe(0);
   });
 
-  it('issues its chunks over several streams when asked, every byte landed; a stream count out of 1-8 is refused', async () => {
-    const { region, expectCopied } = await setup(3, 3 * MiB);
-    const q = CopyQueue.open('streams', { chunkSize: MiB, streams: 3 });
-    const [r1, r2] = await Promise.all([q.push([region(0), region(1)]), q.push([region(2)])]);
-    expect([r1.bytes, r2.bytes]).toEqual([6 * MiB, 3 * MiB]);
-    for (let i = 0; i < 3; i++) expectCopied(i);
-    await q.close();
-    for (const streams of [0, 9, 1.5]) expect(() => CopyQueue.open('bad', { streams })).toThrow(expect.objectContaining({ code: 'E_INVALID_ARGUMENT' }));
-  });
-
   it('takes a batch pushed while another is still copying, and lands it after', async () => {
     const { region, expectCopied } = await setup(2, 4 * MiB);
     native().setFault('chunk-delay', 1000, 5); // every chunk waits 5 ms: the first batch is in flight when the second comes
