@@ -41,7 +41,9 @@
 // stage drained before the next starts), against the default's one copy queue (one stream, every
 // stage queued as soon as it is ready), same run. `ram-late`: the ram row (overlap none only) with
 // the first part's copy started once the engine has answered its status (VSNAP_EARLY_COPY=0),
-// against the default's copy started while the status is read, same run.
+// against the default's copy started while the status is read, same run. `ram-early-sleep`: the ram
+// row with the overlap modes asked for (`weights` and `all` differ) and the other engine's sleep as
+// soon as its suspend's checks are done (VSNAP_SWAP_SLEEP=early), not once the copy is over.
 // `ram2`: the ram row with every restore over two PCIe links (restoreEngine's multipath: part of
 // the bytes host -> GPU `--neighbour` -> NVLink peer copy), skipped where that GPU is missing.
 // Issue 25 (restores at the PCIe limit): the report opens with its targets, each against a ceiling
@@ -55,7 +57,7 @@
 // Bundle it into dist-gpu/ (the test helpers find test/fixtures from the package root above the
 // bundle) and run it as root, where test/gpu/run.sh has set VSNAP_REF_CUMEM_LIB:
 //   node dist-gpu/bench-engine-swap.mjs [--device cuda|host] [--layers 36] [--hidden 4096] [--reps 5]
-//     [--rows sweep,capture2,tier0,ram,ram-wake,ram-whole,ram-sdk-check,ram-settle,ram-jobs,ram-late,ram2,vllm-l1,engine,pagecache,cold] [--neighbour 1] [--out bench/results] [--store /tmp/vsnap-swap-store]
+//     [--rows sweep,capture2,tier0,ram,ram-wake,ram-whole,ram-sdk-check,ram-settle,ram-jobs,ram-late,ram-early-sleep,ram2,vllm-l1,engine,pagecache,cold] [--neighbour 1] [--out bench/results] [--store /tmp/vsnap-swap-store]
 //     [--sweep-regions 36,252,1000,4000] [--sweep-gib 16] [--capture2-gib 16] [--ceiling dist-gpu/ceiling]
 //     [--vllm-cycles 3] [--hash-threads N] [--overlap none,kv,weights,all] [--trace]
 // Writes <out>/engine-swap-<GiB>GiB.json (every swap) and .md, prints the table; progress on stderr.
@@ -87,13 +89,13 @@ const PROBE_TOKENS = 16;
 const CHECK = /^(prefill|decode):(\d+)$/.exec(process.env.VSNAP_BENCH_CHECK ?? '');
 const CHECK_OPTIONS = CHECK ? { check: { mode: CHECK[1] as 'prefill' | 'decode', maxTokens: Number(CHECK[2]) } } : {};
 
-type RowName = 'tier0' | 'engine' | 'ram' | 'ram-wake' | 'ram-whole' | 'ram-sdk-check' | 'ram-settle' | 'ram-jobs' | 'ram-late' | 'ram2' | 'pagecache' | 'cold';
+type RowName = 'tier0' | 'engine' | 'ram' | 'ram-wake' | 'ram-whole' | 'ram-sdk-check' | 'ram-settle' | 'ram-jobs' | 'ram-late' | 'ram-early-sleep' | 'ram2' | 'pagecache' | 'cold';
 type Tier = 'gpu' | 'neighbour' | 'ram' | 'store' | 'engine';
 // The RAM rows before the engine row (never run on a GPU before issue 25): a failure there cannot cost them.
-const ROWS: readonly RowName[] = ['tier0', 'ram', 'ram-wake', 'ram-whole', 'ram-sdk-check', 'ram-settle', 'ram-jobs', 'ram-late', 'ram2', 'engine', 'pagecache', 'cold'];
+const ROWS: readonly RowName[] = ['tier0', 'ram', 'ram-wake', 'ram-whole', 'ram-sdk-check', 'ram-settle', 'ram-jobs', 'ram-late', 'ram-early-sleep', 'ram2', 'engine', 'pagecache', 'cold'];
 type ExtraRow = 'sweep' | 'capture2' | 'vllm-l1';
 const EXTRA: readonly ExtraRow[] = ['sweep', 'capture2', 'vllm-l1'];
-const ALL_ROWS = ['sweep', 'capture2', 'tier0', 'ram', 'ram-wake', 'ram-whole', 'ram-sdk-check', 'ram-settle', 'ram-jobs', 'ram-late', 'ram2', 'vllm-l1', 'engine', 'pagecache', 'cold'];
+const ALL_ROWS = ['sweep', 'capture2', 'tier0', 'ram', 'ram-wake', 'ram-whole', 'ram-sdk-check', 'ram-settle', 'ram-jobs', 'ram-late', 'ram-early-sleep', 'ram2', 'vllm-l1', 'engine', 'pagecache', 'cold'];
 /** ram-settle's pause between the suspend and the restore. */
 const SETTLE_MS = 500;
 /** What the RAM rows that measure another form set in the environment while they run. */
@@ -103,11 +105,12 @@ const ROW_ENV: Partial<Record<RowName, Record<string, string>>> = {
   'ram-sdk-check': { VSNAP_DIRTY_CHECK: 'sdk' },
   'ram-jobs': { VSNAP_RAM_COPY: 'jobs' },
   'ram-late': { VSNAP_EARLY_COPY: '0' },
+  'ram-early-sleep': { VSNAP_SWAP_SLEEP: 'early' },
 };
 type Overlap = 'none' | 'kv' | 'weights' | 'all';
 const OVERLAPS: readonly Overlap[] = ['none', 'kv', 'weights', 'all'];
 /** The rows the overlap modes apply to (the others run without overlap). */
-const OVERLAP_ROWS: readonly RowName[] = ['tier0', 'ram', 'ram2'];
+const OVERLAP_ROWS: readonly RowName[] = ['tier0', 'ram', 'ram-early-sleep', 'ram2'];
 const LABEL: Record<RowName, string> = {
   tier0: 'tier 0 (weights kept on the GPU)',
   engine: "tier 0, the engine's own (weights kept in the engine, KV cache released)",
@@ -118,6 +121,7 @@ const LABEL: Record<RowName, string> = {
   'ram-settle': `RAM tier, the restore ${SETTLE_MS} ms after the suspend`,
   'ram-jobs': 'RAM tier, one transfer job per stage (VSNAP_RAM_COPY=jobs)',
   'ram-late': "RAM tier, the copy started once the engine answered (VSNAP_EARLY_COPY=0)",
+  'ram-early-sleep': "RAM tier, overlapped, the other engine's sleep not waiting for the copy (VSNAP_SWAP_SLEEP=early)",
   ram2: 'RAM tier over two PCIe links (multipath)',
   pagecache: 'page cache (warm disk)',
   cold: 'cold disk (caches dropped, O_DIRECT)',
@@ -830,6 +834,7 @@ const perPhase = bytesAloneTable(
     ...modeRows('ram-settle').map((r) => ({ ...r, label: `RAM tier, the restore ${SETTLE_MS} ms after the suspend` })),
     ...modeRows('ram-jobs').map((r) => ({ ...r, label: 'RAM tier, one transfer job per stage' })),
     ...modeRows('ram-late').map((r) => ({ ...r, label: 'RAM tier, the copy started once the engine answered' })),
+    ...modeRows('ram-early-sleep').map((r) => ({ ...r, label: `RAM tier, overlap ${r.overlap}, the other engine's sleep not waiting for the copy` })),
   ],
   bytesAlone,
 );

@@ -15,4 +15,12 @@ export interface FlowHooks {
    * memory the KV cache takes). A rejection fails the restore, and the engine goes back to sleep.
    */
   readonly beforeKvWake?: () => Promise<void>;
+  /**
+   * Awaited once the restore's weights are in place: its copy landed (or it had none to make, as
+   * a tier-0 adopt), before the rest of its wake. swapEngines lets the other engine sleep only
+   * then. A rejection fails the restore.
+   */
+  readonly afterCopy?: () => Promise<void>;
+  /** Awaited by a suspend right before the engine's sleep (swapEngines: the other engine's copy landing). A rejection fails the suspend. */
+  readonly beforeSleep?: () => Promise<void>;
 }

@@ -82,6 +82,7 @@ export class EngineRestoreRun implements RestoreRun {
   private exported: ExportedRegions | undefined;
   private mapped: MappedRegions | undefined;
   private prepared: HydrateTargets | undefined;
+  private copyTold = false;
   private early: EarlyWake | undefined;
   /** Memory made here for the weights, part by part as it was made. */
   private readonly fill: FillMemory[] = [];
@@ -314,7 +315,25 @@ export class EngineRestoreRun implements RestoreRun {
     return !this.hooks.beforeKvWake;
   }
 
+  /**
+   * Tells hooks.afterCopy, once, that the weights' copy is over: landed, not needed (tier 0), or
+   * failed (`failed`: its error is then not thrown, the first one is what the restore reports).
+   * swapEngines lets the other engine sleep only then, and a KV wake waits for that sleep, so it is
+   * told before anything may wait for room: as the hydrate returns, at the start of every finishWake
+   * (tier 0 and a recovery finish theirs inside), and first on a failure path.
+   */
+  async copyOver(failed: boolean): Promise<void> {
+    if (this.copyTold) return;
+    this.copyTold = true;
+    try {
+      await this.hooks.afterCopy?.();
+    } catch (err) {
+      if (!failed) throw err;
+    }
+  }
+
   async finishWake(expected: ExpectedResponse | null = this.snapshot?.manifest.data.expectedResponse ?? null, path: 'restored' | 'recovered' = 'restored'): Promise<void> {
+    await this.copyOver(false);
     let resetting: Promise<void>;
     if (this.early) {
       // Started during the hydrate (overlapKvWake): what is left of it is waited for here.

@@ -62,8 +62,12 @@ async function restoreWith(run: EngineRestoreRun, options: EngineRestoreOptions)
   await run.resumeDeep();
   await run.sleepIfAwake();
   const kept = run.tiers.find((t) => t.name === 'kept');
-  if (kept?.holds(run)) return run.report((await kept.restore(run))!); // the engine's own weights: nothing else may replace them
+  if (kept?.holds(run)) {
+    await run.copyOver(false);
+    return run.report((await kept.restore(run))!); // the engine's own weights: nothing else may replace them
+  }
   if (run.openError) {
+    await run.copyOver(true);
     for (const tier of run.tiers) tier.release?.(run); // what tier 0 held cannot be checked against a snapshot that cannot be read
     if (!run.openError.reason || run.status.ranks.some((r) => r.reloadWeights === false)) throw run.openError.error;
     return recover(run, run.openError.error, run.openError.reason, undefined);
@@ -77,11 +81,13 @@ async function restoreWith(run: EngineRestoreRun, options: EngineRestoreOptions)
         tier.release?.(run);
       }
       if (!outcome) continue;
+      await run.copyOver(false);
       if (!outcome.finished) await run.afterHydrate(outcome);
       return run.report(outcome);
     }
     throw new VsnapError('E_INTERNAL', `no tier could restore '${run.name}'`);
   } catch (err) {
+    await run.copyOver(true);
     const e = await run.cleanUp(err);
     // The snapshot's own faults (never the engine's, nor a cancellation) may be recovered from.
     const manifest = run.snapshot!.manifest;

@@ -147,6 +147,10 @@ export async function suspendEngine(store: RegionStore, name: string, client: En
     await weights.close();
   }
   try {
+    if (options.hooks?.beforeSleep) {
+      await options.hooks.beforeSleep();
+      lap('awaitCopy');
+    }
     await control.sleep(2, options.mode, call);
     lap('sleep');
   } catch (err) {

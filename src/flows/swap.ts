@@ -35,7 +35,8 @@ export interface EngineSwapOptions {
    * `none`: the suspend, then the restore. `weights` (the default): both at once up to the
    * restored engine's KV-cache wake, which waits for the other engine's sleep: for a GPU that
    * holds the new engine's weights beside the old engine, but not both KV caches. `all`: both
-   * fully at once, for a GPU (or GPUs) that hold both engines awake.
+   * fully at once, for a GPU (or GPUs) that hold both engines awake. With either, the suspended
+   * engine's sleep waits for the restore's copy to be over (memory freed beside a copy slows it).
    */
   readonly overlap?: SwapOverlap;
 }
@@ -100,19 +101,40 @@ export async function swapEngines(options: EngineSwapOptions): Promise<EngineSwa
   let suspendError: VsnapError | undefined;
   let restoreReport: EngineRestoreReport | undefined;
   let restoreError: VsnapError | undefined;
+  // With overlap, the suspended engine sleeps only once the restore's copy is over: the memory its
+  // sleep frees is cleared by the driver for tens of milliseconds after, and a host-to-device copy
+  // beside that runs at about half the rate (bench/vmm-interference.cu, ofreed-beside: the copy's
+  // first 60 ms at 29.7 against 53.5 GB/s alone on an H100). The restore's weights fit beside the
+  // other engine (what overlap asks of the GPU), so holding its memory a little longer costs nothing.
+  // VSNAP_SWAP_SLEEP=early: the sleep as soon as the suspend's checks are done (to measure against).
+  const sleepAfterCopy = overlap !== 'none' && process.env.VSNAP_SWAP_SLEEP !== 'early';
+  let copyOver: () => void = () => undefined;
+  const copied = new Promise<void>((resolve) => (copyOver = resolve));
   const suspend = async (): Promise<void> => {
     try {
-      suspendResult = (await suspendEngine(store, name, aClient, suspendOptions)) as EngineSuspendResult; // not the engine's own tier: it has its snapshot
+      const hooks = sleepAfterCopy ? { ...suspendOptions.hooks, beforeSleep: () => copied } : suspendOptions.hooks;
+      suspendResult = (await suspendEngine(store, name, aClient, { ...suspendOptions, ...(hooks ? { hooks } : {}) })) as EngineSuspendResult; // not the engine's own tier: it has its snapshot
     } catch (err) {
       suspendError = toVsnapError(err);
     }
     phases.suspend = since();
   };
   const restore = async (beforeKvWake?: () => Promise<void>): Promise<void> => {
+    const own = restoreOptions.hooks?.afterCopy;
+    const afterCopy = async (): Promise<void> => {
+      try {
+        await own?.();
+      } finally {
+        copyOver();
+      }
+    };
     try {
-      restoreReport = await restoreEngine(source, bClient, { ...restoreOptions, ...(beforeKvWake ? { hooks: { ...restoreOptions.hooks, beforeKvWake } } : {}) });
+      const hooks = overlap === 'none' ? restoreOptions.hooks : { ...restoreOptions.hooks, afterCopy, ...(beforeKvWake ? { beforeKvWake } : {}) };
+      restoreReport = await restoreEngine(source, bClient, { ...restoreOptions, ...(hooks ? { hooks } : {}) });
     } catch (err) {
       restoreError = toVsnapError(err);
+    } finally {
+      copyOver(); // a restore that ended before its copy (or failed) lets the other engine sleep
     }
     phases.restore = since();
   };

@@ -132,10 +132,13 @@ export class SwapExecutor {
         // Until the other engine sleeps, b is accounted with its weights only (what the planner checked).
         const weights = b.spec.weightsBytes ?? b.snapshot.weightsBytes ?? 0;
         const holding = Math.max(b.spec.asleepBytes + ctx.residentBytes(b), b.spec.asleepBytes + weights);
-        const suspending = suspend(ctx, this.slot(action.suspend), capture, action.keepResident, action.wake);
+        // The suspended engine sleeps once b's copy is over (swapEngines says why).
+        let copyOver: () => void = () => undefined;
+        const copied = new Promise<void>((resolve) => (copyOver = resolve));
+        const suspending = suspend(ctx, this.slot(action.suspend), capture, action.keepResident, action.wake, () => copied);
         const slept = suspending.then(() => roomMade(b));
         slept.catch(() => undefined);
-        await Promise.all([wake(ctx, b, undefined, { victim: action.suspend, slept, holding }), suspending.catch(() => undefined)]);
+        await Promise.all([wake(ctx, b, undefined, { victim: action.suspend, slept, holding, copyOver }), suspending.catch(() => undefined)]);
         ctx.changed();
         return true;
       }

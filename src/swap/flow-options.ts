@@ -15,11 +15,22 @@ function twoLinks(config: SwapConfig, slot: Slot): boolean {
   return m !== undefined && slot.devices.length === 1 && slot.devices[0] !== m.neighbour;
 }
 
-/** restoreEngine's options for a wake: `neighbour` (an open tier), `onto` (a move), `beforeKvWake` (an overlapped swap's wait for the other engine's sleep). @internal */
+/**
+ * restoreEngine's options for a wake: `neighbour` (an open tier), `onto` (a move), `beforeKvWake`
+ * (an overlapped swap's wait for the other engine's sleep) and `afterCopy` (that swap's word that the
+ * copy is over, so the other engine may sleep).
+ * @internal
+ */
 export function restoreOptions(
   config: SwapConfig,
   slot: Slot,
-  step: { neighbour?: NeighbourTier | undefined; onto?: readonly number[] | undefined; beforeKvWake?: (() => Promise<void>) | undefined; onWarning: (message: string) => void },
+  step: {
+    neighbour?: NeighbourTier | undefined;
+    onto?: readonly number[] | undefined;
+    beforeKvWake?: (() => Promise<void>) | undefined;
+    afterCopy?: (() => Promise<void>) | undefined;
+    onWarning: (message: string) => void;
+  },
 ): EngineRestoreOptions {
   const tiers = {
     ...(config.ram ? { ram: config.ram } : {}),
@@ -27,7 +38,11 @@ export function restoreOptions(
     ...(step.neighbour && !step.neighbour.closed ? { neighbour: step.neighbour } : {}),
     ...(twoLinks(config, slot) ? { multipath: config.multipath! } : {}),
   };
-  const hooks = { ...(config.checkpoint ? { checkpoint: config.checkpoint } : {}), ...(step.beforeKvWake ? { beforeKvWake: step.beforeKvWake } : {}) };
+  const hooks = {
+    ...(config.checkpoint ? { checkpoint: config.checkpoint } : {}),
+    ...(step.beforeKvWake ? { beforeKvWake: step.beforeKvWake } : {}),
+    ...(step.afterCopy ? { afterCopy: step.afterCopy } : {}),
+  };
   return {
     tiers,
     ...(step.onto ? { move: { onto: step.onto[0]! } } : {}),
@@ -38,18 +53,29 @@ export function restoreOptions(
   };
 }
 
-/** suspendEngine's options for a suspend: `gpu` (tier 0 keeps its weights), `neighbour` (a park, with its admission rule). @internal */
+/**
+ * suspendEngine's options for a suspend: `gpu` (tier 0 keeps its weights), `neighbour` (a park, with
+ * its admission rule), `beforeSleep` (an overlapped swap's wait for the other engine's copy).
+ * @internal
+ */
 export function suspendOptions(
   config: SwapConfig,
   slot: Slot,
-  step: { captureIfNeeded: boolean; gpu?: ResidentWeights | undefined; neighbour?: NeighbourParkOptions | undefined; onWarning: (message: string) => void },
+  step: {
+    captureIfNeeded: boolean;
+    gpu?: ResidentWeights | undefined;
+    neighbour?: NeighbourParkOptions | undefined;
+    beforeSleep?: (() => Promise<void>) | undefined;
+    onWarning: (message: string) => void;
+  },
 ): EngineSuspendOptions {
   const { spec } = slot;
+  const hooks = { ...(config.checkpoint ? { checkpoint: config.checkpoint } : {}), ...(step.beforeSleep ? { beforeSleep: step.beforeSleep } : {}) };
   return {
     captureIfNeeded: step.captureIfNeeded,
     tiers: { ...(config.ram ? { ram: config.ram } : {}), ...(step.gpu ? { gpu: step.gpu } : {}), ...(step.neighbour ? { neighbour: step.neighbour } : {}) },
     ...(spec.deepSuspend ? { deep: true } : {}),
-    ...(config.checkpoint ? { hooks: { checkpoint: config.checkpoint } } : {}),
+    ...(Object.keys(hooks).length > 0 ? { hooks } : {}),
     ...(spec.check ? { capture: { check: spec.check } } : {}),
     ...(step.neighbour ? { onWarning: step.onWarning } : {}),
   };

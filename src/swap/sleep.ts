@@ -20,8 +20,8 @@ function asleepAfter(ctx: SwapContext, slot: Slot, result: EngineSuspendResult):
   return { kind: 'asleep', heldBy: ctx.config.ram?.has(result.snapshot.id) ? 'ram' : 'store' };
 }
 
-/** Suspends an engine; on failure, reads back what it really is and rethrows. @internal */
-export async function suspend(ctx: SwapContext, slot: Slot, captureIfNeeded: boolean, keepResident: boolean, forEngine?: string): Promise<SwapEvent> {
+/** Suspends an engine (`beforeSleep`: awaited right before its sleep); on failure, reads back what it really is and rethrows. @internal */
+export async function suspend(ctx: SwapContext, slot: Slot, captureIfNeeded: boolean, keepResident: boolean, forEngine?: string, beforeSleep?: () => Promise<void>): Promise<SwapEvent> {
   const { config, metrics, events, neighbour } = ctx;
   const name = slot.spec.name;
   // A capture after a recovery still running: let it finish, so the suspend finds its snapshot.
@@ -35,11 +35,11 @@ export async function suspend(ctx: SwapContext, slot: Slot, captureIfNeeded: boo
     // Not parked when tier 0 keeps the weights on their own GPU; else the planner decides.
     const park = !gpu && neighbour?.parkable(slot.devices) ? neighbour.parkOptions(name, () => ctx.planInput(), forEngine) : undefined;
     const onWarning = (message: string): void => void events.emit('warning', { engine: name, message });
-    const result = (await suspendEngine(config.store, slot.spec.snapshot, slot.spec.client, suspendOptions(config, slot, { captureIfNeeded, gpu, neighbour: park, onWarning }))) as EngineSuspendResult;
+    const result = (await suspendEngine(config.store, slot.spec.snapshot, slot.spec.client, suspendOptions(config, slot, { captureIfNeeded, gpu, neighbour: park, beforeSleep, onWarning }))) as EngineSuspendResult;
     neighbour?.parked(name, result.parked, result.snapshot.id);
     suspended(slot, asleepAfter(ctx, slot, result));
     if (result.captured) damaged(slot, undefined); // a new capture: whatever was wrong with the old one is gone
-    const event: SwapEvent = { engine: name, action: 'suspend', seconds: (performance.now() - started) / 1000, captured: result.captured };
+    const event: SwapEvent = { engine: name, action: 'suspend', seconds: (performance.now() - started) / 1000, phases: result.phases, captured: result.captured };
     metrics.swaps.inc({ engine: name, action: 'suspend', result: 'ok' });
     metrics.swapSeconds.observe({ engine: name, action: 'suspend', tier: gpu ? 'gpu' : 'store' }, event.seconds);
     ctx.changed();

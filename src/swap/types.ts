@@ -268,7 +268,7 @@ export interface SwapEvent {
   readonly action: 'suspend' | 'restore';
   /** How long it took. */
   readonly seconds: number;
-  /** restore: seconds per phase. */
+  /** Seconds per phase (a suspend's as suspendEngine reports them: `awaitCopy`, in an overlapped swap, is its sleep's wait for the other engine's copy). */
   readonly phases?: Readonly<Record<string, number>>;
   /** restore: where the weights came from (`gpu`: tier 0, nothing copied; `neighbour`: a neighbour GPU's tier, by peer copy; `engine`: recovered, the engine reloaded them). */
   readonly tier?: 'gpu' | 'neighbour' | 'ram' | 'store' | 'engine';

@@ -56,6 +56,8 @@ export interface Room {
   readonly victim: string;
   readonly slept: Promise<void>;
   readonly holding: number;
+  /** Told once this engine's copy is over (landed, not needed, or failed): the victim sleeps only then. */
+  readonly copyOver: () => void;
 }
 
 /** Wakes it; `onto`: a deep-suspended engine's process is restored onto that GPU first. @internal */
@@ -69,7 +71,12 @@ export async function wake(ctx: SwapContext, slot: Slot, onto?: readonly number[
   events.emit('swapStarted', { engine: name, action: 'restore' });
   let snapshotId: string | undefined;
   try {
-    const report = kept ? await resumeKept(ctx, slot) : await restore(ctx, slot, (id) => (snapshotId = id), onto, room ? () => room.slept : undefined);
+    let report;
+    try {
+      report = kept ? await resumeKept(ctx, slot) : await restore(ctx, slot, (id) => (snapshotId = id), onto, room);
+    } finally {
+      room?.copyOver(); // a restore that ended before its copy (or failed) lets the victim sleep
+    }
     woke(slot, onto); // it runs there now
     const path = 'path' in report ? report.path : undefined;
     if (path === undefined || path === 'restored') recovered(slot, undefined);
@@ -123,7 +130,7 @@ export async function wake(ctx: SwapContext, slot: Slot, onto?: readonly number[
 }
 
 /** restoreEngine from its snapshot (or, with recovery, from a reference to it when it cannot be opened). */
-async function restore(ctx: SwapContext, slot: Slot, opened: (id: string) => void, onto: readonly number[] | undefined, beforeKvWake: (() => Promise<void>) | undefined) {
+async function restore(ctx: SwapContext, slot: Slot, opened: (id: string) => void, onto: readonly number[] | undefined, room: Room | undefined) {
   const { config } = ctx;
   let source: Snapshot | SnapshotRef;
   try {
@@ -137,7 +144,8 @@ async function restore(ctx: SwapContext, slot: Slot, opened: (id: string) => voi
   }
   const neighbour = ctx.neighbour?.tier;
   const onWarning = (message: string): void => void ctx.events.emit('warning', { engine: slot.spec.name, message });
-  return restoreEngine(source, slot.spec.client, restoreOptions(config, slot, { neighbour, onto, beforeKvWake, onWarning }));
+  const overlapped = room ? { beforeKvWake: () => room.slept, afterCopy: async () => room.copyOver() } : {};
+  return restoreEngine(source, slot.spec.client, restoreOptions(config, slot, { neighbour, onto, ...overlapped, onWarning }));
 }
 
 /** The engine's own tier 0: wake its KV cache (no snapshot, nothing moved). */

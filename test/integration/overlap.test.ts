@@ -6,6 +6,7 @@ import { ResidentWeights } from '../../src/cache/resident-weights.js';
 import { VsnapError } from '../../src/errors.js';
 import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/index.js';
 import { swapEngines, type SwapOverlap } from '../../src/flows/swap.js';
+import { native } from '../../src/native/index.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { askCapital, startEngine } from '../helpers/engine.js';
 import { FaultyClient, openFds } from '../helpers/faults.js';
@@ -140,6 +141,42 @@ describe('swapEngines: one engine to sleep, the other back, overlapped', () => {
       expect(back.restore.tier).toBe('store');
       expect(await b.isSleeping()).toBe(true);
       expect(await ask(a)).toEqual(answerA);
+      expect(openFds()).toEqual(fds);
+    });
+  }
+
+  for (const overlap of ['weights', 'all'] as SwapOverlap[]) {
+    it(`${overlap}: the suspended engine sleeps only once the restore's copy is over (memory freed beside a copy slows it); a restore that fails first lets it sleep`, async () => {
+      const { a, b, answerB, snapB, fds } = await pair();
+      const order: string[] = [];
+      a.inject({ route: 'sleep', when: 'before', pass: true, action: () => order.push('a sleeps'), times: 2 });
+      let awakeAtCopy: boolean | undefined;
+      // the restore's own afterCopy runs before the swap lets the other engine sleep
+      const afterCopy = async (): Promise<void> => {
+        order.push('b copied');
+        awakeAtCopy = !(await a.isSleeping());
+      };
+      native().setFault('chunk-delay', 2, 200); // b's copy outlasts a's checks
+      let report;
+      try {
+        report = await swapEngines({ suspend: { client: a, name: 'a' }, restore: { source: snapB, client: b, overlapKvWake: true, hooks: { afterCopy } }, overlap });
+      } finally {
+        native().setFault('chunk-delay', 0);
+      }
+      expect(order).toEqual(['b copied', 'a sleeps']);
+      expect(awakeAtCopy).toBe(true);
+      expect(typeof report.suspend.phases.awaitCopy).toBe('number');
+      expect(await a.isSleeping()).toBe(true);
+      expect(await ask(b)).toEqual(answerB);
+      expect(openFds()).toEqual(fds);
+      // the restore fails before any copy (its status read): the other engine still sleeps, once
+      await restoreEngine({ store: snapB.store, name: 'a' }, a);
+      await suspendEngine(snapB.store, 'b', b);
+      order.length = 0;
+      b.inject({ route: 'status' });
+      const err = (await swapEngines({ suspend: { client: a, name: 'a' }, restore: { source: snapB, client: b, ...warn }, overlap }).catch((x: unknown) => x)) as VsnapError;
+      expect(err.details).toMatchObject({ suspended: 'asleep' });
+      expect(order).toEqual(['a sleeps']);
       expect(openFds()).toEqual(fds);
     });
   }

@@ -69,9 +69,12 @@ describe('SwapController: a suspend for another engine runs as one overlapped sw
         expect(window.slice(0, 2)).toEqual(['start suspend model-1', 'start restore model-2']);
         expect(window.indexOf('slept model-1')).toBeLessThan(window.indexOf('wakeKv model-2'));
         expect(restores.every((s) => 'awaitRoom' in s.phases! || 'wakeKvCacheWait' in s.phases!)).toBe(true);
+        // the suspended engine slept once the other's copy was over (its phases say how long it waited)
+        expect(swaps.filter((s) => s.action === 'suspend').every((s) => 'awaitCopy' in s.phases!)).toBe(true);
       } else {
         expect(window.slice(0, 4)).toEqual(['start suspend model-1', 'slept model-1', 'done suspend model-1', 'start restore model-2']);
         expect(restores.every((s) => !('awaitRoom' in s.phases!))).toBe(true);
+        expect(swaps.filter((s) => s.action === 'suspend').every((s) => s.phases !== undefined && !('awaitCopy' in s.phases))).toBe(true);
       }
     });
   }
