@@ -11,7 +11,7 @@
 #                                               vLLM's real allocator (built here, as test/gpu/run.sh does)
 #   npm run bench -- regions [MiB] [host|cuda] [repeats]   per-region cost of a RAM-tier restore,
 #                                               36..4,000 regions (bench/region-count.ts)
-#   npm run bench -- vmm [reps] [regions] [MiB] [modes...]   a pinned H2D copy beside VMM calls and
+#   npm run bench -- vmm [--streams K] [reps] [regions] [MiB] [modes...]   a pinned H2D copy beside VMM calls and
 #                                               frees of this or another process (bench/vmm-interference.cu)
 #   npm run bench -- registry [GiB] [out-dir]   pull from a local registry vs curl (CPU only)
 #   npm run bench -- persist [MiB] [regions] [repeats]   persisting a deferred capture: one fused
