@@ -1,4 +1,4 @@
-import { chmodSync, closeSync, openSync, writeSync } from 'node:fs';
+import { chmodSync, closeSync, openSync, readFileSync, writeFileSync, writeSync } from 'node:fs';
 
 import { afterEach, describe, expect, it } from 'vitest';
 
@@ -180,6 +180,28 @@ describe('swapEngines: one engine to sleep, the other back, overlapped', () => {
       expect(openFds()).toEqual(fds);
     });
   }
+
+  it("weights: the restore's copy fails (a damaged blob): the suspended engine still sleeps (it waited for the copy to be over, not to land), the restored one is back asleep, nothing leaks", async () => {
+    const { a, b, answerB, snapB, fds } = await pair();
+    const region = snapB.manifest.data.ranks[0]!.regions.find((r) => r.key === 'model.embed_tokens.weight')!;
+    const path = snapB.store.blobPath(region.blob);
+    const original = readFileSync(path);
+    chmodSync(path, 0o644);
+    const fd = openSync(path, 'r+');
+    writeSync(fd, Buffer.from([0xff, 0xfe]), 0, 2, 1000);
+    closeSync(fd);
+    const order: string[] = [];
+    a.inject({ route: 'sleep', when: 'before', pass: true, action: () => order.push('a sleeps') });
+    const err = (await swapEngines({ suspend: { client: a, name: 'a' }, restore: { source: snapB, client: b, overlapKvWake: true, ...warn }, overlap: 'weights' }).catch((x: unknown) => x)) as VsnapError;
+    expect((err.details.restoreError as VsnapError).code).toBe('E_CHECKSUM');
+    expect(err.details).toMatchObject({ suspended: 'asleep', restored: 'asleep' });
+    expect((err.details.suspendResult as { phases: Record<string, number> }).phases).toHaveProperty('awaitCopy');
+    expect(order).toEqual(['a sleeps']);
+    expect(openFds()).toEqual(fds);
+    writeFileSync(path, original); // repaired: the next restore works
+    await restoreEngine(snapB, b);
+    expect(await ask(b)).toEqual(answerB);
+  });
 
   for (const kvOverlap of [false, true]) {
     it(`weights: the suspend fails, so the restored engine goes back to sleep before its KV cache wakes; the error says both states${kvOverlap ? ' (KV wake overlapped)' : ''}`, async () => {
