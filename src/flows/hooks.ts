@@ -16,9 +16,10 @@ export interface FlowHooks {
    */
   readonly beforeKvWake?: () => Promise<void>;
   /**
-   * Awaited once the restore's weights are in place: its copy landed (or it had none to make, as
-   * a tier-0 adopt), before the rest of its wake. swapEngines lets the other engine sleep only
-   * then. A rejection fails the restore.
+   * Awaited once, when the restore's copy is over: landed (before the rest of its wake), not
+   * needed (a tier-0 adopt, at its finishWake), or failed (first on the failure path, before any
+   * clean-up waits for room). swapEngines lets the other engine sleep only then. A rejection fails
+   * a restore that was going well; on a failure path it is ignored (the first error is reported).
    */
   readonly afterCopy?: () => Promise<void>;
   /** Awaited by a suspend right before the engine's sleep (swapEngines: the other engine's copy landing). A rejection fails the suspend. */
