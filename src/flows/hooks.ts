@@ -25,3 +25,25 @@ export interface FlowHooks {
   /** Awaited by a suspend right before the engine's sleep (swapEngines: the other engine's copy landing). A rejection fails the suspend. */
   readonly beforeSleep?: () => Promise<void>;
 }
+
+/**
+ * An overlapped swap's gate between the restore's copy and the suspended engine's sleep: the sleep
+ * (hooks.beforeSleep) awaits `passed()` until `open()` is called, by the restore's afterCopy or, as
+ * a backstop, once the restore settled (idempotent). The memory a sleep frees is cleared by the
+ * driver for tens of milliseconds after it returns, and a host-to-device copy beside that runs at
+ * about half its rate (bench/vmm-interference.cu, `ofreed-beside`: the copy's first 60 ms at 29.7
+ * against 53.5 GB/s alone on an H100); the restore's weights fit beside the other engine (what an
+ * overlapped swap asks of the GPU), so holding that memory until the copy is over costs no room.
+ * @internal
+ */
+export interface CopyGate {
+  readonly open: () => void;
+  readonly passed: () => Promise<void>;
+}
+
+/** A closed {@link CopyGate}. @internal */
+export function copyGate(): CopyGate {
+  let open!: () => void;
+  const opened = new Promise<void>((resolve) => (open = resolve));
+  return { open, passed: () => opened };
+}

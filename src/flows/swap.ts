@@ -1,6 +1,7 @@
 import { invalidArgument, toVsnapError, VsnapError } from '../errors.js';
 import type { EngineClient } from '../engine/engine-client.js';
 import type { RegionStore } from '../store/region-store.js';
+import { copyGate } from './hooks.js';
 import { restoreEngine } from './restore.js';
 import { suspendEngine } from './suspend.js';
 import type { EngineRestoreOptions, EngineRestoreReport, EngineSuspendOptions, EngineSuspendResult, SnapshotRef } from './types.js';
@@ -101,18 +102,14 @@ export async function swapEngines(options: EngineSwapOptions): Promise<EngineSwa
   let suspendError: VsnapError | undefined;
   let restoreReport: EngineRestoreReport | undefined;
   let restoreError: VsnapError | undefined;
-  // With overlap, the suspended engine sleeps only once the restore's copy is over: the memory its
-  // sleep frees is cleared by the driver for tens of milliseconds after, and a host-to-device copy
-  // beside that runs at about half the rate (bench/vmm-interference.cu, ofreed-beside: the copy's
-  // first 60 ms at 29.7 against 53.5 GB/s alone on an H100). The restore's weights fit beside the
-  // other engine (what overlap asks of the GPU), so holding its memory a little longer costs nothing.
-  // VSNAP_SWAP_SLEEP=early: the sleep as soon as the suspend's checks are done (to measure against).
+  // With overlap, the suspended engine sleeps only once the restore's copy is over (hooks.ts,
+  // CopyGate, says why). VSNAP_SWAP_SLEEP=early: the sleep as soon as the suspend's checks are done
+  // (to measure against).
   const sleepAfterCopy = overlap !== 'none' && process.env.VSNAP_SWAP_SLEEP !== 'early';
-  let copyOver: () => void = () => undefined;
-  const copied = new Promise<void>((resolve) => (copyOver = resolve));
+  const gate = copyGate();
   const suspend = async (): Promise<void> => {
     try {
-      const hooks = sleepAfterCopy ? { ...suspendOptions.hooks, beforeSleep: () => copied } : suspendOptions.hooks;
+      const hooks = sleepAfterCopy ? { ...suspendOptions.hooks, beforeSleep: gate.passed } : suspendOptions.hooks;
       suspendResult = (await suspendEngine(store, name, aClient, { ...suspendOptions, ...(hooks ? { hooks } : {}) })) as EngineSuspendResult; // not the engine's own tier: it has its snapshot
     } catch (err) {
       suspendError = toVsnapError(err);
@@ -125,7 +122,7 @@ export async function swapEngines(options: EngineSwapOptions): Promise<EngineSwa
       try {
         await own?.();
       } finally {
-        copyOver();
+        gate.open();
       }
     };
     try {
@@ -134,7 +131,7 @@ export async function swapEngines(options: EngineSwapOptions): Promise<EngineSwa
     } catch (err) {
       restoreError = toVsnapError(err);
     } finally {
-      copyOver(); // a restore that ended before its copy (or failed) lets the other engine sleep
+      gate.open(); // a restore that ended before its copy (or failed) lets the other engine sleep
     }
     phases.restore = since();
   };

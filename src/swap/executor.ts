@@ -1,4 +1,5 @@
 import { abortError, toVsnapError, VsnapError } from '../errors.js';
+import { copyGate } from '../flows/hooks.js';
 import type { VerifyReport } from '../store/region-store.js';
 import type { SwapContext } from './context.js';
 import { mayKeepResident, plan, type Action } from './planner.js';
@@ -132,13 +133,12 @@ export class SwapExecutor {
         // Until the other engine sleeps, b is accounted with its weights only (what the planner checked).
         const weights = b.spec.weightsBytes ?? b.snapshot.weightsBytes ?? 0;
         const holding = Math.max(b.spec.asleepBytes + ctx.residentBytes(b), b.spec.asleepBytes + weights);
-        // The suspended engine sleeps once b's copy is over (swapEngines says why).
-        let copyOver: () => void = () => undefined;
-        const copied = new Promise<void>((resolve) => (copyOver = resolve));
-        const suspending = suspend(ctx, this.slot(action.suspend), capture, action.keepResident, action.wake, () => copied);
+        // The suspended engine sleeps once b's copy is over (CopyGate says why).
+        const gate = copyGate();
+        const suspending = suspend(ctx, this.slot(action.suspend), capture, action.keepResident, action.wake, gate.passed);
         const slept = suspending.then(() => roomMade(b));
         slept.catch(() => undefined);
-        await Promise.all([wake(ctx, b, undefined, { victim: action.suspend, slept, holding, copyOver }), suspending.catch(() => undefined)]);
+        await Promise.all([wake(ctx, b, undefined, { victim: action.suspend, slept, holding, copyOver: gate.open }), suspending.catch(() => undefined)]);
         ctx.changed();
         return true;
       }
