@@ -13,6 +13,8 @@
 #                                               36..4,000 regions (bench/region-count.ts)
 #   npm run bench -- vmm [--streams K] [reps] [regions] [MiB] [modes...]   a pinned H2D copy beside VMM calls and
 #                                               frees of this or another process (bench/vmm-interference.cu)
+#   npm run bench -- import [reps] [regions] [MiB] [arrangements...]   import, map and copy into
+#                                               another process's allocations, several ways (bench/import-pipeline.cu)
 #   npm run bench -- registry [GiB] [out-dir]   pull from a local registry vs curl (CPU only)
 #   npm run bench -- persist [MiB] [regions] [repeats]   persisting a deferred capture: one fused
 #                                               hash-and-digest pass vs two passes (CPU only, bench/persist.ts)
@@ -59,6 +61,16 @@ if [ "${1:-}" = vmm ]; then
     nvcc -O2 -o dist-gpu/vmm-interference bench/vmm-interference.cu -lcuda -lpthread
   fi
   exec dist-gpu/vmm-interference "$@"
+fi
+if [ "${1:-}" = import ]; then
+  # GPU only: import, map and copy into another process's allocations, arranged several ways
+  # (bench/import-pipeline.cu; one JSON line per arrangement on stdout)
+  shift
+  mkdir -p dist-gpu
+  if [ ! -x dist-gpu/import-pipeline ] || [ bench/import-pipeline.cu -nt dist-gpu/import-pipeline ]; then
+    nvcc -O2 -o dist-gpu/import-pipeline bench/import-pipeline.cu -lcuda -lpthread
+  fi
+  exec dist-gpu/import-pipeline "$@"
 fi
 if [ "${1:-}" = swap ]; then
   shift
