@@ -22,31 +22,44 @@ namespace {
 constexpr unsigned kThreads = 256;            // digest_kernel.cu's block size
 constexpr uint64_t kSpanBytes = 1ull << 20;   // bytes per block: 16 GiB -> 16384 blocks
 
-// The kernel, loaded once per live context (a context's modules go with it).
+// The kernels, loaded once per live context (a context's modules go with it).
+struct Kernels {
+  CUfunction chunks = nullptr;  // one region a launch (the bench)
+  CUfunction spans = nullptr;   // many regions a launch (digestDevice)
+};
 struct Loaded {
   std::weak_ptr<cuda::Context> ctx;
   CUmodule module = nullptr;
-  CUfunction function = nullptr;
+  Kernels kernels;
 };
 std::mutex gMutex;
 std::map<int, Loaded> gLoaded;
 
-CUfunction kernelFor(const std::shared_ptr<cuda::Context>& ctx) {
+Kernels kernelsFor(const std::shared_ptr<cuda::Context>& ctx) {
   std::lock_guard<std::mutex> lock(gMutex);
   Loaded& l = gLoaded[ctx->ordinal()];
-  if (l.ctx.lock() == ctx && l.function) return l.function;
+  if (l.ctx.lock() == ctx && l.kernels.chunks) return l.kernels;
   const cuda::Api& cu = cuda::api();
   CUmodule module = nullptr;
   cuda::check(cu.cuModuleLoadData(&module, kDigestFatbin), "cuModuleLoadData (digest kernel)");
-  CUfunction fn = nullptr;
-  CUresult r = cu.cuModuleGetFunction(&fn, module, "vsnap_digest_chunks");
-  if (r != CUDA_SUCCESS) {
-    cu.cuModuleUnload(module);
-    cuda::check(r, "cuModuleGetFunction (vsnap_digest_chunks)");
+  Kernels k;
+  for (auto [fn, name] : {std::pair<CUfunction*, const char*>{&k.chunks, "vsnap_digest_chunks"}, {&k.spans, "vsnap_digest_spans"}}) {
+    CUresult r = cu.cuModuleGetFunction(fn, module, name);
+    if (r != CUDA_SUCCESS) {
+      cu.cuModuleUnload(module);
+      const std::string call = std::string("cuModuleGetFunction (") + name + ")";
+      cuda::check(r, call.c_str());
+    }
   }
-  l = Loaded{ctx, module, fn};
-  return fn;
+  l = Loaded{ctx, module, k};
+  return k;
 }
+
+// One region of a vsnap_digest_spans launch: digest_kernel.cu's DigestSpanDesc, field for field.
+struct SpanDesc {
+  uint64_t base, size, chunkSize, firstBlock, blocksPerChunk;
+};
+static_assert(sizeof(SpanDesc) == 40, "the kernel reads five 64-bit fields a region");
 
 // A non-blocking stream, device scratch memory and two events, freed on every path.
 class Launch {
@@ -74,6 +87,16 @@ class Launch {
     CUdeviceptr base = address, partials = scratch_ + firstBlock * 16;
     unsigned long long sz = size, cs = chunkSize, span = kSpanBytes;
     void* args[] = {&base, &sz, &cs, &blocksPerChunk, &span, &partials};
+    cuda::check(cu_.cuLaunchKernel(fn, static_cast<unsigned>(blocks), 1, 1, kThreads, 1, 1, 0, stream_, args, nullptr),
+                "cuLaunchKernel (digest)");
+  }
+  // Enqueues one launch over every region of `table` (uploaded to scratch after the partials).
+  void digestSpans(CUfunction fn, const std::vector<SpanDesc>& table, uint64_t blocks) {
+    CUdeviceptr spans = scratch_ + blocks * 16, partials = scratch_;
+    cuda::check(cu_.cuMemcpyHtoDAsync(spans, table.data(), table.size() * sizeof(SpanDesc), stream_), "cuMemcpyHtoDAsync (digest regions)");
+    unsigned count = static_cast<unsigned>(table.size());
+    unsigned long long span = kSpanBytes;
+    void* args[] = {&spans, &count, &span, &partials};
     cuda::check(cu_.cuLaunchKernel(fn, static_cast<unsigned>(blocks), 1, 1, kThreads, 1, 1, 0, stream_, args, nullptr),
                 "cuLaunchKernel (digest)");
   }
@@ -114,7 +137,8 @@ struct Plan {
 Plan plan(uint64_t size, uint64_t chunkSize) {
   Plan p;
   p.chunks = (size + chunkSize - 1) / chunkSize;
-  p.blocksPerChunk = static_cast<unsigned>((chunkSize + kSpanBytes - 1) / kSpanBytes);
+  // A region shorter than a chunk gets only the blocks its bytes need.
+  p.blocksPerChunk = static_cast<unsigned>((std::min(chunkSize, size) + kSpanBytes - 1) / kSpanBytes);
   p.blocks = p.chunks * p.blocksPerChunk;
   if (p.blocks > 0x7fffffffull) throwInvalid("region too large for one digest launch");
   return p;
@@ -214,17 +238,19 @@ std::vector<std::vector<Hash128>> digestDevice(const std::shared_ptr<cuda::Conte
   std::vector<std::vector<Hash128>> out(spans.size());
   if (blocks == 0) return out;
   ctx->makeCurrent();
-  CUfunction fn = kernelFor(ctx);
-  // Every span's kernel on one stream into one scratch buffer, then one copy back and one wait:
-  // an engine's hundreds of regions cost a launch each, not a round trip each.
-  Launch launch(ctx, blocks * 16);
-  float ms = launch.timed([&] {
-    uint64_t at = 0;
-    for (size_t i = 0; i < spans.size(); i++) {
-      if (plans[i].blocks) launch.digest(fn, spans[i].address, spans[i].size, spans[i].chunkSize, plans[i].blocksPerChunk, plans[i].blocks, at);
-      at += plans[i].blocks;
-    }
-  });
+  Kernels kernels = kernelsFor(ctx);
+  // Every span in one launch, each block finding its span in a table, into one scratch buffer;
+  // then one copy back and one wait. One launch a span ran a 4 MiB region on four blocks, one
+  // after the other: thousands of small regions took longer than the bytes.
+  std::vector<SpanDesc> table;
+  uint64_t first = 0;
+  for (size_t i = 0; i < spans.size(); i++) {
+    if (plans[i].blocks) table.push_back({spans[i].address, spans[i].size, spans[i].chunkSize, first, plans[i].blocksPerChunk});
+    first += plans[i].blocks;
+  }
+  if (blocks > 0x7fffffffull || table.size() > 0xffffffffull) throwInvalid("too many regions for one digest launch");
+  Launch launch(ctx, blocks * 16 + table.size() * sizeof(SpanDesc));
+  float ms = launch.timed([&] { launch.digestSpans(kernels.spans, table, blocks); });
   if (kernelMs) *kernelMs = ms;
   std::vector<uint64_t> partials(2 * blocks);
   launch.fetch(partials.data(), partials.size() * sizeof(uint64_t));
@@ -249,7 +275,7 @@ BenchTimes benchDevice(const std::shared_ptr<cuda::Context>& ctx, uint64_t src, 
   checkChunking(size, chunkSize);
   Plan p = plan(size, chunkSize);
   ctx->makeCurrent();
-  CUfunction fn = kernelFor(ctx);
+  CUfunction fn = kernelsFor(ctx).chunks;
   Launch launch(ctx, p.blocks * 16);
   const cuda::Api& cu = cuda::api();
   BenchTimes t;

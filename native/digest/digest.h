@@ -44,7 +44,7 @@ struct DeviceSpan {
   uint64_t chunkSize;  // a multiple of 16
 };
 
-// The digests of each span, per chunk (one launch per span, one stream, one wait). kernelMs,
+// The digests of each span, per chunk (one launch for all the spans, one stream, one wait). kernelMs,
 // when given, gets the time of all the kernels.
 std::vector<std::vector<Hash128>> digestDevice(const std::shared_ptr<cuda::Context>& ctx, const std::vector<DeviceSpan>& spans,
                                                float* kernelMs = nullptr);

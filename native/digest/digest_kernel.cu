@@ -1,7 +1,10 @@
-// The GPU digest kernel (see digest_mix.h for the function). One launch digests one region:
-// block b works on slice (b % blocksPerChunk) of chunk (b / blocksPerChunk), reads it as
-// 16-byte vectors (streaming loads, four in flight per thread), and writes its partial sums to
-// partials[2b], partials[2b+1]; the host adds a chunk's partials in block order and finishes.
+// The GPU digest kernels (see digest_mix.h for the function). Block b digests one slice of one
+// chunk: it reads it as 16-byte vectors (streaming loads, four in flight per thread) and writes
+// its partial sums to partials[2b], partials[2b+1]; the host adds a chunk's partials in block
+// order and finishes. vsnap_digest_chunks: one region a launch, block b on slice
+// (b % blocksPerChunk) of chunk (b / blocksPerChunk). vsnap_digest_spans: many regions in one
+// launch, each block finding its region in a table, so thousands of small regions fill the GPU as
+// one large one does (one launch a 4 MiB region runs a handful of blocks).
 // Compiled by gen-kernel.mjs to PTX (compute_80, JIT on sm_80+) and an sm_90 cubin, embedded.
 #include "digest_mix.h"
 
@@ -15,13 +18,10 @@ __device__ __forceinline__ void absorbVector(vsnap_gd1::Acc& acc, const uint4& x
   vsnap_gd1::absorb(acc, (static_cast<uint64_t>(x.w) << 32) | x.z, t + 1);
 }
 
-}  // namespace
-
-extern "C" __global__ void __launch_bounds__(kThreads)
-vsnap_digest_chunks(const unsigned char* base, unsigned long long size, unsigned long long chunkSize,
-                    unsigned int blocksPerChunk, unsigned long long spanBytes, unsigned long long* partials) {
-  const unsigned long long chunk = blockIdx.x / blocksPerChunk;
-  const unsigned long long slice = blockIdx.x % blocksPerChunk;
+// One block's work: slice `slice` of chunk `chunk` of the region at base; its sums go to out[0..1].
+__device__ __forceinline__ void digestSlice(const unsigned char* base, unsigned long long size, unsigned long long chunkSize,
+                                            unsigned long long chunk, unsigned long long slice, unsigned long long spanBytes,
+                                            unsigned long long* out) {
   const unsigned long long chunkStart = chunk * chunkSize;
   const unsigned long long chunkLen = min(chunkSize, size - chunkStart);
   const unsigned long long begin = min(slice * spanBytes, chunkLen);
@@ -64,7 +64,47 @@ vsnap_digest_chunks(const unsigned char* base, unsigned long long size, unsigned
   if (threadIdx.x == 0) {
     vsnap_gd1::Acc total{0, 0};
     for (unsigned w = 0; w < blockDim.x / 32; w++) vsnap_gd1::merge(total, vsnap_gd1::Acc{warpA[w], warpB[w]});
-    partials[2 * static_cast<unsigned long long>(blockIdx.x)] = total.a;
-    partials[2 * static_cast<unsigned long long>(blockIdx.x) + 1] = total.b;
+    out[0] = total.a;
+    out[1] = total.b;
   }
+}
+
+// One region of a vsnap_digest_spans launch (the table is in device memory, in region order):
+// its blocks are firstBlock .. firstBlock + chunks * blocksPerChunk - 1.
+struct DigestSpanDesc {
+  unsigned long long base;
+  unsigned long long size;
+  unsigned long long chunkSize;
+  unsigned long long firstBlock;
+  unsigned long long blocksPerChunk;
+};
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(kThreads)
+vsnap_digest_chunks(const unsigned char* base, unsigned long long size, unsigned long long chunkSize,
+                    unsigned int blocksPerChunk, unsigned long long spanBytes, unsigned long long* partials) {
+  const unsigned long long b = blockIdx.x;
+  digestSlice(base, size, chunkSize, b / blocksPerChunk, b % blocksPerChunk, spanBytes, partials + 2 * b);
+}
+
+extern "C" __global__ void __launch_bounds__(kThreads)
+vsnap_digest_spans(const DigestSpanDesc* spans, unsigned int count, unsigned long long spanBytes, unsigned long long* partials) {
+  // The region of this block: the last whose firstBlock <= b (every region has at least one block).
+  __shared__ unsigned int region;
+  const unsigned long long b = blockIdx.x;
+  if (threadIdx.x == 0) {
+    unsigned int lo = 0, hi = count;
+    while (hi - lo > 1) {
+      unsigned int mid = lo + (hi - lo) / 2;
+      if (spans[mid].firstBlock <= b) lo = mid;
+      else hi = mid;
+    }
+    region = lo;
+  }
+  __syncthreads();
+  const DigestSpanDesc s = spans[region];
+  const unsigned long long local = b - s.firstBlock;
+  digestSlice(reinterpret_cast<const unsigned char*>(s.base), s.size, s.chunkSize, local / s.blocksPerChunk,
+              local % s.blocksPerChunk, spanBytes, partials + 2 * b);
 }

@@ -34,6 +34,19 @@ def spec_sums(chunk):
     return a, b
 
 
+def spec_sums_at(piece, first_word):
+    """spec_sums of a slice that starts at word `first_word` of its chunk."""
+    a = b = 0
+    for j in range(0, len(piece), 8):
+        w = int.from_bytes(piece[j:j + 8], "little")
+        t = (first_word + j // 8) & gd1.MASK32
+        lo = (w & gd1.MASK32) ^ ((t * gd1.K1) & gd1.MASK32)
+        hi = (w >> 32) ^ ((t * gd1.K2 + gd1.K3) & gd1.MASK32)
+        a = (a + lo * hi) & gd1.MASK64
+        b = (b + ((hi << 32) | lo)) & gd1.MASK64
+    return a, b
+
+
 @unittest.skipUnless(gd1.numpy_available(), "needs numpy (vLLM brings it; .ci/run installs it)")
 class Gd1Test(unittest.TestCase):
     def test_the_sdks_fixed_vectors(self):
@@ -76,6 +89,45 @@ class Gd1Test(unittest.TestCase):
         wrapped = gd1.partials_buffer(4)
         wrapped[:] = [gd1.MASK64, gd1.MASK64, 2, 3]
         self.assertEqual(gd1.finish_partials(wrapped, 16, 4096, 2), [gd1.finish(1, 2, 16)])
+
+    def test_span_table_plans_one_launch_as_the_kernel_reads_it(self):
+        # The vsnap_digest_spans launch on the CPU: each block finds its region in the table (the
+        # last whose first block <= it, as the kernel searches), digests its slice of its chunk;
+        # the plans then finish every region as digest_bytes does, empty regions included.
+        saved = gd1.SPAN_BYTES
+        gd1.SPAN_BYTES = 4096  # small slices, so a chunk spans several blocks
+        try:
+            rng = random.Random(7)
+            sizes = [0, 13, 4096 + 8, 3 * 4096, 0, 5 * 4096 + 40, 16, 9000]
+            data = [bytes(rng.getrandbits(8) for _ in range(n)) for n in sizes]
+            for chunk in (4096, 8192, 1 << 20):
+                spans = [(1000 * (i + 1), n) for i, n in enumerate(sizes)]
+                plans, table, blocks = gd1.span_table(spans, chunk)
+                self.assertEqual(len(table), sum(1 for n in sizes if n))
+                self.assertEqual(blocks, sum(p[2] for p in plans))
+                by_base = {va: d for (va, _), d in zip(spans, data)}
+                partials = []
+                for b in range(blocks):
+                    lo, hi = 0, len(table)
+                    while hi - lo > 1:
+                        mid = (lo + hi) // 2
+                        lo, hi = (mid, hi) if table[mid].first_block <= b else (lo, mid)
+                    row = table[lo]
+                    local = b - row.first_block
+                    chunk_at = (local // row.blocks_per_chunk) * row.chunk_size
+                    chunk_len = min(row.chunk_size, row.size - chunk_at)
+                    begin = min((local % row.blocks_per_chunk) * gd1.SPAN_BYTES, chunk_len)
+                    end = min(begin + gd1.SPAN_BYTES, chunk_len)
+                    piece = by_base[row.base][chunk_at:chunk_at + chunk_len]
+                    a, bb = spec_sums_at(piece[begin:end], begin // 8)
+                    partials += [a, bb]
+                at = 0
+                for (size, per_chunk, n), d in zip(plans, data):
+                    got = gd1.finish_partials(partials[2 * at: 2 * (at + n)], size, chunk, per_chunk) if n else []
+                    self.assertEqual(got, gd1.digest_bytes(d, chunk), f"{size} bytes in chunks of {chunk}")
+                    at += n
+        finally:
+            gd1.SPAN_BYTES = saved
 
     def test_refuses_chunk_sizes_the_sdk_refuses(self):
         for bad in (0, -16, 24, 1 << 31, 4096.0, True):

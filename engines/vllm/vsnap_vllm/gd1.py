@@ -57,6 +57,30 @@ def chunk_lengths(size, chunk_size):
     return [min(chunk_size, size - at) for at in range(0, size, chunk_size)]
 
 
+class SpanDesc(ctypes.Structure):
+    """One region of a vsnap_digest_spans launch (digest_kernel.cu's DigestSpanDesc): its blocks
+    are first_block .. first_block + chunks * blocks_per_chunk - 1."""
+
+    _fields_ = [("base", ctypes.c_uint64), ("size", ctypes.c_uint64), ("chunk_size", ctypes.c_uint64),
+                ("first_block", ctypes.c_uint64), ("blocks_per_chunk", ctypes.c_uint64)]
+
+
+def span_table(spans, chunk_size):
+    """The launch plan of `spans` ((va, size) pairs) in one vsnap_digest_spans launch: per span
+    (size, blocks a chunk, blocks), the table of the spans that have blocks (a ctypes array), and
+    the blocks in all. A span shorter than a chunk gets only the blocks its bytes need, as
+    native/digest/digest.cc plans them."""
+    plans, rows, first = [], [], 0
+    for va, size in spans:
+        per_chunk = -(-min(chunk_size, size) // SPAN_BYTES)
+        n = -(-size // chunk_size) * per_chunk
+        plans.append((size, per_chunk, n))
+        if n:
+            rows.append((va, size, chunk_size, first, per_chunk))
+        first += n
+    return plans, (SpanDesc * len(rows))(*rows), first
+
+
 # ---------------------------------------------------------------------------- host memory
 
 def numpy_available():
