@@ -43,50 +43,11 @@
 #include <thread>
 #include <vector>
 
-#define CK(x)                                                                   \
-  do {                                                                          \
-    CUresult r_ = (x);                                                          \
-    if (r_ != CUDA_SUCCESS) {                                                   \
-      const char* s_ = nullptr;                                                 \
-      cuGetErrorString(r_, &s_);                                                \
-      std::fprintf(stderr, "%s failed: %s (%d)\n", #x, s_ ? s_ : "?", (int)r_); \
-      std::exit(1);                                                             \
-    }                                                                           \
-  } while (0)
-
-using Clock = std::chrono::steady_clock;
-static double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+#include "cuda-bench.h"
 
 static CUcontext g_ctx;
 static size_t g_size = 0;  // one region's bytes (a multiple of the granularity)
 static const size_t kChunk = 64ull << 20;
-
-static CUcontext context() {
-  CK(cuInit(0));
-  CUdevice dev;
-  CK(cuDeviceGet(&dev, 0));
-  CUcontext ctx;
-  CK(cuDevicePrimaryCtxRetain(&ctx, dev));
-  CK(cuCtxSetCurrent(ctx));
-  return ctx;
-}
-
-static CUmemAccessDesc access() {
-  CUmemAccessDesc a{};
-  a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  a.location.id = 0;
-  a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  return a;
-}
-
-static CUmemAllocationProp prop(bool exportable) {
-  CUmemAllocationProp p{};
-  p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  p.location.id = 0;
-  if (exportable) p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-  return p;
-}
 
 // Runs fn(i) for i in [0, n) on `threads` threads (the caller's included).
 static void parallel(size_t n, int threads, const std::function<void(size_t)>& fn) {
@@ -102,15 +63,21 @@ static void parallel(size_t n, int threads, const std::function<void(size_t)>& f
 }
 
 // ---- the child: the engine's allocations, exported ----
+// A message of one byte in *iov whose control data (the descriptors) is `control`.
+static msghdr fdMessage(iovec* iov, std::vector<char>& control) {
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control.data();
+  msg.msg_controllen = control.size();
+  return msg;
+}
+
 static void sendFds(int sock, const int* fds, size_t n) {
   char byte = 'f';
   iovec iov{&byte, 1};
   std::vector<char> control(CMSG_SPACE(sizeof(int) * n));
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control.data();
-  msg.msg_controllen = control.size();
+  msghdr msg = fdMessage(&iov, control);
   cmsghdr* c = CMSG_FIRSTHDR(&msg);
   c->cmsg_level = SOL_SOCKET;
   c->cmsg_type = SCM_RIGHTS;
@@ -123,11 +90,7 @@ static size_t recvFds(int sock, int* out, size_t max) {
   char byte;
   iovec iov{&byte, 1};
   std::vector<char> control(CMSG_SPACE(sizeof(int) * max));
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control.data();
-  msg.msg_controllen = control.size();
+  msghdr msg = fdMessage(&iov, control);
   if (recvmsg(sock, &msg, 0) != 1) std::exit(3);
   cmsghdr* c = CMSG_FIRSTHDR(&msg);
   if (!c || c->cmsg_type != SCM_RIGHTS) std::exit(3);

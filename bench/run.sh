@@ -52,26 +52,22 @@ if [ "${1:-}" = regions ]; then
   shift
   exec node dist-gpu/bench-region-count.mjs "$@"
 fi
-if [ "${1:-}" = vmm ]; then
-  # GPU only: what VMM calls and frees in this or another process cost a host-to-device copy
-  # beside them (bench/vmm-interference.cu; one JSON line per mode on stdout)
+# A single-file CUDA driver bench (bench/<name>.cu, GPU only), built when missing or older than
+# its source or bench/cuda-bench.h, then run with the rest of the arguments.
+run_cu() {
+  local name=$1 bin=dist-gpu/$1
   shift
   mkdir -p dist-gpu
-  if [ ! -x dist-gpu/vmm-interference ] || [ bench/vmm-interference.cu -nt dist-gpu/vmm-interference ]; then
-    nvcc -O2 -o dist-gpu/vmm-interference bench/vmm-interference.cu -lcuda -lpthread
+  if [ ! -x "$bin" ] || [ "bench/$name.cu" -nt "$bin" ] || [ bench/cuda-bench.h -nt "$bin" ]; then
+    nvcc -O2 -o "$bin" "bench/$name.cu" -lcuda -lpthread
   fi
-  exec dist-gpu/vmm-interference "$@"
-fi
-if [ "${1:-}" = import ]; then
-  # GPU only: import, map and copy into another process's allocations, arranged several ways
-  # (bench/import-pipeline.cu; one JSON line per arrangement on stdout)
-  shift
-  mkdir -p dist-gpu
-  if [ ! -x dist-gpu/import-pipeline ] || [ bench/import-pipeline.cu -nt dist-gpu/import-pipeline ]; then
-    nvcc -O2 -o dist-gpu/import-pipeline bench/import-pipeline.cu -lcuda -lpthread
-  fi
-  exec dist-gpu/import-pipeline "$@"
-fi
+  exec "$bin" "$@"
+}
+# vmm: what VMM calls and frees in this or another process cost a host-to-device copy beside
+# them; import: import, map and copy into another process's allocations, arranged several ways.
+# One JSON line per mode or arrangement on stdout.
+if [ "${1:-}" = vmm ]; then shift; run_cu vmm-interference "$@"; fi
+if [ "${1:-}" = import ]; then shift; run_cu import-pipeline "$@"; fi
 if [ "${1:-}" = swap ]; then
   shift
   build_ceiling

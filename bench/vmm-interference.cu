@@ -48,38 +48,9 @@
 #include <thread>
 #include <vector>
 
+#include "cuda-bench.h"
+
 extern char** environ;
-
-#define CK(x)                                                                   \
-  do {                                                                          \
-    CUresult r_ = (x);                                                          \
-    if (r_ != CUDA_SUCCESS) {                                                   \
-      const char* s_ = nullptr;                                                 \
-      cuGetErrorString(r_, &s_);                                                \
-      std::fprintf(stderr, "%s failed: %s (%d)\n", #x, s_ ? s_ : "?", (int)r_); \
-      std::exit(1);                                                             \
-    }                                                                           \
-  } while (0)
-
-using Clock = std::chrono::steady_clock;
-static double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-static CUmemAllocationProp prop(bool exportable) {
-  CUmemAllocationProp p{};
-  p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  p.location.id = 0;
-  if (exportable) p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-  return p;
-}
-
-static CUmemAccessDesc access() {
-  CUmemAccessDesc a{};
-  a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  a.location.id = 0;
-  a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  return a;
-}
 
 struct Region {
   CUmemGenericAllocationHandle h = 0;
@@ -111,16 +82,6 @@ static void dropRegions(std::vector<Region>& rs, size_t size) {
       r.h = 0;
     }
   }
-}
-
-static CUcontext context() {
-  CK(cuInit(0));
-  CUdevice dev;
-  CK(cuDeviceGet(&dev, 0));
-  CUcontext ctx;
-  CK(cuDevicePrimaryCtxRetain(&ctx, dev));
-  CK(cuCtxSetCurrent(ctx));
-  return ctx;
 }
 
 // The second process: set up, say "r" on fd 4, wait for "g" on fd 3, do its step, write its seconds
