@@ -81,6 +81,33 @@ class AssembleTest(unittest.TestCase):
             vllm_src.assemble(tree("main"), tempfile.mkdtemp())
         self.assertIn("--commit", str(e.exception))
 
+    def test_files_fetched_from_different_commits_record_each_its_own(self):
+        files = vllm_src.LAYOUTS["main"]
+        every, per_file = vllm_src.commits_of(["e" * 40, f"{files[1]}={'f' * 40}", f"{files[2]}=0123abc"])
+        dest = tempfile.mkdtemp()
+        _, lines = vllm_src.assemble(tree("main"), dest, commit={None: every, **per_file})
+        recorded = {l.split()[0]: l.split()[1] for l in lines}
+        self.assertEqual(recorded, {files[0]: "e" * 40, files[1]: "f" * 40, files[2]: "0123abc", files[3]: "e" * 40})
+        with open(os.path.join(dest, "MANIFEST.txt")) as f:
+            self.assertIn(f"{files[1]} {'f' * 40} ", f.read())
+        self.assertEqual(vllm_src.check(dest), [])
+
+    def test_per_file_commits_must_cover_every_file_of_a_folder_that_is_not_a_checkout(self):
+        files = vllm_src.LAYOUTS["main"]
+        with self.assertRaises(SystemExit) as e:
+            vllm_src.assemble(tree("main"), tempfile.mkdtemp(), commit={p: "a" * 40 for p in files[:3]})
+        self.assertIn(files[3], str(e.exception))
+        _, lines = vllm_src.assemble(tree("main"), tempfile.mkdtemp(), commit={p: "a" * 40 for p in files})
+        self.assertEqual(len(lines), len(files))
+
+    def test_commits_that_are_not_commits_or_name_other_files_are_refused(self):
+        for values in (["main"], ["e" * 41], ["ABCDEF1"], ["e" * 40, "f" * 40]):
+            with self.assertRaises(SystemExit, msg=values):
+                vllm_src.commits_of(values)
+        with self.assertRaises(SystemExit) as e:
+            vllm_src.assemble(tree("main"), tempfile.mkdtemp(), commit={None: "a" * 40, "vllm/other.py": "b" * 40})
+        self.assertIn("vllm/other.py", str(e.exception))
+
 
 PROBE = """
 import json, sys
