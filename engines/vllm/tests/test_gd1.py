@@ -23,15 +23,7 @@ VECTORS = [
 
 def spec_sums(chunk):
     """The header's comment, word by word, in Python integers: (A, B) mod 2^64."""
-    a = b = 0
-    for j in range(0, len(chunk), 8):
-        w = int.from_bytes(chunk[j:j + 8], "little")
-        t = (j // 8) & gd1.MASK32
-        lo = (w & gd1.MASK32) ^ ((t * gd1.K1) & gd1.MASK32)
-        hi = (w >> 32) ^ ((t * gd1.K2 + gd1.K3) & gd1.MASK32)
-        a = (a + lo * hi) & gd1.MASK64
-        b = (b + ((hi << 32) | lo)) & gd1.MASK64
-    return a, b
+    return spec_sums_at(chunk, 0)
 
 
 def spec_sums_at(piece, first_word):

@@ -401,7 +401,7 @@ class CudaDriver:
             self._check(c["sync"](stream), "cuStreamSynchronize")
             out, at = [], 0
             for size, per_chunk, n in plans:
-                out.append(gd1.finish_partials(partials[2 * at: 2 * (at + n)], size, chunk_size, per_chunk) if n else [])
+                out.append(gd1.finish_partials(partials[2 * at: 2 * (at + n)], size, chunk_size, per_chunk))
                 at += n
             return out
 
