@@ -1,9 +1,10 @@
-/* A stand-in for libcuda.so.1 with the entry points the plugin's CudaDriver uses (drivers.py), for
- * CPU-only tests and for bench/plugin-driver.py: every call does nothing and answers CUDA_SUCCESS
- * with made-up handles, addresses and descriptor numbers, so what a caller measures against it is
- * the caller's own cost (ctypes, Python). It keeps what a test needs to check the calls: a count
- * per entry point, the last allocation properties and access descriptor passed, and a thread's
- * current context (none until cuCtxSetCurrent, as in a thread the driver has not seen).
+/* A stand-in for libcuda.so.1 with the entry points the plugin's CudaDriver uses (drivers.py, the
+ * digest's included), for CPU-only tests and for bench/plugin-driver.py: every call does nothing
+ * and answers CUDA_SUCCESS with made-up handles, addresses and descriptor numbers, so what a
+ * caller measures against it is the caller's own cost (ctypes, Python). It keeps what a test
+ * needs to check the calls: a count per entry point, the last allocation properties and access
+ * descriptor passed, and a thread's current context (none until cuCtxSetCurrent, as in a thread
+ * the driver has not seen).
  *
  * Built with: cc -O2 -shared -fPIC -o libfakecuda.so fake_libcuda.c
  *
@@ -208,4 +209,46 @@ CUresult cuMemGetAllocationPropertiesFromHandle(struct Prop* prop, Handle handle
   prop->type = 1;
   prop->requestedHandleTypes = 1;
   return SUCCESS;
+}
+
+/* The digest's entry points (CudaDriver.digest_start): a module, a function and a stream are made-up
+ * handles, device memory a made-up address; launches and copies do nothing (the partial sums read
+ * back are whatever the caller's buffer held). */
+CUresult cuModuleLoadData(void** module, const void* image) {
+  (void)image;
+  CUresult r = need_context("cuModuleLoadData");
+  if (!r) *module = &ctx_storage;
+  return r;
+}
+CUresult cuModuleGetFunction(void** fn, void* module, const char* name) {
+  (void)module; (void)name;
+  CUresult r = need_context("cuModuleGetFunction");
+  if (!r) *fn = &ctx_storage;
+  return r;
+}
+CUresult cuStreamCreate(void** stream, unsigned flags) {
+  (void)flags;
+  CUresult r = need_context("cuStreamCreate");
+  if (!r) *stream = &ctx_storage;
+  return r;
+}
+CUresult cuStreamSynchronize(void* stream) { (void)stream; return need_context("cuStreamSynchronize"); }
+CUresult cuMemAlloc_v2(CUdeviceptr* ptr, size_t size) {
+  CUresult r = need_context("cuMemAlloc_v2");
+  if (!r) { *ptr = next_va; next_va += (size + (2u << 20) - 1) & ~(uint64_t)((2u << 20) - 1); }
+  return r;
+}
+CUresult cuMemFree_v2(CUdeviceptr ptr) { (void)ptr; return need_context("cuMemFree_v2"); }
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t size, void* stream) {
+  (void)dst; (void)src; (void)size; (void)stream;
+  return need_context("cuMemcpyHtoDAsync_v2");
+}
+CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t size, void* stream) {
+  (void)dst; (void)src; (void)size; (void)stream;
+  return need_context("cuMemcpyDtoHAsync_v2");
+}
+CUresult cuLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shared,
+                        void* stream, void** params, void** extra) {
+  (void)fn; (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)shared; (void)stream; (void)params; (void)extra;
+  return need_context("cuLaunchKernel");
 }

@@ -2,7 +2,8 @@
 tests are skipped without a C compiler): the structures each call passes, the context made
 current once per thread and again when it was dropped, and every error path (NotExportable for
 the codes a POSIX export of memory made without that handle type answers, DriverError for the
-others, memory released when its map fails, descriptors closed when a batch fails)."""
+others, memory released when its map fails, descriptors closed when a batch fails), and the
+digest (one launch a call, its stream drained when a step fails, its scratch memory kept)."""
 
 import ctypes
 import os
@@ -54,7 +55,8 @@ class CudaDriverTest(unittest.TestCase):
     def calls(self, name):
         return self.fake.fake_calls(name.encode())
 
-    def fail(self, name, code, times=1):
+    def inject(self, name, code, times=1):
+        """The next `times` calls of `name` answer `code` (not TestCase.fail, which assertions call)."""
         self.fake.fake_fail(name.encode(), code, ctypes.c_long(times))
 
     def allocations(self, n, device=0):
@@ -106,11 +108,11 @@ class CudaDriverTest(unittest.TestCase):
 
     def test_export_of_memory_made_without_the_handle_type_is_not_exportable(self):
         for code in (INVALID_VALUE, NOT_PERMITTED, NOT_SUPPORTED):
-            self.fail("cuMemExportToShareableHandle", code)
+            self.inject("cuMemExportToShareableHandle", code)
             with self.assertRaises(NotExportable):
                 self.driver.export_fd(0, 7)
         self.assertEqual(self.calls("cuMemExportToShareableHandle"), 3)  # a context was current: no second try
-        self.fail("cuMemExportToShareableHandle", OUT_OF_MEMORY)
+        self.inject("cuMemExportToShareableHandle", OUT_OF_MEMORY)
         with self.assertRaises(DriverError) as caught:
             self.driver.export_fd(0, 7)
         self.assertNotIsInstance(caught.exception, NotExportable)
@@ -124,7 +126,7 @@ class CudaDriverTest(unittest.TestCase):
             ("cuMemRelease", lambda: self.driver.release(0, 9)),
             ("cuMemMap", lambda: self.driver.map(0, 0x7F0000000000, 2 << 20, 9)),
         ):
-            self.fail(call, OUT_OF_MEMORY)
+            self.inject(call, OUT_OF_MEMORY)
             with self.assertRaisesRegex(DriverError, f"{call} failed with CUDA_ERROR_OUT_OF_MEMORY"):
                 run()
         self.driver.create_exportable(0, 2 << 20)  # the failures were one each
@@ -132,13 +134,13 @@ class CudaDriverTest(unittest.TestCase):
     def test_memory_whose_map_fails_is_released(self):
         for call in ("cuMemMap", "cuMemSetAccess"):
             released = self.calls("cuMemRelease")
-            self.fail(call, INVALID_VALUE)
+            self.inject(call, INVALID_VALUE)
             with self.assertRaisesRegex(DriverError, f"{call} failed with CUDA_ERROR_INVALID_VALUE"):
                 self.driver.create_mapped(0, 0x7F0000000000, 2 << 20)
             self.assertEqual(self.calls("cuMemRelease"), released + 1)
         exporter = Exporter(self.driver)
         [a] = self.allocations(1)
-        self.fail("cuMemMap", INVALID_VALUE)
+        self.inject("cuMemMap", INVALID_VALUE)
         with self.assertRaises(DriverError):
             exporter.create_on_wake(a)
         self.assertEqual(a.handle, 0)  # vLLM's slot untouched
@@ -234,8 +236,24 @@ class CudaDriverTest(unittest.TestCase):
         exporter = Exporter(self.driver)
         [a] = self.allocations(1)
         self.slots[0] = 42
-        self.fail("cuMemExportToShareableHandle", INVALID_VALUE)
+        self.inject("cuMemExportToShareableHandle", INVALID_VALUE)
         self.assertFalse(exporter.is_exportable(a))
+
+    def test_the_digest_is_one_launch_and_a_failed_step_drains_the_stream_and_keeps_the_scratch(self):
+        # 50 regions of 4 MiB and an empty one: one table upload, one launch, one read-back a call.
+        spans = [(0x7F0000000000 + i * (4 << 20), 4 << 20) for i in range(50)] + [(0x7F1000000000, 0)]
+        digests = self.driver.digest_many(0, spans, 64 << 20)
+        self.assertEqual([len(d) for d in digests], [1] * 50 + [0])
+        self.assertEqual([self.calls(n) for n in ("cuMemcpyHtoDAsync_v2", "cuLaunchKernel", "cuMemcpyDtoHAsync_v2", "cuMemAlloc_v2")], [1, 1, 1, 1])
+        for step in ("cuMemcpyHtoDAsync_v2", "cuLaunchKernel", "cuMemcpyDtoHAsync_v2"):
+            syncs = self.calls("cuStreamSynchronize")
+            self.inject(step, INVALID_VALUE)
+            with self.assertRaises(DriverError, msg=step):
+                self.driver.digest_start(0, spans, 64 << 20)
+            # what was queued finishes before the scratch is used again, and the next call works
+            self.assertEqual(self.calls("cuStreamSynchronize"), syncs + 1, step)
+            self.assertEqual(len(self.driver.digest_many(0, spans, 64 << 20)), len(spans))
+        self.assertEqual((self.calls("cuMemAlloc_v2"), self.calls("cuMemFree_v2")), (1, 0))
 
 
 if __name__ == "__main__":
