@@ -74,6 +74,7 @@ import { firstRegions } from '../src/flows/fill.js';
 import { regionId } from '../src/manifest/region-id.js';
 import { packageRoot } from '../src/native/index.js';
 import { askCapital, pluginSitePath, startEngine, type TestEngine } from '../test/helpers/engine.js';
+import { engineTierUnsupported } from '../test/helpers/vllm-src.js';
 import { type Capture2Result, capture2Table, runCapture2 } from './capture-two-gpu.js';
 import { bytesAloneOf, bytesAloneTable, type ModeRow, overlapTable, type PhaseRow, phaseTable, sweepTable, targetsTable, vllmTable } from './swap-report.js';
 import { type Ceiling, runCeiling, runSweep, type SweepRow } from './swap-sweep.js';
@@ -572,7 +573,9 @@ async function runRow(row: RowName): Promise<RowResult[]> {
     }
   };
   if (row === 'engine') {
-    await runKeptSwaps(result);
+    const unsupported = engineTierUnsupported();
+    if (unsupported) result.skipped = unsupported;
+    else await runKeptSwaps(result);
   } else if (row === 'tier0') {
     const resident = new ResidentWeights();
     try {

@@ -1,7 +1,7 @@
 // GPU suite, tier 0 (device only): weights kept on the GPU across sleep and mapped back.
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -9,6 +9,7 @@ import { after, before, describe, it } from 'node:test';
 import { cudaStatus, EngineClient, HostCache, RegionStore, ResidentWeights, restoreEngine, Snapshot, suspendEngine } from '../../src/index.js';
 import { releaseIdleResources } from '../../src/plumbing.js';
 import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
+import { engineTierUnsupported } from '../helpers/vllm-src.js';
 import { gpuMemoryOf, gpuUsedMiB } from './nvidia-smi.js';
 
 const GiB = 1024 ** 3;
@@ -50,13 +51,9 @@ describe('GPU: tier 0, weights resident across sleep', async () => {
   });
 
   it("the engine's own tier 0 (release_kv_cache_memory) next to the SDK-held one: 10 rounds each, bit-identical answers", async (t) => {
-    // vLLM's release_kv_cache_memory (PR #44890) ends in the allocator's discard(tags), which came
-    // with it: an allocator from VSNAP_VLLM_SRC taken before then (the stored main cumem.py at
-    // e5337d96 has none) cannot run it, and no vLLM pairs that allocator with the route.
-    const src = process.env.VSNAP_VLLM_SRC;
-    const cumem = src ? [join(src, 'vllm/device_allocator/cumem.py'), join(src, 'vllm/backends/platform/device_allocator/cumem.py')].find((f) => existsSync(f)) : undefined;
-    if (cumem && !/def discard\(/.test(readFileSync(cumem, 'utf8'))) {
-      t.skip(`VSNAP_VLLM_SRC's allocator (${cumem}) has no discard(tags): it predates release_kv_cache_memory; run this test without VSNAP_VLLM_SRC`);
+    const unsupported = engineTierUnsupported();
+    if (unsupported) {
+      t.skip(unsupported);
       return;
     }
     const { e, c } = engines[0]!;

@@ -1,8 +1,7 @@
 // The CPU parts of `npm run bench -- swap` (issue 14): the sweep's region layouts and its RAM-tier
 // restores on host memory (the two-GPU capture row: bench-capture2.test.ts), the host-memory probes of the vLLM row, and
 // the tables. No timing is asserted: only that every part runs and reports what it measured.
-import { mkdtempSync, rmSync } from 'node:fs';
-import { readdirSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
@@ -13,6 +12,7 @@ import { runCeiling, runSweep, splitEvenly } from '../../bench/swap-sweep.js';
 import { gpuBytesOf, hostMemory } from '../../bench/swap-vllm.js';
 import { RegionStore } from '../../src/index.js';
 import { packageRoot } from '../../src/native/index.js';
+import { engineTierUnsupported } from '../helpers/vllm-src.js';
 
 const MiB = 1024 * 1024;
 const dirs: string[] = [];
@@ -102,5 +102,30 @@ describe('bench swap: vLLM row probes and tables', () => {
     expect(v).toContain('0.750x'); // 0.3 / 0.4
     expect(v).toMatch(/0\.750x, met/);
     expect(v).toContain('23.00');
+  });
+});
+
+describe("bench swap: the engine's own tier 0 on vLLM's allocator code", () => {
+  // The `engine` row (and the tier-0 GPU test) report an allocator without discard(tags) as a
+  // reason to skip, instead of failing in the middle of the bench (vLLM main's cumem.py at 010c2112 has none).
+  const layout = (layout: 'old' | 'new', source: string): string => {
+    const root = tmp();
+    const dir = layout === 'old' ? join(root, 'vllm', 'device_allocator') : join(root, 'vllm', 'backends', 'platform', 'device_allocator');
+    mkdirSync(dir, { recursive: true });
+    writeFileSync(join(dir, 'cumem.py'), source);
+    return root;
+  };
+  it('names the allocator file when it has no discard, in either layout', () => {
+    for (const l of ['old', 'new'] as const) {
+      const src = layout(l, 'class CuMemAllocator:\n    def sleep(self, offload_tags=None):\n        pass\n');
+      const reason = engineTierUnsupported(src);
+      expect(reason).toMatch(/has no discard\(tags\)/);
+      expect(reason).toContain(join(src, 'vllm'));
+    }
+  });
+  it('lets the row run on an allocator with discard, and without VSNAP_VLLM_SRC (the stand-in has it)', () => {
+    expect(engineTierUnsupported(layout('old', 'class CuMemAllocator:\n    def discard(self, tags):\n        pass\n'))).toBeUndefined();
+    expect(engineTierUnsupported('')).toBeUndefined();
+    expect(engineTierUnsupported(tmp())).toBeUndefined(); // a folder without the allocator: nothing to say about it
   });
 });
