@@ -9,14 +9,15 @@
 //   open-<T>      imports on T threads, one reservation, maps on T threads, one access call; no copy
 //                 (each stage's wall time is reported)
 //   beside-<T>    `mapped`'s copy while another thread does `open-<T>` of the child's allocations
-//   pipe          vsnap's pipelined form (transfer/region_pipeline.cc): chunks of 16, 32, ... 512
+//   pipe          vsnap's pipelined form (transfer/region_pipeline.cc): chunks of 16, 32, then 64
 //                 regions, each imported on 4 threads, reserved, mapped on 4 threads, one access
 //                 call; the copy into region i starts once its chunk is done
 //   pipe-ahead-<T> the imports run ahead on T threads of their own, in region order; one mapper
 //                 reserves, maps and sets access chunk by chunk (16, 32, ... 512) as their imports
 //                 land; the copy as in `pipe`
 //   pipe-flat-<K> as `pipe` with every chunk K regions
-//   pipe-cap-<K>  as `pipe` with chunks growing from 16 to at most K regions
+//   pipe-cap-<K>  as `pipe` with chunks growing from 16 to at most K regions (pipe-cap-512: the
+//                 pipelined form up to 51f0c35)
 //   make          vsnap's filled form, this side alone: this process makes exportable memory in
 //                 parts of 64 regions (create, reserve, map, access, export), the copy into each
 //                 part starting once it is accessible (stages: import = create, reserve = export)
@@ -230,7 +231,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::vector<std::string> arrangements = {"mapped", "premapped", "open-1", "open-2", "open-4", "open-8", "beside-4", "pipe",
-                                           "pipe-ahead-4", "pipe-flat-64", "pipe-cap-128", "make", "fill"};
+                                           "pipe-ahead-4", "pipe-flat-64", "pipe-cap-128", "pipe-cap-512", "make", "fill"};
   if (argc > 4) arrangements.assign(argv + 4, argv + argc);
   rlimit rl{};
   getrlimit(RLIMIT_NOFILE, &rl);
@@ -310,7 +311,7 @@ int main(int argc, char** argv) {
         sum.access += st.access;
       } else if (arr == "pipe" || arr.rfind("pipe-flat-", 0) == 0 || arr.rfind("pipe-cap-", 0) == 0) {
         size_t flat = arr.rfind("pipe-flat-", 0) == 0 ? (size_t)std::atoi(arr.c_str() + 10) : 0;
-        size_t cap = arr.rfind("pipe-cap-", 0) == 0 ? (size_t)std::atoi(arr.c_str() + 9) : 512;
+        size_t cap = arr.rfind("pipe-cap-", 0) == 0 ? (size_t)std::atoi(arr.c_str() + 9) : 64;
         std::atomic<size_t> ready{0};
         t0 = Clock::now();
         std::thread opener([&] {

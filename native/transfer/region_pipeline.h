@@ -1,6 +1,6 @@
 // The pipelined form of opening a region set (issue 14, per-region cost): the set is returned at
 // once with a stand-in for every region, and a background thread opens the regions in order, in
-// growing chunks (16, 32, ... 512 regions, each chunk batched: transfer/region_batch.h). A copy
+// growing chunks (16, 32, then 64 regions at a time, each chunk batched: transfer/region_batch.h). A copy
 // into region i waits only until region i's chunk is mapped, so the hydrate's DMA starts on the
 // first regions while the rest are still imported and mapped. A region whose chunk failed throws
 // that chunk's error at its first use; settle() waits for the whole set and throws it too.

@@ -154,8 +154,8 @@ describe('MappedRegions, batched form (host backend)', () => {
     await expect(MappedRegions.open(list(rs))).rejects.toMatchObject({ code: 'E_INVALID_ARGUMENT' });
   });
 
-  it('pipelined: open returns at once, regions are mapped in growing batched chunks, data intact both ways, nothing left', async () => {
-    const rs = regions(Array.from({ length: 100 }, (_, i) => 4096 * (1 + (i % 4))));
+  it('pipelined: open returns at once, regions are mapped in batched chunks growing to 64, data intact both ways, nothing left', async () => {
+    const rs = regions(Array.from({ length: 200 }, (_, i) => 4096 * (1 + (i % 4))));
     const original = rs.map((r) => r.read(0, r.size));
     const fds = openFds();
     const mappings = memfdMappings();
@@ -166,8 +166,10 @@ describe('MappedRegions, batched form (host backend)', () => {
     const snap = await Snapshot.capture(store, 'pipelined', { regions: rs.map((r, i) => ({ key: `r${i}`, size: r.size, memory: set.memory(i) })) });
     await set.settled();
     const opened = since(t0);
-    expect(opened.reserve.calls).toBe(3); // chunks of 16, 32, then the 52 left
-    expect(opened.access).toMatchObject({ calls: 3, items: rs.length });
+    // Chunks of 16, 32, 64, 64, then the 24 left: no chunk past 64 regions, so the copy does not
+    // catch up with the mapping (native/transfer/region_pipeline.cc).
+    expect(opened.reserve.calls).toBe(5);
+    expect(opened.access).toMatchObject({ calls: 5, items: rs.length });
     expect(opened.map.items).toBe(rs.length);
     await set.close();
     for (const r of rs) r.write(0, new Uint8Array(r.size));
