@@ -82,9 +82,8 @@ class Launch {
   Launch& operator=(const Launch&) = delete;
 
   // Enqueues the kernel over [address, +size); partial sums land in scratch.
-  void digest(CUfunction fn, uint64_t address, uint64_t size, uint64_t chunkSize, unsigned blocksPerChunk, uint64_t blocks,
-              uint64_t firstBlock = 0) {
-    CUdeviceptr base = address, partials = scratch_ + firstBlock * 16;
+  void digest(CUfunction fn, uint64_t address, uint64_t size, uint64_t chunkSize, unsigned blocksPerChunk, uint64_t blocks) {
+    CUdeviceptr base = address, partials = scratch_;
     unsigned long long sz = size, cs = chunkSize, span = kSpanBytes;
     void* args[] = {&base, &sz, &cs, &blocksPerChunk, &span, &partials};
     cuda::check(cu_.cuLaunchKernel(fn, static_cast<unsigned>(blocks), 1, 1, kThreads, 1, 1, 0, stream_, args, nullptr),

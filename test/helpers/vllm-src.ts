@@ -4,7 +4,7 @@ import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 
 /** The allocator module of VSNAP_VLLM_SRC (either of vLLM's layouts), or undefined without one. */
-export function vllmAllocatorFile(src: string | undefined = process.env['VSNAP_VLLM_SRC']): string | undefined {
+function vllmAllocatorFile(src: string | undefined = process.env['VSNAP_VLLM_SRC']): string | undefined {
   if (!src) return undefined;
   return [join(src, 'vllm/device_allocator/cumem.py'), join(src, 'vllm/backends/platform/device_allocator/cumem.py')].find((f) => existsSync(f));
 }
