@@ -181,13 +181,40 @@ export function startCopy(common: CopyCommon, first: readonly CopyItem[], bytesT
   };
 }
 
-/** Queues `items` (none: a batch that lands at once), reporting its start; the promise has a handler attached. */
+/**
+ * The parts a stage is queued in: the first LEAD_PART regions, then parts up to PART_GROWTH times
+ * the one before. Queueing a region costs the JS thread one to two microseconds (its memory and source
+ * read into the native queue), copying one of a few MiB tens of microseconds: in parts, the copy
+ * starts once the first few are queued and each later part is queued while the one before is
+ * copied, instead of the first byte waiting for thousands of regions to be queued.
+ * @internal
+ */
+export function pushParts(count: number): number[] {
+  const parts: number[] = [];
+  for (let at = 0, size = LEAD_PART; at < count; at += size, size *= PART_GROWTH) parts.push(Math.min(size, count - at));
+  return parts.length ? parts : [0];
+}
+const LEAD_PART = 16;
+const PART_GROWTH = 16;
+
+/**
+ * Queues `items` (none: a batch that lands at once) in parts (pushParts), reporting the stage's
+ * start; resolves with the last part's batch once every part landed. Every promise has a handler
+ * attached; each part's batch is in `batches`.
+ */
 function push(queue: CopyQueue, items: readonly CopyItem[], batches: Promise<CopyBatch>[], common: CopyCommon, bytesTotal: number): Promise<CopyBatch> {
   common.onProgress?.({ phase: 'starting', bytesDone: Math.min(queue.landed, bytesTotal), bytesTotal }); // each stage's start, for a trace of the stages
-  const batch = queue.push(items.map((x) => x.region));
-  batch.catch(() => undefined); // awaited by the caller on every path
-  batches.push(batch);
-  return batch;
+  const parts: Promise<CopyBatch>[] = [];
+  let at = 0;
+  for (const n of pushParts(items.length)) {
+    const batch = queue.push(items.slice(at, (at += n)).map((x) => x.region));
+    batch.catch(() => undefined); // awaited by the caller on every path
+    batches.push(batch);
+    parts.push(batch);
+  }
+  const all = Promise.all(parts).then((landed) => landed[landed.length - 1]!);
+  all.catch(() => undefined);
+  return all;
 }
 
 /**
