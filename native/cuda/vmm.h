@@ -21,6 +21,11 @@ class Mapping {
   uint64_t size() const { return size_; }
   int device() const { return device_; }
   const std::shared_ptr<Context>& context() const { return ctx_; }
+  // The set a view belongs to (a batch or an AllocationSet: one address reservation per device,
+  // its allocations mapped side by side), or null for a mapping of its own. A copy may run across
+  // the border of two views of one set on one device whose addresses meet (the copy queue joins
+  // such copies); never across two reservations.
+  const void* span() const { return owner_.get(); }
 
   // Device memory created here, exportable as a POSIX file descriptor. size is rounded up
   // to the device's granularity.

@@ -1,7 +1,7 @@
 // openCopyQueue(label, chunkSize, onProgress?) -> CopyQueue: copies RAM-tier bytes into regions in
 // the order batches are pushed (transfer/copy_queue.h), off the JS thread.
 //   push([{ name, size, memory: Memory, source: { kind: 'buffer', buffer, offset } }])
-//     -> Promise<{ id, bytes, issuedAt, landedAt, devices: [{ device, bytes }] }>: settles once the
+//     -> Promise<{ id, bytes, copies, issuedAt, landedAt, devices: [{ device, bytes }] }>: settles once the
 //        batch's last byte landed (issuedAt / landedAt: seconds since the queue opened)
 //   close() -> Promise<void>: no more batches; resolves once every batch settled and the threads ended
 //   cancel(): stops at the next chunk; the batches left reject with E_ABORTED
@@ -52,6 +52,7 @@ Napi::Object outcomeObject(Napi::Env env, const transfer::BatchOutcome& o) {
   result.Set("bytes", static_cast<double>(o.bytes));
   result.Set("issuedAt", o.issuedAt);
   result.Set("landedAt", o.landedAt);
+  result.Set("copies", static_cast<double>(o.copies));
   Napi::Array devices = Napi::Array::New(env);
   uint32_t n = 0;
   for (auto& [device, bytes] : o.deviceBytes) {

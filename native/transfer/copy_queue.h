@@ -52,6 +52,7 @@ struct BatchOutcome {
   double issuedAt = 0;  // seconds since the queue opened: its first copy issued (-1: none)
   double landedAt = 0;  // seconds since the queue opened: its last byte landed, or it failed
   std::map<int, uint64_t> deviceBytes;  // per GPU written to
+  uint64_t copies = 0;  // copies issued (regions side by side in one span share them)
   std::optional<NativeError> error;
 };
 

@@ -130,6 +130,7 @@ class DeviceRegion final : public Region {
   uint64_t size() const override { return size_; }
   int device() const override { return mapping_->device(); }
   std::shared_ptr<cuda::Mapping> deviceMapping() const override { return mapping_; }
+  const void* span() const override { return mapping_->span(); }
   void copyOut(uint64_t offset, void* dst, uint64_t length, Lane& lane, int slot, Fence& fence) override {
     checkRange(*this, offset, length);
     auto& stream = lane.stream(mapping_->context());

@@ -57,6 +57,10 @@ class Region {
   // (the GPU digest of a RegionSet's regions): host memory, or a device mapping; else null.
   virtual const char* mappedHost() const { return hostMemory(); }
   virtual std::shared_ptr<cuda::Mapping> deviceMapping() const { return nullptr; }
+  // The set of regions this one is mapped side by side with, in one address reservation (a
+  // RegionSet's batch), or null. Two regions of one span (and one device) whose mapped addresses
+  // meet can take one copy across their border: the copy queue joins such copies.
+  virtual const void* span() const { return nullptr; }
   // Copies region[offset, +length) to host memory at dst. On return the copy may still be in
   // flight; fence.wait() completes it.
   virtual void copyOut(uint64_t offset, void* dst, uint64_t length, Lane& lane, int slot, Fence& fence) = 0;

@@ -112,6 +112,7 @@ class BatchHostRegion final : public Region {
   uint64_t size() const override { return size_; }
   int device() const override { return -1; }
   const char* mappedHost() const override { return base_; }
+  const void* span() const override { return keep_.get(); }
   void copyOut(uint64_t offset, void* dst, uint64_t length, Lane&, int, Fence&) override {
     check(offset, length);
     std::memcpy(dst, base_ + offset, length);

@@ -66,6 +66,7 @@ class PendingRegion final : public Region {
   int device() const override { return device_; }
   const char* mappedHost() const override { return slot_->get().mappedHost(); }
   std::shared_ptr<cuda::Mapping> deviceMapping() const override { return slot_->get().deviceMapping(); }
+  const void* span() const override { return slot_->get().span(); }
   void copyOut(uint64_t offset, void* dst, uint64_t length, Lane& lane, int slot, Fence& fence) override {
     slot_->get().copyOut(offset, dst, length, lane, slot, fence);
   }

@@ -21,6 +21,7 @@ class SharedRegion final : public Region {
   char* hostMemory() const override { return inner_->hostMemory(); }
   const char* mappedHost() const override { return inner_->mappedHost(); }
   std::shared_ptr<cuda::Mapping> deviceMapping() const override { return inner_->deviceMapping(); }
+  const void* span() const override { return inner_->span(); }
   void copyOut(uint64_t offset, void* dst, uint64_t length, Lane& lane, int slot, Fence& fence) override {
     inner_->copyOut(offset, dst, length, lane, slot, fence);
   }

@@ -146,6 +146,8 @@ export interface NativeCopyBatch {
   issuedAt: number;
   /** Its last byte landed. */
   landedAt: number;
+  /** Copies issued: regions mapped side by side in one region set share them (up to the chunk size each). */
+  copies: number;
   /** Per GPU written to, the bytes. */
   devices: Array<{ device: number; bytes: number }>;
 }

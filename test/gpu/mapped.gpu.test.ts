@@ -14,6 +14,8 @@ import { DeviceAllocation, MappedRegions } from '../../src/plumbing.js';
 import type { RegionMemory } from '../../src/index.js';
 import { native, type NativeMapFault, type NativeVmmTimings } from '../../src/native/index.js';
 import { vmmSince as since } from '../helpers/vmm.js';
+import { HostRegion } from '../../src/regions/host-region.js';
+import { CopyQueue } from '../../src/transfer/copy-queue.js';
 
 const MiB = 1024 * 1024;
 
@@ -49,6 +51,46 @@ describe('MappedRegions on the GPU', async () => {
       for (const fd of fds) closeSync(fd);
       for (const a of allocations) a.close();
       rmSync(root, { recursive: true, force: true });
+    }
+  });
+});
+
+describe('the copy queue joins copies into imported regions mapped side by side, on the GPU', async () => {
+  const status = await cudaStatus();
+  it('96 exported allocations of 2 MiB, one batched set: 3 copies of 64 MiB, every byte in place; reversed, one copy each', { skip: !status.available }, async () => {
+    const n = 96;
+    const size = 2 * MiB;
+    const allocations = await Promise.all(Array.from({ length: n }, () => DeviceAllocation.allocate(0, size)));
+    const fds = allocations.map((a) => a.exportFd());
+    const bytes = Buffer.alloc(n * size);
+    for (let i = 0; i < n; i++) for (let k = 0; k < size; k += 4096) bytes.writeUInt32LE((i << 20) | (k >> 12), i * size + k); // every page says where it belongs
+    const b = native();
+    const buffer = await b.createHostBuffer(bytes.length, 0);
+    const staging = HostRegion.create(bytes.length);
+    let set: MappedRegions | undefined;
+    try {
+      staging.write(0, bytes);
+      await b.startTransfer({ op: 'capture', label: 'fill', hash: false, regions: [{ name: 'all', size: bytes.length, chunkSize: 64 * MiB, memory: staging.memory, hostCopy: { kind: 'buffer', buffer, offset: 0 } }] }).promise;
+      set = await MappedRegions.open(fds.map((fd) => ({ size, memory: { kind: 'imported', fd, device: 0 } as RegionMemory })), { mapping: 'batched' });
+      const region = (i: number) => ({ name: `r${i}`, size, chunkSize: 64 * MiB, memory: set!.memory(i), hostCopy: { kind: 'buffer' as const, buffer, offset: i * size } });
+      const q = CopyQueue.open('joined');
+      try {
+        const joined = await q.push(Array.from({ length: n }, (_, i) => region(i)));
+        assert.equal(joined.copies, 3, '192 MiB side by side in one reservation: three copies of 64 MiB');
+        for (const [i, a] of allocations.entries()) assert.ok((await a.read(0, size)).equals(bytes.subarray(i * size, (i + 1) * size)), `region ${i} holds its own bytes`);
+        for (const a of allocations) await a.fill(0, size, 0);
+        const reversed = await q.push(Array.from({ length: n }, (_, i) => region(n - 1 - i)));
+        assert.equal(reversed.copies, n, 'no target meets the one before it: one copy each');
+        for (const [i, a] of allocations.entries()) assert.ok((await a.read(0, size)).equals(bytes.subarray(i * size, (i + 1) * size)), `region ${i} holds its own bytes (reversed)`);
+      } finally {
+        await q.close();
+      }
+    } finally {
+      await set?.close();
+      staging.close();
+      buffer.close();
+      for (const fd of fds) closeSync(fd);
+      for (const a of allocations) a.close();
     }
   });
 });

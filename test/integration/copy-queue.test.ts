@@ -5,6 +5,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 
 import { native, type NativeHostBuffer } from '../../src/native/index.js';
 import { HostRegion } from '../../src/regions/host-region.js';
+import { MappedRegions } from '../../src/regions/mapped.js';
 import { CopyQueue } from '../../src/transfer/copy-queue.js';
 import type { TransferRegion } from '../../src/transfer/transfer.js';
 import { openFds } from '../helpers/faults.js';
@@ -164,5 +165,69 @@ describe('CopyQueue', () => {
     const q = CopyQueue.open('after');
     await q.push([]);
     await q.close();
+  });
+});
+
+describe('CopyQueue: regions mapped side by side', () => {
+  /** `sizes` regions mapped as one set (one reservation, side by side), their bytes back to back in one RAM-tier buffer. */
+  async function mappedSetup(sizes: readonly number[], sourceGap = 0) {
+    const offsets: number[] = [];
+    let total = 0;
+    for (const size of sizes) {
+      offsets.push(total);
+      total += size + sourceGap;
+    }
+    const bytes = randomFillSync(Buffer.alloc(total));
+    const buffer = await sourceOf(bytes);
+    const owned = sizes.map((size) => HostRegion.create(size));
+    cleanup.push(() => owned.forEach((t) => t.close()));
+    const set = await MappedRegions.open(owned.map((t, i) => ({ memory: t.memory, size: sizes[i]! })), { mapping: 'batched' });
+    cleanup.push(() => set.close());
+    expect(set.mapping).toBe('batched');
+    const region = (i: number): TransferRegion => ({ name: `r${i}`, size: sizes[i]!, chunkSize: MiB, memory: set.memory(i), hostCopy: { kind: 'buffer', buffer, offset: offsets[i]! } });
+    const expectCopied = (i: number): void => expect(owned[i]!.read(0, sizes[i]!).equals(bytes.subarray(offsets[i]!, offsets[i]! + sizes[i]!))).toBe(true);
+    const expectUntouched = (i: number): void => expect(owned[i]!.read(0, sizes[i]!).equals(Buffer.alloc(sizes[i]!))).toBe(true);
+    return { region, expectCopied, expectUntouched, set };
+  }
+
+  it('joins the copies of regions whose targets and sources both meet, up to the chunk size each', async () => {
+    const sizes = Array.from({ length: 40 }, () => 64 * 1024); // 2.5 MiB in all
+    const { region, expectCopied } = await mappedSetup(sizes);
+    const q = CopyQueue.open('joined', { chunkSize: MiB });
+    const all = await q.push(sizes.map((_, i) => region(i)));
+    expect(all).toMatchObject({ bytes: 40 * 64 * 1024, copies: 3 }); // 1 MiB, 1 MiB, 0.5 MiB
+    for (let i = 0; i < sizes.length; i++) expectCopied(i);
+    // The same regions in reverse order: no target meets the one before it, one copy each.
+    const reversed = await q.push(sizes.map((_, i) => region(sizes.length - 1 - i)));
+    expect(reversed.copies).toBe(40);
+    await q.close();
+  });
+
+  it('does not join across a gap in the sources, nor into the padding of a region smaller than its mapping', async () => {
+    const page = 4096;
+    const gapped = await mappedSetup([8 * page, 8 * page, 8 * page], page); // targets meet, sources do not
+    const q = CopyQueue.open('gaps', { chunkSize: MiB });
+    expect((await q.push([0, 1, 2].map((i) => gapped.region(i)))).copies).toBe(3);
+    for (const i of [0, 1, 2]) gapped.expectCopied(i);
+    // 5,000-byte regions are mapped a page each: the copy of one ends before the next begins.
+    const odd = await mappedSetup([5000, 5000, 5000]);
+    expect((await q.push([0, 1, 2].map((i) => odd.region(i)))).copies).toBe(3);
+    for (const i of [0, 1, 2]) odd.expectCopied(i);
+    await q.close();
+  });
+
+  it('a joined copy that fails fails its batch; the regions copied before it hold their bytes, nothing stays mapped once the set is closed', async () => {
+    const sizes = Array.from({ length: 8 }, () => 256 * 1024);
+    const { region, expectCopied, expectUntouched, set } = await mappedSetup(sizes);
+    const fds = openFds().length;
+    const q = CopyQueue.open('joined-fails', { chunkSize: MiB });
+    native().setFault('copy-fail', 1, 1); // the first joined copy (regions 0-3) lands, the second (4-7) fails
+    await expect(q.push(sizes.map((_, i) => region(i)))).rejects.toMatchObject({ code: 'E_CUDA', message: expect.stringMatching(/region 'r4'/) });
+    for (const i of [0, 1, 2, 3]) expectCopied(i);
+    for (const i of [4, 5, 6, 7]) expectUntouched(i);
+    await q.close();
+    await set.close();
+    expect(openFds().length).toBe(fds);
+    expect(memfdMappings()).toBe(0);
   });
 });
