@@ -121,7 +121,15 @@ export interface SweepRow {
    * restoreEngine does, one MappedRegions set opened over those fds (import + map), the restore
    * and its GPU digest through it: timed from the first import to the verified copy.
    */
-  imported: { exportSeconds: number; restoreSeconds: number[]; restoreMedianSeconds: number; vsFirst: number | null; vsCeiling: number | null } | null;
+  imported: {
+    exportSeconds: number;
+    restoreSeconds: number[];
+    restoreMedianSeconds: number;
+    vsFirst: number | null;
+    vsCeiling: number | null;
+    /** Per restore, where its time went: MappedRegions.open resolving, the copy (the restore's own `seconds`), the digest it waited for. */
+    phases: { openSeconds: number[]; copySeconds: number[]; digestSeconds: number[] };
+  } | null;
   /** Why the via-fds restores did not run to the end (e.g. the process's fd limit), if they did not. */
   importedError: string | null;
   /**
@@ -195,6 +203,7 @@ export async function runSweep(o: SweepOptions): Promise<{ rows: SweepRow[]; cac
             const exportSeconds = since(e0);
             const viaFds = held.regions.map((r, i) => ({ key: r.key, size: r.size, memory: { kind: 'imported' as const, fd: fds[i]!, device: 0 } }));
             const times: number[] = [];
+            const phases = { openSeconds: [] as number[], copySeconds: [] as number[], digestSeconds: [] as number[] };
             for (let r = 0; r < o.reps + 1; r++) {
               // As restoreEngine does: one region set in the form it maps an engine's regions
               // (restoreMapping), the hydrate and its GPU digest through it; timed from the first
@@ -202,17 +211,25 @@ export async function runSweep(o: SweepOptions): Promise<{ rows: SweepRow[]; cac
               // unmaps while the KV cache wakes).
               const t0 = performance.now();
               const set = await MappedRegions.open(viaFds, restoreMapping());
+              const opened = since(t0);
               try {
                 const res = await snap.restore({ regions: viaFds.map((x, i) => ({ key: x.key, size: x.size, memory: set.memory(i) })), cache });
                 if (res.tier !== 'ram') throw new Error(`[sweep] ${sizes.length} imported regions: restored from ${res.tier ?? 'store'}, expected the RAM tier`);
-                if (r > 0) times.push(since(t0));
+                if (r > 0) {
+                  times.push(since(t0));
+                  phases.openSeconds.push(opened);
+                  phases.copySeconds.push(res.seconds);
+                  phases.digestSeconds.push(res.digestSeconds ?? 0);
+                }
               } finally {
                 await set.close();
               }
             }
             const im = median(times);
             const firstImported = rows[0]?.imported?.restoreMedianSeconds;
-            imported = { exportSeconds, restoreSeconds: times, restoreMedianSeconds: im, vsFirst: firstImported ? im / firstImported : 1, vsCeiling: ceiling ? gbps(bytes, im) / ceiling.h2dGBps.max : null };
+            imported = { exportSeconds, restoreSeconds: times, restoreMedianSeconds: im, vsFirst: firstImported ? im / firstImported : 1, vsCeiling: ceiling ? gbps(bytes, im) / ceiling.h2dGBps.max : null, phases };
+            const ms = (v: number[]): string => (median(v) * 1e3).toFixed(1);
+            o.log(`[sweep] ${sizes.length} regions via fds: ${(im * 1e3).toFixed(1)} ms (open ${ms(phases.openSeconds)}, copy ${ms(phases.copySeconds)}, digest waited ${ms(phases.digestSeconds)})`);
           } catch (err) {
             importedError = (err as Error).message.split('\n')[0]!;
             o.log(`[sweep] ${sizes.length} regions via fds failed (the mapped row stands): ${importedError}`);

@@ -165,11 +165,12 @@ export class Snapshot {
       const base = options.base?.manifest.checksummed ? options.base.manifest : undefined; // a base not persisted has no blobs to share
       const reused = reservation || !txn ? new Map<number, RegionInfo>() : reusableRegions(store, base, regions, chunkSize, gpuDigests);
       const fresh = regions.map((_, i) => i).filter((i) => !reused.has(i));
+      const multiRank = regions.some((x) => (x.rank ?? 0) > 0);
       const result = fresh.length === 0 ? { checksums: [], seconds: 0 } : await runTransfer({
         op: 'capture',
         label: name,
         regions: fresh.map((i) => ({ i, r: regions[i]! })).map(({ i, r }) => ({
-          name: regionLabel(r.rank ?? 0, r.key, regions.some((x) => (x.rank ?? 0) > 0)),
+          name: regionLabel(r.rank ?? 0, r.key, multiRank),
           ...(txn ? { blobPath: txn.blobTmpPath(i) } : {}),
           size: r.size,
           chunkSize,

@@ -46,7 +46,7 @@ function sweepRow(regions: number, mapped: number, viaFds: number | null, bytes 
     ceiling: ceiling(bytes, regions, 55),
     vsFirst: null,
     vsCeiling: null,
-    imported: viaFds === null ? null : { exportSeconds: 0.01, restoreSeconds: [viaFds], restoreMedianSeconds: viaFds, vsFirst: null, vsCeiling: null },
+    imported: viaFds === null ? null : { exportSeconds: 0.01, restoreSeconds: [viaFds], restoreMedianSeconds: viaFds, vsFirst: null, vsCeiling: null, phases: { openSeconds: [0.001], copySeconds: [viaFds], digestSeconds: [0] } },
     importedError: viaFds === null ? 'too many open files' : null,
     filled: filled === null ? null : { restoreSeconds: [filled], restoreMedianSeconds: filled, vsFirst: null, vsCeiling: null },
     filledError: filled === null ? 'out of memory' : null,
