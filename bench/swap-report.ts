@@ -77,6 +77,16 @@ export function sweepTable(rows: readonly SweepRow[], device: string, note: stri
         `${r.woken ? msCell(r.woken.restoreMedianSeconds) : 'n/a'} | ${x(r.woken?.vsFirst)} | ${x(r.woken?.vsCeiling)} |`,
     );
   }
+  const phased = rows.filter((r) => r.imported?.phases);
+  if (phased.length > 0) {
+    const med = (v: readonly number[]): string => (v.length ? msCell([...v].sort((a, b) => a - b)[Math.floor(v.length / 2)]!) : 'n/a');
+    lines.push(
+      '',
+      'Restore via fds, where its time went (medians, ms): ' +
+        phased.map((r) => `${r.regions} regions: the set opened ${med(r.imported!.phases.openSeconds)}, the copy ${med(r.imported!.phases.copySeconds)} (its first copy issued to its last byte ${med(r.imported!.phases.issuedToLandedSeconds)}), the digest waited for ${med(r.imported!.phases.digestSeconds)}`).join('; ') +
+        '. The copy is the restore\'s own `seconds`, from its copy queue opened to its last byte landed; the digest is what was left of the GPU digest after that.',
+    );
+  }
   const worst = Math.max(...rows.map((r) => r.vsFirst ?? 0));
   const worstImported = rows.every((r) => r.imported) ? Math.max(...rows.map((r) => r.imported!.vsFirst ?? 0)) : null;
   const worstFilled = rows.every((r) => r.filled) ? Math.max(...rows.map((r) => r.filled!.vsFirst ?? 0)) : null;

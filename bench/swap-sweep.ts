@@ -127,8 +127,12 @@ export interface SweepRow {
     restoreMedianSeconds: number;
     vsFirst: number | null;
     vsCeiling: number | null;
-    /** Per restore, where its time went: MappedRegions.open resolving, the copy (the restore's own `seconds`), the digest it waited for. */
-    phases: { openSeconds: number[]; copySeconds: number[]; digestSeconds: number[] };
+    /**
+     * Per restore, where its time went: MappedRegions.open resolving; the copy (the restore's own
+     * `seconds`: its copy queue opened to the last byte landed) and, of it, the first copy issued to
+     * the last byte landed (GPU 0's `hydrateSeconds`); the digest it waited for.
+     */
+    phases: { openSeconds: number[]; copySeconds: number[]; issuedToLandedSeconds: number[]; digestSeconds: number[] };
   } | null;
   /** Why the via-fds restores did not run to the end (e.g. the process's fd limit), if they did not. */
   importedError: string | null;
@@ -203,7 +207,7 @@ export async function runSweep(o: SweepOptions): Promise<{ rows: SweepRow[]; cac
             const exportSeconds = since(e0);
             const viaFds = held.regions.map((r, i) => ({ key: r.key, size: r.size, memory: { kind: 'imported' as const, fd: fds[i]!, device: 0 } }));
             const times: number[] = [];
-            const phases = { openSeconds: [] as number[], copySeconds: [] as number[], digestSeconds: [] as number[] };
+            const phases = { openSeconds: [] as number[], copySeconds: [] as number[], issuedToLandedSeconds: [] as number[], digestSeconds: [] as number[] };
             for (let r = 0; r < o.reps + 1; r++) {
               // As restoreEngine does: one region set in the form it maps an engine's regions
               // (restoreMapping), the hydrate and its GPU digest through it; timed from the first
@@ -219,6 +223,7 @@ export async function runSweep(o: SweepOptions): Promise<{ rows: SweepRow[]; cac
                   times.push(since(t0));
                   phases.openSeconds.push(opened);
                   phases.copySeconds.push(res.seconds);
+                  phases.issuedToLandedSeconds.push(res.devices?.[0]?.hydrateSeconds ?? res.seconds);
                   phases.digestSeconds.push(res.digestSeconds ?? 0);
                 }
               } finally {
@@ -229,7 +234,7 @@ export async function runSweep(o: SweepOptions): Promise<{ rows: SweepRow[]; cac
             const firstImported = rows[0]?.imported?.restoreMedianSeconds;
             imported = { exportSeconds, restoreSeconds: times, restoreMedianSeconds: im, vsFirst: firstImported ? im / firstImported : 1, vsCeiling: ceiling ? gbps(bytes, im) / ceiling.h2dGBps.max : null, phases };
             const ms = (v: number[]): string => (median(v) * 1e3).toFixed(1);
-            o.log(`[sweep] ${sizes.length} regions via fds: ${(im * 1e3).toFixed(1)} ms (open ${ms(phases.openSeconds)}, copy ${ms(phases.copySeconds)}, digest waited ${ms(phases.digestSeconds)})`);
+            o.log(`[sweep] ${sizes.length} regions via fds: ${(im * 1e3).toFixed(1)} ms (open ${ms(phases.openSeconds)}, copy ${ms(phases.copySeconds)} of which first issued to landed ${ms(phases.issuedToLandedSeconds)}, digest waited ${ms(phases.digestSeconds)})`);
           } catch (err) {
             importedError = (err as Error).message.split('\n')[0]!;
             o.log(`[sweep] ${sizes.length} regions via fds failed (the mapped row stands): ${importedError}`);
