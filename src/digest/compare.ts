@@ -37,17 +37,30 @@ export interface LiveCheckReport {
   readonly digestedIn?: 'engine' | 'sdk';
 }
 
-/** Digests live regions with the chunking of the snapshot's regions (matched by rank and key). */
-async function digestAgainst(
-  manifest: Manifest,
-  live: readonly LiveRegionRef[],
-): Promise<{ pairs: Array<{ region: RegionInfo; ref: string; actual: string[] }>; seconds: number; bytes: number; devices: DigestResult['devices'] }> {
+/**
+ * What a digest of live regions will compare: each live region matched to the snapshot's region of
+ * its rank and key, with the chunking to digest it in. Built apart from the digest itself, so a
+ * restore can build its tail's while the tail is still copying. @internal
+ */
+export interface DigestPlan {
+  readonly pairs: ReadonlyArray<{ readonly region: RegionInfo; readonly ref: string; readonly target: DigestTarget }>;
+}
+
+/** Matches live regions to the snapshot's (by rank and key), with the chunking of the snapshot's regions. */
+function planDigest(manifest: Manifest, live: readonly LiveRegionRef[]): DigestPlan {
   const byId = new Map(live.map((l) => [regionId(l.rank, l.key), l]));
   const pairs: Array<{ region: RegionInfo; ref: string; target: DigestTarget }> = [];
   for (const { rank, region } of manifest.regions()) {
-    const l = byId.get(regionId(rank, region.key));
-    if (l) pairs.push({ region, ref: regionId(rank, region.key), target: { size: region.size, chunkSize: region.chunkSize, memory: l.memory } });
+    const ref = regionId(rank, region.key);
+    const l = byId.get(ref);
+    if (l) pairs.push({ region, ref, target: { size: region.size, chunkSize: region.chunkSize, memory: l.memory } });
   }
+  return { pairs };
+}
+
+/** Digests a plan's live regions. */
+async function runDigest(plan: DigestPlan): Promise<{ pairs: Array<{ region: RegionInfo; ref: string; actual: string[] }>; seconds: number; bytes: number; devices: DigestResult['devices'] }> {
+  const { pairs } = plan;
   const result = await digestRegions(pairs.map((p) => p.target));
   return {
     pairs: pairs.map((p, i) => ({ region: p.region, ref: p.ref, actual: result.digests[i]! })),
@@ -55,6 +68,11 @@ async function digestAgainst(
     bytes: pairs.reduce((s, p) => s + p.region.size, 0),
     devices: result.devices,
   };
+}
+
+/** Digests live regions with the chunking of the snapshot's regions (matched by rank and key). */
+function digestAgainst(manifest: Manifest, live: readonly LiveRegionRef[]): ReturnType<typeof runDigest> {
+  return runDigest(planDigest(manifest, live));
 }
 
 /**
@@ -127,8 +145,25 @@ export async function verifyRestoredByDevice(
   live: readonly LiveRegionRef[],
   enabled = true,
 ): Promise<{ seconds: number; devices: DigestResult['devices'] } | undefined> {
+  return verifyPlanned(manifest, planVerify(manifest, live, enabled));
+}
+
+/**
+ * The first half of {@link verifyRestoredByDevice}: what it will digest, or undefined when it is
+ * skipped (the snapshot has no digests, or `enabled` is false). @internal
+ */
+export function planVerify(manifest: Manifest, live: readonly LiveRegionRef[], enabled = true): DigestPlan | undefined {
   if (!enabled || [...manifest.regions()].some(({ region }) => !region.digests)) return undefined;
-  const { pairs, seconds, devices } = await digestAgainst(manifest, live);
+  return planDigest(manifest, live);
+}
+
+/**
+ * The second half of {@link verifyRestoredByDevice}: digests a plan's regions and compares them
+ * with the snapshot (undefined for a skipped one). Throws E_DIGEST_MISMATCH. @internal
+ */
+export async function verifyPlanned(manifest: Manifest, plan: DigestPlan | undefined): Promise<{ seconds: number; devices: DigestResult['devices'] } | undefined> {
+  if (!plan) return undefined;
+  const { pairs, seconds, devices } = await runDigest(plan);
   const bad = pairs.map((p) => ({ region: p.ref, chunks: changedChunks(p.region.digests!, p.actual) })).filter((b) => b.chunks.length);
   if (bad.length) {
     throw new VsnapError(

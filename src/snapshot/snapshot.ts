@@ -16,7 +16,7 @@ import { captureManifest, checkCaptureRegions, platformOf } from './capture-mani
 import { captureDigests, reusableRegions } from './capture-digests.js';
 import { copyInStages, ramCopyForm, ramCopyItem, ramCopyPlan, startCopy } from './copy-overlap.js';
 import { EarlyRestore } from './early-restore.js';
-import { verifyRestoredByDevice } from '../digest/compare.js';
+import { type DigestPlan, planVerify, verifyPlanned, verifyRestoredByDevice } from '../digest/compare.js';
 import type { CaptureOptions, DeviceTiming, RestoreOptions, RestoreRegion, RestStage, TransferSummary } from './snapshot-types.js';
 import { regionId } from '../manifest/region-id.js';
 
@@ -234,13 +234,18 @@ export class Snapshot {
       [...targets.entries()].filter(([id]) => !ids || ids.has(id)).map(([, r]) => ({ rank: r.rank ?? 0, key: r.key, size: r.size, memory: r.memory }));
     // A deferred capture's RAM copy was never hashed: its GPU digests are the one check it gets.
     const digesting = (options.verifyDigests ?? true) || !manifest.checksummed;
-    // From the RAM tier, the digest of the first regions copied runs while the rest are copied.
-    let head: { ids: Set<string>; done: Promise<Awaited<ReturnType<typeof verifyRestoredByDevice>>> } | undefined;
+    // Every target but those of `ids`.
+    const liveExcept = (ids: ReadonlySet<string> | undefined) => live().filter((l) => !ids?.has(regionId(l.rank, l.key)));
+    // From the RAM tier, the digest of the first regions copied runs while the rest are copied, and
+    // the rest's digest is planned meanwhile (matching thousands of regions to the snapshot's takes
+    // milliseconds): once the last byte has landed, only the tail's digest itself is left.
+    let head: { ids: Set<string>; done: Promise<Awaited<ReturnType<typeof verifyRestoredByDevice>>>; tail: DigestPlan | undefined } | undefined;
     const onHead = digesting
       ? (ids: readonly string[]) => {
           const set = new Set(ids);
-          head = { ids: set, done: verifyRestoredByDevice(manifest, live(set)) };
+          head = { ids: set, done: verifyRestoredByDevice(manifest, live(set)), tail: undefined };
           head.done.catch(() => undefined); // awaited below on every path
+          head.tail = planVerify(manifest, liveExcept(set)); // every target is known by now (copyInStages calls this once the rest joined)
         }
       : undefined;
     let copied: Awaited<ReturnType<Snapshot['restoreBytes']>>;
@@ -253,8 +258,7 @@ export class Snapshot {
     const waited = performance.now();
     const early = head ? await head.done : undefined;
     const headWait = (performance.now() - waited) / 1000;
-    const rest = live().filter((l) => !head?.ids.has(regionId(l.rank, l.key)));
-    const tail = await verifyRestoredByDevice(manifest, rest, digesting);
+    const tail = await verifyPlanned(manifest, head ? head.tail : planVerify(manifest, liveExcept(undefined), digesting));
     // The digest time the restore waited for: the tail's, and whatever of the head's outlasted the tail's copy.
     const digest = early || tail ? { seconds: headWait + (tail?.seconds ?? 0), devices: tail?.devices ?? early?.devices ?? [] } : undefined;
     const { devices: bytesByDevice, ...summary } = copied;

@@ -84,12 +84,17 @@ describe('a RAM-tier restore with the head digested during the tail copy', () =>
 });
 
 describe('a RAM-tier restore into targets that come in two parts', () => {
-  async function setup() {
+  async function setup(tamper?: { key: string; chunk: number }) {
     const sources = patternedRegions(SIZES);
     const store = await RegionStore.open(tempDir());
     const regions = Object.keys(SIZES).map((key) => ({ key, size: sources.get(key)!.size, memory: sources.get(key)!.memory }));
-    const snap = await Snapshot.capture(store, 'm', { regions, chunkSize: 16 * KiB });
+    let snap = await Snapshot.capture(store, 'm', { regions, chunkSize: 16 * KiB });
     for (const r of sources.values()) r.close();
+    if (tamper) {
+      const data = structuredClone(snap.manifest.toJSON()) as unknown as { ranks: Array<{ regions: Array<{ key: string; digests: string[] }> }> };
+      data.ranks[0]!.regions.find((r) => r.key === tamper.key)!.digests[tamper.chunk] = 'f'.repeat(32);
+      snap = Snapshot.of(store, Manifest.parse(data));
+    }
     const cache = await HostCache.create({ budgetBytes: 4 * 1024 * KiB, pin: false });
     const targets = patternedRegions(Object.fromEntries(Object.keys(SIZES).map((k) => [`${k}-target`, SIZES[k as keyof typeof SIZES]])));
     const into = (key: string): RestoreRegion => ({ key, size: targets.get(`${key}-target`)!.size, memory: targets.get(`${key}-target`)!.memory });
@@ -127,6 +132,19 @@ describe('a RAM-tier restore into targets that come in two parts', () => {
       expect(wrote).toBe(true);
       expect(r.bytes).toBe(Object.values(SIZES).reduce((n, s) => n + s, 0));
       for (const key of Object.keys(SIZES)) expect(holdsPattern(targets.get(`${key}-target`)!, key)).toBe(true);
+    } finally {
+      close();
+    }
+  });
+
+  it('the tail is digested against the regions that came with the rest: a mismatch there fails the restore naming it', async () => {
+    // The tail's digest is planned while the tail copies (once the head has landed): it must cover
+    // the regions that joined with the rest, not only those the restore started with.
+    const { snap, cache, into, close } = await setup({ key: 'd', chunk: 0 });
+    try {
+      const restore = () => snap.restore({ regions: [into('a')], cache, stages: { first: ids('a'), rest: Promise.resolve({ regions: ['b', 'c', 'd'].map(into), late: { ids: ids(), after: Promise.resolve() } }) } });
+      await expect(restore()).rejects.toMatchObject({ code: 'E_DIGEST_MISMATCH', details: { regions: [{ region: '0/d', chunks: [0] }] } });
+      await expect(restore()).rejects.toMatchObject({ code: 'E_DIGEST_MISMATCH', details: { regions: [{ region: '0/d', chunks: [0] }] } }); // from the RAM tier, loaded now
     } finally {
       close();
     }
