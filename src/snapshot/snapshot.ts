@@ -235,7 +235,7 @@ export class Snapshot {
     // A deferred capture's RAM copy was never hashed: its GPU digests are the one check it gets.
     const digesting = (options.verifyDigests ?? true) || !manifest.checksummed;
     // Every target but those of `ids`.
-    const liveExcept = (ids: ReadonlySet<string> | undefined) => live().filter((l) => !ids?.has(regionId(l.rank, l.key)));
+    const liveExcept = (ids: ReadonlySet<string>) => live().filter((l) => !ids.has(regionId(l.rank, l.key)));
     // From the RAM tier, the digest of the first regions copied runs while the rest are copied, and
     // the rest's digest is planned meanwhile (matching thousands of regions to the snapshot's takes
     // milliseconds): once the last byte has landed, only the tail's digest itself is left.
@@ -258,7 +258,7 @@ export class Snapshot {
     const waited = performance.now();
     const early = head ? await head.done : undefined;
     const headWait = (performance.now() - waited) / 1000;
-    const tail = await verifyPlanned(manifest, head ? head.tail : planVerify(manifest, liveExcept(undefined), digesting));
+    const tail = await verifyPlanned(manifest, head ? head.tail : planVerify(manifest, live(), digesting));
     // The digest time the restore waited for: the tail's, and whatever of the head's outlasted the tail's copy.
     const digest = early || tail ? { seconds: headWait + (tail?.seconds ?? 0), devices: tail?.devices ?? early?.devices ?? [] } : undefined;
     const { devices: bytesByDevice, ...summary } = copied;
