@@ -529,7 +529,7 @@ function measureEngineCeiling(): void {
     engineCeilingNote = `the ceiling program failed: ${(err as Error).message.split('\n')[0]}`;
   }
   log(engineCeiling
-    ? `[ram] raw pinned H2D of the engine's ${sizes.length} regions (${gib(engineCeiling.bytes)} GiB): ${engineCeiling.h2dGBps.max} GB/s best, ${engineCeiling.h2dGBps.median} median (pinned in ${engineCeiling.pinSeconds.toFixed(1)} s; ${since(t).toFixed(1)} s in all)`
+    ? `[ram] raw pinned H2D of the engine's ${sizes.length} regions (${gib(engineCeiling.bytes)} GiB): ${engineCeiling.h2dGBps.max} GB/s best, ${engineCeiling.h2dGBps.median} median, ${engineCeiling.pages ?? 'small pages'} (pinned in ${engineCeiling.pinSeconds.toFixed(1)} s; ${since(t).toFixed(1)} s in all)`
     : `[ram] no raw H2D of the engine's regions: ${engineCeilingNote}`);
 }
 

@@ -36,6 +36,12 @@ export interface Ceiling {
   pinSeconds: number;
   h2dGBps: { max: number; median: number };
   d2hGBps: { max: number; median: number };
+  /** The host memory's pages: small or huge (one run), or which gave each direction's best (runCeiling). */
+  pages?: string;
+  /** Bytes of the host memory the kernel backed with huge pages (one run). */
+  hugeBytes?: number;
+  /** Each run runCeiling took the best of. */
+  variants?: Ceiling[];
 }
 
 /** `count` near-equal region sizes of `granule`-multiples that add up to `total` (rounded down to a granule). */
@@ -47,11 +53,23 @@ export function splitEvenly(total: number, count: number, granule: number): numb
   return Array.from({ length: count }, (_, i) => (base + (i < extra ? 1 : 0)) * granule);
 }
 
-/** Raw cudaMemcpy between pinned memory and cudaMalloc'd buffers of these sizes (bench/ceiling.cu); null without the binary. */
+/**
+ * Raw cudaMemcpy between pinned memory and cudaMalloc'd buffers of these sizes (bench/ceiling.cu);
+ * null without the binary. Measured twice, the host memory in small pages and in huge ones (the RAM
+ * tier's are huge where the kernel gives them), and each direction's best taken: the ceiling is
+ * the faster of the two, `pages` says which gave it and `variants` holds both.
+ */
 export function runCeiling(bin: string | null, sizes: readonly number[], reps: number, devices = 1): Ceiling | null {
   if (!bin || !existsSync(bin)) return null;
-  const args = [String(reps), ...(devices > 1 ? ['--devices', String(devices)] : []), ...sizes.map(String)];
-  return JSON.parse(execFileSync(bin, args, { encoding: 'utf8', maxBuffer: 1 << 20 })) as Ceiling;
+  const one = (pages: 'small' | 'huge'): Ceiling => {
+    const args = [String(reps), ...(devices > 1 ? ['--devices', String(devices)] : []), '--pages', pages, ...sizes.map(String)];
+    return JSON.parse(execFileSync(bin, args, { encoding: 'utf8', maxBuffer: 1 << 20 })) as Ceiling;
+  };
+  const small = one('small');
+  const huge = one('huge');
+  const h2d = huge.h2dGBps.max > small.h2dGBps.max ? huge : small;
+  const d2h = huge.d2hGBps.max > small.d2hGBps.max ? huge : small;
+  return { ...small, h2dGBps: h2d.h2dGBps, d2hGBps: d2h.d2hGBps, pages: `H2D ${h2d.pages} pages, D2H ${d2h.pages}`, variants: [small, huge] };
 }
 
 /** One region per size, filled with distinct bytes (no dedupe between regions); on GPU i % devices, or memfds on the host. */
