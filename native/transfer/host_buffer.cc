@@ -16,16 +16,30 @@ void keepFromChildren(void* base, uint64_t size) {
   if (madvise(base, size, MADV_DONTFORK) != 0) return;
 }
 
+// Faults every page in now, so neither pinning nor the first copy pays for it later:
+// MADV_POPULATE_WRITE (Linux 5.14), else (a kernel without it) one write a page. Best effort, as
+// MAP_POPULATE was: memory that cannot be had now fails the pinning, with its own error.
+static void populate(void* base, uint64_t size) {
+#ifndef MADV_POPULATE_WRITE
+  constexpr int MADV_POPULATE_WRITE = 23;
+#endif
+  if (madvise(base, size, MADV_POPULATE_WRITE) == 0 || errno != EINVAL) return;
+  volatile char* bytes = static_cast<volatile char*>(base);
+  for (uint64_t off = 0; off < size; off += 4096) bytes[off] = 0;
+}
+
 HostBuffer::HostBuffer(uint64_t size, int pinDevice) : size_(size) {
   if (size == 0) throwInvalid("a host buffer needs a size > 0");
-  // MAP_POPULATE faults every page in now, so neither pinning nor the first copy pays for it later.
-  base_ = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  base_ = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (base_ == MAP_FAILED) {
     base_ = nullptr;
     throwSystemError("mmap", "host buffer of " + std::to_string(size) + " bytes", errno);
   }
+  // Advised before its pages exist, so a kernel whose transparent huge pages are "madvise" (the
+  // usual default) backs it with 2 MiB pages: advised after MAP_POPULATE, it kept 4 KiB ones.
   madvise(base_, size, MADV_HUGEPAGE);
   keepFromChildren(base_, size);
+  populate(base_, size);
   try {
     if (pinDevice >= 0) registration_ = std::make_unique<cuda::HostRegistration>(cuda::acquireContext(pinDevice), base_, size);
   } catch (...) {
