@@ -14,7 +14,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -33,7 +32,7 @@ static double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Bytes of [base, +length) backed by huge pages, from /proc/self/smaps (-1 where unreadable).
+// Bytes of the mapping holding `base` backed by huge pages, from /proc/self/smaps (-1 where not found).
 static long long hugeBytes(const void* base) {
   std::ifstream smaps("/proc/self/smaps");
   std::string line;
