@@ -11,7 +11,8 @@
 import { Worker } from 'node:worker_threads';
 
 import { HostCache, type RegionMemory, type RegionStore, Snapshot } from '../src/index.js';
-import { type Ceiling, gbps, type Log, makeRegions, median, runCeiling, since } from './swap-sweep.js';
+import { median } from './swap-report.js';
+import { type Ceiling, gbps, type Log, makeRegions, runCeiling, since } from './swap-sweep.js';
 
 const MiB = 1024 * 1024;
 const GiB = 1024 * MiB;

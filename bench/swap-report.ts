@@ -5,6 +5,9 @@
 import type { Ceiling, SweepRow } from './swap-sweep.js';
 import type { VllmLevel1Result } from './swap-vllm.js';
 
+/** The upper median. */
+export const median = (v: readonly number[]): number => [...v].sort((a, b) => a - b)[Math.floor(v.length / 2)]!;
+
 const GiB = 2 ** 30;
 const f = (x: number | null | undefined, digits = 3): string => (x === null || x === undefined || !Number.isFinite(x) ? 'n/a' : x.toFixed(digits));
 const msCell = (s: number | undefined): string => (s === undefined ? '' : (s * 1000).toFixed(1));
@@ -79,7 +82,7 @@ export function sweepTable(rows: readonly SweepRow[], device: string, note: stri
   }
   const phased = rows.filter((r) => r.imported?.phases);
   if (phased.length > 0) {
-    const med = (v: readonly number[]): string => (v.length ? msCell([...v].sort((a, b) => a - b)[Math.floor(v.length / 2)]!) : 'n/a');
+    const med = (v: readonly number[]): string => (v.length ? msCell(median(v)) : 'n/a');
     lines.push(
       '',
       'Restore via fds, where its time went (medians, ms): ' +

@@ -17,6 +17,7 @@ import { restoreMapping } from '../src/flows/restore-run.js';
 import { firstRegions, makeFillMemory, makeFillMemoryInParts, type FillMemory } from '../src/flows/fill.js';
 import { Batches } from '../src/snapshot/batches.js';
 import type { RestoreRegion } from '../src/snapshot/snapshot-types.js';
+import { median } from './swap-report.js';
 import { regionId } from '../src/manifest/region-id.js';
 
 const MiB = 1024 * 1024;
@@ -105,8 +106,6 @@ export async function makeRegions(device: 'cuda' | 'host', sizes: readonly numbe
 
 /** GB/s of `bytes` in `s` seconds. */
 export const gbps = (bytes: number, s: number): number => bytes / s / 1e9;
-/** The upper median. */
-export const median = (v: readonly number[]): number => [...v].sort((a, b) => a - b)[Math.floor(v.length / 2)]!;
 /** Seconds since the performance.now() reading `t`. */
 export const since = (t: number): number => (performance.now() - t) / 1000;
 

@@ -243,9 +243,10 @@ export class Snapshot {
     const onHead = digesting
       ? (ids: readonly string[]) => {
           const set = new Set(ids);
-          head = { ids: set, done: verifyRestoredByDevice(manifest, live(set)), tail: undefined };
-          head.done.catch(() => undefined); // awaited below on every path
-          head.tail = planVerify(manifest, liveExcept(set)); // every target is known by now (copyInStages calls this once the rest joined)
+          const done = verifyRestoredByDevice(manifest, live(set));
+          done.catch(() => undefined); // awaited below on every path
+          // Every target is known by now (copyInStages calls this once the rest joined).
+          head = { ids: set, done, tail: planVerify(manifest, liveExcept(set)) };
         }
       : undefined;
     let copied: Awaited<ReturnType<Snapshot['restoreBytes']>>;
