@@ -1,83 +1,39 @@
-// vsnap engine-swap benchmark (issue 5): two reference engines of the same size (seeds 1 and 2,
-// 16.74 GiB of weights each with the defaults --layers 36 --hidden 4096), one awake and one
-// asleep, swapped back and forth end to end, once for each tier a restore can come from:
+// `npm run bench -- swap`: two reference engines of the same size (seeds 1 and 2, 16.74 GiB of
+// weights each with the defaults --layers 36 --hidden 4096), one awake and one asleep, swapped back
+// and forth end to end through vsnap's public API, once for each tier a restore can come from:
 //   tier0      weights kept on the GPU across sleep (ResidentWeights) and mapped back: no copy
-//   engine     the engine's own tier 0: weights never leave its mapping, only the KV cache is
-//              released (suspendEngine / restoreEngine with tiers.engine, vLLM's
-//              release_kv_cache_memory): no export, no mapping, no copy
 //   ram        hot: both snapshots held in the pinned RAM tier (HostCache): one bulk DMA
+//   ram2       the ram row over two PCIe links (restoreEngine's tiers.multipath, GPU --neighbour)
+//   engine     the engine's own tier 0 (tiers.engine: KV cache released, weights left in the engine)
 //   pagecache  warm disk: no cache, the blobs read from the page cache
 //   cold       the page cache dropped before each swap, blobs read with O_DIRECT (needs root)
-// One swap = suspend the awake engine (its snapshot is already durable) + restoreEngine of the
-// other (wake, export, validation, hydrate or adopt, wake KV cache, reset prefix cache and the
-// expected-response check). Its wall time runs from the start of the suspend until the restore
-// resolves. After every swap the woken engine must give the same greedy answer to the probe
-// question as before any swap. Target: a hot swap of two 16 GiB engines in <= 1.0 s end to end.
-//
-// Issue 14 adds rows that run before the engines start (bench/swap-sweep.ts): `sweep`, the same
-// bytes in 36 / 252 / 1,000 / 4,000 regions restored from the RAM tier beside the raw pinned H2D of
-// the same regions; `capture2`, capture into the RAM tier on two GPUs at once vs their aggregate
-// D2H, with and without XXH3 hashing load; and `vllm-l1` (bench/swap-vllm.ts), vLLM's own level-1
-// sleep and wake of the awake engine, beside the tier0 and ram rows. Every row prints and saves
-// the phase breakdown of its swaps (bench/swap-report.ts).
-//
-// Overlap (issue 14): `--overlap` runs the tier0 and ram rows once per mode: `none` (the rows as
-// they always were: suspend, then restore), `kv` (the same, the restore waking the KV cache
-// during its hydrate: restoreEngine's overlapKvWake), `weights` and `all` (swapEngines: the
-// suspend and the restore at once, the KV wake waiting for the other engine's sleep, or not;
-// both with overlapKvWake). Rows of another mode than `none` are labelled with it.
-// `ram-wake`: the ram row (overlap none only) with the restores' targets made the other way
-// (VSNAP_RESTORE_TARGETS=wake: the engine's wake, then its export, mapped here), beside the default
-// (the memory made and filled here while the engine's wake adopts it), same run. `ram-whole`: the
-// same with every region's memory made before the copy starts (VSNAP_RESTORE_TARGETS=fill-whole),
-// against the default's largest regions first and the rest beside their copy. `ram-sdk-check`:
-// the ram row with each suspend's dirty check digested here through an export of the weights
-// (VSNAP_DIRTY_CHECK=sdk), against the default's digest by the engine's workers, same run.
-// `ram-settle`: the ram row (overlap none only) with a pause of SETTLE_MS between the suspend and
-// the restore, so the restore's copy does not run just after the other engine's sleep freed its
-// weights (whether the driver's work on freed memory slows the copy that follows, same run).
-// `ram-jobs`: the ram row (overlap none only) with the RAM-tier copy as one transfer job per stage,
-// each after the one before (VSNAP_RAM_COPY=jobs: a thread a core, each on its own stream, every
-// stage drained before the next starts), against the default's one copy queue (one stream, every
-// stage queued as soon as it is ready), same run. `ram-late`: the ram row (overlap none only) with
-// the first part's copy started once the engine has answered its status (VSNAP_EARLY_COPY=0),
-// against the default's copy started while the status is read, same run. `ram-early-sleep`: the ram
-// row with the overlap modes asked for (`weights` and `all` differ) and the other engine's sleep as
-// soon as its suspend's checks are done (VSNAP_SWAP_SLEEP=early), not once the copy is over.
-// `ram2`: the ram row with every restore over two PCIe links (restoreEngine's multipath: part of
-// the bytes host -> GPU `--neighbour` -> NVLink peer copy), skipped where that GPU is missing.
-// Issue 25 (restores at the PCIe limit): the report opens with its targets, each against a ceiling
-// or reference measured in the same run (bench/swap-report.ts targetsTable): the RAM-tier restore
-// without the check <= 1.05x the bytes alone (raw pinned H2D of the engine's own regions, run by
-// the ceiling program before the RAM rows; without it the sweep's nearest layout), also per phase
-// (bytesAloneTable); the same restore <= 0.95x vLLM's level-1 /wake_up (the vllm-l1 row), with the
-// pinned host memory each holds per sleeping engine; the RAM-tier swap <= 0.45 s and the SDK-held
-// tier-0 swap <= 0.08 s (beside the engine row), serial and per overlap mode; the sweep's restore
-// via exported fds, 4,000 regions <= 1.1x of 36.
-// Bundle it into dist-gpu/ (the test helpers find test/fixtures from the package root above the
-// bundle) and run it as root, where test/gpu/run.sh has set VSNAP_REF_CUMEM_LIB:
+// One swap = suspendEngine of the awake engine (its snapshot is already durable) + restoreEngine of
+// the other; its wall time runs from the start of the suspend until the restore resolves. After
+// every swap the woken engine must give the greedy answer it gave before any swap.
+// Rows that run beside them: `sweep` (bench/swap-sweep.ts: the same bytes in 36 to 4,000 regions
+// restored from the RAM tier beside the raw pinned H2D of the same regions) before the engines
+// start, and `vllm-l1` (bench/swap-vllm.ts: vLLM's own level-1 sleep and wake of the awake engine),
+// after the RAM rows. `--overlap` runs tier0, ram and ram2 once per mode: `none` (suspend, then
+// restore), `kv` (the same, restoreEngine's overlapKvWake), `weights` and `all` (swapEngines with
+// that overlap). The report opens with issue 25's targets, each against a ceiling or reference
+// measured in the same run (bench/swap-report.ts): the bytes alone are the raw pinned H2D of the
+// engine's own regions (bench/ceiling.cu, run before the RAM rows).
 //   node dist-gpu/bench-engine-swap.mjs [--device cuda|host] [--layers 36] [--hidden 4096] [--reps 5]
-//     [--rows sweep,capture2,tier0,ram,ram-wake,ram-whole,ram-sdk-check,ram-settle,ram-jobs,ram-late,ram-early-sleep,ram2,vllm-l1,engine,pagecache,cold] [--neighbour 1] [--out bench/results] [--store /tmp/vsnap-swap-store]
-//     [--sweep-regions 36,252,1000,4000] [--sweep-gib 16] [--capture2-gib 16] [--ceiling dist-gpu/ceiling]
-//     [--vllm-cycles 3] [--hash-threads N] [--overlap none,kv,weights,all] [--trace]
-// Writes <out>/engine-swap-<GiB>GiB.json (every swap) and .md, prints the table; progress on stderr.
+//     [--rows sweep,tier0,ram,ram2,vllm-l1,engine,pagecache,cold] [--overlap none,kv,weights,all]
+//     [--neighbour 1] [--out bench/results] [--store /tmp/vsnap-swap-store] [--sweep-regions 36,252,1000,4000]
+//     [--sweep-gib 16] [--ceiling dist-gpu/ceiling] [--vllm-cycles 3]
+// Writes <out>/engine-swap-<GiB>GiB.json (every swap) and .md, prints the tables; progress on stderr.
 import { execSync } from 'node:child_process';
-import { existsSync, mkdirSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import { cpus, tmpdir } from 'node:os';
-import { basename, dirname, join } from 'node:path';
-import { setTimeout as sleep } from 'node:timers/promises';
+import { join } from 'node:path';
 import { isDeepStrictEqual, parseArgs } from 'node:util';
 
-import { captureEngine, cudaStatus, EngineClient, type EngineRestoreOptions, type EngineSuspendOptions, HostCache, type Manifest, RegionStore, ResidentWeights, restoreEngine, Snapshot, suspendEngine, swapEngines } from '../src/index.js';
+import { captureEngine, cudaStatus, EngineClient, type EngineRestoreOptions, type EngineSuspendOptions, HostCache, type Manifest, RegionStore, ResidentWeights, restoreEngine, type Snapshot, suspendEngine, swapEngines } from '../src/index.js';
 import { listDevices, releaseIdleResources } from '../src/plumbing.js';
-import { firstRegions } from '../src/flows/fill.js';
-import { regionId } from '../src/manifest/region-id.js';
-import { packageRoot } from '../src/native/index.js';
-import { askCapital, pluginSitePath, startEngine, type TestEngine } from '../test/helpers/engine.js';
-import { engineTierUnsupported } from '../test/helpers/vllm-src.js';
-import { type Capture2Result, capture2Table, runCapture2 } from './capture-two-gpu.js';
-import { bytesAloneOf, bytesAloneTable, type ModeRow, overlapTable, type PhaseRow, phaseTable, sweepTable, targetsTable, vllmTable } from './swap-report.js';
-import { type Ceiling, runCeiling, runSweep, type SweepRow } from './swap-sweep.js';
+import { type Answer, askCapital, engineTierUnsupported, type ReferenceEngine, startEngine } from './engine.js';
+import { bytesAloneOf, bytesAloneTable, type Ceiling, type ModeRow, overlapTable, type PhaseRow, phaseTable, sweepTable, type SweepRow, targetsTable, vllmTable } from './swap-report.js';
+import { runCeiling, runSweep } from './swap-sweep.js';
 import { gpuBytesOf, runVllmLevel1, type VllmLevel1Result } from './swap-vllm.js';
 
 const MiB = 1024 * 1024;
@@ -86,43 +42,22 @@ const TARGET_SECONDS = 1.0;
 const WARMUP = 2; // unmeasured swaps at the start of each row but cold (tier 0 needs both engines' weights held)
 const COLD_REPS = 2;
 const PROBE_TOKENS = 16;
-// The expected-response check the captures record (VSNAP_BENCH_CHECK=decode:16 for the older 16-token check; default: the SDK's, prefill:1).
-const CHECK = /^(prefill|decode):(\d+)$/.exec(process.env.VSNAP_BENCH_CHECK ?? '');
-const CHECK_OPTIONS = CHECK ? { check: { mode: CHECK[1] as 'prefill' | 'decode', maxTokens: Number(CHECK[2]) } } : {};
 
-type RowName = 'tier0' | 'engine' | 'ram' | 'ram-wake' | 'ram-whole' | 'ram-sdk-check' | 'ram-settle' | 'ram-jobs' | 'ram-late' | 'ram-early-sleep' | 'ram2' | 'pagecache' | 'cold';
+type RowName = 'tier0' | 'engine' | 'ram' | 'ram2' | 'pagecache' | 'cold';
 type Tier = 'gpu' | 'neighbour' | 'ram' | 'store' | 'engine';
-// The RAM rows before the engine row (never run on a GPU before issue 25): a failure there cannot cost them.
-const ROWS: readonly RowName[] = ['tier0', 'ram', 'ram-wake', 'ram-whole', 'ram-sdk-check', 'ram-settle', 'ram-jobs', 'ram-late', 'ram-early-sleep', 'ram2', 'engine', 'pagecache', 'cold'];
-type ExtraRow = 'sweep' | 'capture2' | 'vllm-l1';
-const EXTRA: readonly ExtraRow[] = ['sweep', 'capture2', 'vllm-l1'];
-const ALL_ROWS = ['sweep', 'capture2', 'tier0', 'ram', 'ram-wake', 'ram-whole', 'ram-sdk-check', 'ram-settle', 'ram-jobs', 'ram-late', 'ram-early-sleep', 'ram2', 'vllm-l1', 'engine', 'pagecache', 'cold'];
-/** ram-settle's pause between the suspend and the restore. */
-const SETTLE_MS = 500;
-/** What the RAM rows that measure another form set in the environment while they run. */
-const ROW_ENV: Partial<Record<RowName, Record<string, string>>> = {
-  'ram-wake': { VSNAP_RESTORE_TARGETS: 'wake' },
-  'ram-whole': { VSNAP_RESTORE_TARGETS: 'fill-whole' },
-  'ram-sdk-check': { VSNAP_DIRTY_CHECK: 'sdk' },
-  'ram-jobs': { VSNAP_RAM_COPY: 'jobs' },
-  'ram-late': { VSNAP_EARLY_COPY: '0' },
-  'ram-early-sleep': { VSNAP_SWAP_SLEEP: 'early' },
-};
+// The RAM rows before the engine row: a failure there cannot cost them; cold last, after the page cache was used.
+const ROWS: readonly RowName[] = ['tier0', 'ram', 'ram2', 'engine', 'pagecache', 'cold'];
+type ExtraRow = 'sweep' | 'vllm-l1';
+const EXTRA: readonly ExtraRow[] = ['sweep', 'vllm-l1'];
+const ALL_ROWS = ['sweep', 'tier0', 'ram', 'ram2', 'vllm-l1', 'engine', 'pagecache', 'cold'];
 type Overlap = 'none' | 'kv' | 'weights' | 'all';
 const OVERLAPS: readonly Overlap[] = ['none', 'kv', 'weights', 'all'];
 /** The rows the overlap modes apply to (the others run without overlap). */
-const OVERLAP_ROWS: readonly RowName[] = ['tier0', 'ram', 'ram-early-sleep', 'ram2'];
+const OVERLAP_ROWS: readonly RowName[] = ['tier0', 'ram', 'ram2'];
 const LABEL: Record<RowName, string> = {
   tier0: 'tier 0 (weights kept on the GPU)',
   engine: "tier 0, the engine's own (weights kept in the engine, KV cache released)",
   ram: 'RAM tier (hot, pinned HostCache)',
-  'ram-wake': "RAM tier, targets by the engine's wake and export (VSNAP_RESTORE_TARGETS=wake)",
-  'ram-whole': 'RAM tier, every region\'s memory made before the copy (VSNAP_RESTORE_TARGETS=fill-whole)',
-  'ram-sdk-check': 'RAM tier, the dirty check digested here through an export (VSNAP_DIRTY_CHECK=sdk)',
-  'ram-settle': `RAM tier, the restore ${SETTLE_MS} ms after the suspend`,
-  'ram-jobs': 'RAM tier, one transfer job per stage (VSNAP_RAM_COPY=jobs)',
-  'ram-late': "RAM tier, the copy started once the engine answered (VSNAP_EARLY_COPY=0)",
-  'ram-early-sleep': "RAM tier, overlapped, the other engine's sleep not waiting for the copy (VSNAP_SWAP_SLEEP=early)",
   ram2: 'RAM tier over two PCIe links (multipath)',
   pagecache: 'page cache (warm disk)',
   cold: 'cold disk (caches dropped, O_DIRECT)',
@@ -137,15 +72,12 @@ const { values: args } = parseArgs({
     rows: { type: 'string', default: ALL_ROWS.join(',') },
     'sweep-regions': { type: 'string', default: '36,252,1000,4000' },
     'sweep-gib': { type: 'string' },
-    'capture2-gib': { type: 'string', default: '16' },
     ceiling: { type: 'string', default: 'dist-gpu/ceiling' },
     'vllm-cycles': { type: 'string', default: '3' },
-    'hash-threads': { type: 'string', default: String(Math.min(cpus().length, 16)) },
     out: { type: 'string', default: 'bench/results' },
     store: { type: 'string', default: '/tmp/vsnap-swap-store' },
     overlap: { type: 'string', default: OVERLAPS.join(',') },
     neighbour: { type: 'string', default: '1' },
-    trace: { type: 'boolean', default: false },
   },
   strict: true,
 });
@@ -166,9 +98,7 @@ const extras = EXTRA.filter((r) => selected.includes(r));
 const sweepCounts = args['sweep-regions'].split(',').map((x) => positive('sweep-regions', x.trim()));
 // On the host the sweep's bytes are memfds: a small default keeps a dry run quick (timings there mean nothing).
 const sweepBytes = Math.round(Number(args['sweep-gib'] ?? (device === 'cuda' ? '16' : '0.25')) * 1024 ** 3);
-const capture2Bytes = Math.round(Number(args['capture2-gib']) * 1024 ** 3);
 const vllmCycles = positive('vllm-cycles', args['vllm-cycles']);
-const hashThreads = positive('hash-threads', args['hash-threads']);
 const neighbour = Number(args.neighbour);
 if (!Number.isInteger(neighbour) || neighbour < 0) throw new Error(`--neighbour must be a GPU ordinal, not ${JSON.stringify(args.neighbour)}`);
 const overlaps = args.overlap.split(',').map((o) => o.trim()).filter(Boolean) as Overlap[];
@@ -210,13 +140,12 @@ function dropCaches(): string | null {
   }
 }
 
-type Answer = Awaited<ReturnType<typeof askCapital>>;
 interface Side {
   readonly label: 'A' | 'B';
   readonly name: string;
   readonly model: string;
   readonly seed: number;
-  readonly engine: TestEngine;
+  readonly engine: ReferenceEngine;
   readonly client: EngineClient;
   bytes: number;
   regions: number;
@@ -238,8 +167,6 @@ interface SwapRecord {
   suspendSeconds: number;
   /** The suspend's phases (status, check, hold, sleep). */
   suspendPhases: Record<string, number>;
-  /** With --trace: [ms since the restore started, bytes copied, phase] per progress report of its copy. */
-  copyTrace?: Array<[number, number, string]>;
   /** The restore report's seconds. */
   restoreSeconds: number;
   tier: Tier;
@@ -276,12 +203,6 @@ interface RowResult {
   } | null;
 }
 
-// The test helpers start the engine from test/fixtures under the package root found above this file.
-const fixture = join(packageRoot(), 'test', 'fixtures', 'engine', 'serve.py');
-if (!existsSync(fixture)) {
-  throw new Error(`the reference engine is not at ${fixture}: bundle this benchmark into a folder of the vsnap checkout (dist-gpu/), not outside it`);
-}
-
 const cuda = await cudaStatus();
 if (device === 'cuda' && !cuda.available) throw new Error(`--device cuda needs a GPU: ${cuda.reason}`);
 const gpu = cuda.available ? (await listDevices())[0] : undefined;
@@ -294,7 +215,6 @@ const capture: Record<string, unknown> = {};
 let engineStartSeconds = 0;
 let awake = 0; // index into sides of the engine that is awake
 let sweep: { rows: SweepRow[]; cacheCreateSeconds: number; ceilingNote: string | null } | null = null;
-let capture2: Capture2Result | null = null;
 let vllmLevel1: VllmLevel1Result | null = null;
 let ramTierBytes: number | null = null;
 /** Raw pinned H2D of the engine's own regions (bench/ceiling.cu), measured before the RAM rows: target 1's "bytes alone". */
@@ -311,8 +231,6 @@ interface SwapMode {
   tier?: Tier | undefined;
   beforeSwap?: () => void;
   overlap?: Overlap;
-  /** Serial only: a pause between the suspend and the restore (ram-settle). */
-  settleMs?: number;
 }
 
 /** One swap: suspend the awake engine, restore the other; checks the tier and the answer. */
@@ -331,23 +249,14 @@ async function swap(
     dropCachesSeconds = since(t);
   }
   const overlap = mode.overlap ?? 'none';
-  // --trace: the copy's progress as the restore reports it (each copy job's end, and about every
-  // 100 ms within one), in ms since the restore started, to see where the hydrate's time goes.
-  const copyTrace: Array<[number, number, string]> | undefined = args.trace ? [] : undefined;
   const t0 = performance.now();
-  let restoreStarted = t0; // the restore's start: the swap's with overlap, else after the suspend
-  let settled = 0;
-  const traced = (restore: EngineRestoreOptions): EngineRestoreOptions =>
-    copyTrace
-      ? { ...restore, transfer: { ...restore.transfer, onProgress: (p) => copyTrace.push([performance.now() - restoreStarted, p.bytesDone, p.phase]) } }
-      : restore;
   let suspended: Awaited<ReturnType<typeof suspendEngine>>;
   let suspendSeconds: number;
   let report: Awaited<ReturnType<typeof restoreEngine>>;
   if (overlap === 'weights' || overlap === 'all') {
     const swapped = await swapEngines({
       suspend: { ...mode.suspend, client: from.client, store, name: from.name },
-      restore: { ...traced(mode.restore), source: to.snapshot!, client: to.client, overlapKvWake: true },
+      restore: { ...mode.restore, source: to.snapshot!, client: to.client, overlapKvWake: true },
       overlap,
     });
     ({ suspend: suspended, restore: report } = swapped);
@@ -355,15 +264,9 @@ async function swap(
   } else {
     suspended = await suspendEngine(store, from.name, from.client, mode.suspend);
     suspendSeconds = since(t0);
-    if (mode.settleMs) {
-      const paused = performance.now();
-      await sleep(mode.settleMs);
-      settled = since(paused);
-    }
-    restoreStarted = performance.now();
-    report = await restoreEngine(to.snapshot!, to.client, { ...traced(mode.restore), ...(overlap === 'kv' ? { overlapKvWake: true } : {}) });
+    report = await restoreEngine(to.snapshot!, to.client, { ...mode.restore, ...(overlap === 'kv' ? { overlapKvWake: true } : {}) });
   }
-  const wallSeconds = since(t0) - settled; // ram-settle's pause is not the swap's
+  const wallSeconds = since(t0);
   if (suspended.captured || suspended.alreadyAsleep) throw new Error(`suspend of ${from.label} did not find a durable snapshot or the engine was asleep (captured ${suspended.captured}, alreadyAsleep ${suspended.alreadyAsleep})`);
   awake = 1 - awake;
   if (mode.tier && report.tier !== mode.tier) throw new Error(`[${row}] swap ${index}: ${to.label} restored from the ${report.tier} tier, expected ${mode.tier}`);
@@ -386,7 +289,6 @@ async function swap(
     bytes: report.bytes,
     phases: { ...report.phases },
     hydrateGBps: hydrate ? report.bytes / hydrate / 1e9 : null,
-    ...(copyTrace ? { copyTrace } : {}),
     ...(dropCachesSeconds !== undefined ? { dropCachesSeconds } : {}),
     ...after,
   };
@@ -396,7 +298,6 @@ async function swap(
       `(suspend ${ms(suspendSeconds)}: ${listed(suspended.phases)}; restore ${ms(report.seconds)} from ${report.tier}: ${listed(report.phases)})` +
       (after.spawnSeconds !== undefined ? `; then nvidia-smi spawned in ${ms(after.spawnSeconds)}` : ''),
   );
-  if (copyTrace) log(`  copy trace (ms since the restore started: GiB copied): ${copyTrace.map(([t, b, phase]) => `${t.toFixed(1)}:${(b / 2 ** 30).toFixed(2)}${phase === 'copying' ? '' : ` ${phase}`}`).join(' ')}`);
   return record;
 }
 
@@ -405,7 +306,7 @@ async function swap(
  * memory the engine put to sleep still holds (nvidia-smi) and how long that spawn took.
  */
 async function afterSwap(row: RowName, index: number, from: Side, to: Side): Promise<{ asleepGpuBytes?: number | null; spawnSeconds?: number }> {
-  const answer = await askCapital(to.client, PROBE_TOKENS);
+  const answer = await askCapital(to.engine.url, PROBE_TOKENS);
   if (!isDeepStrictEqual(answer, to.answer)) {
     throw new Error(`[${row}] swap ${index}: engine ${to.label} answers differently after the swap:\n  before ${JSON.stringify(to.answer)}\n  after  ${JSON.stringify(answer)}`);
   }
@@ -539,21 +440,12 @@ const cacheBytes = (m: Manifest): number => [...m.regions()].reduce((n, { region
 /** Thrown (and not a failure) when no selected row needs the engines. */
 class NoEngines extends Error {}
 
-/** The addon's file, for worker threads to load (bench/run.sh sets VSNAP_NATIVE_PATH). */
-function nativePath(): string {
-  if (process.env.VSNAP_NATIVE_PATH) return process.env.VSNAP_NATIVE_PATH;
-  const dir = join(packageRoot(), 'prebuilds', 'linux-x64');
-  const file = existsSync(dir) ? readdirSync(dir).find((f) => f.endsWith('.node')) : undefined;
-  if (!file) throw new Error(`no prebuilt addon in ${dir}: set VSNAP_NATIVE_PATH`);
-  return join(dir, file);
-}
-
 /** vLLM's level-1 sleep and wake of the awake engine, once per run (bench/swap-vllm.ts). */
 async function vllmRow(): Promise<void> {
   if (!extras.includes('vllm-l1') || vllmLevel1) return;
   const s = sides[awake]!;
   log(`[vllm-l1] vLLM's level-1 sleep of engine ${s.label} (engine core pid ${s.engine.enginePid}), ${vllmCycles} cycles`);
-  vllmLevel1 = await runVllmLevel1(s.client, s.engine.enginePid, vllmCycles, s.answer, () => askCapital(s.client, PROBE_TOKENS), log);
+  vllmLevel1 = await runVllmLevel1(s.engine.url, s.engine.enginePid, vllmCycles, s.answer, () => askCapital(s.engine.url, PROBE_TOKENS), log);
 }
 
 /** A row's label: the tier's, with the overlap mode when not `none`. */
@@ -585,7 +477,7 @@ async function runRow(row: RowName): Promise<RowResult[]> {
     } finally {
       resident.close(); // the engine asleep now restores from the store or the RAM tier in the next rows
     }
-  } else if (row === 'ram' || row === 'ram2' || row.startsWith('ram-')) {
+  } else if (row === 'ram' || row === 'ram2') {
     const gpus = cuda.available ? (await listDevices()).length : 2; // the host backend has a stand-in neighbour
     if (row === 'ram2' && gpus <= neighbour) {
       result.skipped = `needs GPU ${neighbour} as the neighbour (${gpus} visible)`;
@@ -604,14 +496,8 @@ async function runRow(row: RowName): Promise<RowResult[]> {
       for (const s of sides) await cache.load(store, s.snapshot!.manifest);
       result.setup.cacheLoadSeconds = since(t);
       log(`[ram] HostCache of ${gib(budgetBytes)} GiB (${cache.pinned ? 'pinned' : 'not pinned'}) created in ${ms(result.setup.cacheCreateSeconds)}, both snapshots loaded in ${ms(result.setup.cacheLoadSeconds)}`);
-      const env = ROW_ENV[row] ?? {};
-      Object.assign(process.env, env);
-      try {
-        const tiers = { ram: cache, ...(row === 'ram2' ? { multipath: { neighbour } } : {}) };
-        await each({ suspend: {}, restore: { tiers }, tier: 'ram', ...(row === 'ram-settle' ? { settleMs: SETTLE_MS } : {}) });
-      } finally {
-        for (const name of Object.keys(env)) delete process.env[name];
-      }
+      const tiers = { ram: cache, ...(row === 'ram2' ? { multipath: { neighbour } } : {}) };
+      await each({ suspend: {}, restore: { tiers }, tier: 'ram' });
     } finally {
       cache.close();
     }
@@ -647,15 +533,8 @@ try {
     log(`[sweep] ${(sweepBytes / GiB).toFixed(2)} GiB in ${sweepCounts.join(', ')} regions, ${reps} restores each`);
     sweep = await runSweep({ device, totalBytes: sweepBytes, counts: sweepCounts, reps: Math.min(reps, 5), ceilingBin: args.ceiling, store, log });
   }
-  if (extras.includes('capture2')) {
-    const gpus = cuda.available ? (await listDevices()).length : 0;
-    capture2 = await runCapture2({ device, gpus, totalBytes: capture2Bytes, reps: Math.min(reps, 3), ceilingBin: args.ceiling, hashThreads, nativePath: nativePath(), store, log });
-    if (capture2.skipped) log(`[capture2] skipped: ${capture2.skipped}`);
-  }
   if (!needEngines) throw new NoEngines();
   // 1. Both engines, started at once; the weights bytes and the probe answer before any swap.
-  const site = pluginSitePath(); // made once (a temporary folder) and shared by both engines
-  if (dirname(site) === tmpdir() && basename(site).startsWith('vsnap-plugin-site-')) cleanup.push(['remove the plugin site', () => rmSync(site, { recursive: true, force: true })]);
   const t = performance.now();
   const specs = [
     { label: 'A' as const, seed: 1, name: 'swap-a', model: 'vsnap/reference-swap-a' },
@@ -663,7 +542,7 @@ try {
   ];
   const started = await Promise.allSettled(
     specs.map((s) =>
-      startEngine({ device, seed: s.seed, model: s.model, args: ['--layers', String(layers), '--hidden', String(hidden)], ...(device === 'cuda' ? { startTimeoutMs: 400_000 } : {}) }),
+      startEngine({ device, seed: s.seed, model: s.model, args: ['--layers', String(layers), '--hidden', String(hidden)], startTimeoutMs: device === 'cuda' ? 400_000 : 20_000 }),
     ),
   );
   for (const [i, r] of started.entries()) {
@@ -677,21 +556,8 @@ try {
   if (failed) throw (failed as PromiseRejectedResult).reason;
   engineStartSeconds = since(t);
   for (const s of sides) {
-    const status = await s.client.vsnapStatus();
-    s.bytes = status.ranks.reduce((n, r) => n + r.bytes, 0);
-    s.regions = status.ranks.reduce((n, r) => n + r.regions, 0);
-    s.answer = await askCapital(s.client, PROBE_TOKENS);
-    log(`engine ${s.label} (${s.model}, seed ${s.seed}) at ${s.engine.url}: ${gib(s.bytes)} GiB in ${s.regions} regions, answer ${JSON.stringify(s.answer.ids)}`);
-    // The regions the engine's wake writes into itself: a filled restore copies them after the wake (again, if among the first copied).
-    const table = (await s.client.vsnapDescribe()).flatMap((t) => t.regions.map((r) => ({ ...r, rank: t.rank })));
-    const written = table.filter((r) => r.wakeWrites !== false);
-    const sizes = [...new Set(table.map((r) => r.size))].sort((a, b) => b - a);
-    const first = firstRegions(table.map((r) => ({ rank: r.rank, key: r.key, tag: r.tag, size: r.size, tensors: r.tensors.length, device: undefined })));
-    const twice = written.filter((r) => first.has(regionId(r.rank, r.key)));
-    log(
-      `  its wake writes into ${written.length} of ${table.length} regions, ${gib(written.reduce((n, r) => n + r.size, 0))} GiB` +
-        ` (${written.filter((r) => r.tensors.length === 0).length} without a tensor of the model; keys ${written.slice(0, 6).map((r) => r.key).join(', ')}${written.length > 6 ? ', ...' : ''}); ${twice.length} of them among the first copied (copied twice, ${gib(twice.reduce((n, r) => n + r.size, 0))} GiB); region sizes (MiB) ${sizes.slice(0, 8).map((x) => (x / 2 ** 20).toFixed(0)).join(', ')}${sizes.length > 8 ? ', ...' : ''}`,
-    );
+    s.answer = await askCapital(s.engine.url, PROBE_TOKENS);
+    log(`engine ${s.label} (${s.model}, seed ${s.seed}) at ${s.engine.url}: answer ${JSON.stringify(s.answer.ids)}`);
   }
   log(`both engines up in ${engineStartSeconds.toFixed(1)} s`);
   if (isDeepStrictEqual(sides[0]!.answer, sides[1]!.answer)) throw new Error('engines A and B give the same answer: a swap could not be told from no swap');
@@ -699,11 +565,14 @@ try {
   // 2. Both captured, B suspended: A awake, B asleep.
   for (const s of sides) {
     const c = performance.now();
-    s.snapshot = await captureEngine(store, s.name, s.client, CHECK_OPTIONS);
+    s.snapshot = await captureEngine(store, s.name, s.client);
     const wall = since(c);
     const tr = s.snapshot.lastCapture!;
+    const regions = [...s.snapshot.manifest.regions()];
+    s.bytes = regions.reduce((n, { region }) => n + region.size, 0);
+    s.regions = regions.length;
     capture[s.label] = { wallSeconds: wall, transferSeconds: tr.seconds, bytes: tr.bytes, GBps: tr.bytesPerSecond / 1e9, dedupedBytes: tr.dedupedBytes ?? 0 };
-    log(`captured ${s.label}: ${gib(tr.bytes)} GiB in ${wall.toFixed(2)} s (transfer ${tr.seconds.toFixed(2)} s, ${(tr.bytesPerSecond / 1e9).toFixed(2)} GB/s)`);
+    log(`captured ${s.label}: ${gib(s.bytes)} GiB in ${s.regions} regions, ${gib(tr.bytes)} GiB moved in ${wall.toFixed(2)} s (transfer ${tr.seconds.toFixed(2)} s, ${(tr.bytesPerSecond / 1e9).toFixed(2)} GB/s)`);
   }
   const b = sides[1]!;
   const suspendB = await suspendEngine(store, b.name, b.client, { captureIfNeeded: true });
@@ -747,7 +616,7 @@ const result = {
   benchmark: 'engine-swap',
   target: { hotSwapSeconds: TARGET_SECONDS, description: 'hot swap of two 16 GiB engines <= 1.0 s end to end (issue 5)' },
   machine: { device, gpu: gpu?.name ?? null, driverCuda: cuda.available ? cuda.driverVersion : null, cpu: cpus()[0]?.model, cores: cpus().length, node: process.versions.node },
-  args: { device, layers, hidden, reps, rows: [...extras, ...rowsToRun], overlap: overlaps, warmup: WARMUP, coldReps: COLD_REPS, probeTokens: PROBE_TOKENS, check: CHECK ? CHECK[0] : 'prefill:1', sweepRegions: sweepCounts, sweepBytes, capture2Bytes, vllmCycles, hashThreads, vllmAllocator: process.env.VSNAP_VLLM_SRC ? 'vllm' : 'stand-in' },
+  args: { device, layers, hidden, reps, rows: [...extras, ...rowsToRun], overlap: overlaps, warmup: WARMUP, coldReps: COLD_REPS, probeTokens: PROBE_TOKENS, check: 'the SDK default', sweepRegions: sweepCounts, sweepBytes, vllmCycles, vllmAllocator: process.env.VSNAP_VLLM_SRC ? 'vllm' : 'stand-in' },
   engines: sides.map((s) => ({ label: s.label, name: s.name, model: s.model, seed: s.seed, url: s.engine.url, bytes: s.bytes, regions: s.regions, answer: s.answer })),
   engineStartSeconds,
   capture,
@@ -755,7 +624,6 @@ const result = {
   phases: phaseRows(),
   targets: null as string | null,
   sweep,
-  capture2,
   vllmLevel1,
   ramTierBytes,
   ramTierEngineBytes: sides[0]?.snapshot ? cacheBytes(sides[0].snapshot.manifest) : null,
@@ -829,25 +697,13 @@ const targets = targetsTable({
   vllm: vllmLevel1,
   ramTierEngineBytes: rows.some((r) => r.row === 'ram' && r.summary) ? ramTierEngineBytes : null,
 });
-const perPhase = bytesAloneTable(
-  [
-    ...modeRows('ram'),
-    ...modeRows('ram-whole').map((r) => ({ ...r, label: 'RAM tier, every region\'s memory made before the copy' })),
-    ...modeRows('ram-wake').map((r) => ({ ...r, label: "RAM tier, the engine's wake and export" })),
-    ...modeRows('ram-settle').map((r) => ({ ...r, label: `RAM tier, the restore ${SETTLE_MS} ms after the suspend` })),
-    ...modeRows('ram-jobs').map((r) => ({ ...r, label: 'RAM tier, one transfer job per stage' })),
-    ...modeRows('ram-late').map((r) => ({ ...r, label: 'RAM tier, the copy started once the engine answered' })),
-    ...modeRows('ram-early-sleep').map((r) => ({ ...r, label: `RAM tier, overlap ${r.overlap}, the other engine's sleep not waiting for the copy` })),
-  ],
-  bytesAlone,
-);
+const perPhase = bytesAloneTable(modeRows('ram'), bytesAlone);
 if (perPhase) lines.unshift(perPhase, '');
 if (targets) lines.unshift(targets, '');
 result.targets = targets || null;
 for (const t of [
   sweep ? sweepTable(sweep.rows, `${device}${gpu ? `, ${gpu.name}` : ''}`, sweep.ceilingNote) : '',
   overlapTable(rows.flatMap((r) => (OVERLAP_ROWS.includes(r.row) && r.summary ? [{ row: LABEL[r.row], overlap: r.overlap, swapMedian: r.summary.swapSeconds?.median ?? null, suspendMedian: r.summary.suspendSeconds?.median ?? null, restoreMedian: r.summary.restoreSeconds?.median ?? null, wakeKvCache: r.summary.phasesMedian.wakeKvCache ?? null, awaitRoom: r.summary.phasesMedian.awaitRoom ?? null }] : []))),
-  capture2Table(capture2),
   vllmTable(vllmLevel1, byRow('ram'), byRow('tier0'), ramTierBytes, byRow('ram2'), ramTierEngineBytes),
 ]) {
   if (t) lines.push('', t);
@@ -855,7 +711,7 @@ for (const t of [
 if (failure) lines.push('', `FAILED: ${cell(failure instanceof Error ? failure.message : String(failure))}`);
 const table = lines.join('\n');
 
-const anything = rows.length > 0 || sweep !== null || capture2 !== null || vllmLevel1 !== null;
+const anything = rows.length > 0 || sweep !== null || vllmLevel1 !== null;
 if (anything || failure) {
   mkdirSync(outDir, { recursive: true });
   const name = sides.length > 0 ? `engine-swap-${size}` : `swap-${extras.join('-') || 'none'}`;

@@ -2,15 +2,16 @@
 // same registry in the same run. CPU only: the CNCF distribution registry (Debian's
 // docker-registry) on loopback, plain HTTP, anonymous.
 //   npm run bench -- registry [GiB] [out-dir]
-import { execFileSync } from 'node:child_process';
-import { mkdirSync, mkdtempSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { execFileSync, spawn } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { createReadStream, mkdirSync, mkdtempSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { createServer } from 'node:net';
 import { cpus, tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
 
 import { RegionStore, Registry, Snapshot } from '../src/index.js';
 import { HostRegion } from '../src/plumbing.js';
-import { hashFile } from '../src/registry/push.js';
-import { startRegistry } from '../test/helpers/registry.js';
 
 const gib = Number(process.argv[2] ?? '2');
 const outDir = process.argv[3];
@@ -19,7 +20,33 @@ const size = Math.round(gib * GiB / 4096) * 4096;
 const dir = mkdtempSync(join(tmpdir(), 'vsnap-bench-registry-'));
 const rate = (bytes: number, s: number): number => bytes / s / 1e9;
 
-const reg = await startRegistry(dir, {});
+/** The distribution registry on a loopback port, plain HTTP, anonymous, storing under `dir`. */
+async function startRegistry(): Promise<{ host: string; prefix: string; close(): Promise<void> }> {
+  const port = await new Promise<number>((resolve) => {
+    const server = createServer().listen(0, '127.0.0.1', () => {
+      const p = (server.address() as { port: number }).port;
+      server.close(() => resolve(p));
+    });
+  });
+  const config = `version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: ${join(dir, 'storage')}\nhttp:\n  addr: 127.0.0.1:${port}\n  secret: bench\n`;
+  writeFileSync(join(dir, 'config.yml'), config);
+  const child = spawn('docker-registry', ['serve', join(dir, 'config.yml')], { stdio: 'ignore' });
+  const host = `127.0.0.1:${port}`;
+  for (let i = 0; ; i++) {
+    if ((await fetch(`http://${host}/v2/`).then((r) => r.ok, () => false)) || i > 300) break;
+    if (child.exitCode !== null) throw new Error(`docker-registry exited (${child.exitCode}): is Debian's docker-registry installed?`);
+    await sleep(50);
+  }
+  return { host, prefix: `http://${host}`, close: () => new Promise<void>((r) => (child.exitCode !== null ? r() : (child.once('exit', () => r()), child.kill('SIGTERM')))) };
+}
+/** The sha256 of a file, as the registry names a blob. */
+async function sha256(path: string): Promise<string> {
+  const h = createHash('sha256');
+  for await (const chunk of createReadStream(path)) h.update(chunk as Buffer);
+  return `sha256:${h.digest('hex')}`;
+}
+
+const reg = await startRegistry();
 try {
   const src = await RegionStore.open(join(dir, 'src'));
   const region = HostRegion.create(size, 'w');
@@ -35,7 +62,7 @@ try {
   const ref = `${reg.prefix}/bench/w:v1`;
   const pushed = await registry.push(src, 'bench', ref);
   const blob = [...(await src.get('bench')).regions()][0]!.region.blob;
-  const sha = await hashFile(src.blobPath(blob), size, undefined, () => undefined);
+  const sha = await sha256(src.blobPath(blob));
   const url = `http://${reg.host}/v2/bench/w/blobs/${sha}`;
 
   const rows: Array<{ what: string; bytes: number; seconds: number; gbps: number }> = [];

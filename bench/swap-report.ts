@@ -1,9 +1,59 @@
-// Markdown tables of `npm run bench -- swap`: the targets of issue 25 (each against its ceiling
-// or reference measured in the same run), the RAM-tier restore per phase against the bytes alone,
-// the phase breakdown per swap, the region-count sweep and vLLM's level-1 sleep beside vsnap (the
-// two-GPU capture's table is bench/capture-two-gpu.ts's).
-import type { Ceiling, SweepRow } from './swap-sweep.js';
+// Markdown tables of `npm run bench -- swap`, pure (no GPU, no engine): the targets of issue 25,
+// each against its ceiling or reference measured in the same run; the RAM-tier restore per phase
+// against the bytes alone; the phase breakdown per swap; the serial and overlapped swaps; the
+// region-count sweep; vLLM's level-1 sleep beside vsnap. The records they read are defined here.
 import type { VllmLevel1Result } from './swap-vllm.js';
+
+/** Raw cudaMemcpy between pinned memory and device buffers of the given sizes (bench/ceiling.cu's JSON). */
+export interface Ceiling {
+  bytes: number;
+  regions: number;
+  devices: number;
+  pinSeconds: number;
+  h2dGBps: { max: number; median: number };
+  d2hGBps: { max: number; median: number };
+  /** The host memory's pages: small or huge (one run), or which gave each direction's best (runCeiling). */
+  pages?: string;
+  /** Bytes of the host memory the kernel backed with huge pages (one run). */
+  hugeBytes?: number;
+  /** Each run runCeiling took the best of. */
+  variants?: Ceiling[];
+}
+
+/** One region count of the sweep: the same bytes restored from the RAM tier, two ways, beside the raw H2D. */
+export interface SweepRow {
+  regions: number;
+  bytes: number;
+  minRegionBytes: number;
+  maxRegionBytes: number;
+  setupSeconds: number;
+  captureSeconds: number;
+  /** Snapshot.restore into this process's device allocations, one per region. */
+  restoreSeconds: number[];
+  restoreMedianSeconds: number;
+  restoreGBps: number;
+  ceiling: Ceiling | null;
+  /** restore median / the first count's restore median. */
+  vsFirst: number | null;
+  /** restore GB/s / this row's raw pinned H2D (best of the ceiling's reps). */
+  vsCeiling: number | null;
+  /**
+   * GPU only: each allocation exported as a POSIX fd (the engine's export), then one MappedRegions
+   * set opened over the fds (import + map, pipelined as a restore maps an engine's regions), the
+   * restore and its GPU digest through it: timed from the first import to the verified copy.
+   */
+  imported: {
+    exportSeconds: number;
+    restoreSeconds: number[];
+    restoreMedianSeconds: number;
+    vsFirst: number | null;
+    vsCeiling: number | null;
+    /** Per restore: the set opened; the copy (the restore's `seconds`) and, of it, the first copy issued to the last byte landed; the digest waited for. */
+    phases: { openSeconds: number[]; copySeconds: number[]; issuedToLandedSeconds: number[]; digestSeconds: number[] };
+  } | null;
+  /** Why the via-fds restores did not run to the end (e.g. the process's fd limit), if they did not. */
+  importedError: string | null;
+}
 
 /** The upper median. */
 export const median = (v: readonly number[]): number => [...v].sort((a, b) => a - b)[Math.floor(v.length / 2)]!;
@@ -25,7 +75,7 @@ export interface PhaseRow {
   asleepGpuBytes?: number | null;
 }
 
-/** The flows' own phase names (src/snapshot/engine-flows.ts, phaseTimer laps), in the order they run. */
+/** The engine flows' phase names, in the order they run (names not listed here follow, sorted). */
 const SUSPEND_ORDER = ['status', 'check', 'digest', 'capture', 'hold', 'sleep'];
 const RESTORE_ORDER = ['sleep', 'allocate', 'describe', 'allocateRest', 'wakeWeights', 'export', 'validate', 'map', 'hydrate', 'verifyDigests', 'wakeWeightsWait', 'adoptWeights', 'awaitRoom', 'wakeKvCache', 'wakeKvCacheWait', 'resetPrefixCache', 'expectedResponse'];
 
@@ -55,7 +105,7 @@ export function phaseTable(rows: readonly PhaseRow[]): string {
     '',
     's.* = suspendEngine phases, r.* = restoreEngine phases (each the median over the row\'s measured swaps, so the phases need not add up to the median total exactly). ' +
       (res.includes('verifyDigests')
-        ? 'r.verifyDigests (waited): only the digest time the restore waited for. From the RAM tier the GPU digest of the regions holding the first 90% of the bytes runs while the rest is copied (Snapshot.restore, src/snapshot/copy-overlap.ts): that part is inside r.hydrate, and r.verifyDigests holds the tail\'s digest and whatever of the head\'s outlasted the copy.'
+        ? 'r.verifyDigests (waited): only the digest time the restore waited for. From the RAM tier the GPU digest of the regions holding the first 90% of the bytes runs while the rest is copied: that part is inside r.hydrate, and r.verifyDigests holds the tail\'s digest and whatever of the head\'s outlasted the copy.'
         : ''),
   );
   return lines.join('\n');
@@ -65,8 +115,8 @@ export function sweepTable(rows: readonly SweepRow[], device: string, note: stri
   if (rows.length === 0) return '';
   const n0 = rows[0]!.regions;
   const lines = [
-    `| region-count sweep, RAM-tier restore (${device}) | regions | region size (MiB) | restore median (ms) | GB/s | vs ${n0} regions | raw pinned H2D, same regions (GB/s) | vs raw H2D | export fds (ms) | restore via fds: map set, copy, digest (ms) | vs ${n0} regions | vs raw H2D | filled: memory made in the restore (ms) | vs ${n0} regions | vs raw H2D | woken: made, exported, mapped, copied (ms) | vs ${n0} regions | vs raw H2D |`,
-    '|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
+    `| region-count sweep, RAM-tier restore (${device}) | regions | region size (MiB) | restore median (ms) | GB/s | vs ${n0} regions | raw pinned H2D, same regions (GB/s) | vs raw H2D | export fds (ms) | restore via fds: map set, copy, digest (ms) | vs ${n0} regions | vs raw H2D |`,
+    '|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
   ];
   const x = (v: number | null | undefined): string => (v === null || v === undefined ? 'n/a' : `${f(v)}x`);
   for (const r of rows) {
@@ -75,9 +125,7 @@ export function sweepTable(rows: readonly SweepRow[], device: string, note: stri
     const im = r.imported;
     lines.push(
       `| ${f(r.bytes / GiB, 2)} GiB | ${r.regions} | ${size} | ${msCell(r.restoreMedianSeconds)} | ${f(r.restoreGBps, 2)} | ${x(r.vsFirst)} | ${f(r.ceiling?.h2dGBps.max, 2)} | ${x(r.vsCeiling)} | ` +
-        `${im ? msCell(im.exportSeconds) : 'n/a'} | ${im ? msCell(im.restoreMedianSeconds) : 'n/a'} | ${x(im?.vsFirst)} | ${x(im?.vsCeiling)} | ` +
-        `${r.filled ? msCell(r.filled.restoreMedianSeconds) : 'n/a'} | ${x(r.filled?.vsFirst)} | ${x(r.filled?.vsCeiling)} | ` +
-        `${r.woken ? msCell(r.woken.restoreMedianSeconds) : 'n/a'} | ${x(r.woken?.vsFirst)} | ${x(r.woken?.vsCeiling)} |`,
+        `${im ? msCell(im.exportSeconds) : 'n/a'} | ${im ? msCell(im.restoreMedianSeconds) : 'n/a'} | ${x(im?.vsFirst)} | ${x(im?.vsCeiling)} |`,
     );
   }
   const phased = rows.filter((r) => r.imported?.phases);
@@ -92,13 +140,12 @@ export function sweepTable(rows: readonly SweepRow[], device: string, note: stri
   }
   const worst = Math.max(...rows.map((r) => r.vsFirst ?? 0));
   const worstImported = rows.every((r) => r.imported) ? Math.max(...rows.map((r) => r.imported!.vsFirst ?? 0)) : null;
-  const worstFilled = rows.every((r) => r.filled) ? Math.max(...rows.map((r) => r.filled!.vsFirst ?? 0)) : null;
   lines.push(
     '',
     `Target (issue 25): restore via exported fds of 4,000 regions within ${TARGETS.fdsRegions}x of 36 (16 GiB); this run: ` +
       (worstImported === null ? 'no restore via fds' : `worst ${f(worstImported)}x via fds (${worstImported <= TARGETS.fdsRegions ? 'met' : 'not met'})`) +
-      ` (mapped without fds, every count against ${n0}: worst ${f(worst)}x${worstFilled === null ? '' : `; filled, restoreEngine's default form: worst ${f(worstFilled)}x`})` +
-      `. Snapshot.restore from the pinned RAM tier into one device allocation per region, median of the reps after one warm-up; "via fds" exports each allocation as a POSIX fd, then does what restoreEngine does with an engine's export: one region set over the fds (imported and mapped in restoreEngine's form: pipelined unless VSNAP_REGION_MAPPING says otherwise), the copy and its GPU digest through it, timed from the first import to the verified copy (the engine's export, which the plugin does in the engine process, is timed as the same exports in one process); "filled" is restoreEngine's default form: the memory made in the restore (the largest regions first, their copy started at once, the rest made beside it), every allocation's fd imported and mapped region by region beside the copy (the engine's adopt, which the plugin does in the engine process, stood in for in this one), timed from the first allocation to the verified copy with every region mapped; "woken" is its other form whole (VSNAP_RESTORE_TARGETS=wake): every region's memory made and mapped one after the other (the engine's wake), exported, then imported, mapped and copied into as "via fds", timed from the first allocation to the verified copy. ` +
+      ` (mapped without fds, every count against ${n0}: worst ${f(worst)}x)` +
+      `. Snapshot.restore from the pinned RAM tier into one device allocation per region, median of the reps after one warm-up; "via fds" exports each allocation as a POSIX fd, then does what a restore does with an engine's export: one region set over the fds (MappedRegions, pipelined), the copy and its GPU digest through it, timed from the first import to the verified copy (the engine's export, which the plugin does in the engine process, is timed as the same exports in one process). ` +
       `Not the reference engine: its regions are PyTorch caching-allocator segments, and every request under 10 MiB shares a 20 MiB segment, so 16 GiB in 4,000 own segments (4.2 MiB) cannot be made there.` +
       (note ? ` Ceiling: ${note}.` : ''),
   );
@@ -286,13 +333,6 @@ export function targetsTable(t: TargetsInput): string {
     const r = ratio(manyFds, fewFds);
     const tests = few.regions === 36 && many.regions === 4000 && few.bytes >= 16 * GiB ? '' : ` (${many.regions} vs ${few.regions} regions of ${f(few.bytes / GiB, 2)} GiB: the target is 4,000 vs 36 of 16 GiB, not tested)`;
     const why = manyFds === null || fewFds === null ? `n/a: ${many.importedError ?? few.importedError ?? 'no restore via fds (needs a GPU)'}` : null;
-    const fewFilled = few.filled?.restoreMedianSeconds ?? null;
-    const manyFilled = many.filled?.restoreMedianSeconds ?? null;
-    const rf = ratio(manyFilled, fewFilled);
-    const whyFilled = manyFilled === null || fewFilled === null ? `n/a: ${many.filledError ?? few.filledError ?? 'no filled restore (needs a GPU)'}` : null;
-    lines.push(
-      `| 5. restore into memory made in the restore (restoreEngine's default form), ${many.regions} regions <= ${TARGETS.fdsRegions}x ${few.regions} (same bytes) | ${whyFilled ?? `${msCell(manyFilled!)} ms`} | ${fewFilled === null ? 'n/a' : `${few.regions} regions filled ${msCell(fewFilled)} ms`} | ${x3(rf)} | ${verdict(rf === null ? null : rf <= TARGETS.fdsRegions)}${tests} |`,
-    );
     lines.push(
       `| 5. restore via exported fds, ${many.regions} regions <= ${TARGETS.fdsRegions}x ${few.regions} (same bytes) | ${why ?? `${msCell(manyFds!)} ms`} (mapped, no fds: ${msCell(many.restoreMedianSeconds)} ms) | ${fewFds === null ? 'n/a' : `${few.regions} regions via fds ${msCell(fewFds)} ms`} | ${x3(r)} | ${verdict(r === null ? null : r <= TARGETS.fdsRegions)}${tests} |`,
     );
@@ -324,7 +364,7 @@ export function bytesAloneTable(rows: readonly ModeRow[], b: BytesAlone | null):
   lines.push(`| of which outside the copy (restore without the check - r.hydrate; target 1 leaves it ${f(TARGETS.restoreVsBytes - 1, 2)}x) | ${rows.map((r, i) => (total[i] === null || r.row.restorePhases.hydrate === undefined ? '' : c(total[i]! - r.row.restorePhases.hydrate))).join(' | ')} |`);
   lines.push(
     '',
-    'Each phase is the median over the row\'s measured restores, so the phases need not add up to the median total; with overlap, phases that ran at the same time as others (restoreEngine\'s `overlapped`, e.g. r.wakeKvCache during the hydrate; with the default targets, memory made here and filled while the engine\'s wake adopts it: r.describe, r.validate, r.allocateRest (the memory of all but the largest regions, whose copy starts after r.allocate) and r.wakeWeights, r.wakeWeightsWait being what of them outlasted the hydrate) are counted in full but cost the restore only what stuck out. r.hydrate includes the digest of the first 90% of the bytes, which runs while the rest is copied; r.verifyDigests is the digest time the restore waited for after the copy.',
+    'Each phase is the median over the row\'s measured restores, so the phases need not add up to the median total; phases that ran at the same time as others (the restore report\'s `overlapped`) are counted in full but cost the restore only what stuck out. r.hydrate includes the digest of the first 90% of the bytes, which runs while the rest is copied; r.verifyDigests is the digest time the restore waited for after the copy.',
   );
   return lines.join('\n');
 }

@@ -1,4 +1,4 @@
-// The vllm-l1 row of `npm run bench -- swap` (issue 14): vLLM's own level-1 sleep of the awake
+// The vllm-l1 row of `npm run bench -- swap`: vLLM's own level-1 sleep of the awake
 // reference engine (`/sleep?level=1`, then `/wake_up`; dev routes, VLLM_SERVER_DEV_MODE=1), the
 // peer vsnap's RAM tier must beat. With VSNAP_VLLM_SRC set (bench/run.sh), the engine runs vLLM's
 // real allocator: level 1 copies every "weights" allocation into a CPU backup tensor made with
@@ -15,7 +15,7 @@ import { execFileSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { isDeepStrictEqual } from 'node:util';
 
-import type { EngineClient } from '../src/index.js';
+import { vllmRoutes } from './engine.js';
 
 const MiB = 1024 * 1024;
 
@@ -100,7 +100,7 @@ const delta = (a: number | null, b: number | null): number | null => (a === null
 
 /** `cycles` level-1 sleep/wake cycles of the awake engine; `ask` gives its probe answer, compared with `answer`. */
 export async function runVllmLevel1(
-  client: EngineClient,
+  url: string,
   enginePid: number,
   cycles: number,
   answer: unknown,
@@ -108,6 +108,7 @@ export async function runVllmLevel1(
   log: (m: string) => void,
 ): Promise<VllmLevel1Result> {
   const allocator = process.env.VSNAP_VLLM_SRC ? `vLLM's own (VSNAP_VLLM_SRC=${process.env.VSNAP_VLLM_SRC})` : "the reference engine's stand-in (no VSNAP_VLLM_SRC)";
+  const client = vllmRoutes(url);
   if (await client.isSleeping()) return { skipped: 'the engine to measure is asleep', allocator, cycles: [], summary: null };
   const out: SleepCycle[] = [];
   // One baseline for every cycle: after the first, torch's host allocator keeps the freed backup
@@ -117,7 +118,7 @@ export async function runVllmLevel1(
     const before = hostMemory(enginePid);
     const gpuBytesAwake = gpuBytesOf(enginePid);
     let t = performance.now();
-    await client.sleep({ level: 1 });
+    await client.sleep(1);
     const sleepSeconds = since(t);
     const asleep = hostMemory(enginePid);
     const gpuBytesAsleep = gpuBytesOf(enginePid);

@@ -1,10 +1,9 @@
 // vsnap transfer benchmark (device only; `npm run bench`). Moves the same bytes, in regions of
-// realistic sizes, every way this release can, and measures the ceiling in the same run:
+// realistic sizes, every way the public API can, and measures the ceiling in the same run:
 //   ceiling   raw cudaMemcpy H2D / D2H from pinned memory (bench/ceiling.cu), and dd O_DIRECT
 //   vsnap     capture GPU -> RAM tier (hashed, persist off) and its later persist to disk;
 //             capture GPU -> store; restore from the RAM tier, the page cache (warm) and cold
 //             disk (caches dropped; buffered and O_DIRECT); verify (re-hash) from the page cache
-//   checksum  xxh3-128 single-thread throughput
 //   peers     bench/peers.py on the same bytes (safetensors, torch copy_, the CUDA checkpoint
 //             API, reloading the reference engine); one GPU only, VSNAP_BENCH_PEERS=0 skips it
 // argv: <GiB> <out-dir> <store-dir> <ceiling binary> [devices]; with N devices, region i lives
@@ -15,12 +14,9 @@ import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node
 import { cpus } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { randomBytes } from 'node:crypto';
 
 import { cudaStatus, HostCache, RegionStore, Snapshot } from '../src/index.js';
 import { DeviceAllocation, listDevices, releaseIdleResources } from '../src/plumbing.js';
-import { native } from '../src/native/index.js';
-import { digestRegions } from '../src/digest/index.js';
 
 const MiB = 1024 * 1024;
 const GiB = 1024 * MiB;
@@ -70,15 +66,6 @@ const ceiling = JSON.parse(execFileSync(ceilingBin, ceilingArgs, { encoding: 'ut
   d2hGBps: { max: number; median: number };
 };
 console.error(`ceiling: H2D ${ceiling.h2dGBps.max} GB/s, D2H ${ceiling.d2hGBps.max} GB/s`);
-
-// checksum speed, one thread, 1 GiB of random bytes
-const buf = randomBytes(256 * MiB);
-const hashRuns: number[] = [];
-for (let i = 0; i < 5; i++) {
-  const t0 = performance.now();
-  native().checksum(buf);
-  hashRuns.push(gbps(buf.length, (performance.now() - t0) / 1000));
-}
 
 const allocations: DeviceAllocation[] = [];
 for (const [i, size] of sizes.entries()) {
@@ -155,19 +142,7 @@ if (dropCaches()) {
 }
 console.error(`hydrate cold: O_DIRECT ${coldDirect?.toFixed(2)} GB/s, buffered ${coldBuffered?.toFixed(2)} GB/s; dd O_DIRECT ${ddDirect?.toFixed(2)} GB/s`);
 
-// GPU digest (vsnap-gd1): every region through the SDK (wall: module load, launches, mapping),
-// then the kernel alone over one buffer of all the bytes vs a D2D copy of them (CUDA events).
-const sdkDigest = [];
-for (let r = 0; r < REPS; r++) sdkDigest.push(gbps(bytes, (await digestRegions(regions.map((x) => ({ size: x.size, chunkSize: 64 * MiB, memory: x.memory })))).seconds));
 for (const a of allocations) a.close();
-const [src, dst] = [await DeviceAllocation.allocate(0, bytes), await DeviceAllocation.allocate(0, bytes)];
-await src.fill(0, bytes, 0x5a);
-const dd = await native().digestBench(src.handle, dst.handle, bytes, 64 * MiB, 5);
-src.close();
-dst.close();
-const digestKernelGBps = Math.max(...dd.digestMs.map((ms) => gbps(bytes, ms / 1000)));
-const d2dCopyGBps = Math.max(...dd.copyMs.map((ms) => gbps(bytes, ms / 1000)));
-console.error(`GPU digest: kernel ${dd.digestMs.map((x) => x.toFixed(2)).join(', ')} ms; D2D copy ${dd.copyMs.map((x) => x.toFixed(2)).join(', ')} ms; SDK ${sdkDigest.map((x) => x.toFixed(1)).join(', ')} GB/s`);
 await releaseIdleResources();
 rmSync(storeRoot, { recursive: true, force: true });
 
@@ -196,7 +171,6 @@ const result = {
   devices: deviceCount,
   reps: REPS,
   ceiling: { h2dGBps: ceiling.h2dGBps.max, d2hGBps: ceiling.d2hGBps.max, pinSecondsPerGiB: ceiling.pinSeconds / (bytes / GiB), ddDirectGBps: ddDirect },
-  checksum: { algorithm: native().checksumAlgorithm, implementation: native().checksumImplementation, singleThreadGBps: Math.max(...hashRuns) },
   vsnap: {
     captureToRamTierGBps: { max: Math.max(...toRam), median: median(toRam) },
     persistFromRamTierSeconds: persistSeconds,
@@ -209,7 +183,6 @@ const result = {
     verifyWarmGBps: Math.max(...verifyRuns),
     hydrateColdDirectGBps: coldDirect,
     hydrateColdBufferedGBps: coldBuffered,
-    digest: { algorithm: native().digestAlgorithm, kernelMs: dd.digestMs, d2dCopyMs: dd.copyMs, kernelGBps: digestKernelGBps, d2dCopyGBps, sdkAllRegionsGBps: Math.max(...sdkDigest) },
   },
 };
 const ratio = (x: number | null, c: number | null): string => (x && c ? `${(x / c).toFixed(2)}x` : 'n/a');
@@ -229,10 +202,6 @@ const table = [
   `| vsnap persist of that capture, RAM tier -> disk (incl. fdatasync) | ${f(gbps(bytes, persistSeconds))} | |`,
   `| vsnap capture to disk (incl. fdatasync) | ${f(result.vsnap.captureGBps)} | ${ratio(result.vsnap.captureGBps, ceiling.d2hGBps.max)} D2H |`,
   `| vsnap verify (re-hash), page cache | ${f(result.vsnap.verifyWarmGBps)} | |`,
-  `| xxh3-128, one thread (${result.checksum.implementation}) | ${f(result.checksum.singleThreadGBps)} | |`,
-  `| ceiling: D2D copy of ${(bytes / GiB).toFixed(1)} GiB (cuMemcpyDtoD; reads and writes each byte), best of 5 | ${f(d2dCopyGBps)} | 1.00x |`,
-  `| vsnap GPU digest kernel, same bytes (reads each byte once), best of 5: ${Math.min(...dd.digestMs).toFixed(2)} ms | ${f(digestKernelGBps)} | ${ratio(digestKernelGBps, d2dCopyGBps)} D2D |`,
-  `| vsnap GPU digest of all ${sizes.length} regions through the SDK (wall), best of ${REPS} | ${f(Math.max(...sdkDigest))} | |`,
 ].join('\n');
 const suffix = deviceCount > 1 ? `-${deviceCount}gpu` : '';
 const full = peers ? `${table}\n\n${peers.table}` : table;

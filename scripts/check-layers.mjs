@@ -2,12 +2,17 @@
 // Checks the import graph of src/ against the layers of docs/architecture.md: a file may import only
 // from its own folder or from a folder of a lower layer, and no set of files may import each
 // other in a circle (type-only imports count: a circle of types is still a circle of concepts).
-// Exits 1 and lists every violation. `--print` prints the layers and the folder graph.
-import { readdirSync, readFileSync, statSync } from 'node:fs';
+// The bench (bench/) sits above cli: it may import only its own files and the package's entry
+// points (src/index.ts, src/plumbing.ts, src/serve/index.ts, or their builds under dist/), and is
+// in the circle check too. Exits 1 and lists every violation. `--print` prints the layers and the
+// folder graph.
+import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
 import { dirname, join, relative, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
-const root = resolve(dirname(fileURLToPath(import.meta.url)), '../src');
+const repo = resolve(dirname(fileURLToPath(import.meta.url)), '..');
+const root = join(repo, 'src');
+const bench = join(repo, 'bench');
 
 /**
  * The layers, lowest first. A folder imports only from folders listed before it; the files at the
@@ -35,8 +40,11 @@ export const LAYERS = [
   'cli', // the vsnap command
 ];
 const ENTRY_POINTS = new Set(['index.ts', 'plumbing.ts', 'serve/index.ts']);
+/** What a bench file may import outside bench/: the entry points, as sources or built. */
+const BENCH_MAY_IMPORT = new Set([...ENTRY_POINTS].flatMap((e) => [join(root, e), join(repo, 'dist', e)]));
 
 function walk(dir) {
+  if (!existsSync(dir)) return [];
   return readdirSync(dir).flatMap((name) => {
     const path = join(dir, name);
     if (statSync(path).isDirectory()) return walk(path);
@@ -59,11 +67,24 @@ function importsOf(file) {
     .filter((target, i, all) => all.indexOf(target) === i);
 }
 
+/** A bench file's imports that leave bench/ for anything but an entry point. */
+function benchProblems(file, targets) {
+  const rel = relative(repo, file);
+  return targets
+    .filter((t) => !t.startsWith(bench + '/') && !BENCH_MAY_IMPORT.has(t))
+    .map((t) => `${rel}: imports ${relative(repo, t)} (the bench may import only its own files and the entry points: ${[...ENTRY_POINTS].map((e) => `src/${e}`).join(', ')})`);
+}
+
 export function check() {
   const files = walk(root);
-  const graph = new Map(files.map((f) => [f, importsOf(f)]));
+  const benchFiles = walk(bench);
+  const graph = new Map([...files, ...benchFiles].map((f) => [f, importsOf(f)]));
   const problems = [];
   for (const [file, targets] of graph) {
+    if (file.startsWith(bench + '/')) {
+      problems.push(...benchProblems(file, targets));
+      continue;
+    }
     const rel = relative(root, file);
     const from = folderOf(file);
     const fromRank = LAYERS.indexOf(from);
@@ -102,7 +123,7 @@ export function check() {
       do {
         w = stack.pop();
         meta.get(w).on = false;
-        component.push(relative(root, w));
+        component.push(relative(repo, w));
       } while (w !== v);
       if (component.length > 1) circles.push(component.sort());
     }
@@ -117,6 +138,7 @@ if (process.argv[1] === fileURLToPath(import.meta.url)) {
   if (process.argv.includes('--print')) {
     const edges = new Map();
     for (const [file, targets] of graph) {
+      if (file.startsWith(bench + '/')) continue;
       for (const t of targets) {
         const a = folderOf(file);
         const b = folderOf(t);
@@ -130,5 +152,5 @@ if (process.argv[1] === fileURLToPath(import.meta.url)) {
     console.error(`layers: ${problems.length} problem(s):\n${problems.map((p) => `  - ${p}`).join('\n')}`);
     process.exit(1);
   }
-  console.log(`layers: ${graph.size} files, no upward import, no circle`);
+  console.log(`layers: ${graph.size} files (src/ and bench/), no upward import, no circle`);
 }

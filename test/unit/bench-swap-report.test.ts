@@ -1,10 +1,10 @@
-// The report of `npm run bench -- swap` against the targets of issue 25, on synthetic results (no
-// GPU): each target's value, the ceiling or reference of the same run, the ratio and the verdict;
-// what it says where a reference is missing; the RAM-tier restore per phase against the bytes alone.
+// The report of `npm run bench -- swap`, on synthetic results (no GPU): each of issue 25's targets
+// with its value, the ceiling or reference of the same run, the ratio and the verdict; what it says
+// where a reference is missing; the RAM-tier restore per phase against the bytes alone; the phase,
+// overlap, sweep and vLLM tables; the medians and the restore without its check.
 import { describe, expect, it } from 'vitest';
 
-import { bytesAloneOf, bytesAloneTable, type ModeRow, type PhaseRow, phaseTable, sweepTable, type TargetsInput, targetsTable, vllmTable } from '../../bench/swap-report.js';
-import type { Ceiling, SweepRow } from '../../bench/swap-sweep.js';
+import { bytesAloneOf, bytesAloneTable, type Ceiling, median, type ModeRow, overlapTable, type PhaseRow, phaseTable, sweepTable, type SweepRow, type TargetsInput, targetsTable, vllmTable, withoutCheck } from '../../bench/swap-report.js';
 import type { VllmLevel1Result } from '../../bench/swap-vllm.js';
 
 const GiB = 2 ** 30;
@@ -32,7 +32,7 @@ const vllm = (wake: number, held: number | null = 22.3 * GiB): VllmLevel1Result 
   cycles: [],
   summary: { firstSleepSeconds: 8.5, laterSleepMedianSeconds: 0.35, wakeMedianSeconds: wake, hostHeldBytes: held, hostHeldAfterWakeBytes: held, gpuBytesAsleep: 0.7 * GiB },
 });
-function sweepRow(regions: number, mapped: number, viaFds: number | null, bytes = 16 * GiB, filled: number | null = viaFds): SweepRow {
+function sweepRow(regions: number, mapped: number, viaFds: number | null, bytes = 16 * GiB): SweepRow {
   return {
     regions,
     bytes,
@@ -48,10 +48,6 @@ function sweepRow(regions: number, mapped: number, viaFds: number | null, bytes 
     vsCeiling: null,
     imported: viaFds === null ? null : { exportSeconds: 0.01, restoreSeconds: [viaFds], restoreMedianSeconds: viaFds, vsFirst: null, vsCeiling: null, phases: { openSeconds: [0.001], copySeconds: [viaFds], issuedToLandedSeconds: [viaFds], digestSeconds: [0] } },
     importedError: viaFds === null ? 'too many open files' : null,
-    filled: filled === null ? null : { restoreSeconds: [filled], restoreMedianSeconds: filled, vsFirst: null, vsCeiling: null },
-    filledError: filled === null ? 'out of memory' : null,
-    woken: null,
-    wokenError: 'no GPU',
   };
 }
 /** Engine-sized bytes at 54.4 GB/s: 0.3304 s alone. */
@@ -143,15 +139,6 @@ describe('bench swap report: the targets of issue 25', () => {
     expect(line(host, '5. restore via exported fds, 64 regions <= 1.1x 4')).toContain('not tested');
   });
 
-  it("5: the restore into memory made in the restore (restoreEngine's default form), the most regions against the fewest", () => {
-    const t = targetsTable(base({ sweep: [sweepRow(36, 0.312, 0.321, 16 * GiB, 0.330), sweepRow(4000, 0.326, 0.35, 16 * GiB, 0.340)] }));
-    expect(line(t, "5. restore into memory made in the restore (restoreEngine's default form), 4000 regions <= 1.1x 36")).toContain('| 340.0 ms | 36 regions filled 330.0 ms | 1.030x | met |');
-    const slow = targetsTable(base({ sweep: [sweepRow(36, 0.312, 0.321, 16 * GiB, 0.330), sweepRow(4000, 0.326, 0.35, 16 * GiB, 0.5)] }));
-    expect(line(slow, '5. restore into memory made in the restore')).toMatch(/\| 1\.515x \| not met \|$/);
-    const failed = targetsTable(base({ sweep: [sweepRow(36, 0.312, 0.321, 16 * GiB, 0.330), sweepRow(4000, 0.326, 0.35, 16 * GiB, null)] }));
-    expect(line(failed, '5. restore into memory made in the restore')).toMatch(/n\/a: out of memory .*\| n\/a \| n\/a \|$/);
-  });
-
   it('says what is missing instead of judging, and marks engines under 16 GiB', () => {
     const t = targetsTable(base({ bytesAlone: null, vllm: null, sweep: null }));
     expect(line(t, '1. RAM-tier restore without the check <= 1.05x the bytes alone, serial')).toMatch(/n\/a: no raw H2D this run .* \| n\/a \| n\/a \|$/);
@@ -209,5 +196,42 @@ describe('bench swap report: the tables beside the targets', () => {
     expect(t).toContain('Target (issue 25): restore via exported fds of 4,000 regions within 1.1x of 36 (16 GiB); this run: worst 1.121x via fds (not met)');
     // where the via-fds restores spent their time, per count
     expect(t).toContain('Restore via fds, where its time went (medians, ms): 36 regions: the set opened 1.0, the copy 321.0 (its first copy issued to its last byte 321.0), the digest waited for 0.0; 4000 regions:');
+  });
+});
+
+describe('bench swap report: serial against overlapped swaps', () => {
+  const row = (overlap: string, swapMedian: number) => ({ row: 'RAM tier', overlap, swapMedian, suspendMedian: 0.2, restoreMedian: 0.4, wakeKvCache: 0.05, awaitRoom: overlap === 'weights' ? 0.1 : null });
+
+  it('one line per mode, each against the same tier without overlap', () => {
+    const t = overlapTable([row('none', 0.8), row('weights', 0.6), row('all', 0.4)]);
+    expect(t).toContain('| RAM tier | none | 800.0 | 1.000x |');
+    expect(t).toContain('| RAM tier | weights | 600.0 | 0.750x | 200.0 | 400.0 | 50.0 | 100.0 |');
+    expect(t).toContain('| RAM tier | all | 400.0 | 0.500x |');
+  });
+
+  it('nothing without an overlapped mode; n/a without the serial row', () => {
+    expect(overlapTable([row('none', 0.8)])).toBe('');
+    expect(overlapTable([row('all', 0.4)])).toContain('| RAM tier | all | 400.0 | n/a |');
+  });
+});
+
+describe('bench swap report: medians and the restore without its check', () => {
+  it('takes the upper median, whatever the order', () => {
+    expect(median([3, 1, 2])).toBe(2);
+    expect(median([0.4, 0.1, 0.3, 0.2])).toBe(0.3);
+  });
+
+  it('puts the phases in flow order and compares the RAM tier without its check to the vLLM wake', () => {
+    const r = { label: 'RAM tier', swapMedian: 0.7, suspendMedian: 0.2, restoreMedian: 0.5, suspendPhases: { sleep: 0.1, status: 0.01 }, restorePhases: { expectedResponse: 0.2, hydrate: 0.25, wakeWeights: 0.02 } };
+    expect(withoutCheck(r.restoreMedian, r.restorePhases)).toBeCloseTo(0.3, 9);
+    expect(withoutCheck(r.restoreMedian, {})).toBeNull(); // a row that times no check of its own
+    const t = phaseTable([r]);
+    expect(t.indexOf('s.status')).toBeLessThan(t.indexOf('s.sleep'));
+    expect(t.indexOf('r.wakeWeights')).toBeLessThan(t.indexOf('r.hydrate'));
+    expect(t.indexOf('r.hydrate')).toBeLessThan(t.indexOf('r.expectedResponse'));
+    const v = vllmTable({ ...vllm(0.4, 23 * GiB), summary: { ...vllm(0.4, 23 * GiB).summary!, gpuBytesAsleep: null } }, r, undefined, 34 * GiB);
+    expect(v).toContain('0.750x'); // 0.3 / 0.4
+    expect(v).toMatch(/0\.750x, met/);
+    expect(v).toContain('23.00');
   });
 });
