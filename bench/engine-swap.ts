@@ -25,14 +25,14 @@
 // Writes <out>/engine-swap-<GiB>GiB.json (every swap) and .md, prints the tables; progress on stderr.
 import { execSync } from 'node:child_process';
 import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
-import { cpus, tmpdir } from 'node:os';
+import { cpus } from 'node:os';
 import { join } from 'node:path';
 import { isDeepStrictEqual, parseArgs } from 'node:util';
 
 import { captureEngine, cudaStatus, EngineClient, type EngineRestoreOptions, type EngineSuspendOptions, HostCache, type Manifest, RegionStore, ResidentWeights, restoreEngine, type Snapshot, suspendEngine, swapEngines } from '../src/index.js';
 import { listDevices, releaseIdleResources } from '../src/plumbing.js';
 import { type Answer, askCapital, engineTierUnsupported, type ReferenceEngine, startEngine } from './engine.js';
-import { bytesAloneOf, bytesAloneTable, type Ceiling, type ModeRow, overlapTable, type PhaseRow, phaseTable, sweepTable, type SweepRow, targetsTable, vllmTable } from './swap-report.js';
+import { bytesAloneOf, bytesAloneTable, type Ceiling, type ModeRow, overlapTable, type PhaseRow, phaseTable, stats, sweepTable, type SweepRow, targetsTable, vllmTable, type Stats } from './swap-report.js';
 import { runCeiling, runSweep } from './swap-sweep.js';
 import { gpuBytesOf, runVllmLevel1, type VllmLevel1Result } from './swap-vllm.js';
 
@@ -114,19 +114,6 @@ const since = (t: number): number => (performance.now() - t) / 1000;
 const gib = (bytes: number): string => (bytes / GiB).toFixed(2);
 const ms = (s: number): string => `${(s * 1000).toFixed(0)} ms`;
 
-interface Stats {
-  n: number;
-  min: number;
-  median: number;
-  max: number;
-}
-function stats(values: number[]): Stats | null {
-  if (values.length === 0) return null;
-  const v = [...values].sort((a, b) => a - b);
-  const mid = Math.floor(v.length / 2);
-  const median = v.length % 2 ? v[mid]! : (v[mid - 1]! + v[mid]!) / 2;
-  return { n: v.length, min: v[0]!, median, max: v.at(-1)! };
-}
 const medianOf = (values: number[]): number | null => stats(values)?.median ?? null;
 
 /** Drops the page cache (root only); null when it worked, else why not. */

@@ -55,7 +55,23 @@ export interface SweepRow {
   importedError: string | null;
 }
 
-/** The upper median. */
+/** A row's spread: count, least, median (the mean of the middle two for an even count) and most. */
+export interface Stats {
+  n: number;
+  min: number;
+  median: number;
+  max: number;
+}
+/** The spread of `values`, or null for none. */
+export function stats(values: readonly number[]): Stats | null {
+  if (values.length === 0) return null;
+  const v = [...values].sort((a, b) => a - b);
+  const mid = Math.floor(v.length / 2);
+  const median = v.length % 2 ? v[mid]! : (v[mid - 1]! + v[mid]!) / 2;
+  return { n: v.length, min: v[0]!, median, max: v.at(-1)! };
+}
+
+/** The upper median (the sweep's and the reports' own). */
 export const median = (v: readonly number[]): number => [...v].sort((a, b) => a - b)[Math.floor(v.length / 2)]!;
 
 const GiB = 2 ** 30;

@@ -4,7 +4,7 @@
 // overlap, sweep and vLLM tables; the medians and the restore without its check.
 import { describe, expect, it } from 'vitest';
 
-import { bytesAloneOf, bytesAloneTable, type Ceiling, median, type ModeRow, overlapTable, type PhaseRow, phaseTable, sweepTable, type SweepRow, type TargetsInput, targetsTable, vllmTable, withoutCheck } from '../../bench/swap-report.js';
+import { bytesAloneOf, bytesAloneTable, type Ceiling, median, stats, type ModeRow, overlapTable, type PhaseRow, phaseTable, sweepTable, type SweepRow, type TargetsInput, targetsTable, vllmTable, withoutCheck } from '../../bench/swap-report.js';
 import type { VllmLevel1Result } from '../../bench/swap-vllm.js';
 
 const GiB = 2 ** 30;
@@ -219,6 +219,12 @@ describe('bench swap report: medians and the restore without its check', () => {
   it('takes the upper median, whatever the order', () => {
     expect(median([3, 1, 2])).toBe(2);
     expect(median([0.4, 0.1, 0.3, 0.2])).toBe(0.3);
+  });
+
+  it("gives a row's swaps their count, least, median and most (the swap medians runs are compared on)", () => {
+    expect(stats([0.5, 0.3, 0.4])).toEqual({ n: 3, min: 0.3, median: 0.4, max: 0.5 });
+    expect(stats([0.4, 0.1, 0.3, 0.2])!.median).toBeCloseTo(0.25, 12); // the mean of the middle two
+    expect(stats([])).toBeNull();
   });
 
   it('puts the phases in flow order and compares the RAM tier without its check to the vLLM wake', () => {
