@@ -8,13 +8,15 @@
 #                                             made by test/fixtures/engine/vllm_src.py>: the engines run
 #                                             vLLM's own allocator (built here, as test/gpu/run.sh does)
 #   npm run bench -- registry [GiB] [out-dir] pull from a local registry against curl (CPU only)
+#   npm run bench -- compare <before.json> <after.json> [tolerance]   two swap runs' medians side by
+#                                             side, those more than tolerance (0.03) slower marked
 #   npm run bench -- bundle                   only the bundles (dist-gpu/bench-*.mjs), to carry
 # Builds the bundles, the ceiling program and the reference engine's allocator where the tools are
 # here; on a machine without npm, carry dist-gpu/ and run this same script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -x node_modules/.bin/esbuild ]; then
-  node_modules/.bin/esbuild bench/transfer.ts bench/engine-swap.ts --bundle --platform=node --format=esm --target=node20 \
+  node_modules/.bin/esbuild bench/transfer.ts bench/engine-swap.ts bench/compare.ts --bundle --platform=node --format=esm --target=node20 \
     --outdir=dist-gpu --entry-names='bench-[name]' --out-extension:.js=.mjs --log-level=warning --external:node-gyp-build \
     --banner:js="import { createRequire as __cr } from 'module'; const require = __cr(import.meta.url);"
 fi
@@ -23,6 +25,7 @@ case "${1:-}" in
     [ -x node_modules/.bin/esbuild ] || { echo "bench bundle: no node_modules/.bin/esbuild (npm ci first)" >&2; exit 1; }
     exit 0 ;;
   registry) shift; exec node_modules/.bin/tsx bench/registry.ts "$@" ;;
+  compare) shift; exec node dist-gpu/bench-compare.mjs "$@" ;;
 esac
 if [ -z "${VSNAP_NATIVE_PATH:-}" ]; then
   export VSNAP_NATIVE_PATH="$(ls "$PWD"/prebuilds/linux-x64/*.node | head -1)"
