@@ -22,6 +22,7 @@ def register():
     from . import adapter, api, bridge
 
     log = logging.getLogger("vsnap_vllm")
+    register_sleep_backend(log)
     # Worker side (runs in every process; only a worker ever calls load_model).
     try:
         adapter.patch_worker(bridge.BRIDGE.after_load, bridge.WORKER_METHODS, bridge.BRIDGE.fail)
@@ -48,3 +49,19 @@ def register():
     except Exception as e:  # noqa: BLE001
         api.MOUNTED.update(mechanism=None, detail=f"{type(e).__name__}: {e}")
         log.exception("vsnap: the /vsnap/v1 routes could NOT be attached")
+
+
+def register_sleep_backend(log):
+    """Registers the `vsnap` sleep-mode backend (--sleep-mode-backend vsnap) where vLLM has
+    SleepModeBackendFactory; lazy: its module is imported only when an engine selects it."""
+    try:
+        from vllm.device_allocator.sleep_mode_backend import SleepModeBackendFactory
+    except ImportError:
+        log.info("vsnap: this vLLM has no pluggable sleep-mode backends: --sleep-mode-backend vsnap is unavailable")
+        return
+    try:
+        SleepModeBackendFactory.register_backend("vsnap", "vsnap_vllm.sleep_backend", "VsnapSleepBackend")
+    except ValueError:
+        pass  # registered already in this process (a plugin may be loaded more than once)
+    except Exception as e:  # noqa: BLE001 - a plugin must never stop vLLM from starting
+        log.warning("vsnap: the vsnap sleep-mode backend could not be registered (%s: %s)", type(e).__name__, e)

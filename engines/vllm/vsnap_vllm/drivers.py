@@ -122,6 +122,7 @@ class CudaDriver:
         self._unmap = self._sig("cuMemUnmap", [u64, ctypes.c_size_t])
         self._set_access = self._sig("cuMemSetAccess", [u64, ctypes.c_size_t, ctypes.POINTER(_AccessDesc), ctypes.c_size_t])
         self._sig("cuMemcpyDtoD_v2", [u64, u64, ctypes.c_size_t])
+        self._sig("cuMemcpy", [u64, u64, ctypes.c_size_t])
         self._sig("cuMemGetAllocationPropertiesFromHandle", [ctypes.POINTER(_AllocationProp), u64])
         self._check(self._cu.cuInit(0), "cuInit")
         self._contexts = {}
@@ -319,6 +320,13 @@ class CudaDriver:
     def copy(self, device, dst, src, size):
         self.ensure_context(device)
         self._check(self._cu.cuMemcpyDtoD_v2(dst, src, size), "cuMemcpyDtoD")
+        self._check(self._cu.cuCtxSynchronize(), "cuCtxSynchronize")
+
+    def copy_host(self, device, dst, src, size):
+        """A copy between device memory and host memory of this process (either way, unified
+        addressing tells which is which), finished when it returns."""
+        self.ensure_context(device)
+        self._check(self._cu.cuMemcpy(dst, src, size), "cuMemcpy")
         self._check(self._cu.cuCtxSynchronize(), "cuCtxSynchronize")
 
     # ---- the GPU digest (vsnap-gd1) of memory mapped in this process
@@ -530,6 +538,9 @@ class HostDriver:
             os.close(handle & ~HOST_FABRIC_BIT)
 
     def copy(self, device, dst, src, size):
+        ctypes.memmove(dst, src, size)
+
+    def copy_host(self, device, dst, src, size):
         ctypes.memmove(dst, src, size)
 
 
