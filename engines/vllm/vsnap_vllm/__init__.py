@@ -1,11 +1,21 @@
 """vsnap-vllm: the vLLM side of vsnap. Loaded by vLLM in every process through the
 `vllm.general_plugins` entry point (VLLM_PLUGINS=vsnap). In worker processes it makes the
-weights memory exportable and adds the vsnap_status / vsnap_export worker methods; in the API
-server it adds the authenticated /vsnap/v1 routes. Set VSNAP_VLLM_DISABLE=1 to turn it off."""
+weights memory exportable and adds the vsnap_status / vsnap_export worker methods (the worker
+extension class VsnapWorkerExtension); in the API server it adds the authenticated /vsnap/v1
+routes; everywhere it registers the `vsnap` sleep-mode backend. VSNAP_VLLM_DISABLE=1 turns it off."""
 
 __version__ = "0.1.0"
 
 _registered = False
+__all__ = ["VsnapWorkerExtension", "register"]
+
+
+def __getattr__(name):
+    if name == "VsnapWorkerExtension":  # `--worker-extension-cls vsnap_vllm.VsnapWorkerExtension`
+        from .worker import VsnapWorkerExtension
+
+        return VsnapWorkerExtension
+    raise AttributeError(name)
 
 
 def register():
@@ -23,11 +33,15 @@ def register():
 
     log = logging.getLogger("vsnap_vllm")
     register_sleep_backend(log)
-    # Worker side (runs in every process; only a worker ever calls load_model).
+    # Worker side (runs in every process; only a worker ever calls load_model): the worker methods
+    # as an extension class (worker.py), the bridge's after-load step (adapter.wrap_load_model).
     try:
-        adapter.patch_worker(bridge.BRIDGE.after_load, bridge.WORKER_METHODS, bridge.BRIDGE.fail)
+        from .worker import VsnapWorkerExtension
+
+        adapter.add_worker_extension(VsnapWorkerExtension)
+        adapter.wrap_load_model(bridge.BRIDGE.after_load, bridge.BRIDGE.fail)
     except Exception as e:  # noqa: BLE001 - a plugin must never stop vLLM from starting
-        bridge.BRIDGE.fail("patch_worker", e)
+        bridge.BRIDGE.fail("worker extension", e)
     if adapter.rust_frontend():
         # No FastAPI app will exist in this serve: nothing below can attach a route.
         api.MOUNTED.update(mechanism=None, detail=adapter.RUST_FRONTEND_DETAIL)
