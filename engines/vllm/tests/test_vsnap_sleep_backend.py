@@ -129,6 +129,26 @@ class LevelsTest(BackendTest):
         self.assertEqual(self.answer(worker), expected)
 
 
+class DiscardTest(BackendTest):
+    def test_discard_releases_the_kv_cache_as_cumem_and_a_discarded_sleep_drops_its_hold(self):
+        worker = self.load()
+        expected = self.answer(worker)
+        worker.discard(["kv_cache"])  # the KV-cache release (EngineCore.release_kv_cache_memory)
+        self.assertEqual(self.asleep(), {"kv_cache"})
+        self.assertEqual(worker._sleep_mode_backend.state(), "SUSPENDED")
+        worker.wake_up(["kv_cache"])
+        self.assertEqual(worker._sleep_mode_backend.state(), "RUNNING")
+        self.assertEqual(self.answer(worker), expected)
+        worker.sleep(1)
+        self.assertEqual(len(self.holds()), 1)
+        worker.discard(["weights"])  # content not kept: the hold on the tier ends
+        self.assertEqual(self.holds(), [])
+        worker.wake_up(["weights"])  # fresh memory, as cumem's after a discard
+        worker.reload_weights()
+        worker.wake_up(["kv_cache"])
+        self.assertEqual(self.answer(worker), expected)
+
+
 class RlLoopTest(BackendTest):
     def test_weights_updated_between_sleeps_come_back_never_the_stale_ones(self):
         worker = self.load()

@@ -104,6 +104,15 @@ class RoutesTest(unittest.TestCase):
             self.assertEqual(e.answer(), expected)
         self.assertEqual(os.listdir(os.path.join(self.dir, "holds")), [])
 
+    def test_tensor_parallel_ranks_each_put_their_shard_in_the_tier(self):
+        a = self.start(extra=("--tensor-parallel-size", "2"))
+        expected = a.answer()
+        self.assertEqual(a.call("POST", "/sleep?level=1")[0], 200)
+        self.assertEqual(len(os.listdir(os.path.join(self.dir, "holds"))), 2)  # one a rank
+        self.assertEqual(a.call("POST", "/sleep?level=2")[0], 200)  # asleep already: a no-op, as vLLM's executor
+        self.assertEqual(a.call("POST", "/wake_up")[0], 200)
+        self.assertEqual(a.answer(), expected)
+
     def test_an_engine_of_another_model_beside_them_is_held_apart(self):
         a, c = self.start(), self.start(seed=2)
         answers = (a.answer(), c.answer())
