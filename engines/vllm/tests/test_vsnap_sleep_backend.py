@@ -246,7 +246,7 @@ class FullTierTest(BackendTest):
         self.assertEqual(self.holds(), [])
         self.wake(worker)
         self.assertEqual(self.answer(worker), expected)
-        with self.assertRaisesRegex(SleepRefused, "does not hold"):
+        with self.assertRaisesRegex(SleepRefused, "more do not fit .a larger tier budget"):
             worker.sleep(2)
         self.assertEqual(self.asleep(), set())
 

@@ -26,9 +26,9 @@ from .drivers import default_driver
 from .ram_tier import RamTier, TierFull, TierUnavailable, region_key
 
 try:
-    from vllm.device_allocator.sleep_mode_backend import SleepModeBackend
+    from vllm.device_allocator.sleep_mode_backend import CuMemBackend, SleepModeBackend
 except ImportError:  # vLLM without pluggable sleep-mode backends: this module is never selected
-    SleepModeBackend = object
+    CuMemBackend = SleepModeBackend = object
 
 log = logging.getLogger("vsnap_vllm")
 WEIGHTS = "weights"
@@ -56,6 +56,7 @@ class VsnapSleepBackend(SleepModeBackend):
         self._owner = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self._held = None  # [(va, size, key, device)] of the weights the tier holds for this sleep
         self._driver = None
+        self._cumem = CuMemBackend()  # without the tier (or with it too full): vLLM's own backend, as it is
         try:
             self._tier = RamTier.open(os.environ.get("VSNAP_RAM_TIER"))
         except TierUnavailable as e:
@@ -73,50 +74,61 @@ class VsnapSleepBackend(SleepModeBackend):
         return [(va, d.handle[1], d.handle[0]) for va, d in sorted(datas, key=lambda x: x[0])]
 
     def _digests(self, regions):
+        """Each region's tier key, the regions of a device digested in one call."""
         if self._driver is None:
             self._driver = default_driver()
-        keys = []
-        for va, size, device in regions:
-            chunks = self._driver.digest_many(device, [(va, size)], CHUNK)[0]
-            keys.append(region_key(chunks, size))
+        keys = [None] * len(regions)
+        for device in {d for _, _, d in regions}:
+            mine = [i for i, (_, _, d) in enumerate(regions) if d == device]
+            chunks = self._driver.digest_many(device, [(regions[i][0], regions[i][1]) for i in mine], CHUNK)
+            for i, c in zip(mine, chunks):
+                keys[i] = region_key(c, regions[i][1])
         return keys
 
     def _take(self, regions, keys):
-        """The weights into the tier (only the regions it lacks are copied)."""
+        """The weights into the tier (only the regions it lacks are copied); held for this engine."""
         missing = self._tier.admit(self._owner, dict(zip(keys, (s for _, s, _ in regions))))
         written = set()
-        for (va, size, device), key in zip(regions, keys):
-            if key in missing and key not in written:
-                self._tier.write(key, size, lambda address, va=va, size=size, device=device: self._driver.copy_host(device, address, va, size))
-                written.add(key)
-            else:
-                self._tier.touch(key)
+        try:
+            for (va, size, device), key in zip(regions, keys):
+                if key in missing and key not in written:
+                    self._tier.write(key, size, lambda address, va=va, size=size, device=device: self._driver.copy_host(device, address, va, size))
+                    written.add(key)
+                else:
+                    self._tier.touch(key)
+        except BaseException:
+            self._tier.release(self._owner)
+            raise
         log.info("vsnap: %d weights regions in the RAM tier (%d copied, %d held already)", len(regions), len(written), len(regions) - len(written))
 
     def suspend(self, level=1):
-        allocator = _allocator()
         if self._tier is None:
+            self._cumem.suspend(level)
             self._state = "SUSPENDED"
-            allocator.sleep(offload_tags=(WEIGHTS,) if level == 1 else ())
             return
+        allocator = _allocator()
         regions = self._weights(allocator)
         keys = self._digests(regions)
         if level == 2:
-            lacking = [k for k in keys if not self._tier.has(k)]
+            # held first, then checked: an entry another engine evicts meanwhile counts as lacking
+            try:
+                lacking = self._tier.admit(self._owner, dict(zip(keys, (s for _, s, _ in regions))))
+            except TierFull as e:
+                lacking, reason = keys, f"{e} (a larger tier budget, or a level-1 sleep, which keeps vLLM's own host copy then)"
+            else:
+                reason = (f"the RAM tier at {self._tier.path} does not hold {len(lacking)} of {len(keys)} weights regions as they are now "
+                          "(sleep at level 1 first, which puts them there)")
             if lacking:
-                raise SleepRefused(f"vsnap: level-2 sleep refused, nothing released: the RAM tier at {self._tier.path} does not hold "
-                                   f"{len(lacking)} of {len(keys)} weights regions as they are now (sleep at level 1 first, which "
-                                   "puts them there, or make room in the tier)")
-            self._tier.admit(self._owner, dict(zip(keys, (s for _, s, _ in regions))))
+                self._tier.release(self._owner)
+                raise SleepRefused(f"vsnap: level-2 sleep refused, nothing released: {reason}")
         else:
             try:
                 self._take(regions, keys)
-            except TierFull as e:
+            except (TierFull, OSError) as e:
                 log.warning("vsnap: %s: this level-1 sleep keeps vLLM's own host copy of the weights", e)
                 self._held = None
-                self._tier.release(self._owner)
+                self._cumem.suspend(1)
                 self._state = "SUSPENDED"
-                allocator.sleep(offload_tags=(WEIGHTS,))
                 return
         self._held = [(va, size, key, device) for (va, size, device), key in zip(regions, keys)]
         self._state = "SUSPENDED"
@@ -126,9 +138,12 @@ class VsnapSleepBackend(SleepModeBackend):
         allocator = _allocator()
         self._state = "RESUMING"
         try:
-            allocator.wake_up(tags)
-            if self._held is not None and (tags is None or WEIGHTS in tags):
-                self._hydrate(allocator)
+            if self._held is None:
+                self._cumem.resume(tags)
+            else:
+                allocator.wake_up(tags)
+                if tags is None or WEIGHTS in tags:
+                    self._hydrate(allocator)
         finally:
             asleep = any(getattr(d, "is_asleep", False) for d in allocator.pointer_to_data.values())
             self._state = "SUSPENDED" if asleep else "RUNNING"
@@ -140,8 +155,7 @@ class VsnapSleepBackend(SleepModeBackend):
                 if fail_after is not None and n == fail_after:
                     raise RuntimeError(f"failpoint hydrate:{fail_after}")
                 self._tier.read(key, size, lambda address, va=va, size=size, device=device: self._driver.copy_host(device, va, address, size))
-            regions = [(va, size, device) for va, size, _, device in self._held]
-            got = self._digests(regions)
+            got = self._digests([(va, size, device) for va, size, _, device in self._held])
             bad = [hex(va) for (va, _, key, _), k in zip(self._held, got) if k != key]
             if bad:
                 raise RuntimeError(f"{len(bad)} restored weights regions do not match what was put to sleep ({', '.join(bad[:4])})")
