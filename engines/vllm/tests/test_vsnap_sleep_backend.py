@@ -219,6 +219,23 @@ class FailureTest(BackendTest):
         self.assertEqual(self.holds(), [])
         self.assertEqual(os.listdir(os.path.join(self.dir, "tmp")), [])
 
+    def test_on_an_allocator_without_discard_a_failed_wake_still_leaves_the_weights_asleep(self):
+        worker = self.load()
+        expected = self.answer(worker)
+        worker.sleep(1)
+        os.environ["VSNAP_SLEEP_FAILPOINT"] = "hydrate:2"
+        saved = cumem.CuMemAllocator.discard
+        del cumem.CuMemAllocator.discard
+        try:
+            with self.assertRaises(WakeFailed):
+                worker.wake_up(None)
+        finally:
+            cumem.CuMemAllocator.discard = saved
+        self.assertEqual(self.asleep(), {"weights", "kv_cache"})
+        os.environ.pop("VSNAP_SLEEP_FAILPOINT")
+        worker.wake_up(None)
+        self.assertEqual(self.answer(worker), expected)
+
     def test_an_entry_changed_behind_its_back_is_found_before_the_engine_serves(self):
         worker = self.load()
         worker.sleep(1)

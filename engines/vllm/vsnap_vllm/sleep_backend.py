@@ -160,7 +160,7 @@ class VsnapSleepBackend(SleepModeBackend):
             if bad:
                 raise RuntimeError(f"{len(bad)} restored weights regions do not match what was put to sleep ({', '.join(bad[:4])})")
         except Exception as e:
-            allocator.discard((WEIGHTS,))  # the weights asleep again: no half-restored model serves
+            _release_weights(allocator)  # the weights asleep again: no half-restored model serves
             raise WakeFailed(f"vsnap: the weights could not be restored from the RAM tier at {self._tier.path} ({type(e).__name__}: {e}); "
                              "the engine stays asleep: retry the wake, or wake the weights and call reload_weights") from e
         self._held = None
@@ -172,6 +172,16 @@ class VsnapSleepBackend(SleepModeBackend):
             self._held = None
             self._tier.release(self._owner)
         self._state = "SUSPENDED"
+
+
+def _release_weights(allocator):
+    """Puts the weights back to sleep without a copy: the allocator's discard(tags), or, on an
+    allocator without one (vLLM main's cumem.py at e5337d96), a sleep of every mapped allocation,
+    which the executor still counts asleep (its wake failed)."""
+    if hasattr(allocator, "discard"):
+        allocator.discard((WEIGHTS,))
+    else:
+        allocator.sleep(offload_tags=())
 
 
 def _failpoint(name):
