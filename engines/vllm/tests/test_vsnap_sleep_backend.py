@@ -249,6 +249,61 @@ class FailureTest(BackendTest):
         self.assertIn("weights", self.asleep())
 
 
+def tier_mappings(path):
+    with open("/proc/self/maps") as f:
+        return sum(1 for line in f if os.path.join(path, "entries") in line or os.path.join(path, "tmp") in line)
+
+
+class MappingTest(BackendTest):
+    def test_the_entries_stay_mapped_and_page_locked_from_sleep_to_wake_then_are_let_go(self):
+        from vsnap_vllm import drivers
+
+        calls = []
+
+        class Locking(drivers.HostDriver):
+            def host_register(self, device, address, size):
+                calls.append(("register", address))
+                return True
+
+            def host_unregister(self, device, address):
+                calls.append(("unregister", address))
+
+        worker = self.load()
+        expected = self.answer(worker)
+        worker._get_sleep_mode_backend()._driver = Locking()
+        for level in (1, 2):
+            worker.sleep(level)
+            held = len(self.tier.entries())
+            self.assertEqual(tier_mappings(self.dir), held)
+            self.assertEqual(sorted(a for k, a in calls if k == "register"), sorted(m[0] for m in worker._sleep_mode_backend._maps.values()))
+            self.wake(worker)
+            self.assertEqual(tier_mappings(self.dir), 0)
+            self.assertEqual(sorted(a for k, a in calls if k == "unregister"), sorted(a for k, a in calls if k == "register"))
+            self.assertEqual(self.answer(worker), expected)
+            calls.clear()
+
+    def test_a_tmpfs_without_room_for_an_entry_keeps_vllm_s_host_copy(self):
+        import errno
+
+        worker = self.load()
+        expected = self.answer(worker)
+        real = os.posix_fallocate
+
+        def full(fd, offset, size):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        os.posix_fallocate = full
+        try:
+            with self.assertLogs("vsnap_vllm", level="WARNING") as logs:
+                worker.sleep(1)
+        finally:
+            os.posix_fallocate = real
+        self.assertIn("No space left on device", logs.output[0])
+        self.assertEqual((self.holds(), tier_mappings(self.dir), os.listdir(os.path.join(self.dir, "tmp"))), ([], 0, []))
+        self.wake(worker)
+        self.assertEqual(self.answer(worker), expected)
+
+
 class FullTierTest(BackendTest):
     budget = 64 << 10  # one host region: the weights do not fit
 

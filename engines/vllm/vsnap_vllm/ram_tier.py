@@ -196,27 +196,55 @@ class RamTier:
         except OSError:
             return 0
 
-    def write(self, key, size, fill):
-        """Creates entry `key` of `size` bytes: `fill(address)` writes them into a mapping of the
-        new file; renamed into entries/ once it returns."""
+    def create(self, key, size):
+        """A new entry `key` of `size` bytes, mapped for writing: (its temporary path, the mapping's
+        address). `commit` makes it an entry (the mapping stays: `unmap` it); `abandon` drops it."""
         tmp = os.path.join(self.path, "tmp", f"{key}.{uuid.uuid4().hex}")
         fd = os.open(tmp, os.O_CREAT | os.O_RDWR | os.O_EXCL, 0o600)
         try:
-            os.ftruncate(fd, size)
-            address = _mmap(0, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd)
-            try:
-                fill(address)
-            finally:
-                _libc.munmap(ctypes.c_void_p(address), size)
-            os.replace(tmp, self._file(key))
+            # allocated now: a full tmpfs refuses here (ENOSPC) instead of a SIGBUS during the copy
+            os.posix_fallocate(fd, 0, size)
+            return tmp, _mmap(0, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd)
         except BaseException:
-            try:
-                os.remove(tmp)
-            except OSError:
-                pass
+            os.remove(tmp)
             raise
         finally:
             os.close(fd)
+
+    def commit(self, tmp, key):
+        os.replace(tmp, self._file(key))
+
+    @staticmethod
+    def abandon(tmp, address, size):
+        _libc.munmap(ctypes.c_void_p(address), size)
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+
+    def write(self, key, size, fill):
+        """Creates entry `key` of `size` bytes: `fill(address)` writes them into a mapping of the
+        new file; renamed into entries/ once it returns."""
+        tmp, address = self.create(key, size)
+        try:
+            fill(address)
+            self.commit(tmp, key)
+        except BaseException:
+            self.abandon(tmp, address, size)
+            raise
+        self.unmap(address, size)
+
+    def map(self, key, size):
+        """A shared mapping of entry `key` (FileNotFoundError when it is gone); `unmap` it."""
+        fd = os.open(self._file(key), os.O_RDWR)
+        try:
+            return _mmap(0, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd)
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def unmap(address, size):
+        _libc.munmap(ctypes.c_void_p(address), size)
 
     def read(self, key, size, drain):
         """`drain(address)` with entry `key` mapped read-only (FileNotFoundError when it is gone)."""

@@ -55,6 +55,7 @@ class VsnapSleepBackend(SleepModeBackend):
         self._state = "RUNNING"
         self._owner = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self._held = None  # [(va, size, key, device)] of the weights the tier holds for this sleep
+        self._maps = {}  # key -> (address, size, device, page-locked): the held entries, mapped from sleep to wake
         self._driver = None
         self._cumem = CuMemBackend()  # without the tier (or with it too full): vLLM's own backend, as it is
         try:
@@ -85,21 +86,52 @@ class VsnapSleepBackend(SleepModeBackend):
                 keys[i] = region_key(c, regions[i][1])
         return keys
 
-    def _take(self, regions, keys):
-        """The weights into the tier (only the regions it lacks are copied); held for this engine."""
+    def _map(self, key, size, device, address):
+        """Keeps entry `key` mapped (and page-locked where the driver can) until the wake, so the
+        copies to and from it run at the link's rate, not through pageable memory."""
+        self._maps[key] = (address, size, device, self._driver.host_register(device, address, size))
+
+    def _unmap_all(self):
+        maps, self._maps = self._maps, {}
+        for address, size, device, locked in maps.values():
+            if locked:
+                self._driver.host_unregister(device, address)
+            RamTier.unmap(address, size)
+
+    def _take(self, regions, keys, copy=True):
+        """The weights' entries held for this engine and mapped; with `copy`, the regions the tier
+        lacks copied into it (the rest only touched). Returns the keys the tier lacked."""
         missing = self._tier.admit(self._owner, dict(zip(keys, (s for _, s, _ in regions))))
+        if missing and not copy:
+            self._tier.release(self._owner)
+            return missing
         written = set()
         try:
             for (va, size, device), key in zip(regions, keys):
-                if key in missing and key not in written:
-                    self._tier.write(key, size, lambda address, va=va, size=size, device=device: self._driver.copy_host(device, address, va, size))
+                if key in self._maps:
+                    continue
+                if key in missing:
+                    tmp, address = self._tier.create(key, size)
+                    try:
+                        self._map(key, size, device, address)
+                        self._driver.copy_host(device, address, va, size)
+                        self._tier.commit(tmp, key)
+                    except BaseException:
+                        entry = self._maps.pop(key, None)
+                        if entry and entry[3]:
+                            self._driver.host_unregister(device, address)
+                        self._tier.abandon(tmp, address, size)
+                        raise
                     written.add(key)
                 else:
+                    self._map(key, size, device, self._tier.map(key, size))
                     self._tier.touch(key)
         except BaseException:
+            self._unmap_all()
             self._tier.release(self._owner)
             raise
         log.info("vsnap: %d weights regions in the RAM tier (%d copied, %d held already)", len(regions), len(written), len(regions) - len(written))
+        return {}
 
     def suspend(self, level=1):
         if self._tier is None:
@@ -112,14 +144,15 @@ class VsnapSleepBackend(SleepModeBackend):
         if level == 2:
             # held first, then checked: an entry another engine evicts meanwhile counts as lacking
             try:
-                lacking = self._tier.admit(self._owner, dict(zip(keys, (s for _, s, _ in regions))))
+                lacking = self._take(regions, keys, copy=False)
             except TierFull as e:
                 lacking, reason = keys, f"{e} (a larger tier budget, or a level-1 sleep, which keeps vLLM's own host copy then)"
+            except OSError as e:
+                lacking, reason = keys, f"the RAM tier at {self._tier.path} could not be mapped ({e})"
             else:
                 reason = (f"the RAM tier at {self._tier.path} does not hold {len(lacking)} of {len(keys)} weights regions as they are now "
                           "(sleep at level 1 first, which puts them there)")
             if lacking:
-                self._tier.release(self._owner)
                 raise SleepRefused(f"vsnap: level-2 sleep refused, nothing released: {reason}")
         else:
             try:
@@ -154,7 +187,7 @@ class VsnapSleepBackend(SleepModeBackend):
             for n, (va, size, key, device) in enumerate(self._held):
                 if fail_after is not None and n == fail_after:
                     raise RuntimeError(f"failpoint hydrate:{fail_after}")
-                self._tier.read(key, size, lambda address, va=va, size=size, device=device: self._driver.copy_host(device, va, address, size))
+                self._driver.copy_host(device, va, self._maps[key][0], size)
             got = self._digests([(va, size, device) for va, size, _, device in self._held])
             bad = [hex(va) for (va, _, key, _), k in zip(self._held, got) if k != key]
             if bad:
@@ -164,12 +197,14 @@ class VsnapSleepBackend(SleepModeBackend):
             raise WakeFailed(f"vsnap: the weights could not be restored from the RAM tier at {self._tier.path} ({type(e).__name__}: {e}); "
                              "the engine stays asleep: retry the wake, or wake the weights and call reload_weights") from e
         self._held = None
+        self._unmap_all()
         self._tier.release(self._owner)
 
     def discard(self, tags):
         _allocator().discard(tags)
         if WEIGHTS in tags and self._held is not None:
             self._held = None
+            self._unmap_all()
             self._tier.release(self._owner)
         self._state = "SUSPENDED"
 
