@@ -6,7 +6,7 @@
 // cycle through cumem beside it, timed (logged, not asserted).
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, openSync, readdirSync, readSync, rmSync, writeSync, closeSync } from 'node:fs';
+import { closeSync, existsSync, mkdtempSync, openSync, readdirSync, readSync, rmSync, writeSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -49,7 +49,7 @@ describe('GPU: --sleep-mode-backend vsnap', async () => {
   };
 
   before(() => {
-    dir = mkdtempSync(join(tmpdir(), 'vsnap-gpu-ram-tier-'));
+    dir = mkdtempSync(join(existsSync('/dev/shm') ? '/dev/shm' : tmpdir(), 'vsnap-gpu-ram-tier-')); // tmpfs, as deployed
     tier(dir, 'init', '--budget', '64GiB');
   });
   after(async () => {
