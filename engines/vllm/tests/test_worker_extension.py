@@ -24,8 +24,12 @@ class RlExtension:
         return {"rank": self.rank, "vsnap": hasattr(self, "vsnap_status")}
 
 
+class Combined(VsnapWorkerExtension, RlExtension):
+    """A user's mixin of vsnap's extension and their own."""
+
+
 class InProcessTest(unittest.TestCase):
-    def test_the_plugin_adds_the_extension_once_and_vllm_then_adds_the_user_s_beside_it(self):
+    def test_the_plugin_adds_the_extension_once(self):
         cls = type("Worker", (worker_base.WorkerBase,), {"load_model": lambda self: None, "rank": 0})
         real = adapter.worker_class
         adapter.worker_class = lambda: cls
@@ -36,8 +40,19 @@ class InProcessTest(unittest.TestCase):
             adapter.worker_class = real
         self.assertEqual(cls.__bases__.count(VsnapWorkerExtension), 1)
         worker_base.inject_worker_extension(cls, "vsnap_vllm.VsnapWorkerExtension")  # named as well: nothing added
-        worker_base.inject_worker_extension(cls, f"{__name__}.RlExtension")
-        self.assertEqual(cls.__bases__[-2:], (VsnapWorkerExtension, RlExtension))
+        self.assertEqual(cls.__bases__.count(VsnapWorkerExtension), 1)
+
+    def test_the_plugin_adds_it_after_vllm_added_the_user_s_and_leaves_a_mixin_as_it_is(self):
+        for named, bases in ((f"{__name__}.RlExtension", (RlExtension, VsnapWorkerExtension)), (f"{__name__}.Combined", (Combined,))):
+            cls = type("Worker", (worker_base.WorkerBase,), {"load_model": lambda self: None, "rank": 0})
+            worker_base.inject_worker_extension(cls, named)  # vLLM's init_worker, before the worker exists
+            real = adapter.worker_class
+            adapter.worker_class = lambda: cls
+            try:
+                adapter.add_worker_extension(VsnapWorkerExtension)  # the plugin, once the model is loaded
+            finally:
+                adapter.worker_class = real
+            self.assertEqual(cls.__bases__[1:], bases)
         self.assertNotIn("vsnap_status", vars(cls))  # no attribute set on the worker class itself
 
     def test_a_clash_is_refused_before_anything_changes(self):
@@ -70,6 +85,13 @@ class ServedTest(unittest.TestCase):
         status, body = self.engine.call("POST", "/collective_rpc", {"method": "vsnap_status"})
         self.assertEqual(status, 200)
         self.assertIn("supported", body["results"][0])
+
+    def test_a_mixin_of_vsnap_s_extension_and_the_user_s(self):
+        self.engine = Engine(self.dir, extra=("--worker-extension-cls", "tests.test_worker_extension.Combined"))
+        self.assertEqual(self.engine.call("POST", "/collective_rpc", {"method": "rl_ping"}), (200, {"results": [{"rank": 0, "vsnap": True}]}))
+        status, body = self.engine.call("POST", "/collective_rpc", {"method": "vsnap_status"})
+        self.assertEqual(status, 200, body)
+        self.assertTrue(body["results"][0]["supported"], body)
 
     def test_naming_vsnap_s_class_is_the_same(self):
         self.engine = Engine(self.dir, extra=("--worker-extension-cls", "vsnap_vllm.VsnapWorkerExtension"))

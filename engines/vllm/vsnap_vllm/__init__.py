@@ -38,8 +38,13 @@ def register():
     try:
         from .worker import VsnapWorkerExtension
 
-        adapter.add_worker_extension(VsnapWorkerExtension)
-        adapter.wrap_load_model(bridge.BRIDGE.after_load, bridge.BRIDGE.fail)
+        def after_load(worker):
+            # after vLLM added the class --worker-extension-cls names (init_worker, before the
+            # worker exists): a class that mixes VsnapWorkerExtension in is then left as it is
+            adapter.add_worker_extension(VsnapWorkerExtension)
+            bridge.BRIDGE.after_load(worker)
+
+        adapter.wrap_load_model(after_load, bridge.BRIDGE.fail)
     except Exception as e:  # noqa: BLE001 - a plugin must never stop vLLM from starting
         bridge.BRIDGE.fail("worker extension", e)
     if adapter.rust_frontend():

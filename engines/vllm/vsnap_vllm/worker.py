@@ -3,15 +3,14 @@ extension: `--worker-extension-cls vsnap_vllm.VsnapWorkerExtension` (vLLM's
 ParallelConfig.worker_extension_cls: the class joins the worker's bases, its methods answer
 collective_rpc).
 
-vLLM takes one extension class, and RL frameworks set their own; so the plugin adds this one to
-the worker's bases itself, the way vLLM adds the named one (adapter.add_worker_extension), and a
-user's own class needs nothing from vsnap:
+vLLM takes one extension class, and RL frameworks set their own; so once the model is loaded
+the plugin adds this class to the worker's bases itself, the way vLLM adds the named one
+(adapter.add_worker_extension), unless the worker has it already. Any of these works:
 
-    --worker-extension-cls my_rl.WeightSyncExtension      # vsnap's methods are there as well
-
-Naming this class instead is the same (vLLM sees it among the bases and adds nothing). A class
-that subclasses it is refused by vLLM (its vsnap_* attributes are the worker's already): name
-your own class, not a subclass of this one."""
+    --worker-extension-cls my_rl.WeightSyncExtension        # vsnap's methods are added beside it
+    --worker-extension-cls my_rl.Combined                   # class Combined(VsnapWorkerExtension, WeightSyncExtension)
+    --worker-extension-cls vsnap_vllm.VsnapWorkerExtension  # the same as naming none
+"""
 
 from . import bridge
 
