@@ -6,13 +6,14 @@
 // cycle through cumem beside it, timed (logged, not asserted).
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { closeSync, existsSync, mkdtempSync, openSync, readdirSync, readSync, rmSync, writeSync } from 'node:fs';
+import { closeSync, existsSync, mkdtempSync, openSync, readdirSync, readFileSync, readSync, rmSync, writeSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 
 import { cudaStatus, EngineClient } from '../../src/index.js';
 import { askCapital, pluginSitePath, startEngine, syncWeights, type TestEngine } from '../helpers/engine.js';
+import { gpuMemoryOf } from './nvidia-smi.js';
 
 const ARGS = ['--layers', '18', '--hidden', '2048'];
 const ask = (c: EngineClient) => askCapital(c, 16);
@@ -20,6 +21,11 @@ const ask = (c: EngineClient) => askCapital(c, 16);
 function tier(dir: string, ...args: string[]): { used_bytes: number; entries: number; held: number } {
   const out = execFileSync('python3', ['-m', 'vsnap_vllm.ram_tier', ...args, dir], { encoding: 'utf8', env: { ...process.env, PYTHONPATH: pluginSitePath() } });
   return JSON.parse(out) as { used_bytes: number; entries: number; held: number };
+}
+
+/** How many mappings of the tier's files a process holds (the worker keeps them from sleep to wake only). */
+function tierMappings(pid: number, dir: string): number {
+  return readFileSync(`/proc/${pid}/maps`, 'utf8').split('\n').filter((l) => l.includes(dir)).length;
 }
 
 async function timed(fn: () => Promise<unknown>): Promise<number> {
@@ -119,13 +125,17 @@ describe('GPU: --sleep-mode-backend vsnap', async () => {
     const byte = Buffer.alloc(1);
     readSync(fd, byte, 0, 1, 0);
     writeSync(fd, Buffer.from([byte[0]! ^ 0xff]), 0, 1, 0);
+    const asleepMiB = gpuMemoryOf(a.e.enginePid);
     await assert.rejects(a.c.wakeUp({ tags: ['weights'] }), /do not match what was put to sleep/);
     assert.equal(await a.c.isSleeping(), true);
+    // the weights memory the failed wake had mapped is released again (vLLM's allocator frees it)
+    if (asleepMiB !== null) assert.ok(gpuMemoryOf(a.e.enginePid)! <= asleepMiB + 64, `GPU memory after the failed wake: ${gpuMemoryOf(a.e.enginePid)} MiB, asleep ${asleepMiB} MiB`);
     writeSync(fd, byte, 0, 1, 0);
     closeSync(fd);
     await a.c.wakeUp();
     await a.c.resetPrefixCache();
     assert.deepEqual(await ask(a.c), expected);
+    assert.equal(tierMappings(a.e.enginePid, dir), 0, 'the tier entries are let go after the wake');
     await stop(a);
   });
 

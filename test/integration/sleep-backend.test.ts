@@ -1,5 +1,5 @@
 import { execFileSync } from 'node:child_process';
-import { closeSync, openSync, readdirSync, readSync, writeSync } from 'node:fs';
+import { closeSync, openSync, readdirSync, readFileSync, readSync, writeSync } from 'node:fs';
 import { join } from 'node:path';
 
 import { afterEach, describe, expect, it } from 'vitest';
@@ -34,6 +34,11 @@ async function start(dir: string | undefined, seed = 1) {
 
 async function answer(c: EngineClient): Promise<string> {
   return (await c.completions({ prompt: 'The capital of France is', max_tokens: 6 })).text;
+}
+
+/** How many mappings of the tier's files a process holds (the worker keeps them from sleep to wake only). */
+function tierMappings(pid: number, dir: string): number {
+  return readFileSync(`/proc/${pid}/maps`, 'utf8').split('\n').filter((l) => l.includes(dir)).length;
 }
 
 function newTier(): string {
@@ -99,12 +104,17 @@ describe('--sleep-mode-backend vsnap', () => {
     const byte = Buffer.alloc(1);
     readSync(fd, byte, 0, 1, 0);
     writeSync(fd, Buffer.from([byte[0]! ^ 0xff]), 0, 1, 0);
+    const held = tierMappings(a.e.enginePid, dir);
+    expect(held).toBe(readdirSync(join(dir, 'entries')).length);
     await expect(a.c.wakeUp({ tags: ['weights'] })).rejects.toThrow(/the engine stays asleep: retry the wake/);
     expect(await a.c.isSleeping()).toBe(true);
+    expect(tierMappings(a.e.enginePid, dir)).toBe(held); // kept for the retry
     writeSync(fd, byte, 0, 1, 0);
     closeSync(fd);
     await a.c.wakeUp();
     expect(await answer(a.c)).toBe(expected);
+    expect(tierMappings(a.e.enginePid, dir)).toBe(0);
+    expect(readdirSync(join(dir, 'holds'))).toEqual([]);
   });
 
   it('without a RAM tier it sleeps as cumem and says so in one line', async () => {
