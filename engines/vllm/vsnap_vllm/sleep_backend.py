@@ -7,15 +7,16 @@ What each level does (the KV cache, and every tag other than the weights, as vLL
 released at sleep, new memory at wake):
 - suspend(1): the weights regions are digested (vsnap-gd1, on the GPU) and written into the shared
   RAM tier (ram_tier.py) unless it holds those bytes already (then nothing is copied), then
-  released; the tier holds them for this engine until its wake.
+  released; the tier holds them for this engine until its wake, and the worker keeps their files
+  mapped and page-locked until then, so the copies both ways run from pinned memory.
 - suspend(2): released only if the RAM tier holds every weights region's current bytes (their
   digests match); otherwise refused with an error, nothing released.
 - resume(tags): vLLM's allocator maps new memory at the same addresses; the weights are copied
   back from the tier and digested; a mismatch or a failure leaves the weights asleep (released
   again) and raises, so the engine stays asleep and a retry of the wake can succeed.
-- Without a RAM tier (VSNAP_RAM_TIER unset or not made), level 1 and 2 are exactly vLLM's cumem
-  backend, said in one log line. A tier too full for a level-1 sleep keeps vLLM's own host copy
-  for that sleep (logged); a level-2 sleep is then refused with the reason.
+- Without a RAM tier (VSNAP_RAM_TIER unset or not made), sleep and wake are vLLM's CuMemBackend
+  itself, said in one log line. A tier too full (or a tmpfs without room) for a level-1 sleep
+  hands that sleep to CuMemBackend (logged); a level-2 sleep is then refused with the reason.
 VSNAP_SLEEP_FAILPOINT=hydrate:N (tests) fails a wake after N regions were copied back."""
 
 import logging
