@@ -201,6 +201,9 @@ CUresult cuMemSetAccess(CUdeviceptr va, size_t size, const struct Access* desc, 
   return r;
 }
 CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t size) { (void)dst; (void)src; (void)size; return need_context("cuMemcpyDtoD_v2"); }
+CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t size) { (void)dst; (void)src; (void)size; return need_context("cuMemcpy"); }
+CUresult cuMemHostRegister_v2(void* p, size_t size, unsigned int flags) { (void)p; (void)size; (void)flags; return need_context("cuMemHostRegister_v2"); }
+CUresult cuMemHostUnregister(void* p) { (void)p; return need_context("cuMemHostUnregister"); }
 CUresult cuMemGetAllocationPropertiesFromHandle(struct Prop* prop, Handle handle) {
   (void)handle;
   CUresult r = need_context("cuMemGetAllocationPropertiesFromHandle");

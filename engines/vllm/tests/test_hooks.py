@@ -68,7 +68,7 @@ class HookFailureTest(unittest.TestCase):
     def load(self, **kw):
         worker = Worker(config(**kw))
         worker.load_model()
-        self.after_load(worker)  # what adapter.patch_worker runs after vLLM's load_model
+        self.after_load(worker)  # what adapter.wrap_load_model runs after vLLM's load_model
         worker.initialize_cache()
         return worker
 
@@ -160,7 +160,7 @@ class HookFailureTest(unittest.TestCase):
         self.level_one_round_trip(worker)
         self.assertIn("after_map: Boom", self.bridge.unsupported)
 
-    def test_patch_worker_never_lets_after_load_raise_into_load_model(self):
+    def test_the_load_model_wrap_never_lets_after_load_raise_into_load_model(self):
         class FakeWorker:
             def load_model(self):
                 self.loaded = True
@@ -170,7 +170,7 @@ class HookFailureTest(unittest.TestCase):
         real = adapter.worker_class
         adapter.worker_class = lambda: FakeWorker
         try:
-            adapter.patch_worker(boom, {"vsnap_status": lambda self: 1}, lambda where, e: failures.append((where, str(e))))
+            adapter.wrap_load_model(boom, lambda where, e: failures.append((where, str(e))))
         finally:
             adapter.worker_class = real
         w = FakeWorker()

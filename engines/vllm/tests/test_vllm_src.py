@@ -39,6 +39,12 @@ def unmap_and_release(handle):
 class CuMemAllocator:
     instance = None
 """
+FAKE_BACKENDS = """import vllm.envs as envs
+from vllm.logger import init_logger
+from vllm.utils.mem_constants import GiB_bytes
+class SleepModeBackendFactory:
+    REAL = True
+"""
 
 
 def tree(layout, shim=False):
@@ -47,7 +53,8 @@ def tree(layout, shim=False):
         full = os.path.join(root, path)
         os.makedirs(os.path.dirname(full), exist_ok=True)
         with open(full, "w") as f:
-            f.write(FAKE_CUMEM if path.endswith("cumem.py") else FAKE_INIT if path.endswith("__init__.py") else f"// {path}\n")
+            f.write(FAKE_CUMEM if path.endswith("cumem.py") else FAKE_INIT if path.endswith("__init__.py")
+                    else FAKE_BACKENDS if path.endswith("sleep_mode_backend.py") else f"// {path}\n")
     if shim:  # the restructure also leaves a shim at main's path
         os.makedirs(os.path.join(root, "vllm", "device_allocator"), exist_ok=True)
         with open(os.path.join(root, "vllm", "device_allocator", "cumem.py"), "w") as f:
@@ -87,7 +94,7 @@ class AssembleTest(unittest.TestCase):
         dest = tempfile.mkdtemp()
         _, lines = vllm_src.assemble(tree("main"), dest, commit={None: every, **per_file})
         recorded = {l.split()[0]: l.split()[1] for l in lines}
-        self.assertEqual(recorded, {files[0]: "e" * 40, files[1]: "f" * 40, files[2]: "0123abc", files[3]: "e" * 40})
+        self.assertEqual(recorded, {**{f: "e" * 40 for f in files}, files[1]: "f" * 40, files[2]: "0123abc"})
         with open(os.path.join(dest, "MANIFEST.txt")) as f:
             self.assertIn(f"{files[1]} {'f' * 40} ", f.read())
         self.assertEqual(vllm_src.check(dest), [])
@@ -115,8 +122,9 @@ sys.path[:0] = [%r, %r]
 import vllm.device_allocator as pkg
 import vllm.device_allocator.cumem as cumem
 from vllm_vsnap_probe import adapter
+import vllm.device_allocator.sleep_mode_backend as backends
 print(json.dumps({"real": getattr(pkg, "REAL_PACKAGE", False), "cumem": cumem.__file__,
-                  "wrapped": adapter._cumem().__file__}))
+                  "wrapped": adapter._cumem().__file__, "backends": backends.__file__}))
 """.replace("vllm_vsnap_probe", "vsnap_vllm")
 
 
@@ -131,6 +139,16 @@ class LoadTest(unittest.TestCase):
         real = os.path.join(dest, "vllm", "device_allocator", "cumem.py")
         self.assertTrue(r["real"])
         self.assertEqual((r["cumem"], r["wrapped"]), (real, real))
+        self.assertEqual(r["backends"], os.path.join(dest, "vllm", "device_allocator", "sleep_mode_backend.py"))
+
+    def test_a_main_folder_taken_before_the_backends_falls_back_to_the_stand_in_s(self):
+        dest = tempfile.mkdtemp()
+        vllm_src.assemble(tree("main"), dest, commit="c" * 40)
+        os.remove(os.path.join(dest, "vllm", "device_allocator", "sleep_mode_backend.py"))
+        env = {**os.environ, "VSNAP_REF_DEVICE": "cuda", "VSNAP_VLLM_SRC": dest}
+        out = subprocess.run([sys.executable, "-c", PROBE % (support.FIXTURE, support.PLUGIN)], env=env, capture_output=True, text=True)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(json.loads(out.stdout)["backends"], os.path.join(support.FIXTURE, "vllm", "device_allocator", "sleep_mode_backend.py"))
 
     def test_the_restructure_variant_loads_from_vllm_backends(self):
         dest = tempfile.mkdtemp()

@@ -213,25 +213,40 @@ def worker_class():
         raise BridgeUnsupported(f"vllm.v1.worker.gpu_worker.Worker not found ({e})") from e
 
 
-def patch_worker(after_load, methods, on_failure):
+def wrap_load_model(after_load, on_failure):
     """Runs `after_load(worker)` after Worker.load_model (an exception goes to
-    `on_failure("after_load", exc)`: the load itself always completes), and adds `methods` to
-    Worker so that collective_rpc can call them. Idempotent."""
+    `on_failure("after_load", exc)`: the load itself always completes). The one patch of vLLM's
+    Worker left: no slot runs code once the model is loaded and before the KV cache takes the
+    memory a rehome needs and the engine serves (an extension class may not define load_model).
+    Idempotent."""
     cls = worker_class()
     original = cls.load_model
-    if not getattr(original, "_vsnap_wrapped", False):
-        hook = guarded("after_load", after_load, on_failure)
+    if getattr(original, "_vsnap_wrapped", False):
+        return
+    hook = guarded("after_load", after_load, on_failure)
 
-        @functools.wraps(original)
-        def load_model(self, *args, **kwargs):
-            result = original(self, *args, **kwargs)
-            hook(self)
-            return result
+    @functools.wraps(original)
+    def load_model(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        hook(self)
+        return result
 
-        load_model._vsnap_wrapped = True
-        cls.load_model = load_model
-    for name, fn in methods.items():
-        setattr(cls, name, fn)
+    load_model._vsnap_wrapped = True
+    cls.load_model = load_model
+
+
+def add_worker_extension(extension):
+    """Adds `extension` to the worker class's bases as vLLM adds --worker-extension-cls's
+    (vllm/v1/worker/worker_base.py `init_worker`): once, refusing a clash with an attribute the
+    worker has. vLLM then skips it when the same class is named (it is among the bases), and a
+    user's own extension class joins beside it."""
+    cls = worker_class()
+    if extension in cls.__mro__:
+        return
+    clashes = [a for a in dir(extension) if not a.startswith("__") and hasattr(cls, a)]
+    if clashes:
+        raise BridgeUnsupported(f"{cls.__qualname__} already has {', '.join(clashes)}: vsnap's worker extension cannot be added")
+    cls.__bases__ = cls.__bases__ + (extension,)
 
 
 def worker_model(worker):

@@ -1,5 +1,5 @@
-"""The bridge's state in one vLLM worker process, and the methods it adds to vLLM's Worker
-(called on every rank through collective_rpc)."""
+"""The bridge's state in one vLLM worker process, and the worker methods (called on every rank
+through collective_rpc; the extension class in worker.py is how the worker gets them)."""
 
 import logging
 import os
@@ -76,7 +76,7 @@ class Bridge:
 
     def after_load(self, worker):
         """After vLLM loaded the model: make the weights exportable, and hook sleep/wake. Called
-        guarded (adapter.patch_worker): an exception disables the bridge, never the load."""
+        guarded (adapter.wrap_load_model): an exception disables the bridge, never the load."""
         if self.unsupported is not None:
             return
         if adapter.allocator() is None:
@@ -416,5 +416,3 @@ def vsnap_export(self, socket_path, nonces, chunk_size=None):
     with profile.span("vsnap export"):
         return BRIDGE.export(self, socket_path, list(nonces), chunk_size)
 
-
-WORKER_METHODS = {"vsnap_status": vsnap_status, "vsnap_describe": vsnap_describe, "vsnap_digest": vsnap_digest, "vsnap_export": vsnap_export, "vsnap_adopt": vsnap_adopt}

@@ -122,6 +122,9 @@ class CudaDriver:
         self._unmap = self._sig("cuMemUnmap", [u64, ctypes.c_size_t])
         self._set_access = self._sig("cuMemSetAccess", [u64, ctypes.c_size_t, ctypes.POINTER(_AccessDesc), ctypes.c_size_t])
         self._sig("cuMemcpyDtoD_v2", [u64, u64, ctypes.c_size_t])
+        self._sig("cuMemcpy", [u64, u64, ctypes.c_size_t])
+        self._sig("cuMemHostRegister_v2", [vp, ctypes.c_size_t, ctypes.c_uint])
+        self._sig("cuMemHostUnregister", [vp])
         self._sig("cuMemGetAllocationPropertiesFromHandle", [ctypes.POINTER(_AllocationProp), u64])
         self._check(self._cu.cuInit(0), "cuInit")
         self._contexts = {}
@@ -320,6 +323,23 @@ class CudaDriver:
         self.ensure_context(device)
         self._check(self._cu.cuMemcpyDtoD_v2(dst, src, size), "cuMemcpyDtoD")
         self._check(self._cu.cuCtxSynchronize(), "cuCtxSynchronize")
+
+    def copy_host(self, device, dst, src, size):
+        """A copy between device memory and host memory of this process (either way, unified
+        addressing tells which is which), finished when it returns."""
+        self.ensure_context(device)
+        self._check(self._cu.cuMemcpy(dst, src, size), "cuMemcpy")
+        self._check(self._cu.cuCtxSynchronize(), "cuCtxSynchronize")
+
+    def host_register(self, device, address, size):
+        """Page-locks host memory of this process for DMA (copies from and to it then run at the
+        link's rate); False where the driver refuses (the copies then go through pageable memory)."""
+        self.ensure_context(device)
+        return self._cu.cuMemHostRegister_v2(ctypes.c_void_p(address), size, 0) == 0
+
+    def host_unregister(self, device, address):
+        self.ensure_context(device)
+        self._cu.cuMemHostUnregister(ctypes.c_void_p(address))
 
     # ---- the GPU digest (vsnap-gd1) of memory mapped in this process
 
@@ -531,6 +551,15 @@ class HostDriver:
 
     def copy(self, device, dst, src, size):
         ctypes.memmove(dst, src, size)
+
+    def copy_host(self, device, dst, src, size):
+        ctypes.memmove(dst, src, size)
+
+    def host_register(self, device, address, size):
+        return False  # host memory: nothing to page-lock for
+
+    def host_unregister(self, device, address):
+        pass
 
 
 def default_driver():
