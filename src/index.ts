@@ -25,7 +25,8 @@ export { RegionStore, type RegionStoreOptions, type SnapshotList, type SnapshotS
 export { Snapshot } from './snapshot/snapshot.js';
 export type { CaptureHash, CaptureOptions, CaptureRegion, DeviceTiming, PersistPolicy, RestoreOptions, RestoreRegion, TransferSummary } from './snapshot/snapshot-types.js';
 export type { RegionMemory, MappedMemory } from './regions/memory.js';
-export type { DeviceAllocation } from './gpu/device-allocation.js';
+// a value here too: RegionMemory names it, and a declaration at the root must exist at run time
+export { DeviceAllocation } from './gpu/device-allocation.js';
 export type { TransferOptions, TransferProgress } from './transfer/transfer.js';
 export type { MultipathOptions, MultipathPathTimeline, MultipathStats, MultipathTimeline } from './transfer/multipath.js';
 export type { LiveCheckReport } from './digest/compare.js';
