@@ -144,6 +144,16 @@ export class StoreFiles {
     }
   }
 
+  /**
+   * Takes the shared blob lock and keeps it until the returned (idempotent) release, or `maxMs`,
+   * whichever comes first: gc (exclusive) waits meanwhile.
+   */
+  async holdShared(maxMs: number): Promise<() => void> {
+    const release = await acquireLock(join(this.root, '.lock'), false, this.lockTimeoutMs, this.readOnly);
+    setTimeout(release, maxMs).unref();
+    return release;
+  }
+
   /** Runs `fn` holding the exclusive lock on manifests and `current` pointers (held briefly). */
   async withMetaLock<T>(fn: () => Promise<T>): Promise<T> {
     this.writable('publish');

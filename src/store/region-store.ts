@@ -35,6 +35,12 @@ export type { RegionStoreOptions, SnapshotList, SnapshotSummary, StoreProblem, V
  * name was published after it started.
  * @public
  */
+/**
+ * How long a snapshot opened and not restored holds off gc at most: under gc's default lock
+ * timeout (30 s), so such a snapshot delays a gc and never fails it. @internal
+ */
+export const OPEN_HOLD_MS = 20_000;
+
 export class RegionStore {
   /** The store's directory (the real path, links above the root resolved once at open). */
   readonly root: string;
@@ -68,6 +74,16 @@ export class RegionStore {
    */
   async withLock<T>(exclusive: boolean, fn: () => Promise<T>): Promise<T> {
     return this.files.withLock(exclusive, fn);
+  }
+
+  /**
+   * Holds the shared blob lock from a snapshot's open to its first restore, so gc (which deletes
+   * the blobs of removed snapshots) cannot run between the restore reading its manifest and
+   * copying the bytes. Released by the returned function, or after {@link OPEN_HOLD_MS} where no
+   * restore follows. @internal
+   */
+  async holdForRestore(): Promise<() => void> {
+    return guard(() => this.files.holdShared(OPEN_HOLD_MS));
   }
 
   /**
