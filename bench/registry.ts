@@ -7,7 +7,7 @@ import { mkdirSync, mkdtempSync, rmSync, statSync, writeFileSync } from 'node:fs
 import { cpus, tmpdir } from 'node:os';
 import { join } from 'node:path';
 
-import { RegionStore, Registry, Snapshot } from '../src/index.js';
+import { RegionStore, RegistryClient, Snapshot } from '../src/index.js';
 import { HostRegion } from '../src/plumbing.js';
 import { hashFile } from '../src/registry/push.js';
 import { startRegistry } from '../test/helpers/registry.js';
@@ -31,7 +31,7 @@ try {
   }
   await Snapshot.capture(src, 'bench', { regions: [{ key: 'w', size, memory: region.memory }], chunkSize: 16 * 1024 * 1024 });
   region.close();
-  const registry = new Registry({ stateDir: join(dir, 'state'), dockerConfig: false });
+  const registry = new RegistryClient({ stateDir: join(dir, 'state'), dockerConfig: false });
   const ref = `${reg.prefix}/bench/w:v1`;
   const pushed = await registry.push(src, 'bench', ref);
   const blob = [...(await src.get('bench')).regions()][0]!.region.blob;
@@ -44,10 +44,10 @@ try {
     rows.push({ what, bytes: bytes!, seconds: secs!, gbps: rate(bytes!, secs!) });
     if (out !== '/dev/null') rmSync(out);
   };
-  const pull = async (what: string, options: ConstructorParameters<typeof Registry>[0]): Promise<void> => {
+  const pull = async (what: string, options: ConstructorParameters<typeof RegistryClient>[0]): Promise<void> => {
     const root = join(dir, `dst-${rows.length}`);
     const store = await RegionStore.open(root);
-    const r = await new Registry({ dockerConfig: false, stateDir: join(dir, 'state'), ...options }).pull(store, ref);
+    const r = await new RegistryClient({ dockerConfig: false, stateDir: join(dir, 'state'), ...options }).pull(store, ref);
     rows.push({ what, bytes: r.bytesDownloaded, seconds: r.seconds, gbps: rate(r.bytesDownloaded, r.seconds) });
     rmSync(root, { recursive: true, force: true });
   };

@@ -5,7 +5,7 @@
  * {@link Manifest}), an {@link EngineClient} per engine, the engine flows ({@link captureEngine},
  * {@link (suspendEngine:1)}, {@link restoreEngine}, {@link swapEngines}), the places weights are
  * kept while an engine sleeps ({@link HostCache}, {@link ResidentWeights}, {@link NeighbourTier};
- * see {@link EngineTiers}), the {@link Registry} and the {@link SwapController}. The `vsnap serve`
+ * see {@link EngineTiers}), the {@link RegistryClient} and the {@link SwapController}. The `vsnap serve`
  * application is `vsnap/serve`; memory regions, descriptors and devices for embedders are
  * `vsnap/plumbing`.
  *
@@ -44,7 +44,7 @@ export {
 } from './cache/neighbour-tier.js';
 export type { EngineKeptOptions, EngineTiers, TierName } from './tiers/index.js';
 
-export { Registry } from './registry/registry.js';
+export { RegistryClient } from './registry/registry.js';
 export type { RegistryReference } from './registry/reference.js';
 export type { RegistryConnectOptions, RegistryTimeouts } from './registry/http.js';
 export type { RegistryCredentials } from './registry/auth.js';

@@ -14,6 +14,12 @@ import { verifyManifest } from './verify.js';
 export type { RegionStoreOptions, SnapshotList, SnapshotSummary, StoreProblem, VerifyProblem, VerifyReport } from './types.js';
 
 /**
+ * How long a snapshot opened and not restored holds off gc at most: under gc's default lock
+ * timeout (30 s), so such a snapshot delays a gc and never fails it. @internal
+ */
+export const OPEN_HOLD_MS = 20_000;
+
+/**
  * Snapshots on disk. Region bytes are content-addressed blobs (`blobs/ab/<digest>`, identical
  * regions stored once); each capture is a manifest (`snapshots/<name>/<id>.json`) and
  * `snapshots/<name>/current` names the newest good one. Every file is published by
@@ -26,7 +32,8 @@ export type { RegionStoreOptions, SnapshotList, SnapshotSummary, StoreProblem, V
  *
  * Processes coordinate through two flocks. `.lock` guards blobs: readers (restores, verifies,
  * RAM-tier loads) and publishes hold it shared, `gc` exclusive, so no blob is deleted while
- * read or while a capture places it. `.meta.lock` guards manifests and `current` pointers, held
+ * read or while a capture places it; `Snapshot.open` holds it shared from its manifest read to
+ * the first restore, so a gc cannot fall between the two. `.meta.lock` guards manifests and `current` pointers, held
  * exclusive for a moment by publish, `remove` and `gc`. So a publish waits only for `gc`,
  * `remove` and other publishes, never for a long restore.
  *
@@ -35,12 +42,6 @@ export type { RegionStoreOptions, SnapshotList, SnapshotSummary, StoreProblem, V
  * name was published after it started.
  * @public
  */
-/**
- * How long a snapshot opened and not restored holds off gc at most: under gc's default lock
- * timeout (30 s), so such a snapshot delays a gc and never fails it. @internal
- */
-export const OPEN_HOLD_MS = 20_000;
-
 export class RegionStore {
   /** The store's directory (the real path, links above the root resolved once at open). */
   readonly root: string;

@@ -4,7 +4,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 
 import { VsnapError } from '../../src/errors.js';
 import { BUSY_MAX_WAIT_MS, BUSY_RETRIES, busyWaitMs } from '../../src/registry/http.js';
-import { Registry } from '../../src/registry/registry.js';
+import { RegistryClient } from '../../src/registry/registry.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { servedArtifact, startHostileRegistry, type HostileRegistry, type Route } from '../helpers/hostile-registry.js';
@@ -41,7 +41,7 @@ async function busyRegistry(busy: (route: Route, n: number) => Record<string, st
   });
 }
 const pull = async (signal?: AbortSignal) =>
-  new Registry({ dockerConfig: false, stateDir: join(tempDir(), 'state') }).pull(await RegionStore.open(join(tempDir(), 'd')), reg!.reference, signal ? { signal } : {});
+  new RegistryClient({ dockerConfig: false, stateDir: join(tempDir(), 'state') }).pull(await RegionStore.open(join(tempDir(), 'd')), reg!.reference, signal ? { signal } : {});
 
 describe('a registry that answers 429', () => {
   it('Retry-After: 1 on the manifest and on a layer: the pull waits, asks again, and completes', async () => {
