@@ -1,12 +1,15 @@
 import { execFile } from 'node:child_process';
-import { existsSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 
 import { describe, expect, it } from 'vitest';
+import { parse, stringify } from 'yaml';
 
 import { mkdirParents } from '../../src/store/fsutil.js';
 import { RegionStore } from '../../src/store/region-store.js';
+import { runCli } from '../helpers/cli.js';
+import { freePort } from '../helpers/net.js';
 import { tempDir } from '../helpers/tmp.js';
 
 const run = promisify(execFile);
@@ -24,6 +27,19 @@ describe('a store path that cannot exist', () => {
     const answers = stdout.trim().split('\n').map((l) => JSON.parse(l) as { root: string; code: string; message: string });
     expect(answers.map((a) => a.code)).toEqual(['E_STORE_INVALID', 'E_STORE_INVALID']);
     for (const a of answers) expect(a.message).toMatch(new RegExp(`cannot make the store directory ${a.root}: ENOENT`));
+  });
+
+  it('vsnap serve with `store: /proc/...`: exits at once with E_STORE_INVALID, pointing at the configuration', async () => {
+    const config = join(tempDir(), 'serve.yaml');
+    const yaml = parse(readFileSync('examples/quickstart/serve.yaml', 'utf8')) as { listen: { port: number }; store: string; models: Record<string, { port: number }> };
+    yaml.store = '/proc/vsnap-store';
+    yaml.listen.port = await freePort(); // serve checks its ports first
+    for (const m of Object.values(yaml.models)) m.port = await freePort();
+    writeFileSync(config, stringify(yaml));
+    const out = await runCli(['serve', '--config', config]);
+    expect(out.code).toBe(1);
+    expect(out.stderr).toMatch(/\[E_STORE_INVALID\] cannot make the store directory \/proc\/vsnap-store: ENOENT/);
+    expect(out.stderr).toMatch(/hint: check the configuration's `store`/);
   });
 
   it('a file where a parent directory should be: E_STORE_INVALID naming it', async () => {
