@@ -149,9 +149,12 @@ export class StoreFiles {
    * whichever comes first: gc (exclusive) waits meanwhile.
    */
   async holdShared(maxMs: number): Promise<() => void> {
-    const release = await acquireLock(join(this.root, '.lock'), false, this.lockTimeoutMs, this.readOnly);
-    setTimeout(release, maxMs).unref();
-    return release;
+    const unlock = await acquireLock(join(this.root, '.lock'), false, this.lockTimeoutMs, this.readOnly);
+    const timer = setTimeout(unlock, maxMs).unref();
+    return () => {
+      clearTimeout(timer);
+      unlock();
+    };
   }
 
   /** Runs `fn` holding the exclusive lock on manifests and `current` pointers (held briefly). */

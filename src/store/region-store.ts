@@ -33,8 +33,8 @@ export const OPEN_HOLD_MS = 20_000;
  * Processes coordinate through two flocks. `.lock` guards blobs: readers (restores, verifies,
  * RAM-tier loads) and publishes hold it shared, `gc` exclusive, so no blob is deleted while
  * read or while a capture places it; `Snapshot.open` holds it shared from its manifest read to
- * the first restore, so a gc cannot fall between the two. `.meta.lock` guards manifests and `current` pointers, held
- * exclusive for a moment by publish, `remove` and `gc`. So a publish waits only for `gc`,
+ * the first restore, so a gc cannot fall between the two. `.meta.lock` guards manifests and
+ * `current` pointers, held exclusive for a moment by publish, `remove` and `gc`. So a publish waits only for `gc`,
  * `remove` and other publishes, never for a long restore.
  *
  * Which capture is `current` does not depend on the wall clock: every publish takes the next
