@@ -10,7 +10,7 @@ import { cpus, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 
-import { RegionStore, Registry, Snapshot } from '../src/index.js';
+import { RegionStore, RegistryClient, Snapshot } from '../src/index.js';
 import { HostRegion } from '../src/plumbing.js';
 
 const gib = Number(process.argv[2] ?? '2');
@@ -58,7 +58,7 @@ try {
   }
   await Snapshot.capture(src, 'bench', { regions: [{ key: 'w', size, memory: region.memory }], chunkSize: 16 * 1024 * 1024 });
   region.close();
-  const registry = new Registry({ stateDir: join(dir, 'state'), dockerConfig: false });
+  const registry = new RegistryClient({ stateDir: join(dir, 'state'), dockerConfig: false });
   const ref = `${reg.prefix}/bench/w:v1`;
   const pushed = await registry.push(src, 'bench', ref);
   const blob = [...(await src.get('bench')).regions()][0]!.region.blob;
@@ -71,10 +71,10 @@ try {
     rows.push({ what, bytes: bytes!, seconds: secs!, gbps: rate(bytes!, secs!) });
     if (out !== '/dev/null') rmSync(out);
   };
-  const pull = async (what: string, options: ConstructorParameters<typeof Registry>[0]): Promise<void> => {
+  const pull = async (what: string, options: ConstructorParameters<typeof RegistryClient>[0]): Promise<void> => {
     const root = join(dir, `dst-${rows.length}`);
     const store = await RegionStore.open(root);
-    const r = await new Registry({ dockerConfig: false, stateDir: join(dir, 'state'), ...options }).pull(store, ref);
+    const r = await new RegistryClient({ dockerConfig: false, stateDir: join(dir, 'state'), ...options }).pull(store, ref);
     rows.push({ what, bytes: r.bytesDownloaded, seconds: r.seconds, gbps: rate(r.bytesDownloaded, r.seconds) });
     rmSync(root, { recursive: true, force: true });
   };

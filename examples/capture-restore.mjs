@@ -1,7 +1,7 @@
 // Capture a set of memory regions into a store, wipe them, restore them, check the bytes.
 // Runs anywhere: on a GPU machine the regions are device memory, elsewhere host memory.
 //   npm run build && node examples/capture-restore.mjs [store-dir]
-import { mkdtempSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
@@ -9,6 +9,7 @@ import { cudaStatus, HostCache, RegionStore, Snapshot } from 'vsnap';
 import { DeviceAllocation, HostRegion } from 'vsnap/plumbing';
 
 const MiB = 1024 * 1024;
+// The store: the directory given, else a temporary one removed at the end (the capture is 96 MiB).
 const root = process.argv[2] ?? mkdtempSync(join(tmpdir(), 'vsnap-example-'));
 const gpu = (await cudaStatus()).available;
 
@@ -17,9 +18,8 @@ const sizes = { 'model.embed_tokens.weight': 64 * MiB, 'model.layers.0.mlp.weigh
 const regions = [];
 for (const [key, size] of Object.entries(sizes)) {
   const owner = gpu ? await DeviceAllocation.allocate(0, size) : HostRegion.create(size);
-  const memory = gpu ? { kind: 'device', allocation: owner } : owner.memory;
   await owner.write(0, Buffer.from(`contents of ${key}`));
-  regions.push({ key, size, memory, owner });
+  regions.push({ key, size, memory: owner.memory, owner });
 }
 
 const store = await RegionStore.open(root);
@@ -45,3 +45,4 @@ for (const r of regions) {
 }
 cache.close();
 for (const r of regions) r.owner.close();
+if (!process.argv[2]) rmSync(root, { recursive: true, force: true });

@@ -5,7 +5,7 @@
  * {@link Manifest}), an {@link EngineClient} per engine, the engine flows ({@link captureEngine},
  * {@link (suspendEngine:1)}, {@link restoreEngine}, {@link swapEngines}), the places weights are
  * kept while an engine sleeps ({@link HostCache}, {@link ResidentWeights}, {@link NeighbourTier};
- * see {@link EngineTiers}), the {@link Registry} and the {@link SwapController}. The `vsnap serve`
+ * see {@link EngineTiers}), the {@link RegistryClient} and the {@link SwapController}. The `vsnap serve`
  * application is `vsnap/serve`; memory regions, descriptors and devices for embedders are
  * `vsnap/plumbing`.
  *
@@ -25,7 +25,8 @@ export { RegionStore, type RegionStoreOptions, type SnapshotList, type SnapshotS
 export { Snapshot } from './snapshot/snapshot.js';
 export type { CaptureHash, CaptureOptions, CaptureRegion, DeviceTiming, PersistPolicy, RestoreOptions, RestoreRegion, TransferSummary } from './snapshot/snapshot-types.js';
 export type { RegionMemory, MappedMemory } from './regions/memory.js';
-export type { DeviceAllocation } from './gpu/device-allocation.js';
+// a value here too: RegionMemory names it, and a declaration at the root must exist at run time
+export { DeviceAllocation } from './gpu/device-allocation.js';
 export type { TransferOptions, TransferProgress } from './transfer/transfer.js';
 export type { MultipathOptions, MultipathPathTimeline, MultipathStats, MultipathTimeline } from './transfer/multipath.js';
 export type { LiveCheckReport } from './digest/compare.js';
@@ -43,7 +44,7 @@ export {
 } from './cache/neighbour-tier.js';
 export type { EngineKeptOptions, EngineTiers, TierName } from './tiers/index.js';
 
-export { Registry } from './registry/registry.js';
+export { RegistryClient } from './registry/registry.js';
 export type { RegistryReference } from './registry/reference.js';
 export type { RegistryConnectOptions, RegistryTimeouts } from './registry/http.js';
 export type { RegistryCredentials } from './registry/auth.js';

@@ -42,21 +42,61 @@ async function yieldTo(signal: AbortSignal | undefined, what: string): Promise<v
   if (signal?.aborted) throw abortError(signal, what);
 }
 
-async function fill(region: DemoRegion, signal?: AbortSignal): Promise<void> {
+/** Bytes done so far of a pass over every region, reported as a transfer's progress is. */
+type Tick = (bytes: number) => void;
+
+async function fill(region: DemoRegion, tick: Tick, signal?: AbortSignal): Promise<void> {
   for (let off = 0; off < region.size; off += PIECE) {
     await yieldTo(signal, 'filling the demo regions');
     const n = Math.min(PIECE, region.size - off);
     await region.write(off, patternBytes(region.key, off, n));
+    tick(n);
   }
 }
 
-async function check(region: DemoRegion, signal?: AbortSignal): Promise<boolean> {
+async function check(region: DemoRegion, tick: Tick, signal?: AbortSignal): Promise<boolean> {
   for (let off = 0; off < region.size; off += PIECE) {
     await yieldTo(signal, 'checking the restored bytes');
     const n = Math.min(PIECE, region.size - off);
     if (!(await region.read(off, n)).equals(patternBytes(region.key, off, n))) return false;
+    tick(n);
   }
   return true;
+}
+
+/**
+ * Runs `step` over every region under one progress line (`label`, e.g. `fill`): the pattern is
+ * made on the CPU, so these passes take longer than the capture and restore they frame.
+ */
+async function pass<T>(label: string, regions: readonly DemoRegion[], step: (r: DemoRegion, tick: Tick) => Promise<T>): Promise<T[]> {
+  const bar = progressLine(label);
+  const total = regions.reduce((n, r) => n + r.size, 0);
+  let done = 0;
+  const tick: Tick = (n) => {
+    done += n;
+    bar.update({ phase: label, bytesDone: done, bytesTotal: total });
+  };
+  try {
+    const out: T[] = [];
+    for (const r of regions) out.push(await step(r, tick));
+    return out;
+  } finally {
+    bar.done();
+  }
+}
+
+/**
+ * The demo's region sizes: weights-like shares of `total` (rounded down to the granule), each a
+ * multiple of `granule`, the first taking what rounding left so they add up to `total` exactly.
+ * @internal
+ */
+export function demoSizes(total: number, granule: number): number[] {
+  // A weights-like mix: one big embedding, mid-size layers, a small norm-sized tail.
+  const shares = [0.4, 0.2, 0.2, 0.15, 0.05];
+  const whole = Math.max(shares.length, Math.floor(total / granule)) * granule;
+  const sizes = shares.map((s) => Math.max(granule, Math.floor((whole * s) / granule) * granule));
+  sizes[0]! += whole - sizes.reduce((a, b) => a + b, 0);
+  return sizes;
 }
 
 /** What `vsnap demo` did (its `--json` output). */
@@ -100,10 +140,7 @@ export async function runDemo(options: { store?: string; named?: boolean; totalM
   const status = await cudaStatus();
   const useGpu = !options.cpu && status.available && (await listDevices()).length > 0;
   const total = (options.totalMiB ?? 1024) * 1024 * 1024;
-  // A weights-like mix: one big embedding, mid-size layers, a small norm-sized tail.
-  const shares = [0.4, 0.2, 0.2, 0.15, 0.05];
-  const granule = useGpu ? 2 * 1024 * 1024 : 4096;
-  const sizes = shares.map((s) => Math.max(granule, Math.floor((total * s) / granule) * granule));
+  const sizes = demoSizes(total, useGpu ? 2 * 1024 * 1024 : 4096);
 
   log(
     useGpu
@@ -134,7 +171,8 @@ export async function runDemo(options: { store?: string; named?: boolean; totalM
         });
       }
     }
-    for (const r of regions) await fill(r, options.signal);
+    log(`filling   ${regions.length} regions with a seeded pattern (made on the CPU: the slowest step here)`);
+    await pass('fill', regions, (r, tick) => fill(r, tick, options.signal));
 
     log(`capturing ${formatBytes(sizes.reduce((a, b) => a + b, 0))} into ${root}`);
     const captureProgress = progressLine('capture');
@@ -148,7 +186,11 @@ export async function runDemo(options: { store?: string; named?: boolean; totalM
     log(`captured  ${formatBytes(c.bytes)} in ${c.seconds.toFixed(3)} s (${formatRate(c.bytes, c.seconds)}), to ${root}` +
       (c.dedupedBytes ? ` (${formatBytes(c.dedupedBytes)} already stored: deduplicated)` : ''));
 
-    for (const r of regions) await r.wipe();
+    await pass('wipe', regions, async (r, tick) => {
+      await yieldTo(options.signal, 'wiping the demo regions');
+      await r.wipe();
+      tick(r.size);
+    });
     log('wiped     every region');
 
     const restoreProgress = progressLine('restore');
@@ -159,8 +201,8 @@ export async function runDemo(options: { store?: string; named?: boolean; totalM
     }).finally(() => restoreProgress.done());
     log(`restored  ${formatBytes(restored.bytes)} in ${restored.seconds.toFixed(3)} s (${formatRate(restored.bytes, restored.seconds)}), every chunk verified`);
 
-    let ok = true;
-    for (const r of regions) ok = (await check(r, options.signal)) && ok;
+    log('checking  every byte against the pattern');
+    const ok = (await pass('check', regions, (r, tick) => check(r, tick, options.signal))).every(Boolean);
     log(ok ? 'checked   every byte: identical to what was captured' : 'MISMATCH: restored bytes differ from the captured ones');
     const where = options.named ? ` --store ${root}` : '';
     log(`store     ${root}, snapshot "${DEMO_NAME}" (list it with: npx vsnap ls${where}; remove it with: npx vsnap rm ${DEMO_NAME}${where})`);

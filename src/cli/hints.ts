@@ -20,7 +20,9 @@ const HINTS: Partial<Record<ErrorCode | 'E_USAGE', Hint>> = {
   E_USAGE: (c) => `see \`vsnap ${c || ''} --help\``.replace('  ', ' '),
   E_INVALID_NAME: 'snapshot names are 1-128 letters, digits, ".", "_" or "-", starting with a letter or digit',
   E_STORE_INVALID: (c) =>
-    c === 'snapshot' || c === 'suspend' || c === 'demo' || c === 'pull'
+    c === 'serve'
+      ? "check the configuration's `store`"
+      : c === 'snapshot' || c === 'suspend' || c === 'demo' || c === 'pull'
       ? 'check --store (or $VSNAP_STORE)'
       : 'check --store (or $VSNAP_STORE); a store is made by the first `vsnap snapshot`, `vsnap pull` or `vsnap demo` into it',
   E_STORE_LOCKED: 'another vsnap process is using the store; let it finish, then try again',

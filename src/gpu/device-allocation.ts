@@ -71,6 +71,10 @@ export class DeviceAllocation {
   get device(): number {
     return this.live().device;
   }
+  /** The allocation as a region's memory (`{ kind: 'device', allocation }`), as `HostRegion.memory` is for host memory. */
+  get memory(): { readonly kind: 'device'; readonly allocation: DeviceAllocation } {
+    return { kind: 'device', allocation: this };
+  }
   /** Whether {@link DeviceAllocation.close} was called. */
   get closed(): boolean {
     return this.handle.closed;

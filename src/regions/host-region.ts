@@ -2,7 +2,6 @@ import { closeSync, readSync, writeSync } from 'node:fs';
 
 import { invalidArgument, toVsnapError, VsnapError } from '../errors.js';
 import { native } from '../native/index.js';
-import type { RegionMemory } from './memory.js';
 
 /**
  * Host memory with a file descriptor (a Linux memfd): the host backend of the transfer engine.
@@ -41,8 +40,8 @@ export class HostRegion {
     }
   }
 
-  /** The region as transfer memory. */
-  get memory(): RegionMemory {
+  /** The region as transfer memory (`{ kind: 'host', fd }`), as `DeviceAllocation.memory` is for GPU memory. */
+  get memory(): { readonly kind: 'host'; readonly fd: number } {
     this.check(0, 0);
     return { kind: 'host', fd: this.fd };
   }

@@ -1,4 +1,5 @@
 import { Readable } from 'node:stream';
+import { setTimeout as sleep } from 'node:timers/promises';
 
 import { Agent, request } from 'undici';
 
@@ -39,6 +40,32 @@ const MiB = 1024 * 1024;
  * @internal
  */
 export const BODY_LIMITS = { manifest: 4 * MiB, config: 64 * MiB, token: MiB, error: 64 * 1024 } as const;
+
+/**
+ * A registry that answers 429 (or 503 with `Retry-After`) is asked again, up to this many times a
+ * request, after the wait it names (429 without one: 1 s, 2 s, 4 s, ...), each under the caller's
+ * signal (the pull's or push's deadline). @internal
+ */
+export const BUSY_RETRIES = 4;
+/** A `Retry-After` longer than this is not waited for: the request fails at once, saying so. @internal */
+export const BUSY_MAX_WAIT_MS = 60_000;
+
+/**
+ * How long to wait before asking a busy registry again: `Retry-After` as seconds or an HTTP date;
+ * without one, 1 s doubled each retry for a 429 and no retry for a 503; undefined where no retry
+ * fits ({@link BUSY_MAX_WAIT_MS}). @internal
+ */
+export function busyWaitMs(status: number, retryAfter: string | undefined, retry: number, now = Date.now()): number | undefined {
+  if (status !== 429 && status !== 503) return undefined;
+  let ms: number | undefined;
+  if (retryAfter === undefined || retryAfter.trim() === '') ms = status === 429 ? 1000 * 2 ** retry : undefined;
+  else if (/^\s*\d+\s*$/.test(retryAfter)) ms = Number(retryAfter) * 1000;
+  else {
+    const at = Date.parse(retryAfter);
+    ms = Number.isNaN(at) ? undefined : Math.max(0, at - now);
+  }
+  return ms !== undefined && ms <= BUSY_MAX_WAIT_MS ? ms : undefined;
+}
 
 /** The default deadlines. @internal */
 export const DEFAULT_TIMEOUTS: Required<RegistryTimeouts> = { stallMs: 60_000, graceMs: 60_000, minBytesPerSecond: 64 * 1024 };
@@ -117,6 +144,7 @@ export class OciHttp {
   async send(method: Method, target: string | URL, init: { headers?: Record<string, string>; body?: Buffer; ok: readonly number[]; signal?: AbortSignal | undefined; what: string }): Promise<OciResponse> {
     let url = typeof target === 'string' ? this.url(target) : target;
     let triedAuth = false;
+    let busy = 0;
     for (let hop = 0; hop < 8; hop++) {
       const sameOrigin = url.origin === this.base.origin;
       const headers: Record<string, string> = { 'user-agent': 'vsnap', ...init.headers };
@@ -135,7 +163,17 @@ export class OciHttp {
         continue;
       }
       if (init.ok.includes(res.status)) return res;
-      throw await httpError(res, init.what, triedAuth);
+      const wait = busy < BUSY_RETRIES ? busyWaitMs(res.status, first(res.headers['retry-after']), busy) : undefined;
+      if (wait !== undefined) {
+        await res.body.dump();
+        busy++;
+        hop--; // a retry is no hop
+        await sleep(wait, undefined, init.signal ? { signal: init.signal } : {}).catch(() => {
+          throw abortError(init.signal!, 'the registry transfer');
+        });
+        continue;
+      }
+      throw await httpError(res, init.what, triedAuth, busy);
     }
     throw new VsnapError('E_REGISTRY', `${init.what}: too many redirects or auth round trips at ${this.base.origin}`, { url: url.href });
   }
@@ -253,7 +291,7 @@ function needsCredentials(host: string): VsnapError {
 }
 
 /** E_REGISTRY_AUTH for 401/403, E_SNAPSHOT_NOT_FOUND for an unknown manifest, else E_REGISTRY, with the registry's error text. */
-async function httpError(res: OciResponse, what: string, triedAuth: boolean): Promise<VsnapError> {
+async function httpError(res: OciResponse, what: string, triedAuth: boolean, retries = 0): Promise<VsnapError> {
   // at most BODY_LIMITS.error bytes are read: a registry may answer an error with an endless body
   const full = await res.body.prefix(BODY_LIMITS.error);
   const text = full.slice(0, 500);
@@ -271,5 +309,11 @@ async function httpError(res: OciResponse, what: string, triedAuth: boolean): Pr
   if (res.status === 404 && /MANIFEST_UNKNOWN|NAME_UNKNOWN/.test(text)) {
     return new VsnapError('E_SNAPSHOT_NOT_FOUND', `${what}: not in the registry (${where}: ${detail}). Check the repository and tag.`, { status: 404, url: where });
   }
-  return new VsnapError('E_REGISTRY', `${what}: HTTP ${res.status} from ${where}${detail ? `: ${detail}` : ''}`, { status: res.status, url: where });
+  if (res.status === 429 || res.status === 503) {
+    const after = first(res.headers['retry-after']);
+    const asked = after !== undefined ? ` (Retry-After: ${after.slice(0, 40)})` : '';
+    const done = retries > 0 ? `, asked ${retries + 1} times` : after !== undefined ? `, not retried (vsnap waits at most ${BUSY_MAX_WAIT_MS / 1000} s)` : '';
+    return new VsnapError('E_REGISTRY', `${what}: the registry at ${res.url.origin} is busy: HTTP ${res.status}${asked} from ${where}${done}. Try again later.`, { status: res.status, url: where, retries, ...(after !== undefined ? { retryAfter: after.slice(0, 40) } : {}) });
+  }
+    return new VsnapError('E_REGISTRY', `${what}: HTTP ${res.status} from ${where}${detail ? `: ${detail}` : ''}`, { status: res.status, url: where });
 }

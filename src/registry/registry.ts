@@ -26,14 +26,14 @@ const MiB = 1024 * 1024;
  *
  * @example
  * ```ts
- * const registry = new Registry();
+ * const registry = new RegistryClient();
  * await registry.push(store, 'llama-8b', 'registry.example.com/team/llama-8b:v1');
  * // on another machine
  * await registry.pull(store, 'registry.example.com/team/llama-8b:v1', { live: { platform: { gpuName: 'NVIDIA H200' } } });
  * ```
  * @public
  */
-export class Registry {
+export class RegistryClient {
   /** The artifact type of a vsnap snapshot in an OCI registry (its image manifest's `artifactType`). */
   static readonly ARTIFACT_TYPE: 'application/vnd.vsnap.snapshot.v1+json' = SNAPSHOT_ARTIFACT_TYPE;
 

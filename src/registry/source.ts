@@ -6,7 +6,7 @@ import type { CallOptions } from '../engine/engine-client.js';
 import type { EngineClient } from '../engine/engine-client.js';
 import { engineControl } from '../engine/control.js';
 import type { RegionStore } from '../store/region-store.js';
-import { Registry } from './registry.js';
+import { RegistryClient } from './registry.js';
 import type { PullCompatibility, PullReport, RegistryOptions, RegistryProgress } from './types.js';
 
 /**
@@ -15,10 +15,10 @@ import type { PullCompatibility, PullReport, RegistryOptions, RegistryProgress }
  * @public
  */
 export interface RegistrySource {
-  /** The reference pushed with {@link Registry.push}. */
+  /** The reference pushed with {@link RegistryClient.push}. */
   readonly reference: string;
-  /** The client (TLS CA, credentials, connections). Default: `new Registry()` (credentials from the Docker config file). */
-  readonly registry?: Registry;
+  /** The client (TLS CA, credentials, connections). Default: `new RegistryClient()` (credentials from the Docker config file). */
+  readonly registry?: RegistryClient;
   /** Called as bytes arrive. */
   readonly onProgress?: (p: RegistryProgress) => void;
 }
@@ -58,7 +58,7 @@ export async function pullIfMissing(
   if (await has(source.store, source.name, source.id)) return undefined;
   const call: CallOptions = options.signal ? { signal: options.signal } : {};
   const { status } = await engineControl(client, call);
-  return (from.registry ?? new Registry()).pull(source.store, from.reference, {
+  return (from.registry ?? new RegistryClient()).pull(source.store, from.reference, {
     name: source.name,
     live: pullCompatibility(status, options.allowModelSwap ?? false),
     ...(options.signal ? { signal: options.signal } : {}),
@@ -78,7 +78,7 @@ async function has(store: RegionStore, name: string, id: string | undefined): Pr
 }
 
 /**
- * Registry options as the CLI and `vsnap serve` take them from the environment: the CA file
+ * Registry client options as the CLI and `vsnap serve` take them from the environment: the CA file
  * `caFile` (else `$VSNAP_REGISTRY_CA`), credentials from `$VSNAP_REGISTRY_USERNAME` and
  * `$VSNAP_REGISTRY_PASSWORD`, else the Docker config file. Throws E_CONFIG for an unreadable CA.
  * @internal

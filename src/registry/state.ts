@@ -1,7 +1,9 @@
 import { createHash } from 'node:crypto';
-import { mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { homedir } from 'node:os';
 import { join } from 'node:path';
+
+import { mkdirParents } from '../store/fsutil.js';
 
 /**
  * What a push remembers between runs, under one directory (default
@@ -54,7 +56,7 @@ export class PushState {
 
   /** Atomic replace (a crash leaves the old value or the new one). */
   private write(dir: string, file: string, text: string): void {
-    mkdirSync(dir, { recursive: true, mode: 0o700 });
+    mkdirParents(dir, 0o700);
     const tmp = join(dir, `.${file}.${process.pid}.tmp`);
     writeFileSync(tmp, text, { mode: 0o600 });
     renameSync(tmp, join(dir, file));

@@ -15,7 +15,7 @@ export interface RegistryProgress {
 }
 
 /**
- * Options of a {@link Registry}.
+ * Options of a {@link RegistryClient}.
  * @public
  */
 export interface RegistryOptions extends RegistryConnectOptions {
@@ -34,7 +34,7 @@ export interface RegistryOptions extends RegistryConnectOptions {
 }
 
 /**
- * Options of {@link Registry.push}.
+ * Options of {@link RegistryClient.push}.
  * @public
  */
 export interface PushOptions {
@@ -49,7 +49,7 @@ export interface PushOptions {
 }
 
 /**
- * What {@link Registry.push} did.
+ * What {@link RegistryClient.push} did.
  * @public
  */
 export interface PushReport {
@@ -78,7 +78,7 @@ export interface PushReport {
 export type PullCompatibility = Omit<LiveLayout, 'ranks'> & { readonly ranks?: LiveLayout['ranks'] };
 
 /**
- * Options of {@link Registry.pull}.
+ * Options of {@link RegistryClient.pull}.
  * @public
  */
 export interface PullOptions {
@@ -93,7 +93,7 @@ export interface PullOptions {
 }
 
 /**
- * What {@link Registry.pull} did.
+ * What {@link RegistryClient.pull} did.
  * @public
  */
 export interface PullReport {

@@ -1,7 +1,7 @@
 import { HostCache } from '../cache/host-cache.js';
 import { EngineClient } from '../engine/engine-client.js';
 import { toVsnapError, VsnapError } from '../errors.js';
-import { Registry } from '../registry/registry.js';
+import { RegistryClient } from '../registry/registry.js';
 import { pullIfMissing, registryOptionsFromEnv, type RegistrySource } from '../registry/source.js';
 import type { RegistryProgress } from '../registry/types.js';
 import { suspendEngine } from '../flows/index.js';
@@ -88,7 +88,7 @@ export async function serve(config: ServeConfig, options: ServeOptions = {}): Pr
   // an engine command that is not there is a mistake in the configuration: said before anything starts
   for (const [name, m] of Object.entries(config.models)) if (m.command) checkCommand({ name, command: m.command, env: m.env });
   // Models with a registry source (CA and credentials from the environment): read before anything starts.
-  const registry = Object.values(config.models).some((m) => m.registry) ? new Registry(registryOptionsFromEnv()) : undefined;
+  const registry = Object.values(config.models).some((m) => m.registry) ? new RegistryClient(registryOptionsFromEnv()) : undefined;
   const store = await RegionStore.open(config.store);
   const names = Object.keys(config.models);
   const clients = new Map<string, EngineClient>();

@@ -5,7 +5,7 @@ import { join } from 'node:path';
 
 import { invalidArgument, toVsnapError, VsnapError } from '../errors.js';
 import { Manifest } from '../manifest/manifest.js';
-import { fsyncDir, replaceFileAtomic, writeFileDurable } from './fsutil.js';
+import { fsyncDir, mkdirParents, replaceFileAtomic, writeFileDurable } from './fsutil.js';
 import { checkEntry, type CurrentPointer, parseCurrent, parseSeq, readStoreText, readStoreTextSync } from './layout.js';
 import { acquireLock } from './lock.js';
 import { validateName } from './names.js';
@@ -69,7 +69,12 @@ export class StoreFiles {
       }
       if (!exists) {
         if (!create) throw new VsnapError('E_STORE_INVALID', `no store at ${root}${readOnly ? '' : ' (pass create: true to make one)'}`, { root });
-        mkdirSync(root, { recursive: true, mode: 0o755 });
+        try {
+          mkdirParents(root, 0o755);
+        } catch (err) {
+          const e = err as NodeJS.ErrnoException;
+          throw new VsnapError('E_STORE_INVALID', `cannot make the store directory ${root}: ${e.message}. Choose a path on a writable local filesystem.`, { root, errno: e.code }, { cause: err });
+        }
       }
       // The root itself may be reached through links (a mount point, /data -> /mnt/...): resolved
       // here, once. Below it, nothing is followed.
@@ -137,6 +142,19 @@ export class StoreFiles {
     } finally {
       release();
     }
+  }
+
+  /**
+   * Takes the shared blob lock and keeps it until the returned (idempotent) release, or `maxMs`,
+   * whichever comes first: gc (exclusive) waits meanwhile.
+   */
+  async holdShared(maxMs: number): Promise<() => void> {
+    const unlock = await acquireLock(join(this.root, '.lock'), false, this.lockTimeoutMs, this.readOnly);
+    const timer = setTimeout(unlock, maxMs).unref();
+    return () => {
+      clearTimeout(timer);
+      unlock();
+    };
   }
 
   /** Runs `fn` holding the exclusive lock on manifests and `current` pointers (held briefly). */

@@ -1,6 +1,6 @@
-import { closeSync, fsyncSync, mkdirSync, openSync, renameSync, writeSync } from 'node:fs';
+import { closeSync, fsyncSync, mkdirSync, openSync, renameSync, statSync, writeSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
-import { dirname } from 'node:path';
+import { dirname, resolve } from 'node:path';
 
 /** fsync a directory, so a rename or unlink inside it survives a power cut. @internal */
 export function fsyncDir(path: string): void {
@@ -17,8 +17,36 @@ export function fsyncDir(path: string): void {
  * survives a power cut (nothing to sync when it already existed). @internal
  */
 export function mkdirDurable(path: string): void {
-  const first = mkdirSync(path, { recursive: true });
+  const first = mkdirParents(path);
   if (first !== undefined) fsyncDir(dirname(first));
+}
+
+/**
+ * mkdir -p, one directory at a time: Node 20's `mkdirSync(path, { recursive: true })` never
+ * returns where mkdir answers ENOENT under a directory that exists (`/proc/x`); this throws
+ * mkdir's error instead. Returns the first directory it made, as the recursive form does. @internal
+ */
+export function mkdirParents(path: string, mode = 0o777): string | undefined {
+  const missing: string[] = [];
+  for (let dir = resolve(path); dirname(dir) !== dir; dir = dirname(dir)) {
+    try {
+      statSync(dir);
+      break; // exists (a file here makes the mkdir below fail with ENOTDIR)
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
+      missing.push(dir);
+    }
+  }
+  missing.reverse();
+  for (const dir of missing) {
+    try {
+      mkdirSync(dir, { mode });
+    } catch (err) {
+      // made meanwhile by someone else: fine; anything else (ENOENT on /proc, EACCES, EROFS) is the answer
+      if ((err as NodeJS.ErrnoException).code !== 'EEXIST' || !statSync(dir).isDirectory()) throw err;
+    }
+  }
+  return missing[0];
 }
 
 /** Writes and fsyncs a file at `tmpPath`. @internal */

@@ -13,20 +13,10 @@ import type { SwapControllerOptions, SwapEngine, SwapNeighbourOptions } from './
 
 /*
  * SwapControllerOptions, checked and resolved once, at create: every default filled in, every
- * unknown key refused (with where it went, for the keys the options had before they were grouped).
+ * unknown key refused (with the option it is likely a typo of).
  */
 
 const OPTIONS = ['store', 'engines', 'budgets', 'tiers', 'recovery', 'overlap', 'captureIfNeeded', 'defaultModel', 'queue', 'metrics', 'hooks', 'booting'];
-const MOVED = {
-  cache: 'tiers.ram',
-  resident: 'tiers.gpu',
-  neighbour: 'tiers.neighbour',
-  multipath: 'tiers.multipath',
-  queueLimit: 'queue.limit',
-  queueTimeoutMs: 'queue.timeoutMs',
-  materialize: 'recovery: { policy, materialize }',
-  registry: 'metrics',
-};
 const TIERS = ['ram', 'gpu', 'neighbour', 'multipath'];
 const ENGINE = ['name', 'client', 'snapshot', 'from', 'devices', 'memoryBytes', 'asleepBytes', 'pinned', 'idleTtlMs', 'group', 'weightsBytes', 'deepSuspend', 'movableTo', 'check'];
 
@@ -60,10 +50,10 @@ export interface SwapConfig {
 
 /** Checks every key and value of the options, and fills in the defaults. Throws E_INVALID_ARGUMENT. @internal */
 export function resolveOptions(options: SwapControllerOptions): SwapConfig {
-  checkOptions('SwapController options', options, OPTIONS, MOVED);
-  checkOptions('SwapController options.tiers', options.tiers, TIERS, { cache: 'tiers.ram', resident: 'tiers.gpu' });
-  checkOptions('SwapController options.queue', options.queue, ['limit', 'timeoutMs'], { queueLimit: 'queue.limit', queueTimeoutMs: 'queue.timeoutMs' });
-  checkOptions('SwapController options.hooks', options.hooks, ['checkpoint'], {});
+  checkOptions('SwapController options', options, OPTIONS);
+  checkOptions('SwapController options.tiers', options.tiers, TIERS);
+  checkOptions('SwapController options.queue', options.queue, ['limit', 'timeoutMs']);
+  checkOptions('SwapController options.hooks', options.hooks, ['checkpoint']);
   const neighbour = options.tiers?.neighbour;
   if (neighbour !== undefined && !(neighbour instanceof NeighbourTier)) checkOptions('SwapController options.tiers.neighbour', neighbour, ['device', 'budgetBytes']);
   const engines: EngineSpec[] = [];

@@ -29,6 +29,8 @@ describe('the vsnap command', () => {
     const demo = await vsnap('demo', '--cpu', '--size', '24', '--store', store);
     expect(demo.code).toBe(0);
     expect(demo.stdout).toMatch(/captured .* to /);
+    expect(demo.stdout).toMatch(/^filling +5 regions/m); // each slow pass says what it does before it starts
+    expect(demo.stdout).toMatch(/^checking +every byte/m);
     expect(demo.stdout).toMatch(/checked +every byte: identical/);
     const again = await vsnap('demo', '--cpu', '--size', '24', '--store', store, '--json');
     expect(again.code).toBe(0);
@@ -39,8 +41,8 @@ describe('the vsnap command', () => {
     const list = JSON.parse(ls.stdout) as Array<{ name: string; regions: number }>;
     expect(list).toEqual([expect.objectContaining({ name: 'demo', regions: 5, versions: 2 })]);
     const human = (await vsnap('ls', '--store', store)).stdout.split('\n');
-    expect(human[0]).toMatch(/^NAME +CAPTURE +CREATED +SIZE +REGIONS +CAPTURES$/);
-    expect(human[1]).toMatch(/^demo +\S+ +\S+ +2[34]\.\d\d MiB +5 +2$/);
+    expect(human[0]).toMatch(/^NAME +CAPTURE +CREATED +SIZE +REGIONS +VERSIONS$/);
+    expect(human[1]).toMatch(/^demo +\S+ +\S+ +24\.00 MiB +5 +2$/); // the size asked for, not 23.99 MiB
     const all = await vsnap('ls', '--all', '--store', store);
     expect(all.stdout.split('\n')[0]).toMatch(/^NAME +CAPTURE +CURRENT +CREATED +SIZE +REGIONS +DURABLE$/);
     expect(all.stdout.trim().split('\n')).toHaveLength(3);
@@ -93,6 +95,10 @@ describe('the vsnap command', () => {
     expect(report.store).toMatchObject({ ok: true, exists: false });
     expect(typeof report.cuda.available).toBe('boolean');
     expect(existsSync(join(root, '..'))).toBe(false);
+    // glibc and libstdc++ against the prebuild's needs (prebuilds/REQUIREMENTS.json), in both forms
+    expect((report as unknown as { platform: { libc: { family: string }; libstdcxx: { glibcxx: string }; unmet: string[] } }).platform).toMatchObject({ libc: { family: 'glibc' }, libstdcxx: { glibcxx: expect.stringMatching(/^3\.4\./) as string }, unmet: [] });
+    const human = await vsnap('doctor', '--store', root);
+    expect(human.stdout).toMatch(/^platform: linux-\w+, glibc 2\.\d+, libstdc\+\+ GLIBCXX_3\.4\.\d+ \(.*\); the prebuild needs glibc 2\.\d+ and GLIBCXX_3\.4\.\d+: met$/m);
   });
 
   it('one default store: what ls and doctor say before the demo is where the demo writes, and ls then lists it', async () => {

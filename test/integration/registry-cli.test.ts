@@ -4,7 +4,7 @@ import { fileURLToPath } from 'node:url';
 
 import { describe, expect, it } from 'vitest';
 
-import { Registry } from '../../src/registry/registry.js';
+import { RegistryClient } from '../../src/registry/registry.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { runCli } from '../helpers/cli.js';
@@ -64,11 +64,11 @@ describe.skipIf(!run)('registry: the command line, and a killed push', () => {
       const state = join(dir, 'state');
       const r = spawnSync(process.execPath, [child, join(dir, 's'), 'k', ref, state, String(MiB)], { encoding: 'utf8' });
       expect(r.signal, r.stderr).toBe('SIGKILL');
-      const resumed = await new Registry({ stateDir: state, chunkBytes: 256 * 1024, dockerConfig: false }).push(store, 'k', ref);
+      const resumed = await new RegistryClient({ stateDir: state, chunkBytes: 256 * 1024, dockerConfig: false }).push(store, 'k', ref);
       expect(resumed.bytesResumed).toBe(MiB);
       expect(resumed.bytesUploaded).toBe(3 * MiB);
       const dst = await RegionStore.open(join(dir, 'd'));
-      await new Registry({ dockerConfig: false, stateDir: state }).pull(dst, ref);
+      await new RegistryClient({ dockerConfig: false, stateDir: state }).pull(dst, ref);
       expect((await dst.verify('k')).ok).toBe(true);
     } finally {
       await reg.close();

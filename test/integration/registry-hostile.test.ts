@@ -12,7 +12,7 @@ import { parseReference } from '../../src/registry/reference.js';
 import { PushState } from '../../src/registry/state.js';
 import { Manifest } from '../../src/manifest/manifest.js';
 import { blobDigest } from '../../src/manifest/blob-digest.js';
-import { Registry } from '../../src/registry/registry.js';
+import { RegistryClient } from '../../src/registry/registry.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { endless, oversized, serveBlob, servedArtifact, startHostileRegistry, syntheticArtifact, trickle, type HostileRegistry, type Hostile, type Route, type Sent, type ServedArtifact } from '../helpers/hostile-registry.js';
@@ -52,7 +52,7 @@ async function errorOf(p: Promise<unknown>): Promise<VsnapError> {
   return err as VsnapError;
 }
 
-const client = (extra: object = {}): Registry => new Registry({ dockerConfig: false, stateDir: join(tempDir(), 'state'), ...extra });
+const client = (extra: object = {}): RegistryClient => new RegistryClient({ dockerConfig: false, stateDir: join(tempDir(), 'state'), ...extra });
 
 /** Whether a request is for one of the artifact's layers (not its config). */
 const layerOf = (artifact: ServedArtifact, route: Route): boolean => route.kind === 'blob' && artifact.blobs.get(route.digest!)?.path !== undefined;

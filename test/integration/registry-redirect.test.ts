@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { request } from 'undici';
 import { describe, expect, it } from 'vitest';
 
-import { Registry } from '../../src/registry/registry.js';
+import { RegistryClient } from '../../src/registry/registry.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { patternedRegions } from '../helpers/regions.js';
@@ -67,7 +67,7 @@ describe.skipIf(!run)('registry: blob downloads redirected to another origin', (
       await Snapshot.capture(store, 'm', { regions: [...regions].map(([key, r]) => ({ key, size: r.size, memory: r.memory })), chunkSize: 256 * 1024 });
       for (const r of regions.values()) r.close();
       const ref = `http://${front.origin.slice(7)}/redirect/m:v1`;
-      const client = new Registry({ credentials: { username: user.name, password: user.password }, dockerConfig: false, stateDir: join(dir, 'state'), rangeMinBytes: MiB, connections: 2 });
+      const client = new RegistryClient({ credentials: { username: user.name, password: user.password }, dockerConfig: false, stateDir: join(dir, 'state'), rangeMinBytes: MiB, connections: 2 });
       await client.push(store, 'm', ref);
       const dst = await RegionStore.open(join(dir, 'd'));
       await client.pull(dst, ref);

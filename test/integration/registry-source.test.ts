@@ -7,7 +7,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { VsnapError } from '../../src/errors.js';
-import { Registry } from '../../src/registry/registry.js';
+import { RegistryClient } from '../../src/registry/registry.js';
 import { restoreEngine, suspendEngine } from '../../src/flows/index.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { parseConfig } from '../../src/serve/config.js';
@@ -58,7 +58,7 @@ describe.skipIf(!run)('a registry reference as a snapshot source', () => {
   let dir: string;
   let engine: TestEngine;
   let client: EngineClient;
-  let registry: Registry;
+  let registry: RegistryClient;
   let reference: string;
   let answer: number[] | null;
   let pushedId: string;
@@ -68,7 +68,7 @@ describe.skipIf(!run)('a registry reference as a snapshot source', () => {
     dir = mkdtempSync(join(tmpdir(), 'vsnap-regsrc-'));
     [reg, engine] = await Promise.all([startRegistry(dir), startEngine()]);
     client = new EngineClient({ baseUrl: engine.url, token: engine.token });
-    registry = new Registry({ dockerConfig: false, stateDir: join(dir, 'state') });
+    registry = new RegistryClient({ dockerConfig: false, stateDir: join(dir, 'state') });
     // captured on "another machine" (its own store), pushed, and that store is gone
     const origin = await RegionStore.open(tempDir());
     answer = (await askCapital(client, 8)).ids;
@@ -272,7 +272,7 @@ describe.skipIf(!run)('a registry reference as a snapshot source', () => {
       const ref = `${secure.prefix}/team/reference:v1`;
       const origin = await RegionStore.open(tempDir());
       await registry.pull(origin, reference, { name: 'ref' }); // the same snapshot, into the secure registry
-      await new Registry({ ca: secure.ca!, credentials: { username: 'bob', password: 'builder' }, dockerConfig: false, stateDir: join(tlsDir, 'state') }).push(origin, 'ref', ref);
+      await new RegistryClient({ ca: secure.ca!, credentials: { username: 'bob', password: 'builder' }, dockerConfig: false, stateDir: join(tlsDir, 'state') }).push(origin, 'ref', ref);
       const storeDir = tempDir();
       const config = parseConfig(
         `listen: { port: 0 }\nstore: ${storeDir}\ngpus: { "0": { budgetGiB: 1 } }\nrecovery: { mode: fail }\n` +

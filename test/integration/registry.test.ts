@@ -3,7 +3,7 @@ import { join } from 'node:path';
 
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
-import { Registry } from '../../src/registry/registry.js';
+import { RegistryClient } from '../../src/registry/registry.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { VsnapError } from '../../src/errors.js';
@@ -56,7 +56,7 @@ describe.skipIf(!run)('registry: TLS + htpasswd', () => {
     await reg?.close();
     rmSync(dir, { recursive: true, force: true });
   });
-  const client = (extra: object = {}) => new Registry({ ca: reg.ca!, credentials: { username: user.name, password: user.password }, stateDir: join(dir, 'state'), chunkBytes: 256 * 1024, dockerConfig: false, ...extra });
+  const client = (extra: object = {}) => new RegistryClient({ ca: reg.ca!, credentials: { username: user.name, password: user.password }, stateDir: join(dir, 'state'), chunkBytes: 256 * 1024, dockerConfig: false, ...extra });
 
   it('pushes, pulls into another store (renamed, over Range requests), and a second push sends nothing', async () => {
     const src = await captured(join(tempDir(), 's'));
@@ -189,11 +189,11 @@ describe.skipIf(!run)('registry: TLS + htpasswd', () => {
     const e1 = await wrong.catch((e: VsnapError) => e);
     expect((e1 as VsnapError).code).toBe('E_REGISTRY_AUTH');
     expect((e1 as VsnapError).message).toMatch(/credentials/);
-    const none = new Registry({ ca: reg.ca!, dockerConfig: false, stateDir: join(dir, 'state') });
+    const none = new RegistryClient({ ca: reg.ca!, dockerConfig: false, stateDir: join(dir, 'state') });
     const e2 = await none.push(src, 'a', ref).catch((e: VsnapError) => e);
     expect((e2 as VsnapError).code).toBe('E_REGISTRY_AUTH');
     expect((e2 as VsnapError).message).toMatch(/docker login/);
-    const noCa = new Registry({ credentials: { username: user.name, password: user.password }, dockerConfig: false, stateDir: join(dir, 'state') });
+    const noCa = new RegistryClient({ credentials: { username: user.name, password: user.password }, dockerConfig: false, stateDir: join(dir, 'state') });
     const e3 = await noCa.push(src, 'a', ref).catch((e: VsnapError) => e);
     expect((e3 as VsnapError).code).toBe('E_REGISTRY');
     expect((e3 as VsnapError).message).toMatch(/CA/);
@@ -203,7 +203,7 @@ describe.skipIf(!run)('registry: TLS + htpasswd', () => {
     const saved = process.env.DOCKER_CONFIG;
     process.env.DOCKER_CONFIG = docker;
     try {
-      const r = await new Registry({ ca: reg.ca!, stateDir: join(dir, 'state') }).push(src, 'a', ref);
+      const r = await new RegistryClient({ ca: reg.ca!, stateDir: join(dir, 'state') }).push(src, 'a', ref);
       expect(r.layers).toBe(1);
     } finally {
       if (saved === undefined) delete process.env.DOCKER_CONFIG;
@@ -218,7 +218,7 @@ describe.skipIf(!run)('registry: anonymous, plain HTTP', () => {
     const reg = await startRegistry(dir, {});
     try {
       const src = await captured(join(dir, 's'));
-      const r = new Registry({ dockerConfig: false, stateDir: join(dir, 'state') });
+      const r = new RegistryClient({ dockerConfig: false, stateDir: join(dir, 'state') });
       await r.push(src, 'm', `${reg.prefix}/open/model:latest`);
       const dst = await RegionStore.open(join(dir, 'd'));
       const pulled = await r.pull(dst, `${reg.prefix}/open/model`);
@@ -245,7 +245,7 @@ describe.skipIf(!run)('registry: bearer tokens (auth: token, a JWT token server)
     const reg = await startRegistry(dir, { auth: 'token', user, tokenField: field });
     try {
       const src = await captured(join(dir, 's'), { w: MiB }, 'b');
-      const r = new Registry({ credentials: { username: user.name, password: user.password }, dockerConfig: false, stateDir: join(dir, 'state') });
+      const r = new RegistryClient({ credentials: { username: user.name, password: user.password }, dockerConfig: false, stateDir: join(dir, 'state') });
       await r.push(src, 'b', `${reg.prefix}/tok/model:v1`);
       const dst = await RegionStore.open(join(dir, 'd'));
       await r.pull(dst, `${reg.prefix}/tok/model:v1`);
@@ -254,7 +254,7 @@ describe.skipIf(!run)('registry: bearer tokens (auth: token, a JWT token server)
       expect(scopes).toContain('repository:tok/model:pull,push');
       expect(scopes).toContain('repository:tok/model:pull');
       expect(reg.tokenRequests.every((u) => u.searchParams.get('service') === 'vsnap-test')).toBe(true);
-      const bad = new Registry({ credentials: { username: user.name, password: 'x' }, dockerConfig: false, stateDir: join(dir, 'state') });
+      const bad = new RegistryClient({ credentials: { username: user.name, password: 'x' }, dockerConfig: false, stateDir: join(dir, 'state') });
       const e = await bad.pull(dst, `${reg.prefix}/tok/model:v1`).catch((x: VsnapError) => x);
       expect((e as VsnapError).code).toBe('E_REGISTRY_AUTH');
     } finally {

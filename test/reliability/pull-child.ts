@@ -6,7 +6,7 @@
 import { readFileSync } from 'node:fs';
 
 import { native } from '../../src/native/index.js';
-import { Registry } from '../../src/registry/registry.js';
+import { RegistryClient } from '../../src/registry/registry.js';
 import type { RegistryOptions } from '../../src/registry/types.js';
 import { RegionStore } from '../../src/store/region-store.js';
 
@@ -25,7 +25,7 @@ async function main(): Promise<void> {
   let outcome = 'ok';
   let message = '';
   try {
-    await new Registry({ dockerConfig: false, ...options }).pull(store, reference);
+    await new RegistryClient({ dockerConfig: false, ...options }).pull(store, reference);
   } catch (err) {
     const e = err as { code?: string; message?: string };
     outcome = e.code ?? `uncoded ${(err as Error).name}`;

@@ -23,25 +23,17 @@ async function refusal(extra: Record<string, unknown>, engine: Record<string, un
 }
 
 describe('SwapController options: unknown keys are refused with a hint', () => {
-  it.each([
-    ['cache', 'tiers.ram'],
-    ['resident', 'tiers.gpu'],
-    ['neighbour', 'tiers.neighbour'],
-    ['multipath', 'tiers.multipath'],
-    ['queueLimit', 'queue.limit'],
-    ['queueTimeoutMs', 'queue.timeoutMs'],
-    ['materialize', 'recovery: { policy, materialize }'],
-    ['registry', 'metrics'],
-  ])('%s: says where it went (%s)', async (key, now) => {
+  it.each(['cache', 'resident', 'queueLimit', 'materialize', 'registry'])('%s (an option of 0.1 before they were grouped): refused, with the options there are', async (key) => {
     const e = await refusal({ [key]: {} });
     expect(e.code).toBe('E_INVALID_ARGUMENT');
-    expect(e.message).toBe(`SwapController options has no option '${key}': it is ${now} now`);
+    expect(e.message).toMatch(new RegExp(`^SwapController options has no option '${key}'[;:]`));
+    expect(e.message).not.toMatch(/ now$/);
   });
 
   it('a typo, at every level: the option it is likely a typo of', async () => {
     expect((await refusal({ overlapp: false })).message).toMatch(/no option 'overlapp': did you mean 'overlap'\?/);
     expect((await refusal({ tiers: { rams: {} } })).message).toMatch(/options\.tiers has no option 'rams': did you mean 'ram'\?/);
-    expect((await refusal({ tiers: { cache: {} } })).message).toMatch(/options\.tiers has no option 'cache': it is tiers\.ram now/);
+    expect((await refusal({ tiers: { cache: {} } })).message).toMatch(/options\.tiers has no option 'cache'; the options are ram, gpu, neighbour, multipath/);
     expect((await refusal({ queue: { limits: 3 } })).message).toMatch(/options\.queue has no option 'limits': did you mean 'limit'\?/);
     expect((await refusal({ recovery: { policy: 'reload', materialise: 'off' } })).message).toMatch(/options\.recovery has no option 'materialise': did you mean 'materialize'\?/);
     expect((await refusal({ hooks: { beforeCheck: () => undefined } })).message).toMatch(/options\.hooks has no option 'beforeCheck'/);

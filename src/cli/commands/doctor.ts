@@ -9,6 +9,7 @@ import type { EngineClient, EngineStatus } from '../../engine/engine-client.js';
 import type { Context } from '../context.js';
 import { EXIT } from '../context.js';
 import { formatBytes } from '../output.js';
+import { checkPlatform, describePlatform } from '../platform.js';
 
 /** vsnap doctor [--engine URL]: CUDA, driver, checkpoint API, devices, RAM, the store, and an engine. */
 export async function doctor(ctx: Context): Promise<number> {
@@ -44,9 +45,11 @@ export async function doctor(ctx: Context): Promise<number> {
       await client.close();
     }
   }
+  const platform = checkPlatform();
   const report = {
     version: VERSION,
     node: process.versions.node,
+    platform,
     checksum: { algorithm: native().checksumAlgorithm, implementation: native().checksumImplementation },
     cuda: status,
     devices,
@@ -56,6 +59,7 @@ export async function doctor(ctx: Context): Promise<number> {
   };
   const lines = [
     `vsnap ${VERSION} on Node ${process.versions.node}`,
+    describePlatform(platform),
     `checksums: ${report.checksum.algorithm} (${report.checksum.implementation})`,
     status.available
       ? `cuda: driver supports CUDA ${formatCudaVersion(status.driverVersion)}; checkpoint API ${status.checkpointApi ? `present${status.driverVersion >= 13000 ? ', with GPU pairs (restore onto another GPU)' : ' (restore onto another GPU needs r580+)'}` : 'absent (driver < r570)'}`

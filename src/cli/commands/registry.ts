@@ -1,7 +1,7 @@
 import { readFileSync } from 'node:fs';
 
 import { validateReference } from '../../registry/reference.js';
-import { Registry } from '../../registry/registry.js';
+import { RegistryClient } from '../../registry/registry.js';
 import { pullCompatibility } from '../../registry/source.js';
 import type { PullCompatibility, RegistryOptions } from '../../registry/types.js';
 import type { Context } from '../context.js';
@@ -9,7 +9,7 @@ import { EXIT, UsageError } from '../context.js';
 import { formatBytes, formatRate, progressLine } from '../output.js';
 
 /** The registry client from --ca (or $VSNAP_REGISTRY_CA) and $VSNAP_REGISTRY_USERNAME / $VSNAP_REGISTRY_PASSWORD, else the Docker config. */
-function registry(ctx: Context): Registry {
+function registry(ctx: Context): RegistryClient {
   const caFile = ctx.options.ca ?? process.env.VSNAP_REGISTRY_CA;
   let ca: string | undefined;
   if (caFile) {
@@ -25,7 +25,7 @@ function registry(ctx: Context): Registry {
     ...(ca ? { ca } : {}),
     ...(username !== undefined && password !== undefined ? { credentials: { username, password } } : {}),
   };
-  return new Registry(options);
+  return new RegistryClient(options);
 }
 
 /** A malformed reference is bad usage (exit 2), said before any store or engine is touched. */

@@ -27,7 +27,7 @@ export async function ls(ctx: Context): Promise<number> {
     return EXIT.ok;
   }
   const human = list.length
-    ? table(['NAME', 'CAPTURE', 'CREATED', 'SIZE', 'REGIONS', 'CAPTURES'], list.map((s) => [s.name, s.id, s.createdAt, formatBytes(s.bytes), String(s.regions), String(s.versions)]))
+    ? table(['NAME', 'CAPTURE', 'CREATED', 'SIZE', 'REGIONS', 'VERSIONS'], list.map((s) => [s.name, s.id, s.createdAt, formatBytes(s.bytes), String(s.regions), String(s.versions)]))
     : `no snapshots in ${ctx.storeRoot}`;
   // entries that are not readable snapshots: on stderr, so the listing itself stays as it was
   for (const p of list.problems) console.error(`vsnap: ${p.name}: [${p.code}] ${p.message}`);
