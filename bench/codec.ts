@@ -50,6 +50,7 @@ for (const c of cases) {
     sameAsCpu: b.sameAsCpu,
     roundTrip: b.roundTrip,
   });
+  console.error(`${c.name}: ${JSON.stringify(rows.at(-1))}`); // progress, in case the run is cut short
 }
 const lines = [
   `# vsnap-c1 codec on ${device.name}: chunks of ${mibArg} MiB, median of ${reps} (GB/s of raw bytes; copy = device-to-device copy of the raw bytes)`,

@@ -179,6 +179,7 @@ __device__ void decodeBlock(const unsigned char* in, unsigned char* out, const P
     unsigned sym;
     if (code[k] == esc && k < m) {
       sym = (!bad && at < end) ? in[p.excOff + at] : 0;  // never past the exception list
+      if (sym >> ki.expBits) atomicOr(errors, 1u);         // not a symbol of the kind (the CPU refuses it too)
       at++;
     } else {
       sym = table[code[k] & 255];

@@ -8,6 +8,7 @@ import { cudaStatus } from '../../src/index.js';
 import { releaseIdleResources } from '../../src/plumbing.js';
 import { decodeChunk, decodeChunkOnDevice, encodeChunk, encodeChunkOnDevice, type CodecKind } from '../../src/transfer/codec.js';
 import type { VsnapError } from '../../src/errors.js';
+import { native } from '../../src/native/index.js';
 import { corpus, weights } from '../helpers/codec-data.js';
 
 const KINDS: CodecKind[] = ['bytes', 'bf16', 'fp16', 'fp32', 'fp8-e4m3', 'fp8-e5m2'];
@@ -19,7 +20,12 @@ describe('GPU: the vsnap-c1 codec', async () => {
     it('needs a GPU', () => assert.fail(`this suite needs an NVIDIA GPU: ${status.reason}`));
     return;
   }
-  after(() => releaseIdleResources());
+  // one context for the whole suite: each call would otherwise make and drop the device's context
+  await native().cudaKeepContext(0);
+  after(async () => {
+    await native().cudaReleaseContext(0);
+    await releaseIdleResources();
+  });
 
   async function both(bytes: Buffer, hint: CodecKind, what: string): Promise<void> {
     const cpu = encodeChunk(bytes, hint);
@@ -35,8 +41,8 @@ describe('GPU: the vsnap-c1 codec', async () => {
   });
 
   it('every hint, odd sizes and unaligned tails (blocks split mid-thread, tails of 1-3 bytes)', async () => {
-    const sizes = [1, 2, 3, 5, 17, 4095, 4097, 8193, 12_289, 65_537, 1_000_003];
-    for (const c of corpus(1_000_003)) {
+    const sizes = [1, 3, 5, 17, 4095, 4097, 8193, 12_289, 65_537, 300_007];
+    for (const c of corpus(300_007)) {
       for (const size of sizes) {
         for (const hint of KINDS) await both(c.bytes.subarray(0, size), hint, `${c.name} [${size}] as ${hint}`);
       }
@@ -53,8 +59,8 @@ describe('GPU: the vsnap-c1 codec', async () => {
     let refused = 0;
     for (let i = 0; i < 300; i++) {
       const bad = Buffer.from(coded);
-      bad[(i * 7919) % bad.length] ^= 1 + (i % 255);
-      bad[(i * 104_729 + 13) % bad.length] ^= 0x40;
+      bad[(i * 7919) % bad.length] = bad[(i * 7919) % bad.length]! ^ 1 + (i % 255);
+      bad[(i * 104_729 + 13) % bad.length] = bad[(i * 104_729 + 13) % bad.length]! ^ 0x40;
       let cpu: Buffer | undefined;
       try {
         cpu = decodeChunk(bad, raw.length, ref);

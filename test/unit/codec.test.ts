@@ -171,7 +171,7 @@ describe('vsnap-c1 on the CPU: damaged chunks', () => {
     let caught = 0;
     for (let i = 0; i < 64; i++) {
       const bad = Buffer.from(coded);
-      bad[codesAt + i] ^= 0xff;
+      bad[codesAt + i] = bad[codesAt + i]! ^ 0xff;
       try {
         decodeChunk(bad, raw.length, ref);
       } catch (err) {
@@ -192,7 +192,7 @@ describe('vsnap-c1 on the CPU: damaged chunks', () => {
         fc.integer({ min: -3, max: 3 }),
         (which, flips, lengthChange) => {
           const bad = Buffer.from(chunks[which]!);
-          for (const [at, x] of flips) bad[at % bad.length] ^= x;
+          for (const [at, x] of flips) bad[at % bad.length] = bad[at % bad.length]! ^ x;
           const damaged = lengthChange < 0 ? bad.subarray(0, bad.length + lengthChange) : Buffer.concat([bad, Buffer.alloc(lengthChange)]);
           try {
             expect(decodeChunk(damaged, sizes[which]!, ref).length).toBe(sizes[which]);
