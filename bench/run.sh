@@ -15,6 +15,8 @@
 #                                               frees of this or another process (bench/vmm-interference.cu)
 #   npm run bench -- import [reps] [regions] [MiB] [arrangements...]   import, map and copy into
 #                                               another process's allocations, several ways (bench/import-pipeline.cu)
+#   npm run bench -- codec [MiB] [repeats] [out.json]   the vsnap-c1 codec: ratio and GPU encode and
+#                                               decode GB/s per dtype beside a D2D copy (bench/codec.ts)
 #   npm run bench -- registry [GiB] [out-dir]   pull from a local registry vs curl (CPU only)
 #   npm run bench -- persist [MiB] [regions] [repeats]   persisting a deferred capture: one fused
 #                                               hash-and-digest pass vs two passes (CPU only, bench/persist.ts)
@@ -23,7 +25,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -x node_modules/.bin/esbuild ]; then
-  node_modules/.bin/esbuild bench/transfer.ts bench/engine-swap.ts bench/region-count.ts --bundle --platform=node --format=esm --target=node20 \
+  node_modules/.bin/esbuild bench/transfer.ts bench/engine-swap.ts bench/region-count.ts bench/codec.ts --bundle --platform=node --format=esm --target=node20 \
     --outdir=dist-gpu --entry-names='bench-[name]' --out-extension:.js=.mjs --log-level=warning --external:node-gyp-build \
     --banner:js="import { createRequire as __cr } from 'module'; const require = __cr(import.meta.url);"
 fi
@@ -68,6 +70,7 @@ run_cu() {
 # One JSON line per mode or arrangement on stdout.
 if [ "${1:-}" = vmm ]; then shift; run_cu vmm-interference "$@"; fi
 if [ "${1:-}" = import ]; then shift; run_cu import-pipeline "$@"; fi
+if [ "${1:-}" = codec ]; then shift; exec node dist-gpu/bench-codec.mjs "$@"; fi
 if [ "${1:-}" = swap ]; then
   shift
   build_ceiling

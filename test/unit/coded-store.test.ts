@@ -18,6 +18,12 @@ import { weights } from '../helpers/codec-data.js';
 
 const CHUNK = 64 * 1024;
 
+/** Replaces a published (read-only) blob with other bytes. */
+function rewrite(path: string, bytes: Uint8Array): void {
+  rmSync(path);
+  writeFileSync(path, bytes);
+}
+
 function manifestData(id: string, name: string, regions: Array<Record<string, unknown>>): Record<string, unknown> {
   return {
     schemaVersion: 2,
@@ -118,7 +124,7 @@ describe('the store holds coded blobs', () => {
     const at = async (i: number) => readBlobChunk(path, region, i, 'm').then(() => undefined, (err: VsnapError) => err);
 
     bytes[offsets[1]! + 8] = bytes[offsets[1]! + 8]! ^ 1; // chunk 1's raw size in its header
-    writeFileSync(path, bytes);
+    rewrite(path, bytes);
     const structural = await at(1);
     expect(structural?.code).toBe('E_CODEC_CORRUPT');
     expect(structural?.message).toContain('chunk 1 of region layers.0.weight in snapshot m is damaged');
@@ -126,13 +132,26 @@ describe('the store holds coded blobs', () => {
 
     bytes[offsets[1]! + 8] = bytes[offsets[1]! + 8]! ^ 1;
     bytes[offsets[2]! - 100] = bytes[offsets[2]! - 100]! ^ 0x01; // inside chunk 1's last section: decodes, to other bytes
-    writeFileSync(path, bytes);
+    rewrite(path, bytes);
     const content = await at(1);
     expect(content?.code).toMatch(/^E_CHECKSUM$|^E_CODEC_CORRUPT$/);
     expect(content?.details).toMatchObject({ chunk: 1, region: 'layers.0.weight' });
 
-    writeFileSync(path, bytes.subarray(0, offsets[3]! + 10));
+    rewrite(path, bytes.subarray(0, offsets[3]! + 10));
     expect((await at(3))?.code).toBe('E_BLOB_TRUNCATED');
+  });
+
+  it('verify decodes every coded chunk against its checksum, and reports a damaged one for its region', async () => {
+    const { store, path, manifest } = await published();
+    expect(await store.verify('m')).toMatchObject({ ok: true, problems: [] });
+    const offsets = codedOffsets(manifest.data.ranks[0]!.regions[0]!.codec!);
+    const bytes = readFileSync(path);
+    bytes[offsets[2]! + 5] = 9; // chunk 2's mode
+    rewrite(path, bytes);
+    const report = await store.verify('m');
+    expect(report.ok).toBe(false);
+    expect(report.problems).toEqual([expect.objectContaining({ rank: 0, region: 'layers.0.weight', code: 'E_CODEC_CORRUPT' })]);
+    expect(report.problems[0]!.message).toContain('chunk 2 of region layers.0.weight in snapshot m is damaged');
   });
 
   it('reads raw blobs (regions without `codec`) the same way', async () => {
