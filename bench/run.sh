@@ -10,13 +10,15 @@
 #   npm run bench -- registry [GiB] [out-dir] pull from a local registry against curl (CPU only)
 #   npm run bench -- compare <before.json> <after.json> [tolerance]   two swap runs' medians side by
 #                                             side, those more than tolerance (0.03) slower marked
+#   npm run bench -- codec [MiB] [repeats] [out.json]   the chunk codec on the GPU: ratio, encode and
+#                                             decode GB/s per dtype (bench/codec.ts)
 #   npm run bench -- bundle                   only the bundles (dist-gpu/bench-*.mjs), to carry
 # Builds the bundles, the ceiling program and the reference engine's allocator where the tools are
 # here; on a machine without npm, carry dist-gpu/ and run this same script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -x node_modules/.bin/esbuild ]; then
-  node_modules/.bin/esbuild bench/transfer.ts bench/engine-swap.ts bench/compare.ts --bundle --platform=node --format=esm --target=node20 \
+  node_modules/.bin/esbuild bench/transfer.ts bench/engine-swap.ts bench/compare.ts bench/codec.ts --bundle --platform=node --format=esm --target=node20 \
     --outdir=dist-gpu --entry-names='bench-[name]' --out-extension:.js=.mjs --log-level=warning --external:node-gyp-build \
     --banner:js="import { createRequire as __cr } from 'module'; const require = __cr(import.meta.url);"
 fi
@@ -33,6 +35,7 @@ fi
 if command -v nvcc >/dev/null && { [ ! -x dist-gpu/ceiling ] || [ bench/ceiling.cu -nt dist-gpu/ceiling ]; }; then
   mkdir -p dist-gpu && nvcc -O2 -o dist-gpu/ceiling bench/ceiling.cu
 fi
+if [ "${1:-}" = codec ]; then shift; exec node dist-gpu/bench-codec.mjs "$@"; fi
 if [ "${1:-}" = swap ]; then
   shift
   # VSNAP_VLLM_SRC: the reference engine runs vLLM's own allocator, built here

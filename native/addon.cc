@@ -20,6 +20,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   vsnap::js::initFiles(env, exports);
   exports.Set("setFault", Napi::Function::New(env, vsnap::js::SetFault, "setFault"));
   vsnap::js::initDigest(env, exports);
+  vsnap::js::initCodec(env, exports);
   vsnap::js::initCheckpoint(env, exports);
   vsnap::js::initPeer(env, exports);
   vsnap::js::initMultipath(env, exports);

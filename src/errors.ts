@@ -78,6 +78,8 @@ export type ErrorCode =
   | 'E_STALE'
   /** Memory after a restore does not match the snapshot's GPU digests; `details.regions` says where. */
   | 'E_DIGEST_MISMATCH'
+  /** A compressed chunk is damaged (its header, tables or codes do not add up); `details` names the chunk and the reason. Nothing of it was written. */
+  | 'E_CODEC_CORRUPT'
   /** Deep suspend needs the driver's process checkpoint API (r570+), and this driver (or machine) lacks it. */
   | 'E_CHECKPOINT_UNSUPPORTED'
   /** A process checkpoint call failed; `details.call`, `details.pid`, `details.cudaError` and `details.reason` (timeout, gone, permission, state, ...) say which and why. */
@@ -130,6 +132,7 @@ const CODES: Record<ErrorCode, true> = {
   E_CONFIG: true,
   E_STALE: true,
   E_DIGEST_MISMATCH: true,
+  E_CODEC_CORRUPT: true,
   E_CHECKPOINT_UNSUPPORTED: true,
   E_CHECKPOINT: true,
   E_INTERNAL: true,

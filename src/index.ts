@@ -18,7 +18,7 @@ export { cudaStatus, type CudaStatus, type GpuDevice } from './gpu/cuda.js';
 
 export { Manifest, type ManifestIssue } from './manifest/manifest.js';
 export type { LiveLayout, LiveRegion, Mismatch } from './manifest/compat.js';
-export type { EngineInfo, ExpectedResponse, ManifestData, ModelInfo, PlatformInfo, RankInfo, RegionInfo, TensorInfo } from './manifest/types.js';
+export type { EngineInfo, ExpectedResponse, ManifestData, ModelInfo, PlatformInfo, RankInfo, RegionCodec, RegionInfo, TensorInfo } from './manifest/types.js';
 
 export { RegionStore, type RegionStoreOptions, type SnapshotList, type SnapshotSummary, type StoreProblem, type VerifyProblem, type VerifyReport } from './store/region-store.js';
 

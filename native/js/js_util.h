@@ -144,6 +144,7 @@ void initTransfer(Napi::Env env, Napi::Object exports);
 void initFdListener(Napi::Env env, Napi::Object exports);
 void initFiles(Napi::Env env, Napi::Object exports);
 void initDigest(Napi::Env env, Napi::Object exports);
+void initCodec(Napi::Env env, Napi::Object exports);  // js_codec.cc
 void initCheckpoint(Napi::Env env, Napi::Object exports);
 void initPeer(Napi::Env env, Napi::Object exports);       // js_peer.cc
 void initMultipath(Napi::Env env, Napi::Object exports);  // js_multipath.cc

@@ -1,6 +1,6 @@
 import { z } from 'zod';
 
-import { blobDigest } from './blob-digest.js';
+import { blobDigest, codedBlobDigest } from './blob-digest.js';
 import type { ManifestData } from './types.js';
 
 /** Sizes and offsets are JSON numbers: exact up to 2^53 bytes (8 PiB). */
@@ -14,6 +14,16 @@ export const TensorSchema = z.object({
   offset: byteCount,
   dtype: z.string().min(1),
   shape: z.array(z.number().int().nonnegative()),
+});
+
+/** The 64-byte header of a vsnap-c1 chunk (native/codec/codec_format.h): a coded chunk is never smaller. */
+const CODED_HEADER_BYTES = 64;
+
+export const RegionCodecSchema = z.object({
+  /** The chunk codec (docs/compression.md). */
+  name: z.literal('vsnap-c1'),
+  /** Each chunk's size in the blob, coded (header included), in order. */
+  codedSizes: z.array(byteCount),
 });
 
 export const RegionSchema = z
@@ -30,6 +40,8 @@ export const RegionSchema = z
     tensors: z.array(TensorSchema).default([]),
     /** Schema 2: the GPU digest of each chunk (null in migrated version-1 manifests). */
     digests: z.array(gpuDigest).nullable().default(null),
+    /** Absent: the blob holds the raw bytes (every manifest before the codec). */
+    codec: RegionCodecSchema.optional(),
   })
   .superRefine((region, ctx) => {
     const expected = Math.ceil(region.size / region.chunkSize);
@@ -42,6 +54,21 @@ export const RegionSchema = z
         path: ['checksums'],
         message: `${region.size} bytes in chunks of ${region.chunkSize} need ${expected} checksums, found ${region.checksums.length}`,
       });
+    } else if (region.codec) {
+      const codedSizes = region.codec.codedSizes;
+      if (codedSizes.length !== expected) {
+        ctx.addIssue({ code: 'custom', path: ['codec', 'codedSizes'], message: `${expected} chunks need ${expected} coded sizes, found ${codedSizes.length}` });
+      } else {
+        codedSizes.forEach((coded, i) => {
+          const raw = Math.min(region.chunkSize, region.size - i * region.chunkSize);
+          if (coded < CODED_HEADER_BYTES || coded > raw + CODED_HEADER_BYTES) {
+            ctx.addIssue({ code: 'custom', path: ['codec', 'codedSizes', i], message: `a coded chunk of ${raw} bytes takes ${CODED_HEADER_BYTES} to ${raw + CODED_HEADER_BYTES} bytes, not ${coded}` });
+          }
+        });
+        if (codedBlobDigest(region.size, region.chunkSize, region.checksums, region.codec.name, codedSizes) !== region.blob) {
+          ctx.addIssue({ code: 'custom', path: ['blob'], message: "the blob name is not the digest of the region's checksums and coded sizes" });
+        }
+      }
     } else if (blobDigest(region.size, region.chunkSize, region.checksums) !== region.blob) {
       // The blob's name is derived from the region's size, chunk size and checksums: a manifest
       // naming another blob would restore bytes it cannot vouch for.

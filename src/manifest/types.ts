@@ -40,6 +40,19 @@ export interface RegionInfo {
   readonly tensors: readonly TensorInfo[];
   /** The GPU digest (`vsnap-gd1`) of each chunk, in order; null for a version-1 capture. */
   readonly digests: readonly string[] | null;
+  /** How the blob's chunks are coded; absent when the blob holds the raw bytes. Checksums and digests are of the decoded bytes. */
+  readonly codec?: RegionCodec | undefined;
+}
+
+/**
+ * The coding of a region's blob (docs/compression.md).
+ * @public
+ */
+export interface RegionCodec {
+  /** The chunk codec. */
+  readonly name: 'vsnap-c1';
+  /** Each chunk's size in the blob, coded (its 64-byte header included), in order. */
+  readonly codedSizes: readonly number[];
 }
 
 /**

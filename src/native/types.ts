@@ -314,6 +314,18 @@ export interface NativeBinding {
   digestBytes(data: Uint8Array, chunkSize: number): string[];
   digestBench(src: NativeDeviceAllocation, dst: NativeDeviceAllocation, size: number, chunkSize: number, repeats: number): Promise<{ digestMs: number[]; copyMs: number[] }>;
   digestAlgorithm: string;
+  /** vsnap-c1 (native/codec): encodes a chunk on the CPU with a dtype hint (NativeCodecKind number, 0: none). */
+  codecEncode(data: Uint8Array, kind: number): Buffer;
+  /** Decodes a coded chunk on the CPU into rawSize bytes; E_CODEC_CORRUPT (details.reason) when damaged. */
+  codecDecode(coded: Uint8Array, rawSize: number): Buffer;
+  /** A coded chunk's header, checked (with its tables) as for a decode. */
+  codecParse(coded: Uint8Array, rawSize: number): NativeCodecHeader;
+  /** Tests: encodes on GPU `device` (host bytes in, coded bytes out through the device). */
+  codecEncodeDevice(data: Uint8Array, kind: number, device: number): Promise<{ coded: Buffer; kernelMs: number }>;
+  /** Tests: decodes on GPU `device` (the header checked on the host first). */
+  codecDecodeDevice(coded: Uint8Array, rawSize: number, device: number): Promise<{ data: Buffer; kernelMs: number }>;
+  /** Bench: encode and decode on the device `repeats` times beside a device-to-device copy (CUDA events, ms). */
+  codecBenchDevice(data: Uint8Array, kind: number, device: number, repeats: number): Promise<NativeCodecBench>;
   /** Opens every region at once, on up to `threads` threads (default 4); nothing stays open on failure. */
   openRegions(regions: ReadonlyArray<{ kind: 'host' | 'imported'; fd: number; size: number; device?: number }>, threads?: number, mapping?: NativeMapping): Promise<NativeRegionSet>;
   /** Process-wide totals per VMM step of opening and closing region sets (native/cuda/vmm_timing.h). */
@@ -349,6 +361,33 @@ export interface NativeBinding {
 export interface NativeGpuPair {
   oldUuid: string;
   newUuid: string;
+}
+
+/** A vsnap-c1 chunk header (native/codec/codec.h Header): mode 0 raw, 1 planes; kind 1..6 (bytes, bf16, fp16, fp32, e4m3, e5m2). */
+export interface NativeCodecHeader {
+  mode: number;
+  kind: number;
+  width: number;
+  rawSize: number;
+  codedSize: number;
+  blockCount: number;
+  exceptionCount: number;
+}
+
+/** native/codec/codec_gpu.h BenchResult. */
+export interface NativeCodecBench {
+  rawSize: number;
+  codedSize: number;
+  mode: number;
+  kind: number;
+  width: number;
+  encodeMs: number[];
+  decodeMs: number[];
+  copyMs: number[];
+  /** The GPU's coded bytes equal the CPU encoder's. */
+  sameAsCpu: boolean;
+  /** The GPU decode gave the raw bytes back. */
+  roundTrip: boolean;
 }
 
 /** CUprocessState as the addon names it. */

@@ -1,6 +1,8 @@
-import { toVsnapError } from '../errors.js';
+import { abortError, toVsnapError } from '../errors.js';
 import type { Manifest } from '../manifest/manifest.js';
+import type { RegionInfo } from '../manifest/types.js';
 import { runTransfer, type TransferOptions } from '../transfer/transfer.js';
+import { readBlobChunk } from './coded-blob.js';
 import type { StoreFiles } from './files.js';
 import type { VerifyProblem, VerifyReport } from './types.js';
 
@@ -13,9 +15,12 @@ export async function verifyManifest(files: Pick<StoreFiles, 'blobPath'>, manife
   const started = performance.now();
   const problems: VerifyProblem[] = [];
   const regions: Array<{ rank: number; key: string; blobPath: string; size: number; chunkSize: number; checksums: readonly string[] }> = [];
+  const coded: Array<{ rank: number; region: RegionInfo; blobPath: string }> = [];
   for (const { rank, region } of manifest.regions()) {
     try {
-      regions.push({ rank, key: region.key, blobPath: files.blobPath(region.blob), size: region.size, chunkSize: region.chunkSize, checksums: region.checksums });
+      const blobPath = files.blobPath(region.blob);
+      if (region.codec) coded.push({ rank, region, blobPath });
+      else regions.push({ rank, key: region.key, blobPath, size: region.size, chunkSize: region.chunkSize, checksums: region.checksums });
     } catch (err) {
       const e = toVsnapError(err);
       problems.push({ rank, region: region.key, code: e.code, message: e.message });
@@ -50,6 +55,19 @@ export async function verifyManifest(files: Pick<StoreFiles, 'blobPath'>, manife
         if (e.code === 'E_ABORTED') throw e;
         problems.push({ rank: entry.rank, region: entry.key, code: e.code, message: e.message });
       }
+    }
+  }
+  // Coded blobs (docs/compression.md): each chunk decoded on the CPU and checked against its checksum.
+  for (const { rank, region, blobPath } of coded) {
+    try {
+      for (let i = 0; i < region.checksums.length; i++) {
+        if (options.signal?.aborted) throw abortError(options.signal, `verify of ${manifest.name}`);
+        await readBlobChunk(blobPath, region, i, manifest.name);
+      }
+    } catch (err) {
+      const e = toVsnapError(err);
+      if (e.code === 'E_ABORTED') throw e;
+      problems.push({ rank, region: region.key, code: e.code, message: e.message });
     }
   }
   return {

@@ -1,0 +1,142 @@
+import { invalidArgument, toVsnapError, VsnapError } from '../errors.js';
+import { native } from '../native/index.js';
+
+/**
+ * How the vsnap-c1 codec splits a chunk's elements (docs/compression.md): the exponent field of
+ * each element is coded, sign and mantissa are kept; `bytes` codes whole bytes.
+ * @internal
+ */
+export type CodecKind = 'bytes' | 'bf16' | 'fp16' | 'fp32' | 'fp8-e4m3' | 'fp8-e5m2';
+
+/** The kinds in the order of their number in the format (native/codec/codec_format.h Kind). */
+const KINDS: readonly CodecKind[] = ['bytes', 'bf16', 'fp16', 'fp32', 'fp8-e4m3', 'fp8-e5m2'];
+
+/** @internal */
+export function codecKindNumber(kind: CodecKind): number {
+  const i = KINDS.indexOf(kind);
+  if (i < 0) invalidArgument('kind', `one of ${KINDS.join(', ')}`, kind);
+  return i + 1;
+}
+
+/**
+ * The codec kind for a tensor dtype as an engine names it (torch: `torch.bfloat16`, `bfloat16`,
+ * `bf16`, ...); `bytes` for anything else (integers, packed 4-bit, unknown).
+ * @internal
+ */
+export function codecKindForDtype(dtype: string | null | undefined): CodecKind {
+  const d = (dtype ?? '').toLowerCase().replace(/^torch\./, '');
+  if (d === 'bfloat16' || d === 'bf16') return 'bf16';
+  if (d === 'float16' || d === 'half' || d === 'fp16') return 'fp16';
+  if (d === 'float32' || d === 'float' || d === 'fp32') return 'fp32';
+  if (d === 'float8_e4m3fn' || d === 'float8_e4m3fnuz' || d === 'fp8-e4m3' || d === 'e4m3') return 'fp8-e4m3';
+  if (d === 'float8_e5m2' || d === 'float8_e5m2fnuz' || d === 'fp8-e5m2' || d === 'e5m2') return 'fp8-e5m2';
+  return 'bytes';
+}
+
+/**
+ * Which chunk a coded chunk is, for error messages (the snapshot and region where known).
+ * @internal
+ */
+export interface ChunkRef {
+  chunk: number;
+  region?: string;
+  snapshot?: string;
+}
+
+/**
+ * A coded chunk's header: `raw` (stored as it is, behind the header) or `planes` (coded).
+ * @internal
+ */
+export interface CodedChunkInfo {
+  mode: 'raw' | 'planes';
+  /** The element kind the chunk was coded as (`planes` only). */
+  kind?: CodecKind;
+  /** Bits a coded exponent takes (`planes` only). */
+  width: number;
+  rawSize: number;
+  codedSize: number;
+  exceptionCount: number;
+}
+
+function where(ref: ChunkRef): string {
+  return `chunk ${ref.chunk}${ref.region === undefined ? '' : ` of region ${ref.region}`}${ref.snapshot === undefined ? '' : ` in snapshot ${ref.snapshot}`}`;
+}
+
+function named(err: unknown, ref: ChunkRef): VsnapError {
+  const e = toVsnapError(err);
+  if (e.code !== 'E_CODEC_CORRUPT') return e;
+  const reason = String(e.details.reason ?? e.message);
+  return new VsnapError(
+    'E_CODEC_CORRUPT',
+    `${where(ref)} is damaged: ${reason}. Nothing of it was written; restore from another copy of the snapshot (\`vsnap verify\` finds the damaged ones) or capture again.`,
+    { ...ref, reason },
+    { cause: e },
+  );
+}
+
+/**
+ * Encodes one chunk on the CPU (vsnap-c1): coded when that makes it smaller, else stored raw
+ * behind the 64-byte header.
+ * @internal
+ */
+export function encodeChunk(bytes: Uint8Array, hint: CodecKind = 'bytes'): Buffer {
+  return native().codecEncode(bytes, codecKindNumber(hint));
+}
+
+/**
+ * Decodes one coded chunk on the CPU into its `rawSize` bytes. A damaged chunk throws
+ * E_CODEC_CORRUPT naming it (`ref`); the decoder never reads or writes outside its buffers.
+ * @internal
+ */
+export function decodeChunk(coded: Uint8Array, rawSize: number, ref: ChunkRef): Buffer {
+  try {
+    return native().codecDecode(coded, rawSize);
+  } catch (err) {
+    throw named(err, ref);
+  }
+}
+
+/**
+ * A coded chunk's header, checked as a decode checks it (E_CODEC_CORRUPT naming the chunk).
+ * @internal
+ */
+export function inspectChunk(coded: Uint8Array, rawSize: number, ref: ChunkRef): CodedChunkInfo {
+  try {
+    const h = native().codecParse(coded, rawSize);
+    return {
+      mode: h.mode === 0 ? 'raw' : 'planes',
+      ...(h.mode === 0 ? {} : { kind: KINDS[h.kind - 1] }),
+      width: h.width,
+      rawSize: h.rawSize,
+      codedSize: h.codedSize,
+      exceptionCount: h.exceptionCount,
+    };
+  } catch (err) {
+    throw named(err, ref);
+  }
+}
+
+/**
+ * Decodes one coded chunk on GPU `device` (tests and bench: host bytes in and out through the
+ * device). The header is checked on the host before any byte reaches the device.
+ * @internal
+ */
+export async function decodeChunkOnDevice(coded: Uint8Array, rawSize: number, device: number, ref: ChunkRef): Promise<{ data: Buffer; kernelMs: number }> {
+  try {
+    return await native().codecDecodeDevice(coded, rawSize, device);
+  } catch (err) {
+    throw named(err, ref);
+  }
+}
+
+/**
+ * Encodes one chunk on GPU `device` (tests and bench); the same bytes as {@link encodeChunk}.
+ * @internal
+ */
+export async function encodeChunkOnDevice(bytes: Uint8Array, hint: CodecKind, device: number): Promise<{ coded: Buffer; kernelMs: number }> {
+  try {
+    return await native().codecEncodeDevice(bytes, codecKindNumber(hint), device);
+  } catch (err) {
+    throw toVsnapError(err);
+  }
+}
