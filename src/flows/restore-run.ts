@@ -6,7 +6,7 @@ import { liveRefs, mapExported } from '../engine/exported.js';
 import { compareResponses, recheck } from '../engine/response-check.js';
 import { listDevices } from '../gpu/cuda.js';
 import type { ExpectedResponse } from '../manifest/types.js';
-import { defaultMapping, type MappedRegions, type MappedRegionsOptions } from '../regions/mapped.js';
+import { type MappedRegions, type MappedRegionsOptions } from '../regions/mapped.js';
 import { pullIfMissing } from '../registry/source.js';
 import { Snapshot } from '../snapshot/snapshot.js';
 import type { RestoreRegion } from '../snapshot/snapshot-types.js';
@@ -15,7 +15,7 @@ import type { FilledTargets, HydrateTargets, MappedTargets, RestoreRun, Tier, Ti
 import { holdsWeights, liveFacts, liveRanks, phaseTimer, preflight, warn } from './checks.js';
 import { resumeIfDeep } from './deep.js';
 import { makeEarlyFill, type EarlyFill, type FillMemory } from './fill.js';
-import { earlyCopy, FILL_OVERLAPPED, restoreTargets, startFill, type FillWake } from './fill-targets.js';
+import { FILL_OVERLAPPED, startFill, type FillWake } from './fill-targets.js';
 import { sleepAgain } from './sleep-again.js';
 import { checkMoved, checkRoom, describeRoom, resolveRemap, type GpuRemap } from './gpu-remap.js';
 import type { FlowHooks } from './hooks.js';
@@ -37,12 +37,10 @@ interface OpenError {
 /**
  * How a restore maps the engine's regions: pipelined (the copy starts on the first regions while
  * the rest are imported; measured on the H200 the fastest form at every region count, 36 to 4,000:
- * bench/results/2026-12-01-h200-region-count.log), unless VSNAP_REGION_MAPPING says otherwise.
+ * bench/results/2026-12-01-h200-region-count.log).
  * @internal
  */
-export function restoreMapping(): MappedRegionsOptions {
-  return { mapping: defaultMapping('pipelined') };
-}
+export const RESTORE_MAPPING: MappedRegionsOptions = { mapping: 'pipelined' };
 
 /**
  * Opens the snapshot, pulling it first when it has a registry source. One that cannot be opened
@@ -136,7 +134,7 @@ export class EngineRestoreRun implements RestoreRun {
     // memory of this process's own, so an engine that turns out not to match loses nothing.
     const ram = options.tiers?.ram;
     const startCopy =
-      snapshot && ram && earlyCopy()
+      snapshot && ram
         ? (regions: readonly RestoreRegion[]) => snapshot.startRestore(ram, regions, { ...(options.transfer?.onProgress ? { onProgress: options.transfer.onProgress } : {}), ...(options.signal ? { signal: options.signal } : {}) })
         : undefined;
     const early = snapshot && mayFillEarly(snapshot, client, options) ? makeEarlyFill(snapshot.manifest, startCopy) : undefined;
@@ -216,7 +214,7 @@ export class EngineRestoreRun implements RestoreRun {
     snapshot.manifest.assertCompatible({ ...liveFacts(this.status, exported, this.options.allowModelSwap ?? false), ranks: liveRanks(exported) });
     this.lap('validate');
     // Mapped once, on a few threads: the hydrate and the GPU digest that verifies it share the mappings.
-    const mapped = (this.mapped = await mapExported(exported, restoreMapping()));
+    const mapped = (this.mapped = await mapExported(exported, RESTORE_MAPPING));
     const live = liveRefs(exported, mapped);
     this.lap('map');
     // With overlapKvWake the KV cache wakes now; its failure stops the hydrate (and the other way
@@ -234,7 +232,7 @@ export class EngineRestoreRun implements RestoreRun {
    * (the memory would have to be made on the GPU the process is not on yet).
    */
   private mayFill(): boolean {
-    return restoreTargets() !== 'wake' && !this.remap && this.status.sleeping && this.status.ranks.every((r) => r.describe === true && !r.weightsMapped);
+    return !this.remap && this.status.sleeping && this.status.ranks.every((r) => r.describe === true && !r.weightsMapped);
   }
 
   /** The weights' targets made here (fill-targets.ts), the engine's wake of them beside the hydrate. */
@@ -483,7 +481,7 @@ export class EngineRestoreRun implements RestoreRun {
  */
 function mayFillEarly(snapshot: Snapshot, client: EngineClient, options: EngineRestoreOptions): boolean {
   const t = options.tiers ?? {};
-  if (restoreTargets() !== 'fill' || options.move || t.engine || t.neighbour || t.multipath || options.allowModelSwap) return false;
+  if (options.move || t.engine || t.neighbour || t.multipath || options.allowModelSwap) return false;
   if (t.gpu?.has(client.baseUrl)) return false;
   return snapshot.durable || (t.ram?.has(snapshot.id) ?? false);
 }

@@ -229,20 +229,6 @@ async function ensureRestorable(
 }
 
 /**
- * How the live weights are digested for the dirty check: `engine` (the default), by the engine's
- * workers over the memory they have mapped, where every rank's plugin says `digest` and the
- * snapshot's digests share one chunk size; `sdk`, here, through an export (every other engine).
- * VSNAP_DIRTY_CHECK chooses.
- * @internal
- */
-export function dirtyCheckIn(): 'engine' | 'sdk' {
-  const v = process.env.VSNAP_DIRTY_CHECK;
-  if (v === undefined || v === '' || v === 'engine') return 'engine';
-  if (v === 'sdk') return v;
-  throw new VsnapError('E_CONFIG', `VSNAP_DIRTY_CHECK=${JSON.stringify(v)}: expected 'engine' (the default) or 'sdk'`, { value: v });
-}
-
-/**
  * The checks of a suspend from one call to the engine: its workers send their region tables with
  * the digests of their weights (no export, no mapping here), or, when a tier will keep the
  * weights (`keeps`: it needs their export), the export itself carries the digests (one call for
@@ -260,7 +246,7 @@ async function checkInEngine(
   lap: (phase: string) => void,
 ): Promise<{ problems: string[]; liveCheck?: LiveCheckReport } | undefined> {
   const chunk = uniformDigestChunk(snapshot.manifest);
-  if (chunk === undefined || dirtyCheckIn() !== 'engine' || !status.ranks.every((r) => r.digest === true)) return undefined;
+  if (chunk === undefined || !status.ranks.every((r) => r.digest === true)) return undefined;
   const t0 = performance.now();
   let tables: RegionTables;
   let digested: ReadonlyArray<{ rank: number; regions: ReadonlyArray<{ key: string; digests: readonly string[] }> }> | undefined;

@@ -102,10 +102,8 @@ export async function swapEngines(options: EngineSwapOptions): Promise<EngineSwa
   let suspendError: VsnapError | undefined;
   let restoreReport: EngineRestoreReport | undefined;
   let restoreError: VsnapError | undefined;
-  // With overlap, the suspended engine sleeps only once the restore's copy is over (hooks.ts,
-  // CopyGate, says why). VSNAP_SWAP_SLEEP=early: the sleep as soon as the suspend's checks are done
-  // (to measure against).
-  const sleepAfterCopy = overlap !== 'none' && process.env.VSNAP_SWAP_SLEEP !== 'early';
+  // With overlap, the suspended engine sleeps only once the restore's copy is over (hooks.ts, CopyGate, says why).
+  const sleepAfterCopy = overlap !== 'none';
   const gate = copyGate();
   const suspend = async (): Promise<void> => {
     try {

@@ -251,7 +251,7 @@ export interface EngineRestoreReport {
    * ran beside the hydrate, listed in `overlapped`: describe (the sleeping engine's region table
    * read), validate (the snapshot's layout and facts checked against it), allocateRest (the other
    * regions' memory) and wakeWeights (the engine's wake of its weights, adopting that memory);
-   * where the memory is not made here (a move, two links, `VSNAP_RESTORE_TARGETS=wake`)
+   * where the memory is not made here (a move, two links, a plugin that cannot describe its regions while asleep)
    * wakeWeights, export, validate, map (every region mapped once, for the hydrate and its
    * verification), hydrate; from tier 0 adoptWeights; then wakeKvCache, resetPrefixCache,
    * expectedResponse. A deep-suspended engine starts with open (the snapshot opened and the

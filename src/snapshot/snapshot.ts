@@ -14,7 +14,7 @@ import { passOn, runTransfer, type TransferOptions } from '../transfer/transfer.
 import { multipathStats, runMultipath, type MultipathOptions } from '../transfer/multipath.js';
 import { captureManifest, checkCaptureRegions, platformOf } from './capture-manifest.js';
 import { captureDigests, reusableRegions } from './capture-digests.js';
-import { copyInStages, ramCopyForm, ramCopyItem, ramCopyPlan, startCopy } from './copy-overlap.js';
+import { copyInStages, ramCopyItem, ramCopyPlan, startCopy } from './copy-overlap.js';
 import { EarlyRestore } from './early-restore.js';
 import { type DigestPlan, planVerify, verifyPlanned, verifyRestoredByDevice } from '../digest/compare.js';
 import type { CaptureOptions, DeviceTiming, RestoreOptions, RestoreRegion, RestStage, TransferSummary } from './snapshot-types.js';
@@ -373,7 +373,7 @@ export class Snapshot {
    */
   async startRestore(cache: HostCache, regions: readonly RestoreRegion[], options: TransferOptions = {}): Promise<EarlyRestore | undefined> {
     const manifest = this.current;
-    if (!cache.has(this.id) || !cache.fits(manifest) || ramCopyForm() !== 'queue') return undefined;
+    if (!cache.has(this.id) || !cache.fits(manifest)) return undefined;
     const lease = await cache.acquire(this.store, manifest, {}); // held: a reference, nothing is read
     try {
       const multiRank = manifest.data.ranks.length > 1;

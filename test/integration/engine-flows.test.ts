@@ -70,15 +70,15 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
         expect((await restoreEngine(snap, client, { tiers: { ram: cache } })).tier).toBe(tier);
         expect(await ask(client)).toEqual(before);
       }
-      // The other targets: the engine's wake first, then its export, mapped here.
-      process.env.VSNAP_RESTORE_TARGETS = 'wake';
+      // The other targets (a plugin that cannot describe its regions asleep): the engine's wake first, then its export, mapped here.
+      client.lack('describe');
       await suspendEngine(store, 'ref', client);
       const woken = await restoreEngine(snap, client, { tiers: { ram: cache } });
       expect(Object.keys(woken.phases)).toEqual(['prepare', 'wakeWeights', 'export', 'validate', 'map', 'hydrate', 'verifyDigests', 'wakeKvCache', 'resetPrefixCache', 'expectedResponse']);
       expect(woken.overlapped).toBeUndefined();
       expect(await ask(client)).toEqual(before);
     } finally {
-      delete process.env.VSNAP_RESTORE_TARGETS;
+      client.lack();
       cache.close();
     }
   });
@@ -88,12 +88,7 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     const store = await RegionStore.open(tempDir());
     const before = await ask(client);
     const { snapshot } = await suspendEngine(store, 'old-plugin', client, { captureIfNeeded: true });
-    // As an older plugin answers: no `describe` in its ranks' status.
-    const status = client.vsnapStatus.bind(client);
-    client.vsnapStatus = async (o) => {
-      const s = await status(o);
-      return { ...s, ranks: s.ranks.map(({ describe: _, ...r }) => r) };
-    };
+    client.lack('describe'); // as an older plugin answers: no `describe` in its ranks' status
     const report = await restoreEngine(snapshot, client);
     expect(Object.keys(report.phases).slice(0, 3)).toEqual(['prepare', 'wakeWeights', 'export']);
     expect(await ask(client)).toEqual(before);
