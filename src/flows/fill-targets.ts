@@ -8,7 +8,8 @@ import type { Manifest } from '../manifest/manifest.js';
 import { regionId } from '../manifest/region-id.js';
 import type { EarlyRestore } from '../snapshot/early-restore.js';
 import { Batches } from '../snapshot/batches.js';
-import type { RestoreRegion, RestStage } from '../snapshot/snapshot-types.js';
+import type { RestoreRegion } from '../snapshot/snapshot-types.js';
+import type { StagedRest } from '../snapshot/staged.js';
 import type { FilledTargets } from '../tiers/tier.js';
 import { liveFacts, liveRanks } from './checks.js';
 import { earlyFits, fillHandOver, fillRegions, firstRegions, makeFillMemory, makeFillMemoryInParts, type EarlyFill, type FillMemory } from './fill.js';
@@ -77,7 +78,7 @@ export async function startFill(run: FillStart): Promise<{ targets: FilledTarget
   const stop = new AbortController();
   // The rest's memory part by part, each copied as it comes (the regions holding a tensor of the model).
   const more = new Batches<readonly RestoreRegion[]>();
-  const rest = (async (): Promise<RestStage> => {
+  const rest = (async (): Promise<StagedRest> => {
     const started = performance.now();
     const making = makeFillMemoryInParts(
       wanted.filter((w) => !firstIds.has(regionId(w.rank, w.key))),

@@ -7,7 +7,8 @@ import type { RegionMemory } from '../regions/memory.js';
 import { CopyQueue, type CopyBatch } from '../transfer/copy-queue.js';
 import type { CopyItem, StartedCopy } from './copy-types.js';
 import type { TransferOptions } from '../transfer/transfer.js';
-import type { RestoreRegion, RestoreStages, RestStage } from './snapshot-types.js';
+import type { RestoreRegion } from './snapshot-types.js';
+import type { StagedRest, StagedTargets } from './staged.js';
 
 /*
  * A copy from the RAM tier in stages, so other work runs beside it:
@@ -83,8 +84,8 @@ export function ramCopyPlan(
   memoryOf: (id: string) => RegionMemory,
   lease: CacheLease,
   multiRank: boolean,
-  stages: Pick<RestoreStages, 'first' | 'more'> | undefined,
-  staged: Promise<RestStage> | undefined,
+  stages: Pick<StagedTargets, 'first' | 'more'> | undefined,
+  staged: Promise<StagedRest> | undefined,
 ): CopyPlan {
   type Entry = (typeof all)[number];
   const id = (x: Entry): string => regionId(x.rank, x.region.key);
@@ -112,7 +113,7 @@ export function ramCopyPlan(
 }
 
 /**
- * The copy items of a restore's streamed batches (RestoreStages.more): each region a region of the
+ * The copy items of a restore's streamed batches (StagedTargets.more): each region a region of the
  * snapshot, of its size (else the batch fails the restore); only those holding a tensor of the model
  * (every one, where the snapshot describes no tensor: as firstRegions takes the largest of all then)
  * are copied as they come, and recorded in `streamed`; `done` once the last batch was taken (or the stream failed).

@@ -5,7 +5,8 @@ import type { EngineControl } from '../engine/control.js';
 import type { ExportedRegions } from '../engine/export.js';
 import type { VsnapError } from '../errors.js';
 import type { Snapshot } from '../snapshot/snapshot.js';
-import type { DeviceTiming, RestoreRegion, RestoreStages } from '../snapshot/snapshot-types.js';
+import type { DeviceTiming, RestoreRegion } from '../snapshot/snapshot-types.js';
+import type { StagedTargets } from '../snapshot/staged.js';
 import type { MultipathStats } from '../transfer/multipath.js';
 import type { TransferOptions } from '../transfer/transfer.js';
 
@@ -48,7 +49,7 @@ export interface MappedTargets {
 /**
  * Memory made here for the weights, in two parts, which the engine's wake maps while the hydrate
  * fills it (flows/fill-targets.ts): `regions` are the first part's, the rest come with
- * `stages.rest` (Snapshot.restore's `stages`). @internal
+ * `stages.rest` (Snapshot.restoreStaged). @internal
  */
 export interface FilledTargets {
   readonly kind: 'filled';
@@ -57,7 +58,7 @@ export interface FilledTargets {
   readonly signal: AbortSignal | undefined;
   /** The number of ranks of the engine. */
   readonly ranks: number;
-  readonly stages: RestoreStages;
+  readonly stages: StagedTargets;
 }
 
 /** What a hydrate fills. @internal */
