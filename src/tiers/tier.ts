@@ -77,7 +77,7 @@ export interface RestoreRun {
   readonly hydrate: Pick<TransferOptions, 'threads' | 'onProgress' | 'directIo'> & { readonly verify?: 'chunk' | 'all-first'; readonly verifyDigests?: boolean };
   warn(message: string): void;
   /** Records the time since the previous phase under `phase`. */
-  lap(phase: string): void;
+  lap(phase: 'wakeKvCache' | 'resetPrefixCache' | 'expectedResponse' | 'adoptWeights'): void;
   /**
    * The weights' targets (made once per run): with `fill`, where the engine allows, new memory made
    * here and checked against the snapshot, which the engine's wake maps while the hydrate fills it;

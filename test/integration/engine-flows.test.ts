@@ -7,7 +7,8 @@ import { VsnapError } from '../../src/errors.js';
 import { firstRegions } from '../../src/flows/fill.js';
 import { HostRegion } from '../../src/regions/host-region.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
-import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/index.js';
+import { captureEngine, restoreEngine, suspendEngine, type EngineRestoreReport } from '../../src/flows/index.js';
+import { RESTORE_PHASES } from '../../src/flows/phases.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { ask, useEngines } from '../helpers/engines.js';
 import { dirtyCheckPhases, engineDigests } from '../helpers/engine.js';
@@ -15,6 +16,14 @@ import { fillInodes, openFds } from '../helpers/faults.js';
 import { tempDir } from '../helpers/tmp.js';
 
 const { engine } = useEngines();
+
+/** A report lists its phases in its route's order (flows/phases.ts), only phases of that route. */
+function expectRouteOrder(report: EngineRestoreReport): void {
+  const order: readonly string[] = RESTORE_PHASES[report.route];
+  const at = Object.keys(report.phases).map((p) => order.indexOf(p));
+  expect(at, Object.keys(report.phases).join(', ')).not.toContain(-1);
+  expect(at).toEqual([...at].sort((a, b) => a - b));
+}
 
 
 describe('capture, suspend and restore a running engine (CPU reference engine, real plugin, real socket)', () => {
@@ -58,6 +67,8 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     const report = await restoreEngine(snap, client);
     expect(Object.keys(report.phases)).toEqual(['prepare', 'allocate', 'hydrate', 'verifyDigests', 'wakeWeightsWait', 'describe', 'validate', 'allocateRest', 'wakeWeights', 'wakeKvCache', 'resetPrefixCache', 'expectedResponse']);
     expect(report.overlapped).toEqual(['describe', 'validate', 'allocateRest', 'wakeWeights']);
+    expect(report.route).toBe('filled');
+    expectRouteOrder(report);
     expect(report.bytes).toBe(snap.manifest.totalBytes);
     expect((await client.vsnapStatus()).sleeping).toBe(false);
     expect(await ask(client)).toEqual(before);
@@ -76,6 +87,8 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
       const woken = await restoreEngine(snap, client, { tiers: { ram: cache } });
       expect(Object.keys(woken.phases)).toEqual(['prepare', 'wakeWeights', 'export', 'validate', 'map', 'hydrate', 'verifyDigests', 'wakeKvCache', 'resetPrefixCache', 'expectedResponse']);
       expect(woken.overlapped).toBeUndefined();
+      expect(woken.route).toBe('mapped');
+      expectRouteOrder(woken);
       expect(await ask(client)).toEqual(before);
     } finally {
       client.lack();
