@@ -8,6 +8,7 @@ import type { RestoreRegion } from '../snapshot/snapshot-types.js';
 import { preflight } from './checks.js';
 import { resumeIfDeep } from './deep.js';
 import { makeEarlyFill } from './fill.js';
+import type { FlowHooks } from './hooks.js';
 import { checkRoom, describeRoom, resolveRemap } from './gpu-remap.js';
 import { recoveryReason } from './recovery.js';
 import { EngineRestoreRun, type OpenError, type RecoveryChoice } from './restore-run.js';
@@ -59,7 +60,7 @@ function mayFillEarly(snapshot: Snapshot, client: EngineClient, options: EngineR
  * (checked before anything changes).
  * @internal
  */
-export async function openRestore(source: Snapshot | SnapshotRef, client: EngineClient, options: EngineRestoreOptions, recovery: RecoveryChoice): Promise<EngineRestoreRun> {
+export async function openRestore(source: Snapshot | SnapshotRef, client: EngineClient, options: EngineRestoreOptions, recovery: RecoveryChoice, hooks: FlowHooks): Promise<EngineRestoreRun> {
   const started = performance.now();
   const { snapshot, openError } = await openSnapshot(source, client, options, recovery);
   const ram = options.tiers?.ram;
@@ -88,7 +89,7 @@ export async function openRestore(source: Snapshot | SnapshotRef, client: Engine
   }
   const store = snapshot?.store ?? (source as SnapshotRef).store;
   const name = snapshot?.name ?? (source as SnapshotRef).name;
-  return new EngineRestoreRun({ started, client, control, status, snapshot, openError, name, store, options, recovery, remap, early });
+  return new EngineRestoreRun({ started, client, control, status, snapshot, openError, name, store, options, hooks, recovery, remap, early });
 }
 
 /**

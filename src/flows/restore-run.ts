@@ -46,6 +46,8 @@ export interface RunStart {
   readonly name: string;
   readonly store: Snapshot['store'];
   readonly options: EngineRestoreOptions;
+  /** The seams (hooks.ts): a swap's gate, a test's faults. */
+  readonly hooks: FlowHooks;
   readonly recovery: RecoveryChoice;
   readonly remap: GpuRemap | undefined;
   readonly early: EarlyPart;
@@ -78,10 +80,9 @@ export class EngineRestoreRun implements RestoreRun {
 
   constructor(start: RunStart) {
     ({ started: this.started, client: this.client, control: this.control, status: this.status, snapshot: this.snapshot, openError: this.openError } = start);
-    ({ name: this.name, store: this.store, options: this.options, recovery: this.recovery, remap: this.remap } = start);
+    ({ name: this.name, store: this.store, options: this.options, hooks: this.hooks, recovery: this.recovery, remap: this.remap } = start);
     this.stage = { stage: 'prepared', early: start.early };
     this.lap = phaseTimer(this.phases as Record<string, number>, start.started);
-    this.hooks = this.options.hooks ?? {};
     this.call = this.options.signal ? { signal: this.options.signal } : {};
     this.tiers = restoreTiers(this.options.tiers ?? {});
     const t = this.options.transfer ?? {};

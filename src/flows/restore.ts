@@ -8,6 +8,7 @@ import { captureEngine } from './capture.js';
 import { recoverEngine, recoveryReason, type MaterializePolicy, type RecoveryReason } from './recovery.js';
 import { openRestore, prepareEngine } from './restore-open.js';
 import type { EngineRestoreRun, RecoveryChoice } from './restore-run.js';
+import type { FlowHooks } from './hooks.js';
 import type { EngineRestoreOptions, EngineRestoreReport, SnapshotRef } from './types.js';
 
 /*
@@ -16,7 +17,7 @@ import type { EngineRestoreOptions, EngineRestoreReport, SnapshotRef } from './t
  * tiers' (src/tiers): the first that holds them serves them.
  */
 
-const RESTORE_OPTIONS = ['tiers', 'recovery', 'move', 'verify', 'overlapKvWake', 'allowModelSwap', 'transfer', 'signal', 'onWarning', 'hooks'];
+const RESTORE_OPTIONS = ['tiers', 'recovery', 'move', 'verify', 'overlapKvWake', 'allowModelSwap', 'transfer', 'signal', 'onWarning'];
 const MOVED = {
   cache: 'tiers.ram',
   resident: 'tiers.gpu',
@@ -44,14 +45,23 @@ const MOVED = {
  * (see {@link RecoveryReason}).
  * @public
  */
-export async function restoreEngine(source: Snapshot | SnapshotRef, client: EngineClient, options: EngineRestoreOptions = {}): Promise<EngineRestoreReport> {
+export function restoreEngine(source: Snapshot | SnapshotRef, client: EngineClient, options: EngineRestoreOptions = {}): Promise<EngineRestoreReport> {
+  return restoreEngineWith(source, client, options, {});
+}
+
+/**
+ * {@link restoreEngine} with the flows' seams (hooks.ts): a swap's gate between its two engines, a
+ * test's fake checkpoint driver or fault.
+ * @internal
+ */
+export async function restoreEngineWith(source: Snapshot | SnapshotRef, client: EngineClient, options: EngineRestoreOptions, hooks: FlowHooks): Promise<EngineRestoreReport> {
   checkOptions('restoreEngine options', options, RESTORE_OPTIONS, MOVED);
   checkOptions('restoreEngine options.tiers', options.tiers, TIER_KEYS);
   if (typeof options.tiers?.engine === 'object') checkOptions('restoreEngine options.tiers.engine', options.tiers.engine, ENGINE_TIER_KEYS);
   checkOptions('restoreEngine options.move', options.move, ['onto', 'gpuMap', 'reserveBytes'], { ontoReserveBytes: 'move.reserveBytes' });
   checkOptions('restoreEngine options.verify', options.verify, ['blobs', 'digests', 'logprobTolerance'], { verifyDigests: 'verify.digests' });
   checkOptions('restoreEngine options.transfer', options.transfer, ['threads', 'directIo', 'onProgress']);
-  const run = await openRestore(source, client, options, recoveryPolicy(options));
+  const run = await openRestore(source, client, options, recoveryPolicy(options), hooks);
   try {
     return await restoreWith(run, options);
   } finally {

@@ -2,8 +2,8 @@ import { invalidArgument, toVsnapError, VsnapError } from '../errors.js';
 import type { EngineClient } from '../engine/engine-client.js';
 import type { RegionStore } from '../store/region-store.js';
 import { copyGate } from './hooks.js';
-import { restoreEngine } from './restore.js';
-import { suspendEngine } from './suspend.js';
+import { restoreEngineWith } from './restore.js';
+import { suspendEngineWith } from './suspend.js';
 import type { EngineRestoreOptions, EngineRestoreReport, EngineSuspendOptions, EngineSuspendResult, SnapshotRef } from './types.js';
 import type { Snapshot } from '../snapshot/snapshot.js';
 import type { EngineTiers } from '../tiers/index.js';
@@ -107,25 +107,16 @@ export async function swapEngines(options: EngineSwapOptions): Promise<EngineSwa
   const gate = copyGate();
   const suspend = async (): Promise<void> => {
     try {
-      const hooks = sleepAfterCopy ? { ...suspendOptions.hooks, beforeSleep: gate.passed } : suspendOptions.hooks;
-      suspendResult = (await suspendEngine(store, name, aClient, { ...suspendOptions, ...(hooks ? { hooks } : {}) })) as EngineSuspendResult; // not the engine's own tier: it has its snapshot
+      suspendResult = (await suspendEngineWith(store, name, aClient, suspendOptions, sleepAfterCopy ? { beforeSleep: gate.passed } : {})) as EngineSuspendResult; // not the engine's own tier: it has its snapshot
     } catch (err) {
       suspendError = toVsnapError(err);
     }
     phases.suspend = since();
   };
   const restore = async (beforeKvWake?: () => Promise<void>): Promise<void> => {
-    const own = restoreOptions.hooks?.afterCopy;
-    const afterCopy = async (): Promise<void> => {
-      try {
-        await own?.();
-      } finally {
-        gate.open();
-      }
-    };
+    const afterCopy = async (): Promise<void> => gate.open();
     try {
-      const hooks = overlap === 'none' ? restoreOptions.hooks : { ...restoreOptions.hooks, afterCopy, ...(beforeKvWake ? { beforeKvWake } : {}) };
-      restoreReport = await restoreEngine(source, bClient, { ...restoreOptions, ...(hooks ? { hooks } : {}) });
+      restoreReport = await restoreEngineWith(source, bClient, restoreOptions, overlap === 'none' ? {} : { afterCopy, ...(beforeKvWake ? { beforeKvWake } : {}) });
     } catch (err) {
       restoreError = toVsnapError(err);
     } finally {

@@ -11,7 +11,6 @@ import type { EngineTiers, TierName } from '../tiers/index.js';
 import type { MultipathStats } from '../transfer/multipath.js';
 import type { TransferProgress } from '../transfer/transfer.js';
 import type { GpuRef } from './gpu-remap.js';
-import type { FlowHooks } from './hooks.js';
 import type { RestorePhase, RestorePhases, RestoreRoute } from './phases.js';
 import type { EngineRecovery, MaterializePolicy, RecoveryPolicy } from './recovery.js';
 
@@ -155,8 +154,6 @@ export interface EngineRestoreOptions {
   readonly signal?: AbortSignal;
   /** Called with warnings. Default: process.emitWarning. */
   readonly onWarning?: (message: string) => void;
-  /** @internal Test seams and the swap's wait before the KV cache wakes. */
-  readonly hooks?: FlowHooks;
 }
 
 /**
@@ -227,8 +224,6 @@ export interface EngineSuspendOptions {
   readonly signal?: AbortSignal;
   /** Called with warnings. Default: process.emitWarning. */
   readonly onWarning?: (message: string) => void;
-  /** @internal Test seams. */
-  readonly hooks?: FlowHooks;
 }
 
 /**
