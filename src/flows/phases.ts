@@ -24,7 +24,30 @@ export type RestoreRoute = 'filled' | 'mapped' | 'adopted' | 'kept' | 'reloaded'
  * `expectedResponse`.
  * @public
  */
-export type RestorePhase = (typeof RESTORE_PHASES)[RestoreRoute][number];
+export type RestorePhase =
+  | 'open'
+  | 'deep.restore'
+  | 'deep.unlock'
+  | 'sleep'
+  | 'prepare'
+  | 'adoptWeights'
+  | 'allocate'
+  | 'hydrate'
+  | 'verifyDigests'
+  | 'wakeWeightsWait'
+  | 'describe'
+  | 'validate'
+  | 'allocateRest'
+  | 'wakeWeights'
+  | 'export'
+  | 'map'
+  | 'reloadWeights'
+  | 'awaitRoom'
+  | 'wakeKvCache'
+  | 'wakeKvCacheWait'
+  | 'resetPrefixCache'
+  | 'expectedResponse'
+  | 'materialize';
 
 const START = ['open', 'deep.restore', 'deep.unlock', 'sleep', 'prepare'] as const;
 const WAKE = ['awaitRoom', 'wakeKvCache', 'wakeKvCacheWait', 'resetPrefixCache', 'expectedResponse'] as const;
@@ -42,7 +65,7 @@ export const RESTORE_PHASES = {
   adopted: [...START, 'adoptWeights', ...WAKE],
   kept: [...START, 'wakeKvCache', 'resetPrefixCache', 'expectedResponse'],
   reloaded: [...START, 'adoptWeights', 'allocate', 'hydrate', 'wakeWeights', 'export', 'validate', 'map', 'reloadWeights', ...WAKE, 'materialize'],
-} as const;
+} as const satisfies Record<RestoreRoute, readonly RestorePhase[]>;
 
-/** Seconds per phase of a restore, in the order they ran. @public */
-export type RestorePhases = Readonly<Partial<Record<RestorePhase, number>>>;
+/** Seconds per phase of a restore, in the order they ran (each one a {@link RestorePhase}). @public */
+export type RestorePhases = Readonly<Partial<Record<RestorePhase, number>>> & Readonly<Record<string, number>>;

@@ -58,7 +58,7 @@ export interface Room {
   readonly slept: Promise<void>;
   readonly holding: number;
   /** Told once this engine's copy is over (landed, not needed, or failed): the victim sleeps only then. */
-  readonly copyOver: () => void;
+  readonly afterCopy: (() => Promise<void>) | undefined;
 }
 
 /** Wakes it; `onto`: a deep-suspended engine's process is restored onto that GPU first. @internal */
@@ -76,7 +76,7 @@ export async function wake(ctx: SwapContext, slot: Slot, onto?: readonly number[
     try {
       report = kept ? await resumeKept(ctx, slot) : await restore(ctx, slot, (id) => (snapshotId = id), onto, room);
     } finally {
-      room?.copyOver(); // a restore that ended before its copy (or failed) lets the victim sleep
+      void room?.afterCopy?.(); // a restore that ended before its copy (or failed) lets the victim sleep before this wake reads back why
     }
     woke(slot, onto); // it runs there now
     const path = 'path' in report ? report.path : undefined;
@@ -145,7 +145,7 @@ async function restore(ctx: SwapContext, slot: Slot, opened: (id: string) => voi
   }
   const neighbour = ctx.neighbour?.tier;
   const onWarning = (message: string): void => void ctx.events.emit('warning', { engine: slot.spec.name, message });
-  const gate = room ? { beforeKvWake: () => room.slept, afterCopy: async () => room.copyOver() } : {};
+  const gate = room ? { beforeKvWake: () => room.slept, ...(room.afterCopy ? { afterCopy: room.afterCopy } : {}) } : {};
   return restoreEngineWith(source, slot.spec.client, restoreOptions(config, slot, { neighbour, onto, onWarning }), flowHooks(config, gate));
 }
 
