@@ -1,4 +1,4 @@
-import { toVsnapError, VsnapError } from '../errors.js';
+import { toVsnapError } from '../errors.js';
 import type { CallOptions, EngineStatus } from '../engine/engine-client.js';
 import type { EngineControl } from '../engine/control.js';
 import { describeRegions } from '../engine/describe.js';
@@ -8,7 +8,8 @@ import type { Manifest } from '../manifest/manifest.js';
 import { regionId } from '../manifest/region-id.js';
 import type { EarlyRestore } from '../snapshot/early-restore.js';
 import { Batches } from '../snapshot/batches.js';
-import type { RestoreRegion, RestStage } from '../snapshot/snapshot-types.js';
+import type { RestoreRegion } from '../snapshot/snapshot-types.js';
+import type { StagedRest } from '../snapshot/staged.js';
 import type { FilledTargets } from '../tiers/tier.js';
 import { liveFacts, liveRanks } from './checks.js';
 import { earlyFits, fillHandOver, fillRegions, firstRegions, makeFillMemory, makeFillMemoryInParts, type EarlyFill, type FillMemory } from './fill.js';
@@ -19,34 +20,6 @@ import { startKvWake, type EarlyWake } from './kv-overlap.js';
  * against the snapshot while the memory is made, then the engine's wake of its weights started with
  * that memory to adopt, beside the hydrate that fills it.
  */
-
-/**
- * Where a hydrate's target memory comes from: `fill` (the default), memory made here and filled
- * while the engine's wake maps it (the largest regions' first, the rest beside their copy);
- * `fill-whole`, the same with every region's memory made before the copy starts (for comparison);
- * or `wake`, the engine's wake first and then its export, mapped here. VSNAP_RESTORE_TARGETS
- * chooses (`wake` also serves a plugin whose wake cannot adopt).
- * @internal
- */
-export function restoreTargets(): 'fill' | 'fill-whole' | 'wake' {
-  const v = process.env.VSNAP_RESTORE_TARGETS;
-  if (v === undefined || v === '' || v === 'fill') return 'fill';
-  if (v === 'wake' || v === 'fill-whole') return v;
-  throw new VsnapError('E_CONFIG', `VSNAP_RESTORE_TARGETS=${JSON.stringify(v)}: expected 'fill' (the default), 'fill-whole' or 'wake'`, { value: v });
-}
-
-/**
- * Whether a filled restore from the RAM tier starts copying into its first part's memory while the
- * engine's status is read (the default), or once the engine has answered: VSNAP_EARLY_COPY=0, the
- * form before, kept to measure against.
- * @internal
- */
-export function earlyCopy(): boolean {
-  const v = process.env.VSNAP_EARLY_COPY;
-  if (v === undefined || v === '' || v === '1') return true;
-  if (v === '0') return false;
-  throw new VsnapError('E_CONFIG', `VSNAP_EARLY_COPY=${JSON.stringify(v)}: expected '1' (the default) or '0'`, { value: v });
-}
 
 /** The engine's wake of its weights, mapping memory made here, running beside the hydrate. @internal */
 export interface FillWake {
@@ -89,7 +62,7 @@ export interface FillStart {
  */
 export async function startFill(run: FillStart): Promise<{ targets: FilledTargets; wake: FillWake; early: EarlyWake | undefined }> {
   const wanted = await fillRegions(run.manifest, run.status);
-  const firstIds = restoreTargets() === 'fill-whole' ? new Set(wanted.map((w) => regionId(w.rank, w.key))) : firstRegions(wanted);
+  const firstIds = firstRegions(wanted);
   const made = await run.early;
   let first: FillMemory;
   let started: EarlyRestore | undefined; // the first part's copy, started while the engine was read
@@ -105,7 +78,7 @@ export async function startFill(run: FillStart): Promise<{ targets: FilledTarget
   const stop = new AbortController();
   // The rest's memory part by part, each copied as it comes (the regions holding a tensor of the model).
   const more = new Batches<readonly RestoreRegion[]>();
-  const rest = (async (): Promise<RestStage> => {
+  const rest = (async (): Promise<StagedRest> => {
     const started = performance.now();
     const making = makeFillMemoryInParts(
       wanted.filter((w) => !firstIds.has(regionId(w.rank, w.key))),

@@ -245,7 +245,7 @@ export async function makeFillMemory(wanted: readonly FillRegion[]): Promise<Fil
           throw new VsnapError(
             'E_ENGINE_PROTOCOL',
             `rank ${region.rank}'s region ${JSON.stringify(region.key)} is ${region.size} bytes, not a multiple of the GPU's VMM granularity (${allocation.size} allocated): ` +
-              'the engine cannot map new memory in its place. Restore with VSNAP_RESTORE_TARGETS=wake, and report the engine version.',
+              'the engine cannot map new memory in its place (its regions are whole VMM allocations in vLLM). Report the engine and plugin versions.',
             { rank: region.rank, key: region.key, size: region.size, allocated: allocation.size },
           );
         }

@@ -47,3 +47,29 @@ export function copyGate(): CopyGate {
   const opened = new Promise<void>((resolve) => (open = resolve));
   return { open, passed: () => opened };
 }
+
+/**
+ * Two engines swapped at once, the one primitive behind swapEngines and the SwapController's swap
+ * step: the suspend and the restore start together; the suspended engine's sleep waits for the
+ * restore's copy to be over (its `beforeSleep`, the restore's `afterCopy`: a CopyGate, opened at the
+ * latest once the restore settled). The restore is handed the suspend's promise, for a KV-cache
+ * wake that must wait for the other engine's sleep (`beforeKvWake`, its own to build). Both always
+ * settle; their outcomes come back as they are.
+ * @internal
+ */
+export async function swapAtOnce<S, R>(
+  suspend: (hooks: FlowHooks) => Promise<S>,
+  restore: (hooks: FlowHooks, suspending: Promise<S>) => Promise<R>,
+): Promise<[PromiseSettledResult<S>, PromiseSettledResult<R>]> {
+  const gate = copyGate();
+  const suspending = suspend({ beforeSleep: gate.passed });
+  suspending.catch(() => undefined); // settled below
+  const restoring = (async () => {
+    try {
+      return await restore({ afterCopy: async () => gate.open() }, suspending);
+    } finally {
+      gate.open(); // a restore that ended before its copy (or failed) lets the other engine sleep
+    }
+  })();
+  return Promise.allSettled([suspending, restoring]);
+}

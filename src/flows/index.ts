@@ -6,3 +6,4 @@ export { swapEngines, type EngineSwapOptions, type EngineSwapReport, type SwapOv
 export type * from './types.js';
 export type { EngineRecovery, MaterializeOutcome, MaterializePolicy, RecoveryPolicy, RecoveryReason } from './recovery.js';
 export type { GpuRef } from './gpu-remap.js';
+export type { RestorePhase, RestorePhases, RestoreRoute } from './phases.js';

@@ -140,7 +140,7 @@ export interface RecoveryContext {
   readonly reason: RecoveryReason;
   readonly materialize: MaterializePolicy;
   readonly call: { signal?: AbortSignal };
-  readonly lap: (phase: string) => void;
+  readonly lap: (phase: 'wakeWeights' | 'reloadWeights' | 'materialize') => void;
   readonly onWarning?: ((message: string) => void) | undefined;
   readonly finishWake: (expected: ExpectedResponse | null) => Promise<void>;
   readonly backToSleep: () => Promise<{ state: string; asleep: boolean }>;

@@ -6,15 +6,18 @@ import { ENGINE_TIER_KEYS, TIER_KEYS } from '../tiers/index.js';
 import type { Snapshot } from '../snapshot/snapshot.js';
 import { captureEngine } from './capture.js';
 import { recoverEngine, recoveryReason, type MaterializePolicy, type RecoveryReason } from './recovery.js';
-import { EngineRestoreRun } from './restore-run.js';
+import { openRestore, prepareEngine } from './restore-open.js';
+import type { EngineRestoreRun, RecoveryChoice } from './restore-run.js';
+import type { FlowHooks } from './hooks.js';
 import type { EngineRestoreOptions, EngineRestoreReport, SnapshotRef } from './types.js';
 
 /*
- * restoreEngine: the order of its steps. The steps are EngineRestoreRun's (restore-run.ts); where
- * the weights come from is the tiers' (src/tiers): the first that holds them serves them.
+ * restoreEngine: the order of its steps. The run and its stage are restore-run.ts's, the steps
+ * restore-open.ts, restore-targets.ts and restore-finish.ts; where the weights come from is the
+ * tiers' (src/tiers): the first that holds them serves them.
  */
 
-const RESTORE_OPTIONS = ['tiers', 'recovery', 'move', 'verify', 'overlapKvWake', 'allowModelSwap', 'transfer', 'signal', 'onWarning', 'hooks'];
+const RESTORE_OPTIONS = ['tiers', 'recovery', 'move', 'verify', 'overlapKvWake', 'allowModelSwap', 'transfer', 'signal', 'onWarning'];
 const MOVED = {
   cache: 'tiers.ram',
   resident: 'tiers.gpu',
@@ -42,14 +45,23 @@ const MOVED = {
  * (see {@link RecoveryReason}).
  * @public
  */
-export async function restoreEngine(source: Snapshot | SnapshotRef, client: EngineClient, options: EngineRestoreOptions = {}): Promise<EngineRestoreReport> {
+export function restoreEngine(source: Snapshot | SnapshotRef, client: EngineClient, options: EngineRestoreOptions = {}): Promise<EngineRestoreReport> {
+  return restoreEngineWith(source, client, options, {});
+}
+
+/**
+ * {@link restoreEngine} with the flows' seams (hooks.ts): a swap's gate between its two engines, a
+ * test's fake checkpoint driver or fault.
+ * @internal
+ */
+export async function restoreEngineWith(source: Snapshot | SnapshotRef, client: EngineClient, options: EngineRestoreOptions, hooks: FlowHooks): Promise<EngineRestoreReport> {
   checkOptions('restoreEngine options', options, RESTORE_OPTIONS, MOVED);
   checkOptions('restoreEngine options.tiers', options.tiers, TIER_KEYS);
   if (typeof options.tiers?.engine === 'object') checkOptions('restoreEngine options.tiers.engine', options.tiers.engine, ENGINE_TIER_KEYS);
   checkOptions('restoreEngine options.move', options.move, ['onto', 'gpuMap', 'reserveBytes'], { ontoReserveBytes: 'move.reserveBytes' });
   checkOptions('restoreEngine options.verify', options.verify, ['blobs', 'digests', 'logprobTolerance'], { verifyDigests: 'verify.digests' });
   checkOptions('restoreEngine options.transfer', options.transfer, ['threads', 'directIo', 'onProgress']);
-  const run = await EngineRestoreRun.open(source, client, options, recoveryPolicy(options));
+  const run = await openRestore(source, client, options, recoveryPolicy(options), hooks);
   try {
     return await restoreWith(run, options);
   } finally {
@@ -59,12 +71,11 @@ export async function restoreEngine(source: Snapshot | SnapshotRef, client: Engi
 
 /** restoreEngine's steps once the snapshot is open and the engine read. */
 async function restoreWith(run: EngineRestoreRun, options: EngineRestoreOptions): Promise<EngineRestoreReport> {
-  await run.resumeDeep();
-  await run.sleepIfAwake();
+  await prepareEngine(run);
   const kept = run.tiers.find((t) => t.name === 'kept');
   if (kept?.holds(run)) {
     await run.copyOver(false);
-    return run.report((await kept.restore(run))!); // the engine's own weights: nothing else may replace them
+    return run.report((await kept.restore(run))!, 'kept'); // the engine's own weights: nothing else may replace them
   }
   if (run.openError) {
     await run.copyOver(true);
@@ -83,7 +94,7 @@ async function restoreWith(run: EngineRestoreRun, options: EngineRestoreOptions)
       if (!outcome) continue;
       await run.copyOver(false);
       if (!outcome.finished) await run.afterHydrate(outcome);
-      return run.report(outcome);
+      return run.report(outcome, tier.name);
     }
     throw new VsnapError('E_INTERNAL', `no tier could restore '${run.name}'`);
   } catch (err) {
@@ -104,7 +115,7 @@ async function restoreWith(run: EngineRestoreRun, options: EngineRestoreOptions)
 }
 
 /** The recovery option, checked: `fail` unless it says `reload`. */
-function recoveryPolicy(options: EngineRestoreOptions): { reload: boolean; materialize: MaterializePolicy } {
+function recoveryPolicy(options: EngineRestoreOptions): RecoveryChoice {
   const r = options.recovery ?? 'fail';
   const { policy, materialize = 'off' } = typeof r === 'string' ? { policy: r } : r;
   if (policy !== 'fail' && policy !== 'reload') invalidArgument('recovery', "'fail', 'reload' or { policy, materialize }", r);
@@ -139,5 +150,5 @@ async function recover(run: EngineRestoreRun, cause: VsnapError, reason: Recover
         ...(options.signal ? { signal: options.signal } : {}),
       }),
   });
-  return { bytes: outcome.bytes, tier: 'engine', seconds: (performance.now() - run.started) / 1000, phases: run.phases, path: 'recovered', recovery: outcome.recovery };
+  return { bytes: outcome.bytes, tier: 'engine', seconds: (performance.now() - run.started) / 1000, route: 'reloaded', phases: run.phases, path: 'recovered', recovery: outcome.recovery };
 }

@@ -18,6 +18,7 @@ import { captureExported, checkCaptureOptions } from './capture.js';
 import { blobProblems, liveFacts, liveRanks, phaseTimer, preflight, warn } from './checks.js';
 import { deepPrecheck, deepSuspendRanks, nativeCheckpointBackend } from './deep.js';
 import type { EngineTiers } from '../tiers/index.js';
+import type { FlowHooks } from './hooks.js';
 import type { EngineCaptureOptions, EngineKeptSuspendResult, EngineSuspendOptions, EngineSuspendResult } from './types.js';
 
 /* suspendEngine: an engine to sleep, only once a snapshot (or a tier) can bring its weights back. */
@@ -63,7 +64,7 @@ export async function restorableFor(
   }
 }
 
-const SUSPEND_OPTIONS = ['tiers', 'captureIfNeeded', 'verifyBlobs', 'onStale', 'mode', 'deep', 'capture', 'signal', 'onWarning', 'hooks'];
+const SUSPEND_OPTIONS = ['tiers', 'captureIfNeeded', 'verifyBlobs', 'onStale', 'mode', 'deep', 'capture', 'signal', 'onWarning'];
 
 /** The weights of an awake engine, exported and mapped once for the whole suspend (lazily), closed before it sleeps. */
 class LiveWeights {
@@ -108,7 +109,16 @@ export function suspendEngine(
  * @public
  */
 export function suspendEngine(store: RegionStore, name: string, client: EngineClient, options: EngineSuspendOptions): Promise<EngineKeptSuspendResult>;
-export async function suspendEngine(store: RegionStore, name: string, client: EngineClient, options: EngineSuspendOptions = {}): Promise<EngineKeptSuspendResult> {
+export function suspendEngine(store: RegionStore, name: string, client: EngineClient, options: EngineSuspendOptions = {}): Promise<EngineKeptSuspendResult> {
+  return suspendEngineWith(store, name, client, options, {});
+}
+
+/**
+ * {@link (suspendEngine:1)} with the flows' seams (hooks.ts): a swap's wait for the other engine's
+ * copy before the sleep, a test's fake checkpoint driver.
+ * @internal
+ */
+export async function suspendEngineWith(store: RegionStore, name: string, client: EngineClient, options: EngineSuspendOptions, hooks: FlowHooks): Promise<EngineKeptSuspendResult> {
   checkSuspendOptions(options);
   const started = performance.now();
   const phases: Record<string, number> = {};
@@ -123,7 +133,7 @@ export async function suspendEngine(store: RegionStore, name: string, client: En
     lap('releaseKvCache');
     return done({ snapshot: current ? Snapshot.of(store, current) : undefined, keptIn: 'engine', captured: false, alreadyAsleep: false, ...(expected ? { expected } : {}) });
   }
-  const backend = options.deep ? (options.hooks?.checkpoint ?? nativeCheckpointBackend()) : undefined;
+  const backend = options.deep ? (hooks.checkpoint ?? nativeCheckpointBackend()) : undefined;
   const deepRanks = backend ? await deepPrecheck(status, backend) : undefined; // the API is there and every worker runs, before anything changes
   const goDeep = async (): Promise<void> => {
     const timeout = typeof options.deep === 'object' ? options.deep.lockTimeoutMs : undefined;
@@ -147,8 +157,8 @@ export async function suspendEngine(store: RegionStore, name: string, client: En
     await weights.close();
   }
   try {
-    if (options.hooks?.beforeSleep) {
-      await options.hooks.beforeSleep();
+    if (hooks.beforeSleep) {
+      await hooks.beforeSleep();
       lap('awaitCopy');
     }
     await control.sleep(2, options.mode, call);
@@ -229,20 +239,6 @@ async function ensureRestorable(
 }
 
 /**
- * How the live weights are digested for the dirty check: `engine` (the default), by the engine's
- * workers over the memory they have mapped, where every rank's plugin says `digest` and the
- * snapshot's digests share one chunk size; `sdk`, here, through an export (every other engine).
- * VSNAP_DIRTY_CHECK chooses.
- * @internal
- */
-export function dirtyCheckIn(): 'engine' | 'sdk' {
-  const v = process.env.VSNAP_DIRTY_CHECK;
-  if (v === undefined || v === '' || v === 'engine') return 'engine';
-  if (v === 'sdk') return v;
-  throw new VsnapError('E_CONFIG', `VSNAP_DIRTY_CHECK=${JSON.stringify(v)}: expected 'engine' (the default) or 'sdk'`, { value: v });
-}
-
-/**
  * The checks of a suspend from one call to the engine: its workers send their region tables with
  * the digests of their weights (no export, no mapping here), or, when a tier will keep the
  * weights (`keeps`: it needs their export), the export itself carries the digests (one call for
@@ -260,7 +256,7 @@ async function checkInEngine(
   lap: (phase: string) => void,
 ): Promise<{ problems: string[]; liveCheck?: LiveCheckReport } | undefined> {
   const chunk = uniformDigestChunk(snapshot.manifest);
-  if (chunk === undefined || dirtyCheckIn() !== 'engine' || !status.ranks.every((r) => r.digest === true)) return undefined;
+  if (chunk === undefined || !status.ranks.every((r) => r.digest === true)) return undefined;
   const t0 = performance.now();
   let tables: RegionTables;
   let digested: ReadonlyArray<{ rank: number; regions: ReadonlyArray<{ key: string; digests: readonly string[] }> }> | undefined;

@@ -1,9 +1,9 @@
 import { invalidArgument, toVsnapError, VsnapError } from '../errors.js';
 import type { EngineClient } from '../engine/engine-client.js';
 import type { RegionStore } from '../store/region-store.js';
-import { copyGate } from './hooks.js';
-import { restoreEngine } from './restore.js';
-import { suspendEngine } from './suspend.js';
+import { swapAtOnce, type FlowHooks } from './hooks.js';
+import { restoreEngineWith } from './restore.js';
+import { suspendEngineWith } from './suspend.js';
 import type { EngineRestoreOptions, EngineRestoreReport, EngineSuspendOptions, EngineSuspendResult, SnapshotRef } from './types.js';
 import type { Snapshot } from '../snapshot/snapshot.js';
 import type { EngineTiers } from '../tiers/index.js';
@@ -102,57 +102,42 @@ export async function swapEngines(options: EngineSwapOptions): Promise<EngineSwa
   let suspendError: VsnapError | undefined;
   let restoreReport: EngineRestoreReport | undefined;
   let restoreError: VsnapError | undefined;
-  // With overlap, the suspended engine sleeps only once the restore's copy is over (hooks.ts,
-  // CopyGate, says why). VSNAP_SWAP_SLEEP=early: the sleep as soon as the suspend's checks are done
-  // (to measure against).
-  const sleepAfterCopy = overlap !== 'none' && process.env.VSNAP_SWAP_SLEEP !== 'early';
-  const gate = copyGate();
-  const suspend = async (): Promise<void> => {
+  const suspend = async (hooks: FlowHooks): Promise<EngineSuspendResult> => {
     try {
-      const hooks = sleepAfterCopy ? { ...suspendOptions.hooks, beforeSleep: gate.passed } : suspendOptions.hooks;
-      suspendResult = (await suspendEngine(store, name, aClient, { ...suspendOptions, ...(hooks ? { hooks } : {}) })) as EngineSuspendResult; // not the engine's own tier: it has its snapshot
-    } catch (err) {
-      suspendError = toVsnapError(err);
-    }
-    phases.suspend = since();
-  };
-  const restore = async (beforeKvWake?: () => Promise<void>): Promise<void> => {
-    const own = restoreOptions.hooks?.afterCopy;
-    const afterCopy = async (): Promise<void> => {
-      try {
-        await own?.();
-      } finally {
-        gate.open();
-      }
-    };
-    try {
-      const hooks = overlap === 'none' ? restoreOptions.hooks : { ...restoreOptions.hooks, afterCopy, ...(beforeKvWake ? { beforeKvWake } : {}) };
-      restoreReport = await restoreEngine(source, bClient, { ...restoreOptions, ...(hooks ? { hooks } : {}) });
-    } catch (err) {
-      restoreError = toVsnapError(err);
+      return (await suspendEngineWith(store, name, aClient, suspendOptions, hooks)) as EngineSuspendResult; // not the engine's own tier: it has its snapshot
     } finally {
-      gate.open(); // a restore that ended before its copy (or failed) lets the other engine sleep
+      phases.suspend = since();
     }
-    phases.restore = since();
+  };
+  const restore = async (hooks: FlowHooks): Promise<EngineRestoreReport> => {
+    try {
+      return await restoreEngineWith(source, bClient, restoreOptions, hooks);
+    } finally {
+      phases.restore = since();
+    }
   };
   if (overlap === 'none') {
-    await suspend();
     // Serial: a failed suspend leaves the other engine asleep, as it was.
-    if (!suspendError) await restore();
+    try {
+      suspendResult = await suspend({});
+      restoreReport = await restore({});
+    } catch (err) {
+      if (suspendResult) restoreError = toVsnapError(err);
+      else suspendError = toVsnapError(err);
+    }
   } else {
-    const suspending = suspend();
-    const afterSleep =
-      overlap === 'weights'
-        ? async (): Promise<void> => {
-            const waited = performance.now();
-            await suspending;
-            phases.awaitSuspend = (performance.now() - waited) / 1000;
-            if (suspendError) {
-              throw new VsnapError(suspendError.code, `the other engine's suspend failed (${suspendError.message}), so this engine's KV cache may not wake into the memory it still holds`, { ...suspendError.details }, { cause: suspendError });
-            }
-          }
-        : undefined;
-    await Promise.all([suspending, restore(afterSleep)]);
+    // Under `weights` the restored engine's KV cache wakes only once the other engine slept.
+    const afterSleep = async (suspending: Promise<EngineSuspendResult>): Promise<void> => {
+      const waited = performance.now();
+      const e = await suspending.then(() => undefined, (x: unknown) => toVsnapError(x));
+      phases.awaitSuspend = (performance.now() - waited) / 1000;
+      if (e) throw new VsnapError(e.code, `the other engine's suspend failed (${e.message}), so this engine's KV cache may not wake into the memory it still holds`, { ...e.details }, { cause: e });
+    };
+    const [s, r] = await swapAtOnce(suspend, (hooks, suspending) => restore(overlap === 'weights' ? { ...hooks, beforeKvWake: () => afterSleep(suspending) } : hooks));
+    if (s.status === 'fulfilled') suspendResult = s.value;
+    else suspendError = toVsnapError(s.reason);
+    if (r.status === 'fulfilled') restoreReport = r.value;
+    else restoreError = toVsnapError(r.reason);
   }
   const seconds = since();
   if (suspendResult && restoreReport) return { overlap, seconds, phases, suspend: suspendResult, restore: restoreReport };

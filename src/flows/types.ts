@@ -11,7 +11,7 @@ import type { EngineTiers, TierName } from '../tiers/index.js';
 import type { MultipathStats } from '../transfer/multipath.js';
 import type { TransferProgress } from '../transfer/transfer.js';
 import type { GpuRef } from './gpu-remap.js';
-import type { FlowHooks } from './hooks.js';
+import type { RestorePhase, RestorePhases, RestoreRoute } from './phases.js';
 import type { EngineRecovery, MaterializePolicy, RecoveryPolicy } from './recovery.js';
 
 /* The options and reports of the engine flows (capture.ts, suspend.ts, restore.ts, swap.ts). */
@@ -154,8 +154,6 @@ export interface EngineRestoreOptions {
   readonly signal?: AbortSignal;
   /** Called with warnings. Default: process.emitWarning. */
   readonly onWarning?: (message: string) => void;
-  /** @internal Test seams and the swap's wait before the KV cache wakes. */
-  readonly hooks?: FlowHooks;
 }
 
 /**
@@ -226,8 +224,6 @@ export interface EngineSuspendOptions {
   readonly signal?: AbortSignal;
   /** Called with warnings. Default: process.emitWarning. */
   readonly onWarning?: (message: string) => void;
-  /** @internal Test seams. */
-  readonly hooks?: FlowHooks;
 }
 
 /**
@@ -241,23 +237,10 @@ export interface EngineRestoreReport {
   readonly tier: TierName;
   /** Wall time of the whole restore. */
   readonly seconds: number;
-  /**
-   * Seconds per phase, in order, from the call on: sleep (model swap only), prepare (the
-   * snapshot opened, the engine's status, each rank's checkpoint state read from the driver), then
-   * from the RAM tier or the store allocate (what is left of making the memory of the largest
-   * regions here, begun while the engine's status was read; from the RAM tier their copy began
-   * then too, so part of the bytes may have landed before hydrate starts), hydrate, verifyDigests,
-   * wakeWeightsWait (what of the work beside the hydrate was left after it), and the phases that
-   * ran beside the hydrate, listed in `overlapped`: describe (the sleeping engine's region table
-   * read), validate (the snapshot's layout and facts checked against it), allocateRest (the other
-   * regions' memory) and wakeWeights (the engine's wake of its weights, adopting that memory);
-   * where the memory is not made here (a move, two links, `VSNAP_RESTORE_TARGETS=wake`)
-   * wakeWeights, export, validate, map (every region mapped once, for the hydrate and its
-   * verification), hydrate; from tier 0 adoptWeights; then wakeKvCache, resetPrefixCache,
-   * expectedResponse. A deep-suspended engine starts with open (the snapshot opened and the
-   * engine read), `deep.restore`, `deep.unlock`. A recovery adds reloadWeights (and materialize, when required).
-   */
-  readonly phases: Readonly<Record<string, number>>;
+  /** How the weights came back; it says which phases {@link EngineRestoreReport.phases} may list. */
+  readonly route: RestoreRoute;
+  /** Seconds per phase, in the order they ran (see {@link RestorePhase}); those that ran beside others are in `overlapped`. */
+  readonly phases: RestorePhases;
   /** `restored` from the snapshot (or a tier), or `recovered` through the engine's own loader (see `recovery`). */
   readonly path: 'restored' | 'recovered';
   /** What the recovery did, when `path` is `recovered`. */
@@ -269,13 +252,11 @@ export interface EngineRestoreReport {
   /** With `tiers.multipath`, when the hydrate ran over two links: how its bytes were split. */
   readonly multipath?: MultipathStats;
   /**
-   * The phases that ran concurrently with others (absent: none), so the phases add up to more
-   * than `seconds`. `describe`, `validate`, `allocateRest` and `wakeWeights` where the weights'
-   * memory was made here (the wake adopts it while the hydrate fills it). With `overlapKvWake`: `wakeKvCache` (and `awaitRoom`, the wait for the other
-   * engine's sleep in a swap) ran during the hydrate; `wakeKvCacheWait` is the part of the wake
-   * the restore still waited for after its hydrate.
+   * The phases that ran beside others (absent: none), so the phases add up to more than `seconds`:
+   * route `filled`'s `describe`, `validate`, `allocateRest` and `wakeWeights` (beside the hydrate);
+   * with `overlapKvWake`, `awaitRoom` and `wakeKvCache` (`wakeKvCacheWait`: what was left after the hydrate).
    */
-  readonly overlapped?: readonly string[];
+  readonly overlapped?: readonly RestorePhase[];
 }
 
 /**

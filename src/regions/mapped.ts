@@ -51,7 +51,7 @@ export class MappedRegions {
     }
     let set: NativeRegionSet;
     try {
-      set = await native().openRegions(specs, options.threads, options.mapping ?? defaultMapping());
+      set = await native().openRegions(specs, options.threads, options.mapping ?? 'auto');
     } catch (err) {
       throw toVsnapError(err);
     }
@@ -124,17 +124,9 @@ export interface MappedRegionsOptions {
    * `pipelined`: `open` resolves at once and the regions are mapped in order in the background,
    * in batched chunks, so a restore's copy starts on the first regions while the others are
    * still being mapped (needs every imported region's `device`, else it is `batched`; see
-   * {@link MappedRegions.settled}). The environment variable VSNAP_REGION_MAPPING sets the default.
+   * {@link MappedRegions.settled}).
    */
   readonly mapping?: 'auto' | 'batched' | 'per-region' | 'pipelined';
-}
-
-/** The mapping form: VSNAP_REGION_MAPPING where set, else `fallback`. @internal */
-export function defaultMapping(fallback: 'auto' | 'pipelined' = 'auto'): 'auto' | 'batched' | 'per-region' | 'pipelined' {
-  const v = process.env['VSNAP_REGION_MAPPING'];
-  if (v === undefined || v === '') return fallback;
-  if (v === 'auto' || v === 'batched' || v === 'per-region' || v === 'pipelined') return v;
-  return invalidArgument('VSNAP_REGION_MAPPING', "'auto', 'batched', 'per-region' or 'pipelined'", v);
 }
 
 function mappable(m: RegionMemory): m is Extract<RegionMemory, { kind: 'host' | 'imported' }> {

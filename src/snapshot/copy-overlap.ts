@@ -6,8 +6,9 @@ import { invalidArgument } from '../errors.js';
 import type { RegionMemory } from '../regions/memory.js';
 import { CopyQueue, type CopyBatch } from '../transfer/copy-queue.js';
 import type { CopyItem, StartedCopy } from './copy-types.js';
-import { runTransfer, type TransferOptions } from '../transfer/transfer.js';
-import type { RestoreRegion, RestoreStages, RestStage } from './snapshot-types.js';
+import type { TransferOptions } from '../transfer/transfer.js';
+import type { RestoreRegion } from './snapshot-types.js';
+import type { StagedRest, StagedTargets } from './staged.js';
 
 /*
  * A copy from the RAM tier in stages, so other work runs beside it:
@@ -21,9 +22,6 @@ import type { RestoreRegion, RestoreStages, RestStage } from './snapshot-types.j
  * The stages are batches of one copy queue (src/transfer/copy-queue.ts): each is queued as soon as
  * it is ready, behind the ones before it, so the copy engine never waits between two stages; the
  * first can be queued before the restore has read the engine (startCopy).
- * VSNAP_RAM_COPY=jobs copies each stage as a transfer job of its own instead, one after the other
- * (each drains its streams before the next starts: the form before the queue, kept to measure
- * against).
  */
 
 export type { CopyItem, StartedCopy } from './copy-types.js';
@@ -86,8 +84,8 @@ export function ramCopyPlan(
   memoryOf: (id: string) => RegionMemory,
   lease: CacheLease,
   multiRank: boolean,
-  stages: Pick<RestoreStages, 'first' | 'more'> | undefined,
-  staged: Promise<RestStage> | undefined,
+  stages: Pick<StagedTargets, 'first' | 'more'> | undefined,
+  staged: Promise<StagedRest> | undefined,
 ): CopyPlan {
   type Entry = (typeof all)[number];
   const id = (x: Entry): string => regionId(x.rank, x.region.key);
@@ -115,7 +113,7 @@ export function ramCopyPlan(
 }
 
 /**
- * The copy items of a restore's streamed batches (RestoreStages.more): each region a region of the
+ * The copy items of a restore's streamed batches (StagedTargets.more): each region a region of the
  * snapshot, of its size (else the batch fails the restore); only those holding a tensor of the model
  * (every one, where the snapshot describes no tensor: as firstRegions takes the largest of all then)
  * are copied as they come, and recorded in `streamed`; `done` once the last batch was taken (or the stream failed).
@@ -148,11 +146,6 @@ async function* streamedItems(
 
 /** A copy's progress and cancellation, and its label in errors. @internal */
 export type CopyCommon = { label: string } & Pick<TransferOptions, 'onProgress' | 'signal' | 'threads'>;
-
-/** How the stages are copied: `queue` (the default) or `jobs` (VSNAP_RAM_COPY, to measure against). @internal */
-export function ramCopyForm(): 'queue' | 'jobs' {
-  return process.env.VSNAP_RAM_COPY === 'jobs' ? 'jobs' : 'queue';
-}
 
 /**
  * Opens a copy queue and queues `first` on it at once (restoreEngine: before the engine has
@@ -234,7 +227,6 @@ export async function copyInStages(
   onHead: ((ids: readonly string[]) => void) | undefined,
   started?: StartedCopy,
 ): Promise<NativeTransferResult> {
-  if (!started && ramCopyForm() === 'jobs') return copyInJobs(common, plan, bytesTotal, onHead);
   const copy = started ?? startCopy(common, plan.first, bytesTotal);
   const first = copy.first;
   const { queue, batches } = copy;
@@ -302,89 +294,4 @@ export async function copyInStages(
     }
   }
   return { bytes: bytesTotal, seconds: (performance.now() - copy.started) / 1000, devices: [...devices.values()] };
-}
-
-/**
- * copyInStages as one transfer job per stage, each after the one before (VSNAP_RAM_COPY=jobs). Copies a plan (op `copy`) in a few jobs, calling `onHead` with the ids of the regions whose bytes
- * are final as soon as the head's job is done (the caller starts their digest): the regions that
- * hold HEAD_SHARE of the bytes, never one copied again later, never one behind the gate. Progress
- * runs over the jobs as one, out of `bytesTotal` (every region once; a region copied again counts
- * once). Per device, the seconds run from the start of the first job to the last byte of the last.
- * When `rest` rejects, the copy of `first` is waited for (the caller's signal stops it) and the
- * rejection is thrown.
- * @internal
- */
-async function copyInJobs(
-  common: CopyCommon,
-  plan: CopyPlan,
-  bytesTotal: number,
-  onHead: ((ids: readonly string[]) => void) | undefined,
-): Promise<NativeTransferResult> {
-  const started = performance.now();
-  const results: Array<{ at: number; result: NativeTransferResult }> = [];
-  let done = 0;
-  const job = async (items: readonly CopyItem[]): Promise<void> => {
-    if (items.length === 0) return;
-    const at = (performance.now() - started) / 1000;
-    const offset = done;
-    common.onProgress?.({ phase: 'starting', bytesDone: Math.min(offset, bytesTotal), bytesTotal }); // each job's start, for a trace of the stages
-    const progress = common.onProgress
-      ? { onProgress: (p: Parameters<NonNullable<TransferOptions['onProgress']>>[0]) => common.onProgress!({ ...p, bytesDone: Math.min(offset + p.bytesDone, bytesTotal), bytesTotal }) }
-      : {};
-    const result = await runTransfer({ ...common, ...progress, op: 'copy', regions: items.map((x) => x.region) });
-    done += result.bytes;
-    results.push({ at, result });
-  };
-  const firstJob = job(plan.first);
-  // Batches that come before the rest join it here, at its front (this form copies them with it).
-  const streamed: CopyItem[] = [];
-  const streaming = (async () => {
-    if (plan.more) for await (const batch of plan.more) streamed.push(...batch);
-  })();
-  streaming.catch(() => undefined); // awaited below
-  let rest: Awaited<NonNullable<CopyPlan['rest']>>;
-  try {
-    const r = plan.rest ? await plan.rest : { items: [] };
-    await streaming;
-    rest = { ...r, items: [...streamed, ...r.items], ...(r.gate ? { gate: { ...r.gate, first: r.gate.first + streamed.length } } : {}) };
-  } catch (err) {
-    await streaming.catch(() => undefined);
-    await firstJob.catch(() => undefined);
-    throw err;
-  }
-  await firstJob;
-  const all = [...plan.first, ...rest.items];
-  const gateAt = plan.first.length + (rest.gate?.first ?? rest.items.length);
-  // The head: up to HEAD_SHARE of the bytes (one region: all of it), not past the gate, at least what is copied already.
-  const split = all.length < 2 ? all.length : splitIndex(all.map((x) => x.region.size));
-  const k = Math.max(plan.first.length, Math.min(split, gateAt));
-  let gateOpen = !rest.gate;
-  void rest.gate?.after.then(() => void (gateOpen = true), () => undefined);
-  await job(all.slice(plan.first.length, k));
-  const startHead = (): void => {
-    if (!onHead || k === 0 || k >= all.length) return;
-    const later = new Set(all.slice(k).map((x) => x.id));
-    onHead(all.slice(0, k).map((x) => x.id).filter((id) => !later.has(id)));
-  };
-  if (gateOpen) {
-    // The tail's copy first, then the head's digest: setting the digest up takes a moment the copy need not wait for.
-    const tail = job(all.slice(k));
-    try {
-      startHead();
-    } finally {
-      await tail;
-    }
-  } else {
-    startHead();
-    await rest.gate?.after;
-    await job(all.slice(k));
-  }
-  const devices = new Map<number, { device: number; bytes: number; seconds: number }>();
-  for (const { at, result } of results) {
-    for (const d of result.devices ?? []) {
-      const seen = devices.get(d.device);
-      devices.set(d.device, { device: d.device, bytes: (seen?.bytes ?? 0) + d.bytes, seconds: Math.max(seen?.seconds ?? 0, at + d.seconds) });
-    }
-  }
-  return { bytes: bytesTotal, seconds: (performance.now() - started) / 1000, devices: [...devices.values()] };
 }

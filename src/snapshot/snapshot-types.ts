@@ -7,7 +7,6 @@ import type { EngineInfo, ExpectedResponse, ModelInfo, TensorInfo } from '../man
 import type { RegionMemory } from '../regions/memory.js';
 import type { MultipathOptions, MultipathStats } from '../transfer/multipath.js';
 import type { TransferOptions } from '../transfer/transfer.js';
-import type { EarlyRestore } from './early-restore.js';
 
 /**
  * A region to capture.
@@ -151,40 +150,6 @@ export interface RestoreOptions extends TransferOptions {
    * with the GPU digest as after any restore.
    */
   readonly multipath?: MultipathOptions;
-  /**
-   * Targets whose memory is being made (flows/fill.ts): `regions` holds only the regions of
-   * `stages.first`, copied at once; the others come with `stages.rest`. Not with `multipath`.
-   * @internal
-   */
-  readonly stages?: RestoreStages;
-}
-
-/**
- * A restore's targets in two parts: the regions (by region id) whose memory is in the restore's
- * `regions` now, and the rest, once made. @internal
- */
-export interface RestoreStages {
-  readonly first: ReadonlySet<string>;
-  /** Rejects when the rest cannot be made (or must not be: the restore then fails with its error). */
-  readonly rest: Promise<RestStage>;
-  /** The copy of `first` from the RAM tier, started already (Snapshot.startRestore): the restore takes it over. */
-  readonly started?: EarlyRestore;
-  /**
-   * The rest's regions batch by batch as their memory is made, before `rest` resolves (it then lists
-   * them all again): from the RAM tier, those holding a tensor of the model are copied as each batch
-   * comes; the others wait for `rest`, which says which of them something else writes into.
-   */
-  readonly more?: AsyncIterable<readonly RestoreRegion[]>;
-}
-
-/**
- * The rest of a restore's targets, and the regions (by region id) that something else writes into
- * until `late.after` resolves (an engine's wake copying its buffers back into memory being filled
- * for it): they are copied, and digested, only after it (again, if they were among the first). @internal
- */
-export interface RestStage {
-  readonly regions: readonly RestoreRegion[];
-  readonly late: { readonly ids: ReadonlySet<string>; readonly after: Promise<void> };
 }
 
 /**

@@ -14,10 +14,11 @@ import { passOn, runTransfer, type TransferOptions } from '../transfer/transfer.
 import { multipathStats, runMultipath, type MultipathOptions } from '../transfer/multipath.js';
 import { captureManifest, checkCaptureRegions, platformOf } from './capture-manifest.js';
 import { captureDigests, reusableRegions } from './capture-digests.js';
-import { copyInStages, ramCopyForm, ramCopyItem, ramCopyPlan, startCopy } from './copy-overlap.js';
+import { copyInStages, ramCopyItem, ramCopyPlan, startCopy } from './copy-overlap.js';
 import { EarlyRestore } from './early-restore.js';
 import { type DigestPlan, planVerify, verifyPlanned, verifyRestoredByDevice } from '../digest/compare.js';
-import type { CaptureOptions, DeviceTiming, RestoreOptions, RestoreRegion, RestStage, TransferSummary } from './snapshot-types.js';
+import type { CaptureOptions, DeviceTiming, RestoreOptions, RestoreRegion, TransferSummary } from './snapshot-types.js';
+import type { StagedRest, StagedTargets } from './staged.js';
 import { regionId } from '../manifest/region-id.js';
 
 /** How a region is named in transfer errors: its key, prefixed with its rank when there are several ranks. */
@@ -237,15 +238,29 @@ export class Snapshot {
    * sizes, tags, and any engine/model/platform facts given) and refuses with E_MANIFEST_MISMATCH
    * listing every difference; then streams each blob, verifying every chunk before it is copied.
    */
-  async restore(options: RestoreOptions): Promise<TransferSummary> {
+  restore(options: RestoreOptions): Promise<TransferSummary> {
+    return this.restoreInto(options, undefined);
+  }
+
+  /**
+   * {@link Snapshot.restore} into targets whose memory is still being made: `options.regions` holds
+   * only the regions of `staged.first`, copied at once; the others come with `staged.more` and
+   * `staged.rest`. Not with `multipath`.
+   * @internal
+   */
+  restoreStaged(options: RestoreOptions, staged: StagedTargets): Promise<TransferSummary> {
+    return this.restoreInto(options, staged);
+  }
+
+  private async restoreInto(options: RestoreOptions, staged: StagedTargets | undefined): Promise<TransferSummary> {
     try {
-      return await this.restoreNow(options);
+      return await this.restoreNow(options, staged);
     } finally {
       this.releaseOpenHold(); // the hold taken by open: this restore's own locks cover it from here
     }
   }
 
-  private async restoreNow(options: RestoreOptions): Promise<TransferSummary> {
+  private async restoreNow(options: RestoreOptions, staged: StagedTargets | undefined): Promise<TransferSummary> {
     const manifest = this.current; // the one the bytes are restored by, even if a persist completes meanwhile
     if (!Array.isArray(options?.regions)) invalidArgument('regions', 'an array of restore targets', options?.regions);
     // Every target by region id; with stages, the rest join once made (before any of them is copied or digested).
@@ -271,7 +286,7 @@ export class Snapshot {
       : undefined;
     let copied: Awaited<ReturnType<Snapshot['restoreBytes']>>;
     try {
-      copied = await this.restoreBytes(options, targets, onHead);
+      copied = await this.restoreBytes(options, targets, staged, onHead);
     } catch (err) {
       await head?.done.catch(() => undefined); // nothing reads the regions once the restore has failed
       throw err;
@@ -310,8 +325,7 @@ export class Snapshot {
    * With stages: the rest of the targets, joined to `targets` and checked with them once made. The
    * first part alone is checked region by region before anything is copied into it.
    */
-  private joinStages(options: RestoreOptions, targets: Map<string, RestoreRegion>): Promise<RestStage> | undefined {
-    const stages = options.stages;
+  private joinStages(options: RestoreOptions, targets: Map<string, RestoreRegion>, stages: StagedTargets | undefined): Promise<StagedRest> | undefined {
     if (!stages) return undefined;
     if (options.multipath) invalidArgument('stages', 'no stages with multipath', stages);
     const sizes = new Map([...this.manifest.regions()].map(({ rank, region }) => [regionId(rank, region.key), region.size]));
@@ -330,9 +344,10 @@ export class Snapshot {
   private async restoreBytes(
     options: RestoreOptions,
     targets: Map<string, RestoreRegion>,
+    stages: StagedTargets | undefined,
     onHead?: (ids: readonly string[]) => void,
   ): Promise<Omit<TransferSummary, 'devices'> & { devices?: NativeTransferResult['devices'] }> {
-    const staged = this.joinStages(options, targets);
+    const staged = this.joinStages(options, targets, stages);
     if (!staged) this.checkTargets(options.regions, options);
     if (!this.isDurable && !options.cache?.has(this.id)) throw notDurable(this, 'a restore');
     const verify = options.verify ?? 'chunk';
@@ -344,7 +359,7 @@ export class Snapshot {
     };
     if (options.cache?.fits(this.manifest)) {
       const started = performance.now();
-      const early = options.stages?.started;
+      const early = stages?.started;
       if (early && (early.snapshotId !== this.id || early.cache !== options.cache)) invalidArgument('stages.started', `a copy of capture ${this.id} from the cache given`, early.snapshotId);
       const taken = early?.take(); // this restore finishes the copy and lets the lease go from here on
       const wasHeld = taken !== undefined || options.cache.has(this.id);
@@ -353,7 +368,7 @@ export class Snapshot {
       try {
         if (options.multipath) return await this.restoreMultipath(options.multipath, lease, targets, common, wasHeld, started);
         const all = [...this.manifest.regions()];
-        const plan = ramCopyPlan(all, (id) => targets.get(id)!.memory, lease, multiRank, staged ? options.stages : undefined, staged);
+        const plan = ramCopyPlan(all, (id) => targets.get(id)!.memory, lease, multiRank, stages, staged);
         const result = await copyInStages(common, plan, all.reduce((n, x) => n + x.region.size, 0), onHead, taken?.copy);
         const seconds = wasHeld ? result.seconds : (performance.now() - started) / 1000;
         return { bytes: result.bytes, seconds, bytesPerSecond: result.bytes / Math.max(seconds, 1e-9), tier: wasHeld ? 'ram' : 'store', devices: result.devices };
@@ -386,14 +401,14 @@ export class Snapshot {
 
   /**
    * Starts copying `regions` (the first part of a restore's targets, in memory made for them) from
-   * the RAM tier now, before {@link Snapshot.restore} is called with them: pass the result as
-   * `stages.started` (with `stages.first` its ids), and the restore goes on with the copy. Undefined
+   * the RAM tier now, before {@link Snapshot.restore} is called with them: pass the result to
+   * {@link Snapshot.restoreStaged} as `started` (with `first` its ids), and the restore goes on with the copy. Undefined
    * where `cache` does not hold this capture. Where no restore takes it, abandon() it.
    * @internal
    */
   async startRestore(cache: HostCache, regions: readonly RestoreRegion[], options: TransferOptions = {}): Promise<EarlyRestore | undefined> {
     const manifest = this.current;
-    if (!cache.has(this.id) || !cache.fits(manifest) || ramCopyForm() !== 'queue') return undefined;
+    if (!cache.has(this.id) || !cache.fits(manifest)) return undefined;
     const lease = await cache.acquire(this.store, manifest, {}); // held: a reference, nothing is read
     try {
       const multiRank = manifest.data.ranks.length > 1;

@@ -1,5 +1,5 @@
 import { abortError, toVsnapError, VsnapError } from '../errors.js';
-import { copyGate } from '../flows/hooks.js';
+import { swapAtOnce } from '../flows/hooks.js';
 import type { VerifyReport } from '../store/region-store.js';
 import type { SwapContext } from './context.js';
 import { mayKeepResident, plan, type Action } from './planner.js';
@@ -133,12 +133,15 @@ export class SwapExecutor {
         // Until the other engine sleeps, b is accounted with its weights only (what the planner checked).
         const weights = b.spec.weightsBytes ?? b.snapshot.weightsBytes ?? 0;
         const holding = Math.max(b.spec.asleepBytes + ctx.residentBytes(b), b.spec.asleepBytes + weights);
-        // The suspended engine sleeps once b's copy is over (CopyGate says why).
-        const gate = copyGate();
-        const suspending = suspend(ctx, this.slot(action.suspend), capture, action.keepResident, action.wake, gate.passed);
-        const slept = suspending.then(() => roomMade(b));
-        slept.catch(() => undefined);
-        await Promise.all([wake(ctx, b, undefined, { victim: action.suspend, slept, holding, copyOver: gate.open }), suspending.catch(() => undefined)]);
+        // The one swap primitive (flows/hooks.ts): the suspended engine sleeps once b's copy is over.
+        await swapAtOnce(
+          (hooks) => suspend(ctx, this.slot(action.suspend), capture, action.keepResident, action.wake, hooks.beforeSleep),
+          (hooks, suspending) => {
+            const slept = suspending.then(() => roomMade(b));
+            slept.catch(() => undefined);
+            return wake(ctx, b, undefined, { victim: action.suspend, slept, holding, afterCopy: hooks.afterCopy });
+          },
+        );
         ctx.changed();
         return true;
       }

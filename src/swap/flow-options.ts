@@ -1,6 +1,7 @@
 import type { NeighbourParkOptions, NeighbourTier } from '../cache/neighbour-tier.js';
 import type { ResidentWeights } from '../cache/resident-weights.js';
 import type { EngineRestoreOptions, EngineSuspendOptions } from '../flows/index.js';
+import type { FlowHooks } from '../flows/hooks.js';
 import type { SwapConfig } from './options.js';
 import type { Slot } from './state.js';
 
@@ -16,9 +17,7 @@ function twoLinks(config: SwapConfig, slot: Slot): boolean {
 }
 
 /**
- * restoreEngine's options for a wake: `neighbour` (an open tier), `onto` (a move), `beforeKvWake`
- * (an overlapped swap's wait for the other engine's sleep) and `afterCopy` (that swap's word that the
- * copy is over, so the other engine may sleep).
+ * restoreEngine's options for a wake: `neighbour` (an open tier), `onto` (a move).
  * @internal
  */
 export function restoreOptions(
@@ -27,8 +26,6 @@ export function restoreOptions(
   step: {
     neighbour?: NeighbourTier | undefined;
     onto?: readonly number[] | undefined;
-    beforeKvWake?: (() => Promise<void>) | undefined;
-    afterCopy?: (() => Promise<void>) | undefined;
     onWarning: (message: string) => void;
   },
 ): EngineRestoreOptions {
@@ -38,24 +35,28 @@ export function restoreOptions(
     ...(step.neighbour && !step.neighbour.closed ? { neighbour: step.neighbour } : {}),
     ...(twoLinks(config, slot) ? { multipath: config.multipath! } : {}),
   };
-  const hooks = {
-    ...(config.checkpoint ? { checkpoint: config.checkpoint } : {}),
-    ...(step.beforeKvWake ? { beforeKvWake: step.beforeKvWake } : {}),
-    ...(step.afterCopy ? { afterCopy: step.afterCopy } : {}),
-  };
   return {
     tiers,
     ...(step.onto ? { move: { onto: step.onto[0]! } } : {}),
     recovery: { policy: config.recovery.reload ? 'reload' : 'fail', materialize: config.recovery.materialize },
     ...(config.overlap ? { overlapKvWake: true } : {}),
-    hooks,
     onWarning: step.onWarning,
   };
 }
 
 /**
+ * The flows' seams for a step: the fake checkpoint driver of the options, and in an overlapped
+ * swap the gate between its engines (`beforeKvWake`: the other engine's sleep; `afterCopy`: the
+ * word that this one's copy is over; `beforeSleep`: the other engine's copy landing).
+ * @internal
+ */
+export function flowHooks(config: SwapConfig, gate: FlowHooks = {}): FlowHooks {
+  return { ...(config.checkpoint ? { checkpoint: config.checkpoint } : {}), ...gate };
+}
+
+/**
  * suspendEngine's options for a suspend: `gpu` (tier 0 keeps its weights), `neighbour` (a park, with
- * its admission rule), `beforeSleep` (an overlapped swap's wait for the other engine's copy).
+ * its admission rule).
  * @internal
  */
 export function suspendOptions(
@@ -65,17 +66,14 @@ export function suspendOptions(
     captureIfNeeded: boolean;
     gpu?: ResidentWeights | undefined;
     neighbour?: NeighbourParkOptions | undefined;
-    beforeSleep?: (() => Promise<void>) | undefined;
     onWarning: (message: string) => void;
   },
 ): EngineSuspendOptions {
   const { spec } = slot;
-  const hooks = { ...(config.checkpoint ? { checkpoint: config.checkpoint } : {}), ...(step.beforeSleep ? { beforeSleep: step.beforeSleep } : {}) };
   return {
     captureIfNeeded: step.captureIfNeeded,
     tiers: { ...(config.ram ? { ram: config.ram } : {}), ...(step.gpu ? { gpu: step.gpu } : {}), ...(step.neighbour ? { neighbour: step.neighbour } : {}) },
     ...(spec.deepSuspend ? { deep: true } : {}),
-    ...(Object.keys(hooks).length > 0 ? { hooks } : {}),
     ...(spec.check ? { capture: { check: spec.check } } : {}),
     ...(step.neighbour ? { onWarning: step.onWarning } : {}),
   };

@@ -1,9 +1,10 @@
 import { checkResident } from '../cache/resident-weights.js';
 import { toVsnapError, VsnapError } from '../errors.js';
 import { suspendEngine, type EngineSuspendResult } from '../flows/index.js';
+import { suspendEngineWith } from '../flows/suspend.js';
 import { Snapshot } from '../snapshot/snapshot.js';
 import { RETRY_MS, type SwapContext } from './context.js';
-import { KEPT_BY_ENGINE, suspendOptions } from './flow-options.js';
+import { flowHooks, KEPT_BY_ENGINE, suspendOptions } from './flow-options.js';
 import { damaged, demoted, keptAsleep, lockHold, suspended, suspendFailed, suspending, type Asleep, type Slot } from './state.js';
 import type { SwapEvent } from './types.js';
 
@@ -35,7 +36,8 @@ export async function suspend(ctx: SwapContext, slot: Slot, captureIfNeeded: boo
     // Not parked when tier 0 keeps the weights on their own GPU; else the planner decides.
     const park = !gpu && neighbour?.parkable(slot.devices) ? neighbour.parkOptions(name, () => ctx.planInput(), forEngine) : undefined;
     const onWarning = (message: string): void => void events.emit('warning', { engine: name, message });
-    const result = (await suspendEngine(config.store, slot.spec.snapshot, slot.spec.client, suspendOptions(config, slot, { captureIfNeeded, gpu, neighbour: park, beforeSleep, onWarning }))) as EngineSuspendResult;
+    const options = suspendOptions(config, slot, { captureIfNeeded, gpu, neighbour: park, onWarning });
+    const result = (await suspendEngineWith(config.store, slot.spec.snapshot, slot.spec.client, options, flowHooks(config, beforeSleep ? { beforeSleep } : {}))) as EngineSuspendResult;
     neighbour?.parked(name, result.parked, result.snapshot.id);
     suspended(slot, asleepAfter(ctx, slot, result));
     if (result.captured) damaged(slot, undefined); // a new capture: whatever was wrong with the old one is gone

@@ -1,8 +1,9 @@
 import { toVsnapError, VsnapError } from '../errors.js';
 import { restoreEngine, type EngineRestoreReport, type SnapshotRef } from '../flows/index.js';
+import { restoreEngineWith } from '../flows/restore.js';
 import { Snapshot } from '../snapshot/snapshot.js';
 import { RETRY_MS, type SwapContext } from './context.js';
-import { KEPT_BY_ENGINE, restoreOptions } from './flow-options.js';
+import { flowHooks, KEPT_BY_ENGINE, restoreOptions } from './flow-options.js';
 import { checkRestorable, damageReason, SNAPSHOT_FAULTS } from './readiness.js';
 import { capturing, cool, damaged, engineState, keptByEngine, processesBack, recovered, snapshotWeights, wakeFailed, waking, woke, type Slot } from './state.js';
 import type { SwapEvent } from './types.js';
@@ -57,7 +58,7 @@ export interface Room {
   readonly slept: Promise<void>;
   readonly holding: number;
   /** Told once this engine's copy is over (landed, not needed, or failed): the victim sleeps only then. */
-  readonly copyOver: () => void;
+  readonly afterCopy: (() => Promise<void>) | undefined;
 }
 
 /** Wakes it; `onto`: a deep-suspended engine's process is restored onto that GPU first. @internal */
@@ -75,7 +76,7 @@ export async function wake(ctx: SwapContext, slot: Slot, onto?: readonly number[
     try {
       report = kept ? await resumeKept(ctx, slot) : await restore(ctx, slot, (id) => (snapshotId = id), onto, room);
     } finally {
-      room?.copyOver(); // a restore that ended before its copy (or failed) lets the victim sleep
+      void room?.afterCopy?.(); // a restore that ended before its copy (or failed) lets the victim sleep before this wake reads back why
     }
     woke(slot, onto); // it runs there now
     const path = 'path' in report ? report.path : undefined;
@@ -144,8 +145,8 @@ async function restore(ctx: SwapContext, slot: Slot, opened: (id: string) => voi
   }
   const neighbour = ctx.neighbour?.tier;
   const onWarning = (message: string): void => void ctx.events.emit('warning', { engine: slot.spec.name, message });
-  const overlapped = room ? { beforeKvWake: () => room.slept, afterCopy: async () => room.copyOver() } : {};
-  return restoreEngine(source, slot.spec.client, restoreOptions(config, slot, { neighbour, onto, ...overlapped, onWarning }));
+  const gate = room ? { beforeKvWake: () => room.slept, ...(room.afterCopy ? { afterCopy: room.afterCopy } : {}) } : {};
+  return restoreEngineWith(source, slot.spec.client, restoreOptions(config, slot, { neighbour, onto, onWarning }), flowHooks(config, gate));
 }
 
 /** The engine's own tier 0: wake its KV cache (no snapshot, nothing moved). */

@@ -15,7 +15,7 @@ export async function hydrate(run: RestoreRun, cache: HostCache | undefined, mul
   const twoLinks = multipath && targets.ranks === 1 ? { multipath } : {};
   if (multipath && targets.ranks > 1) run.warn(`multipath skipped: the engine has ${targets.ranks} ranks (each GPU's own link is in use)`);
   const { verify, verifyDigests, ...transfer } = run.hydrate;
-  const result = await run.snapshot!.restore({
+  const options = {
     regions: targets.regions,
     ...twoLinks,
     ...(cache ? { cache } : {}),
@@ -23,9 +23,10 @@ export async function hydrate(run: RestoreRun, cache: HostCache | undefined, mul
     ...(verifyDigests !== undefined ? { verifyDigests } : {}),
     ...transfer,
     ...(targets.signal ? { signal: targets.signal } : {}),
-    ...(targets.kind === 'filled' ? { stages: targets.stages } : {}),
     directIo: transfer.directIo ?? false,
-  });
+  };
+  const snapshot = run.snapshot!;
+  const result = targets.kind === 'filled' ? await snapshot.restoreStaged(options, targets.stages) : await snapshot.restore(options);
   return {
     tier: result.tier === 'ram' ? 'ram' : 'store',
     bytes: result.bytes,

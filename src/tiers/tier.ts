@@ -5,7 +5,8 @@ import type { EngineControl } from '../engine/control.js';
 import type { ExportedRegions } from '../engine/export.js';
 import type { VsnapError } from '../errors.js';
 import type { Snapshot } from '../snapshot/snapshot.js';
-import type { DeviceTiming, RestoreRegion, RestoreStages } from '../snapshot/snapshot-types.js';
+import type { DeviceTiming, RestoreRegion } from '../snapshot/snapshot-types.js';
+import type { StagedTargets } from '../snapshot/staged.js';
 import type { MultipathStats } from '../transfer/multipath.js';
 import type { TransferOptions } from '../transfer/transfer.js';
 
@@ -48,7 +49,7 @@ export interface MappedTargets {
 /**
  * Memory made here for the weights, in two parts, which the engine's wake maps while the hydrate
  * fills it (flows/fill-targets.ts): `regions` are the first part's, the rest come with
- * `stages.rest` (Snapshot.restore's `stages`). @internal
+ * `stages.rest` (Snapshot.restoreStaged). @internal
  */
 export interface FilledTargets {
   readonly kind: 'filled';
@@ -57,7 +58,7 @@ export interface FilledTargets {
   readonly signal: AbortSignal | undefined;
   /** The number of ranks of the engine. */
   readonly ranks: number;
-  readonly stages: RestoreStages;
+  readonly stages: StagedTargets;
 }
 
 /** What a hydrate fills. @internal */
@@ -76,7 +77,7 @@ export interface RestoreRun {
   readonly hydrate: Pick<TransferOptions, 'threads' | 'onProgress' | 'directIo'> & { readonly verify?: 'chunk' | 'all-first'; readonly verifyDigests?: boolean };
   warn(message: string): void;
   /** Records the time since the previous phase under `phase`. */
-  lap(phase: string): void;
+  lap(phase: 'wakeKvCache' | 'resetPrefixCache' | 'expectedResponse' | 'adoptWeights'): void;
   /**
    * The weights' targets (made once per run): with `fill`, where the engine allows, new memory made
    * here and checked against the snapshot, which the engine's wake maps while the hydrate fills it;

@@ -13,6 +13,7 @@ import { after, before, describe, it } from 'node:test';
 import { captureEngine, cudaStatus, EngineClient, RegionStore, restoreEngine, suspendEngine, type Snapshot, type VsnapError } from '../../src/index.js';
 import { releaseIdleResources } from '../../src/plumbing.js';
 import { checkOf, compareResponses, recheck } from '../../src/engine/response-check.js';
+import { restoreEngineWith } from '../../src/flows/restore.js';
 import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
 
 const MODEL_ARGS = ['--layers', '18', '--hidden', '2048'];
@@ -101,7 +102,7 @@ describe('GPU: the expected-response check', async () => {
     for (const [name, elements, size] of TENSORS.filter(([, , size]) => size > 1)) {
       await suspendEngine(store, 'prefill', client);
       const offset = offsetOf(name, elements, size, true);
-      await assert.rejects(restoreEngine(prefill, client, { hooks: { beforeCheck: async () => void (await flip(name, offset)) } }), (err: VsnapError) => {
+      await assert.rejects(restoreEngineWith(prefill, client, {}, { beforeCheck: async () => void (await flip(name, offset)) }), (err: VsnapError) => {
         assert.equal(err.code, 'E_RESPONSE_MISMATCH', `${name}[${offset}]: ${err.message}`);
         console.log(`flip ${name}[${offset}]: caught (${String(err.details.difference)})`);
         return true;

@@ -3,6 +3,7 @@
 import { afterEach } from 'vitest';
 
 import { EngineClient } from '../../src/engine/engine-client.js';
+import { FaultyClient } from './faults.js';
 import { askCapital, startEngine, type EngineOptions, type TestEngine } from './engine.js';
 
 /** Registers the cleanup; `engine()` starts one with its client, `track()` adds any other to stop. */
@@ -14,7 +15,8 @@ export function useEngines() {
   return {
     async engine(options: EngineOptions = {}) {
       const e = await startEngine(options);
-      const client = new EngineClient({ baseUrl: e.url, token: e.token });
+      // A FaultyClient injects nothing until told to: a test may make a call fail, wait, or read as an older plugin's.
+      const client = new FaultyClient({ baseUrl: e.url, token: e.token });
       running.push(e, client);
       return { e, client };
     },

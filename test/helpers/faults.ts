@@ -6,6 +6,9 @@ import { VsnapError } from '../../src/errors.js';
 /** The engine routes the flows drive, as the fault injector names them. */
 export type Route = 'status' | 'describe' | 'export' | 'sleep' | 'wake' | 'adopt' | 'wakeKv' | 'reset' | 'complete' | 'reload';
 
+/** What a plugin reports it can do, per rank, that older plugins lack: `describe` (its region table while asleep), `digest` (its workers digest their own weights). */
+export type PluginAbility = 'describe' | 'digest';
+
 export interface Fault {
   /** Which call (`adopt`: a wake of the weights handing memory over, tier 0's or a filled restore's; `wake`: a wake of the weights; `wakeKv`: of the KV cache). */
   route: Route;
@@ -26,6 +29,7 @@ export interface Fault {
 export class FaultyClient extends EngineClient {
   readonly calls: Route[] = [];
   private faults: Array<Fault & { left: number }> = [];
+  private lacking = new Set<PluginAbility>();
 
   inject(fault: Fault): void {
     this.faults.push({ ...fault, left: fault.times ?? 1 });
@@ -33,6 +37,11 @@ export class FaultyClient extends EngineClient {
 
   clearFaults(): void {
     this.faults = [];
+  }
+
+  /** From now on (until `lack()` with none) its status reads as an older plugin's, without these abilities: the flows take their fallbacks. */
+  lack(...abilities: PluginAbility[]): void {
+    this.lacking = new Set(abilities);
   }
 
   private async through<T>(route: Route, real: () => Promise<T>): Promise<T> {
@@ -52,7 +61,11 @@ export class FaultyClient extends EngineClient {
   }
 
   override vsnapStatus(options?: CallOptions): Promise<EngineStatus> {
-    return this.through('status', () => super.vsnapStatus(options));
+    return this.through('status', async () => {
+      const status = await super.vsnapStatus(options);
+      if (this.lacking.size === 0) return status;
+      return { ...status, ranks: status.ranks.map((r) => ({ ...r, ...(this.lacking.has('describe') ? { describe: undefined } : {}), ...(this.lacking.has('digest') ? { digest: undefined } : {}) })) };
+    });
   }
   override vsnapDescribe(options?: CallOptions): ReturnType<EngineClient['vsnapDescribe']> {
     return this.through('describe', () => super.vsnapDescribe(options));

@@ -6,6 +6,8 @@ import { EngineClient } from '../../src/engine/engine-client.js';
 import { VsnapError } from '../../src/errors.js';
 import { native } from '../../src/native/index.js';
 import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/index.js';
+import { restoreEngineWith } from '../../src/flows/restore.js';
+import { suspendEngineWith } from '../../src/flows/suspend.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { SwapController } from '../../src/swap/controller.js';
 import { askCapital, dirtyCheckPhases, startEngine, type TestEngine } from '../helpers/engine.js';
@@ -37,11 +39,11 @@ describe('deep suspend through suspendEngine / restoreEngine', () => {
     const { e, client, store, before, snap, pid } = await setUp();
     expect(pid).toBe(e.enginePid);
     const driver = new FakeCheckpointDriver([pid]);
-    const r = await suspendEngine(store, 'ref', client, { deep: true, hooks: { checkpoint: driver } });
+    const r = await suspendEngineWith(store, 'ref', client, { deep: true }, { checkpoint: driver });
     expect(Object.keys(r.phases)).toEqual(['status', ...dirtyCheckPhases(), 'sleep', 'deep.checkState', 'deep.lock', 'deep.checkpoint']);
     expect(driver.states.get(pid)).toBe('checkpointed');
     // suspending again: already asleep and deep, nothing changes
-    const again = await suspendEngine(store, 'ref', client, { deep: true, hooks: { checkpoint: driver } });
+    const again = await suspendEngineWith(store, 'ref', client, { deep: true }, { checkpoint: driver });
     expect(again.alreadyAsleep).toBe(true);
     expect(driver.states.get(pid)).toBe('checkpointed');
 
@@ -59,7 +61,7 @@ describe('deep suspend through suspendEngine / restoreEngine', () => {
       fillsAtRestore = fills();
       return restoreProcess(p, pairs);
     };
-    const report = await restoreEngine(snap, client, { hooks: { checkpoint: driver } });
+    const report = await restoreEngineWith(snap, client, {}, { checkpoint: driver });
     expect(fillsAtRestore).toBe(0);
     expect(fills()).toBe(0);
     expect(Object.keys(report.phases).slice(0, 5)).toEqual(['open', 'deep.restore', 'deep.unlock', 'prepare', 'allocate']);
@@ -71,27 +73,27 @@ describe('deep suspend through suspendEngine / restoreEngine', () => {
     const { client, store, before, snap, pid } = await setUp();
     const driver = new FakeCheckpointDriver([pid]);
     driver.fail('lock', pid, 'timeout');
-    const err = await rejection(suspendEngine(store, 'ref', client, { deep: true, hooks: { checkpoint: driver } }));
+    const err = await rejection(suspendEngineWith(store, 'ref', client, { deep: true }, { checkpoint: driver }));
     expect(err.code).toBe('E_CHECKPOINT');
     expect(err.details).toMatchObject({ reason: 'timeout', stranded: [] });
     expect(driver.notRunning()).toEqual([]);
     expect((await client.vsnapStatus()).sleeping).toBe(true);
-    await restoreEngine(snap, client, { hooks: { checkpoint: driver } });
+    await restoreEngineWith(snap, client, {}, { checkpoint: driver });
     expect((await askCapital(client, 8)).ids).toEqual(before);
   });
 
   it('a failed process restore: E_CHECKPOINT saying to retry, no wake attempted; the retry restores it', async () => {
     const { client, store, before, snap, pid } = await setUp();
     const driver = new FakeCheckpointDriver([pid]);
-    await suspendEngine(store, 'ref', client, { deep: true, hooks: { checkpoint: driver } });
+    await suspendEngineWith(store, 'ref', client, { deep: true }, { checkpoint: driver });
     driver.fail('restore', pid, 'driver');
-    const err = await rejection(restoreEngine(snap, client, { hooks: { checkpoint: driver } }));
+    const err = await rejection(restoreEngineWith(snap, client, {}, { checkpoint: driver }));
     expect(err.code).toBe('E_CHECKPOINT');
     expect(err.details).toMatchObject({ step: 'restore', ranks: [0] });
     expect(err.message).toMatch(/Retry the restore/);
     expect(driver.states.get(pid)).toBe('checkpointed');
     expect((await client.vsnapStatus()).sleeping).toBe(true); // no wake was attempted
-    await restoreEngine(snap, client, { hooks: { checkpoint: driver } });
+    await restoreEngineWith(snap, client, {}, { checkpoint: driver });
     expect(driver.notRunning()).toEqual([]);
     expect((await askCapital(client, 8)).ids).toEqual(before);
   });

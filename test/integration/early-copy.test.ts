@@ -3,6 +3,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { HostCache } from '../../src/cache/host-cache.js';
 import { VsnapError } from '../../src/errors.js';
 import { restoreEngine, suspendEngine } from '../../src/flows/index.js';
+import { restoreEngineWith } from '../../src/flows/restore.js';
 import { native } from '../../src/native/index.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import type { TransferProgress } from '../../src/transfer/transfer.js';
@@ -50,23 +51,17 @@ describe('the first part copied while the engine is read', () => {
       const landed = new Promise<void>((resolve) => (landedFirst = resolve));
       const progress: TransferProgress[] = [];
       let atStatus: Set<number> | undefined;
-      client.vsnapStatus = async (o) => {
-        client.vsnapStatus = status; // only the restore's first read waits
-        await landed; // never resolves unless the copy started before the engine answered
+      // only the restore's first read waits, for a landing that never comes unless the copy started before the engine answered
+      client.inject({ route: 'status', pass: true, action: async () => {
+        await landed;
         atStatus = fillInodes();
-        return status(o);
-      };
+      } });
       let beforeWake: Set<number> | undefined;
-      const report = await restoreEngine(snapshot, client, {
-        tiers: { ram: cache },
-        transfer: {
-          onProgress: (p) => {
-            progress.push(p);
-            if (p.phase === 'copying' && p.bytesDone > 0) landedFirst();
-          },
-        },
-        hooks: { beforeKvWake: async () => void (beforeWake = fillInodes()) },
-      });
+      const onProgress = (p: TransferProgress): void => {
+        progress.push(p);
+        if (p.phase === 'copying' && p.bytesDone > 0) landedFirst();
+      };
+      const report = await restoreEngineWith(snapshot, client, { tiers: { ram: cache }, transfer: { onProgress } }, { beforeKvWake: async () => void (beforeWake = fillInodes()) });
       expect(report.tier).toBe('ram');
       for (const inode of atStatus!) expect(beforeWake!.has(inode), String(inode)).toBe(true); // the memory copied into early is the engine's now
       expect(progress.at(-1)).toMatchObject({ phase: 'done', bytesDone: snapshot.manifest.totalBytes });
@@ -82,10 +77,7 @@ describe('the first part copied while the engine is read', () => {
     try {
       const fds = openFds();
       native().setFault('chunk-delay', 100000, 20); // every chunk waits 20 ms: the copy is in flight when the status fails
-      client.vsnapStatus = async () => {
-        client.vsnapStatus = status;
-        throw new VsnapError('E_ENGINE_HTTP', 'injected: the engine is gone', { status: 502 });
-      };
+      client.inject({ route: 'status' }); // the engine is gone: its first status read fails
       await expect(restoreEngine(snapshot, client, { tiers: { ram: cache }, transfer: {} })).rejects.toMatchObject({ code: 'E_ENGINE_HTTP' });
       native().setFault('chunk-delay', 0);
       expectNothingLeft(cache, snapshot.id, fds);
@@ -103,10 +95,7 @@ describe('the first part copied while the engine is read', () => {
       await restoreEngine(snapshot, client, { tiers: { ram: cache } }); // awake now
       const fds = openFds();
       let atStatus: Set<number> | undefined;
-      client.vsnapStatus = async (o) => {
-        atStatus ??= fillInodes();
-        return status(o);
-      };
+      client.inject({ route: 'status', pass: true, times: Infinity, action: () => void (atStatus ??= fillInodes()) });
       await expect(restoreEngine(snapshot, client, { tiers: { ram: cache } })).rejects.toMatchObject({ code: 'E_ENGINE_STATE' });
       expect(atStatus!.size).toBeGreaterThan(0);
       expectNothingLeft(cache, snapshot.id, fds);

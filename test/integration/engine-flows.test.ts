@@ -7,7 +7,9 @@ import { VsnapError } from '../../src/errors.js';
 import { firstRegions } from '../../src/flows/fill.js';
 import { HostRegion } from '../../src/regions/host-region.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
-import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/index.js';
+import { captureEngine, restoreEngine, suspendEngine, type EngineRestoreReport } from '../../src/flows/index.js';
+import { restoreEngineWith } from '../../src/flows/restore.js';
+import { RESTORE_PHASES } from '../../src/flows/phases.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { ask, useEngines } from '../helpers/engines.js';
 import { dirtyCheckPhases, engineDigests } from '../helpers/engine.js';
@@ -15,6 +17,14 @@ import { fillInodes, openFds } from '../helpers/faults.js';
 import { tempDir } from '../helpers/tmp.js';
 
 const { engine } = useEngines();
+
+/** A report lists its phases in its route's order (flows/phases.ts), only phases of that route. */
+function expectRouteOrder(report: EngineRestoreReport): void {
+  const order: readonly string[] = RESTORE_PHASES[report.route];
+  const at = Object.keys(report.phases).map((p) => order.indexOf(p));
+  expect(at, Object.keys(report.phases).join(', ')).not.toContain(-1);
+  expect(at).toEqual([...at].sort((a, b) => a - b));
+}
 
 
 describe('capture, suspend and restore a running engine (CPU reference engine, real plugin, real socket)', () => {
@@ -41,14 +51,13 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     const layer = m.ranks[0]!.regions.find((r) => r.key === 'model.layers.0.mlp.weight')!;
     expect(layer.tensors.map((t) => t.name)).toEqual(['model.layers.0.mlp.weight', 'model.layers.0.mlp.scales']);
 
-    const exports = vi.spyOn(client, 'vsnapExport');
+    client.calls.length = 0;
     const suspended = await suspendEngine(store, 'ref', client);
     const inEngine = engineDigests();
     expect(suspended).toMatchObject({ captured: false, alreadyAsleep: false, liveCheck: { checked: true, changed: [], digestedIn: inEngine ? 'engine' : 'sdk' } });
     // The dirty check in one call: the engine's workers digest their own weights, nothing is exported.
     expect(Object.keys(suspended.phases)).toEqual(['status', ...dirtyCheckPhases(), 'sleep']);
-    expect(exports).toHaveBeenCalledTimes(inEngine ? 0 : 1);
-    exports.mockRestore();
+    expect(client.calls.filter((c) => c === 'export')).toHaveLength(inEngine ? 0 : 1);
     const asleep = await client.vsnapStatus();
     expect(asleep.sleeping).toBe(true);
     expect(asleep.ranks[0]!.weightsMapped).toBe(false);
@@ -58,6 +67,8 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     const report = await restoreEngine(snap, client);
     expect(Object.keys(report.phases)).toEqual(['prepare', 'allocate', 'hydrate', 'verifyDigests', 'wakeWeightsWait', 'describe', 'validate', 'allocateRest', 'wakeWeights', 'wakeKvCache', 'resetPrefixCache', 'expectedResponse']);
     expect(report.overlapped).toEqual(['describe', 'validate', 'allocateRest', 'wakeWeights']);
+    expect(report.route).toBe('filled');
+    expectRouteOrder(report);
     expect(report.bytes).toBe(snap.manifest.totalBytes);
     expect((await client.vsnapStatus()).sleeping).toBe(false);
     expect(await ask(client)).toEqual(before);
@@ -70,15 +81,17 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
         expect((await restoreEngine(snap, client, { tiers: { ram: cache } })).tier).toBe(tier);
         expect(await ask(client)).toEqual(before);
       }
-      // The other targets: the engine's wake first, then its export, mapped here.
-      process.env.VSNAP_RESTORE_TARGETS = 'wake';
+      // The other targets (a plugin that cannot describe its regions asleep): the engine's wake first, then its export, mapped here.
+      client.lack('describe');
       await suspendEngine(store, 'ref', client);
       const woken = await restoreEngine(snap, client, { tiers: { ram: cache } });
       expect(Object.keys(woken.phases)).toEqual(['prepare', 'wakeWeights', 'export', 'validate', 'map', 'hydrate', 'verifyDigests', 'wakeKvCache', 'resetPrefixCache', 'expectedResponse']);
       expect(woken.overlapped).toBeUndefined();
+      expect(woken.route).toBe('mapped');
+      expectRouteOrder(woken);
       expect(await ask(client)).toEqual(before);
     } finally {
-      delete process.env.VSNAP_RESTORE_TARGETS;
+      client.lack();
       cache.close();
     }
   });
@@ -88,12 +101,7 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     const store = await RegionStore.open(tempDir());
     const before = await ask(client);
     const { snapshot } = await suspendEngine(store, 'old-plugin', client, { captureIfNeeded: true });
-    // As an older plugin answers: no `describe` in its ranks' status.
-    const status = client.vsnapStatus.bind(client);
-    client.vsnapStatus = async (o) => {
-      const s = await status(o);
-      return { ...s, ranks: s.ranks.map(({ describe: _, ...r }) => r) };
-    };
+    client.lack('describe'); // as an older plugin answers: no `describe` in its ranks' status
     const report = await restoreEngine(snapshot, client);
     expect(Object.keys(report.phases).slice(0, 3)).toEqual(['prepare', 'wakeWeights', 'export']);
     expect(await ask(client)).toEqual(before);
@@ -104,17 +112,11 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     const store = await RegionStore.open(tempDir());
     const before = await ask(client);
     const { snapshot } = await suspendEngine(store, 'early', client, { captureIfNeeded: true });
-    const status = client.vsnapStatus.bind(client);
     let atStatus: Set<number> | undefined;
-    let dropDescribe = false;
-    client.vsnapStatus = async (o) => {
-      atStatus ??= fillInodes();
-      const s = await status(o);
-      return dropDescribe ? { ...s, ranks: s.ranks.map(({ describe: _, ...r }) => r) } : s;
-    };
+    client.inject({ route: 'status', pass: true, times: Infinity, action: () => void (atStatus ??= fillInodes()) });
     let beforeWake: Set<number> | undefined;
     const fds = openFds();
-    await restoreEngine(snapshot, client, { hooks: { beforeKvWake: async () => void (beforeWake = fillInodes()) } });
+    await restoreEngineWith(snapshot, client, {}, { beforeKvWake: async () => void (beforeWake = fillInodes()) });
     expect(atStatus!.size).toBeGreaterThan(0); // made before the engine answered
     for (const inode of atStatus!) expect(beforeWake!.has(inode), String(inode)).toBe(true); // and copied into, not made again
     expect(fillInodes().size).toBe(0);
@@ -124,7 +126,7 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     // An older plugin (no describe while asleep): the restore goes through the engine's wake and export, the early memory is let go.
     await suspendEngine(store, 'early', client);
     atStatus = undefined;
-    dropDescribe = true;
+    client.lack('describe');
     const report = await restoreEngine(snapshot, client);
     expect(atStatus!.size).toBeGreaterThan(0);
     expect(Object.keys(report.phases).slice(0, 3)).toEqual(['prepare', 'wakeWeights', 'export']);
@@ -138,10 +140,8 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     // The engine stops answering while it is read: the same.
     await suspendEngine(store, 'early', client);
     atStatus = undefined;
-    client.vsnapStatus = async () => {
-      atStatus = fillInodes();
-      throw new VsnapError('E_ENGINE_HTTP', 'injected: the engine is gone', { status: 502 });
-    };
+    client.clearFaults();
+    client.inject({ route: 'status', action: () => void (atStatus = fillInodes()) }); // the engine is gone: its status fails
     await expect(restoreEngine(snapshot, client)).rejects.toMatchObject({ code: 'E_ENGINE_HTTP' });
     expect(atStatus!.size).toBeGreaterThan(0);
     expect(fillInodes().size).toBe(0);
@@ -171,7 +171,7 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     const beforeKvWake = async (): Promise<void> => {
       while (seen === asleep) seen = await resets();
     };
-    const report = await restoreEngine(snap, client, { hooks: { beforeKvWake } });
+    const report = await restoreEngineWith(snap, client, {}, { beforeKvWake });
     expect(seen).toBe(asleep + 1);
     expect(await resets()).toBe(asleep + 1);
     expect(Object.keys(report.phases)).toEqual(expect.arrayContaining(['awaitRoom', 'wakeKvCache', 'resetPrefixCache']));
@@ -184,17 +184,13 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     const snap = await captureEngine(store, 'ref', client);
     await suspendEngine(store, 'ref', client);
     // The status read made slow on purpose: with the clock started after it, prepare would miss it.
-    const original = client.vsnapStatus.bind(client);
     let read: { started: number; ended: number } | undefined;
-    vi.spyOn(client, 'vsnapStatus').mockImplementation(async (options) => {
+    client.inject({ route: 'status', pass: true, action: async () => {
       const started = performance.now();
       await new Promise((resolve) => setTimeout(resolve, 200));
-      const status = await original(options);
       read ??= { started, ended: performance.now() };
-      return status;
-    });
+    } });
     const report = await restoreEngine(snap, client);
-    vi.restoreAllMocks();
     expect(read).toBeDefined();
     const phases = Object.entries(report.phases);
     expect(phases[0]![0]).toBe('prepare');

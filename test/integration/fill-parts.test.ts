@@ -5,7 +5,8 @@ import { afterEach, describe, expect, it, vi } from 'vitest';
 import { HostCache } from '../../src/cache/host-cache.js';
 import { Batches } from '../../src/snapshot/batches.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
-import type { RestoreRegion, RestStage } from '../../src/snapshot/snapshot-types.js';
+import type { RestoreRegion } from '../../src/snapshot/snapshot-types.js';
+import type { StagedRest } from '../../src/snapshot/staged.js';
 import { VsnapError } from '../../src/errors.js';
 import { makeFillMemoryInParts, type FillMemory, type FillRegion } from '../../src/flows/fill.js';
 import { restoreEngine, suspendEngine } from '../../src/flows/index.js';
@@ -107,13 +108,11 @@ describe('the rest of the memory made part by part', () => {
       // the rest resolves only once the streamed region landed: without streaming it never would
       let landedTwo!: () => void;
       const two = new Promise<void>((resolve) => (landedTwo = resolve));
-      const rest: Promise<RestStage> = two.then(() => ({ regions: [region(1), region(2)], late: { ids: new Set<string>(), after: Promise.resolve() } }));
-      const result = await snap.restore({
-        regions: [region(0)],
-        cache,
-        stages: { first: new Set(['0/r0']), rest, more },
-        onProgress: (p) => void (p.phase === 'copying' && p.bytesDone >= 2 * MiB && landedTwo()),
-      });
+      const rest: Promise<StagedRest> = two.then(() => ({ regions: [region(1), region(2)], late: { ids: new Set<string>(), after: Promise.resolve() } }));
+      const result = await snap.restoreStaged(
+        { regions: [region(0)], cache, onProgress: (p) => void (p.phase === 'copying' && p.bytesDone >= 2 * MiB && landedTwo()) },
+        { first: new Set(['0/r0']), rest, more },
+      );
       expect(result.tier).toBe('ram');
       for (const [i, t] of targets.entries()) expect(t.read(0, MiB).equals(Buffer.alloc(MiB, i + 1))).toBe(true);
     } finally {

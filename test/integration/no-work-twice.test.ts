@@ -5,6 +5,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { HostCache } from '../../src/cache/host-cache.js';
 import type { EngineClient } from '../../src/engine/engine-client.js';
 import { VsnapError } from '../../src/errors.js';
+import { firstRegions } from '../../src/flows/fill.js';
 import { native } from '../../src/native/index.js';
 import { HostRegion } from '../../src/regions/host-region.js';
 import { MappedRegions } from '../../src/regions/mapped.js';
@@ -61,13 +62,13 @@ describe('no work twice: one export and one mapping per region per flow', () => 
     // The dirty check digested by the engine's workers: nothing exported, nothing mapped here.
     const inEngine = engineDigests();
     expect(await counted(client, () => suspendEngine(store, 'ref', client))).toMatchObject(inEngine ? { mapped: 0, exports: 0 } : { mapped: n, exports: 1 });
-    // Digested here instead (VSNAP_DIRTY_CHECK=sdk, or a plugin without digest): one export, one mapping.
+    // Digested here instead (a plugin without digest): one export, one mapping.
     await restoreEngine(capture.value, client);
-    process.env.VSNAP_DIRTY_CHECK = 'sdk';
+    client.lack('digest');
     try {
       expect(await counted(client, () => suspendEngine(store, 'ref', client))).toMatchObject({ mapped: n, exports: 1 });
     } finally {
-      delete process.env.VSNAP_DIRTY_CHECK;
+      client.lack();
     }
     // The hydrate and the digest that verifies it share one mapping (was 2n). The restore fills memory
     // made here while the engine's wake adopts it: no export, one mapping of that memory.
@@ -84,13 +85,15 @@ describe('no work twice: one export and one mapping per region per flow', () => 
       expect(r.value.tier).toBe(tier);
       expect(r).toMatchObject({ mapped: n, exports: 0 });
     }
-    // The other targets (the engine's wake, then its export): one export, one mapping of it.
-    process.env.VSNAP_RESTORE_TARGETS = 'wake';
+    // The other targets (a plugin that cannot describe its regions asleep: the engine's wake, then its export): one export, one mapping of it,
+    // besides the first part's memory, made before the engine answered (it could not know) and let go.
+    await suspendEngine(store, 'ref', client);
+    client.lack('describe');
+    const first = firstRegions([...capture.value.manifest.regions()].map(({ rank, region }) => ({ rank, key: region.key, tag: region.tag, size: region.size, tensors: region.tensors.length, device: undefined }))).size;
     try {
-      await suspendEngine(store, 'ref', client);
-      expect(await counted(client, () => restoreEngine(capture.value, client, { tiers: { ram: cache } }))).toMatchObject({ mapped: n, exports: 1 });
+      expect(await counted(client, () => restoreEngine(capture.value, client, { tiers: { ram: cache } }))).toMatchObject({ mapped: n + first, exports: 1 });
     } finally {
-      delete process.env.VSNAP_RESTORE_TARGETS;
+      client.lack();
     }
 
     // Weights changed in place: the engine's digest finds it; the new capture's digests and its copy share one mapping (was 3n).
@@ -177,13 +180,13 @@ describe('a restore that fails after the regions were mapped leaves no mapping a
       const { snapshot } = await suspendEngine(store, 'ref', client, { captureIfNeeded: true });
       const fds = openFds();
       const mappings = memfdMappings();
-      process.env.VSNAP_RESTORE_TARGETS = targets;
+      if (targets === 'wake') client.lack('describe');
       try {
         client.inject({ route, pass: true, when: 'after', action: () => process.kill(engine.enginePid, 'SIGKILL') });
         const err = (await restoreEngine(snapshot, client, { onWarning: () => undefined }).catch((x: unknown) => x)) as VsnapError;
         expect(err).toBeInstanceOf(VsnapError);
       } finally {
-        delete process.env.VSNAP_RESTORE_TARGETS;
+        client.lack();
       }
       expect(memfdMappings()).toBe(mappings);
       expect(openFds()).toEqual(fds);

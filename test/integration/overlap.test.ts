@@ -2,11 +2,13 @@ import { chmodSync, closeSync, openSync, readFileSync, writeFileSync, writeSync 
 
 import { afterEach, describe, expect, it } from 'vitest';
 
+import { HostCache } from '../../src/cache/host-cache.js';
 import { ResidentWeights } from '../../src/cache/resident-weights.js';
 import { VsnapError } from '../../src/errors.js';
 import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/index.js';
 import { swapEngines, type SwapOverlap } from '../../src/flows/swap.js';
 import { native } from '../../src/native/index.js';
+import type { TransferProgress } from '../../src/transfer/transfer.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { askCapital, startEngine } from '../helpers/engine.js';
 import { FaultyClient, openFds } from '../helpers/faults.js';
@@ -150,21 +152,19 @@ describe('swapEngines: one engine to sleep, the other back, overlapped', () => {
       const { a, b, answerB, snapB, fds } = await pair();
       const order: string[] = [];
       a.inject({ route: 'sleep', when: 'before', pass: true, action: () => order.push('a sleeps'), times: 2 });
-      let awakeAtCopy: boolean | undefined;
-      // the restore's own afterCopy runs before the swap lets the other engine sleep
-      const afterCopy = async (): Promise<void> => {
-        order.push('b copied');
-        awakeAtCopy = !(await a.isSleeping());
-      };
+      // the restore's copy (from the RAM tier: 'done' once its last byte landed) is over before the swap lets the other engine sleep
+      const onProgress = (p: TransferProgress): void => void (p.phase === 'done' && order.push('b copied'));
+      const cache = await HostCache.create({ budgetBytes: 64 * 1024 * 1024, pin: false });
+      cleanup.push(() => cache.close());
+      await cache.load(snapB.store, snapB.manifest);
       native().setFault('chunk-delay', 2, 200); // b's copy outlasts a's checks
       let report;
       try {
-        report = await swapEngines({ suspend: { client: a, name: 'a' }, restore: { source: snapB, client: b, overlapKvWake: true, hooks: { afterCopy } }, overlap });
+        report = await swapEngines({ suspend: { client: a, name: 'a' }, restore: { source: snapB, client: b, overlapKvWake: true, tiers: { ram: cache }, transfer: { onProgress } }, overlap });
       } finally {
         native().setFault('chunk-delay', 0);
       }
       expect(order).toEqual(['b copied', 'a sleeps']);
-      expect(awakeAtCopy).toBe(true);
       expect(typeof report.suspend.phases.awaitCopy).toBe('number');
       expect(await a.isSleeping()).toBe(true);
       expect(await ask(b)).toEqual(answerB);

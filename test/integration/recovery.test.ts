@@ -77,6 +77,7 @@ describe('recovery: each cause, fail (today) then reload', () => {
     expect(report).toMatchObject({ path: 'recovered', tier: 'engine', recovery: { reason: 'missing', code: 'E_SNAPSHOT_NOT_FOUND', expectedResponse: 'unchecked', materialize: 'off' } });
     expect(report.recovery!.uncheckedReason).toMatch(/manifest could not be read/);
     expect(report.phases.reloadWeights).toBeGreaterThanOrEqual(0);
+    expect(report.route).toBe('reloaded');
     expect(await loads(client)).toBe(before + 1);
     expect(await ask()).toEqual(answer);
     expect(await store.current('ref')).toBeUndefined();

@@ -142,18 +142,6 @@ describe('MappedRegions, batched form (host backend)', () => {
     expectBalanced(since(t0));
   });
 
-  it('VSNAP_REGION_MAPPING picks the default; an unknown value is rejected', async () => {
-    const rs = regions([4096]);
-    const saved = process.env['VSNAP_REGION_MAPPING'];
-    cleanup.push(() => (saved === undefined ? delete process.env['VSNAP_REGION_MAPPING'] : (process.env['VSNAP_REGION_MAPPING'] = saved)));
-    process.env['VSNAP_REGION_MAPPING'] = 'per-region';
-    const set = await MappedRegions.open(list(rs));
-    expect(set.mapping).toBe('per-region');
-    await set.close();
-    process.env['VSNAP_REGION_MAPPING'] = 'fast';
-    await expect(MappedRegions.open(list(rs))).rejects.toMatchObject({ code: 'E_INVALID_ARGUMENT' });
-  });
-
   it('pipelined: open returns at once, regions are mapped in batched chunks growing to 64, data intact both ways, nothing left', async () => {
     const rs = regions(Array.from({ length: 200 }, (_, i) => 4096 * (1 + (i % 4))));
     const original = rs.map((r) => r.read(0, r.size));

@@ -7,6 +7,8 @@ import { EngineClient } from '../../src/engine/engine-client.js';
 import { exportRegions, openExports } from '../../src/engine/export.js';
 import { VsnapError } from '../../src/errors.js';
 import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/index.js';
+import { restoreEngineWith } from '../../src/flows/restore.js';
+import { suspendEngineWith } from '../../src/flows/suspend.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { SwapController } from '../../src/swap/controller.js';
@@ -65,7 +67,7 @@ describe('restore onto another GPU: refusals and handles', () => {
     const { control } = await engineControl(client);
     const open = await exportRegions(control, 1);
     expect(openExports(pid)).toBeGreaterThan(0);
-    const err = await rejection(suspendEngine(store, 'ref', client, { deep: true, hooks: { checkpoint: driver } }));
+    const err = await rejection(suspendEngineWith(store, 'ref', client, { deep: true }, { checkpoint: driver }));
     expect(err.code).toBe('E_ENGINE_STATE');
     expect(err.details).toMatchObject({ reason: 'handles', ranks: [0] });
     expect(err.message).toMatch(/Close the export/);
@@ -73,10 +75,10 @@ describe('restore onto another GPU: refusals and handles', () => {
     open.close();
     expect(openExports(pid)).toBe(0);
     // the engine is asleep at level 2 and deep-suspends now; the flows leave no export open
-    await suspendEngine(store, 'ref', client, { deep: true, hooks: { checkpoint: driver } });
+    await suspendEngineWith(store, 'ref', client, { deep: true }, { checkpoint: driver });
     expect(driver.states.get(pid)).toBe('checkpointed');
     expect(openExports(pid)).toBe(0);
-    await restoreEngine(snap, client, { hooks: { checkpoint: driver } });
+    await restoreEngineWith(snap, client, {}, { checkpoint: driver });
     expect(openExports(pid)).toBe(0);
     expect((await askCapital(client, 8)).ids).toEqual(before);
   });
@@ -84,14 +86,14 @@ describe('restore onto another GPU: refusals and handles', () => {
   it('onto for an engine that keeps its weights in host memory: E_INVALID_ARGUMENT before anything changes (still deep-suspended)', async () => {
     const { client, store, before, snap, pid } = await setUp();
     const driver = new FakeCheckpointDriver([pid]);
-    await suspendEngine(store, 'ref', client, { deep: true, hooks: { checkpoint: driver } });
+    await suspendEngineWith(store, 'ref', client, { deep: true }, { checkpoint: driver });
     driver.calls.length = 0;
-    const err = await rejection(restoreEngine(snap, client, { hooks: { checkpoint: driver }, move: { onto: 1 } }));
+    const err = await rejection(restoreEngineWith(snap, client, { move: { onto: 1 } }, { checkpoint: driver }));
     expect(err.code).toBe('E_INVALID_ARGUMENT');
     expect(err.message).toMatch(/host memory/);
     expect(driver.calls).toEqual([]);
     expect(driver.states.get(pid)).toBe('checkpointed');
-    await restoreEngine(snap, client, { hooks: { checkpoint: driver } });
+    await restoreEngineWith(snap, client, {}, { checkpoint: driver });
     expect((await askCapital(client, 8)).ids).toEqual(before);
   });
 
@@ -124,7 +126,7 @@ describe('restore onto another GPU: refusals and handles', () => {
     const snap = (await store.current('ref'))!;
     expect(snap).toBeTruthy();
     expect(driver.states.get(pid)).toBe('checkpointed');
-    await restoreEngine(Snapshot.of(store, snap), client, { hooks: { checkpoint: driver } });
+    await restoreEngineWith(Snapshot.of(store, snap), client, {}, { checkpoint: driver });
     expect((await askCapital(client, 8)).ids).toEqual(before);
   });
 });

@@ -2,6 +2,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/index.js';
+import { restoreEngineWith } from '../../src/flows/restore.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { SwapController } from '../../src/swap/controller.js';
 import { startEngine, type EngineOptions, type TestEngine } from '../helpers/engine.js';
@@ -74,7 +75,7 @@ describe('the prefill check (CPU reference engine)', () => {
       await suspendEngine(store, 'flip', client);
       let flipped: unknown;
       const beforeCheck = async () => void (flipped = await client.collectiveRpc('flip_weights_byte', { args: [name, offset] }));
-      const err = await restoreEngine(snap, client, { hooks: { beforeCheck } }).catch((e: unknown) => e);
+      const err = await restoreEngineWith(snap, client, {}, { beforeCheck }).catch((e: unknown) => e);
       expect(flipped, name).toHaveLength(1); // one rank flipped one byte
       expect(err, name).toMatchObject({ code: 'E_RESPONSE_MISMATCH' });
       expect((await client.vsnapStatus()).sleeping).toBe(true);
@@ -125,7 +126,7 @@ describe('the prefill check (CPU reference engine)', () => {
     const snap2 = await captureEngine(store, 'dec2', plain, { check: { mode: 'decode', maxTokens: 2 } });
     await suspendEngine(store, 'dec2', plain);
     const flip = async () => void (await plain.collectiveRpc('flip_weights_byte', { args: ['model.layers.0.mlp.weight', 77] }));
-    await expect(restoreEngine(snap2, plain, { hooks: { beforeCheck: flip } })).rejects.toMatchObject({ code: 'E_RESPONSE_MISMATCH' });
+    await expect(restoreEngineWith(snap2, plain, {}, { beforeCheck: flip })).rejects.toMatchObject({ code: 'E_RESPONSE_MISMATCH' });
     await restoreEngine(snap2, plain);
   });
 });

@@ -123,7 +123,7 @@ describe('a RAM-tier restore into targets that come in two parts', () => {
         wrote = true;
       });
       const rest = restMade.then(() => ({ regions: ['b', 'c', 'd'].map(into), late: { ids: ids('a', 'c'), after: wake } }));
-      const restoring = snap.restore({ regions: [into('a')], cache, stages: { first: ids('a'), rest } });
+      const restoring = snap.restoreStaged({ regions: [into('a')], cache }, { first: ids('a'), rest });
       // The copy of the first part is a job of its own: it ends whether or not the rest is ever made.
       await waitUntil(() => holdsPattern(targets.get('a-target')!, 'a'));
       releaseRest();
@@ -142,7 +142,7 @@ describe('a RAM-tier restore into targets that come in two parts', () => {
     // the regions that joined with the rest, not only those the restore started with.
     const { snap, cache, into, close } = await setup({ key: 'd', chunk: 0 });
     try {
-      const restore = () => snap.restore({ regions: [into('a')], cache, stages: { first: ids('a'), rest: Promise.resolve({ regions: ['b', 'c', 'd'].map(into), late: { ids: ids(), after: Promise.resolve() } }) } });
+      const restore = () => snap.restoreStaged({ regions: [into('a')], cache }, { first: ids('a'), rest: Promise.resolve({ regions: ['b', 'c', 'd'].map(into), late: { ids: ids(), after: Promise.resolve() } }) });
       await expect(restore()).rejects.toMatchObject({ code: 'E_DIGEST_MISMATCH', details: { regions: [{ region: '0/d', chunks: [0] }] } });
       await expect(restore()).rejects.toMatchObject({ code: 'E_DIGEST_MISMATCH', details: { regions: [{ region: '0/d', chunks: [0] }] } }); // from the RAM tier, loaded now
     } finally {
@@ -156,7 +156,7 @@ describe('a RAM-tier restore into targets that come in two parts', () => {
       await snap.restore({ regions: Object.keys(SIZES).map(into), cache });
       for (const t of targets.values()) fillRegion(t, 0);
       const rest = Promise.reject(Object.assign(new Error('the table does not match'), { code: 'E_MANIFEST_MISMATCH' }));
-      await expect(snap.restore({ regions: [into('a')], cache, stages: { first: ids('a'), rest } })).rejects.toThrow('the table does not match');
+      await expect(snap.restoreStaged({ regions: [into('a')], cache }, { first: ids('a'), rest })).rejects.toThrow('the table does not match');
       expect(holdsPattern(targets.get('a-target')!, 'a')).toBe(true); // its copy was over before the restore failed
     } finally {
       close();
@@ -167,8 +167,8 @@ describe('a RAM-tier restore into targets that come in two parts', () => {
     const { snap, cache, into, close } = await setup();
     try {
       const rest = new Promise<never>(() => undefined);
-      await expect(snap.restore({ regions: [into('a')], cache, stages: { first: ids('b'), rest } })).rejects.toMatchObject({ code: 'E_INVALID_ARGUMENT' });
-      await expect(snap.restore({ regions: [{ ...into('a'), size: 16 * KiB }], cache, stages: { first: ids('a'), rest } })).rejects.toMatchObject({ code: 'E_INVALID_ARGUMENT' });
+      await expect(snap.restoreStaged({ regions: [into('a')], cache }, { first: ids('b'), rest })).rejects.toMatchObject({ code: 'E_INVALID_ARGUMENT' });
+      await expect(snap.restoreStaged({ regions: [{ ...into('a'), size: 16 * KiB }], cache }, { first: ids('a'), rest })).rejects.toMatchObject({ code: 'E_INVALID_ARGUMENT' });
     } finally {
       close();
     }

@@ -43,6 +43,7 @@ describe('tier 0: weights kept on the "GPU" across sleep (CPU reference engine)'
         const report = await restoreEngine(s.snapshot, client, { tiers: { gpu: resident } });
         expect(report.tier).toBe('gpu');
         expect(Object.keys(report.phases)).toEqual(['prepare', 'adoptWeights', 'wakeKvCache', 'resetPrefixCache', 'expectedResponse']);
+        expect(report.route).toBe('adopted');
         expect(resident.entries()).toEqual([]); // the engine holds its weights again
         expect(await ask(client)).toEqual(before);
       }

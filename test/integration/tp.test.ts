@@ -7,6 +7,8 @@ import { EngineClient } from '../../src/engine/engine-client.js';
 import { VsnapError } from '../../src/errors.js';
 import { Manifest } from '../../src/manifest/manifest.js';
 import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/index.js';
+import { restoreEngineWith } from '../../src/flows/restore.js';
+import { suspendEngineWith } from '../../src/flows/suspend.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { noLeak, type LeakLine } from '../reliability/leaks.js';
@@ -66,7 +68,7 @@ describe('tensor parallel size 2 (one worker process per rank)', () => {
     expect([...blobs(0)].filter((b) => blobs(1).has(b))).toEqual([]); // each rank its own bytes
 
     const driver = new FakeCheckpointDriver(e.workerPids);
-    const suspended = await suspendEngine(store, 'tp', client, { deep: true, hooks: { checkpoint: driver } });
+    const suspended = await suspendEngineWith(store, 'tp', client, { deep: true }, { checkpoint: driver });
     expect(suspended.captured).toBe(false);
     expect(e.workerPids.map((p) => driver.states.get(p))).toEqual(['checkpointed', 'checkpointed']);
     const order = driver.calls.filter((c) => !c.startsWith('state'));
@@ -76,7 +78,7 @@ describe('tensor parallel size 2 (one worker process per rank)', () => {
     expect(order.filter((c) => c.startsWith('lock')).sort()).toEqual(e.workerPids.map((p) => `lock:${p}`).sort());
 
     driver.calls.length = 0;
-    const report = await restoreEngine(snap, client, { hooks: { checkpoint: driver } });
+    const report = await restoreEngineWith(snap, client, {}, { checkpoint: driver });
     const back = driver.calls.filter((c) => !c.startsWith('state'));
     const lastRestore = Math.max(...back.map((c, i) => (c.startsWith('restore') ? i : -1)));
     const firstUnlock = back.findIndex((c) => c.startsWith('unlock'));
@@ -179,22 +181,22 @@ describe('tensor parallel size 2 (one worker process per rank)', () => {
     const snap = await captureEngine(store, 'tp', client);
     const driver = new FakeCheckpointDriver(e.workerPids);
     driver.fail('lock', e.workerPids[1]!, 'timeout');
-    const err = await rejection(suspendEngine(store, 'tp', client, { deep: true, hooks: { checkpoint: driver } }));
+    const err = await rejection(suspendEngineWith(store, 'tp', client, { deep: true }, { checkpoint: driver }));
     expect(err.code).toBe('E_CHECKPOINT');
     expect(err.details).toMatchObject({ step: 'lock', ranks: [1], stranded: [] });
     expect(err.message).toMatch(new RegExp(`rank 1 \\(pid ${e.workerPids[1]}\\)`));
     expect(driver.notRunning()).toEqual([]);
-    await restoreEngine(snap, client, { hooks: { checkpoint: driver } });
+    await restoreEngineWith(snap, client, {}, { checkpoint: driver });
     expect(await ask(client)).toEqual(before);
 
     // A worker that dies while checkpointed: as in vLLM, the executor takes the engine down with it
     // (the other worker too), so the restore finds no engine to answer and says so.
-    await suspendEngine(store, 'tp', client, { deep: true, hooks: { checkpoint: driver } });
+    await suspendEngineWith(store, 'tp', client, { deep: true }, { checkpoint: driver });
     process.kill(e.workerPids[1]!, 'SIGKILL');
     driver.exit(e.workerPids[1]!);
     // the engine takes its processes down asynchronously; the test's timeout bounds this (a fixed 5 s bound was a timing threshold)
     while ([e.enginePid, ...e.workerPids].some(alive)) await new Promise((r) => setTimeout(r, 50));
-    const gone = await rejection(restoreEngine(snap, client, { hooks: { checkpoint: driver } }));
+    const gone = await rejection(restoreEngineWith(snap, client, {}, { checkpoint: driver }));
     expect(gone.code).toBe('E_ENGINE_HTTP');
     expect(gone.message).toMatch(/EngineDeadError: the engine core process is dead/);
   });
