@@ -18,31 +18,71 @@ export interface SettingInfo {
   readonly accepts: string;
   /** What holds when it is unset (or empty). */
   readonly default: string;
+  /** What it does, for docs/configuration.md. */
+  readonly meaning: string;
 }
 
-/** Every setting, by variable name. @internal */
+/** Every setting, by variable name (docs/configuration.md is generated from this table). @internal */
 export const SETTINGS = {
-  VSNAP_NATIVE_PATH: { readBy: 'SDK', accepts: 'the path of a vsnap.node addon file', default: "the package's own build, else its prebuild" },
+  VSNAP_NATIVE_PATH: {
+    readBy: 'SDK',
+    accepts: 'the path of a vsnap.node addon file',
+    default: "the package's own build, else its prebuild",
+    meaning: 'The native addon to load first (one you built); when it cannot load, the error lists it beside every other attempt.',
+  },
   VSNAP_STAGING_IDLE_MS: {
     readBy: 'SDK',
     accepts: 'a whole number of milliseconds from 0 to 2147483647',
-    default: '30000 (pinned staging memory and kept GPU contexts are freed after 30 s unused)',
+    default: '30000',
+    meaning: 'How long pinned staging memory, the CUDA contexts kept for GPUs a transfer touched and neighbour-GPU contexts stay after their last use. `releaseIdleResources()` frees them at once.',
   },
-  VSNAP_STORE: { readBy: 'CLI', accepts: 'a directory', default: '$XDG_DATA_HOME/vsnap, else ~/.local/share/vsnap' },
-  VSNAP_ENGINE_URL: { readBy: 'CLI', accepts: 'an http(s) URL such as http://127.0.0.1:8000', default: 'none: commands that need an engine ask for --engine' },
-  VSNAP_TOKEN: { readBy: 'CLI', accepts: "the engine's bearer token (its own VSNAP_TOKEN)", default: 'none: no token is sent' },
-  VSNAP_AGENT_URL: { readBy: 'CLI', accepts: 'an http(s) URL such as http://127.0.0.1:8080', default: 'http://127.0.0.1:8080' },
-  VSNAP_CONTROL_TOKEN: { readBy: 'CLI', accepts: "the agent's control token", default: 'none: no token is sent' },
-  VSNAP_REGISTRY_CA: { readBy: 'CLI, serve', accepts: "the path of a PEM file with the registry's CA", default: "the system's CAs" },
+  VSNAP_STORE: {
+    readBy: 'CLI',
+    accepts: 'a directory',
+    default: '$XDG_DATA_HOME/vsnap, else ~/.local/share/vsnap',
+    meaning: 'The store of every command (`--store` wins).',
+  },
+  VSNAP_ENGINE_URL: {
+    readBy: 'CLI',
+    accepts: 'an http(s) URL such as http://127.0.0.1:8000',
+    default: 'none: commands that need an engine ask for --engine',
+    meaning: 'The engine (vLLM with the vsnap plugin) of `snapshot`, `suspend`, `restore`, `status`, `doctor` and `pull` (`--engine` wins).',
+  },
+  VSNAP_TOKEN: {
+    readBy: 'CLI',
+    accepts: "the engine's bearer token (its own VSNAP_TOKEN)",
+    default: 'none: no token is sent',
+    meaning: 'The token the CLI sends to the engine (`--token` wins).',
+  },
+  VSNAP_AGENT_URL: {
+    readBy: 'CLI',
+    accepts: 'an http(s) URL such as http://127.0.0.1:8080',
+    default: 'http://127.0.0.1:8080',
+    meaning: 'The running `vsnap serve` that `vsnap swap` asks (`--agent` wins).',
+  },
+  VSNAP_CONTROL_TOKEN: {
+    readBy: 'CLI',
+    accepts: "the agent's control token",
+    default: 'none: no token is sent',
+    meaning: 'The control token `vsnap swap` sends (`--token` wins); the agent\'s own is `controlToken` in its configuration.',
+  },
+  VSNAP_REGISTRY_CA: {
+    readBy: 'CLI, serve',
+    accepts: "the path of a PEM file with the registry's CA",
+    default: "the system's CAs",
+    meaning: 'The CA of a private registry, for `push`, `pull` and the `registry:` of a served model (`--ca` wins).',
+  },
   VSNAP_REGISTRY_USERNAME: {
     readBy: 'CLI, serve',
     accepts: 'a registry user name (used only with VSNAP_REGISTRY_PASSWORD)',
     default: 'the Docker config file ($DOCKER_CONFIG, else ~/.docker/config.json)',
+    meaning: 'Registry credentials, with VSNAP_REGISTRY_PASSWORD; either alone is not used.',
   },
   VSNAP_REGISTRY_PASSWORD: {
     readBy: 'CLI, serve',
     accepts: 'a registry password or token (used only with VSNAP_REGISTRY_USERNAME)',
     default: 'the Docker config file ($DOCKER_CONFIG, else ~/.docker/config.json)',
+    meaning: 'Registry credentials, with VSNAP_REGISTRY_USERNAME; either alone is not used.',
   },
 } as const satisfies Record<string, SettingInfo>;
 
