@@ -1,6 +1,6 @@
 // The environment variables section of docs/configuration.md: the SDK's and the CLI's from
-// src/settings.ts (where they are read), the vLLM plugin's from the table below, which
-// engines/vllm/tests/test_settings.py checks against the plugin's own (vsnap_vllm/settings.py).
+// src/settings.ts (where they are read), the addon's and the vLLM plugin's from the tables below
+// (engines/vllm/tests/test_settings.py checks the plugin's against vsnap_vllm/settings.py).
 import { SETTINGS, type SettingInfo } from '../src/settings.js';
 
 /** The plugin's variables, set in the engine's environment (vsnap_vllm/settings.py reads them). */
@@ -28,12 +28,22 @@ export const PLUGIN_SETTINGS: Record<string, Omit<SettingInfo, 'readBy'>> = {
   },
 };
 
+/** The addon's own: read by its C++ when it loads the CUDA driver (native/cuda/driver.cc), before any JavaScript could check it. */
+export const ADDON_SETTINGS: Record<string, Omit<SettingInfo, 'readBy'>> = {
+  VSNAP_LIBCUDA: {
+    accepts: 'a file name or path dlopen accepts',
+    default: 'libcuda.so.1',
+    meaning: "The CUDA driver library to load; when it cannot load, `vsnap doctor` and `E_CUDA_UNAVAILABLE` say which library was tried and why.",
+  },
+};
+
 const cell = (text: string): string => text.replaceAll('|', '\\|');
 
 /** The section, as Markdown lines. */
 export function settingsReference(): string[] {
   const rows = [
     ...Object.entries(SETTINGS).map(([name, s]) => ({ name, ...s })),
+    ...Object.entries(ADDON_SETTINGS).map(([name, s]) => ({ name, readBy: 'SDK (the addon)', ...s })),
     ...Object.entries(PLUGIN_SETTINGS).map(([name, s]) => ({ name, readBy: 'plugin', ...s })),
   ];
   return [
@@ -42,7 +52,8 @@ export function settingsReference(): string[] {
     'Read by the SDK (any program using vsnap), the `vsnap` command (CLI), `vsnap serve`, and the vLLM plugin (set in',
     "the engine's environment). Each is read when it is used; an empty value counts as unset. A value a variable does",
     'not accept is an `E_CONFIG` error naming the variable and what it accepts. The SDK and the CLI read them in one',
-    'module (`src/settings.ts`; `npm test` fails on a read anywhere else), the plugin in `vsnap_vllm/settings.py`.',
+    'module (`src/settings.ts`; `npm test` fails on a read anywhere else in `src/`), the addon its one variable in',
+    '`native/cuda/driver.cc`, the plugin in `vsnap_vllm/settings.py`.',
     '',
     '| variable | read by | accepts | default | meaning |',
     '| --- | --- | --- | --- | --- |',
