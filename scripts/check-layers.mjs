@@ -16,11 +16,11 @@ const bench = join(repo, 'bench');
 
 /**
  * The layers, lowest first. A folder imports only from folders listed before it; the files at the
- * top of src/ (errors, version, options) are the floor; the entry points (index, plumbing, serve's
+ * top of src/ (errors, version, options, settings) are the floor; the entry points (index, plumbing, serve's
  * index) may import anything.
  */
 export const LAYERS = [
-  '.', // errors.ts, version.ts, options.ts
+  '.', // errors.ts, version.ts, options.ts, settings.ts
   'native', // loads and types the addon
   'gpu', // CUDA availability, devices, device allocations
   'ipc', // descriptor passing

@@ -42,6 +42,7 @@ if (process.argv[1] === fileURLToPath(import.meta.url)) {
     before: [
       { label: 'the prebuild matches native/', command: process.execPath, args: ['.ci/check-prebuild.mjs'] },
       { label: 'imports go down the layers, no circle', command: process.execPath, args: ['scripts/check-layers.mjs'] },
+      { label: 'VSNAP_* variables read in src/settings.ts only', command: process.execPath, args: ['scripts/check-settings.mjs'] },
       { label: 'build (when dist/ is stale)', command: process.execPath, args: ['scripts/build.mjs', '--if-stale'] },
       { label: 'type-check', command: bin('tsc'), args: ['--noEmit'] },
       { label: 'API report', command: bin('api-extractor'), args: ['run'] },

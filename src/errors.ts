@@ -72,7 +72,7 @@ export type ErrorCode =
   | 'E_BUSY'
   /** No engine serves that model name. */
   | 'E_UNKNOWN_MODEL'
-  /** A configuration file is invalid; `details.issues` lists each problem with its path and line. */
+  /** A configuration file or an environment variable is invalid; `details.issues` lists each problem with its path (for a variable, its name) and line. */
   | 'E_CONFIG'
   /** Suspend refused (`onStale: 'refuse'`): the live weights differ from the snapshot; `details.regions` names the changed regions. */
   | 'E_STALE'

@@ -2,6 +2,7 @@ import { homedir } from 'node:os';
 import { join } from 'node:path';
 
 import { EngineClient } from '../engine/engine-client.js';
+import { engineToken, engineUrl, storeRoot } from '../settings.js';
 import { RegionStore } from '../store/region-store.js';
 import { validateName } from '../store/names.js';
 
@@ -38,7 +39,8 @@ export interface Options {
 
 /** The default store: $VSNAP_STORE, else $XDG_DATA_HOME/vsnap, else ~/.local/share/vsnap. */
 export function defaultStoreRoot(): string {
-  if (process.env.VSNAP_STORE) return process.env.VSNAP_STORE;
+  const root = storeRoot();
+  if (root) return root;
   return join(process.env.XDG_DATA_HOME || join(homedir(), '.local', 'share'), 'vsnap');
 }
 
@@ -105,10 +107,10 @@ export class Context {
 
   /** The engine named by --engine or $VSNAP_ENGINE_URL, with --token or $VSNAP_TOKEN. */
   engineClient(): EngineClient {
-    const url = this.options.engine ?? process.env.VSNAP_ENGINE_URL;
+    const url = this.options.engine ?? engineUrl();
     if (!url) throw new UsageError(`${this.command} needs --engine <url> (or $VSNAP_ENGINE_URL)`);
     checkHttpUrl(url, this.options.engine !== undefined ? '--engine' : '$VSNAP_ENGINE_URL', 'http://127.0.0.1:8000');
-    const token = this.options.token ?? process.env.VSNAP_TOKEN;
+    const token = this.options.token ?? engineToken();
     return new EngineClient({ baseUrl: url, ...(token ? { token } : {}) });
   }
 

@@ -41,7 +41,10 @@ const HINTS: Partial<Record<ErrorCode | 'E_USAGE', Hint>> = {
   E_CUDA_UNAVAILABLE: '`vsnap doctor` says why; `vsnap demo --cpu` runs without a GPU',
   E_CHECKPOINT_UNSUPPORTED: '`vsnap doctor` shows checkpointApi; suspend without --deep',
   E_CHECKPOINT: 'see `vsnap status --engine <url>`; `vsnap restore <name>` restores and unlocks a deep-suspended engine',
-  E_CONFIG: 'fix the file given to --config (its JSON Schema: schema/serve-config.schema.json)',
+  E_CONFIG: (c) =>
+    c === 'serve'
+      ? 'fix the file given to --config (its JSON Schema: schema/serve-config.schema.json), or the environment variable the message names (docs/configuration.md)'
+      : 'fix the environment variable or file the message names (docs/configuration.md lists every setting and what it accepts)',
   E_ADDRESS_IN_USE: "another process listens there: change listen.port in the --config file",
   E_ABORTED: 'interrupted: nothing was kept, temporary files were removed',
   E_BUSY: 'the agent is busy: try again shortly',

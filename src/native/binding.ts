@@ -4,6 +4,7 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 import { VsnapError } from '../errors.js';
+import { nativePath, type Environment } from '../settings.js';
 import type { NativeBinding } from './types.js';
 
 /** The ABI the TypeScript side was written against (native/addon.cc's abiVersion). */
@@ -129,12 +130,11 @@ export function diagnose(attempts: readonly LoadAttempt[], root: string, libc: L
  * platform). Throws one E_NATIVE_LOAD error listing every attempt and what to do.
  * @internal
  */
-export function loadBinding(root: string = packageRoot(), env: NodeJS.ProcessEnv = process.env): NativeBinding {
+export function loadBinding(root: string = packageRoot(), env: Environment = process.env): NativeBinding {
   const attempts: LoadAttempt[] = [];
   const candidates: Array<{ source: string; path: () => string }> = [];
-  if (env.VSNAP_NATIVE_PATH) {
-    candidates.push({ source: 'VSNAP_NATIVE_PATH', path: () => resolve(env.VSNAP_NATIVE_PATH!) });
-  }
+  const explicit = nativePath(env);
+  if (explicit) candidates.push({ source: 'VSNAP_NATIVE_PATH', path: () => resolve(explicit) });
   candidates.push({
     source: 'node-gyp-build',
     path: () => (requireHere('node-gyp-build') as { path(dir: string): string }).path(root),

@@ -5,6 +5,7 @@ import type { EngineStatus } from '../engine/engine-client.js';
 import type { CallOptions } from '../engine/engine-client.js';
 import type { EngineClient } from '../engine/engine-client.js';
 import { engineControl } from '../engine/control.js';
+import { registryCaFile, registryCredentials, type Environment } from '../settings.js';
 import type { RegionStore } from '../store/region-store.js';
 import { RegistryClient } from './registry.js';
 import type { PullCompatibility, PullReport, RegistryOptions, RegistryProgress } from './types.js';
@@ -83,8 +84,8 @@ async function has(store: RegionStore, name: string, id: string | undefined): Pr
  * `$VSNAP_REGISTRY_PASSWORD`, else the Docker config file. Throws E_CONFIG for an unreadable CA.
  * @internal
  */
-export function registryOptionsFromEnv(env: NodeJS.ProcessEnv = process.env, caFile?: string): RegistryOptions {
-  const file = caFile ?? env.VSNAP_REGISTRY_CA;
+export function registryOptionsFromEnv(env: Environment = process.env, caFile?: string): RegistryOptions {
+  const file = caFile ?? registryCaFile(env);
   let ca: string | undefined;
   if (file) {
     try {
@@ -93,10 +94,9 @@ export function registryOptionsFromEnv(env: NodeJS.ProcessEnv = process.env, caF
       throw new VsnapError('E_CONFIG', `the registry CA ${file} cannot be read: ${(err as Error).message}`, { path: file });
     }
   }
-  const username = env.VSNAP_REGISTRY_USERNAME;
-  const password = env.VSNAP_REGISTRY_PASSWORD;
+  const credentials = registryCredentials(env);
   return {
     ...(ca ? { ca } : {}),
-    ...(username !== undefined && password !== undefined ? { credentials: { username, password } } : {}),
+    ...(credentials ? { credentials } : {}),
   };
 }

@@ -1,25 +1,26 @@
 /**
- * Crash injection for the store's atomicity tests. `VSNAP_FAILPOINTS=publish.after-blobs`
- * (comma-separated names) makes the process SIGKILL itself when it reaches that point, exactly
- * like a crash there; `VSNAP_FAILPOINT_AT=<n>` kills it at the n-th point reached, whatever its
- * name (the reliability suite draws n at random; `VSNAP_FAILPOINT_TRACE=1` lists the points
- * reached). Unset in normal use: one environment lookup
- * per point.
+ * Named points of capture and publish (`publish.after-blobs`, ...) where the store's crash tests
+ * stop a process as a crash would. In the product each does nothing: only code running inside the
+ * process can install a handler (setFailpointHandler, not exported from the package), never its
+ * environment or arguments. The handler sits on globalThis under a registered symbol, so the ESM and
+ * CommonJS builds and a test's own bundle share it: a test's child process imports the built
+ * package and test/helpers/failpoints.mjs, which installs the handler under the same key.
  * @internal
  */
-let reached = 0;
 
-/** @internal */
+/** Called with the point's name each time one is reached. @internal */
+export type FailpointHandler = (name: string) => void;
+
+const HANDLER = Symbol.for('vsnap.failpointHandler.v1');
+type Holder = { [HANDLER]?: FailpointHandler };
+
+/** Reached `name`: calls the handler a test installed, else does nothing. @internal */
 export function failpoint(name: string): void {
-  const spec = process.env.VSNAP_FAILPOINTS;
-  if (spec && spec.split(',').includes(name)) process.kill(process.pid, 'SIGKILL');
-  const at = process.env.VSNAP_FAILPOINT_AT;
-  if (at !== undefined) {
-    reached++;
-    if (process.env.VSNAP_FAILPOINT_TRACE) process.stdout.write(`failpoint-reached ${reached} ${name}\n`);
-    if (String(reached) === at) {
-      process.stdout.write(`failpoint ${name}\n`);
-      process.kill(process.pid, 'SIGKILL');
-    }
-  }
+  (globalThis as Holder)[HANDLER]?.(name);
+}
+
+/** Installs (or, with undefined, removes) the handler of every failpoint in this process. Tests only. @internal */
+export function setFailpointHandler(handler: FailpointHandler | undefined): void {
+  if (handler) (globalThis as Holder)[HANDLER] = handler;
+  else delete (globalThis as Holder)[HANDLER];
 }

@@ -42,7 +42,8 @@ export async function verifyManifest(files: Pick<StoreFiles, 'blobPath'>, manife
     await job(regions, options.onProgress);
   } catch (err) {
     const e = toVsnapError(err);
-    if (e.code === 'E_ABORTED' || e.code === 'E_NATIVE_LOAD' || e.code === 'E_INVALID_ARGUMENT') throw e;
+    // not damage: a cancel, no addon, a bad argument or a bad setting (never reported as a damaged blob)
+    if (e.code === 'E_ABORTED' || e.code === 'E_NATIVE_LOAD' || e.code === 'E_INVALID_ARGUMENT' || e.code === 'E_CONFIG') throw e;
     damaged = true;
   }
   if (damaged) {

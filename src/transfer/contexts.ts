@@ -1,4 +1,5 @@
 import { native } from '../native/index.js';
+import { stagingIdleMs } from '../settings.js';
 
 // The CUDA contexts of the GPUs that transfers and digests touch, kept between operations.
 //
@@ -9,8 +10,6 @@ import { native } from '../native/index.js';
 // 0.1-0.3 s each way, which cost more than moving its 6 GiB. Devices are kept while in use and
 // for an idle period after (VSNAP_STAGING_IDLE_MS, like the staging pools), and
 // releaseIdleResources() lets go of idle ones at once, so an idle SDK still holds no context.
-
-const IDLE_RELEASE_MS = Number(process.env.VSNAP_STAGING_IDLE_MS ?? 30_000);
 
 /** How contexts are kept and let go (the addon's; a test passes its own recorder). @internal */
 export interface ContextOps {
@@ -32,7 +31,8 @@ export class DeviceContexts {
 
   constructor(
     private readonly ops: ContextOps = { keep: async (d) => native().cudaKeepContext(d), release: async (d) => native().cudaReleaseContext(d) },
-    private readonly idleMs = IDLE_RELEASE_MS,
+    /** The idle period; unset: $VSNAP_STAGING_IDLE_MS, read at each use. */
+    private readonly idleMs?: number,
   ) {}
 
   /**
@@ -41,6 +41,7 @@ export class DeviceContexts {
    * itself meets the device and reports why.
    */
   async use<T>(devices: Iterable<number | undefined>, use: () => Promise<T>): Promise<T> {
+    const idleMs = this.idleMs ?? stagingIdleMs(); // a bad value fails here, before anything is kept
     const list = [...new Set([...devices].filter((d): d is number => Number.isInteger(d) && d! >= 0))].sort((a, b) => a - b);
     const held: Entry[] = [];
     for (const d of list) {
@@ -65,7 +66,7 @@ export class DeviceContexts {
       await Promise.all(held.map((e) => e.kept));
       return await run;
     } finally {
-      list.forEach((d, i) => this.done(d, held[i]!));
+      list.forEach((d, i) => this.done(d, held[i]!, idleMs));
     }
   }
 
@@ -79,14 +80,14 @@ export class DeviceContexts {
     await Promise.all([...this.entries].filter(([, e]) => e.users === 0).map(([d]) => this.drop(d)));
   }
 
-  private done(device: number, entry: Entry): void {
+  private done(device: number, entry: Entry, idleMs: number): void {
     entry.users--;
     if (entry.users > 0 || this.entries.get(device) !== entry) return;
     if (entry.ok === false) {
       this.entries.delete(device); // nothing kept: the next use tries again
       return;
     }
-    entry.timer = setTimeout(() => void this.drop(device), this.idleMs);
+    entry.timer = setTimeout(() => void this.drop(device), idleMs);
     entry.timer.unref();
   }
 

@@ -1,6 +1,7 @@
 import { abortError, invalidArgument, toVsnapError } from '../errors.js';
 import { native, type NativeHostBuffer, type NativeMultipathResult, type NativeMultipathSpec } from '../native/index.js';
 import { toNativeMemory, type RegionMemory } from '../regions/memory.js';
+import { stagingIdleMs } from '../settings.js';
 import type { TransferProgress } from './transfer.js';
 
 // Multi-path hydrate (docs/multipath.md): a RAM-tier restore onto one GPU that streams part of
@@ -163,8 +164,6 @@ export function multipathStats(r: NativeMultipathResult): MultipathStats {
   };
 }
 
-/** Neighbour contexts kept between restores are freed after this long without one. */
-const WARM_IDLE_MS = Number(process.env.VSNAP_STAGING_IDLE_MS ?? 30_000);
 let warmUsers = 0;
 let warmHeld = false; // a GPU multi-path restore ran: the addon may hold a neighbour context
 let warmTimer: NodeJS.Timeout | undefined;
@@ -192,6 +191,7 @@ export function releaseWarmNeighbours(): void {
  */
 export async function runMultipath(request: MultipathRequest): Promise<NativeMultipathResult> {
   const spec = multipathSpec(request);
+  const warmIdleMs = stagingIdleMs(); // neighbour contexts kept between restores are freed after this long without one
   const { signal, releaseNeighbour, onProgress } = request;
   if (signal?.aborted) throw abortError(signal, `multi-path restore of '${request.label}'`);
   let handle;
@@ -219,7 +219,7 @@ export async function runMultipath(request: MultipathRequest): Promise<NativeMul
     releaseNeighbour?.removeEventListener('abort', release);
     if (spec.backend === 'cuda') warmHeld = true;
     if (--warmUsers === 0 && warmHeld) {
-      warmTimer = setTimeout(releaseWarmNeighbours, WARM_IDLE_MS);
+      warmTimer = setTimeout(releaseWarmNeighbours, warmIdleMs);
       warmTimer.unref();
     }
   }

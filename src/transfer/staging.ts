@@ -2,12 +2,11 @@ import { availableParallelism } from 'node:os';
 
 import { toVsnapError } from '../errors.js';
 import { native, type NativeStagingPool } from '../native/index.js';
+import { stagingIdleMs } from '../settings.js';
 import { deviceContexts } from './contexts.js';
 
 /** Default chunk and slot size: large copies reach the PCIe line rate (54.2 GB/s at 64 MiB on an H200). */
 export const DEFAULT_CHUNK_SIZE = 64 * 1024 * 1024;
-/** Pools not used for this long are freed (and unpinned), so an idle SDK holds no pinned memory. */
-const IDLE_RELEASE_MS = Number(process.env.VSNAP_STAGING_IDLE_MS ?? 30_000);
 
 /** Worker threads of a transfer: one per core, at most 16 per GPU it moves bytes to or from. */
 export function defaultThreads(devices = 1): number {
@@ -36,6 +35,8 @@ class StagingPools {
    * pool is never made again for a different thread count, so pinning stays off the swap path.
    */
   async lease<T>(slotSize: number, pinDevice: number, threads: number, use: (pool: NativeStagingPool) => Promise<T>): Promise<T> {
+    // pools not used for this long are freed (and unpinned), so an idle SDK holds no pinned memory
+    const idleMs = stagingIdleMs();
     const key = `${slotSize}:${pinDevice >= 0 ? 'pinned' : 'host'}`;
     let entry = this.entries.get(key);
     if (!entry) {
@@ -61,7 +62,7 @@ class StagingPools {
     } finally {
       entry.users--;
       if (entry.users === 0) {
-        entry.timer = setTimeout(() => this.drop(key), IDLE_RELEASE_MS);
+        entry.timer = setTimeout(() => this.drop(key), idleMs);
         entry.timer.unref();
       }
     }

@@ -232,7 +232,7 @@ describe('a persist of a deferred capture killed with SIGKILL leaves nothing tor
   const child = fileURLToPath(new URL('../fixtures/persist-child.mjs', import.meta.url));
   const run = (root: string, failpoint?: string) =>
     new Promise<{ code: number | null; signal: NodeJS.Signals | null; output: string }>((resolve, reject) => {
-      const env = { ...process.env, ...(failpoint ? { VSNAP_FAILPOINTS: failpoint } : {}) };
+      const env = { ...process.env, ...(failpoint ? { TEST_FAILPOINTS: failpoint } : {}) };
       const p = spawn(process.execPath, [child, root, 'm'], { env, stdio: ['ignore', 'pipe', 'pipe'] });
       let output = '';
       p.stdout.on('data', (d: Buffer) => (output += d.toString()));

@@ -4,6 +4,8 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { cudaStatus } from '../../src/gpu/cuda.js';
+import { HostRegion } from '../../src/regions/host-region.js';
+import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { runCli } from '../helpers/cli.js';
 import { startEngine, type TestEngine } from '../helpers/engine.js';
@@ -100,6 +102,24 @@ describe('error output of every command', () => {
     await expectError({ args: ['pull', 'registry.example.com/Team/m:v1', '--store', absent], code: 'E_USAGE', exit: 2, message: /not a valid repository name/, hint: /vsnap pull --help/ });
     await expectError({ args: ['push', 'm', 'nosuch', '--store', absent], code: 'E_USAGE', exit: 2, message: /not a registry reference/, hint: /vsnap push --help/ });
     expect(existsSync(absent)).toBe(false);
+  });
+
+  it('a setting the environment holds that it does not accept: E_CONFIG naming the variable, pointing at the reference', async () => {
+    const store = join(tempDir(), 'store');
+    const host = HostRegion.create(4096);
+    try {
+      await Snapshot.capture(await RegionStore.open(store, { create: true }), 'm', { regions: [{ key: 'w', size: 4096, memory: host.memory }] });
+    } finally {
+      host.close();
+    }
+    await expectError({
+      args: ['verify', 'm', '--store', store],
+      env: { VSNAP_STAGING_IDLE_MS: '30s' },
+      code: 'E_CONFIG',
+      exit: 1,
+      message: /\$VSNAP_STAGING_IDLE_MS is "30s": it accepts a whole number of milliseconds/,
+      hint: /environment variable .*docs\/configuration\.md/,
+    });
   });
 
   it('serve, swap and bench', async () => {

@@ -30,9 +30,9 @@ interface ChildResult {
   output: string;
 }
 
-function runChild(root: string, seed: string, options: { failpoint?: string; killAfterMs?: number } = {}): Promise<ChildResult> {
+function runChild(root: string, seed: string, options: { failpoint?: string; killAfterMs?: number; env?: NodeJS.ProcessEnv } = {}): Promise<ChildResult> {
   return new Promise((resolve, reject) => {
-    const env = { ...process.env, ...(options.failpoint ? { VSNAP_FAILPOINTS: options.failpoint } : {}) };
+    const env = { ...process.env, ...options.env, ...(options.failpoint ? { TEST_FAILPOINTS: options.failpoint } : {}) };
     const p = spawn(process.execPath, [child, root, 'model', seed, String(TOTAL_MIB)], { env, stdio: ['ignore', 'pipe', 'pipe'] });
     let output = '';
     p.stdout.on('data', (d: Buffer) => {
@@ -90,6 +90,16 @@ describe('a capture killed with SIGKILL leaves the old snapshot or the new one, 
       const gc = await store.gc();
       expect(gc.blobsRemoved).toBe(failpoint === 'publish.after-blobs' ? 3 : 0);
     }
+  });
+
+  it('the product stops at no failpoint its environment names: only a handler the test installs in the process does', async () => {
+    const root = await withOld();
+    const env = { VSNAP_FAILPOINTS: 'capture.after-transfer,publish.after-blobs', VSNAP_FAILPOINT_AT: '1', VSNAP_FAILPOINT_TRACE: '1' };
+    const run = await runChild(root, 'new', { env });
+    expect(run.signal).toBeNull();
+    expect(run.output).toMatch(/published/);
+    expect(run.output).not.toMatch(/failpoint/);
+    expect(await currentSeed(root)).toBe('new');
   });
 
   it('killed at random moments', async () => {

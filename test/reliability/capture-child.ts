@@ -1,15 +1,17 @@
 // Child process of the kill -9 trials, bundled from src/ by bundle.ts (a lean bundle starts fast):
 // captures three host regions filled with a seeded pattern into a store, printing `started`
-// before the capture and `published <id>` after. VSNAP_FAILPOINT_AT=n makes it SIGKILL itself at
-// the n-th failpoint reached.
+// before the capture and `published <id>` after. TEST_FAILPOINT_AT=n makes it SIGKILL itself at
+// the n-th failpoint reached (test/helpers/failpoints.mjs).
 // argv: <storeRoot> <name> <seed> <regionBytes>
 import { createCipheriv, createHash } from 'node:crypto';
 
 import { HostRegion } from '../../src/regions/host-region.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { RegionStore } from '../../src/store/region-store.js';
+import { installFailpoints } from '../helpers/failpoints.mjs';
 
 const [root, name, seed, regionBytes] = process.argv.slice(2) as [string, string, string, string];
+installFailpoints(process.env);
 
 function pattern(key: string, length: number): Buffer {
   const k = createHash('sha256').update(key).digest().subarray(0, 16);

@@ -38,9 +38,9 @@ interface Run {
 function runChild(root: string, seed: string, regionBytes: number, options: { at?: number; killAfterMs?: number; trace?: boolean } = {}): Promise<Run> {
   return new Promise((resolve, reject) => {
     const env: NodeJS.ProcessEnv = { ...process.env };
-    delete env.VSNAP_FAILPOINTS;
-    if (options.at !== undefined) env.VSNAP_FAILPOINT_AT = String(options.at);
-    if (options.trace) env.VSNAP_FAILPOINT_TRACE = '1';
+    delete env.TEST_FAILPOINTS;
+    if (options.at !== undefined) env.TEST_FAILPOINT_AT = String(options.at);
+    if (options.trace) env.TEST_FAILPOINT_TRACE = '1';
     const p = spawn(process.execPath, [child, root, 'model', seed, String(regionBytes)], { env, stdio: ['ignore', 'pipe', 'pipe'] });
     let output = '';
     let started = 0;

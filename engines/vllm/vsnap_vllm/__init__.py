@@ -25,9 +25,10 @@ def register():
         return
     _registered = True
     import logging
-    import os
 
-    if os.environ.get("VSNAP_VLLM_DISABLE") == "1":
+    from . import settings
+
+    if settings.disabled():
         return
     from . import adapter, api, bridge
 

@@ -10,9 +10,8 @@ VSNAP_TOKEN set the routes answer 503 and do nothing.
 import hmac
 import json
 import logging
-import os
 
-from . import adapter, profile
+from . import adapter, profile, settings
 
 log = logging.getLogger("vsnap_vllm")
 PREFIX = "/vsnap/v1"
@@ -28,7 +27,7 @@ class HttpError(Exception):
 
 
 def _authorize(request):
-    token = os.environ.get("VSNAP_TOKEN", "")
+    token = settings.token()
     if not token:
         raise HttpError(503, "VSNAP_TOKEN is not set on the engine: the vsnap routes are disabled")
     header = request.headers.get("authorization") or ""
@@ -205,5 +204,5 @@ def mount(app, mechanism="build_app wrap", detail=None):
         adapter.add_route(app, PREFIX + path, _route(handler), methods)
     MOUNTED.update(mechanism=mechanism, detail=detail or mechanism)
     log.info("vsnap: routes %s/* attached (%s)", PREFIX, MOUNTED["detail"])
-    if not os.environ.get("VSNAP_TOKEN"):
+    if not settings.token():
         log.warning("vsnap: VSNAP_TOKEN is not set; the /vsnap/v1 routes will refuse every request")

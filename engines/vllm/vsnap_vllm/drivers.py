@@ -14,7 +14,7 @@ import mmap
 import os
 import threading
 
-from . import gd1
+from . import gd1, settings
 
 
 class DriverError(RuntimeError):
@@ -565,6 +565,6 @@ class HostDriver:
 def default_driver():
     """The driver for this process: host memory when VSNAP_VLLM_HOST_MEMORY=1 (the CPU test
     engine), else CUDA."""
-    if os.environ.get("VSNAP_VLLM_HOST_MEMORY") == "1":
+    if settings.host_memory():
         return HostDriver()
     return CudaDriver()

@@ -15,7 +15,10 @@ import json
 import os
 import time
 
-DIR = os.environ.get("VSNAP_PROFILE") or None
+from . import settings
+
+# read once, at import: whether to wrap the allocator is decided once per process
+DIR = settings.profile_dir()
 RANK = None  # this process's worker rank, once known
 _fd = None
 

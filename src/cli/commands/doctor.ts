@@ -4,6 +4,7 @@ import { freemem, totalmem } from 'node:os';
 
 import { cudaStatus, formatCudaVersion, listDevices } from '../../gpu/cuda.js';
 import { native } from '../../native/index.js';
+import { engineUrl } from '../../settings.js';
 import { VERSION } from '../../version.js';
 import type { EngineClient, EngineStatus } from '../../engine/engine-client.js';
 import type { Context } from '../context.js';
@@ -34,7 +35,7 @@ export async function doctor(ctx: Context): Promise<number> {
     }
   }
   let engine: Record<string, unknown> | undefined;
-  if (ctx.options.engine || process.env.VSNAP_ENGINE_URL) {
+  if (ctx.options.engine || engineUrl()) {
     const client = ctx.engineClient();
     try {
       const s = await client.vsnapStatus();

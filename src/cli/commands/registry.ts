@@ -4,13 +4,14 @@ import { validateReference } from '../../registry/reference.js';
 import { RegistryClient } from '../../registry/registry.js';
 import { pullCompatibility } from '../../registry/source.js';
 import type { PullCompatibility, RegistryOptions } from '../../registry/types.js';
+import { engineUrl, registryCaFile, registryCredentials } from '../../settings.js';
 import type { Context } from '../context.js';
 import { EXIT, UsageError } from '../context.js';
 import { formatBytes, formatRate, progressLine } from '../output.js';
 
 /** The registry client from --ca (or $VSNAP_REGISTRY_CA) and $VSNAP_REGISTRY_USERNAME / $VSNAP_REGISTRY_PASSWORD, else the Docker config. */
 function registry(ctx: Context): RegistryClient {
-  const caFile = ctx.options.ca ?? process.env.VSNAP_REGISTRY_CA;
+  const caFile = ctx.options.ca ?? registryCaFile();
   let ca: string | undefined;
   if (caFile) {
     try {
@@ -19,11 +20,10 @@ function registry(ctx: Context): RegistryClient {
       throw new UsageError(`--ca ${caFile}: ${(err as Error).message}`);
     }
   }
-  const username = process.env.VSNAP_REGISTRY_USERNAME;
-  const password = process.env.VSNAP_REGISTRY_PASSWORD;
+  const credentials = registryCredentials();
   const options: RegistryOptions = {
     ...(ca ? { ca } : {}),
-    ...(username !== undefined && password !== undefined ? { credentials: { username, password } } : {}),
+    ...(credentials ? { credentials } : {}),
   };
   return new RegistryClient(options);
 }
@@ -60,7 +60,7 @@ export async function pull(ctx: Context): Promise<number> {
   checkReference(ref);
   const name = ctx.args[1];
   let live: PullCompatibility | undefined;
-  if (ctx.options.engine ?? process.env.VSNAP_ENGINE_URL) {
+  if (ctx.options.engine ?? engineUrl()) {
     // the engine's facts (kind, version, model, dtype, parallelism) decide before any layer moves
     const client = ctx.engineClient();
     try {

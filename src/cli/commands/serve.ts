@@ -3,6 +3,7 @@ import { request } from 'undici';
 import { VsnapError } from '../../errors.js';
 import { loadConfig } from '../../serve/config.js';
 import { serve as runServe } from '../../serve/serve.js';
+import { agentUrl, controlToken } from '../../settings.js';
 import type { Context } from '../context.js';
 import { checkHttpUrl, EXIT, UsageError } from '../context.js';
 
@@ -68,8 +69,8 @@ function stopping(by: string): number {
 /** vsnap swap <model> [--agent URL] [--token T]: wake a model through a running agent (token: --token, else $VSNAP_CONTROL_TOKEN). */
 export async function swap(ctx: Context): Promise<number> {
   const model = ctx.name('a model name');
-  const agent = checkHttpUrl(ctx.options.agent ?? process.env.VSNAP_AGENT_URL ?? 'http://127.0.0.1:8080', ctx.options.agent !== undefined ? '--agent' : '$VSNAP_AGENT_URL', 'http://127.0.0.1:8080');
-  const token = ctx.options.token ?? process.env.VSNAP_CONTROL_TOKEN;
+  const agent = checkHttpUrl(ctx.options.agent ?? agentUrl() ?? 'http://127.0.0.1:8080', ctx.options.agent !== undefined ? '--agent' : '$VSNAP_AGENT_URL', 'http://127.0.0.1:8080');
+  const token = ctx.options.token ?? controlToken();
   const started = performance.now();
   const r = await request(`${agent.replace(/\/+$/, '')}/engines/${encodeURIComponent(model)}/restore`, {
     method: 'POST',
