@@ -14,3 +14,13 @@ export { listDevices, type GpuDevice } from './gpu/cuda.js';
 export { FdReceiver, fetchFds, sendFds, type FdMessage } from './ipc/fd-receiver.js';
 export { releaseIdleResources } from './transfer/idle.js';
 export { DIGEST_ALGORITHM } from './digest/index.js';
+export {
+  decodeChunk,
+  decodeChunkOnDevice,
+  encodeChunk,
+  encodeChunkOnDevice,
+  inspectChunk,
+  type ChunkRef,
+  type CodecKind,
+  type CodedChunkInfo,
+} from './transfer/codec.js';

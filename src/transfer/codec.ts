@@ -4,7 +4,7 @@ import { native } from '../native/index.js';
 /**
  * How the vsnap-c1 codec splits a chunk's elements (docs/compression.md): the exponent field of
  * each element is coded, sign and mantissa are kept; `bytes` codes whole bytes.
- * @internal
+ * @public
  */
 export type CodecKind = 'bytes' | 'bf16' | 'fp16' | 'fp32' | 'fp8-e4m3' | 'fp8-e5m2';
 
@@ -35,26 +35,33 @@ export function codecKindForDtype(dtype: string | null | undefined): CodecKind {
 
 /**
  * Which chunk a coded chunk is, for error messages (the snapshot and region where known).
- * @internal
+ * @public
  */
 export interface ChunkRef {
+  /** The chunk's index in its region. */
   chunk: number;
+  /** The region's key. */
   region?: string;
+  /** The snapshot's name. */
   snapshot?: string;
 }
 
 /**
  * A coded chunk's header: `raw` (stored as it is, behind the header) or `planes` (coded).
- * @internal
+ * @public
  */
 export interface CodedChunkInfo {
+  /** `raw`: stored as it is, behind the header; `planes`: coded. */
   mode: 'raw' | 'planes';
   /** The element kind the chunk was coded as (`planes` only). */
   kind?: CodecKind;
   /** Bits a coded exponent takes (`planes` only). */
   width: number;
+  /** The chunk's decoded size. */
   rawSize: number;
+  /** The chunk's coded size, header included. */
   codedSize: number;
+  /** Elements whose exponent had no code (stored in the exception list). */
   exceptionCount: number;
 }
 
@@ -77,7 +84,7 @@ function named(err: unknown, ref: ChunkRef): VsnapError {
 /**
  * Encodes one chunk on the CPU (vsnap-c1): coded when that makes it smaller, else stored raw
  * behind the 64-byte header.
- * @internal
+ * @public
  */
 export function encodeChunk(bytes: Uint8Array, hint: CodecKind = 'bytes'): Buffer {
   return native().codecEncode(bytes, codecKindNumber(hint));
@@ -86,7 +93,7 @@ export function encodeChunk(bytes: Uint8Array, hint: CodecKind = 'bytes'): Buffe
 /**
  * Decodes one coded chunk on the CPU into its `rawSize` bytes. A damaged chunk throws
  * E_CODEC_CORRUPT naming it (`ref`); the decoder never reads or writes outside its buffers.
- * @internal
+ * @public
  */
 export function decodeChunk(coded: Uint8Array, rawSize: number, ref: ChunkRef): Buffer {
   try {
@@ -98,7 +105,7 @@ export function decodeChunk(coded: Uint8Array, rawSize: number, ref: ChunkRef): 
 
 /**
  * A coded chunk's header, checked as a decode checks it (E_CODEC_CORRUPT naming the chunk).
- * @internal
+ * @public
  */
 export function inspectChunk(coded: Uint8Array, rawSize: number, ref: ChunkRef): CodedChunkInfo {
   try {
@@ -117,9 +124,9 @@ export function inspectChunk(coded: Uint8Array, rawSize: number, ref: ChunkRef):
 }
 
 /**
- * Decodes one coded chunk on GPU `device` (tests and bench: host bytes in and out through the
- * device). The header is checked on the host before any byte reaches the device.
- * @internal
+ * Decodes one coded chunk on GPU `device`: host bytes in and out through the device, with the
+ * kernel's own time (`kernelMs`). The header is checked on the host before any byte reaches the device.
+ * @public
  */
 export async function decodeChunkOnDevice(coded: Uint8Array, rawSize: number, device: number, ref: ChunkRef): Promise<{ data: Buffer; kernelMs: number }> {
   try {
@@ -130,8 +137,9 @@ export async function decodeChunkOnDevice(coded: Uint8Array, rawSize: number, de
 }
 
 /**
- * Encodes one chunk on GPU `device` (tests and bench); the same bytes as {@link encodeChunk}.
- * @internal
+ * Encodes one chunk on GPU `device`, with the kernel's own time (`kernelMs`); the same bytes as
+ * {@link encodeChunk}.
+ * @public
  */
 export async function encodeChunkOnDevice(bytes: Uint8Array, hint: CodecKind, device: number): Promise<{ coded: Buffer; kernelMs: number }> {
   try {

@@ -2,7 +2,7 @@
 // bench/codec.ts): weights of each dtype from Gaussian and heavy-tailed draws with NaN, Inf,
 // denormals and negative zero mixed in, random bytes, zeros, constants. Seeded: the same bytes
 // on every run.
-import type { CodecKind } from '../../src/transfer/codec.js';
+import type { CodecKind } from '../src/plumbing.js';
 
 /** A seeded generator of numbers in [0, 1) (mulberry32). */
 export function rng(seed: number): () => number {
