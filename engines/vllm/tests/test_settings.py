@@ -4,6 +4,8 @@ docs/configuration.md lists each with its default."""
 
 import ast
 import os
+import subprocess
+import sys
 import unittest
 
 from tests import support
@@ -84,6 +86,17 @@ class Values(unittest.TestCase):
             self.assertEqual(caught.exception.variable, "VSNAP_VLLM_DISABLE")
             self.assertIn("$VSNAP_VLLM_DISABLE=", str(caught.exception))
             self.assertIn("it accepts 1 (the plugin does nothing) or 0", str(caught.exception))
+
+    def test_a_bad_switch_turns_the_plugin_off_and_never_stops_vllm_starting(self):
+        # vLLM calls register() in every process it starts: an exception there would end vLLM
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("VSNAP_")}
+        env.update(VSNAP_VLLM_DISABLE="true", PYTHONPATH=root)
+        code = "import sys, vsnap_vllm; vsnap_vllm.register(); print('registered', 'vsnap_vllm.adapter' in sys.modules)"
+        run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        self.assertEqual(run.stdout.strip(), "registered False")
+        self.assertIn("vsnap plugin disabled: $VSNAP_VLLM_DISABLE='true' is not valid", run.stderr)
 
     def test_read_when_used(self):
         saved = os.environ.pop("VSNAP_TOKEN", None)

@@ -28,7 +28,12 @@ def register():
 
     from . import settings
 
-    if settings.disabled():
+    try:
+        if settings.disabled():
+            return
+    except settings.SettingError as err:
+        # a plugin never stops vLLM from starting: a bad switch turns the plugin off, said once
+        logging.getLogger("vsnap_vllm").error("vsnap plugin disabled: %s", err)
         return
     from . import adapter, api, bridge
 
