@@ -15,6 +15,7 @@ import unittest
 
 from tests import support
 import vsnap_vllm
+from vsnap_vllm import drivers
 from vllm.device_allocator import cumem
 from vllm.device_allocator.sleep_mode_backend import SleepModeBackendFactory
 from vllm.v1.worker.gpu_worker import Worker
@@ -43,9 +44,8 @@ class BackendTest(unittest.TestCase):
         cumem.CuMemAllocator.instance = None
         self.dir = tempfile.mkdtemp(prefix="vsnap-ram-")
         self.tier = RamTier.init(self.dir, self.budget)
-        self.saved = {k: os.environ.get(k) for k in ("VSNAP_RAM_TIER", "VSNAP_SLEEP_FAILPOINT")}
+        self.saved = {"VSNAP_RAM_TIER": os.environ.get("VSNAP_RAM_TIER")}
         os.environ["VSNAP_RAM_TIER"] = self.dir
-        os.environ.pop("VSNAP_SLEEP_FAILPOINT", None)
 
     def tearDown(self):
         for k, v in self.saved.items():
@@ -203,17 +203,36 @@ class NoTierTest(BackendTest):
         self.assertEqual(self.answer(worker), expected)
 
 
+class FailingCopyBack(drivers.HostDriver):
+    """The host driver, its copy after the first `after` failing once: put in place of the
+    backend's driver after a sleep, a wake that fails with `after` regions copied back."""
+
+    def __init__(self, after):
+        self.after, self.copied, self.failed = after, 0, False
+
+    def copy_host(self, device, dst, src, size):
+        if not self.failed and self.copied == self.after:
+            self.failed = True
+            raise RuntimeError(f"copy failed after {self.after} regions")
+        self.copied += 1
+        super().copy_host(device, dst, src, size)
+
+
 class FailureTest(BackendTest):
+    def fail_next_wake_after(self, worker, regions):
+        worker._get_sleep_mode_backend()._driver = driver = FailingCopyBack(regions)
+        return driver
+
     def test_a_wake_failing_half_way_leaves_the_engine_asleep_and_a_retry_works(self):
         worker = self.load()
         expected = self.answer(worker)
         worker.sleep(1)
-        os.environ["VSNAP_SLEEP_FAILPOINT"] = "hydrate:1"
+        driver = self.fail_next_wake_after(worker, 1)
         with self.assertRaisesRegex(WakeFailed, "the engine stays asleep: retry the wake"):
             worker.wake_up(["weights"])
+        self.assertTrue(driver.failed)
         self.assertEqual(self.asleep(), {"weights", "kv_cache"})
         self.assertEqual(len(self.holds()), 1)  # still held: the retry needs them
-        os.environ.pop("VSNAP_SLEEP_FAILPOINT")
         self.wake(worker)
         self.assertEqual(self.answer(worker), expected)
         self.assertEqual(self.holds(), [])
@@ -223,7 +242,7 @@ class FailureTest(BackendTest):
         worker = self.load()
         expected = self.answer(worker)
         worker.sleep(1)
-        os.environ["VSNAP_SLEEP_FAILPOINT"] = "hydrate:2"
+        driver = self.fail_next_wake_after(worker, 2)
         saved = cumem.CuMemAllocator.discard
         del cumem.CuMemAllocator.discard
         try:
@@ -231,8 +250,8 @@ class FailureTest(BackendTest):
                 worker.wake_up(None)
         finally:
             cumem.CuMemAllocator.discard = saved
+        self.assertTrue(driver.failed)
         self.assertEqual(self.asleep(), {"weights", "kv_cache"})
-        os.environ.pop("VSNAP_SLEEP_FAILPOINT")
         worker.wake_up(None)
         self.assertEqual(self.answer(worker), expected)
 
@@ -256,8 +275,6 @@ def tier_mappings(path):
 
 class MappingTest(BackendTest):
     def test_the_entries_stay_mapped_and_page_locked_from_sleep_to_wake_then_are_let_go(self):
-        from vsnap_vllm import drivers
-
         calls = []
 
         class Locking(drivers.HostDriver):

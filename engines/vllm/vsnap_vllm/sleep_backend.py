@@ -14,15 +14,16 @@ released at sleep, new memory at wake):
 - resume(tags): vLLM's allocator maps new memory at the same addresses; the weights are copied
   back from the tier and digested; a mismatch or a failure leaves the weights asleep (released
   again) and raises, so the engine stays asleep and a retry of the wake can succeed.
-- Without a RAM tier (VSNAP_RAM_TIER unset or not made), sleep and wake are vLLM's CuMemBackend
-  itself, said in one log line. A tier too full (or a tmpfs without room) for a level-1 sleep
-  hands that sleep to CuMemBackend (logged); a level-2 sleep is then refused with the reason.
-VSNAP_SLEEP_FAILPOINT=hydrate:N (tests) fails a wake after N regions were copied back."""
+- Without a RAM tier (VSNAP_RAM_TIER unset or not made: settings.ram_tier_dir), sleep and wake are
+  vLLM's CuMemBackend itself, said in one log line. A tier too full (or a tmpfs without room) for
+  a level-1 sleep hands that sleep to CuMemBackend (logged); a level-2 sleep is then refused with
+  the reason."""
 
 import logging
 import os
 import uuid
 
+from . import settings
 from .drivers import default_driver
 from .ram_tier import RamTier, TierFull, TierUnavailable, region_key
 
@@ -60,7 +61,7 @@ class VsnapSleepBackend(SleepModeBackend):
         self._driver = None
         self._cumem = CuMemBackend()  # without the tier (or with it too full): vLLM's own backend, as it is
         try:
-            self._tier = RamTier.open(os.environ.get("VSNAP_RAM_TIER"))
+            self._tier = RamTier.open(settings.ram_tier_dir())
         except TierUnavailable as e:
             self._tier = None
             log.warning("vsnap sleep-mode backend: %s: sleeping as vLLM's cumem backend", e)
@@ -183,11 +184,8 @@ class VsnapSleepBackend(SleepModeBackend):
             self._state = "SUSPENDED" if asleep else "RUNNING"
 
     def _hydrate(self, allocator):
-        fail_after = _failpoint("hydrate")
         try:
-            for n, (va, size, key, device) in enumerate(self._held):
-                if fail_after is not None and n == fail_after:
-                    raise RuntimeError(f"failpoint hydrate:{fail_after}")
+            for va, size, key, device in self._held:
                 self._driver.copy_host(device, va, self._maps[key][0], size)
             got = self._digests([(va, size, device) for va, size, _, device in self._held])
             bad = [hex(va) for (va, _, key, _), k in zip(self._held, got) if k != key]
@@ -218,9 +216,3 @@ def _release_weights(allocator):
         allocator.discard((WEIGHTS,))
     else:
         allocator.sleep(offload_tags=())
-
-
-def _failpoint(name):
-    spec = os.environ.get("VSNAP_SLEEP_FAILPOINT", "")
-    point, _, n = spec.partition(":")
-    return int(n or 0) if point == name else None
