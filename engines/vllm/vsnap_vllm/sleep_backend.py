@@ -12,7 +12,8 @@ released at sleep, new memory at wake):
 - suspend(2): released only if the RAM tier holds every weights region's current bytes (their
   digests match); otherwise refused with an error, nothing released.
 - resume(tags): vLLM's allocator maps new memory at the same addresses; the weights are copied
-  back from the tier and digested; a mismatch or a failure leaves the weights asleep (released
+  back from the tier and digested (on CUDA: every copy and the digest, one launch, queued on one
+  stream and waited for once); a mismatch or a failure leaves the weights asleep (released
   again) and raises, so the engine stays asleep and a retry of the wake can succeed.
 - Without a RAM tier (VSNAP_RAM_TIER unset or not made: settings.ram_tier_dir), sleep and wake are
   vLLM's CuMemBackend itself, said in one log line. A tier too full (or a tmpfs without room) for
@@ -86,6 +87,22 @@ class VsnapSleepBackend(SleepModeBackend):
             chunks = self._driver.digest_many(device, [(regions[i][0], regions[i][1]) for i in mine], CHUNK)
             for i, c in zip(mine, chunks):
                 keys[i] = region_key(c, regions[i][1])
+        return keys
+
+    def _restore(self, copies):
+        """Copies each (va, tier address, size, device) back into the weights and returns each
+        region's tier key, digested from what landed: a device's copies and its digest (one launch
+        behind them on one stream) queued together and waited for once, every device's before the
+        first wait."""
+        keys, pending = [None] * len(copies), []
+        try:
+            for device in sorted({c[3] for c in copies}):
+                mine = [i for i, c in enumerate(copies) if c[3] == device]
+                pending.append((mine, self._driver.restore_start(device, [copies[i][:3] for i in mine], CHUNK)))
+        finally:
+            for mine, finish in pending:  # waited for on a failure too: the next digest reuses the scratch memory
+                for i, chunks in zip(mine, finish()):
+                    keys[i] = region_key(chunks, copies[i][2])
         return keys
 
     def _map(self, key, size, device, address):
@@ -185,9 +202,7 @@ class VsnapSleepBackend(SleepModeBackend):
 
     def _hydrate(self, allocator):
         try:
-            for va, size, key, device in self._held:
-                self._driver.copy_host(device, va, self._maps[key][0], size)
-            got = self._digests([(va, size, device) for va, size, _, device in self._held])
+            got = self._restore([(va, self._maps[key][0], size, device) for va, size, key, device in self._held])
             bad = [hex(va) for (va, _, key, _), k in zip(self._held, got) if k != key]
             if bad:
                 raise RuntimeError(f"{len(bad)} restored weights regions do not match what was put to sleep ({', '.join(bad[:4])})")
