@@ -88,8 +88,8 @@ describe('GPU: --sleep-mode-backend vsnap', async () => {
   }
   let dir: string;
   const started: Array<{ e: TestEngine; c: EngineClient }> = [];
-  const start = async (backend: 'vsnap' | 'cumem', seed = 1, args = ARGS) => {
-    const e = await startEngine({ device: 'cuda', seed, model: `m${seed}`, args: [...args, '--sleep-mode-backend', backend], env: { VSNAP_RAM_TIER: dir }, startTimeoutMs: 400_000 });
+  const start = async (backend: 'vsnap' | 'cumem', seed = 1, args = ARGS, env: Record<string, string> = {}) => {
+    const e = await startEngine({ device: 'cuda', seed, model: `m${seed}`, args: [...args, '--sleep-mode-backend', backend], env: { VSNAP_RAM_TIER: dir, ...env }, startTimeoutMs: 400_000 });
     const x = { e, c: new EngineClient({ baseUrl: e.url, token: e.token }) };
     started.push(x);
     return x;
@@ -189,8 +189,9 @@ describe('GPU: --sleep-mode-backend vsnap', async () => {
     const args = (process.env.VSNAP_SLEEP_BENCH_ARGS ?? '--layers 36 --hidden 4096').split(/\s+/).filter(Boolean);
     const cycles = 5;
     const rows: BenchRow[] = [];
+    const phases: string[] = [];
     for (const backend of ['cumem', 'vsnap'] as const) {
-      const a = await start(backend, 5, args);
+      const a = await start(backend, 5, args, { VSNAP_REF_LOG: 'INFO' }); // the backend's own phase lines
       const b = await start(backend, 5, args);
       const expected = await ask(a.c);
       const tierBefore = tier(dir, 'status').used_bytes;
@@ -212,9 +213,10 @@ describe('GPU: --sleep-mode-backend vsnap', async () => {
       }
       if (backend === 'vsnap') assert.ok(tierBytes > 0, `the vsnap sleep kept vLLM's host copy (the tier at ${dir} full?): these would be cumem's figures`);
       rows.push({ backend, firstSleep, secondEngineSleep, sleeps, wakes, heldPerEngine: heldBoth / 2, tierBytes });
+      phases.push(...a.e.stderr().split('\n').filter((l) => /vsnap: (level-\d sleep|wake) of/.test(l)).map((l) => `engine A: ${l}`));
       await stop(a);
       await stop(b);
     }
-    console.log(benchTable(rows, args, cycles, dir));
+    console.log(`${benchTable(rows, args, cycles, dir)}\nWhere vsnap's time went (its backend's log, in order):\n\`\`\`\n${phases.join('\n')}\n\`\`\``);
   });
 });

@@ -22,6 +22,7 @@ released at sleep, new memory at wake):
 
 import logging
 import os
+import time
 import uuid
 
 from . import settings
@@ -158,8 +159,10 @@ class VsnapSleepBackend(SleepModeBackend):
             self._state = "SUSPENDED"
             return
         allocator = _allocator()
+        t0 = time.perf_counter()
         regions = self._weights(allocator)
         keys = self._digests(regions)
+        t1 = time.perf_counter()
         if level == 2:
             # held first, then checked: an entry another engine evicts meanwhile counts as lacking
             try:
@@ -184,7 +187,11 @@ class VsnapSleepBackend(SleepModeBackend):
                 return
         self._held = [(va, size, key, device) for (va, size, device), key in zip(regions, keys)]
         self._state = "SUSPENDED"
+        t2 = time.perf_counter()
         allocator.sleep(offload_tags=())
+        log.info("vsnap: level-%d sleep of %d weights regions (%.2f GiB): digested in %.3f s, in the tier (copied where it lacked them) "
+                 "and page-locked in %.3f s, memory released in %.3f s", level, len(regions), sum(r[1] for r in regions) / 2**30,
+                 t1 - t0, t2 - t1, time.perf_counter() - t2)
 
     def resume(self, tags=None):
         allocator = _allocator()
@@ -193,14 +200,16 @@ class VsnapSleepBackend(SleepModeBackend):
             if self._held is None:
                 self._cumem.resume(tags)
             else:
+                t0 = time.perf_counter()
                 allocator.wake_up(tags)
                 if tags is None or WEIGHTS in tags:
-                    self._hydrate(allocator)
+                    self._hydrate(allocator, time.perf_counter() - t0)
         finally:
             asleep = any(getattr(d, "is_asleep", False) for d in allocator.pointer_to_data.values())
             self._state = "SUSPENDED" if asleep else "RUNNING"
 
-    def _hydrate(self, allocator):
+    def _hydrate(self, allocator, mapped_s):
+        t0 = time.perf_counter()
         try:
             got = self._restore([(va, self._maps[key][0], size, device) for va, size, key, device in self._held])
             bad = [hex(va) for (va, _, key, _), k in zip(self._held, got) if k != key]
@@ -210,9 +219,12 @@ class VsnapSleepBackend(SleepModeBackend):
             _release_weights(allocator)  # the weights asleep again: no half-restored model serves
             raise WakeFailed(f"vsnap: the weights could not be restored from the RAM tier at {self._tier.path} ({type(e).__name__}: {e}); "
                              "the engine stays asleep: retry the wake, or wake the weights and call reload_weights") from e
-        self._held = None
+        held, self._held = self._held, None
+        t1 = time.perf_counter()
         self._unmap_all()
         self._tier.release(self._owner)
+        log.info("vsnap: wake of %d weights regions (%.2f GiB): memory mapped in %.3f s, copied back and digested in %.3f s, "
+                 "the tier's entries let go in %.3f s", len(held), sum(h[1] for h in held) / 2**30, mapped_s, t1 - t0, time.perf_counter() - t1)
 
     def discard(self, tags):
         _allocator().discard(tags)
