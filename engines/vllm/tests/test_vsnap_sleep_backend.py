@@ -238,18 +238,23 @@ class FailureTest(BackendTest):
         self.assertEqual(self.holds(), [])
         self.assertEqual(os.listdir(os.path.join(self.dir, "tmp")), [])
 
-    def test_on_an_allocator_without_discard_a_failed_wake_still_leaves_the_weights_asleep(self):
+    def test_on_an_allocator_without_discard_a_failed_wake_unmaps_what_it_mapped_and_nothing_else(self):
         worker = self.load()
         expected = self.answer(worker)
         worker.sleep(1)
         driver = self.fail_next_wake_after(worker, 2)
-        saved = cumem.CuMemAllocator.discard
+        saved = cumem.CuMemAllocator.discard, cumem.CuMemAllocator.sleep
+
+        def sleep(allocator, offload_tags=None):  # main's at e5337d96 unmaps every allocation, asleep or not
+            raise AssertionError("a sleep after a failed wake would unmap the allocations asleep already")
+
         del cumem.CuMemAllocator.discard
+        cumem.CuMemAllocator.sleep = sleep
         try:
             with self.assertRaises(WakeFailed):
                 worker.wake_up(None)
         finally:
-            cumem.CuMemAllocator.discard = saved
+            cumem.CuMemAllocator.discard, cumem.CuMemAllocator.sleep = saved
         self.assertTrue(driver.failed)
         self.assertEqual(self.asleep(), {"weights", "kv_cache"})
         worker.wake_up(None)

@@ -203,12 +203,12 @@ class VsnapSleepBackend(SleepModeBackend):
                 t0 = time.perf_counter()
                 allocator.wake_up(tags)
                 if tags is None or WEIGHTS in tags:
-                    self._hydrate(allocator, time.perf_counter() - t0)
+                    self._hydrate(allocator, tags, time.perf_counter() - t0)
         finally:
             asleep = any(getattr(d, "is_asleep", False) for d in allocator.pointer_to_data.values())
             self._state = "SUSPENDED" if asleep else "RUNNING"
 
-    def _hydrate(self, allocator, mapped_s):
+    def _hydrate(self, allocator, tags, mapped_s):
         t0 = time.perf_counter()
         try:
             got = self._restore([(va, self._maps[key][0], size, device) for va, size, key, device in self._held])
@@ -216,7 +216,7 @@ class VsnapSleepBackend(SleepModeBackend):
             if bad:
                 raise RuntimeError(f"{len(bad)} restored weights regions do not match what was put to sleep ({', '.join(bad[:4])})")
         except Exception as e:
-            _release_weights(allocator)  # the weights asleep again: no half-restored model serves
+            _release(allocator, tags)  # what this wake mapped asleep again: no half-restored model serves
             raise WakeFailed(f"vsnap: the weights could not be restored from the RAM tier at {self._tier.path} ({type(e).__name__}: {e}); "
                              "the engine stays asleep: retry the wake, or wake the weights and call reload_weights") from e
         held, self._held = self._held, None
@@ -235,11 +235,22 @@ class VsnapSleepBackend(SleepModeBackend):
         self._state = "SUSPENDED"
 
 
-def _release_weights(allocator):
-    """Puts the weights back to sleep without a copy: the allocator's discard(tags), or, on an
-    allocator without one (vLLM main's cumem.py at e5337d96), a sleep of every mapped allocation,
-    which the executor still counts asleep (its wake failed)."""
+def _release(allocator, tags):
+    """Puts what a failed wake mapped (the allocations of `tags`; None: of every tag) back to sleep
+    without a copy: the allocator's discard(tags), or, on an allocator without one (vLLM main's
+    cumem.py at e5337d96, whose sleep() would unmap the allocations asleep already too, and whose
+    AllocationData has no is_asleep), each of them unmapped with vLLM's module-level
+    unmap_and_release (the one the plugin's hooks wrap). The executor counts them asleep still:
+    its wake failed."""
+    wanted = {d.tag for d in allocator.pointer_to_data.values()} if tags is None else set(tags)
     if hasattr(allocator, "discard"):
-        allocator.discard((WEIGHTS,))
-    else:
-        allocator.sleep(offload_tags=())
+        allocator.discard(tuple(sorted(wanted)))
+        return
+    from .adapter import _cumem
+
+    cumem = _cumem()
+    for data in allocator.pointer_to_data.values():
+        if data.tag in wanted and not getattr(data, "is_asleep", False):
+            cumem.unmap_and_release(data.handle)
+            if hasattr(data, "is_asleep"):
+                data.is_asleep = True
