@@ -10,6 +10,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import types
 import unittest
 
@@ -299,10 +300,41 @@ class MappingTest(BackendTest):
             self.assertEqual(tier_mappings(self.dir), held)
             self.assertEqual(sorted(a for k, a in calls if k == "register"), sorted(m[0] for m in worker._sleep_mode_backend._maps.values()))
             self.wake(worker)
+            worker._sleep_mode_backend._settle()  # page-locked entries are let go after the wake returned
             self.assertEqual(tier_mappings(self.dir), 0)
+            self.assertEqual(self.holds(), [])
             self.assertEqual(sorted(a for k, a in calls if k == "unregister"), sorted(a for k, a in calls if k == "register"))
             self.assertEqual(self.answer(worker), expected)
             calls.clear()
+
+    def test_page_locked_entries_are_let_go_after_the_wake_returned_and_the_next_sleep_waits_for_it(self):
+        go = threading.Event()
+        unlocked = []
+
+        class SlowUnlock(drivers.HostDriver):
+            def host_register(self, device, address, size):
+                return True
+
+            def host_unregister(self, device, address):
+                go.wait(10)  # held until the test lets it go (10 s: a wake that waited for it still ends)
+                unlocked.append(address)
+
+        worker = self.load()
+        expected = self.answer(worker)
+        worker._get_sleep_mode_backend()._driver = SlowUnlock()
+        worker.sleep(1)
+        held = tier_mappings(self.dir)
+        worker.wake_up(None)  # returns with the entries still mapped, page-locked and held
+        self.assertEqual(self.answer(worker), expected)
+        self.assertEqual((unlocked, tier_mappings(self.dir), len(self.holds())), ([], held, 1))
+        go.set()
+        worker.sleep(1)  # waits for the let-go first: this sleep's mappings only, one hold
+        self.assertEqual(len(unlocked), held)
+        self.assertEqual((tier_mappings(self.dir), len(self.holds())), (held, 1))
+        worker.wake_up(None)
+        worker._sleep_mode_backend._settle()
+        self.assertEqual((tier_mappings(self.dir), self.holds()), (0, []))
+        self.assertEqual(self.answer(worker), expected)
 
     def test_a_tmpfs_without_room_for_an_entry_keeps_vllm_s_host_copy(self):
         import errno

@@ -22,6 +22,7 @@ released at sleep, new memory at wake):
 
 import logging
 import os
+import threading
 import time
 import uuid
 
@@ -61,6 +62,7 @@ class VsnapSleepBackend(SleepModeBackend):
         self._held = None  # [(va, size, key, device)] of the weights the tier holds for this sleep
         self._maps = {}  # key -> (address, size, device, page-locked): the held entries, mapped from sleep to wake
         self._driver = None
+        self._letting_go = None  # the thread that lets the last wake's page-locked entries go, joined by the next sleep
         self._cumem = CuMemBackend()  # without the tier (or with it too full): vLLM's own backend, as it is
         try:
             self._tier = RamTier.open(settings.ram_tier_dir())
@@ -113,10 +115,47 @@ class VsnapSleepBackend(SleepModeBackend):
 
     def _unmap_all(self):
         maps, self._maps = self._maps, {}
+        self._let_go(maps)
+
+    def _let_go(self, maps):
         for address, size, device, locked in maps.values():
             if locked:
                 self._driver.host_unregister(device, address)
             RamTier.unmap(address, size)
+
+    def _let_go_after_wake(self):
+        """Unmaps this sleep's entries and ends its hold. Page-locked entries are let go on a
+        thread of their own, after the wake returned (unpinning and unmapping every page costs
+        time of the order of the copy's; the next sleep waits for it first); the hold ends after
+        the unmapping, so the tier's budget holds throughout."""
+        maps, self._maps = self._maps, {}
+
+        def let_go():
+            t0 = time.perf_counter()
+            try:
+                self._let_go(maps)
+            finally:
+                self._tier.release(self._owner)
+            return time.perf_counter() - t0
+
+        if not any(m[3] for m in maps.values()):
+            return let_go()
+
+        def run():
+            try:
+                log.info("vsnap: the last wake's %d tier entries let go in %.3f s, after the wake", len(maps), let_go())
+            except Exception:  # noqa: BLE001 - logged; the hold ends with this process at the latest
+                log.exception("vsnap: letting the last wake's tier entries go failed")
+
+        self._letting_go = threading.Thread(target=run, name="vsnap-let-go", daemon=True)
+        self._letting_go.start()
+        return None
+
+    def _settle(self):
+        """Waits for the last wake's entries to be let go (before a sleep maps and holds again)."""
+        thread, self._letting_go = self._letting_go, None
+        if thread is not None:
+            thread.join()
 
     def _take(self, regions, keys, copy=True):
         """The weights' entries held for this engine and mapped; with `copy`, the regions the tier
@@ -154,6 +193,7 @@ class VsnapSleepBackend(SleepModeBackend):
         return {}
 
     def suspend(self, level=1):
+        self._settle()
         if self._tier is None:
             self._cumem.suspend(level)
             self._state = "SUSPENDED"
@@ -221,10 +261,10 @@ class VsnapSleepBackend(SleepModeBackend):
                              "the engine stays asleep: retry the wake, or wake the weights and call reload_weights") from e
         held, self._held = self._held, None
         t1 = time.perf_counter()
-        self._unmap_all()
-        self._tier.release(self._owner)
+        let_go = self._let_go_after_wake()
         log.info("vsnap: wake of %d weights regions (%.2f GiB): memory mapped in %.3f s, copied back and digested in %.3f s, "
-                 "the tier's entries let go in %.3f s", len(held), sum(h[1] for h in held) / 2**30, mapped_s, t1 - t0, time.perf_counter() - t1)
+                 "the tier's entries %s", len(held), sum(h[1] for h in held) / 2**30, mapped_s, t1 - t0,
+                 "being let go after the wake" if let_go is None else f"let go in {let_go:.3f} s")
 
     def discard(self, tags):
         _allocator().discard(tags)
