@@ -125,9 +125,9 @@ class VsnapSleepBackend(SleepModeBackend):
 
     def _let_go_after_wake(self):
         """Unmaps this sleep's entries and ends its hold. Page-locked entries are let go on a
-        thread of their own, after the wake returned (unpinning and unmapping every page costs
-        time of the order of the copy's; the next sleep waits for it first); the hold ends after
-        the unmapping, so the tier's budget holds throughout."""
+        thread of their own, after the wake returned (unpinning and unmapping take time for every
+        page, not measured on a GPU yet: the INFO line says; the next sleep waits for it first);
+        the hold ends after the unmapping, so the tier's budget holds throughout."""
         maps, self._maps = self._maps, {}
 
         def let_go():
