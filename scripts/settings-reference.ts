@@ -21,6 +21,12 @@ export const PLUGIN_SETTINGS: Record<string, Omit<SettingInfo, 'readBy'>> = {
     default: '0',
     meaning: 'Turns the plugin off in a vLLM that has it installed.',
   },
+  VSNAP_RAM_TIER: {
+    accepts: 'the directory of a RAM tier (on tmpfs) made by `python3 -m vsnap_vllm.ram_tier init <dir> --budget <bytes>`',
+    default: "none: the vsnap sleep-mode backend sleeps and wakes as vLLM's cumem backend, said in one log line",
+    meaning:
+      "Where the `vsnap` sleep-mode backend (`--sleep-mode-backend vsnap`) keeps sleeping engines' weights: every engine of the host started with the same directory shares the tier and its budget, and identical weights are held once.",
+  },
   VSNAP_VLLM_HOST_MEMORY: {
     accepts: '1 (host memory in place of GPU memory: the CPU test engine only) or 0',
     default: '0',

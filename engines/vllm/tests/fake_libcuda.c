@@ -41,7 +41,7 @@ struct Prop {
 };
 struct Access { struct Location location; int flags; };
 
-#define MAX_NAMES 32
+#define MAX_NAMES 48
 static struct { char name[48]; long calls; CUresult fail; long times; long skip; } table[MAX_NAMES];
 static int names;
 static struct Prop last_prop;
@@ -245,6 +245,10 @@ CUresult cuMemFree_v2(CUdeviceptr ptr) { (void)ptr; return need_context("cuMemFr
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t size, void* stream) {
   (void)dst; (void)src; (void)size; (void)stream;
   return need_context("cuMemcpyHtoDAsync_v2");
+}
+CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t size, void* stream) {
+  (void)dst; (void)src; (void)size; (void)stream;
+  return need_context("cuMemcpyAsync");
 }
 CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t size, void* stream) {
   (void)dst; (void)src; (void)size; (void)stream;

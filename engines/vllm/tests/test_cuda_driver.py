@@ -255,6 +255,26 @@ class CudaDriverTest(unittest.TestCase):
             self.assertEqual(len(self.driver.digest_many(0, spans, 64 << 20)), len(spans))
         self.assertEqual((self.calls("cuMemAlloc_v2"), self.calls("cuMemFree_v2")), (1, 0))
 
+    def test_a_restore_queues_every_copy_and_the_digest_on_one_stream_and_waits_once(self):
+        copies = [(0x7F0000000000 + i * (4 << 20), 0x10000000 + i * (4 << 20), 4 << 20) for i in range(50)]
+        self.driver.digest_many(0, [(0x7F0000000000, 4 << 20)], 64 << 20)  # the kernel and scratch made first
+        before = {n: self.calls(n) for n in ("cuMemcpyAsync", "cuMemcpy", "cuCtxSynchronize", "cuLaunchKernel", "cuStreamSynchronize")}
+        finish = self.driver.restore_start(0, copies, 64 << 20)
+        self.assertEqual(self.calls("cuStreamSynchronize"), before["cuStreamSynchronize"])  # nothing waited for yet
+        self.assertEqual([len(d) for d in finish()], [1] * 50)
+        after = {n: self.calls(n) - before[n] for n in before}
+        self.assertEqual(after, {"cuMemcpyAsync": 50, "cuMemcpy": 0, "cuCtxSynchronize": 0, "cuLaunchKernel": 1, "cuStreamSynchronize": 1})
+
+    def test_a_copy_that_cannot_be_queued_drains_the_stream_and_the_next_restore_works(self):
+        copies = [(0x7F0000000000 + i * (4 << 20), 0x10000000 + i * (4 << 20), 4 << 20) for i in range(5)]
+        self.driver.digest_many(0, [(0x7F0000000000, 4 << 20)], 64 << 20)
+        syncs, launches = self.calls("cuStreamSynchronize"), self.calls("cuLaunchKernel")
+        self.fake.fake_fail_after(b"cuMemcpyAsync", ctypes.c_long(2), INVALID_VALUE, ctypes.c_long(1))
+        with self.assertRaisesRegex(DriverError, "cuMemcpyAsync"):
+            self.driver.restore_start(0, copies, 64 << 20)
+        self.assertEqual((self.calls("cuStreamSynchronize"), self.calls("cuLaunchKernel")), (syncs + 1, launches))
+        self.assertEqual(len(self.driver.restore_start(0, copies, 64 << 20)()), 5)
+
 
 if __name__ == "__main__":
     unittest.main()

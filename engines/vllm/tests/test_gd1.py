@@ -214,6 +214,28 @@ class CudaDigestTest(unittest.TestCase):
         self.assertEqual(other, [gd1.digest_bytes(tensors[0].cpu().numpy().tobytes(), 4096)])
         self.assertEqual(finish(), expected)
 
+    def test_a_restore_copies_host_bytes_in_and_digests_what_landed(self):
+        # the vsnap sleep backend's wake: copies from host memory (page-locked, then pageable) and
+        # the digest behind them on one stream, waited for once
+        torch, driver = _cuda()
+        torch.cuda.init()
+        sizes = [4096, (1 << 20) + 8, 3 * (4 << 20) + 16]
+        for lock in (True, False):
+            hosts = [ctypes.create_string_buffer(os.urandom(n), n) for n in sizes]
+            locked = [lock and driver.host_register(0, ctypes.addressof(h), n) for h, n in zip(hosts, sizes)]
+            try:
+                tensors = [torch.zeros(n, dtype=torch.uint8, device="cuda") for n in sizes]
+                torch.cuda.synchronize()
+                finish = driver.restore_start(0, [(t.data_ptr(), ctypes.addressof(h), n) for t, h, n in zip(tensors, hosts, sizes)], 1 << 20)
+                got = finish()
+                for t, h, digests in zip(tensors, hosts, got):
+                    self.assertEqual(t.cpu().numpy().tobytes(), h.raw, f"locked {lock}")
+                    self.assertEqual(digests, gd1.digest_bytes(h.raw, 1 << 20), f"locked {lock}")
+            finally:
+                for h, was in zip(hosts, locked):
+                    if was:
+                        driver.host_unregister(0, ctypes.addressof(h))
+
 
 if __name__ == "__main__":
     unittest.main()

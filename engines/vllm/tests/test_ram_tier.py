@@ -12,6 +12,7 @@ import tempfile
 import unittest
 
 from tests import support  # noqa: F401 - the plugin on sys.path
+from vsnap_vllm import settings
 from vsnap_vllm.ram_tier import RamTier, TierFull, TierUnavailable, main, parse_size
 
 
@@ -68,6 +69,9 @@ class RamTierTest(unittest.TestCase):
     def test_no_tier_says_how_to_make_one(self):
         with self.assertRaisesRegex(TierUnavailable, "VSNAP_RAM_TIER"):
             RamTier.open(None)
+        for env in ({}, {"VSNAP_RAM_TIER": ""}):  # unset and empty alike: no tier
+            self.assertIsNone(settings.ram_tier_dir(env))
+        self.assertEqual(settings.ram_tier_dir({"VSNAP_RAM_TIER": self.dir}), self.dir)
         with self.assertRaisesRegex(TierUnavailable, "ram_tier init /nowhere"):
             RamTier.open("/nowhere")
 

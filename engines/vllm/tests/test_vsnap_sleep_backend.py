@@ -10,11 +10,13 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import types
 import unittest
 
 from tests import support
 import vsnap_vllm
+from vsnap_vllm import drivers
 from vllm.device_allocator import cumem
 from vllm.device_allocator.sleep_mode_backend import SleepModeBackendFactory
 from vllm.v1.worker.gpu_worker import Worker
@@ -43,9 +45,8 @@ class BackendTest(unittest.TestCase):
         cumem.CuMemAllocator.instance = None
         self.dir = tempfile.mkdtemp(prefix="vsnap-ram-")
         self.tier = RamTier.init(self.dir, self.budget)
-        self.saved = {k: os.environ.get(k) for k in ("VSNAP_RAM_TIER", "VSNAP_SLEEP_FAILPOINT")}
+        self.saved = {"VSNAP_RAM_TIER": os.environ.get("VSNAP_RAM_TIER")}
         os.environ["VSNAP_RAM_TIER"] = self.dir
-        os.environ.pop("VSNAP_SLEEP_FAILPOINT", None)
 
     def tearDown(self):
         for k, v in self.saved.items():
@@ -203,36 +204,60 @@ class NoTierTest(BackendTest):
         self.assertEqual(self.answer(worker), expected)
 
 
+class FailingCopyBack(drivers.HostDriver):
+    """The host driver, its copy after the first `after` failing once: put in place of the
+    backend's driver after a sleep, a wake that fails with `after` regions copied back."""
+
+    def __init__(self, after):
+        self.after, self.copied, self.failed = after, 0, False
+
+    def copy_host(self, device, dst, src, size):
+        if not self.failed and self.copied == self.after:
+            self.failed = True
+            raise RuntimeError(f"copy failed after {self.after} regions")
+        self.copied += 1
+        super().copy_host(device, dst, src, size)
+
+
 class FailureTest(BackendTest):
+    def fail_next_wake_after(self, worker, regions):
+        worker._get_sleep_mode_backend()._driver = driver = FailingCopyBack(regions)
+        return driver
+
     def test_a_wake_failing_half_way_leaves_the_engine_asleep_and_a_retry_works(self):
         worker = self.load()
         expected = self.answer(worker)
         worker.sleep(1)
-        os.environ["VSNAP_SLEEP_FAILPOINT"] = "hydrate:1"
+        driver = self.fail_next_wake_after(worker, 1)
         with self.assertRaisesRegex(WakeFailed, "the engine stays asleep: retry the wake"):
             worker.wake_up(["weights"])
+        self.assertTrue(driver.failed)
         self.assertEqual(self.asleep(), {"weights", "kv_cache"})
         self.assertEqual(len(self.holds()), 1)  # still held: the retry needs them
-        os.environ.pop("VSNAP_SLEEP_FAILPOINT")
         self.wake(worker)
         self.assertEqual(self.answer(worker), expected)
         self.assertEqual(self.holds(), [])
         self.assertEqual(os.listdir(os.path.join(self.dir, "tmp")), [])
 
-    def test_on_an_allocator_without_discard_a_failed_wake_still_leaves_the_weights_asleep(self):
+    def test_on_an_allocator_without_discard_a_failed_wake_unmaps_what_it_mapped_and_nothing_else(self):
         worker = self.load()
         expected = self.answer(worker)
         worker.sleep(1)
-        os.environ["VSNAP_SLEEP_FAILPOINT"] = "hydrate:2"
-        saved = cumem.CuMemAllocator.discard
+        driver = self.fail_next_wake_after(worker, 2)
+        saved = cumem.CuMemAllocator.discard, cumem.CuMemAllocator.sleep
+
+        def sleep(allocator, offload_tags=None):  # main's at e5337d96 unmaps every allocation, asleep or not
+            raise AssertionError("a sleep after a failed wake would unmap the allocations asleep already")
+
         del cumem.CuMemAllocator.discard
+        cumem.CuMemAllocator.sleep = sleep
         try:
             with self.assertRaises(WakeFailed):
                 worker.wake_up(None)
         finally:
-            cumem.CuMemAllocator.discard = saved
+            cumem.CuMemAllocator.discard, cumem.CuMemAllocator.sleep = saved
+        self.assertTrue(driver.failed)
         self.assertEqual(self.asleep(), {"weights", "kv_cache"})
-        os.environ.pop("VSNAP_SLEEP_FAILPOINT")
         worker.wake_up(None)
         self.assertEqual(self.answer(worker), expected)
 
@@ -256,8 +281,6 @@ def tier_mappings(path):
 
 class MappingTest(BackendTest):
     def test_the_entries_stay_mapped_and_page_locked_from_sleep_to_wake_then_are_let_go(self):
-        from vsnap_vllm import drivers
-
         calls = []
 
         class Locking(drivers.HostDriver):
@@ -277,10 +300,41 @@ class MappingTest(BackendTest):
             self.assertEqual(tier_mappings(self.dir), held)
             self.assertEqual(sorted(a for k, a in calls if k == "register"), sorted(m[0] for m in worker._sleep_mode_backend._maps.values()))
             self.wake(worker)
+            worker._sleep_mode_backend._settle()  # page-locked entries are let go after the wake returned
             self.assertEqual(tier_mappings(self.dir), 0)
+            self.assertEqual(self.holds(), [])
             self.assertEqual(sorted(a for k, a in calls if k == "unregister"), sorted(a for k, a in calls if k == "register"))
             self.assertEqual(self.answer(worker), expected)
             calls.clear()
+
+    def test_page_locked_entries_are_let_go_after_the_wake_returned_and_the_next_sleep_waits_for_it(self):
+        go = threading.Event()
+        unlocked = []
+
+        class SlowUnlock(drivers.HostDriver):
+            def host_register(self, device, address, size):
+                return True
+
+            def host_unregister(self, device, address):
+                go.wait(10)  # held until the test lets it go (10 s: a wake that waited for it still ends)
+                unlocked.append(address)
+
+        worker = self.load()
+        expected = self.answer(worker)
+        worker._get_sleep_mode_backend()._driver = SlowUnlock()
+        worker.sleep(1)
+        held = tier_mappings(self.dir)
+        worker.wake_up(None)  # returns with the entries still mapped, page-locked and held
+        self.assertEqual(self.answer(worker), expected)
+        self.assertEqual((unlocked, tier_mappings(self.dir), len(self.holds())), ([], held, 1))
+        go.set()
+        worker.sleep(1)  # waits for the let-go first: this sleep's mappings only, one hold
+        self.assertEqual(len(unlocked), held)
+        self.assertEqual((tier_mappings(self.dir), len(self.holds())), (held, 1))
+        worker.wake_up(None)
+        worker._sleep_mode_backend._settle()
+        self.assertEqual((tier_mappings(self.dir), self.holds()), (0, []))
+        self.assertEqual(self.answer(worker), expected)
 
     def test_a_tmpfs_without_room_for_an_entry_keeps_vllm_s_host_copy(self):
         import errno

@@ -23,7 +23,6 @@ class Engine:
     def __init__(self, tier, seed=1, extra=()):
         env = {**os.environ, "VLLM_PLUGINS": "vsnap", "VLLM_SERVER_DEV_MODE": "1", "VSNAP_RAM_TIER": tier,
                "PYTHONPATH": os.pathsep.join((web_support.plugin_site(), support.PLUGIN))}
-        env.pop("VSNAP_SLEEP_FAILPOINT", None)
         self.proc = subprocess.Popen([sys.executable, SERVE, "--device", "host", "--port", "0", "--enable-sleep-mode", "--seed", str(seed),
                                       "--sleep-mode-backend", "vsnap", *extra], env=env, stdout=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline().split()

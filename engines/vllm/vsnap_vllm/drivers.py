@@ -365,6 +365,7 @@ class CudaDriver:
                 "fetch": self._sig("cuMemcpyDtoHAsync_v2", [vp, u64, ctypes.c_size_t, vp]),
                 "upload": self._sig("cuMemcpyHtoDAsync_v2", [u64, vp, ctypes.c_size_t, vp]),
                 "sync": self._sig("cuStreamSynchronize", [vp]),
+                "copy": self._sig("cuMemcpyAsync", [u64, u64, ctypes.c_size_t, vp]),
             }
         c = self._digest_calls
         with open(gd1.FATBIN, "rb") as f:
@@ -426,6 +427,24 @@ class CudaDriver:
             return out
 
         return finish
+
+    def restore_start(self, device, copies, chunk_size):
+        """Each (dst, src, size) of `copies`, host memory of this process copied into device memory
+        on `device`, queued on the digest's stream, and the digest of what they wrote launched
+        behind them (stream order: after the last copy): digest_start's two steps, the copies and
+        the digest waited for once, in the function returned, never once a region. The digest is
+        one launch that reads the bytes where they landed, in device memory; a copy that cannot be
+        queued drains what was, and raises."""
+        self.ensure_context(device)
+        _, stream, _ = self._digest_kernel(device)
+        c = self._digest_calls
+        try:
+            for dst, src, size in copies:
+                self._check(c["copy"](dst, src, size, stream), "cuMemcpyAsync")
+        except BaseException:
+            c["sync"](stream)  # what was queued finishes before its memory is released
+            raise
+        return self.digest_start(device, [(dst, size) for dst, _, size in copies], chunk_size)
 
     def _digest_scratch(self, device, size):
         """Device memory for `size` bytes (partial sums and the region table) on `device`: the last call's, or a larger one."""
@@ -491,6 +510,12 @@ class HostDriver:
         """digest_many, as the CUDA driver's two steps (here the digests are taken at once)."""
         digests = self.digest_many(device, spans, chunk_size)
         return lambda: digests
+
+    def restore_start(self, device, copies, chunk_size):
+        """CudaDriver.restore_start's copies, made at once, and the digests of what they wrote."""
+        for dst, src, size in copies:
+            self.copy_host(device, dst, src, size)
+        return self.digest_start(device, [(dst, size) for dst, _, size in copies], chunk_size)
 
     def export_fd(self, device, handle):
         if handle == 0:

@@ -20,6 +20,10 @@ SETTINGS = {
         "accepts": "1 (the plugin does nothing) or 0",
         "default": "0",
     },
+    "VSNAP_RAM_TIER": {
+        "accepts": "the directory of a RAM tier (on tmpfs) made by `python3 -m vsnap_vllm.ram_tier init <dir> --budget <bytes>`",
+        "default": "none: the vsnap sleep-mode backend sleeps and wakes as vLLM's cumem backend, said in one log line",
+    },
     "VSNAP_VLLM_HOST_MEMORY": {
         "accepts": "1 (host memory in place of GPU memory: the CPU test engine only) or 0",
         "default": "0",
@@ -69,3 +73,9 @@ def disabled(env=None):
 def host_memory(env=None):
     """VSNAP_VLLM_HOST_MEMORY=1: the host-memory driver of the CPU test engine in place of CUDA."""
     return _switch("VSNAP_VLLM_HOST_MEMORY", env)
+
+
+def ram_tier_dir(env=None):
+    """VSNAP_RAM_TIER: the RAM tier the `vsnap` sleep-mode backend keeps sleeping weights in
+    (shared by every engine of the host started with the same directory), or None."""
+    return _raw("VSNAP_RAM_TIER", env)

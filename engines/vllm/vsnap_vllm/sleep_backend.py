@@ -12,17 +12,21 @@ released at sleep, new memory at wake):
 - suspend(2): released only if the RAM tier holds every weights region's current bytes (their
   digests match); otherwise refused with an error, nothing released.
 - resume(tags): vLLM's allocator maps new memory at the same addresses; the weights are copied
-  back from the tier and digested; a mismatch or a failure leaves the weights asleep (released
+  back from the tier and digested (on CUDA: every copy and the digest, one launch, queued on one
+  stream and waited for once); a mismatch or a failure leaves the weights asleep (released
   again) and raises, so the engine stays asleep and a retry of the wake can succeed.
-- Without a RAM tier (VSNAP_RAM_TIER unset or not made), sleep and wake are vLLM's CuMemBackend
-  itself, said in one log line. A tier too full (or a tmpfs without room) for a level-1 sleep
-  hands that sleep to CuMemBackend (logged); a level-2 sleep is then refused with the reason.
-VSNAP_SLEEP_FAILPOINT=hydrate:N (tests) fails a wake after N regions were copied back."""
+- Without a RAM tier (VSNAP_RAM_TIER unset or not made: settings.ram_tier_dir), sleep and wake are
+  vLLM's CuMemBackend itself, said in one log line. A tier too full (or a tmpfs without room) for
+  a level-1 sleep hands that sleep to CuMemBackend (logged); a level-2 sleep is then refused with
+  the reason."""
 
 import logging
 import os
+import threading
+import time
 import uuid
 
+from . import settings
 from .drivers import default_driver
 from .ram_tier import RamTier, TierFull, TierUnavailable, region_key
 
@@ -58,9 +62,10 @@ class VsnapSleepBackend(SleepModeBackend):
         self._held = None  # [(va, size, key, device)] of the weights the tier holds for this sleep
         self._maps = {}  # key -> (address, size, device, page-locked): the held entries, mapped from sleep to wake
         self._driver = None
+        self._letting_go = None  # the thread that lets the last wake's page-locked entries go, joined by the next sleep
         self._cumem = CuMemBackend()  # without the tier (or with it too full): vLLM's own backend, as it is
         try:
-            self._tier = RamTier.open(os.environ.get("VSNAP_RAM_TIER"))
+            self._tier = RamTier.open(settings.ram_tier_dir())
         except TierUnavailable as e:
             self._tier = None
             log.warning("vsnap sleep-mode backend: %s: sleeping as vLLM's cumem backend", e)
@@ -87,6 +92,22 @@ class VsnapSleepBackend(SleepModeBackend):
                 keys[i] = region_key(c, regions[i][1])
         return keys
 
+    def _restore(self, copies):
+        """Copies each (va, tier address, size, device) back into the weights and returns each
+        region's tier key, digested from what landed: a device's copies and its digest (one launch
+        behind them on one stream) queued together and waited for once, every device's before the
+        first wait."""
+        keys, pending = [None] * len(copies), []
+        try:
+            for device in sorted({c[3] for c in copies}):
+                mine = [i for i, c in enumerate(copies) if c[3] == device]
+                pending.append((mine, self._driver.restore_start(device, [copies[i][:3] for i in mine], CHUNK)))
+        finally:
+            for mine, finish in pending:  # waited for on a failure too: the next digest reuses the scratch memory
+                for i, chunks in zip(mine, finish()):
+                    keys[i] = region_key(chunks, copies[i][2])
+        return keys
+
     def _map(self, key, size, device, address):
         """Keeps entry `key` mapped (and page-locked where the driver can) until the wake, so the
         copies to and from it run at the link's rate, not through pageable memory."""
@@ -94,10 +115,47 @@ class VsnapSleepBackend(SleepModeBackend):
 
     def _unmap_all(self):
         maps, self._maps = self._maps, {}
+        self._let_go(maps)
+
+    def _let_go(self, maps):
         for address, size, device, locked in maps.values():
             if locked:
                 self._driver.host_unregister(device, address)
             RamTier.unmap(address, size)
+
+    def _let_go_after_wake(self):
+        """Unmaps this sleep's entries and ends its hold. Page-locked entries are let go on a
+        thread of their own, after the wake returned (unpinning and unmapping take time for every
+        page, not measured on a GPU yet: the INFO line says; the next sleep waits for it first);
+        the hold ends after the unmapping, so the tier's budget holds throughout."""
+        maps, self._maps = self._maps, {}
+
+        def let_go():
+            t0 = time.perf_counter()
+            try:
+                self._let_go(maps)
+            finally:
+                self._tier.release(self._owner)
+            return time.perf_counter() - t0
+
+        if not any(m[3] for m in maps.values()):
+            return let_go()
+
+        def run():
+            try:
+                log.info("vsnap: the last wake's %d tier entries let go in %.3f s, after the wake", len(maps), let_go())
+            except Exception:  # noqa: BLE001 - logged; the hold ends with this process at the latest
+                log.exception("vsnap: letting the last wake's tier entries go failed")
+
+        self._letting_go = threading.Thread(target=run, name="vsnap-let-go", daemon=True)
+        self._letting_go.start()
+        return None
+
+    def _settle(self):
+        """Waits for the last wake's entries to be let go (before a sleep maps and holds again)."""
+        thread, self._letting_go = self._letting_go, None
+        if thread is not None:
+            thread.join()
 
     def _take(self, regions, keys, copy=True):
         """The weights' entries held for this engine and mapped; with `copy`, the regions the tier
@@ -135,13 +193,16 @@ class VsnapSleepBackend(SleepModeBackend):
         return {}
 
     def suspend(self, level=1):
+        self._settle()
         if self._tier is None:
             self._cumem.suspend(level)
             self._state = "SUSPENDED"
             return
         allocator = _allocator()
+        t0 = time.perf_counter()
         regions = self._weights(allocator)
         keys = self._digests(regions)
+        t1 = time.perf_counter()
         if level == 2:
             # held first, then checked: an entry another engine evicts meanwhile counts as lacking
             try:
@@ -166,7 +227,11 @@ class VsnapSleepBackend(SleepModeBackend):
                 return
         self._held = [(va, size, key, device) for (va, size, device), key in zip(regions, keys)]
         self._state = "SUSPENDED"
+        t2 = time.perf_counter()
         allocator.sleep(offload_tags=())
+        log.info("vsnap: level-%d sleep of %d weights regions (%.2f GiB): digested in %.3f s, in the tier (copied where it lacked them) "
+                 "and page-locked in %.3f s, memory released in %.3f s", level, len(regions), sum(r[1] for r in regions) / 2**30,
+                 t1 - t0, t2 - t1, time.perf_counter() - t2)
 
     def resume(self, tags=None):
         allocator = _allocator()
@@ -175,31 +240,31 @@ class VsnapSleepBackend(SleepModeBackend):
             if self._held is None:
                 self._cumem.resume(tags)
             else:
+                t0 = time.perf_counter()
                 allocator.wake_up(tags)
                 if tags is None or WEIGHTS in tags:
-                    self._hydrate(allocator)
+                    self._hydrate(allocator, tags, time.perf_counter() - t0)
         finally:
             asleep = any(getattr(d, "is_asleep", False) for d in allocator.pointer_to_data.values())
             self._state = "SUSPENDED" if asleep else "RUNNING"
 
-    def _hydrate(self, allocator):
-        fail_after = _failpoint("hydrate")
+    def _hydrate(self, allocator, tags, mapped_s):
+        t0 = time.perf_counter()
         try:
-            for n, (va, size, key, device) in enumerate(self._held):
-                if fail_after is not None and n == fail_after:
-                    raise RuntimeError(f"failpoint hydrate:{fail_after}")
-                self._driver.copy_host(device, va, self._maps[key][0], size)
-            got = self._digests([(va, size, device) for va, size, _, device in self._held])
+            got = self._restore([(va, self._maps[key][0], size, device) for va, size, key, device in self._held])
             bad = [hex(va) for (va, _, key, _), k in zip(self._held, got) if k != key]
             if bad:
                 raise RuntimeError(f"{len(bad)} restored weights regions do not match what was put to sleep ({', '.join(bad[:4])})")
         except Exception as e:
-            _release_weights(allocator)  # the weights asleep again: no half-restored model serves
+            _release(allocator, tags)  # what this wake mapped asleep again: no half-restored model serves
             raise WakeFailed(f"vsnap: the weights could not be restored from the RAM tier at {self._tier.path} ({type(e).__name__}: {e}); "
                              "the engine stays asleep: retry the wake, or wake the weights and call reload_weights") from e
-        self._held = None
-        self._unmap_all()
-        self._tier.release(self._owner)
+        held, self._held = self._held, None
+        t1 = time.perf_counter()
+        let_go = self._let_go_after_wake()
+        log.info("vsnap: wake of %d weights regions (%.2f GiB): memory mapped in %.3f s, copied back and digested in %.3f s, "
+                 "the tier's entries %s", len(held), sum(h[1] for h in held) / 2**30, mapped_s, t1 - t0,
+                 "being let go after the wake" if let_go is None else f"let go in {let_go:.3f} s")
 
     def discard(self, tags):
         _allocator().discard(tags)
@@ -210,17 +275,22 @@ class VsnapSleepBackend(SleepModeBackend):
         self._state = "SUSPENDED"
 
 
-def _release_weights(allocator):
-    """Puts the weights back to sleep without a copy: the allocator's discard(tags), or, on an
-    allocator without one (vLLM main's cumem.py at e5337d96), a sleep of every mapped allocation,
-    which the executor still counts asleep (its wake failed)."""
+def _release(allocator, tags):
+    """Puts what a failed wake mapped (the allocations of `tags`; None: of every tag) back to sleep
+    without a copy: the allocator's discard(tags), or, on an allocator without one (vLLM main's
+    cumem.py at e5337d96, whose sleep() would unmap the allocations asleep already too, and whose
+    AllocationData has no is_asleep), each of them unmapped with vLLM's module-level
+    unmap_and_release (the one the plugin's hooks wrap). The executor counts them asleep still:
+    its wake failed."""
+    wanted = {d.tag for d in allocator.pointer_to_data.values()} if tags is None else set(tags)
     if hasattr(allocator, "discard"):
-        allocator.discard((WEIGHTS,))
-    else:
-        allocator.sleep(offload_tags=())
+        allocator.discard(tuple(sorted(wanted)))
+        return
+    from .adapter import _cumem
 
-
-def _failpoint(name):
-    spec = os.environ.get("VSNAP_SLEEP_FAILPOINT", "")
-    point, _, n = spec.partition(":")
-    return int(n or 0) if point == name else None
+    cumem = _cumem()
+    for data in allocator.pointer_to_data.values():
+        if data.tag in wanted and not getattr(data, "is_asleep", False):
+            cumem.unmap_and_release(data.handle)
+            if hasattr(data, "is_asleep"):
+                data.is_asleep = True
