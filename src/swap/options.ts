@@ -9,14 +9,14 @@ import type { MaterializePolicy } from '../flows/recovery.js';
 import { checkOptions } from '../options.js';
 import type { RegionStore } from '../store/region-store.js';
 import type { MultipathOptions } from '../transfer/multipath.js';
-import type { SwapControllerOptions, SwapEngine, SwapNeighbourOptions } from './types.js';
+import type { SwapControllerOptions, SwapEngine, SwapHooks, SwapNeighbourOptions } from './types.js';
 
 /*
  * SwapControllerOptions, checked and resolved once, at create: every default filled in, every
  * unknown key refused (with where it went, for the keys the options had before they were grouped).
  */
 
-const OPTIONS = ['store', 'engines', 'budgets', 'tiers', 'recovery', 'overlap', 'captureIfNeeded', 'defaultModel', 'queue', 'metrics', 'hooks', 'booting'];
+const OPTIONS = ['store', 'engines', 'budgets', 'tiers', 'recovery', 'overlap', 'captureIfNeeded', 'defaultModel', 'queue', 'metrics', 'booting'];
 const MOVED = {
   cache: 'tiers.ram',
   resident: 'tiers.gpu',
@@ -59,11 +59,10 @@ export interface SwapConfig {
 }
 
 /** Checks every key and value of the options, and fills in the defaults. Throws E_INVALID_ARGUMENT. @internal */
-export function resolveOptions(options: SwapControllerOptions): SwapConfig {
+export function resolveOptions(options: SwapControllerOptions, seams: SwapHooks = {}): SwapConfig {
   checkOptions('SwapController options', options, OPTIONS, MOVED);
   checkOptions('SwapController options.tiers', options.tiers, TIERS, { cache: 'tiers.ram', resident: 'tiers.gpu' });
   checkOptions('SwapController options.queue', options.queue, ['limit', 'timeoutMs'], { queueLimit: 'queue.limit', queueTimeoutMs: 'queue.timeoutMs' });
-  checkOptions('SwapController options.hooks', options.hooks, ['checkpoint'], {});
   const neighbour = options.tiers?.neighbour;
   if (neighbour !== undefined && !(neighbour instanceof NeighbourTier)) checkOptions('SwapController options.tiers.neighbour', neighbour, ['device', 'budgetBytes']);
   const engines: EngineSpec[] = [];
@@ -94,7 +93,7 @@ export function resolveOptions(options: SwapControllerOptions): SwapConfig {
     defaultModel: options.defaultModel,
     queue: { limit: options.queue?.limit ?? 64, timeoutMs: options.queue?.timeoutMs ?? 120_000 },
     metrics: options.metrics,
-    checkpoint: options.hooks?.checkpoint,
+    checkpoint: seams.checkpoint,
     booting: new Set(options.booting ?? []),
   };
 }
