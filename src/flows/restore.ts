@@ -6,6 +6,7 @@ import { ENGINE_TIER_KEYS, TIER_KEYS } from '../tiers/index.js';
 import type { Snapshot } from '../snapshot/snapshot.js';
 import { captureEngine } from './capture.js';
 import { recoverEngine, recoveryReason, type RecoveryReason } from './recovery.js';
+import { restoreError } from './restore-failure.js';
 import { openRestore, prepareEngine } from './restore-open.js';
 import type { EngineRestoreRun } from './restore-run.js';
 import type { FlowHooks } from './hooks.js';
@@ -105,11 +106,12 @@ async function restoreWith(run: EngineRestoreRun, options: EngineRestoreOptions)
     const reason = run.plan.recovery.reload && !run.call.signal?.aborted ? recoveryReason(e, manifest, run.status, options) : undefined;
     if (reason) return recover(run, e, reason, manifest);
     const { state, asleep } = await run.backToSleep();
-    throw new VsnapError(
+    throw restoreError(
       e.code,
       `${e.message}\nRestore of '${run.name}' failed; ${state}. Retry the restore, or wake the engine and reload its weights with vLLM's reload_weights (restoreEngine's recovery: 'reload').`,
-      { ...e.details, recovered: asleep },
-      { cause: e },
+      e.details,
+      e,
+      { engineAsleep: asleep },
     );
   }
 }
