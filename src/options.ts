@@ -2,7 +2,7 @@ import { VsnapError } from './errors.js';
 
 /*
  * Options bags reject keys they do not know, as the serve configuration does: a misspelt option
- * (`overlapKVWake`, `resident` after it moved into `tiers`) would otherwise be ignored in silence.
+ * (`overlapKVWake`) would otherwise be ignored in silence.
  */
 
 /** Edit distance, for the "did you mean" hint (small strings only). */
@@ -32,18 +32,18 @@ export function nearest(key: string, known: readonly string[]): string | undefin
 }
 
 /**
- * Throws E_INVALID_ARGUMENT when `options` has a key not in `known` (`moved` names keys that
- * exist elsewhere now, with where). `what` names the bag in the message (`restoreEngine options`).
+ * Throws E_INVALID_ARGUMENT when `options` has a key not in `known`, with the known key it is
+ * likely a typo of. `what` names the bag in the message (`restoreEngine options`).
  * @internal
  */
-export function checkOptions(what: string, options: object | undefined, known: readonly string[], moved: Readonly<Record<string, string>> = {}): void {
+export function checkOptions(what: string, options: object | undefined, known: readonly string[]): void {
   if (options === undefined) return;
   if (options === null || typeof options !== 'object' || Array.isArray(options)) {
     throw new VsnapError('E_INVALID_ARGUMENT', `${what} must be an object, got ${options === null ? 'null' : Array.isArray(options) ? 'an array' : typeof options}`, { name: what });
   }
   for (const key of Object.keys(options)) {
     if (known.includes(key) || (options as Record<string, unknown>)[key] === undefined) continue;
-    const hint = moved[key] ? `: it is ${moved[key]} now` : nearest(key, known) ? `: did you mean '${nearest(key, known)}'?` : `; the options are ${known.join(', ')}`;
+    const hint = nearest(key, known) ? `: did you mean '${nearest(key, known)}'?` : `; the options are ${known.join(', ')}`;
     throw new VsnapError('E_INVALID_ARGUMENT', `${what} has no option '${key}'${hint}`, { name: what, key, known: [...known] });
   }
 }

@@ -78,7 +78,7 @@ const CAPTURE_OPTIONS = ['check', 'labels', 'chunkSize', 'cache', 'persist', 'ha
 
 /** Rejects unknown capture options (the probe options moved into `check`). @internal */
 export function checkCaptureOptions(options: EngineCaptureOptions, what = 'captureEngine options'): void {
-  checkOptions(what, options, CAPTURE_OPTIONS, { probePrompt: 'check.prompt', probeMaxTokens: 'check.maxTokens', threads: 'transfer.threads', onProgress: 'transfer.onProgress' });
+  checkOptions(what, options, CAPTURE_OPTIONS);
   checkOptions(`${what}.transfer`, options.transfer, ['threads', 'onProgress']);
 }
 

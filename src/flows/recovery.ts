@@ -5,6 +5,7 @@ import type { Manifest } from '../manifest/manifest.js';
 import type { ExpectedResponse } from '../manifest/types.js';
 import type { RegionStore } from '../store/region-store.js';
 import { warn } from './checks.js';
+import { restoreError, type RecoveryReason } from './restore-failure.js';
 import type { Snapshot } from '../snapshot/snapshot.js';
 
 /*
@@ -31,22 +32,7 @@ export type RecoveryPolicy = 'fail' | 'reload';
  */
 export type MaterializePolicy = 'off' | 'async' | 'required';
 
-/**
- * Why a snapshot could not be used, for the errors recovery goes past:
- * - `missing`: no snapshot of that name (E_SNAPSHOT_NOT_FOUND), or a blob is gone (E_BLOB_MISSING),
- *   or a snapshot to pull (a `SnapshotRef` with `from`) cannot be had: the registry does not
- *   have it (E_SNAPSHOT_NOT_FOUND), cannot be reached or fails (E_REGISTRY), stalls or trickles
- *   (E_REGISTRY_TIMEOUT), or refuses the credentials (E_REGISTRY_AUTH; the report's `code` says so);
- * - `damaged`: E_CHECKSUM, E_BLOB_TRUNCATED, E_DIGEST_MISMATCH, or an unreadable manifest (E_MANIFEST_INVALID);
- * - `incompatible`: E_MANIFEST_MISMATCH for the same model (layout, engine version, platform);
- * - `not-durable`: a capture kept only in the RAM tier is no longer there (E_NOT_DURABLE).
- *
- * Never recovered: a snapshot of another model (the engine would load its own model, not the one
- * asked for), and every error that is not about the snapshot: the engine's (E_ENGINE_*), a
- * cancellation, an expected-response mismatch after a verified restore, E_STALE.
- * @public
- */
-export type RecoveryReason = 'missing' | 'damaged' | 'incompatible' | 'not-durable';
+export type { RecoveryReason } from './restore-failure.js';
 
 /**
  * How a background capture after a recovery ended (the promise never rejects).
@@ -197,12 +183,13 @@ export async function recoverEngine(ctx: RecoveryContext): Promise<{ recovery: E
   } catch (err) {
     const e = toVsnapError(err);
     const { state, asleep } = await ctx.backToSleep();
-    throw new VsnapError(
+    throw restoreError(
       e.code,
       `snapshot '${ctx.name}' could not be used (${ctx.cause.code}), and recovery through the engine's own loader failed in ${stage}: ${e.message}\n` +
         `${state}. Check the engine (its log says why the load failed), then retry, or restart it.`,
-      { ...e.details, recovered: asleep, recovery: ctx.reason, snapshotError: ctx.cause.code },
-      { cause: e },
+      e.details,
+      e,
+      { engineAsleep: asleep, recovery: ctx.reason, snapshotError: ctx.cause.code },
     );
   }
   return { recovery, bytes };

@@ -68,7 +68,7 @@ export async function finishWake(run: RestoreContext, expected: ExpectedResponse
   await letGo(run);
   const actual = await checking;
   run.lap('expectedResponse');
-  const difference = compareResponses(expected, actual, run.options.verify?.logprobTolerance ?? 0);
+  const difference = compareResponses(expected, actual, run.plan.checks.logprobTolerance);
   if (!difference) return;
   throw new VsnapError(
     'E_RESPONSE_MISMATCH',
@@ -86,7 +86,7 @@ export async function fallBack(run: RestoreContext, what: string, failure: Vsnap
   run.status = await reread(run, what, failure);
   if (!holdsWeights(run.status)) return;
   try {
-    await sleepAgain(run.control, run.status, run.call, !run.hooks.beforeKvWake);
+    await sleepAgain(run.control, run.status, run.call, !run.plan.awaitsRoom);
   } catch (err) {
     const e = toVsnapError(err);
     throw new VsnapError(e.code, `${what} failed (${failure.message}) and putting the engine back to sleep failed too (${e.message}); check it before sending requests`, { ...e.details, recovered: false }, { cause: failure });

@@ -11,7 +11,8 @@ import { makeEarlyFill } from './fill.js';
 import type { FlowHooks } from './hooks.js';
 import { checkRoom, describeRoom, resolveRemap } from './gpu-remap.js';
 import { recoveryReason } from './recovery.js';
-import { EngineRestoreRun, type OpenError, type RecoveryChoice } from './restore-run.js';
+import { recoveryChoice, planRestore, type RecoveryChoice } from './restore-plan.js';
+import { EngineRestoreRun, type OpenError } from './restore-run.js';
 import type { EngineRestoreOptions, SnapshotRef } from './types.js';
 
 /*
@@ -39,20 +40,6 @@ async function openSnapshot(source: Snapshot | SnapshotRef, client: EngineClient
 }
 
 /**
- * Whether a restore may make the first part of the weights' memory before it has read the
- * engine: only where the weights will surely be copied into memory made here (the RAM tier or the
- * store) and no tier that keeps them elsewhere (tier 0 holding this engine's weights, the
- * neighbour GPU, the engine's own, two links) or a move can take the restore. Whether the engine
- * can adopt the memory is known only from its status: where it cannot, the memory is let go unused.
- */
-function mayFillEarly(snapshot: Snapshot, client: EngineClient, options: EngineRestoreOptions): boolean {
-  const t = options.tiers ?? {};
-  if (options.move || t.engine || t.neighbour || t.multipath || options.allowModelSwap) return false;
-  if (t.gpu?.has(client.baseUrl)) return false;
-  return snapshot.durable || (t.ram?.has(snapshot.id) ?? false);
-}
-
-/**
  * Opens a restore before the engine is touched: the snapshot (one that cannot be opened fails here,
  * unless it may be recovered from), the first part of the weights' memory made while the engine is
  * read (where the RAM tier holds the snapshot, copied into at once: memory of this process's own,
@@ -60,13 +47,15 @@ function mayFillEarly(snapshot: Snapshot, client: EngineClient, options: EngineR
  * (checked before anything changes).
  * @internal
  */
-export async function openRestore(source: Snapshot | SnapshotRef, client: EngineClient, options: EngineRestoreOptions, recovery: RecoveryChoice, hooks: FlowHooks): Promise<EngineRestoreRun> {
+export async function openRestore(source: Snapshot | SnapshotRef, client: EngineClient, options: EngineRestoreOptions, hooks: FlowHooks): Promise<EngineRestoreRun> {
   const started = performance.now();
+  const recovery = recoveryChoice(options);
   const { snapshot, openError } = await openSnapshot(source, client, options, recovery);
+  const plan = planRestore({ options, snapshot, engine: client.baseUrl, awaitsRoom: hooks.beforeKvWake !== undefined });
   const ram = options.tiers?.ram;
   const onProgress = options.transfer?.onProgress;
-  const startCopy = snapshot && ram ? (regions: readonly RestoreRegion[]) => snapshot.startRestore(ram, regions, { onProgress, signal: options.signal }) : undefined;
-  const early = snapshot && mayFillEarly(snapshot, client, options) ? makeEarlyFill(snapshot.manifest, startCopy) : undefined;
+  const startCopy = snapshot && ram && plan.earlyCopy ? (regions: readonly RestoreRegion[]) => snapshot.startRestore(ram, regions, { onProgress, signal: options.signal }) : undefined;
+  const early = snapshot && plan.earlyFill ? makeEarlyFill(snapshot.manifest, startCopy) : undefined;
   let control: EngineControl;
   let status: EngineStatus;
   try {
@@ -89,7 +78,7 @@ export async function openRestore(source: Snapshot | SnapshotRef, client: Engine
   }
   const store = snapshot?.store ?? (source as SnapshotRef).store;
   const name = snapshot?.name ?? (source as SnapshotRef).name;
-  return new EngineRestoreRun({ started, client, control, status, snapshot, openError, name, store, options, hooks, recovery, remap, early });
+  return new EngineRestoreRun({ started, client, control, status, snapshot, openError, name, store, options, hooks, plan, remap, early });
 }
 
 /**

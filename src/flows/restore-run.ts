@@ -9,11 +9,12 @@ import { phaseTimer, warn } from './checks.js';
 import type { GpuRemap } from './gpu-remap.js';
 import type { FlowHooks } from './hooks.js';
 import type { RestorePhase, RestoreRoute } from './phases.js';
-import type { MaterializePolicy, RecoveryReason } from './recovery.js';
+import type { RecoveryReason } from './recovery.js';
 import { backToSleep, cleanUp, fallBack, finishWake } from './restore-finish.js';
 import { earlyOf, kvWakeOf, type EarlyPart, type RestoreStage } from './restore-stage.js';
 import { FILL_OVERLAPPED } from './fill-targets.js';
-import { filledTargets, mappedTargets, mayFill } from './restore-targets.js';
+import { filledTargets, mappedTargets } from './restore-targets.js';
+import { planTargets, type RestorePlan } from './restore-plan.js';
 import type { EngineRestoreOptions, EngineRestoreReport } from './types.js';
 
 /*
@@ -29,12 +30,6 @@ export interface OpenError {
   readonly reason: RecoveryReason | undefined;
 }
 
-/** What restoreEngine's recovery option says, checked. @internal */
-export interface RecoveryChoice {
-  readonly reload: boolean;
-  readonly materialize: MaterializePolicy;
-}
-
 /** What a run is opened with (restore-open.ts). @internal */
 export interface RunStart {
   readonly started: number;
@@ -48,7 +43,7 @@ export interface RunStart {
   readonly options: EngineRestoreOptions;
   /** The seams (hooks.ts): a swap's gate, a test's faults. */
   readonly hooks: FlowHooks;
-  readonly recovery: RecoveryChoice;
+  readonly plan: RestorePlan;
   readonly remap: GpuRemap | undefined;
   readonly early: EarlyPart;
 }
@@ -70,7 +65,7 @@ export class EngineRestoreRun implements RestoreRun {
   readonly name: string;
   readonly store: Snapshot['store'];
   readonly options: EngineRestoreOptions;
-  readonly recovery: RecoveryChoice;
+  readonly plan: RestorePlan;
   readonly remap: GpuRemap | undefined;
   /** The engine as last read (after a deep resume, a sleep, a tier that fell through). */
   status: EngineStatus;
@@ -80,14 +75,13 @@ export class EngineRestoreRun implements RestoreRun {
 
   constructor(start: RunStart) {
     ({ started: this.started, client: this.client, control: this.control, status: this.status, snapshot: this.snapshot, openError: this.openError } = start);
-    ({ name: this.name, store: this.store, options: this.options, hooks: this.hooks, recovery: this.recovery, remap: this.remap } = start);
+    ({ name: this.name, store: this.store, options: this.options, hooks: this.hooks, plan: this.plan, remap: this.remap } = start);
     this.stage = { stage: 'prepared', early: start.early };
     this.lap = phaseTimer(this.phases as Record<string, number>, start.started);
     this.call = this.options.signal ? { signal: this.options.signal } : {};
     this.tiers = restoreTiers(this.options.tiers ?? {});
     const t = this.options.transfer ?? {};
-    const v = this.options.verify ?? {};
-    this.hydrate = { threads: t.threads, onProgress: t.onProgress, directIo: t.directIo, verify: v.blobs, verifyDigests: v.digests };
+    this.hydrate = { threads: t.threads, onProgress: t.onProgress, directIo: t.directIo, verify: this.plan.checks.blobs, verifyDigests: this.plan.checks.digests };
   }
 
   warn(message: string): void {
@@ -100,7 +94,7 @@ export class EngineRestoreRun implements RestoreRun {
     const s = this.stage;
     if (s.stage === 'mapped' || (s.stage === 'filled' && use.fill)) return s.targets;
     if (s.stage !== 'prepared') throw new VsnapError('E_INTERNAL', `a tier asked for ${use.fill ? 'targets' : 'mapped targets'} at stage ${s.stage}`);
-    return use.fill && mayFill(this) ? filledTargets(this, s.early) : mappedTargets(this, s.early);
+    return use.fill && planTargets(this.status, this.remap) === 'fill' ? filledTargets(this, s.early) : mappedTargets(this, s.early);
   }
 
   /** Lets go of the first part of the memory made before the engine was read now (a deep resume needs the GPU), and makes none of it count from here on. */
@@ -156,7 +150,7 @@ export class EngineRestoreRun implements RestoreRun {
   }
 
   /** Puts the engine back to sleep if it holds weights; `wakeRest`: see sleepAgain (default: unless in a swap whose room never opened). */
-  backToSleep(wakeRest = !this.hooks.beforeKvWake): Promise<{ state: string; asleep: boolean }> {
+  backToSleep(wakeRest = !this.plan.awaitsRoom): Promise<{ state: string; asleep: boolean }> {
     return backToSleep(this, wakeRest);
   }
 

@@ -10,6 +10,7 @@ import type { GpuRemap } from './gpu-remap.js';
 import type { FlowHooks } from './hooks.js';
 import type { EarlyWake } from './kv-overlap.js';
 import type { RestorePhase } from './phases.js';
+import type { RestorePlan } from './restore-plan.js';
 import type { EngineRestoreOptions } from './types.js';
 
 /*
@@ -66,6 +67,7 @@ export interface RestoreContext {
   readonly hooks: FlowHooks;
   readonly call: CallOptions;
   readonly remap: GpuRemap | undefined;
+  readonly plan: RestorePlan;
   readonly phases: Partial<Record<RestorePhase, number>>;
   lap(phase: RestorePhase): void;
   /** The engine as last read. */

@@ -27,16 +27,6 @@ export const RESTORE_MAPPING: MappedRegionsOptions = { mapping: 'pipelined' };
 /** The tags a restore wakes after the weights: the KV cache, by name, alone (restore-finish.ts says why). @internal */
 export const TAGS_AFTER_WEIGHTS: readonly string[] = ['kv_cache'];
 
-/**
- * Whether this restore can fill memory of its own for the weights: every rank asleep with its
- * weights unmapped, a plugin that describes its regions while asleep, and no move onto other GPUs
- * (the memory would have to be made on the GPU the process is not on yet).
- * @internal
- */
-export function mayFill(run: RestoreContext): boolean {
-  return !run.remap && run.status.sleeping && run.status.ranks.every((r) => r.describe === true && !r.weightsMapped);
-}
-
 /** The signal that stops a hydrate: the restore's, and `stop`'s (a wake beside it failed). */
 function hydrateSignal(run: RestoreContext, stop: AbortController): AbortSignal {
   return run.call.signal ? AbortSignal.any([run.call.signal, stop.signal]) : stop.signal;
@@ -55,7 +45,7 @@ export async function filledTargets(run: RestoreContext, early: EarlyPart): Prom
     allowModelSwap: run.options.allowModelSwap ?? false,
     lap: run.lap,
     overlapped: (phase, seconds) => void (beside[phase] = seconds),
-    ...(run.options.overlapKvWake ? { kvWake: { tags: TAGS_AFTER_WEIGHTS, before: run.hooks.beforeKvWake } } : {}),
+    ...(run.plan.kvBesideHydrate ? { kvWake: { tags: TAGS_AFTER_WEIGHTS, before: run.hooks.beforeKvWake } } : {}),
     made: (fill) => void memory.push(fill),
     ...(early ? { early } : {}),
   });
@@ -81,7 +71,7 @@ export async function mappedTargets(run: RestoreContext, early: EarlyPart): Prom
   // With overlapKvWake the KV cache wakes now; its failure stops the hydrate (and the other way
   // round, a failure waits for it before the engine goes back to sleep).
   const stop = new AbortController();
-  const kvWake = run.options.overlapKvWake ? startKvWake(run.control, TAGS_AFTER_WEIGHTS, run.call, run.hooks.beforeKvWake, (e) => stop.abort(e)) : undefined;
+  const kvWake = run.plan.kvBesideHydrate ? startKvWake(run.control, TAGS_AFTER_WEIGHTS, run.call, run.hooks.beforeKvWake, (e) => stop.abort(e)) : undefined;
   const regions = live.map((x, i) => ({ key: x.key, size: x.size, tag: exportedTag(exported, i), rank: x.rank, memory: x.memory }));
   const targets: MappedTargets = { kind: 'mapped', direct: liveRefs(exported), mapped: live, regions, signal: kvWake ? hydrateSignal(run, stop) : run.call.signal, ranks: exported.ranks.length };
   run.stage = { stage: 'mapped', exported, mapped, targets, kvWake };

@@ -1,13 +1,14 @@
-import { invalidArgument, VsnapError } from '../errors.js';
+import { VsnapError } from '../errors.js';
 import type { EngineClient } from '../engine/engine-client.js';
 import type { Manifest } from '../manifest/manifest.js';
 import { checkOptions } from '../options.js';
 import { ENGINE_TIER_KEYS, TIER_KEYS } from '../tiers/index.js';
 import type { Snapshot } from '../snapshot/snapshot.js';
 import { captureEngine } from './capture.js';
-import { recoverEngine, recoveryReason, type MaterializePolicy, type RecoveryReason } from './recovery.js';
+import { recoverEngine, recoveryReason, type RecoveryReason } from './recovery.js';
+import { restoreError } from './restore-failure.js';
 import { openRestore, prepareEngine } from './restore-open.js';
-import type { EngineRestoreRun, RecoveryChoice } from './restore-run.js';
+import type { EngineRestoreRun } from './restore-run.js';
 import type { FlowHooks } from './hooks.js';
 import type { EngineRestoreOptions, EngineRestoreReport, SnapshotRef } from './types.js';
 
@@ -18,21 +19,6 @@ import type { EngineRestoreOptions, EngineRestoreReport, SnapshotRef } from './t
  */
 
 const RESTORE_OPTIONS = ['tiers', 'recovery', 'move', 'verify', 'overlapKvWake', 'allowModelSwap', 'transfer', 'signal', 'onWarning'];
-const MOVED = {
-  cache: 'tiers.ram',
-  resident: 'tiers.gpu',
-  neighbour: 'tiers.neighbour',
-  multipath: 'tiers.multipath',
-  onto: 'move.onto',
-  gpuMap: 'move.gpuMap',
-  ontoReserveBytes: 'move.reserveBytes',
-  materialize: "recovery: { policy, materialize }",
-  verifyDigests: 'verify.digests',
-  logprobTolerance: 'verify.logprobTolerance',
-  threads: 'transfer.threads',
-  directIo: 'transfer.directIo',
-  onProgress: 'transfer.onProgress',
-};
 
 /**
  * Restores a snapshot into a suspended engine: wakes the weights, has the workers export them,
@@ -55,13 +41,13 @@ export function restoreEngine(source: Snapshot | SnapshotRef, client: EngineClie
  * @internal
  */
 export async function restoreEngineWith(source: Snapshot | SnapshotRef, client: EngineClient, options: EngineRestoreOptions, hooks: FlowHooks): Promise<EngineRestoreReport> {
-  checkOptions('restoreEngine options', options, RESTORE_OPTIONS, MOVED);
+  checkOptions('restoreEngine options', options, RESTORE_OPTIONS);
   checkOptions('restoreEngine options.tiers', options.tiers, TIER_KEYS);
   if (typeof options.tiers?.engine === 'object') checkOptions('restoreEngine options.tiers.engine', options.tiers.engine, ENGINE_TIER_KEYS);
-  checkOptions('restoreEngine options.move', options.move, ['onto', 'gpuMap', 'reserveBytes'], { ontoReserveBytes: 'move.reserveBytes' });
-  checkOptions('restoreEngine options.verify', options.verify, ['blobs', 'digests', 'logprobTolerance'], { verifyDigests: 'verify.digests' });
+  checkOptions('restoreEngine options.move', options.move, ['onto', 'gpuMap', 'reserveBytes']);
+  checkOptions('restoreEngine options.verify', options.verify, ['blobs', 'digests', 'logprobTolerance']);
   checkOptions('restoreEngine options.transfer', options.transfer, ['threads', 'directIo', 'onProgress']);
-  const run = await openRestore(source, client, options, recoveryPolicy(options), hooks);
+  const run = await openRestore(source, client, options, hooks);
   try {
     return await restoreWith(run, options);
   } finally {
@@ -102,25 +88,17 @@ async function restoreWith(run: EngineRestoreRun, options: EngineRestoreOptions)
     const e = await run.cleanUp(err);
     // The snapshot's own faults (never the engine's, nor a cancellation) may be recovered from.
     const manifest = run.snapshot!.manifest;
-    const reason = run.recovery.reload && !run.call.signal?.aborted ? recoveryReason(e, manifest, run.status, options) : undefined;
+    const reason = run.plan.recovery.reload && !run.call.signal?.aborted ? recoveryReason(e, manifest, run.status, options) : undefined;
     if (reason) return recover(run, e, reason, manifest);
     const { state, asleep } = await run.backToSleep();
-    throw new VsnapError(
+    throw restoreError(
       e.code,
       `${e.message}\nRestore of '${run.name}' failed; ${state}. Retry the restore, or wake the engine and reload its weights with vLLM's reload_weights (restoreEngine's recovery: 'reload').`,
-      { ...e.details, recovered: asleep },
-      { cause: e },
+      e.details,
+      e,
+      { engineAsleep: asleep },
     );
   }
-}
-
-/** The recovery option, checked: `fail` unless it says `reload`. */
-function recoveryPolicy(options: EngineRestoreOptions): RecoveryChoice {
-  const r = options.recovery ?? 'fail';
-  const { policy, materialize = 'off' } = typeof r === 'string' ? { policy: r } : r;
-  if (policy !== 'fail' && policy !== 'reload') invalidArgument('recovery', "'fail', 'reload' or { policy, materialize }", r);
-  if (materialize !== 'off' && materialize !== 'async' && materialize !== 'required') invalidArgument('recovery.materialize', "'off', 'async' or 'required'", materialize);
-  return { reload: policy === 'reload', materialize };
 }
 
 /** The engine reloads its weights itself (the snapshot cannot be used), then follows the materialize policy. */
@@ -135,7 +113,7 @@ async function recover(run: EngineRestoreRun, cause: VsnapError, reason: Recover
     manifest,
     cause,
     reason,
-    materialize: run.recovery.materialize,
+    materialize: run.plan.recovery.materialize,
     call: run.call,
     lap: run.lap,
     onWarning: options.onWarning,

@@ -172,7 +172,7 @@ export async function suspendEngineWith(store: RegionStore, name: string, client
 }
 
 function checkSuspendOptions(options: EngineSuspendOptions): void {
-  checkOptions('suspendEngine options', options, SUSPEND_OPTIONS, { resident: 'tiers.gpu', neighbour: 'tiers.neighbour', lockTimeoutMs: 'deep: { lockTimeoutMs }' });
+  checkOptions('suspendEngine options', options, SUSPEND_OPTIONS);
   checkOptions('suspendEngine options.tiers', options.tiers, TIER_KEYS);
   if (typeof options.tiers?.engine === 'object') checkOptions('suspendEngine options.tiers.engine', options.tiers.engine, ENGINE_TIER_KEYS);
   if (options.capture) checkCaptureOptions(options.capture, 'suspendEngine options.capture');

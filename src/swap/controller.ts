@@ -14,7 +14,7 @@ import { SwapMetrics } from './metrics.js';
 import { resolveOptions, type SwapConfig } from './options.js';
 import { usage } from './planner.js';
 import { bootHeld, bootReleased, engineState, newSlot, type Slot } from './state.js';
-import type { EngineView, Lease, NeighbourView, SwapControllerOptions, SwapEngine, SwapEvent } from './types.js';
+import type { EngineView, Lease, NeighbourView, SwapControllerOptions, SwapEngine, SwapEvent, SwapHooks } from './types.js';
 
 export type * from './types.js';
 export type * from './events.js';
@@ -42,9 +42,9 @@ export class SwapController extends EventEmitter<SwapControllerEvents> {
   private readonly ctx: SwapContext;
   private readonly executor: SwapExecutor;
 
-  private constructor(options: SwapControllerOptions) {
+  private constructor(options: SwapControllerOptions, seams: SwapHooks) {
     super();
-    this.config = resolveOptions(options);
+    this.config = resolveOptions(options, seams);
     const metrics = new SwapMetrics(this.config.metrics);
     this.registry = metrics.registry;
     this.slots = new Map(
@@ -62,8 +62,13 @@ export class SwapController extends EventEmitter<SwapControllerEvents> {
    * Reads every engine's state, suspends what does not fit, wakes the pinned engines and the
    * default model, and starts the idle timer. Refuses options it does not know (E_INVALID_ARGUMENT).
    */
-  static async create(options: SwapControllerOptions): Promise<SwapController> {
-    const c = new SwapController(options);
+  static create(options: SwapControllerOptions): Promise<SwapController> {
+    return SwapController.createWith(options, {});
+  }
+
+  /** {@link SwapController.create} with test seams (a fake process checkpoint driver). @internal */
+  static async createWith(options: SwapControllerOptions, seams: SwapHooks): Promise<SwapController> {
+    const c = new SwapController(options, seams);
     try {
       await c.executor.start();
     } catch (err) {

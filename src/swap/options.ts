@@ -9,14 +9,14 @@ import type { MaterializePolicy } from '../flows/recovery.js';
 import { checkOptions } from '../options.js';
 import type { RegionStore } from '../store/region-store.js';
 import type { MultipathOptions } from '../transfer/multipath.js';
-import type { SwapControllerOptions, SwapEngine, SwapNeighbourOptions } from './types.js';
+import type { SwapControllerOptions, SwapEngine, SwapHooks, SwapNeighbourOptions } from './types.js';
 
 /*
  * SwapControllerOptions, checked and resolved once, at create: every default filled in, every
  * unknown key refused (with the option it is likely a typo of).
  */
 
-const OPTIONS = ['store', 'engines', 'budgets', 'tiers', 'recovery', 'overlap', 'captureIfNeeded', 'defaultModel', 'queue', 'metrics', 'hooks', 'booting'];
+const OPTIONS = ['store', 'engines', 'budgets', 'tiers', 'recovery', 'overlap', 'captureIfNeeded', 'defaultModel', 'queue', 'metrics', 'booting'];
 const TIERS = ['ram', 'gpu', 'neighbour', 'multipath'];
 const ENGINE = ['name', 'client', 'snapshot', 'from', 'devices', 'memoryBytes', 'asleepBytes', 'pinned', 'idleTtlMs', 'group', 'weightsBytes', 'deepSuspend', 'movableTo', 'check'];
 
@@ -49,11 +49,10 @@ export interface SwapConfig {
 }
 
 /** Checks every key and value of the options, and fills in the defaults. Throws E_INVALID_ARGUMENT. @internal */
-export function resolveOptions(options: SwapControllerOptions): SwapConfig {
+export function resolveOptions(options: SwapControllerOptions, seams: SwapHooks = {}): SwapConfig {
   checkOptions('SwapController options', options, OPTIONS);
   checkOptions('SwapController options.tiers', options.tiers, TIERS);
   checkOptions('SwapController options.queue', options.queue, ['limit', 'timeoutMs']);
-  checkOptions('SwapController options.hooks', options.hooks, ['checkpoint']);
   const neighbour = options.tiers?.neighbour;
   if (neighbour !== undefined && !(neighbour instanceof NeighbourTier)) checkOptions('SwapController options.tiers.neighbour', neighbour, ['device', 'budgetBytes']);
   const engines: EngineSpec[] = [];
@@ -84,7 +83,7 @@ export function resolveOptions(options: SwapControllerOptions): SwapConfig {
     defaultModel: options.defaultModel,
     queue: { limit: options.queue?.limit ?? 64, timeoutMs: options.queue?.timeoutMs ?? 120_000 },
     metrics: options.metrics,
-    checkpoint: options.hooks?.checkpoint,
+    checkpoint: seams.checkpoint,
     booting: new Set(options.booting ?? []),
   };
 }

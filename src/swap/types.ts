@@ -165,8 +165,6 @@ export interface SwapControllerOptions {
   readonly queue?: SwapQueueOptions;
   /** A prom-client registry to put the metrics in (default: the controller's own, {@link SwapController.registry}). */
   readonly metrics?: Registry;
-  /** @internal Test seams. */
-  readonly hooks?: SwapHooks;
   /**
    * @internal Engines `vsnap serve` is still booting (starting, pulling, capturing, suspending
    * them outside the controller): each counts as awake and in use, so it is never woken,

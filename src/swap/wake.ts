@@ -1,6 +1,7 @@
 import { toVsnapError, VsnapError } from '../errors.js';
 import { restoreEngine, type EngineRestoreReport, type SnapshotRef } from '../flows/index.js';
 import { restoreEngineWith } from '../flows/restore.js';
+import { restoreFailure } from '../flows/restore-failure.js';
 import { Snapshot } from '../snapshot/snapshot.js';
 import { RETRY_MS, type SwapContext } from './context.js';
 import { flowHooks, KEPT_BY_ENGINE, restoreOptions } from './flow-options.js';
@@ -108,15 +109,16 @@ export async function wake(ctx: SwapContext, slot: Slot, onto?: readonly number[
     if (!roomError) cool(slot, Date.now() + RETRY_MS);
     // The processes were restored (and moved, with onto) before a later step failed: the engine
     // is no longer deep, it holds its context (asleepBytes) where it runs now.
-    if (slot.spec.deepSuspend && 'recovered' in e.details) processesBack(slot, onto);
-    // A failed recovery (details.recovery) still says the snapshot was bad (details.snapshotError).
-    const fault = SNAPSHOT_FAULTS.has(e.code) ? e.code : (e.details.snapshotError as VsnapError['code'] | undefined);
+    const failure = restoreFailure(e); // undefined: it failed before the engine was touched
+    if (slot.spec.deepSuspend && failure) processesBack(slot, onto);
+    // A failed recovery still says the snapshot was bad (its snapshotError).
+    const fault = SNAPSHOT_FAULTS.has(e.code) ? e.code : failure?.snapshotError;
     if (fault !== undefined && SNAPSHOT_FAULTS.has(fault)) ctx.markDamaged(slot, { snapshotId, reason: damageReason(fault, snapshotId) }, e.message);
-    if (typeof e.details.recovery === 'string') metrics.recoveries.inc({ engine: name, reason: e.details.recovery, result: 'error' });
+    if (failure?.recovery) metrics.recoveries.inc({ engine: name, reason: failure.recovery, result: 'error' });
     // What the engine really is now. Awake after a failed restore means its weights are not
     // the verified ones (it could not be put back to sleep): never lease it.
     const now = await ctx.readState(slot);
-    wakeFailed(slot, e.message, now === 'awake' || e.details.recovered === false);
+    wakeFailed(slot, e.message, now === 'awake' || failure?.engineAsleep === false);
     ctx.changed();
     events.emit('swapFailed', { engine: name, action: 'restore', error: e });
     // Clients get a short answer; the operator's detail (paths, mismatches) is the event's error.

@@ -133,7 +133,7 @@ describe('deep suspend through suspendEngine / restoreEngine', () => {
   it('the SwapController suspends a deepSuspend engine deep; after a failed deep step it counts its asleepBytes again', async () => {
     const { client, store, before, pid } = await setUp();
     const driver = new FakeCheckpointDriver([pid]);
-    const c = await SwapController.create({ store, engines: [{ name: 'ref', client, memoryBytes: 10e9, asleepBytes: 2e9, deepSuspend: true }], budgets: { 0: 20e9 }, hooks: { checkpoint: driver } });
+    const c = await SwapController.createWith({ store, engines: [{ name: 'ref', client, memoryBytes: 10e9, asleepBytes: 2e9, deepSuspend: true }], budgets: { 0: 20e9 } }, { checkpoint: driver });
     try {
       expect(c.states()[0]!.state).toBe('awake');
       driver.fail('checkpoint', pid, 'driver');

@@ -41,7 +41,7 @@ describe('restore onto another GPU: refusals and handles', () => {
   it('the SwapController: a deep engine whose processes were restored but whose wake then failed counts its asleepBytes again (it is no longer deep)', async () => {
     const { client, store, snap, pid } = await setUp();
     const driver = new FakeCheckpointDriver([pid]);
-    const c = await SwapController.create({ store, engines: [{ name: 'ref', client, memoryBytes: 10e9, asleepBytes: 2e9, deepSuspend: true }], budgets: { 0: 20e9 }, hooks: { checkpoint: driver }, recovery: 'fail' }); // the damaged blob stays a failure (recovery: swap-recovery.test.ts)
+    const c = await SwapController.createWith({ store, engines: [{ name: 'ref', client, memoryBytes: 10e9, asleepBytes: 2e9, deepSuspend: true }], budgets: { 0: 20e9 }, recovery: 'fail' }, { checkpoint: driver }); // the damaged blob stays a failure (recovery: swap-recovery.test.ts)
     try {
       await c.suspend('ref');
       expect(c.usage()[0]).toBe(0);
@@ -101,12 +101,11 @@ describe('restore onto another GPU: refusals and handles', () => {
     const { client, store, before, pid } = await setUp();
     const driver = new FakeCheckpointDriver([pid]);
     // device 0's budget cannot hold it awake, device 1's can: it is suspended (deep) at start, and a request moves it
-    const c = await SwapController.create({
+    const c = await SwapController.createWith({
       store,
       engines: [{ name: 'ref', client, memoryBytes: 10e9, deepSuspend: true, movableTo: [1] }],
       budgets: { 0: 5e9, 1: 20e9 },
-      hooks: { checkpoint: driver },
-    });
+    }, { checkpoint: driver });
     try {
       expect(driver.states.get(pid)).toBe('checkpointed');
       const failures: VsnapError[] = [];

@@ -36,7 +36,7 @@ describe('SwapController options: unknown keys are refused with a hint', () => {
     expect((await refusal({ tiers: { cache: {} } })).message).toMatch(/options\.tiers has no option 'cache'; the options are ram, gpu, neighbour, multipath/);
     expect((await refusal({ queue: { limits: 3 } })).message).toMatch(/options\.queue has no option 'limits': did you mean 'limit'\?/);
     expect((await refusal({ recovery: { policy: 'reload', materialise: 'off' } })).message).toMatch(/options\.recovery has no option 'materialise': did you mean 'materialize'\?/);
-    expect((await refusal({ hooks: { beforeCheck: () => undefined } })).message).toMatch(/options\.hooks has no option 'beforeCheck'/);
+    expect((await refusal({ hooks: { checkpoint: {} } })).message).toMatch(/no option 'hooks'/); // test seams are no option
     expect((await refusal({ tiers: { neighbour: { device: 1, budgetByte: GB } } })).message).toMatch(/tiers\.neighbour has no option 'budgetByte': did you mean 'budgetBytes'\?/);
     expect((await refusal({}, { memoryByte: GB })).message).toMatch(/engine 'a' has no option 'memoryByte': did you mean 'memoryBytes'\?/);
     expect((await refusal({}, { deep: true })).message).toMatch(/engine 'a' has no option 'deep'/);
