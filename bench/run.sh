@@ -11,14 +11,15 @@
 #   npm run bench -- compare <before.json> <after.json> [tolerance]   two swap runs' medians side by
 #                                             side, those more than tolerance (0.03) slower marked
 #   npm run bench -- codec [MiB] [repeats] [out.json]   the chunk codec on the GPU: ratio, encode and
-#                                             decode GB/s per dtype (bench/codec.ts)
+#                                             decode GB/s per dtype (test/microbench/codec.ts: an
+#                                             addon internal, so not under bench/)
 #   npm run bench -- bundle                   only the bundles (dist-gpu/bench-*.mjs), to carry
 # Builds the bundles, the ceiling program and the reference engine's allocator where the tools are
 # here; on a machine without npm, carry dist-gpu/ and run this same script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -x node_modules/.bin/esbuild ]; then
-  node_modules/.bin/esbuild bench/transfer.ts bench/engine-swap.ts bench/compare.ts bench/codec.ts --bundle --platform=node --format=esm --target=node20 \
+  node_modules/.bin/esbuild bench/transfer.ts bench/engine-swap.ts bench/compare.ts test/microbench/codec.ts --bundle --platform=node --format=esm --target=node20 \
     --outdir=dist-gpu --entry-names='bench-[name]' --out-extension:.js=.mjs --log-level=warning --external:node-gyp-build \
     --banner:js="import { createRequire as __cr } from 'module'; const require = __cr(import.meta.url);"
 fi

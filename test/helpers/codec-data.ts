@@ -1,5 +1,5 @@
 // Chunks of every kind the codec meets (test/unit/codec.test.ts, test/gpu/codec.gpu.test.ts,
-// bench/codec.ts): weights of each dtype from Gaussian and heavy-tailed draws with NaN, Inf,
+// test/microbench/codec.ts): weights of each dtype from Gaussian and heavy-tailed draws with NaN, Inf,
 // denormals and negative zero mixed in, random bytes, zeros, constants. Seeded: the same bytes
 // on every run.
 import type { CodecKind } from '../../src/transfer/codec.js';
