@@ -13,11 +13,8 @@
 // none (suspend, then restore), kv (restoreEngine's overlapKvWake), weights and all (swapEngines).
 // The report opens with issue 25's targets, each against a reference measured in the same run
 // (bench/swap-report.ts); the bytes alone are the raw pinned H2D of the engine's own regions.
-//   node dist-gpu/bench-engine-swap.mjs [--device cuda|host] [--layers 36] [--hidden 4096] [--reps 5]
-//     [--rows sweep,tier0,ram,ram2,vllm-l1,engine,pagecache,cold] [--overlap none,kv,weights,all]
-//     [--neighbour 1] [--out bench/results] [--store /tmp/vsnap-swap-store] [--sweep-regions 36,252,1000,4000]
-//     [--sweep-gib 16] [--ceiling dist-gpu/ceiling] [--vllm-cycles 3]
-// Writes <out>/engine-swap-<GiB>GiB.json (every swap) and .md, prints the tables; progress on stderr.
+// Options and their defaults: parseArgs below. Writes <out>/engine-swap-<GiB>GiB.json (every swap)
+// and .md, prints the tables; progress on stderr.
 import { execSync } from 'node:child_process';
 import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import { cpus } from 'node:os';
@@ -27,7 +24,7 @@ import { isDeepStrictEqual, parseArgs } from 'node:util';
 import { captureEngine, cudaStatus, EngineClient, type EngineRestoreOptions, type EngineSuspendOptions, HostCache, type Manifest, RegionStore, ResidentWeights, restoreEngine, type Snapshot, suspendEngine, swapEngines } from '../src/index.js';
 import { listDevices, releaseIdleResources } from '../src/plumbing.js';
 import { type Answer, askCapital, engineTierUnsupported, type ReferenceEngine, startEngine } from './engine.js';
-import { bytesAloneOf, bytesAloneTable, type Ceiling, type ModeRow, overlapTable, type PhaseRow, phaseTable, stats, sweepTable, type SweepRow, targetsTable, vllmTable, type Stats } from './swap-report.js';
+import { bytesAloneOf, bytesAloneTable, type Ceiling, type ModeRow, overlapTable, type PhaseRow, phaseTable, stats, sweepTable, type SweepRow, targetsTable, vllmTable } from './swap-report.js';
 import { runCeiling, runSweep } from './swap-sweep.js';
 import { gpuBytesOf, runVllmLevel1, type VllmLevel1Result } from './swap-vllm.js';
 
@@ -173,16 +170,7 @@ interface RowResult {
   warmup: number;
   setup: Record<string, number>;
   swaps: SwapRecord[];
-  summary: {
-    swapSeconds: Stats | null;
-    restoreSeconds: Stats | null;
-    suspendSeconds: Stats | null;
-    suspendPhasesMedian: Record<string, number>;
-    phasesMedian: Record<string, number>;
-    hydrateGBpsMedian: number | null;
-    asleepGpuBytesMedian: number | null;
-    tiers: Tier[];
-  } | null;
+  summary: ReturnType<typeof summaryOf> | null;
 }
 
 /** How a row swaps: the options of both halves, the tier the restore must come from, what to do first. */
@@ -213,7 +201,6 @@ let ramTierBytes: number | null = null;
 let engineCeiling: Ceiling | null = null;
 /** Why there is no engineCeiling, where it was tried and failed. */
 let engineCeilingNote: string | null = null;
-let engineCeilingTried = false;
 let failure: unknown;
 
 /** One swap of a row: suspend the awake engine, restore the other; checks the tier and the answer. */
@@ -292,7 +279,7 @@ async function runSwaps(result: RowResult, mode: SwapMode): Promise<void> {
     result.swaps.push(await swap(result, i, true, i === 0 && result.row === 'tier0' ? { ...mode, tier: undefined } : mode));
   }
   for (let i = 0; i < result.reps; i++) result.swaps.push(await swap(result, i, false, mode));
-  summarise(result);
+  result.summary = summaryOf(result.swaps);
 }
 
 /**
@@ -317,8 +304,9 @@ async function runKeptSwaps(result: RowResult): Promise<void> {
   }
 }
 
-function summarise(result: RowResult): void {
-  const measured = result.swaps.filter((s) => !s.warmup);
+/** The medians of a row's measured swaps (its warm-ups left out). */
+function summaryOf(swaps: readonly SwapRecord[]) {
+  const measured = swaps.filter((s) => !s.warmup);
   const mediansOf = (pick: (s: SwapRecord) => Record<string, number>): Record<string, number> => {
     const out: Record<string, number> = {};
     for (const k of new Set(measured.flatMap((s) => Object.keys(pick(s))))) {
@@ -327,7 +315,7 @@ function summarise(result: RowResult): void {
     }
     return out;
   };
-  result.summary = {
+  return {
     swapSeconds: stats(measured.map((s) => s.wallSeconds)),
     restoreSeconds: stats(measured.map((s) => s.restoreSeconds)),
     suspendSeconds: stats(measured.map((s) => s.suspendSeconds)),
@@ -346,7 +334,6 @@ function summarise(result: RowResult): void {
  */
 function measureEngineCeiling(): void {
   const sizes = [...sides[0]!.snapshot!.manifest.regions()].map(({ region }) => region.size);
-  engineCeilingTried = true;
   const t = performance.now();
   try {
     engineCeiling = runCeiling(args.ceiling, sizes, Math.min(reps, 5));
@@ -403,7 +390,7 @@ async function runRow(row: RowName): Promise<RowResult[]> {
   } else if (row === 'ram' || row === 'ram2') {
     const gpus = cuda.available ? (await listDevices()).length : 2; // the host backend has a stand-in neighbour
     if (row === 'ram2' && gpus <= neighbour) return skip(`needs GPU ${neighbour} as the neighbour (${gpus} visible)`);
-    if (device === 'cuda' && !engineCeilingTried) measureEngineCeiling();
+    if (device === 'cuda' && !engineCeiling && !engineCeilingNote) measureEngineCeiling(); // once, before the first RAM tier
     const budgetBytes = sides.reduce((n, s) => n + cacheBytes(s.snapshot!.manifest), 0) + 64 * MiB;
     ramTierBytes = budgetBytes;
     let t = performance.now();
@@ -432,7 +419,7 @@ async function runRow(row: RowName): Promise<RowResult[]> {
     };
     await runSwaps(result, { suspend: {}, restore: { transfer: { directIo: true } }, tier: 'store', beforeSwap });
   }
-  if (!result.summary) summarise(result);
+  result.summary ??= summaryOf(result.swaps);
   return results;
 }
 
@@ -512,12 +499,15 @@ try {
   await releaseIdleResources();
 }
 
-// 4. The report: per engine row the medians the tables use.
+// 4. The report.
 const bytes = sides[0]?.bytes ?? 0;
-const phased: PhaseRow[] = rows.flatMap((r) => {
-  const s = r.summary;
-  return s ? [{ label: r.label, swapMedian: s.swapSeconds?.median ?? null, suspendMedian: s.suspendSeconds?.median ?? null, restoreMedian: s.restoreSeconds?.median ?? null, suspendPhases: s.suspendPhasesMedian, restorePhases: s.phasesMedian, asleepGpuBytes: s.asleepGpuBytesMedian }] : [];
+/** Per engine row that ran: the medians the tables use. */
+const measured = rows.flatMap(({ row, overlap, label, summary: s }) => {
+  if (!s) return [];
+  const p: PhaseRow = { label, swapMedian: s.swapSeconds?.median ?? null, suspendMedian: s.suspendSeconds?.median ?? null, restoreMedian: s.restoreSeconds?.median ?? null, suspendPhases: s.suspendPhasesMedian, restorePhases: s.phasesMedian, asleepGpuBytes: s.asleepGpuBytesMedian };
+  return [{ row, overlap, p }];
 });
+const phased = measured.map((m) => m.p);
 const ramTierEngineBytes = sides[0]?.snapshot ? cacheBytes(sides[0].snapshot.manifest) : null;
 const result = {
   date: new Date().toISOString(),
@@ -585,11 +575,7 @@ lines.push(
 if (rows.length === 0) lines.length = 0; // no engine rows: only the tables below
 const byRow = (row: RowName): PhaseRow | undefined => phased.find((p) => p.label === LABEL[row]);
 /** A row's results per overlap mode, in the order they ran (none first). */
-const modeRows = (row: RowName): ModeRow[] =>
-  rows.flatMap((r) => {
-    const p = r.row === row ? phased.find((x) => x.label === r.label) : undefined;
-    return p ? [{ overlap: r.overlap, row: p }] : [];
-  });
+const modeRows = (row: RowName): ModeRow[] => measured.filter((m) => m.row === row).map((m) => ({ overlap: m.overlap, row: m.p }));
 const bytesAlone = bytesAloneOf(bytes, sides[0]?.regions ?? 0, engineCeiling, sweep?.rows ?? null);
 const targets = targetsTable({
   engineBytes: bytes,
@@ -606,13 +592,9 @@ const perPhase = bytesAloneTable(modeRows('ram'), bytesAlone);
 if (perPhase) lines.unshift(perPhase, '');
 if (targets) lines.unshift(targets, '');
 result.targets = targets || null;
-const overlapRows = rows.flatMap((r) => {
-  const s = r.summary;
-  return OVERLAP_ROWS.includes(r.row) && s ? [{ row: LABEL[r.row], overlap: r.overlap, swapMedian: s.swapSeconds?.median ?? null, suspendMedian: s.suspendSeconds?.median ?? null, restoreMedian: s.restoreSeconds?.median ?? null, wakeKvCache: s.phasesMedian.wakeKvCache ?? null, awaitRoom: s.phasesMedian.awaitRoom ?? null }] : [];
-});
 for (const t of [
   sweep ? sweepTable(sweep.rows, on, sweep.ceilingNote) : '',
-  overlapTable(overlapRows),
+  overlapTable(measured.filter((m) => OVERLAP_ROWS.includes(m.row)).map((m) => ({ row: LABEL[m.row], overlap: m.overlap, phases: m.p }))),
   vllmTable(vllmLevel1, byRow('ram'), byRow('tier0'), ramTierBytes, byRow('ram2'), ramTierEngineBytes),
 ]) {
   if (t) lines.push('', t);
