@@ -346,9 +346,6 @@ function measureEngineCeiling(): void {
     : `[ram] no raw H2D of the engine's regions: ${engineCeilingNote}`);
 }
 
-/** Thrown (and not a failure) when no selected row needs the engines. */
-class NoEngines extends Error {}
-
 /** vLLM's level-1 sleep and wake of the awake engine, once per run (bench/swap-vllm.ts). */
 async function vllmRow(): Promise<void> {
   if (!extras.includes('vllm-l1') || vllmLevel1) return;
@@ -434,60 +431,61 @@ try {
     log(`[sweep] ${(sweepBytes / GiB).toFixed(2)} GiB in ${sweepCounts.join(', ')} regions, ${reps} restores each`);
     sweep = await runSweep({ device, totalBytes: sweepBytes, counts: sweepCounts, reps: Math.min(reps, 5), ceilingBin: args.ceiling, store, log });
   }
-  if (!needEngines) throw new NoEngines();
-  // 1. Both engines, started at once; the weights bytes and the probe answer before any swap.
-  const t = performance.now();
-  const specs = [
-    { label: 'A' as const, seed: 1, name: 'swap-a', model: 'vsnap/reference-swap-a' },
-    { label: 'B' as const, seed: 2, name: 'swap-b', model: 'vsnap/reference-swap-b' },
-  ];
-  const started = await Promise.allSettled(
-    specs.map((s) => startEngine({ device, seed: s.seed, model: s.model, args: ['--layers', String(layers), '--hidden', String(hidden)], startTimeoutMs: device === 'cuda' ? 400_000 : 20_000 })),
-  );
-  for (const [i, r] of started.entries()) {
-    if (r.status !== 'fulfilled') continue;
-    const engine = r.value;
-    const client = new EngineClient({ baseUrl: engine.url, token: engine.token });
-    cleanup.push([`stop engine ${specs[i]!.label}`, () => engine.stop()], [`close client ${specs[i]!.label}`, () => client.close()]);
-    sides.push({ ...specs[i]!, engine, client, bytes: 0, regions: 0, answer: { ids: null, logprobs: null } });
-  }
-  const failed = started.find((r) => r.status === 'rejected');
-  if (failed) throw (failed as PromiseRejectedResult).reason;
-  engineStartSeconds = since(t);
-  for (const s of sides) {
-    s.answer = await askCapital(s.engine.url, PROBE_TOKENS);
-    log(`engine ${s.label} (${s.model}, seed ${s.seed}) at ${s.engine.url}: answer ${JSON.stringify(s.answer.ids)}`);
-  }
-  log(`both engines up in ${engineStartSeconds.toFixed(1)} s`);
-  if (isDeepStrictEqual(sides[0]!.answer, sides[1]!.answer)) throw new Error('engines A and B give the same answer: a swap could not be told from no swap');
+  if (needEngines) {
+    // 1. Both engines, started at once; the weights bytes and the probe answer before any swap.
+    const t = performance.now();
+    const specs = [
+      { label: 'A' as const, seed: 1, name: 'swap-a', model: 'vsnap/reference-swap-a' },
+      { label: 'B' as const, seed: 2, name: 'swap-b', model: 'vsnap/reference-swap-b' },
+    ];
+    const started = await Promise.allSettled(
+      specs.map((s) => startEngine({ device, seed: s.seed, model: s.model, args: ['--layers', String(layers), '--hidden', String(hidden)], startTimeoutMs: device === 'cuda' ? 400_000 : 20_000 })),
+    );
+    for (const [i, r] of started.entries()) {
+      if (r.status !== 'fulfilled') continue;
+      const engine = r.value;
+      const client = new EngineClient({ baseUrl: engine.url, token: engine.token });
+      cleanup.push([`stop engine ${specs[i]!.label}`, () => engine.stop()], [`close client ${specs[i]!.label}`, () => client.close()]);
+      sides.push({ ...specs[i]!, engine, client, bytes: 0, regions: 0, answer: { ids: null, logprobs: null } });
+    }
+    const failed = started.find((r) => r.status === 'rejected');
+    if (failed) throw (failed as PromiseRejectedResult).reason;
+    engineStartSeconds = since(t);
+    for (const s of sides) {
+      s.answer = await askCapital(s.engine.url, PROBE_TOKENS);
+      log(`engine ${s.label} (${s.model}, seed ${s.seed}) at ${s.engine.url}: answer ${JSON.stringify(s.answer.ids)}`);
+    }
+    log(`both engines up in ${engineStartSeconds.toFixed(1)} s`);
+    if (isDeepStrictEqual(sides[0]!.answer, sides[1]!.answer)) throw new Error('engines A and B give the same answer: a swap could not be told from no swap');
 
-  // 2. Both captured, B suspended: A awake, B asleep.
-  for (const s of sides) {
-    const c = performance.now();
-    s.snapshot = await captureEngine(store, s.name, s.client);
-    const wall = since(c);
-    const tr = s.snapshot.lastCapture!;
-    const regions = [...s.snapshot.manifest.regions()];
-    s.bytes = regions.reduce((n, { region }) => n + region.size, 0);
-    s.regions = regions.length;
-    capture[s.label] = { wallSeconds: wall, transferSeconds: tr.seconds, bytes: tr.bytes, GBps: tr.bytesPerSecond / 1e9, dedupedBytes: tr.dedupedBytes ?? 0 };
-    log(`captured ${s.label}: ${gib(s.bytes)} GiB in ${s.regions} regions, ${gib(tr.bytes)} GiB moved in ${wall.toFixed(2)} s (transfer ${tr.seconds.toFixed(2)} s, ${(tr.bytesPerSecond / 1e9).toFixed(2)} GB/s)`);
-  }
-  const b = sides[1]!;
-  const suspendB = await suspendEngine(store, b.name, b.client, { captureIfNeeded: true });
-  b.snapshot = suspendB.snapshot;
-  capture.suspendB = { seconds: suspendB.seconds, captured: suspendB.captured };
-  awake = 0;
-  log(`suspended B in ${ms(suspendB.seconds)}${suspendB.captured ? ' (it captured again)' : ''}`);
+    // 2. Both captured, B suspended: A awake, B asleep.
+    for (const s of sides) {
+      const c = performance.now();
+      s.snapshot = await captureEngine(store, s.name, s.client);
+      const wall = since(c);
+      const tr = s.snapshot.lastCapture!;
+      const regions = [...s.snapshot.manifest.regions()];
+      s.bytes = regions.reduce((n, { region }) => n + region.size, 0);
+      s.regions = regions.length;
+      capture[s.label] = { wallSeconds: wall, transferSeconds: tr.seconds, bytes: tr.bytes, GBps: tr.bytesPerSecond / 1e9, dedupedBytes: tr.dedupedBytes ?? 0 };
+      log(`captured ${s.label}: ${gib(s.bytes)} GiB in ${s.regions} regions, ${gib(tr.bytes)} GiB moved in ${wall.toFixed(2)} s (transfer ${tr.seconds.toFixed(2)} s, ${(tr.bytesPerSecond / 1e9).toFixed(2)} GB/s)`);
+    }
+    const b = sides[1]!;
+    const suspendB = await suspendEngine(store, b.name, b.client, { captureIfNeeded: true });
+    b.snapshot = suspendB.snapshot;
+    capture.suspendB = { seconds: suspendB.seconds, captured: suspendB.captured };
+    awake = 0;
+    log(`suspended B in ${ms(suspendB.seconds)}${suspendB.captured ? ' (it captured again)' : ''}`);
 
-  // 3. The rows; vLLM's level-1 sleep after the RAM tier's (then before the engine row's and the page cache's).
-  for (const row of rowsToRun) {
-    if (row === 'engine' || row === 'pagecache' || row === 'cold') await vllmRow();
-    rows.push(...(await runRow(row)));
+    // 3. The rows; vLLM's level-1 sleep after the RAM tier's (then before the engine row's and the page cache's).
+    for (const row of rowsToRun) {
+      if (row === 'engine' || row === 'pagecache' || row === 'cold') await vllmRow();
+      rows.push(...(await runRow(row)));
+    }
+    await vllmRow();
   }
-  await vllmRow();
 } catch (err) {
-  if (!(err instanceof NoEngines)) failure = err;
+  failure = err;
 } finally {
   for (const [what, fn] of cleanup.reverse()) {
     try {
