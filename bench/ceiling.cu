@@ -1,10 +1,9 @@
 // The ceiling for vsnap's benchmarks: raw cudaMemcpy between pinned host memory and device
 // buffers of the same sizes the benchmark moves, one copy per region, synchronised, timed with
-// the wall clock. argv: <repetitions> [--devices N] [--streams S] [--pages small|huge] <size in bytes>...
+// the wall clock. argv: <repetitions> [--devices N] [--pages small|huge] <size in bytes>...
 // prints one JSON object. With N devices, region i lives on device i % N and each device copies on
-// its own stream, all at once (the aggregate the host's PCIe links allow). With S streams a device,
-// a device's regions take its streams in turn (whether more than one copy engine moves more than
-// one does). Pages: the host memory's, small (the default: aligned_alloc, as before) or huge
+// its own stream, all at once (the aggregate the host's PCIe links allow; more streams a device
+// moved no more, 2026-12-07). Pages: the host memory's, small (the default: aligned_alloc) or huge
 // (an anonymous mapping advised MADV_HUGEPAGE before its pages are touched); the JSON says how
 // much of it the kernel backed with huge pages (AnonHugePages of the mapping).
 #include <cuda_runtime.h>
@@ -52,19 +51,17 @@ static long long hugeBytes(const void* base) {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: ceiling <reps> [--devices N] [--streams S] [--pages small|huge] <size>...\n");
+    std::fprintf(stderr, "usage: ceiling <reps> [--devices N] [--pages small|huge] <size>...\n");
     return 2;
   }
   int reps = std::atoi(argv[1]);
   int first = 2;
   int devices = 1;
-  int perDevice = 1;
   bool huge = false;
   while (first + 1 < argc && argv[first][0] == '-') {
     std::string flag = argv[first];
     std::string value = argv[first + 1];
     if (flag == "--devices") devices = std::atoi(value.c_str());
-    else if (flag == "--streams") perDevice = std::atoi(value.c_str());
     else if (flag == "--pages" && (value == "small" || value == "huge")) huge = value == "huge";
     else {
       std::fprintf(stderr, "ceiling: unknown option %s %s\n", flag.c_str(), value.c_str());
@@ -72,8 +69,8 @@ int main(int argc, char** argv) {
     }
     first += 2;
   }
-  if (devices < 1 || perDevice < 1) {
-    std::fprintf(stderr, "ceiling: --devices and --streams need a count above 0\n");
+  if (devices < 1) {
+    std::fprintf(stderr, "ceiling: --devices needs a count above 0\n");
     return 2;
   }
   std::vector<size_t> sizes;
@@ -83,10 +80,10 @@ int main(int argc, char** argv) {
     total += sizes.back();
   }
   std::vector<void*> dev(sizes.size());
-  std::vector<cudaStream_t> streams(devices * perDevice);  // device d's streams: d * perDevice + k
+  std::vector<cudaStream_t> streams(devices);
   for (int d = 0; d < devices; d++) {
     CHECK(cudaSetDevice(d));
-    for (int k = 0; k < perDevice; k++) CHECK(cudaStreamCreateWithFlags(&streams[d * perDevice + k], cudaStreamNonBlocking));
+    CHECK(cudaStreamCreateWithFlags(&streams[d], cudaStreamNonBlocking));
   }
   for (size_t i = 0; i < sizes.size(); i++) {
     CHECK(cudaSetDevice(static_cast<int>(i % devices)));
@@ -125,10 +122,9 @@ int main(int argc, char** argv) {
       size_t off = 0;
       for (size_t i = 0; i < sizes.size(); i++) {
         int d = static_cast<int>(i % devices);
-        cudaStream_t stream = streams[d * perDevice + static_cast<int>((i / devices) % perDevice)];
         CHECK(cudaSetDevice(d));
-        if (dir == 0) CHECK(cudaMemcpyAsync(dev[i], host + off, sizes[i], cudaMemcpyHostToDevice, stream));
-        else CHECK(cudaMemcpyAsync(host + off, dev[i], sizes[i], cudaMemcpyDeviceToHost, stream));
+        if (dir == 0) CHECK(cudaMemcpyAsync(dev[i], host + off, sizes[i], cudaMemcpyHostToDevice, streams[d]));
+        else CHECK(cudaMemcpyAsync(host + off, dev[i], sizes[i], cudaMemcpyDeviceToHost, streams[d]));
         off += sizes[i];
       }
       syncAll();
@@ -139,7 +135,7 @@ int main(int argc, char** argv) {
   std::printf("{\"bytes\":%zu,\"regions\":%zu,\"devices\":%d,\"streams\":%d,\"pages\":\"%s\",\"hugeBytes\":%lld,"
               "\"reps\":%d,\"pinSeconds\":%.3f,"
               "\"h2dGBps\":{\"max\":%.2f,\"median\":%.2f},\"d2hGBps\":{\"max\":%.2f,\"median\":%.2f}}\n",
-              total, sizes.size(), devices, perDevice, huge ? "huge" : "small", hugeBytes(host), reps, pinSeconds, *std::max_element(h2d.begin(), h2d.end()), median(h2d),
+              total, sizes.size(), devices, 1, huge ? "huge" : "small", hugeBytes(host), reps, pinSeconds, *std::max_element(h2d.begin(), h2d.end()), median(h2d),
               *std::max_element(d2h.begin(), d2h.end()), median(d2h));
   CHECK(cudaHostUnregister(host));
   return 0;

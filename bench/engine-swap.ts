@@ -1,28 +1,20 @@
 // `npm run bench -- swap`: two reference engines of the same size (seeds 1 and 2, 16.74 GiB of
 // weights each with the defaults --layers 36 --hidden 4096), one awake and one asleep, swapped back
-// and forth end to end through vsnap's public API, once for each tier a restore can come from:
+// and forth through vsnap's public API, once per tier a restore can come from:
 //   tier0      weights kept on the GPU across sleep (ResidentWeights) and mapped back: no copy
-//   ram        hot: both snapshots held in the pinned RAM tier (HostCache): one bulk DMA
-//   ram2       the ram row over two PCIe links (restoreEngine's tiers.multipath, GPU --neighbour)
+//   ram        both snapshots in the pinned RAM tier (HostCache): one bulk DMA; ram2 the same over
+//              two PCIe links (tiers.multipath, GPU --neighbour)
 //   engine     the engine's own tier 0 (tiers.engine: KV cache released, weights left in the engine)
-//   pagecache  warm disk: no cache, the blobs read from the page cache
-//   cold       the page cache dropped before each swap, blobs read with O_DIRECT (needs root)
-// One swap = suspendEngine of the awake engine (its snapshot is already durable) + restoreEngine of
-// the other; its wall time runs from the start of the suspend until the restore resolves. After
-// every swap the woken engine must give the greedy answer it gave before any swap.
-// Rows that run beside them: `sweep` (bench/swap-sweep.ts: the same bytes in 36 to 4,000 regions
-// restored from the RAM tier beside the raw pinned H2D of the same regions) before the engines
-// start, and `vllm-l1` (bench/swap-vllm.ts: vLLM's own level-1 sleep and wake of the awake engine),
-// after the RAM rows. `--overlap` runs tier0, ram and ram2 once per mode: `none` (suspend, then
-// restore), `kv` (the same, restoreEngine's overlapKvWake), `weights` and `all` (swapEngines with
-// that overlap). The report opens with issue 25's targets, each against a ceiling or reference
-// measured in the same run (bench/swap-report.ts): the bytes alone are the raw pinned H2D of the
-// engine's own regions (bench/ceiling.cu, run before the RAM rows).
-//   node dist-gpu/bench-engine-swap.mjs [--device cuda|host] [--layers 36] [--hidden 4096] [--reps 5]
-//     [--rows sweep,tier0,ram,ram2,vllm-l1,engine,pagecache,cold] [--overlap none,kv,weights,all]
-//     [--neighbour 1] [--out bench/results] [--store /tmp/vsnap-swap-store] [--sweep-regions 36,252,1000,4000]
-//     [--sweep-gib 16] [--ceiling dist-gpu/ceiling] [--vllm-cycles 3]
-// Writes <out>/engine-swap-<GiB>GiB.json (every swap) and .md, prints the tables; progress on stderr.
+//   pagecache  blobs read from the page cache; cold: caches dropped, O_DIRECT (needs root)
+// One swap = suspendEngine of the awake engine + restoreEngine of the other, timed from the start of
+// the suspend until the restore resolves; after it the woken engine must give its first answer.
+// `sweep` (bench/swap-sweep.ts) runs before the engines start, `vllm-l1` (bench/swap-vllm.ts,
+// vLLM's own level-1 sleep) after the RAM rows. `--overlap` runs tier0, ram and ram2 once per mode:
+// none (suspend, then restore), kv (restoreEngine's overlapKvWake), weights and all (swapEngines).
+// The report opens with issue 25's targets, each against a reference measured in the same run
+// (bench/swap-report.ts); the bytes alone are the raw pinned H2D of the engine's own regions.
+// Options and their defaults: parseArgs below. Writes <out>/engine-swap-<GiB>GiB.json (every swap)
+// and .md, prints the tables; progress on stderr.
 import { execSync } from 'node:child_process';
 import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import { cpus } from 'node:os';
@@ -32,7 +24,7 @@ import { isDeepStrictEqual, parseArgs } from 'node:util';
 import { captureEngine, cudaStatus, EngineClient, type EngineRestoreOptions, type EngineSuspendOptions, HostCache, type Manifest, RegionStore, ResidentWeights, restoreEngine, type Snapshot, suspendEngine, swapEngines } from '../src/index.js';
 import { listDevices, releaseIdleResources } from '../src/plumbing.js';
 import { type Answer, askCapital, engineTierUnsupported, type ReferenceEngine, startEngine } from './engine.js';
-import { bytesAloneOf, bytesAloneTable, type Ceiling, type ModeRow, overlapTable, type PhaseRow, phaseTable, stats, sweepTable, type SweepRow, targetsTable, vllmTable, type Stats } from './swap-report.js';
+import { bytesAloneOf, bytesAloneTable, type Ceiling, type ModeRow, overlapTable, type PhaseRow, phaseTable, stats, sweepTable, type SweepRow, targetsTable, vllmTable } from './swap-report.js';
 import { runCeiling, runSweep } from './swap-sweep.js';
 import { gpuBytesOf, runVllmLevel1, type VllmLevel1Result } from './swap-vllm.js';
 
@@ -45,12 +37,11 @@ const PROBE_TOKENS = 16;
 
 type RowName = 'tier0' | 'engine' | 'ram' | 'ram2' | 'pagecache' | 'cold';
 type Tier = 'gpu' | 'neighbour' | 'ram' | 'store' | 'engine';
+type Overlap = 'none' | 'kv' | 'weights' | 'all';
 // The RAM rows before the engine row: a failure there cannot cost them; cold last, after the page cache was used.
 const ROWS: readonly RowName[] = ['tier0', 'ram', 'ram2', 'engine', 'pagecache', 'cold'];
-type ExtraRow = 'sweep' | 'vllm-l1';
-const EXTRA: readonly ExtraRow[] = ['sweep', 'vllm-l1'];
+const EXTRA = ['sweep', 'vllm-l1'] as const;
 const ALL_ROWS = ['sweep', 'tier0', 'ram', 'ram2', 'vllm-l1', 'engine', 'pagecache', 'cold'];
-type Overlap = 'none' | 'kv' | 'weights' | 'all';
 const OVERLAPS: readonly Overlap[] = ['none', 'kv', 'weights', 'all'];
 /** The rows the overlap modes apply to (the others run without overlap). */
 const OVERLAP_ROWS: readonly RowName[] = ['tier0', 'ram', 'ram2'];
@@ -88,11 +79,16 @@ const positive = (name: string, v: string): number => {
   if (!Number.isInteger(n) || n <= 0) throw new Error(`--${name} must be a positive integer, not ${JSON.stringify(v)}`);
   return n;
 };
+/** A comma-separated option's items, each one of `known`. */
+const listOf = <T extends string>(name: string, known: readonly string[], what: string): T[] => {
+  const items = args[name as 'rows' | 'overlap'].split(',').map((x) => x.trim()).filter(Boolean);
+  for (const x of items) if (!known.includes(x)) throw new Error(`--${name}: unknown ${what} ${JSON.stringify(x)} (${what}s: ${known.join(', ')})`);
+  return items as T[];
+};
 const layers = positive('layers', args.layers);
 const hidden = positive('hidden', args.hidden);
 const reps = positive('reps', args.reps);
-const selected = args.rows.split(',').map((r) => r.trim()).filter(Boolean);
-for (const r of selected) if (!ALL_ROWS.includes(r)) throw new Error(`--rows: unknown row ${JSON.stringify(r)} (rows: ${ALL_ROWS.join(', ')})`);
+const selected = listOf<string>('rows', ALL_ROWS, 'row');
 const rowsToRun = ROWS.filter((r) => selected.includes(r)); // always in this order: cold last, after the page cache was used
 const extras = EXTRA.filter((r) => selected.includes(r));
 const sweepCounts = args['sweep-regions'].split(',').map((x) => positive('sweep-regions', x.trim()));
@@ -101,20 +97,19 @@ const sweepBytes = Math.round(Number(args['sweep-gib'] ?? (device === 'cuda' ? '
 const vllmCycles = positive('vllm-cycles', args['vllm-cycles']);
 const neighbour = Number(args.neighbour);
 if (!Number.isInteger(neighbour) || neighbour < 0) throw new Error(`--neighbour must be a GPU ordinal, not ${JSON.stringify(args.neighbour)}`);
-const overlaps = args.overlap.split(',').map((o) => o.trim()).filter(Boolean) as Overlap[];
-for (const o of overlaps) if (!OVERLAPS.includes(o)) throw new Error(`--overlap: unknown mode ${JSON.stringify(o)} (modes: ${OVERLAPS.join(', ')})`);
+const overlaps = listOf<Overlap>('overlap', OVERLAPS, 'mode');
 if (overlaps.length === 0) throw new Error('--overlap: at least one mode');
 const needEngines = rowsToRun.length > 0 || extras.includes('vllm-l1');
-const outDir = args.out;
-const storeRoot = args.store;
 
 const T0 = performance.now();
 const log = (m: string): void => console.error(`[${((performance.now() - T0) / 1000).toFixed(1).padStart(6)} s] ${m}`);
 const since = (t: number): number => (performance.now() - t) / 1000;
 const gib = (bytes: number): string => (bytes / GiB).toFixed(2);
 const ms = (s: number): string => `${(s * 1000).toFixed(0)} ms`;
-
 const medianOf = (values: number[]): number | null => stats(values)?.median ?? null;
+const listed = (p: Readonly<Record<string, number>>): string => Object.entries(p).map(([k, v]) => `${k} ${ms(v)}`).join(', ');
+/** The RAM tier's bytes for a snapshot (HostCache places every region at a 4 KiB boundary). */
+const cacheBytes = (m: Manifest): number => [...m.regions()].reduce((n, { region }) => n + Math.ceil(region.size / 4096) * 4096, 0);
 
 /** Drops the page cache (root only); null when it worked, else why not. */
 function dropCaches(): string | null {
@@ -122,8 +117,7 @@ function dropCaches(): string | null {
     execSync('sync; echo 3 > /proc/sys/vm/drop_caches', { stdio: ['ignore', 'ignore', 'pipe'], shell: '/bin/sh' });
     return null;
   } catch (err) {
-    const stderr = (err as { stderr?: Buffer }).stderr?.toString().trim();
-    return stderr || (err as Error).message.split('\n')[0]!;
+    return (err as { stderr?: Buffer }).stderr?.toString().trim() || (err as Error).message.split('\n')[0]!;
   }
 }
 
@@ -152,7 +146,6 @@ interface SwapRecord {
   /** Seconds from the start of the suspend until the restore resolved. */
   wallSeconds: number;
   suspendSeconds: number;
-  /** The suspend's phases (status, check, hold, sleep). */
   suspendPhases: Record<string, number>;
   /** The restore report's seconds. */
   restoreSeconds: number;
@@ -163,9 +156,8 @@ interface SwapRecord {
   hydrateGBps: number | null;
   /** Cold only: the page-cache drop before the swap (not in wallSeconds). */
   dropCachesSeconds?: number;
-  /** GPU memory the engine put to sleep still holds (nvidia-smi, its engine core), read after the swap; cuda only. */
+  /** cuda only, read after the swap: GPU memory the engine put to sleep still holds (nvidia-smi), and how long that spawn took (a fork copying pinned pages shows there). */
   asleepGpuBytes?: number | null;
-  /** Seconds the nvidia-smi spawn for asleepGpuBytes took (outside the swap): a spawn from a process holding pinned memory is where a fork that copies pinned pages shows. */
   spawnSeconds?: number;
 }
 
@@ -178,16 +170,17 @@ interface RowResult {
   warmup: number;
   setup: Record<string, number>;
   swaps: SwapRecord[];
-  summary: {
-    swapSeconds: Stats | null;
-    restoreSeconds: Stats | null;
-    suspendSeconds: Stats | null;
-    suspendPhasesMedian: Record<string, number>;
-    phasesMedian: Record<string, number>;
-    hydrateGBpsMedian: number | null;
-    asleepGpuBytesMedian: number | null;
-    tiers: Tier[];
-  } | null;
+  summary: ReturnType<typeof summaryOf> | null;
+}
+
+/** How a row swaps: the options of both halves, the tier the restore must come from, what to do first. */
+interface SwapMode {
+  suspend: EngineSuspendOptions;
+  restore: EngineRestoreOptions;
+  tier?: Tier | undefined;
+  beforeSwap?: () => void;
+  /** The engine row: parked keeping its weights, resumed by name; the record keeps no phases. */
+  kept?: boolean;
 }
 
 const cuda = await cudaStatus();
@@ -208,25 +201,11 @@ let ramTierBytes: number | null = null;
 let engineCeiling: Ceiling | null = null;
 /** Why there is no engineCeiling, where it was tried and failed. */
 let engineCeilingNote: string | null = null;
-let engineCeilingTried = false;
 let failure: unknown;
 
-/** How a row swaps: the options of both halves, the tier the restore must come from, and what to do first. */
-interface SwapMode {
-  suspend: EngineSuspendOptions;
-  restore: EngineRestoreOptions;
-  tier?: Tier | undefined;
-  beforeSwap?: () => void;
-  overlap?: Overlap;
-}
-
-/** One swap: suspend the awake engine, restore the other; checks the tier and the answer. */
-async function swap(
-  row: RowName,
-  index: number,
-  warmup: boolean,
-  mode: SwapMode,
-): Promise<SwapRecord> {
+/** One swap of a row: suspend the awake engine, restore the other; checks the tier and the answer. */
+async function swap(result: RowResult, index: number, warmup: boolean, mode: SwapMode): Promise<SwapRecord> {
+  const { row, overlap } = result;
   const from = sides[awake]!;
   const to = sides[1 - awake]!;
   let dropCachesSeconds: number | undefined;
@@ -235,7 +214,6 @@ async function swap(
     mode.beforeSwap();
     dropCachesSeconds = since(t);
   }
-  const overlap = mode.overlap ?? 'none';
   const t0 = performance.now();
   let suspended: Awaited<ReturnType<typeof suspendEngine>>;
   let suspendSeconds: number;
@@ -251,110 +229,72 @@ async function swap(
   } else {
     suspended = await suspendEngine(store, from.name, from.client, mode.suspend);
     suspendSeconds = since(t0);
-    report = await restoreEngine(to.snapshot!, to.client, { ...mode.restore, ...(overlap === 'kv' ? { overlapKvWake: true } : {}) });
+    const expected = to.snapshot!.manifest.data.expectedResponse;
+    report = mode.kept
+      ? await restoreEngine({ store, name: to.name }, to.client, { tiers: { engine: expected ? { expected } : true } })
+      : await restoreEngine(to.snapshot!, to.client, { ...mode.restore, ...(overlap === 'kv' ? { overlapKvWake: true } : {}) });
   }
   const wallSeconds = since(t0);
-  if (suspended.captured || suspended.alreadyAsleep) throw new Error(`suspend of ${from.label} did not find a durable snapshot or the engine was asleep (captured ${suspended.captured}, alreadyAsleep ${suspended.alreadyAsleep})`);
+  if (!mode.kept && (suspended.captured || suspended.alreadyAsleep)) throw new Error(`suspend of ${from.label} did not find a durable snapshot or the engine was asleep (captured ${suspended.captured}, alreadyAsleep ${suspended.alreadyAsleep})`);
   awake = 1 - awake;
   if (mode.tier && report.tier !== mode.tier) throw new Error(`[${row}] swap ${index}: ${to.label} restored from the ${report.tier} tier, expected ${mode.tier}`);
   if (row === 'ram2' && !report.multipath?.neighbourUsed) throw new Error(`[ram2] swap ${index}: ${to.label} restored over its own link only, not two: the row would report one link's numbers as two`);
-  const after = await afterSwap(row, index, from, to);
-  const hydrate = report.phases.hydrate;
+  // After a swap: the woken engine must give the answer it gave before any swap; on cuda, what the one asleep still holds.
+  const answer = await askCapital(to.engine.url, PROBE_TOKENS);
+  if (!isDeepStrictEqual(answer, to.answer)) throw new Error(`[${row}] swap ${index}: engine ${to.label} answers differently after the swap:\n  before ${JSON.stringify(to.answer)}\n  after  ${JSON.stringify(answer)}`);
+  const spawnStart = performance.now();
+  const after = device === 'cuda' ? { asleepGpuBytes: gpuBytesOf(from.engine.enginePid), spawnSeconds: since(spawnStart) } : {};
+  const hydrate = mode.kept ? undefined : report.phases.hydrate;
   const record: SwapRecord = {
     row,
     overlap,
-    ...(report.overlapped ? { overlapped: report.overlapped } : {}),
+    ...(report.overlapped && !mode.kept ? { overlapped: report.overlapped } : {}),
     warmup,
     index,
     from: from.label,
     to: to.label,
     wallSeconds,
     suspendSeconds,
-    suspendPhases: { ...suspended.phases },
+    suspendPhases: mode.kept ? {} : { ...suspended.phases },
     restoreSeconds: report.seconds,
-    tier: report.tier,
-    bytes: report.bytes,
-    phases: { ...report.phases },
+    tier: mode.kept ? 'engine' : report.tier,
+    bytes: mode.kept ? 0 : report.bytes,
+    phases: mode.kept ? {} : { ...report.phases },
     hydrateGBps: hydrate ? report.bytes / hydrate / 1e9 : null,
     ...(dropCachesSeconds !== undefined ? { dropCachesSeconds } : {}),
     ...after,
   };
-  const listed = (p: Readonly<Record<string, number>>): string => Object.entries(p).map(([k, v]) => `${k} ${ms(v)}`).join(', ');
+  const where = mode.kept ? `resume ${ms(report.seconds)}` : `${listed(suspended.phases)}; restore ${ms(report.seconds)} from ${report.tier}: ${listed(report.phases)}`;
   log(
-    `[${row}${overlap === 'none' ? '' : `, overlap ${overlap}`}]${warmup ? ' warm-up' : ''} swap ${index} ${from.label}->${to.label}: ${ms(wallSeconds)} ` +
-      `(suspend ${ms(suspendSeconds)}: ${listed(suspended.phases)}; restore ${ms(report.seconds)} from ${report.tier}: ${listed(report.phases)})` +
+    `[${row}${overlap === 'none' ? '' : `, overlap ${overlap}`}]${warmup ? ' warm-up' : ''} swap ${index} ${from.label}->${to.label}: ${ms(wallSeconds)} (suspend ${ms(suspendSeconds)}${mode.kept ? '; ' : ': '}${where})` +
       (after.spawnSeconds !== undefined ? `; then nvidia-smi spawned in ${ms(after.spawnSeconds)}` : ''),
   );
   return record;
 }
 
-/**
- * After a swap: the woken engine must give the answer it gave before any swap; on cuda, the GPU
- * memory the engine put to sleep still holds (nvidia-smi) and how long that spawn took.
- */
-async function afterSwap(row: RowName, index: number, from: Side, to: Side): Promise<{ asleepGpuBytes?: number | null; spawnSeconds?: number }> {
-  const answer = await askCapital(to.engine.url, PROBE_TOKENS);
-  if (!isDeepStrictEqual(answer, to.answer)) {
-    throw new Error(`[${row}] swap ${index}: engine ${to.label} answers differently after the swap:\n  before ${JSON.stringify(to.answer)}\n  after  ${JSON.stringify(answer)}`);
+/** Runs a row's warm-up swaps and measured swaps, then its summary. */
+async function runSwaps(result: RowResult, mode: SwapMode): Promise<void> {
+  for (let i = 0; i < result.warmup; i++) {
+    // Tier 0's first warm-up restores from the store: nothing of the engine woken is held yet.
+    result.swaps.push(await swap(result, i, true, i === 0 && result.row === 'tier0' ? { ...mode, tier: undefined } : mode));
   }
-  if (device !== 'cuda') return {};
-  const spawnStart = performance.now();
-  const asleepGpuBytes = gpuBytesOf(from.engine.enginePid);
-  return { asleepGpuBytes, spawnSeconds: since(spawnStart) };
+  for (let i = 0; i < result.reps; i++) result.swaps.push(await swap(result, i, false, mode));
+  result.summary = summaryOf(result.swaps);
 }
 
 /**
- * One swap of the `engine` row: the awake engine suspended keeping its weights (pause, KV cache
- * released), then the other, parked the same way, resumed (KV cache woken, prefix cache reset,
- * the expected response its snapshot recorded checked bit for bit).
- */
-async function swapKept(index: number, warmup: boolean): Promise<SwapRecord> {
-  const from = sides[awake]!;
-  const to = sides[1 - awake]!;
-  const t0 = performance.now();
-  await suspendEngine(store, from.name, from.client, { tiers: { engine: true } });
-  const suspendSeconds = since(t0);
-  const expected = to.snapshot!.manifest.data.expectedResponse;
-  const resumed = await restoreEngine({ store, name: to.name }, to.client, { tiers: { engine: expected ? { expected } : true } });
-  const restoreSeconds = resumed.seconds;
-  const wallSeconds = since(t0);
-  awake = 1 - awake;
-  const after = await afterSwap('engine', index, from, to);
-  log(`[engine]${warmup ? ' warm-up' : ''} swap ${index} ${from.label}->${to.label}: ${ms(wallSeconds)} (suspend ${ms(suspendSeconds)}; resume ${ms(restoreSeconds)})`);
-  return {
-    row: 'engine',
-    overlap: 'none',
-    warmup,
-    index,
-    from: from.label,
-    to: to.label,
-    wallSeconds,
-    suspendSeconds,
-    suspendPhases: {},
-    restoreSeconds,
-    tier: 'engine',
-    bytes: 0,
-    phases: {},
-    hydrateGBps: null,
-    ...after,
-  };
-}
-
-/**
- * The `engine` row. It starts and ends in the state the other rows expect (one engine awake,
- * the other asleep at level 2): first the awake engine is parked keeping its weights and the
- * asleep one restored from the store; at the end the awake one is suspended as usual and the
- * parked one resumed. Those two transitions are not measured.
+ * The `engine` row. It starts and ends in the state the other rows expect (one engine awake, the
+ * other asleep at level 2): the awake engine is parked keeping its weights (pause, KV cache
+ * released) and the asleep one restored from the store; at the end the awake one is suspended as
+ * usual and the parked one resumed. Those two transitions are not measured.
  */
 async function runKeptSwaps(result: RowResult): Promise<void> {
   const parked = sides[awake]!;
-  const other = sides[1 - awake]!;
   await suspendEngine(store, parked.name, parked.client, { tiers: { engine: true } });
-  await restoreEngine(other.snapshot!, other.client, {});
+  await restoreEngine(sides[1 - awake]!.snapshot!, sides[1 - awake]!.client, {});
   awake = 1 - awake;
   try {
-    for (let i = 0; i < result.warmup; i++) result.swaps.push(await swapKept(i, true));
-    for (let i = 0; i < result.reps; i++) result.swaps.push(await swapKept(i, false));
+    await runSwaps(result, { suspend: { tiers: { engine: true } }, restore: {}, kept: true });
   } finally {
     const last = sides[awake]!;
     const kept = sides[1 - awake]!;
@@ -364,36 +304,23 @@ async function runKeptSwaps(result: RowResult): Promise<void> {
   }
 }
 
-/** Runs a row's warm-up swaps and measured swaps. */
-async function runSwaps(result: RowResult, mode: SwapMode & { tier: Tier }): Promise<void> {
-  for (let i = 0; i < result.warmup; i++) {
-    // Tier 0's first warm-up restores from the store: nothing of the engine woken is held yet.
-    const first = i === 0 && result.row === 'tier0';
-    const m = { ...mode, overlap: result.overlap };
-    result.swaps.push(await swap(result.row, i, true, first ? { ...m, tier: undefined } : m));
-  }
-  for (let i = 0; i < result.reps; i++) result.swaps.push(await swap(result.row, i, false, { ...mode, overlap: result.overlap }));
-}
-
-function summarise(result: RowResult): void {
-  const measured = result.swaps.filter((s) => !s.warmup);
+/** The medians of a row's measured swaps (its warm-ups left out). */
+function summaryOf(swaps: readonly SwapRecord[]) {
+  const measured = swaps.filter((s) => !s.warmup);
   const mediansOf = (pick: (s: SwapRecord) => Record<string, number>): Record<string, number> => {
-    const names: string[] = [];
-    for (const s of measured) for (const k of Object.keys(pick(s))) if (!names.includes(k)) names.push(k);
     const out: Record<string, number> = {};
-    for (const k of names) {
+    for (const k of new Set(measured.flatMap((s) => Object.keys(pick(s))))) {
       const m = medianOf(measured.flatMap((s) => (pick(s)[k] !== undefined ? [pick(s)[k]!] : [])));
       if (m !== null) out[k] = m;
     }
     return out;
   };
-  const phasesMedian = mediansOf((s) => s.phases);
-  result.summary = {
+  return {
     swapSeconds: stats(measured.map((s) => s.wallSeconds)),
     restoreSeconds: stats(measured.map((s) => s.restoreSeconds)),
     suspendSeconds: stats(measured.map((s) => s.suspendSeconds)),
     suspendPhasesMedian: mediansOf((s) => s.suspendPhases),
-    phasesMedian,
+    phasesMedian: mediansOf((s) => s.phases),
     hydrateGBpsMedian: medianOf(measured.flatMap((s) => (s.hydrateGBps !== null ? [s.hydrateGBps] : []))),
     asleepGpuBytesMedian: medianOf(measured.flatMap((s) => (typeof s.asleepGpuBytes === 'number' ? [s.asleepGpuBytes] : []))),
     tiers: [...new Set(measured.map((s) => s.tier))],
@@ -401,14 +328,12 @@ function summarise(result: RowResult): void {
 }
 
 /**
- * Target 1's "bytes alone": raw pinned H2D of the engine's own region sizes (its snapshot's), in
- * the ceiling program's own process, before the RAM tier pins its memory (the awake engine holds
- * its weights meanwhile; the ceiling needs as much GPU memory again, and as much pinned host
- * memory). Without the binary, the sweep's layout nearest the engine's region count stands in.
+ * Target 1's "bytes alone": raw pinned H2D of the engine's own region sizes, in the ceiling
+ * program's own process, before the RAM tier pins its memory (it needs as much GPU and pinned
+ * memory again). Without the binary, the sweep's layout nearest the engine's region count stands in.
  */
 function measureEngineCeiling(): void {
   const sizes = [...sides[0]!.snapshot!.manifest.regions()].map(({ region }) => region.size);
-  engineCeilingTried = true;
   const t = performance.now();
   try {
     engineCeiling = runCeiling(args.ceiling, sizes, Math.min(reps, 5));
@@ -421,12 +346,6 @@ function measureEngineCeiling(): void {
     : `[ram] no raw H2D of the engine's regions: ${engineCeilingNote}`);
 }
 
-/** The RAM tier's bytes for a snapshot (HostCache places every region at a 4 KiB boundary). */
-const cacheBytes = (m: Manifest): number => [...m.regions()].reduce((n, { region }) => n + Math.ceil(region.size / 4096) * 4096, 0);
-
-/** Thrown (and not a failure) when no selected row needs the engines. */
-class NoEngines extends Error {}
-
 /** vLLM's level-1 sleep and wake of the awake engine, once per run (bench/swap-vllm.ts). */
 async function vllmRow(): Promise<void> {
   if (!extras.includes('vllm-l1') || vllmLevel1) return;
@@ -435,22 +354,23 @@ async function vllmRow(): Promise<void> {
   vllmLevel1 = await runVllmLevel1(s.engine.url, s.engine.enginePid, vllmCycles, s.answer, () => askCapital(s.engine.url, PROBE_TOKENS), log);
 }
 
-/** A row's label: the tier's, with the overlap mode when not `none`. */
-const labelOf = (row: RowName, overlap: Overlap): string => (overlap === 'none' ? LABEL[row] : `${LABEL[row]}, overlap ${overlap}`);
-
-/** One row, once per overlap mode (tier0 and ram; the others without overlap). */
+/** One row, once per overlap mode (tier0, ram and ram2; the others without overlap). */
 async function runRow(row: RowName): Promise<RowResult[]> {
   const modes = OVERLAP_ROWS.includes(row) ? overlaps : (['none'] as const);
-  const results: RowResult[] = modes.map((overlap) => ({ row, overlap, label: labelOf(row, overlap), skipped: null, reps, warmup: WARMUP, setup: {}, swaps: [], summary: null }));
+  const results: RowResult[] = modes.map((overlap) => ({ row, overlap, label: overlap === 'none' ? LABEL[row] : `${LABEL[row]}, overlap ${overlap}`, skipped: null, reps, warmup: WARMUP, setup: {}, swaps: [], summary: null }));
   const result = results[0]!;
-  log(`[${row}] ${LABEL[row]}${OVERLAP_ROWS.includes(row) ? `, overlap ${modes.join(', ')}` : ''}`);
-  const each = async (mode: SwapMode & { tier: Tier }): Promise<void> => {
+  const skip = (why: string): RowResult[] => {
+    result.skipped = why;
+    log(`[${row}] skipped: ${why}`);
+    return [result];
+  };
+  const each = async (mode: SwapMode): Promise<void> => {
     for (const r of results) {
       r.setup = { ...result.setup };
       await runSwaps(r, mode);
-      summarise(r);
     }
   };
+  log(`[${row}] ${LABEL[row]}${OVERLAP_ROWS.includes(row) ? `, overlap ${modes.join(', ')}` : ''}`);
   if (row === 'engine') {
     const unsupported = engineTierUnsupported();
     if (unsupported) result.skipped = unsupported;
@@ -466,12 +386,8 @@ async function runRow(row: RowName): Promise<RowResult[]> {
     }
   } else if (row === 'ram' || row === 'ram2') {
     const gpus = cuda.available ? (await listDevices()).length : 2; // the host backend has a stand-in neighbour
-    if (row === 'ram2' && gpus <= neighbour) {
-      result.skipped = `needs GPU ${neighbour} as the neighbour (${gpus} visible)`;
-      log(`[ram2] skipped: ${result.skipped}`);
-      return [result];
-    }
-    if (device === 'cuda' && !engineCeilingTried) measureEngineCeiling();
+    if (row === 'ram2' && gpus <= neighbour) return skip(`needs GPU ${neighbour} as the neighbour (${gpus} visible)`);
+    if (device === 'cuda' && !engineCeiling && !engineCeilingNote) measureEngineCeiling(); // once, before the first RAM tier
     const budgetBytes = sides.reduce((n, s) => n + cacheBytes(s.snapshot!.manifest), 0) + 64 * MiB;
     ramTierBytes = budgetBytes;
     let t = performance.now();
@@ -483,8 +399,7 @@ async function runRow(row: RowName): Promise<RowResult[]> {
       for (const s of sides) await cache.load(store, s.snapshot!.manifest);
       result.setup.cacheLoadSeconds = since(t);
       log(`[ram] HostCache of ${gib(budgetBytes)} GiB (${cache.pinned ? 'pinned' : 'not pinned'}) created in ${ms(result.setup.cacheCreateSeconds)}, both snapshots loaded in ${ms(result.setup.cacheLoadSeconds)}`);
-      const tiers = { ram: cache, ...(row === 'ram2' ? { multipath: { neighbour } } : {}) };
-      await each({ suspend: {}, restore: { tiers }, tier: 'ram' });
+      await each({ suspend: {}, restore: { tiers: { ram: cache, ...(row === 'ram2' ? { multipath: { neighbour } } : {}) } }, tier: 'ram' });
     } finally {
       cache.close();
     }
@@ -492,11 +407,7 @@ async function runRow(row: RowName): Promise<RowResult[]> {
     await runSwaps(result, { suspend: {}, restore: {}, tier: 'store' }); // the warm-up swaps read both snapshots into the page cache
   } else {
     const why = dropCaches();
-    if (why !== null) {
-      result.skipped = `cannot drop the page cache (needs root and a writable /proc/sys): ${why}`;
-      log(`[cold] skipped: ${result.skipped}`);
-      return [result];
-    }
+    if (why !== null) return skip(`cannot drop the page cache (needs root and a writable /proc/sys): ${why}`);
     result.reps = Math.min(reps, COLD_REPS);
     result.warmup = 0;
     const beforeSwap = (): void => {
@@ -505,14 +416,14 @@ async function runRow(row: RowName): Promise<RowResult[]> {
     };
     await runSwaps(result, { suspend: {}, restore: { transfer: { directIo: true } }, tier: 'store', beforeSwap });
   }
-  if (!result.summary) summarise(result);
+  result.summary ??= summaryOf(result.swaps);
   return results;
 }
 
-rmSync(storeRoot, { recursive: true, force: true });
-mkdirSync(storeRoot, { recursive: true });
-cleanup.push(['remove the store', () => rmSync(storeRoot, { recursive: true, force: true })]);
-const store = await RegionStore.open(storeRoot);
+rmSync(args.store, { recursive: true, force: true });
+mkdirSync(args.store, { recursive: true });
+cleanup.push(['remove the store', () => rmSync(args.store, { recursive: true, force: true })]);
+const store = await RegionStore.open(args.store);
 
 try {
   // 0. The transfer-level rows, before any engine holds GPU or pinned memory.
@@ -520,62 +431,61 @@ try {
     log(`[sweep] ${(sweepBytes / GiB).toFixed(2)} GiB in ${sweepCounts.join(', ')} regions, ${reps} restores each`);
     sweep = await runSweep({ device, totalBytes: sweepBytes, counts: sweepCounts, reps: Math.min(reps, 5), ceilingBin: args.ceiling, store, log });
   }
-  if (!needEngines) throw new NoEngines();
-  // 1. Both engines, started at once; the weights bytes and the probe answer before any swap.
-  const t = performance.now();
-  const specs = [
-    { label: 'A' as const, seed: 1, name: 'swap-a', model: 'vsnap/reference-swap-a' },
-    { label: 'B' as const, seed: 2, name: 'swap-b', model: 'vsnap/reference-swap-b' },
-  ];
-  const started = await Promise.allSettled(
-    specs.map((s) =>
-      startEngine({ device, seed: s.seed, model: s.model, args: ['--layers', String(layers), '--hidden', String(hidden)], startTimeoutMs: device === 'cuda' ? 400_000 : 20_000 }),
-    ),
-  );
-  for (const [i, r] of started.entries()) {
-    if (r.status !== 'fulfilled') continue;
-    const engine = r.value;
-    const client = new EngineClient({ baseUrl: engine.url, token: engine.token });
-    cleanup.push([`stop engine ${specs[i]!.label}`, () => engine.stop()], [`close client ${specs[i]!.label}`, () => client.close()]);
-    sides.push({ ...specs[i]!, engine, client, bytes: 0, regions: 0, answer: { ids: null, logprobs: null } });
-  }
-  const failed = started.find((r) => r.status === 'rejected');
-  if (failed) throw (failed as PromiseRejectedResult).reason;
-  engineStartSeconds = since(t);
-  for (const s of sides) {
-    s.answer = await askCapital(s.engine.url, PROBE_TOKENS);
-    log(`engine ${s.label} (${s.model}, seed ${s.seed}) at ${s.engine.url}: answer ${JSON.stringify(s.answer.ids)}`);
-  }
-  log(`both engines up in ${engineStartSeconds.toFixed(1)} s`);
-  if (isDeepStrictEqual(sides[0]!.answer, sides[1]!.answer)) throw new Error('engines A and B give the same answer: a swap could not be told from no swap');
+  if (needEngines) {
+    // 1. Both engines, started at once; the weights bytes and the probe answer before any swap.
+    const t = performance.now();
+    const specs = [
+      { label: 'A' as const, seed: 1, name: 'swap-a', model: 'vsnap/reference-swap-a' },
+      { label: 'B' as const, seed: 2, name: 'swap-b', model: 'vsnap/reference-swap-b' },
+    ];
+    const started = await Promise.allSettled(
+      specs.map((s) => startEngine({ device, seed: s.seed, model: s.model, args: ['--layers', String(layers), '--hidden', String(hidden)], startTimeoutMs: device === 'cuda' ? 400_000 : 20_000 })),
+    );
+    for (const [i, r] of started.entries()) {
+      if (r.status !== 'fulfilled') continue;
+      const engine = r.value;
+      const client = new EngineClient({ baseUrl: engine.url, token: engine.token });
+      cleanup.push([`stop engine ${specs[i]!.label}`, () => engine.stop()], [`close client ${specs[i]!.label}`, () => client.close()]);
+      sides.push({ ...specs[i]!, engine, client, bytes: 0, regions: 0, answer: { ids: null, logprobs: null } });
+    }
+    const failed = started.find((r) => r.status === 'rejected');
+    if (failed) throw (failed as PromiseRejectedResult).reason;
+    engineStartSeconds = since(t);
+    for (const s of sides) {
+      s.answer = await askCapital(s.engine.url, PROBE_TOKENS);
+      log(`engine ${s.label} (${s.model}, seed ${s.seed}) at ${s.engine.url}: answer ${JSON.stringify(s.answer.ids)}`);
+    }
+    log(`both engines up in ${engineStartSeconds.toFixed(1)} s`);
+    if (isDeepStrictEqual(sides[0]!.answer, sides[1]!.answer)) throw new Error('engines A and B give the same answer: a swap could not be told from no swap');
 
-  // 2. Both captured, B suspended: A awake, B asleep.
-  for (const s of sides) {
-    const c = performance.now();
-    s.snapshot = await captureEngine(store, s.name, s.client);
-    const wall = since(c);
-    const tr = s.snapshot.lastCapture!;
-    const regions = [...s.snapshot.manifest.regions()];
-    s.bytes = regions.reduce((n, { region }) => n + region.size, 0);
-    s.regions = regions.length;
-    capture[s.label] = { wallSeconds: wall, transferSeconds: tr.seconds, bytes: tr.bytes, GBps: tr.bytesPerSecond / 1e9, dedupedBytes: tr.dedupedBytes ?? 0 };
-    log(`captured ${s.label}: ${gib(s.bytes)} GiB in ${s.regions} regions, ${gib(tr.bytes)} GiB moved in ${wall.toFixed(2)} s (transfer ${tr.seconds.toFixed(2)} s, ${(tr.bytesPerSecond / 1e9).toFixed(2)} GB/s)`);
-  }
-  const b = sides[1]!;
-  const suspendB = await suspendEngine(store, b.name, b.client, { captureIfNeeded: true });
-  b.snapshot = suspendB.snapshot;
-  capture.suspendB = { seconds: suspendB.seconds, captured: suspendB.captured };
-  awake = 0;
-  log(`suspended B in ${ms(suspendB.seconds)}${suspendB.captured ? ' (it captured again)' : ''}`);
+    // 2. Both captured, B suspended: A awake, B asleep.
+    for (const s of sides) {
+      const c = performance.now();
+      s.snapshot = await captureEngine(store, s.name, s.client);
+      const wall = since(c);
+      const tr = s.snapshot.lastCapture!;
+      const regions = [...s.snapshot.manifest.regions()];
+      s.bytes = regions.reduce((n, { region }) => n + region.size, 0);
+      s.regions = regions.length;
+      capture[s.label] = { wallSeconds: wall, transferSeconds: tr.seconds, bytes: tr.bytes, GBps: tr.bytesPerSecond / 1e9, dedupedBytes: tr.dedupedBytes ?? 0 };
+      log(`captured ${s.label}: ${gib(s.bytes)} GiB in ${s.regions} regions, ${gib(tr.bytes)} GiB moved in ${wall.toFixed(2)} s (transfer ${tr.seconds.toFixed(2)} s, ${(tr.bytesPerSecond / 1e9).toFixed(2)} GB/s)`);
+    }
+    const b = sides[1]!;
+    const suspendB = await suspendEngine(store, b.name, b.client, { captureIfNeeded: true });
+    b.snapshot = suspendB.snapshot;
+    capture.suspendB = { seconds: suspendB.seconds, captured: suspendB.captured };
+    awake = 0;
+    log(`suspended B in ${ms(suspendB.seconds)}${suspendB.captured ? ' (it captured again)' : ''}`);
 
-  // 3. The rows; vLLM's level-1 sleep after the RAM tier's (then before the engine row's and the page cache's).
-  for (const row of rowsToRun) {
-    if (row === 'engine' || row === 'pagecache' || row === 'cold') await vllmRow();
-    rows.push(...(await runRow(row)));
+    // 3. The rows; vLLM's level-1 sleep after the RAM tier's (then before the engine row's and the page cache's).
+    for (const row of rowsToRun) {
+      if (row === 'engine' || row === 'pagecache' || row === 'cold') await vllmRow();
+      rows.push(...(await runRow(row)));
+    }
+    await vllmRow();
   }
-  await vllmRow();
 } catch (err) {
-  if (!(err instanceof NoEngines)) failure = err;
+  failure = err;
 } finally {
   for (const [what, fn] of cleanup.reverse()) {
     try {
@@ -589,15 +499,14 @@ try {
 
 // 4. The report.
 const bytes = sides[0]?.bytes ?? 0;
-const size = bytes >= GiB ? `${Math.round(bytes / GiB)}GiB` : `${Math.max(1, Math.round(bytes / MiB))}MiB`;
-/** Per engine row: the medians the phase table and the vLLM comparison use. */
-function phaseRows(): PhaseRow[] {
-  return rows.flatMap((r) =>
-    r.summary
-      ? [{ label: r.label, swapMedian: r.summary.swapSeconds?.median ?? null, suspendMedian: r.summary.suspendSeconds?.median ?? null, restoreMedian: r.summary.restoreSeconds?.median ?? null, suspendPhases: r.summary.suspendPhasesMedian, restorePhases: r.summary.phasesMedian, asleepGpuBytes: r.summary.asleepGpuBytesMedian }]
-      : [],
-  );
-}
+/** Per engine row that ran: the medians the tables use. */
+const measured = rows.flatMap(({ row, overlap, label, summary: s }) => {
+  if (!s) return [];
+  const p: PhaseRow = { label, swapMedian: s.swapSeconds?.median ?? null, suspendMedian: s.suspendSeconds?.median ?? null, restoreMedian: s.restoreSeconds?.median ?? null, suspendPhases: s.suspendPhasesMedian, restorePhases: s.phasesMedian, asleepGpuBytes: s.asleepGpuBytesMedian };
+  return [{ row, overlap, p }];
+});
+const phased = measured.map((m) => m.p);
+const ramTierEngineBytes = sides[0]?.snapshot ? cacheBytes(sides[0].snapshot.manifest) : null;
 const result = {
   date: new Date().toISOString(),
   benchmark: 'engine-swap',
@@ -608,12 +517,12 @@ const result = {
   engineStartSeconds,
   capture,
   rows,
-  phases: phaseRows(),
+  phases: phased,
   targets: null as string | null,
   sweep,
   vllmLevel1,
   ramTierBytes,
-  ramTierEngineBytes: sides[0]?.snapshot ? cacheBytes(sides[0].snapshot.manifest) : null,
+  ramTierEngineBytes,
   engineCeiling,
   engineCeilingNote,
   ...(failure ? { error: failure instanceof Error ? (failure.stack ?? failure.message) : String(failure) } : {}),
@@ -622,8 +531,9 @@ const result = {
 const f = (x: number | null | undefined, digits = 3): string => (x === null || x === undefined ? 'n/a' : x.toFixed(digits));
 const cell = (s: string): string => s.replace(/\|/g, '\\|').replace(/\n/g, ' ');
 const sizeLabel = bytes >= GiB ? `${gib(bytes)} GiB` : `${(bytes / MiB).toFixed(1)} MiB`;
+const on = `${device}${gpu ? `, ${gpu.name}` : ''}`;
 const lines = [
-  `| swap of two ${sizeLabel} engines (${device}${gpu ? `, ${gpu.name}` : ''}) | swaps | swap median (s) | swap min | swap max | restore median | suspend median | hydrate (adopt) median | hydrate GB/s | expected response median |`,
+  `| swap of two ${sizeLabel} engines (${on}) | swaps | swap median (s) | swap min | swap max | restore median | suspend median | hydrate (adopt) median | hydrate GB/s | expected response median |`,
   '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
 ];
 for (const r of rows) {
@@ -634,21 +544,18 @@ for (const r of rows) {
   }
   const moved = s.phasesMedian.hydrate ?? s.phasesMedian.adoptWeights;
   const movedCell = moved === undefined ? 'n/a' : `${f(moved)}${s.phasesMedian.hydrate === undefined ? ' (adopt)' : ''}`;
-  lines.push(
-    `| ${r.label} | ${s.swapSeconds?.n ?? 0} | ${f(s.swapSeconds?.median)} | ${f(s.swapSeconds?.min)} | ${f(s.swapSeconds?.max)} | ${f(s.restoreSeconds?.median)} | ${f(s.suspendSeconds?.median)} | ${movedCell} | ${f(s.hydrateGBpsMedian, 2)} | ${f(s.phasesMedian.expectedResponse)} |`,
-  );
+  const sw = s.swapSeconds;
+  lines.push(`| ${r.label} | ${sw?.n ?? 0} | ${f(sw?.median)} | ${f(sw?.min)} | ${f(sw?.max)} | ${f(s.restoreSeconds?.median)} | ${f(s.suspendSeconds?.median)} | ${movedCell} | ${f(s.hydrateGBpsMedian, 2)} | ${f(s.phasesMedian.expectedResponse)} |`);
 }
 for (const r of rowsToRun.filter((row) => !rows.some((x) => x.row === row && x.overlap === 'none'))) lines.push(`| ${LABEL[r]} | not run: ${failure ? 'an earlier step failed' : 'no result'} | | | | | | | | |`);
 // Where the time goes: the median of every phase of the suspend and of the restore, per row.
-const phased = phaseRows();
 lines.push('', phaseTable(phased));
-const captureNote = (): string =>
-  sides
-    .map((s) => {
-      const c = capture[s.label] as { wallSeconds: number; GBps: number } | undefined;
-      return c ? `${s.label} ${c.wallSeconds.toFixed(2)} s (${c.GBps.toFixed(2)} GB/s)` : `${s.label} n/a`;
-    })
-    .join(', ');
+const captureNote = sides
+  .map((s) => {
+    const c = capture[s.label] as { wallSeconds: number; GBps: number } | undefined;
+    return c ? `${s.label} ${c.wallSeconds.toFixed(2)} s (${c.GBps.toFixed(2)} GB/s)` : `${s.label} n/a`;
+  })
+  .join(', ');
 const verdict = (row: RowName): string => {
   const r = rows.find((x) => x.row === row && x.overlap === 'none');
   const s = r?.summary?.swapSeconds;
@@ -660,19 +567,14 @@ lines.push(
   `Target (issue 5): hot swap of two 16 GiB engines <= ${TARGET_SECONDS.toFixed(1)} s end to end (suspend + restore incl. the expected response). ` +
     `This run (${sizeLabel} engines): ${verdict('ram')}; ${verdict('tier0')}.` +
     (bytes < 16 * GiB ? ' Engines under 16 GiB: this run does not test the target.' : ''),
-  `Setup: both engines up in ${engineStartSeconds.toFixed(1)} s; capture ${captureNote()}.`,
+  `Setup: both engines up in ${engineStartSeconds.toFixed(1)} s; capture ${captureNote}.`,
   `A swap = suspend of the awake engine + restoreEngine of the other; medians of ${reps} swaps a row (cold: ${COLD_REPS}) after ${WARMUP} unmeasured warm-up swaps (cold: none); every restore gave the answer recorded before any swap.`,
 );
 if (rows.length === 0) lines.length = 0; // no engine rows: only the tables below
 const byRow = (row: RowName): PhaseRow | undefined => phased.find((p) => p.label === LABEL[row]);
 /** A row's results per overlap mode, in the order they ran (none first). */
-const modeRows = (row: RowName): ModeRow[] =>
-  rows.flatMap((r) => {
-    const p = r.row === row ? phased.find((x) => x.label === r.label) : undefined;
-    return p ? [{ overlap: r.overlap, row: p }] : [];
-  });
+const modeRows = (row: RowName): ModeRow[] => measured.filter((m) => m.row === row).map((m) => ({ overlap: m.overlap, row: m.p }));
 const bytesAlone = bytesAloneOf(bytes, sides[0]?.regions ?? 0, engineCeiling, sweep?.rows ?? null);
-const ramTierEngineBytes = sides[0]?.snapshot ? cacheBytes(sides[0].snapshot.manifest) : null;
 const targets = targetsTable({
   engineBytes: bytes,
   ram: modeRows('ram'),
@@ -689,8 +591,8 @@ if (perPhase) lines.unshift(perPhase, '');
 if (targets) lines.unshift(targets, '');
 result.targets = targets || null;
 for (const t of [
-  sweep ? sweepTable(sweep.rows, `${device}${gpu ? `, ${gpu.name}` : ''}`, sweep.ceilingNote) : '',
-  overlapTable(rows.flatMap((r) => (OVERLAP_ROWS.includes(r.row) && r.summary ? [{ row: LABEL[r.row], overlap: r.overlap, swapMedian: r.summary.swapSeconds?.median ?? null, suspendMedian: r.summary.suspendSeconds?.median ?? null, restoreMedian: r.summary.restoreSeconds?.median ?? null, wakeKvCache: r.summary.phasesMedian.wakeKvCache ?? null, awaitRoom: r.summary.phasesMedian.awaitRoom ?? null }] : []))),
+  sweep ? sweepTable(sweep.rows, on, sweep.ceilingNote) : '',
+  overlapTable(measured.filter((m) => OVERLAP_ROWS.includes(m.row)).map((m) => ({ row: LABEL[m.row], overlap: m.overlap, phases: m.p }))),
   vllmTable(vllmLevel1, byRow('ram'), byRow('tier0'), ramTierBytes, byRow('ram2'), ramTierEngineBytes),
 ]) {
   if (t) lines.push('', t);
@@ -698,14 +600,14 @@ for (const t of [
 if (failure) lines.push('', `FAILED: ${cell(failure instanceof Error ? failure.message : String(failure))}`);
 const table = lines.join('\n');
 
-const anything = rows.length > 0 || sweep !== null || vllmLevel1 !== null;
-if (anything || failure) {
-  mkdirSync(outDir, { recursive: true });
+if (rows.length > 0 || sweep !== null || vllmLevel1 !== null || failure) {
+  mkdirSync(args.out, { recursive: true });
+  const size = bytes >= GiB ? `${Math.round(bytes / GiB)}GiB` : `${Math.max(1, Math.round(bytes / MiB))}MiB`;
   const name = sides.length > 0 ? `engine-swap-${size}` : `swap-${extras.join('-') || 'none'}`;
-  const base = join(outDir, `${name}${failure ? '-failed' : ''}`);
+  const base = join(args.out, `${name}${failure ? '-failed' : ''}`);
   writeFileSync(`${base}.json`, `${JSON.stringify(result, null, 2)}\n`);
   writeFileSync(`${base}.md`, `${table}\n`);
   log(`wrote ${base}.json and ${base}.md`);
+  console.log(table.replace(/^\n+/, ''));
 }
-if (anything || failure) console.log(table.replace(/^\n+/, ''));
 if (failure) throw failure;

@@ -5,9 +5,8 @@
   checkpoint      cuCheckpointProcess{Lock,Checkpoint,Restore,Unlock} on a child holding the bytes
   engine_reload   the reference engine's state_dict reloaded from safetensors (vLLM reload_weights)
 
-Usage: python3 bench/peers.py --gib 16 --out results/peers-16GiB.json [--scratch DIR] [--reps 3]
-       [--skip NAME,...] [--engine-layers 36] [--engine-hidden 4096] [--dry-run]
-Writes the JSON to --out (and stdout) and a markdown table next to it (.md)."""
+Usage: python3 bench/peers.py --gib 16 --out results/peers-16GiB.json [--reps 3] [--skip NAME,...] [--dry-run]
+Writes the JSON to --out (and stdout) and a markdown table next to it (.md); files go to $TMPDIR."""
 
 import argparse
 import ctypes
@@ -16,7 +15,6 @@ import gc
 import json
 import os
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -27,8 +25,8 @@ from pathlib import Path
 
 MiB = 1 << 20
 GiB = 1 << 30
-SECTIONS = {"safetensors": "safetensors", "torch_copy": "torchCopy", "checkpoint": "checkpoint", "engine_reload": "engineReload"}
 ENGINE_DIR = Path(__file__).resolve().parent.parent / "test/fixtures/engine"
+ENGINE_LAYERS, ENGINE_HIDDEN = 36, 4096  # the swap bench's engine
 
 
 def region_sizes(total):
@@ -81,13 +79,6 @@ def drop_caches():
         return False
 
 
-def remove(path):
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
 def nvidia_smi(*args):
     try:
         run = subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, timeout=60)
@@ -105,11 +96,8 @@ def gpu_mib_of(pid):
 
 
 def gpu0_used_mib():
-    out = nvidia_smi("-i", "0", "--query-gpu=memory.used", "--format=csv,noheader,nounits")
-    try:
-        return int(out.split()[0]) if out else None
-    except (ValueError, IndexError):
-        return None
+    out = (nvidia_smi("-i", "0", "--query-gpu=memory.used", "--format=csv,noheader,nounits") or "").split()
+    return int(out[0]) if out and out[0].isdigit() else None
 
 
 # ---------------------------------------------------------------- torch helpers (imported lazily)
@@ -151,52 +139,59 @@ def timed(fn):
     return time.perf_counter() - t0, value
 
 
+def timed_save(tensors, path, nbytes):
+    """save_file, then os.sync (vsnap's capture row includes fdatasync); earlier dirty pages synced first."""
+    from safetensors.torch import save_file
+    os.sync()
+    t0 = time.perf_counter()
+    save_file(tensors, path)
+    t1 = time.perf_counter()
+    os.sync()
+    t2 = time.perf_counter()
+    return dict(saveSeconds=round(t1 - t0, 4), saveGBps=gbps(nbytes, t1 - t0),
+                saveSyncedSeconds=round(t2 - t0, 4), saveSyncedGBps=gbps(nbytes, t2 - t0))
+
+
+def cold_then_warm(res, name, run, nbytes, reps, no_cold=None):
+    """One run after the page cache is dropped (<name>Cold...), then `reps` warm runs (<name>Warm...)."""
+    if drop_caches():
+        cold = run()
+        res.update({f"{name}ColdSeconds": round(cold, 4), f"{name}ColdGBps": gbps(nbytes, cold)})
+        log(f"{name} cold {cold:.3f} s")
+    else:
+        res.update({f"{name}ColdSeconds": None, f"{name}ColdGBps": None, **(no_cold or {}), "coldNote": "could not drop caches (not root?)"})
+    res[f"{name}WarmSeconds"], res[f"{name}WarmGBps"] = repeated(nbytes, [run() for _ in range(reps)])
+
+
 # ---------------------------------------------------------------- 1. safetensors
 
 def bench_safetensors(sizes, scratch, reps):
-    from safetensors.torch import load_file, save_file
-    nbytes, res = sum(sizes), {}
-    path = os.path.join(scratch, "regions.safetensors")
+    from safetensors.torch import load_file
+    nbytes, verified = sum(sizes), []
+    path = Path(scratch, "regions.safetensors")
     regions = make_regions(sizes)
+
+    def load():
+        gc.collect()
+        seconds, loaded = timed(lambda: load_file(path, device="cuda"))
+        if not verified:  # the first load is compared, cold or warm
+            verified.append(same_tensors(loaded, regions))
+        return seconds
+
     try:
-        os.sync()  # earlier dirty pages must not be charged to this save
-        t0 = time.perf_counter()
-        save_file(regions, path)
-        t1 = time.perf_counter()
-        os.sync()  # vsnap's capture row includes fdatasync
-        t2 = time.perf_counter()
-        res.update(saveSeconds=round(t1 - t0, 4), saveGBps=gbps(nbytes, t1 - t0),
-                   saveSyncedSeconds=round(t2 - t0, 4), saveSyncedGBps=gbps(nbytes, t2 - t0),
-                   fileBytes=os.path.getsize(path))
+        res = {**timed_save(regions, path, nbytes), "fileBytes": path.stat().st_size}
         log(f"safetensors save {res['saveGBps']} GB/s, with sync {res['saveSyncedGBps']} GB/s")
-        verified = None
-        if drop_caches():
-            seconds, loaded = timed(lambda: load_file(path, device="cuda"))
-            res.update(loadColdSeconds=round(seconds, 4), loadColdGBps=gbps(nbytes, seconds))
-            verified = same_tensors(loaded, regions)
-            del loaded
-            log(f"safetensors cold load {res['loadColdGBps']} GB/s")
-        else:
-            res.update(loadColdSeconds=None, loadColdGBps=None, cold=None, coldNote="could not drop caches (not root?)")
-        runs = []
-        for _ in range(reps):
-            gc.collect()
-            seconds, loaded = timed(lambda: load_file(path, device="cuda"))
-            runs.append(seconds)
-            if verified is None:
-                verified = same_tensors(loaded, regions)
-            del loaded
-        res["loadWarmSeconds"], res["loadWarmGBps"] = repeated(nbytes, runs)
-        res["verified"] = bool(verified)
+        cold_then_warm(res, "load", load, nbytes, reps, no_cold={"cold": None})
+        res["verified"] = bool(verified[0])
         log(f"safetensors warm load {res['loadWarmGBps']['max']} GB/s, verified {res['verified']}")
         return res
     finally:
-        remove(path)
+        path.unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------- 2. torch pinned copy
 
-def bench_torch_copy(sizes, reps):
+def bench_torch_copy(sizes, _scratch, reps):
     import torch
     nbytes, res = sum(sizes), {}
     gpu = list(make_regions(sizes).values())
@@ -258,6 +253,8 @@ class RestoreArgs(ctypes.Structure):  # CUcheckpointRestoreArgs
 
 
 STATES = {0: "running", 1: "locked", 2: "checkpointed", 3: "failed"}
+ARGS = {"Lock": LockArgs, "Checkpoint": ReservedArgs, "Restore": RestoreArgs, "Unlock": ReservedArgs}
+UNDO = {"Lock": "Unlock", "Checkpoint": "Restore"}  # a locked or checkpointed child may not die cleanly
 
 
 class Driver:
@@ -270,7 +267,7 @@ class Driver:
         lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
         lib.cuInit.argtypes = [ctypes.c_uint]
         lib.cuCheckpointProcessGetState.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
-        for name, args in (("Lock", LockArgs), ("Checkpoint", ReservedArgs), ("Restore", RestoreArgs), ("Unlock", ReservedArgs)):
+        for name, args in ARGS.items():
             getattr(lib, f"cuCheckpointProcess{name}").argtypes = [ctypes.c_int, ctypes.POINTER(args)]
         self.call("cuInit", 0)  # restore needs cuInit (or persistence mode) in the caller
 
@@ -283,6 +280,10 @@ class Driver:
             self.lib.cuGetErrorName(rc, ctypes.byref(text))
             raise RuntimeError(f"{name} failed: {(text.value or b'?').decode()} ({rc})")
 
+    def process(self, name, pid):
+        args = LockArgs(timeoutMs=120_000) if name == "Lock" else ARGS[name]()
+        self.call(f"cuCheckpointProcess{name}", pid, ctypes.byref(args))
+
     def state(self, pid):
         """For the record only: a failing GetState must not fail the measurement."""
         value = ctypes.c_int(-1)
@@ -293,77 +294,75 @@ class Driver:
         return STATES.get(value.value, str(value.value))
 
 
-class ChildLines:
-    """Reads the child's output lines with a deadline (select on the raw pipe, no hidden buffering)."""
+def child_lines(proc):
+    """wait_for(prefixes, timeout): the child's next line starting so (select on the raw pipe, no hidden buffering)."""
+    buf, seen = [b""], []
 
-    def __init__(self, proc):
-        self.proc, self.buf, self.seen = proc, b"", []
-
-    def wait_for(self, prefixes, timeout):
+    def wait_for(prefixes, timeout):
         deadline = time.monotonic() + timeout
         while True:
-            while b"\n" in self.buf:
-                line, self.buf = self.buf.split(b"\n", 1)
+            while b"\n" in buf[0]:
+                line, buf[0] = buf[0].split(b"\n", 1)
                 text = line.decode(errors="replace").strip()
                 if text.startswith(prefixes):
                     return text
-                self.seen.append(text)
+                seen.append(text)
             left = deadline - time.monotonic()
             if left <= 0:
-                raise TimeoutError(f"child said nothing of {prefixes} in {timeout} s: {' | '.join(self.seen[-5:])}")
-            if select.select([self.proc.stdout], [], [], left)[0]:
-                chunk = os.read(self.proc.stdout.fileno(), 65536)
+                raise TimeoutError(f"child said nothing of {prefixes} in {timeout} s: {' | '.join(seen[-5:])}")
+            if select.select([proc.stdout], [], [], left)[0]:
+                chunk = os.read(proc.stdout.fileno(), 65536)
                 if not chunk:
-                    raise RuntimeError(f"child exited ({self.proc.wait()}): {' | '.join(self.seen[-5:])}")
-                self.buf += chunk
+                    raise RuntimeError(f"child exited ({proc.wait()}): {' | '.join(seen[-5:])}")
+                buf[0] += chunk
+    return wait_for
 
 
-def bench_checkpoint(sizes):
-    nbytes, res, states = sum(sizes), {}, []
+def bench_checkpoint(sizes, _scratch, _reps):
+    nbytes, res, states, undo = sum(sizes), {}, [], []  # undo: what cleanup must call, last first
     cu = Driver()
     proc = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(sizes)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=0)
-    pid, phase = proc.pid, "running"  # phase: what cleanup must undo
+    pid, wait_for = proc.pid, child_lines(proc)
+
+    def timed_steps(*names):
+        t0 = time.perf_counter()
+        for name in names:
+            cu.process(name, pid)
+            if name in UNDO:
+                undo.append(UNDO[name])
+            else:
+                undo.pop()  # the step undid the last one cleanup owed
+        seconds = time.perf_counter() - t0
+        states.append(cu.state(pid))
+        return seconds
+
     try:
-        ready = ChildLines(proc)
-        words = ready.wait_for(("READY",), 600).split()
+        words = wait_for(("READY",), 600).split()
         if words[2:3] != ["1"]:
             raise RuntimeError(f"child could not fill its regions: {' '.join(words)}")
         res.update(gpuMiBBefore=gpu_mib_of(pid), gpuTotalMiBBefore=gpu0_used_mib())
         states.append(cu.state(pid))
-        t0 = time.perf_counter()
-        cu.call("cuCheckpointProcessLock", pid, ctypes.byref(LockArgs(timeoutMs=120_000)))
-        phase = "locked"
-        cu.call("cuCheckpointProcessCheckpoint", pid, ctypes.byref(ReservedArgs()))
-        phase = "checkpointed"
-        checkpoint = time.perf_counter() - t0
-        states.append(cu.state(pid))
+        checkpoint = timed_steps("Lock", "Checkpoint")
         res.update(gpuMiBAfter=gpu_mib_of(pid), gpuTotalMiBAfter=gpu0_used_mib())
         log(f"checkpoint {checkpoint:.3f} s; child GPU MiB {res['gpuMiBBefore']} -> {res['gpuMiBAfter']}")
-        t0 = time.perf_counter()
-        cu.call("cuCheckpointProcessRestore", pid, ctypes.byref(RestoreArgs()))
-        phase = "locked"
-        cu.call("cuCheckpointProcessUnlock", pid, ctypes.byref(ReservedArgs()))
-        phase = "running"
-        restore = time.perf_counter() - t0
-        states.append(cu.state(pid))
+        restore = timed_steps("Restore", "Unlock")
         res.update(checkpointSeconds=round(checkpoint, 4), restoreSeconds=round(restore, 4),
                    checkpointGBps=gbps(nbytes, checkpoint), restoreGBps=gbps(nbytes, restore),
                    gpuMiBRestored=gpu_mib_of(pid), states=states)
         if res["gpuMiBAfter"] is None:
             res["gpuMiBNote"] = "nvidia-smi did not list the child while checkpointed (null = none held)"
         proc.stdin.write(b"check\n")
-        res["intact"] = ready.wait_for(("INTACT", "CORRUPT"), 600) == "INTACT"
+        res["intact"] = wait_for(("INTACT", "CORRUPT"), 600) == "INTACT"
         log(f"restore {restore:.3f} s; intact {res['intact']}")
         return res
     finally:
-        for step, undo in (("checkpointed", "Restore"), ("locked", "Unlock")):
-            if phase == step:  # a locked or checkpointed child may not die cleanly
-                try:
-                    cu.call(f"cuCheckpointProcess{undo}", pid, ctypes.byref(RestoreArgs() if undo == "Restore" else ReservedArgs()))
-                    phase = "locked" if undo == "Restore" else "running"
-                except Exception as exc:  # noqa: BLE001 -- cleanup goes on
-                    log(f"cleanup {undo}: {error_text(exc)}")
+        for name in reversed(undo):
+            try:
+                cu.process(name, pid)
+            except Exception as exc:  # noqa: BLE001 -- cleanup goes on to the kill
+                log(f"cleanup {name}: {error_text(exc)}")
+                break
         if proc.poll() is None:
             proc.kill()
         try:
@@ -374,12 +373,12 @@ def bench_checkpoint(sizes):
 
 # ---------------------------------------------------------------- 4. reference engine reload
 
-def bench_engine_reload(scratch, reps, layers, hidden):
+def bench_engine_reload(_sizes, scratch, reps, layers=ENGINE_LAYERS, hidden=ENGINE_HIDDEN):
     import torch
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
     sys.path.insert(0, str(ENGINE_DIR))  # torch_model.py needs only torch; no vllm stand-in, no allocator
     from torch_model import load_torch_model
-    path, res = os.path.join(scratch, "engine.safetensors"), {}
+    path, res = Path(scratch, "engine.safetensors"), {}
     model = load_torch_model(types.SimpleNamespace(layers=layers, hidden=hidden, seed=1, dtype="bfloat16"))
     model.load()  # as the worker does: packs qkv_t, which is not in the state dict
     try:
@@ -396,14 +395,7 @@ def bench_engine_reload(scratch, reps, layers, hidden):
         res.update(layers=layers, hidden=hidden, tensors=len(saved), bytes=nbytes, postLoadBytes=post, sharedSkipped=shared)
         log(f"engine: {len(saved)} tensors, {nbytes / GiB:.2f} GiB state dict, {post / GiB:.2f} GiB post-load")
         originals = {k: t.clone() for k, t in saved.items()}  # compared exactly after the reload
-        os.sync()
-        t0 = time.perf_counter()
-        save_file(saved, path)
-        t1 = time.perf_counter()
-        os.sync()
-        t2 = time.perf_counter()
-        res.update(saveSeconds=round(t1 - t0, 4), saveGBps=gbps(nbytes, t1 - t0),
-                   saveSyncedSeconds=round(t2 - t0, 4), saveSyncedGBps=gbps(nbytes, t2 - t0))
+        res.update(timed_save(saved, path, nbytes))
         del saved
         live = {**dict(model.named_parameters()), **dict(model.named_buffers())}
         targets = {k: live[k] for k in originals}  # KeyError here = a state-dict name that is not a live tensor
@@ -424,24 +416,20 @@ def bench_engine_reload(scratch, reps, layers, hidden):
             gc.collect()
             return seconds
 
-        if drop_caches():
-            cold = reload()
-            res.update(reloadColdSeconds=round(cold, 4), reloadColdGBps=gbps(nbytes, cold))
-            log(f"engine cold reload {cold:.3f} s")
-        else:
-            res.update(reloadColdSeconds=None, reloadColdGBps=None, coldNote="could not drop caches (not root?)")
-        runs = [reload() for _ in range(reps)]
-        res["reloadWarmSeconds"], res["reloadWarmGBps"] = repeated(nbytes, runs)
+        cold_then_warm(res, "reload", reload, nbytes, reps)
         res["verified"] = all(torch.equal(targets[k], originals[k]) for k in originals)
         repack, _ = timed(model.load)  # what a reload must redo for tensors outside the state dict
         res.update(repackSeconds=round(repack, 4), verifyNote="torch.equal against GPU copies taken before saving")
         log(f"engine warm reload {res['reloadWarmSeconds']['min']} s, repack {repack:.3f} s, verified {res['verified']}")
         return res
     finally:
-        remove(path)
+        path.unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------- output
+
+SECTIONS = {"safetensors": ("safetensors", bench_safetensors), "torch_copy": ("torchCopy", bench_torch_copy),
+            "checkpoint": ("checkpoint", bench_checkpoint), "engine_reload": ("engineReload", bench_engine_reload)}
 
 ROWS = {  # section -> (label, seconds key, GB/s key)
     "safetensors": [("safetensors save_file from cuda", "saveSeconds", "saveGBps"),
@@ -504,18 +492,15 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description="Measure vsnap's peers (safetensors, torch copies, CUDA checkpoint, engine reload)")
     p.add_argument("--gib", type=float, default=16, help="total bytes, GiB (as in the vsnap bench)")
     p.add_argument("--out", required=True, help="JSON result path; the markdown table goes next to it (.md)")
-    p.add_argument("--scratch", default="/tmp/vsnap-peers", help="scratch dir for files (deleted afterwards)")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--skip", default="", help=f"comma-separated sections to skip: {','.join(SECTIONS)}")
-    p.add_argument("--engine-layers", type=int, default=36)
-    p.add_argument("--engine-hidden", type=int, default=4096)
     p.add_argument("--dry-run", action="store_true", help="no torch/CUDA: sizes and output files only")
     args = p.parse_args(argv)
     args.skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     if args.skip - SECTIONS.keys():
         p.error(f"unknown --skip {','.join(sorted(args.skip - SECTIONS.keys()))}; known: {','.join(SECTIONS)}")
-    if args.reps < 1 or args.engine_layers < 1 or args.engine_hidden < 128:
-        p.error("--reps and --engine-layers must be >= 1, --engine-hidden >= 128")
+    if args.reps < 1:
+        p.error("--reps must be >= 1")
     args.total = int(round(args.gib * GiB))
     if args.total < 2 * GiB + 4 * MiB:
         p.error("--gib must cover the 2 GiB + 4 MiB of fixed regions")
@@ -529,21 +514,14 @@ def main(argv=None):
     gib = int(args.gib) if args.gib == int(args.gib) else args.gib
     result = {**machine_facts(args.dry_run), "gib": gib, "bytes": sum(sizes), "regions": len(sizes), "reps": args.reps}
     log(f"{len(sizes)} regions, {sum(sizes) / GiB:.2f} GiB{' (dry run)' if args.dry_run else ''}")
-    made_scratch = not os.path.isdir(args.scratch)
-    os.makedirs(args.scratch, exist_ok=True)
-    scratch = tempfile.mkdtemp(prefix="run-", dir=args.scratch)  # only this dir is ever deleted wholesale
-    runs = {"safetensors": lambda: bench_safetensors(sizes, scratch, args.reps),
-            "torch_copy": lambda: bench_torch_copy(sizes, args.reps),
-            "checkpoint": lambda: bench_checkpoint(sizes),
-            "engine_reload": lambda: bench_engine_reload(scratch, args.reps, args.engine_layers, args.engine_hidden)}
-    try:
-        for name, key in SECTIONS.items():
+    with tempfile.TemporaryDirectory(prefix="vsnap-peers-") as scratch:
+        for name, (key, run) in SECTIONS.items():
             if args.dry_run or name in args.skip:
                 result[key] = {"skipped": "dry run" if args.dry_run else "--skip"}
                 continue
             log(f"section {name}")
             try:
-                result[key] = runs[name]()
+                result[key] = run(sizes, scratch, args.reps)
             except Exception as exc:  # noqa: BLE001 -- one failed peer must not lose the others
                 result[key] = {"error": error_text(exc)}
                 log(f"section {name} failed: {result[key]['error']}")
@@ -552,13 +530,6 @@ def main(argv=None):
                     free_memory()
                 except Exception as exc:  # noqa: BLE001
                     log(f"freeing memory after {name}: {error_text(exc)}")
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-        if made_scratch:
-            try:
-                os.rmdir(args.scratch)
-            except OSError:
-                pass
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(result, indent=2)

@@ -1,24 +1,17 @@
 #!/usr/bin/env bash
-# The benchmarks, on a GPU machine (run as root, so cold reads can drop the page cache):
-#   npm run bench [GiB] [out-dir] [devices]   transfers of GiB bytes beside the ceiling, and the
-#                                             peers (bench/transfer.ts, bench/ceiling.cu, bench/peers.py)
-#   npm run bench -- swap [options]           end-to-end swaps of two reference engines, the
-#                                             region-count sweep and vLLM's level-1 sleep
-#                                             (bench/engine-swap.ts; options there). VSNAP_VLLM_SRC=<folder
-#                                             made by test/fixtures/engine/vllm_src.py>: the engines run
-#                                             vLLM's own allocator (built here, as test/gpu/run.sh does)
+# The benchmarks (docs/testing.md#benchmarks), on a GPU machine, as root so cold reads can drop the page cache:
+#   npm run bench [GiB] [out-dir] [devices]   transfers beside the ceiling, and the peers (transfer.ts, ceiling.cu, peers.py)
+#   npm run bench -- swap [options]           engine swaps, the region-count sweep, vLLM's level-1 sleep (engine-swap.ts);
+#                                             VSNAP_VLLM_SRC: the engines run vLLM's own allocator, built here
 #   npm run bench -- registry [GiB] [out-dir] pull from a local registry against curl (CPU only)
-#   npm run bench -- compare <before.json> <after.json> [tolerance]   two swap runs' medians side by
-#                                             side, those more than tolerance (0.03) slower marked
-#   npm run bench -- codec [MiB] [repeats] [out.json]   the chunk codec on the GPU: ratio, encode and
-#                                             decode GB/s per dtype (bench/codec.ts)
+#   npm run bench -- compare <before.json> <after.json> [tolerance]   two swap runs' medians side by side
+#   npm run bench -- codec [MiB] [repeats] [out.json]   the chunk codec on the GPU (test/microbench/codec.ts)
 #   npm run bench -- bundle                   only the bundles (dist-gpu/bench-*.mjs), to carry
-# Builds the bundles, the ceiling program and the reference engine's allocator where the tools are
-# here; on a machine without npm, carry dist-gpu/ and run this same script.
+# Builds what the tools here can build; on a machine without npm, carry dist-gpu/ and run this script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -x node_modules/.bin/esbuild ]; then
-  node_modules/.bin/esbuild bench/transfer.ts bench/engine-swap.ts bench/compare.ts bench/codec.ts --bundle --platform=node --format=esm --target=node20 \
+  node_modules/.bin/esbuild bench/transfer.ts bench/engine-swap.ts bench/compare.ts test/microbench/codec.ts --bundle --platform=node --format=esm --target=node20 \
     --outdir=dist-gpu --entry-names='bench-[name]' --out-extension:.js=.mjs --log-level=warning --external:node-gyp-build \
     --banner:js="import { createRequire as __cr } from 'module'; const require = __cr(import.meta.url);"
 fi

@@ -180,15 +180,14 @@ export function vllmTable(v: VllmLevel1Result | null, ram: PhaseRow | undefined,
     '|---|---:|---:|---:|---:|---:|---:|',
     `| vLLM level-1 sleep + /wake_up, ${cell(v.allocator)} | first ${f(s.firstSleepSeconds)}, later ${f(s.laterSleepMedianSeconds)} | ${f(s.wakeMedianSeconds)} | ${f(s.wakeMedianSeconds)} | 1.00x | ${g(s.hostHeldBytes)} (own pinned copy, per engine; ${g(s.hostHeldAfterWakeBytes)} still held awake after the last wake) | ${g(s.gpuBytesAsleep)} |`,
   ];
-  if (ram) lines.push(`| vsnap RAM tier (suspend + restoreEngine) | ${f(ram.suspendMedian)} | ${f(ram.restoreMedian)} | ${f(ramNoCheck)} | ${ramNoCheck === null ? 'n/a' : `${f(ramNoCheck / s.wakeMedianSeconds)}x`} | ${perEngineBytes == null ? '' : `${g(perEngineBytes)} per engine (its snapshot) in `}${g(hostCacheBytes)} (one shared, budgeted RAM tier for both engines) | ${g(ram.asleepGpuBytes)} |`);
-  if (ram2) {
-    const r2 = withoutCheck(ram2.restoreMedian, ram2.restorePhases);
-    lines.push(`| vsnap RAM tier over two PCIe links (multipath) | ${f(ram2.suspendMedian)} | ${f(ram2.restoreMedian)} | ${f(r2)} | ${r2 === null ? 'n/a' : `${f(r2 / s.wakeMedianSeconds)}x`} | ${g(hostCacheBytes)} (the same RAM tier) | ${g(ram2.asleepGpuBytes)} |`);
-  }
-  if (tier0) {
-    const t0 = withoutCheck(tier0.restoreMedian, tier0.restorePhases);
-    lines.push(`| vsnap tier 0 (weights kept on the GPU) | ${f(tier0.suspendMedian)} | ${f(tier0.restoreMedian)} | ${f(t0)} | ${t0 === null ? 'n/a' : `${f(t0 / s.wakeMedianSeconds)}x`} | 0 | ${g(tier0.asleepGpuBytes)} in the engine, its weights kept by vsnap |`);
-  }
+  const vsnapRow = (what: string, p: PhaseRow | undefined, host: string, gpu: string): void => {
+    if (!p) return;
+    const noCheck = withoutCheck(p.restoreMedian, p.restorePhases);
+    lines.push(`| ${what} | ${f(p.suspendMedian)} | ${f(p.restoreMedian)} | ${f(noCheck)} | ${noCheck === null ? 'n/a' : `${f(noCheck / s.wakeMedianSeconds)}x`} | ${host} | ${gpu} |`);
+  };
+  vsnapRow('vsnap RAM tier (suspend + restoreEngine)', ram, `${perEngineBytes == null ? '' : `${g(perEngineBytes)} per engine (its snapshot) in `}${g(hostCacheBytes)} (one shared, budgeted RAM tier for both engines)`, g(ram?.asleepGpuBytes));
+  vsnapRow('vsnap RAM tier over two PCIe links (multipath)', ram2, `${g(hostCacheBytes)} (the same RAM tier)`, g(ram2?.asleepGpuBytes));
+  vsnapRow('vsnap tier 0 (weights kept on the GPU)', tier0, '0', `${g(tier0?.asleepGpuBytes)} in the engine, its weights kept by vsnap`);
   lines.push(
     '',
     `Target (issue 25): vsnap RAM-tier restore without the check <= ${TARGETS.restoreVsVllm}x of vLLM's level-1 wake of the same engine: ${ramNoCheck === null ? 'no RAM row this run' : `${f(ramNoCheck / s.wakeMedianSeconds)}x, ${ramNoCheck / s.wakeMedianSeconds <= TARGETS.restoreVsVllm ? 'met' : 'not met'}`}. ` +
@@ -197,28 +196,17 @@ export function vllmTable(v: VllmLevel1Result | null, ram: PhaseRow | undefined,
   return lines.join('\n');
 }
 
-/** One row per tier and overlap mode (`--overlap`). */
-export interface OverlapRow {
-  row: string;
-  overlap: string;
-  swapMedian: number | null;
-  suspendMedian: number | null;
-  restoreMedian: number | null;
-  wakeKvCache: number | null;
-  awaitRoom: number | null;
-}
-
-/** Serial vs overlapped swaps, per tier: the swap's median and its ratio to the same tier's `none`. */
-export function overlapTable(rows: readonly OverlapRow[]): string {
+/** Serial vs overlapped swaps, one row per tier (`row`) and overlap mode: the swap's median and its ratio to the same tier's `none`. */
+export function overlapTable(rows: ReadonlyArray<{ row: string; overlap: string; phases: PhaseRow }>): string {
   if (!rows.some((r) => r.overlap !== 'none')) return '';
   const lines = [
     '| swap overlap | mode | swap median (ms) | vs none | suspend median (ms) | restore median (ms) | r.wakeKvCache (ms) | r.awaitRoom (ms) |',
     '|---|---|---:|---:|---:|---:|---:|---:|',
   ];
-  for (const r of rows) {
-    const base = rows.find((x) => x.row === r.row && x.overlap === 'none')?.swapMedian;
-    const ratio = base && r.swapMedian !== null ? `${f(r.swapMedian / base)}x` : 'n/a';
-    lines.push(`| ${r.row} | ${r.overlap} | ${msCell(r.swapMedian ?? undefined)} | ${ratio} | ${msCell(r.suspendMedian ?? undefined)} | ${msCell(r.restoreMedian ?? undefined)} | ${msCell(r.wakeKvCache ?? undefined)} | ${msCell(r.awaitRoom ?? undefined)} |`);
+  for (const { row, overlap, phases: p } of rows) {
+    const base = rows.find((x) => x.row === row && x.overlap === 'none')?.phases.swapMedian;
+    const ratio = base && p.swapMedian !== null ? `${f(p.swapMedian / base)}x` : 'n/a';
+    lines.push(`| ${row} | ${overlap} | ${msCell(p.swapMedian ?? undefined)} | ${ratio} | ${msCell(p.suspendMedian ?? undefined)} | ${msCell(p.restoreMedian ?? undefined)} | ${msCell(p.restorePhases.wakeKvCache)} | ${msCell(p.restorePhases.awaitRoom)} |`);
   }
   lines.push(
     '',
@@ -255,8 +243,6 @@ export function bytesAloneOf(bytes: number, regions: number, engineCeiling: Ceil
 export interface ModeRow {
   overlap: string;
   row: PhaseRow;
-  /** The column's label, where not `RAM tier, <mode>`. */
-  label?: string;
 }
 
 export interface TargetsInput {
@@ -370,7 +356,7 @@ export function targetsTable(t: TargetsInput): string {
 export function bytesAloneTable(rows: readonly ModeRow[], b: BytesAlone | null): string {
   if (!b || rows.length === 0) return '';
   const phases = ordered(rows.flatMap((r) => Object.keys(r.row.restorePhases)), RESTORE_ORDER).filter((n) => n !== 'expectedResponse');
-  const head = ['RAM-tier restore against the bytes alone, ms (x of the bytes alone)', ...rows.map((r) => r.label ?? `RAM tier, ${modeLabel(r.overlap)}`)];
+  const head = ['RAM-tier restore against the bytes alone, ms (x of the bytes alone)', ...rows.map((r) => `RAM tier, ${modeLabel(r.overlap)}`)];
   const lines = [`| ${head.join(' | ')} |`, `|---|${rows.map(() => '---:').join('|')}|`];
   const c = (v: number | null | undefined): string => (v === null || v === undefined ? '' : `${msCell(v)} (${f(v / b.seconds)}x)`);
   lines.push(`| the bytes alone: raw pinned H2D of ${f(b.bytes / GiB, 2)} GiB at ${f(b.GBps, 2)} GB/s (${b.source === 'engine regions' ? `the engine's ${b.regions} regions` : `sweep layout of ${b.regions} regions`}) | ${rows.map(() => c(b.seconds)).join(' | ')} |`);

@@ -1,11 +1,9 @@
-// The `sweep` row of `npm run bench -- swap`, run before the engines start: the same bytes split
-// into 36, 252, 1,000 and 4,000 near-equal regions, captured into the RAM tier and restored from
-// it (Snapshot.restore), into this process's device allocations and through exported fds (as a
-// restore maps an engine's regions), beside the raw pinned H2D of the same regions (bench/ceiling.cu)
-// measured in the same run. Why not the engine: the reference engine's regions are its allocator's
-// segments, and PyTorch's caching allocator gives every request under 10 MiB a shared 20 MiB
-// segment; 16 GiB in 4,000 own segments (4.2 MiB each) cannot be made from it, so the sweep runs on
-// device allocations, one per region, which is what a region is to a restore's copy.
+// The `sweep` row of `npm run bench -- swap`, before the engines start: the same bytes in 36 to 4,000
+// near-equal regions, captured into the RAM tier and restored from it into this process's device
+// allocations and through exported fds (as a restore maps an engine's regions), beside the raw
+// pinned H2D of the same regions (bench/ceiling.cu), same run. Not the engine: PyTorch's caching
+// allocator gives every request under 10 MiB a shared 20 MiB segment, so 16 GiB in 4,000 own
+// segments cannot be made there; a device allocation per region is what a region is to a copy.
 import { execFileSync } from 'node:child_process';
 import { closeSync, existsSync } from 'node:fs';
 
@@ -17,11 +15,6 @@ const MiB = 1024 * 1024;
 const GiB = 1024 * MiB;
 
 export type Log = (message: string) => void;
-type Memory = RegionMemory;
-interface Held {
-  regions: Array<{ key: string; size: number; memory: Memory }>;
-  close(): void;
-}
 
 /** `count` near-equal region sizes of `granule`-multiples that add up to `total` (rounded down to a granule). */
 export function splitEvenly(total: number, count: number, granule: number): number[] {
@@ -38,12 +31,9 @@ export function splitEvenly(total: number, count: number, granule: number): numb
  * tier's are huge where the kernel gives them), and each direction's best taken: the ceiling is
  * the faster of the two, `pages` says which gave it and `variants` holds both.
  */
-export function runCeiling(bin: string | null, sizes: readonly number[], reps: number, devices = 1): Ceiling | null {
+export function runCeiling(bin: string | null, sizes: readonly number[], reps: number): Ceiling | null {
   if (!bin || !existsSync(bin)) return null;
-  const one = (pages: 'small' | 'huge'): Ceiling => {
-    const args = [String(reps), ...(devices > 1 ? ['--devices', String(devices)] : []), '--pages', pages, ...sizes.map(String)];
-    return JSON.parse(execFileSync(bin, args, { encoding: 'utf8', maxBuffer: 1 << 20 })) as Ceiling;
-  };
+  const one = (pages: 'small' | 'huge'): Ceiling => JSON.parse(execFileSync(bin, [String(reps), '--pages', pages, ...sizes.map(String)], { encoding: 'utf8', maxBuffer: 1 << 20 })) as Ceiling;
   const small = one('small');
   const huge = one('huge');
   const h2d = huge.h2dGBps.max > small.h2dGBps.max ? huge : small;
@@ -51,19 +41,19 @@ export function runCeiling(bin: string | null, sizes: readonly number[], reps: n
   return { ...small, h2dGBps: h2d.h2dGBps, d2hGBps: d2h.d2hGBps, pages: `H2D ${h2d.pages} pages, D2H ${d2h.pages}`, variants: [small, huge] };
 }
 
-/** One region per size, filled with distinct bytes (no dedupe between regions); on GPU i % devices, or memfds on the host. */
-export async function makeRegions(device: 'cuda' | 'host', sizes: readonly number[], devices = 1): Promise<Held> {
+/** One region per size, filled with distinct bytes (no dedupe between regions): on GPU 0, or memfds on the host. */
+async function makeRegions(device: 'cuda' | 'host', sizes: readonly number[]): Promise<{ regions: Array<{ key: string; size: number; memory: RegionMemory }>; close(): void }> {
   const closers: Array<() => void> = [];
-  const regions: Held['regions'] = [];
+  const regions: Array<{ key: string; size: number; memory: RegionMemory }> = [];
   const close = (): void => {
     for (const c of closers.splice(0).reverse()) c();
   };
   try {
     for (const [i, size] of sizes.entries()) {
       const value = (i * 37 + 1) & 0xff;
-      let memory: Memory;
+      let memory: RegionMemory;
       if (device === 'cuda') {
-        const a = await DeviceAllocation.allocate(i % devices, size);
+        const a = await DeviceAllocation.allocate(0, size);
         closers.push(() => a.close());
         await a.fill(0, size, value);
         memory = { kind: 'device', allocation: a };
@@ -82,10 +72,8 @@ export async function makeRegions(device: 'cuda' | 'host', sizes: readonly numbe
   return { regions, close };
 }
 
-/** GB/s of `bytes` in `s` seconds. */
-export const gbps = (bytes: number, s: number): number => bytes / s / 1e9;
-/** Seconds since the performance.now() reading `t`. */
-export const since = (t: number): number => (performance.now() - t) / 1000;
+const gbps = (bytes: number, s: number): number => bytes / s / 1e9;
+const since = (t: number): number => (performance.now() - t) / 1000;
 
 export interface SweepOptions {
   device: 'cuda' | 'host';

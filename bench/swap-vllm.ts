@@ -1,16 +1,12 @@
-// The vllm-l1 row of `npm run bench -- swap`: vLLM's own level-1 sleep of the awake
-// reference engine (`/sleep?level=1`, then `/wake_up`; dev routes, VLLM_SERVER_DEV_MODE=1), the
-// peer vsnap's RAM tier must beat. With VSNAP_VLLM_SRC set (bench/run.sh), the engine runs vLLM's
-// real allocator: level 1 copies every "weights" allocation into a CPU backup tensor made with
-// pin_memory (vllm/device_allocator/cumem.py `sleep`, on vLLM main) and unmaps the GPU memory; `wake_up` maps it again, copies back
-// and drops the backup tensor (whose pinned block then goes back to torch's host cache: the
-// memory still held after the wake is recorded too).
-// What is measured, per cycle: sleep and wake wall time (the HTTP calls, as a user of the routes
-// sees them), the host memory the sleeping engine holds (MemAvailable of /proc/meminfo before the
-// sleep minus while asleep: torch's pinned host allocator memory shows there, not always in the
-// process's VmRSS/VmLck; those are recorded too), and the GPU memory the engine still holds
-// asleep (nvidia-smi's per-process used_memory of the engine core). After each wake the engine
-// must answer the probe exactly as before.
+// The vllm-l1 row of `npm run bench -- swap`: vLLM's own level-1 sleep of the awake reference engine
+// (`/sleep?level=1`, then `/wake_up`; dev routes), the peer vsnap's RAM tier must beat. With
+// VSNAP_VLLM_SRC (bench/run.sh) the engine runs vLLM's allocator: level 1 copies every "weights"
+// allocation into a pinned CPU backup (cumem.py `sleep`) and unmaps the GPU memory; `wake_up` maps
+// it again, copies back and drops the backup (its pinned block stays in torch's host cache: what
+// is still held after the wake is recorded too). Per cycle: sleep and wake wall time (the HTTP
+// calls), the host memory held asleep (MemAvailable before the sleep minus while asleep: torch's
+// pinned memory shows there, not always in VmRSS/VmLck, recorded too), the GPU memory held asleep
+// (nvidia-smi, the engine core); after each wake the engine must answer the probe as before.
 import { execFileSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { isDeepStrictEqual } from 'node:util';
@@ -25,30 +21,23 @@ export interface HostMemory {
   process: Record<string, number>;
 }
 
-function meminfoBytes(field: string): number | null {
+/** The `kB` fields of a /proc file that `pattern` names, in bytes; none where the file is gone (the process ended). */
+function procKb(file: string, pattern: RegExp): Record<string, number> {
+  let text = '';
   try {
-    const m = new RegExp(`^${field}:\\s+(\\d+) kB`, 'm').exec(readFileSync('/proc/meminfo', 'utf8'));
-    return m ? Number(m[1]) * 1024 : null;
+    text = readFileSync(file, 'utf8');
   } catch {
-    return null;
+    return {};
   }
+  return Object.fromEntries([...text.matchAll(pattern)].map((m) => [m[1]!, Number(m[2]) * 1024]));
 }
 
-function processMemory(pid: number): Record<string, number> {
-  const out: Record<string, number> = {};
-  try {
-    for (const line of readFileSync(`/proc/${pid}/status`, 'utf8').split('\n')) {
-      const m = /^(VmRSS|VmLck|VmPin|RssAnon|RssShmem):\s+(\d+) kB/.exec(line);
-      if (m) out[m[1]!] = Number(m[2]) * 1024;
-    }
-  } catch {
-    // the process is gone: the record says so by being empty
-  }
-  return out;
-}
-
+/** MemAvailable of the host, and the process's VmRSS, VmLck, VmPin, RssAnon and RssShmem. */
 export function hostMemory(pid: number): HostMemory {
-  return { memAvailableBytes: meminfoBytes('MemAvailable'), process: processMemory(pid) };
+  return {
+    memAvailableBytes: procKb('/proc/meminfo', /^(MemAvailable):\s+(\d+) kB/gm).MemAvailable ?? null,
+    process: procKb(`/proc/${pid}/status`, /^(VmRSS|VmLck|VmPin|RssAnon|RssShmem):\s+(\d+) kB/gm),
+  };
 }
 
 /** GPU memory nvidia-smi lists for `pid` (bytes), or null when it lists none or has no nvidia-smi. */

@@ -17,6 +17,7 @@ import { fileURLToPath } from 'node:url';
 
 import { cudaStatus, HostCache, RegionStore, Snapshot } from '../src/index.js';
 import { DeviceAllocation, listDevices, releaseIdleResources } from '../src/plumbing.js';
+import type { Ceiling } from './swap-report.js';
 
 const MiB = 1024 * 1024;
 const GiB = 1024 * MiB;
@@ -60,11 +61,7 @@ const where = deviceCount > 1 ? `${deviceCount}x ${device!.name}` : device!.name
 console.error(`bench: ${sizes.length} regions, ${(bytes / GiB).toFixed(2)} GiB on ${where}`);
 
 const ceilingArgs = [String(REPS), ...(deviceCount > 1 ? ['--devices', String(deviceCount)] : []), ...sizes.map(String)];
-const ceiling = JSON.parse(execFileSync(ceilingBin, ceilingArgs, { encoding: 'utf8' })) as {
-  pinSeconds: number;
-  h2dGBps: { max: number; median: number };
-  d2hGBps: { max: number; median: number };
-};
+const ceiling = JSON.parse(execFileSync(ceilingBin, ceilingArgs, { encoding: 'utf8' })) as Ceiling;
 console.error(`ceiling: H2D ${ceiling.h2dGBps.max} GB/s, D2H ${ceiling.d2hGBps.max} GB/s`);
 
 const allocations: DeviceAllocation[] = [];

@@ -9,7 +9,7 @@ import { releaseIdleResources } from '../../src/plumbing.js';
 import { decodeChunk, decodeChunkOnDevice, encodeChunk, encodeChunkOnDevice, type CodecKind } from '../../src/transfer/codec.js';
 import type { VsnapError } from '../../src/errors.js';
 import { native } from '../../src/native/index.js';
-import { corpus, weights } from '../../bench/codec-data.js';
+import { corpus, weights } from '../helpers/codec-data.js';
 
 const KINDS: CodecKind[] = ['bytes', 'bf16', 'fp16', 'fp32', 'fp8-e4m3', 'fp8-e5m2'];
 const ref = { chunk: 0, region: 'gpu-test' };

@@ -200,7 +200,11 @@ describe('bench swap report: the tables beside the targets', () => {
 });
 
 describe('bench swap report: serial against overlapped swaps', () => {
-  const row = (overlap: string, swapMedian: number) => ({ row: 'RAM tier', overlap, swapMedian, suspendMedian: 0.2, restoreMedian: 0.4, wakeKvCache: 0.05, awaitRoom: overlap === 'weights' ? 0.1 : null });
+  const row = (overlap: string, swapMedian: number) => ({
+    row: 'RAM tier',
+    overlap,
+    phases: { label: `RAM tier, ${overlap}`, swapMedian, suspendMedian: 0.2, restoreMedian: 0.4, suspendPhases: {}, restorePhases: { wakeKvCache: 0.05, ...(overlap === 'weights' ? { awaitRoom: 0.1 } : {}) } },
+  });
 
   it('one line per mode, each against the same tier without overlap', () => {
     const t = overlapTable([row('none', 0.8), row('weights', 0.6), row('all', 0.4)]);

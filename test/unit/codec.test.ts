@@ -9,7 +9,7 @@ import { describe, expect, it } from 'vitest';
 
 import { VsnapError } from '../../src/errors.js';
 import { codecKindForDtype, decodeChunk, encodeChunk, inspectChunk, type CodecKind } from '../../src/transfer/codec.js';
-import { corpus, elementBytes, randomChunk, rng, weights } from '../../bench/codec-data.js';
+import { corpus, elementBytes, randomChunk, rng, weights } from '../helpers/codec-data.js';
 
 const KINDS: CodecKind[] = ['bytes', 'bf16', 'fp16', 'fp32', 'fp8-e4m3', 'fp8-e5m2'];
 const HEADER = 64;

@@ -14,7 +14,7 @@ import { Manifest } from '../../src/manifest/manifest.js';
 import { native } from '../../src/native/index.js';
 import { codedOffsets, encodeBlob, readBlobChunk } from '../../src/store/coded-blob.js';
 import { RegionStore } from '../../src/store/region-store.js';
-import { weights } from '../../bench/codec-data.js';
+import { weights } from '../helpers/codec-data.js';
 
 const CHUNK = 64 * 1024;
 

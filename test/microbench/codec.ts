@@ -5,9 +5,9 @@
 // (sigma 0.02) and heavy-tailed ones (Cauchy), with NaN/Inf/denormals/-0 mixed in.
 import { writeFileSync } from 'node:fs';
 
-import { cudaStatus } from '../src/index.js';
-import { decodeChunk, decodeChunkOnDevice, encodeChunk, encodeChunkOnDevice, inspectChunk, listDevices, type CodecKind } from '../src/plumbing.js';
-import { randomChunk, weights } from './codec-data.js';
+import { cudaStatus } from '../../src/index.js';
+import { decodeChunk, decodeChunkOnDevice, encodeChunk, encodeChunkOnDevice, inspectChunk, listDevices, type CodecKind } from '../../src/plumbing.js';
+import { randomChunk, weights } from '../helpers/codec-data.js';
 
 const [mibArg = '64', repsArg = '10', outFile] = process.argv.slice(2);
 const size = Number(mibArg) * 1024 * 1024;

@@ -3,7 +3,7 @@
 // never read or write outside its buffers (each input and output is its own exact-size heap
 // allocation, so ASan sees any overrun). Build and run from the repository root:
 //   g++ -std=c++17 -O1 -g -fsanitize=address,undefined -Inative -I/usr/local/cuda/include \
-//     bench/codec-fuzz.cc native/codec/codec.cc native/common/error.cc -o /tmp/codec-fuzz && /tmp/codec-fuzz
+//     test/microbench/codec-fuzz.cc native/codec/codec.cc native/common/error.cc -o /tmp/codec-fuzz && /tmp/codec-fuzz
 #include "codec/codec.h"
 #include "common/error.h"
 #include <cstdio>

@@ -1,8 +1,8 @@
 // Chunks of every kind the codec meets (test/unit/codec.test.ts, test/gpu/codec.gpu.test.ts,
-// bench/codec.ts): weights of each dtype from Gaussian and heavy-tailed draws with NaN, Inf,
+// test/microbench/codec.ts): weights of each dtype from Gaussian and heavy-tailed draws with NaN, Inf,
 // denormals and negative zero mixed in, random bytes, zeros, constants. Seeded: the same bytes
 // on every run.
-import type { CodecKind } from '../src/plumbing.js';
+import type { CodecKind } from '../../src/plumbing.js';
 
 /** A seeded generator of numbers in [0, 1) (mulberry32). */
 export function rng(seed: number): () => number {
