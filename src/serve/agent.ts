@@ -233,7 +233,14 @@ async function handle(ctx: AgentContext, req: IncomingMessage, res: ServerRespon
     return;
   }
   if (get && (path === '/' || path === '/index.html')) {
-    res.writeHead(200, { 'content-type': 'text/html; charset=utf-8', 'cache-control': 'no-store', 'content-security-policy': "default-src 'self'; img-src 'self' data:; style-src 'unsafe-inline'; script-src 'unsafe-inline'" });
+    // frame-ancestors (and X-Frame-Options for older browsers): no other page can frame it (clickjacking)
+    res.writeHead(200, {
+      'content-type': 'text/html; charset=utf-8',
+      'cache-control': 'no-store',
+      'content-security-policy': "default-src 'self'; img-src 'self' data:; style-src 'unsafe-inline'; script-src 'unsafe-inline'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
+      'x-frame-options': 'DENY',
+      'x-content-type-options': 'nosniff',
+    });
     res.end(STATUS_PAGE);
     return;
   }
