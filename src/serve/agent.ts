@@ -9,6 +9,7 @@ import { captureEngine } from '../flows/index.js';
 import type { RegionStore } from '../store/region-store.js';
 import type { SwapController } from '../swap/controller.js';
 import { bearerMatches, BodyBudget, decodeSegment, HostCheck, HttpError, readBody, requireJsonBody, send, sendError, watchWriteProgress } from './http.js';
+import { modelOf } from './body-model.js';
 import { StatusBoard } from './status/board.js';
 import { STATUS_PAGE } from './status/page.js';
 import type { ModelReadinessSource } from './model-readiness.js';
@@ -321,13 +322,7 @@ function requireReady(options: SwapAgentOptions, model: string): void {
 async function proxy(ctx: AgentContext, req: IncomingMessage, res: ServerResponse, path: string): Promise<void> {
   const { options } = ctx;
   const body = await readBody(req, res, { maxBytes: options.maxBodyBytes ?? 32 * 1024 * 1024, stallMs: options.bodyStallMs ?? 10_000 }, ctx.budget);
-  let model: unknown;
-  try {
-    model = (JSON.parse(body.toString('utf8')) as { model?: unknown } | null)?.model;
-  } catch {
-    throw new VsnapError('E_INVALID_ARGUMENT', 'the body is not JSON');
-  }
-  if (typeof model !== 'string') throw new VsnapError('E_INVALID_ARGUMENT', 'the body needs a "model" string');
+  const model = modelOf(body); // the prompt is never copied into a string here: the body budget bounds what is held
   requireReady(options, model);
   const gone = new AbortController();
   res.on('close', () => {

@@ -114,8 +114,10 @@ export function bearerMatches(header: string | undefined, token: string): boolea
  */
 export class BodyBudget {
   private held = 0;
+  /** Bytes held by bodies still being read (the rest belong to requests being answered, given back when they end). */
+  private readingHeld = 0;
   private readonly reading = new Set<IncomingMessage>();
-  private readonly waiters: Array<{ n: number; wake: () => void }> = [];
+  private readonly waiters: Array<{ n: number; wake: () => void; refuse: () => void }> = [];
   constructor(readonly limit: number) {}
   get heldBytes(): number {
     return this.held;
@@ -128,21 +130,29 @@ export class BodyBudget {
   get waitingBodies(): number {
     return this.waiters.length;
   }
-  /** Holds `n` bytes if they fit; a body that holds none yet (`first`) also lets the bodies waiting go first. */
+  /** Holds `n` bytes for a body being read if they fit; a body that holds none yet (`first`) also lets the bodies waiting go first. */
   take(n: number, first = false): boolean {
     if ((first && this.waiters.length > 0) || this.held + n > this.limit) return false;
     this.held += n;
+    this.readingHeld += n;
     return true;
   }
-  give(n: number): void {
+  /** Gives back `n` bytes; `reading`: of a body still being read. */
+  give(n: number, reading = false): void {
     this.held -= n;
+    if (reading) this.readingHeld -= n;
     this.wakeWaiters();
   }
-  /** Calls `wake` once `n` bytes are held for it (first come first served); the returned function withdraws the wait. */
-  wait(n: number, wake: () => void): () => void {
-    const w = { n, wake };
+  /**
+   * Calls `wake` once `n` bytes are held for it (first come first served). When every body being
+   * read waits and nothing else holds bytes, no room can come: the newest waiter is refused at
+   * once (`refuse`) rather than after its deadline. Returns the function that withdraws the wait.
+   */
+  wait(n: number, wake: () => void, refuse: () => void): () => void {
+    const w = { n, wake, refuse };
     this.waiters.push(w);
     this.wakeWaiters();
+    if (this.waiters.length > 0 && this.waiters.length === this.reading.size && this.readingHeld === this.held) this.waiters.at(-1)!.refuse();
     return () => {
       const i = this.waiters.indexOf(w);
       if (i >= 0) this.waiters.splice(i, 1);
@@ -153,6 +163,7 @@ export class BodyBudget {
     while (this.waiters.length > 0 && this.held + this.waiters[0]!.n <= this.limit) {
       const w = this.waiters.shift()!;
       this.held += w.n;
+      this.readingHeld += w.n;
       w.wake();
     }
   }
@@ -160,9 +171,9 @@ export class BodyBudget {
   started(req: IncomingMessage): void {
     this.reading.add(req);
   }
-  /** A body read ended, read or not (readBody). */
-  finished(req: IncomingMessage): void {
-    this.reading.delete(req);
+  /** A body read ended, read or not, holding `held` bytes (readBody): they now belong to its answer. */
+  finished(req: IncomingMessage, held: number): void {
+    if (this.reading.delete(req)) this.readingHeld -= held;
   }
   /** Closes the connections whose request body is still arriving (nothing was answered on them yet): for a shutdown. */
   dropUnfinished(): void {
@@ -194,7 +205,7 @@ export function readBody(req: IncomingMessage, res: ServerResponse, limits: Body
   if (declared !== undefined && declared > limit) return Promise.reject(tooLarge());
   let held = 0;
   budget.started(req);
-  const done = (): void => budget.finished(req);
+  const done = (): void => budget.finished(req, held);
   res.once('close', () => {
     done();
     budget.give(held);
@@ -234,13 +245,18 @@ export function readBody(req: IncomingMessage, res: ServerResponse, limits: Body
       }
       // no room: read nothing more until there is, for at most stallMs
       req.pause();
-      arm(() => new HttpError('E_OVERLOADED', 'the agent holds too many request bodies at once; retry shortly', true));
-      withdraw = budget.wait(b.length, () => {
-        withdraw = undefined;
-        keep(b);
-        arm(stalled);
-        req.resume();
-      });
+      const overloaded = (): HttpError => new HttpError('E_OVERLOADED', 'the agent holds too many request bodies at once; retry shortly', true);
+      arm(overloaded);
+      withdraw = budget.wait(
+        b.length,
+        () => {
+          withdraw = undefined;
+          keep(b);
+          arm(stalled);
+          req.resume();
+        },
+        () => queueMicrotask(() => stop(overloaded())),
+      );
     };
     const onEnd = (): void => {
       clearTimeout(timer);
