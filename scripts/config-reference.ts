@@ -6,11 +6,15 @@ export const CONFIG_KEYS: Record<string, string> = {
   'listen.host': 'Address to bind. Default 127.0.0.1 (this machine only).',
   'listen.port': 'TCP port. Default 8080; 0 picks a free one (printed at start).',
   'listen.allowedHosts':
-    'Host names clients may reach the agent by (the `Host` header), besides IP literals, `localhost` and `*.localhost`, `listen.host` itself and, when it is 0.0.0.0 or ::, this machine\'s host name. `.example.com` accepts its subdomains; `*` accepts any name. Other names get 403 E_HOST_NOT_ALLOWED: a web page that rebinds its own DNS name to this machine cannot drive the agent. See docs/serve-security.md.',
+    'Host names clients may reach the agent by (the `Host` header), besides IP literals, `localhost` and `*.localhost`, `listen.host` itself and, when it is 0.0.0.0 or ::, this machine\'s host name. `.example.com` accepts its subdomains; `*` accepts any name. Other names get 403 E_HOST_NOT_ALLOWED: a web page that rebinds its own DNS name to this machine cannot drive the agent. Names only: an entry with a port (`example.com:8080`) is refused at load, since any port matches. See docs/serve-security.md.',
+  'listen.bodyStallSeconds':
+    'A request body that sends nothing for this long gets 408 and gives back the bytes it holds; a body whose bytes wait this long for room in the agent\'s body budget (256 MiB across requests) gets 429. Default 10.',
+  'listen.responseStallSeconds':
+    'An answer with bytes waiting to be sent that sends none of them for this long (a client that stopped reading) is closed, and its engine is let go (other models can swap in). Default 30.',
   store: 'The snapshot store directory (made if missing). `${env:HOME}` and other `${env:NAME}` work here.',
   controlToken:
-    'Bearer token of the control routes (`/engines/:name/...`), the status page data and `vsnap swap` ($VSNAP_CONTROL_TOKEN). Without one the control routes are off.',
-  apiKey: 'Bearer token clients must send on the /v1 routes. Without one they are open: set one whenever the agent listens beyond loopback (docs/serve-security.md).',
+    'Bearer token of the control routes (`/engines/:name/...`), the status page data and `vsnap swap` ($VSNAP_CONTROL_TOKEN). Without one the control routes are off. Printable ASCII without spaces (refused at load otherwise).',
+  apiKey: 'Bearer token clients must send on the /v1 routes. Without one they are open: set one whenever the agent listens beyond loopback (docs/serve-security.md); serve warns when it listens on 0.0.0.0 or :: without one. Printable ASCII without spaces (refused at load otherwise).',
   publicStatus:
     'Whether /healthz names the engines and /metrics answers without the control token. Default: true without a control token, false with one.',
   ramTierGiB: 'Pinned host memory for the RAM tier, GiB: restores from it are bulk copies, and captures land in it too. Default 0 (none).',

@@ -14,7 +14,9 @@ const TERMS: Array<[RegExp, string]> = [
   [/\bSnapshot\.captureEngine\b/g, 'vsnap snapshot'],
 ];
 
-type Hint = string | ((command: string) => string | undefined);
+/** What a hint may look at besides the command: the error's details (an HTTP status, say). */
+type HintDetails = Readonly<Record<string, unknown>> | undefined;
+type Hint = string | ((command: string, details: HintDetails) => string | undefined);
 
 const HINTS: Partial<Record<ErrorCode | 'E_USAGE', Hint>> = {
   E_USAGE: (c) => `see \`vsnap ${c || ''} --help\``.replace('  ', ' '),
@@ -34,7 +36,16 @@ const HINTS: Partial<Record<ErrorCode | 'E_USAGE', Hint>> = {
   E_BLOB_MISSING: 'the snapshot is damaged: `vsnap rm <name> --id <id>`, then capture again with `vsnap snapshot <name> --force`',
   E_MANIFEST_MISMATCH: 'the engine does not match this snapshot (another model or layout): capture it with `vsnap snapshot <name> --force`',
   E_ENGINE_UNREACHABLE: (c) => (c === 'swap' ? 'is `vsnap serve` running at --agent <url> (or $VSNAP_AGENT_URL)?' : 'is the engine running at --engine <url> (or $VSNAP_ENGINE_URL)?'),
-  E_ENGINE_HTTP: (c) => (c === 'swap' ? "pass the agent's control token with --token (or $VSNAP_CONTROL_TOKEN)" : "pass the engine's VSNAP_TOKEN with --token (or $VSNAP_TOKEN); `vsnap status --engine <url>` checks the connection"),
+  E_ENGINE_HTTP: (c, d) => {
+    const status = d?.status;
+    if (c === 'swap') {
+      if (status === 401) return "pass the agent's control token with --token (or $VSNAP_CONTROL_TOKEN)";
+      if (status === 503 && d?.agentCode === 'E_CONTROL_OFF') return 'the agent has no controlToken: set one in its --config file to use `vsnap swap`';
+      return "the agent's status page (GET / of --agent) and its log say more";
+    }
+    if (status === 401 || status === 503) return "pass the engine's VSNAP_TOKEN with --token (or $VSNAP_TOKEN); `vsnap status --engine <url>` checks the connection";
+    return '`vsnap status --engine <url>` checks the connection; the engine\'s log says more';
+  },
   E_ENGINE_STATE: (c) =>
     c === 'serve' ? "the engine's own output is above, each line prefixed with its model's name; check its `command:`, `args:` and `env:` in the --config file" : 'see `vsnap status --engine <url>`',
   E_NO_SPACE: 'free space with `vsnap rm <name>` and `vsnap gc`, or choose another --store',
@@ -62,8 +73,8 @@ export function cliMessage(message: string, command: string): string {
   return out;
 }
 
-/** The hint for an error code, in the command line's terms (undefined when there is none). */
-export function cliHint(code: string, command: string): string | undefined {
+/** The hint for an error code, in the command line's terms (undefined when there is none); `details` are the error's (an HTTP status picks the hint of an HTTP error). */
+export function cliHint(code: string, command: string, details?: HintDetails): string | undefined {
   const h = HINTS[code as ErrorCode | 'E_USAGE'];
-  return typeof h === 'function' ? h(command) : h;
+  return typeof h === 'function' ? h(command, details) : h;
 }

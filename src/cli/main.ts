@@ -128,7 +128,7 @@ function reportError(err: unknown, command: string, json: boolean, interrupted: 
   }
   const e = toVsnapError(err);
   const message = cliMessage(e.message, command);
-  const hint = cliHint(e.code, command);
+  const hint = cliHint(e.code, command, e.details);
   if (json) printError({ code: e.code, message, hint });
   else console.error(`vsnap: [${e.code}] ${message}${hint ? `\nhint: ${hint}` : ''}`);
   if (e.code === 'E_INVALID_NAME') return EXIT.usage;

@@ -8,7 +8,8 @@ import { toVsnapError, VsnapError, type ErrorCode } from '../errors.js';
 import { captureEngine } from '../flows/index.js';
 import type { RegionStore } from '../store/region-store.js';
 import type { SwapController } from '../swap/controller.js';
-import { bearerMatches, BodyBudget, decodeSegment, HostCheck, HttpError, readBody, requireJsonBody, send, sendError } from './http.js';
+import { bearerMatches, BodyBudget, decodeSegment, HostCheck, HttpError, readBody, requireJsonBody, send, sendError, watchWriteProgress } from './http.js';
+import { modelOf } from './body-model.js';
 import { StatusBoard } from './status/board.js';
 import { STATUS_PAGE } from './status/page.js';
 import type { ModelReadinessSource } from './model-readiness.js';
@@ -54,6 +55,17 @@ export interface SwapAgentOptions {
   readonly requestTimeoutMs?: number;
   /** How long a client may take to send a request's headers (default 30 s, at most requestTimeoutMs). */
   readonly headersTimeoutMs?: number;
+  /**
+   * A request body that sends nothing for this long gets 408, and one that waits this long for
+   * room in {@link SwapAgentOptions.maxInFlightBodyBytes} gets 429 (default 10 s): a stalled
+   * sender holds its bytes for a bounded time, and a good client waits for them at most this long.
+   */
+  readonly bodyStallMs?: number;
+  /**
+   * A response with bytes waiting to be sent that sends none for this long is closed (default
+   * 30 s): a client that stops reading cannot hold its engine (the lease of its request) longer.
+   */
+  readonly responseStallMs?: number;
   /**
    * Whether `/healthz` names the engines and `/metrics` answers without the control token.
    * Default: true without a control token, false with one (then `/healthz` says only ok or
@@ -116,6 +128,10 @@ export class SwapAgent {
       publicStatus: options.publicStatus ?? !options.controlToken,
       created: Math.floor(Date.now() / 1000),
     };
+    for (const key of ['bodyStallMs', 'responseStallMs', 'maxBodyBytes', 'maxInFlightBodyBytes', 'requestTimeoutMs', 'headersTimeoutMs'] as const) {
+      const v = options[key];
+      if (v !== undefined && !(Number.isFinite(v) && v > 0)) throw new VsnapError('E_INVALID_ARGUMENT', `SwapAgentOptions.${key} must be a positive number (got ${String(v)})`);
+    }
     const requestTimeout = options.requestTimeoutMs ?? 120_000;
     const headersTimeout = Math.min(options.headersTimeoutMs ?? 30_000, requestTimeout);
     // Node checks the two timeouts every connectionsCheckingInterval: a fraction of the shorter one.
@@ -124,7 +140,7 @@ export class SwapAgent {
       handle(ctx, req, res).catch((err: unknown) => {
         const cause = err instanceof Error ? err.cause : undefined;
         if (cause !== undefined && options.log) options.log(`vsnap: ${req.method} ${req.url?.split('?')[0]} failed: ${(err as Error).message} (cause: ${cause instanceof Error ? cause.message : String(cause)})`);
-        sendError(res, err);
+        sendError(res, err, req.url?.startsWith('/v1/') === true);
       });
     });
     server.keepAliveTimeout = 65_000;
@@ -136,22 +152,25 @@ export class SwapAgent {
   }
 
   /** @internal Request bodies being read now and the bytes they hold (tests, diagnostics). */
-  bodyReads(): { readonly requests: number; readonly heldBytes: number } {
-    return { requests: this.budget.readingBodies, heldBytes: this.budget.heldBytes };
+  bodyReads(): { readonly requests: number; readonly heldBytes: number; readonly waiting: number } {
+    return { requests: this.budget.readingBodies, heldBytes: this.budget.heldBytes, waiting: this.budget.waitingBodies };
   }
 
   /**
    * Stops accepting connections, ends the status streams, closes idle connections and those
    * still sending a request body (nothing was answered on them), and waits for the requests
-   * being answered.
+   * being answered: at most `graceMs` (default: as long as they take), then closes what is left.
    */
-  async close(): Promise<void> {
+  async close(options: { readonly graceMs?: number } = {}): Promise<void> {
     this.board.close();
+    let timer: NodeJS.Timeout | undefined;
     await new Promise<void>((resolve) => {
       this.server.close(() => resolve());
       this.server.closeIdleConnections();
       this.budget.dropUnfinished();
+      if (options.graceMs !== undefined) timer = setTimeout(() => this.server.closeAllConnections(), options.graceMs);
     });
+    clearTimeout(timer);
   }
 }
 
@@ -187,7 +206,14 @@ async function handle(ctx: AgentContext, req: IncomingMessage, res: ServerRespon
   // Before anything is read or answered: a name this agent is not reached by (DNS rebinding),
   // and a POST body that is not JSON (what a cross-site form or text/plain request sends).
   if (!ctx.hosts.allows(req.headers.host)) {
-    throw new HttpError('E_HOST_NOT_ALLOWED', `this agent does not answer to the host name ${JSON.stringify(req.headers.host)}: add it to listen.allowedHosts`, true);
+    const name = HostCheck.nameOf(req.headers.host ?? '');
+    throw new HttpError(
+      'E_HOST_NOT_ALLOWED',
+      name === undefined
+        ? `this agent does not answer to the Host header ${JSON.stringify(req.headers.host)}: it is not a host name (name[:port])`
+        : `this agent does not answer to the host name ${JSON.stringify(name)} (Host: ${JSON.stringify(req.headers.host)}): add ${JSON.stringify(name)} (the name, without a port) to listen.allowedHosts`,
+      true,
+    );
   }
   if (req.method === 'POST') requireJsonBody(req);
   const { controller } = options;
@@ -208,7 +234,14 @@ async function handle(ctx: AgentContext, req: IncomingMessage, res: ServerRespon
     return;
   }
   if (get && (path === '/' || path === '/index.html')) {
-    res.writeHead(200, { 'content-type': 'text/html; charset=utf-8', 'cache-control': 'no-store', 'content-security-policy': "default-src 'self'; img-src 'self' data:; style-src 'unsafe-inline'; script-src 'unsafe-inline'" });
+    // frame-ancestors (and X-Frame-Options for older browsers): no other page can frame it (clickjacking)
+    res.writeHead(200, {
+      'content-type': 'text/html; charset=utf-8',
+      'cache-control': 'no-store',
+      'content-security-policy': "default-src 'self'; img-src 'self' data:; style-src 'unsafe-inline'; script-src 'unsafe-inline'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
+      'x-frame-options': 'DENY',
+      'x-content-type-options': 'nosniff',
+    });
     res.end(STATUS_PAGE);
     return;
   }
@@ -229,8 +262,7 @@ async function handle(ctx: AgentContext, req: IncomingMessage, res: ServerRespon
       // the id may hold slashes (`meta-llama/Llama-3.1-8B`), sent raw or percent-encoded
       const id = decodeSegment(path.slice('/v1/models/'.length));
       if (controller.models().includes(id)) return send(res, 200, modelObject(ctx, id));
-      // OpenAI's answer for an id it does not serve
-      return send(res, 404, { error: { message: `The model '${id}' does not exist`, type: 'invalid_request_error', param: 'model', code: 'model_not_found' } });
+      throw new VsnapError('E_UNKNOWN_MODEL', `The model '${id}' does not exist`); // OpenAI's model_not_found (sendError)
     }
     if (req.method === 'POST' && (path === '/v1/completions' || path === '/v1/chat/completions')) return proxy(ctx, req, res, path);
     throw new HttpError('E_NOT_FOUND', `no route ${req.method} ${path}`);
@@ -289,14 +321,8 @@ function requireReady(options: SwapAgentOptions, model: string): void {
 
 async function proxy(ctx: AgentContext, req: IncomingMessage, res: ServerResponse, path: string): Promise<void> {
   const { options } = ctx;
-  const body = await readBody(req, res, options.maxBodyBytes ?? 32 * 1024 * 1024, ctx.budget);
-  let model: unknown;
-  try {
-    model = (JSON.parse(body.toString('utf8')) as { model?: unknown } | null)?.model;
-  } catch {
-    throw new VsnapError('E_INVALID_ARGUMENT', 'the body is not JSON');
-  }
-  if (typeof model !== 'string') throw new VsnapError('E_INVALID_ARGUMENT', 'the body needs a "model" string');
+  const body = await readBody(req, res, { maxBytes: options.maxBodyBytes ?? 32 * 1024 * 1024, stallMs: options.bodyStallMs ?? 10_000 }, ctx.budget);
+  const model = modelOf(body); // the prompt is never copied into a string here: the body budget bounds what is held
   requireReady(options, model);
   const gone = new AbortController();
   res.on('close', () => {
@@ -317,6 +343,7 @@ async function proxy(ctx: AgentContext, req: IncomingMessage, res: ServerRespons
     }
     headers['x-vsnap-engine'] = lease.engine;
     res.writeHead(upstream.statusCode, headers);
+    watchWriteProgress(res, options.responseStallMs ?? 30_000);
     await pipeline(upstream.body, res);
   } finally {
     lease.release();

@@ -17,6 +17,20 @@ function checkReference(value: string, ctx: z.RefinementCtx): void {
 /** A device ordinal as a key: `0`, `1`, ... (no leading zeros: `00` would be a second key for GPU 0). */
 const DEVICE_KEY = /^(0|[1-9][0-9]*)$/;
 
+/** A bearer token: what a client can send in `Authorization: Bearer <token>` (printable ASCII, no space). */
+const BEARER = z
+  .string()
+  .min(1)
+  .refine((t) => !/\s/.test(t), 'a bearer token cannot hold whitespace (a client sends it as `Authorization: Bearer <token>`, which ends at the first space): remove it')
+  .refine((t) => /^[\x21-\x7e]*$/.test(t.replace(/\s/g, '')), 'a bearer token must be printable ASCII (no NUL, control or non-ASCII characters: an HTTP header cannot carry them as written): use letters, digits and punctuation');
+
+/** An allowedHosts entry: a host name (or `.suffix`, or `*`), compared with the Host header's name without its port. */
+const ALLOWED_HOST = z
+  .string()
+  .min(1)
+  .refine((h) => !/^[^[\]:]+:\d*$/.test(h.trim()) && !/^\[[^\]]*\]:\d*$/.test(h.trim()), 'a host name without a port: the Host check compares names only, whatever the port (write "example.com", not "example.com:8080")')
+  .refine((h) => !/[/@\s]/.test(h.trim()) || h === '*', 'a host name only (no scheme, path, user or space): "example.com", ".example.com" for its subdomains, or "*"');
+
 const ModelSchema = z
   .object({
     /** An engine that is already running. */
@@ -28,9 +42,9 @@ const ModelSchema = z
     port: z.number().int().min(1).max(65535).optional(),
     healthPath: z.string().startsWith('/').default('/health'),
     /** The engine's VSNAP_TOKEN (also given to a started engine). */
-    token: z.string().min(1).optional(),
+    token: BEARER.optional(),
     /** vLLM's --api-key, for /v1 routes. */
-    apiKey: z.string().min(1).optional(),
+    apiKey: BEARER.optional(),
     snapshot: z.string().regex(NAME, 'a snapshot name: 1-128 letters, digits, ".", "_" or "-", starting with a letter or digit').optional(),
     /** A registry reference its snapshot is pulled from when the store lacks it. */
     registry: z.string().superRefine(checkReference).optional(),
@@ -55,12 +69,18 @@ const ModelSchema = z
 export const ConfigSchema = z
   .object({
     listen: z
-      .object({ host: z.string().default('127.0.0.1'), port: z.number().int().min(0).max(65535).default(8080), allowedHosts: z.array(z.string().min(1)).optional() })
+      .object({
+        host: z.string().default('127.0.0.1'),
+        port: z.number().int().min(0).max(65535).default(8080),
+        allowedHosts: z.array(ALLOWED_HOST).optional(),
+        bodyStallSeconds: z.number().positive().default(10),
+        responseStallSeconds: z.number().positive().default(30),
+      })
       .strict()
-      .default({ host: '127.0.0.1', port: 8080 }),
+      .default({ host: '127.0.0.1', port: 8080, bodyStallSeconds: 10, responseStallSeconds: 30 }),
     store: z.string().min(1),
-    controlToken: z.string().min(1).optional(),
-    apiKey: z.string().min(1).optional(),
+    controlToken: BEARER.optional(),
+    apiKey: BEARER.optional(),
     publicStatus: z.boolean().optional(),
     ramTierGiB: z.number().nonnegative().default(0),
     neighbourTier: z.object({ gpu: z.number().int().nonnegative(), budgetGiB: z.number().positive() }).strict().optional(),
@@ -188,7 +208,15 @@ export interface ServeConfig {
    * Where the agent listens (default 127.0.0.1:8080), and the host names it answers to besides
    * IP literals, loopback names, `host` and (listening on every address) this machine's name.
    */
-  readonly listen: { host: string; port: number; allowedHosts?: string[] | undefined };
+  readonly listen: {
+    host: string;
+    port: number;
+    allowedHosts?: string[] | undefined;
+    /** A request body that sends nothing for this long gets 408; one waiting this long for room in the body budget, 429 (default 10). */
+    bodyStallSeconds: number;
+    /** A response that sends none of its waiting bytes for this long (a client that stopped reading) is closed, and its engine let go (default 30). */
+    responseStallSeconds: number;
+  };
   /** The snapshot store. */
   readonly store: string;
   /** Bearer token of the control routes. */

@@ -113,6 +113,14 @@ describe('vsnap commands on an engine', () => {
       }
       const swap = await runCli(['swap', 'm1', '--agent', `http://127.0.0.1:${agentPort}`, '--token', 'ctl']);
       expect(swap.stdout).toMatch(/m1 is awake/);
+      // a model the agent does not serve: its own code and a hint that helps, not one about the token
+      const unknown = await runCli(['swap', 'nope', '--agent', `http://127.0.0.1:${agentPort}`, '--token', 'ctl']);
+      expect(unknown.code).toBe(1);
+      expect(unknown.stderr).toMatch(/\[E_UNKNOWN_MODEL\].*answered 404: no engine serves 'nope'/);
+      expect(unknown.stderr).toMatch(/hint: .*GET \/v1\/models/);
+      expect(unknown.stderr).not.toMatch(/--token/);
+      const refused = await runCli(['swap', 'm1', '--agent', `http://127.0.0.1:${agentPort}`, '--token', 'wrong']);
+      expect(refused.stderr).toMatch(/answered 401[\s\S]*hint: pass the agent's control token with --token/);
       expect(log).toMatch(/restore m2 in \d+ ms/);
     } finally {
       child.kill('SIGTERM');

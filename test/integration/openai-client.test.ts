@@ -97,6 +97,28 @@ describe('the official openai client against vsnap serve', () => {
     expect(final.choices[0]!.message.content).toBe(plain.choices[0]!.message.content);
   });
 
+  it("an unknown model is the same NotFoundError (model_not_found) on completions and chat; stream_options.include_usage ends a stream with the usage", async () => {
+    for (const call of [
+      () => client.completions.create({ model: 'no-such-model', prompt: 'x', max_tokens: 1 }),
+      () => client.chat.completions.create({ model: 'no-such-model', messages: [{ role: 'user', content: 'x' }], max_tokens: 1 }),
+    ]) {
+      const missing = await call().catch((e: unknown) => e);
+      expect(missing).toBeInstanceOf(NotFoundError);
+      expect(missing).toMatchObject({ status: 404, code: 'model_not_found', param: 'model', type: 'invalid_request_error' });
+    }
+    const stream = await client.completions.create({ model: 'model-b', prompt: 'The capital of France is', max_tokens: 4, stream: true, stream_options: { include_usage: true } });
+    const chunks = [];
+    for await (const chunk of stream) chunks.push(chunk);
+    expect(chunks).toHaveLength(5);
+    expect(chunks.at(-1)!.choices).toEqual([]);
+    expect(chunks.at(-1)!.usage).toMatchObject({ completion_tokens: 4 });
+    const chat = await client.chat.completions.create({ model: 'model-b', messages: [{ role: 'user', content: 'Hello' }], max_tokens: 3, stream: true, stream_options: { include_usage: true } });
+    const chatChunks = [];
+    for await (const chunk of chat) chatChunks.push(chunk);
+    expect(chatChunks.at(-1)!.choices).toEqual([]);
+    expect(chatChunks.at(-1)!.usage).toMatchObject({ completion_tokens: 3 });
+  });
+
   it('a wrong API key is an AuthenticationError', async () => {
     const wrong = new OpenAI({ baseURL: `${handle.agent.url}/v1`, apiKey: 'sk-wrong', maxRetries: 0 });
     await expect(wrong.models.list()).rejects.toMatchObject({ status: 401 });

@@ -83,8 +83,14 @@ describe.skipIf(!chromium && process.env.CI !== 'true')('the status page of vsna
     });
     page.on('pageerror', (e) => problems.push(e.message));
     // the control token is set: the page asks for it
-    await page.goto(url);
+    const response = await page.goto(url);
+    // no page of another site can frame it
+    expect(response!.headers()['content-security-policy']).toContain("frame-ancestors 'none'");
+    expect(response!.headers()['x-frame-options']).toBe('DENY');
     await page.waitForSelector('#login.show');
+    // before a token: the form alone, no empty section headings
+    expect(await page.isVisible('main')).toBe(false);
+    expect(await page.isVisible('text=GPU budgets')).toBe(false);
     // a wrong token: the page says so where the user looks (not only the browser console's 401)
     await page.fill('#token', 'not-the-token');
     await page.click('#login button');
@@ -99,6 +105,7 @@ describe.skipIf(!chromium && process.env.CI !== 'true')('the status page of vsna
     await page.fill('#token', TOKEN);
     await page.click('#login button');
     for (const name of models) await page.waitForSelector(`tr[data-engine="${name}"]`);
+    expect(await page.isVisible('main')).toBe(true);
     expect(await page.isVisible('#login')).toBe(false);
     expect(await page.isVisible('#login-error')).toBe(false);
     expect(await page.textContent('#engines')).toMatch(/reference-a.*asleep.*reference-b.*asleep/s);
@@ -189,10 +196,44 @@ describe.skipIf(!chromium && process.env.CI !== 'true')('the status page of vsna
         }
         expect(t.lastRight, `${t.id}: its last column, scrolled to`).toBeLessThanOrEqual(t.boxRight + 1);
       }
+      // at 1280 px the engines table fits its box (the process column wraps, nothing to scroll to);
+      // at every width the GPU budget text is whole in view, never behind a scroll
+      const fits = (sel: string) => page.evaluate(`(() => { const b = document.querySelector(${JSON.stringify(sel)}).closest('.scroll'); return b.scrollWidth - b.clientWidth; })()`) as Promise<number>;
+      if (width === 1280) expect(await fits('#engines'), 'engines table at 1280 px').toBeLessThanOrEqual(1);
+      expect(await fits('#gpus'), `GPU budgets at ${width} px`).toBeLessThanOrEqual(1);
+      // pointing at a phase in the legend dims the others in the bars
+      await page.hover('#phases [data-phase="restore"]');
+      const dimmed = await page.evaluate(`[...document.querySelectorAll('#chart [data-phase]')].map((e) => [e.dataset.phase, getComputedStyle(e).opacity])`) as Array<[string, string]>;
+      expect(dimmed.filter(([p]) => p === 'restore').every(([, o]) => o === '1')).toBe(true);
+      expect(dimmed.filter(([p]) => p !== 'restore').every(([, o]) => Number(o) < 0.5)).toBe(true);
+      await screenshot(page, `status-page-${width}-legend.png`);
+      await page.mouse.move(0, 0);
       // the engines table at this width, scrolled to its last column, in a picture too
       await screenshot(page, `status-page-${width}-scrolled.png`);
       await page.close();
     }
+  });
+
+  it('a report with markup in its numeric fields is shown as text: nothing runs, no element is made from it', async () => {
+    const real = (await (await request(`${url}/api/status`, { headers: { authorization: `Bearer ${TOKEN}` } })).body.json()) as Record<string, unknown> & { engines: Array<Record<string, unknown>>; gpus: Array<Record<string, unknown>>; snapshots: Array<Record<string, unknown>> };
+    const x = (f: string) => `<img src=x onerror="window.pwned=(window.pwned||[]).concat('${f}')">`;
+    const report = {
+      ...real,
+      engines: real.engines.map((e) => ({ ...e, devices: [x('devices')], leases: x('leases'), waiting: x('waiting'), memoryBytes: x('memoryBytes'), asleepBytes: x('asleepBytes'), process: { status: 'running', pid: x('pid') } })),
+      gpus: real.gpus.map((g) => ({ ...g, device: x('device'), awakeBytes: x('awakeBytes'), heldBytes: 1, budgetBytes: x('budgetBytes') })),
+      snapshots: real.snapshots.map((s) => ({ ...s, versions: x('versions'), bytes: x('bytes') })),
+      swaps: [{ at: Date.now(), engine: 'reference-a', action: 'restore', ok: true, seconds: x('seconds'), phases: { map: 0.1 } }],
+    };
+    const body = JSON.stringify(report);
+    const page = await browser!.newPage({ viewport: { width: 1280, height: 900 } });
+    await page.route('**/api/status', (route) => route.fulfill({ status: 200, contentType: 'application/json', body }));
+    await page.route('**/api/events', (route) => route.fulfill({ status: 200, contentType: 'text/event-stream', body: `event: status\ndata: ${body}\n\n` }));
+    await page.goto(url);
+    await page.locator('#engines', { hasText: 'onerror' }).waitFor();
+    expect(await page.evaluate('window.pwned')).toBeUndefined();
+    expect(await page.locator('main img').count()).toBe(0);
+    expect(await page.textContent('#engines')).toContain('<img src=x');
+    await page.close();
   });
 
   it('SIGTERM to vsnap stops it and its engines, with exit code 0', async () => {

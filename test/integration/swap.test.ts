@@ -40,7 +40,7 @@ async function complete(url: string, model: string, extra: Record<string, unknow
     body: JSON.stringify({ model, prompt: PROMPT, max_tokens: 4, logprobs: 1, return_tokens_as_token_ids: true, ...extra }),
   });
   const text = await r.body.text();
-  return { status: r.statusCode, engine: r.headers['x-vsnap-engine'], body: JSON.parse(text) as { model?: string; choices?: Array<{ logprobs: { tokens: string[] } }>; error?: { code: string } } };
+  return { status: r.statusCode, engine: r.headers['x-vsnap-engine'], body: JSON.parse(text) as { model?: string; choices?: Array<{ logprobs: { tokens: string[] } }>; error?: { code: string; vsnap_code?: string } } };
 }
 
 describe('SwapController and the HTTP agent over three CPU reference engines', () => {
@@ -109,7 +109,7 @@ describe('SwapController and the HTTP agent over three CPU reference engines', (
     expect(results.find((r) => r.status === 503)!.body.error!.code).toBe('E_BUSY');
     const unknown = await complete(agent.url, 'nope');
     expect(unknown.status).toBe(404);
-    expect(unknown.body.error!.code).toBe('E_UNKNOWN_MODEL');
+    expect(unknown.body.error).toMatchObject({ code: 'model_not_found', vsnap_code: 'E_UNKNOWN_MODEL' });
   });
 
   it('pinned engines stay awake, idle TTLs suspend, the default model comes back when idle', async () => {

@@ -45,11 +45,38 @@ describe('serve configuration', () => {
   it('reads YAML with defaults and ${env:...}', () => {
     const c = parseConfig(good, 'vsnap.yaml', { CTL: 'secret' });
     expect(c.controlToken).toBe('secret');
-    expect(c.listen).toEqual({ host: '127.0.0.1', port: 8080 });
+    expect(c.listen).toEqual({ host: '127.0.0.1', port: 8080, bodyStallSeconds: 10, responseStallSeconds: 30 });
     expect(c.queue).toEqual({ limit: 64, timeoutSeconds: 120 });
     expect(c.recovery).toEqual({ mode: 'reload', materialize: 'async' });
     expect(c.models.llama).toMatchObject({ gpus: [0], asleepGiB: 0, pinned: false, deepSuspend: false, healthPath: '/health' });
     expect(c.models.qwen).toMatchObject({ pinned: true, deepSuspend: true });
+  });
+
+  it('tokens a client could never send are refused at load, with the reason: whitespace, NUL, non-ASCII', () => {
+    for (const [token, why] of [
+      ['abc def', 'whitespace'],
+      ['abc\tdef', 'whitespace'],
+      ['tökén', 'printable ASCII'],
+      ['abc\u0000def', 'printable ASCII'],
+    ] as const) {
+      const env = { CTL: token };
+      const found = issues(good, env);
+      expect(found.map((i) => i.path), token).toEqual(['controlToken']);
+      expect(found[0]!.message, token).toContain(why);
+      const key = issues(`${good}apiKey: \${env:CTL}\n`.replace('controlToken: ${env:CTL}\n', ''), env);
+      expect(key.map((i) => i.path), token).toEqual(['apiKey']);
+      const engine = issues(good.replace('    ttlSeconds: 300', '    ttlSeconds: 300\n    token: ${env:CTL}').replace('controlToken: ${env:CTL}\n', ''), env);
+      expect(engine.map((i) => i.path), token).toEqual(['models.llama.token']);
+    }
+    expect(parseConfig(good, 'vsnap.yaml', { CTL: 'A-z_0.9~!#' }).controlToken).toBe('A-z_0.9~!#');
+  });
+
+  it('allowedHosts takes names: an entry with a port is refused at load, saying why', () => {
+    const withHosts = (hosts: string) => good.replace('store: /var/lib/vsnap', `store: /var/lib/vsnap\nlisten: { allowedHosts: ${hosts} }`);
+    const found = issues(withHosts('["example.com:8080", "[::1]:80", "ok.example", ".example.org", "*"]'));
+    expect(found.map((i) => i.path)).toEqual(['listen.allowedHosts.0', 'listen.allowedHosts.1']);
+    expect(found[0]!.message).toContain('without a port');
+    expect(parseConfig(withHosts('["example.com", ".example.org", "*"]'), 'vsnap.yaml', { CTL: 'x' }).listen.allowedHosts).toEqual(['example.com', '.example.org', '*']);
   });
 
   it('the expected-response check per model: absent by default (the SDK default), mode and maxTokens checked', () => {

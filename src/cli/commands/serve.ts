@@ -82,12 +82,17 @@ export async function swap(ctx: Context): Promise<number> {
   const body = await r.body.text();
   if (r.statusCode !== 200) {
     let detail = body;
+    let agentCode: string | undefined;
     try {
-      detail = (JSON.parse(body) as { error?: { message?: string } }).error?.message ?? body;
+      const error = (JSON.parse(body) as { error?: { message?: string; code?: string; vsnap_code?: string } }).error;
+      detail = error?.message ?? body;
+      agentCode = error?.vsnap_code ?? error?.code;
     } catch {
       // not JSON: shown as it is
     }
-    throw new VsnapError('E_ENGINE_HTTP', `the agent at ${agent} answered ${r.statusCode}: ${detail}`, { status: r.statusCode });
+    // a model the agent does not serve is not an HTTP problem: its own code, and its own hint
+    if (agentCode === 'E_UNKNOWN_MODEL') throw new VsnapError('E_UNKNOWN_MODEL', `the agent at ${agent} answered ${r.statusCode}: ${detail}`, { status: r.statusCode, model });
+    throw new VsnapError('E_ENGINE_HTTP', `the agent at ${agent} answered ${r.statusCode}: ${detail}`, { status: r.statusCode, ...(agentCode ? { agentCode } : {}) });
   }
   ctx.print(`${model} is awake (${((performance.now() - started) / 1000).toFixed(2)} s)`, JSON.parse(body));
   return EXIT.ok;

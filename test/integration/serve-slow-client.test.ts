@@ -1,0 +1,64 @@
+import { connect, type Socket } from 'node:net';
+
+import { afterEach, describe, expect, it } from 'vitest';
+
+import { parseConfig } from '../../src/serve/config.js';
+import { serve, type ServeHandle } from '../../src/serve/serve.js';
+import { alive } from '../helpers/engine.js';
+import { freePort } from '../helpers/net.js';
+import { tempDir } from '../helpers/tmp.js';
+
+let handle: ServeHandle | undefined;
+afterEach(async () => {
+  await handle?.close();
+  handle = undefined;
+});
+
+/** A completion whose answer (MiBs: the prompt echoed) the client stops reading after its first bytes. */
+async function pausedReader(url: string, model: string): Promise<{ socket: Socket; closed: Promise<void> }> {
+  const body = JSON.stringify({ model, prompt: 'x'.repeat(8 * 2 ** 20), max_tokens: 0, echo: true });
+  const { port } = new URL(url);
+  const socket = connect(Number(port), '127.0.0.1');
+  socket.on('error', () => undefined);
+  const closed = new Promise<void>((resolve) => socket.once('close', () => resolve()));
+  const first = new Promise<void>((resolve) => socket.once('data', () => resolve()));
+  socket.write(`POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n`);
+  socket.write(body);
+  await first;
+  socket.pause();
+  return { socket, closed };
+}
+
+describe('vsnap serve with a client that stops reading', () => {
+  it('close() (what SIGTERM runs) waits for it at most startup.graceSeconds, then stops everything; listening on every address without apiKey is warned of', async () => {
+    const port = await freePort();
+    const config = parseConfig(
+      `listen: { host: 0.0.0.0, port: 0, responseStallSeconds: 600 }
+store: ${tempDir()}
+startup: { graceSeconds: 0.3 }
+gpus: { "0": { budgetGiB: 1 } }
+models:
+  m1:
+    command: node
+    args: [examples/quickstart/reference-engine.mjs, --port, "\${PORT}", --seed, "1", --model, m1]
+    port: ${port}
+    token: engine-token-1
+    memoryGiB: 0.6
+`,
+      'test.yaml',
+    );
+    const log: string[] = [];
+    handle = await serve(config, { log: (l) => log.push(l), stateDir: tempDir() });
+    expect(log.join('\n')).toMatch(/warning: listening on every address \(0\.0\.0\.0\) with no apiKey/);
+    await handle.booted;
+    const reader = await pausedReader(handle.agent.url, 'm1');
+    expect(handle.controller.states().find((s) => s.name === 'm1')!.leases).toBe(1);
+    const h = handle;
+    handle = undefined;
+    const pid = h.supervisor.pid('m1')!;
+    await h.close(); // returns: the grace period ends and the reader's connection is closed
+    expect(alive(pid)).toBe(false);
+    reader.socket.resume();
+    await reader.closed;
+  });
+});
