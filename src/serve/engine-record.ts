@@ -1,8 +1,10 @@
 import { createHash } from 'node:crypto';
-import { mkdirSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { homedir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
+
+import { mkdirParents } from '../store/fsutil.js';
 
 /** A process as the record names it: its pid and its start time (so a reused pid is never taken for it). @internal */
 export interface RecordedProcess {
@@ -115,7 +117,7 @@ export class EngineRecord {
     const self = { pid: process.pid, startTime: startTimeOf(process.pid) ?? '' };
     const body: RecordFile = { version: 1, bootId: bootId(), owner: self, engines: this.engines };
     try {
-      mkdirSync(join(this.path, '..'), { recursive: true, mode: 0o700 });
+      mkdirParents(join(this.path, '..'), 0o700); // not mkdirSync's recursive form, which never returns under /proc
       const tmp = `${this.path}.${process.pid}.tmp`;
       writeFileSync(tmp, `${JSON.stringify(body)}\n`, { mode: 0o600 });
       renameSync(tmp, this.path);

@@ -1,6 +1,7 @@
-import { spawn, type ChildProcess } from 'node:child_process';
+import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { promisify } from 'node:util';
 
 import { afterEach, describe, expect, it } from 'vitest';
 
@@ -94,5 +95,16 @@ describe('EngineRecord where it cannot be written', () => {
     expect(record.problem).toMatch(/cannot write .*ENOTDIR/);
     record.started('e', process.pid); // nothing thrown, nothing written
     record.remove();
+  });
+
+  it('a state directory under /proc is a problem said at once, not a hang (Node 20\'s recursive mkdirSync loops there)', async () => {
+    // in a child: the defect is a synchronous loop, which no test timeout in this process could stop
+    const script = `
+      const { EngineRecord } = await import(${JSON.stringify(new URL('../../src/serve/engine-record.ts', import.meta.url).href)});
+      const record = EngineRecord.forServe('/tmp/store', { host: '127.0.0.1', port: 8080 }, '/proc/vsnap-state/serve');
+      await record.stopLeftovers(1000);
+      console.log(record.problem);`;
+    const { stdout } = await promisify(execFile)(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script], { timeout: 120_000, killSignal: 'SIGKILL' });
+    expect(stdout).toMatch(/cannot write \/proc\/vsnap-state\/serve\/engines-[0-9a-f]+\.json: ENOENT/);
   });
 });
