@@ -67,16 +67,18 @@ export async function writeHostBuffer(buffer: NativeHostBuffer, offset: number, 
 /**
  * Codes an entry's regions in place (CPU codec): every chunk that shrinks is replaced by its coded
  * form, the others kept raw, all packed from `base` on. Returns each region's chunks and the bytes
- * the entry now takes. Regions must be in ascending `offset` order, each at or after `base`.
+ * the entry now takes. Regions must be in ascending `offset` order, each at or after `base`, laid
+ * out back to back (4096-aligned): one region is in JS memory at a time.
  * @internal
  */
 export async function codeInPlace(buffer: NativeHostBuffer, base: number, items: readonly CodeItem[]): Promise<{ chunks: Map<string, HeldChunk[]>; bytes: number }> {
-  const parts: Buffer[] = [];
   const chunks = new Map<string, HeldChunk[]>();
   let cursor = base;
   for (const { id, offset, region } of items) {
     const hint = regionHint(region);
     const held: HeldChunk[] = [];
+    const parts: Buffer[] = [];
+    const start = cursor;
     for (let at = 0; at < region.size; at += region.chunkSize) {
       const raw = buffer.read(offset + at, Math.min(region.chunkSize, region.size - at));
       const coded = encodeChunk(raw, hint);
@@ -88,12 +90,12 @@ export async function codeInPlace(buffer: NativeHostBuffer, base: number, items:
       cursor += bytes.length + pad;
     }
     chunks.set(id, held);
-  }
-  try {
-    // Every byte was read before this write: packing in place never overwrites a chunk not yet read.
-    await writeHostBuffer(buffer, base, Buffer.concat(parts));
-  } catch (err) {
-    throw toVsnapError(err);
+    try {
+      // Packed bytes never run past their region's raw bytes (already read): the next region is intact.
+      await writeHostBuffer(buffer, start, Buffer.concat(parts));
+    } catch (err) {
+      throw toVsnapError(err);
+    }
   }
   return { chunks, bytes: cursor - base };
 }

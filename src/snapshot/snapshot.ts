@@ -202,7 +202,16 @@ export class Snapshot {
       let dedupedBytes = 0;
       const blobs = regions.map((r, i) => ({ ...(reused.has(i) ? {} : { tmpPath: txn?.blobTmpPath(i) }), size: r.size, digest: digests[i]! }));
       if (txn) ({ dedupedBytes } = await txn.publish(manifest, blobs));
-      if (txn) await reservation?.code(manifest); // only a capture the store holds: persist reads the RAM tier's raw bytes
+      if (txn && reservation) {
+        // only a capture the store holds is coded (persist reads the RAM tier's raw bytes); the store has it by now
+        try {
+          await reservation.code(manifest);
+        } catch (err) {
+          reservation.abandon(); // half packed: of no use; restores read the store
+          reservation = undefined;
+          process.emitWarning(`coding capture ${id} of '${name}' in the RAM tier failed: ${(err as Error).message}. The store holds it; the RAM tier does not.`, { code: 'VSNAP_RAM_TIER' });
+        }
+      }
       reservation?.commit(txn !== undefined);
       const seconds = result.seconds;
       const reusedBytes = [...reused.values()].reduce((n, r) => n + r.size, 0);
