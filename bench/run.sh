@@ -12,13 +12,15 @@
 #                                             side, those more than tolerance (0.03) slower marked
 #   npm run bench -- codec [MiB] [repeats] [out.json]   the chunk codec on the GPU: ratio, encode and
 #                                             decode GB/s per dtype (bench/codec.ts)
+#   npm run bench -- ram-codec [GiB] [rounds] [out.json]   a RAM-tier restore of coded BF16 weights
+#                                             against the raw pinned H2D of the uncompressed bytes (bench/ram-codec.ts)
 #   npm run bench -- bundle                   only the bundles (dist-gpu/bench-*.mjs), to carry
 # Builds the bundles, the ceiling program and the reference engine's allocator where the tools are
 # here; on a machine without npm, carry dist-gpu/ and run this same script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -x node_modules/.bin/esbuild ]; then
-  node_modules/.bin/esbuild bench/transfer.ts bench/engine-swap.ts bench/compare.ts bench/codec.ts --bundle --platform=node --format=esm --target=node20 \
+  node_modules/.bin/esbuild bench/transfer.ts bench/engine-swap.ts bench/compare.ts bench/codec.ts bench/ram-codec.ts --bundle --platform=node --format=esm --target=node20 \
     --outdir=dist-gpu --entry-names='bench-[name]' --out-extension:.js=.mjs --log-level=warning --external:node-gyp-build \
     --banner:js="import { createRequire as __cr } from 'module'; const require = __cr(import.meta.url);"
 fi
@@ -36,6 +38,7 @@ if command -v nvcc >/dev/null && { [ ! -x dist-gpu/ceiling ] || [ bench/ceiling.
   mkdir -p dist-gpu && nvcc -O2 -o dist-gpu/ceiling bench/ceiling.cu
 fi
 if [ "${1:-}" = codec ]; then shift; exec node dist-gpu/bench-codec.mjs "$@"; fi
+if [ "${1:-}" = ram-codec ]; then shift; exec node dist-gpu/bench-ram-codec.mjs dist-gpu/ceiling "$@"; fi
 if [ "${1:-}" = swap ]; then
   shift
   # VSNAP_VLLM_SRC: the reference engine runs vLLM's own allocator, built here
