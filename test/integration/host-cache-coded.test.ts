@@ -4,6 +4,7 @@ import { randomChunk, weights } from '../../bench/codec-data.js';
 import { writeHostBuffer } from '../../src/cache/coded-tier.js';
 import { HostCache } from '../../src/cache/host-cache.js';
 import type { Manifest } from '../../src/manifest/manifest.js';
+import { native, type NativeHostBuffer } from '../../src/native/index.js';
 import { HostRegion } from '../../src/regions/host-region.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { RegionStore } from '../../src/store/region-store.js';
@@ -147,6 +148,19 @@ describe('HostCache holding coded chunks (codec vsnap-c1)', () => {
     const t = targetsOf(contents);
     await snap.restore({ regions: t.map(asTarget), cache });
     expect(t[0]!.region.read(0, 2 * MiB).equals(contents['bf16.a'])).toBe(true);
+  });
+
+  it('the GPU restore of held chunks takes device memory only, and checks the chunks against the buffer before anything is opened', async () => {
+    const cache = await cacheOf('vsnap-c1', MiB);
+    const target = HostRegion.create(MiB);
+    cleanup.push(target);
+    const source = { kind: 'buffer' as const, buffer: (cache as unknown as { buffer: NativeHostBuffer }).buffer, offset: 0 };
+    const chunks = new Float64Array([0, 1024, 1024, 0, 0]);
+    await expect(native().codecRestoreHeld(source, [{ memory: { kind: 'host', fd: target.fd }, size: MiB, chunks }])).rejects.toMatchObject({
+      code: 'E_INVALID_ARGUMENT',
+      message: expect.stringContaining('not device memory'),
+    });
+    expect(() => native().codecRestoreHeld(source, [{ memory: { kind: 'host', fd: target.fd }, size: MiB, chunks: new Float64Array([MiB - 8, 64, 64, 0, 1]) }])).toThrow(/outside the HostBuffer/);
   });
 
   it('rejects an unknown codec and unknown options', async () => {
