@@ -2,6 +2,8 @@ import { toVsnapError } from '../errors.js';
 import type { RegionInfo } from '../manifest/types.js';
 import type { NativeHostBuffer } from '../native/index.js';
 import { HostRegion } from '../regions/host-region.js';
+import { readBlobChunk } from '../store/coded-blob.js';
+import type { RegionStore } from '../store/region-store.js';
 import { codecKindForDtype, decodeChunk, encodeChunk, type CodecKind } from '../transfer/codec.js';
 import { DEFAULT_CHUNK_SIZE } from '../transfer/staging.js';
 import { runTransfer } from '../transfer/transfer.js';
@@ -116,5 +118,21 @@ export function decodeHeld(buffer: NativeHostBuffer, region: RegionInfo, held: r
   } catch (err) {
     out.close();
     throw err;
+  }
+}
+
+/**
+ * Loads regions whose store blobs are coded (`RegionInfo.codec`) into the RAM tier, each at its
+ * raw-layout `offset`: every chunk read, decoded and checked against its checksum on the CPU (the
+ * RAM tier holds only verified bytes), then written raw. Regions with raw blobs are read and checked
+ * the same way. The caller codes the entry afterwards where the cache codes.
+ * @internal
+ */
+export async function loadDecoded(store: RegionStore, buffer: NativeHostBuffer, items: readonly CodeItem[], snapshot: string): Promise<void> {
+  for (const { offset, region } of items) {
+    const parts: Buffer[] = [];
+    const chunks = Math.ceil(region.size / region.chunkSize);
+    for (let i = 0; i < chunks; i++) parts.push(await readBlobChunk(store.blobPath(region.blob), region, i, snapshot));
+    await writeHostBuffer(buffer, offset, Buffer.concat(parts));
   }
 }

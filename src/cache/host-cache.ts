@@ -5,7 +5,7 @@ import { native, type NativeHostBuffer } from '../native/index.js';
 import type { RegionStore } from '../store/region-store.js';
 import { runTransfer, type TransferOptions } from '../transfer/transfer.js';
 import { Arena } from './arena.js';
-import { codeInPlace, type HeldChunk } from './coded-tier.js';
+import { codeInPlace, loadDecoded, type CodeItem, type HeldChunk } from './coded-tier.js';
 import { regionId } from '../manifest/region-id.js';
 
 /**
@@ -306,12 +306,16 @@ export class HostCache {
     return { bytes, offsets };
   }
 
-  /** Codes a landed entry in place and gives the room it no longer needs back to the arena. */
-  private async codeEntry(entry: Entry, manifest: Manifest): Promise<void> {
-    const items = [...manifest.regions()]
+  /** An entry's regions where they lie in its raw layout, in that order. */
+  private itemsAt(entry: Entry, manifest: Manifest): CodeItem[] {
+    return [...manifest.regions()]
       .map(({ rank, region }) => ({ id: regionId(rank, region.key), offset: entry.offsets.get(regionId(rank, region.key))!, region }))
       .sort((a, b) => a.offset - b.offset);
-    const { chunks, bytes } = await codeInPlace(this.buffer, entry.offset, items);
+  }
+
+  /** Codes a landed entry in place and gives the room it no longer needs back to the arena. */
+  private async codeEntry(entry: Entry, manifest: Manifest): Promise<void> {
+    const { chunks, bytes } = await codeInPlace(this.buffer, entry.offset, this.itemsAt(entry, manifest));
     entry.chunks = chunks;
     entry.bytes = bytes;
     this.arena.shrink(entry.offset, bytes);
@@ -348,9 +352,10 @@ export class HostCache {
     for (const [k, v] of offsets) offsets.set(k, base + v);
     const entry: Entry = { name: manifest.name, id: manifest.id, bytes, offset: base, offsets, lastUsed: Date.now(), users: 0, loaded: false, durable: true, ready: Promise.resolve() };
     this.byId.set(manifest.id, entry);
+    const coded = [...manifest.regions()].some(({ region }) => region.codec !== undefined);
     entry.ready = store
-      .withLock(false, () =>
-        runTransfer({
+      .withLock(false, (): Promise<unknown> =>
+        coded ? loadDecoded(store, this.buffer, this.itemsAt(entry, manifest), manifest.name) : runTransfer({
           op: 'hydrate',
           label: manifest.name,
           regions: [...manifest.regions()].map(({ rank, region }) => ({

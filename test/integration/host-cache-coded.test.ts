@@ -1,9 +1,12 @@
+import { readFileSync, rmSync, writeFileSync } from 'node:fs';
+
 import { afterEach, describe, expect, it } from 'vitest';
 
 import { randomChunk, weights } from '../../bench/codec-data.js';
 import { writeHostBuffer } from '../../src/cache/coded-tier.js';
 import { HostCache } from '../../src/cache/host-cache.js';
-import type { Manifest } from '../../src/manifest/manifest.js';
+import { Manifest } from '../../src/manifest/manifest.js';
+import { encodeBlob } from '../../src/store/coded-blob.js';
 import { native, type NativeHostBuffer } from '../../src/native/index.js';
 import { HostRegion } from '../../src/regions/host-region.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
@@ -148,6 +151,45 @@ describe('HostCache holding coded chunks (codec vsnap-c1)', () => {
     const t = targetsOf(contents);
     await snap.restore({ regions: t.map(asTarget), cache });
     expect(t[0]!.region.read(0, 2 * MiB).equals(contents['bf16.a'])).toBe(true);
+  });
+
+  it('a snapshot whose store blobs are coded loads into the RAM tier (coded or raw) verified, and restores; a damaged coded blob is refused at load', async () => {
+    const store = await RegionStore.open(tempDir());
+    const contents = { 'bf16.a': gaussian(2 * MiB + 4096), noise: randomChunk(MiB, 5) };
+    const plain = await Snapshot.capture(store, 'src', { regions: regionsOf(contents), chunkSize: MiB });
+    // The same capture with coded blobs, published through a capture transaction as RegionStore does.
+    const txn = await store.beginCapture('cb', 4 * MiB);
+    const regions = plain.manifest.data.ranks[0]!.regions.map((r, i) => {
+      const coded = encodeBlob(contents[r.key as keyof typeof contents], r.chunkSize, r.checksums, r.key.startsWith('bf16') ? 'bf16' : 'bytes');
+      writeFileSync(txn.blobTmpPath(i), coded.bytes);
+      return { region: { ...r, blob: coded.digest, codec: coded.codec }, size: coded.bytes.length };
+    });
+    const manifest = Manifest.parse({ ...plain.manifest.data, id: txn.id, name: 'cb', ranks: [{ ...plain.manifest.data.ranks[0]!, regions: regions.map((x) => x.region) }] });
+    await txn.publish(manifest, regions.map((x, i) => ({ tmpPath: txn.blobTmpPath(i), digest: x.region.blob, size: x.size })));
+    const snap = await Snapshot.open(store, 'cb');
+    expect(snap.manifest.data.ranks[0]!.regions[0]!.codec?.name).toBe('vsnap-c1');
+
+    for (const codec of ['vsnap-c1', 'off'] as const) {
+      const cache = await cacheOf(codec);
+      await cache.load(store, snap.manifest);
+      if (codec === 'vsnap-c1') expect(cache.usedBytes).toBeLessThan(3 * MiB + 4096);
+      else expect(cache.usedBytes).toBe(3 * MiB + 4096);
+      const t = targetsOf(contents);
+      expect((await snap.restore({ regions: t.map(asTarget), cache })).tier).toBe('ram');
+      for (const x of t) expect(x.region.read(0, x.size).equals(contents[x.key as keyof typeof contents])).toBe(true);
+    }
+
+    const path = store.blobPath(snap.manifest.data.ranks[0]!.regions[0]!.blob);
+    const bytes = readFileSync(path);
+    bytes[bytes.length - 100]! ^= 0x01; // the last chunk's exceptions or rest bits: decodes, fails its checksum, or is refused
+    rmSync(path);
+    writeFileSync(path, bytes);
+    const cache = await cacheOf('vsnap-c1');
+    const t = targetsOf(contents);
+    await expect(snap.restore({ regions: t.map(asTarget), cache })).rejects.toMatchObject({ code: expect.stringMatching(/^E_(CHECKSUM|CODEC_CORRUPT)$/), details: expect.objectContaining({ region: 'bf16.a', chunk: 2 }) });
+    expect(cache.has(snap.id)).toBe(false);
+    expect(cache.usedBytes).toBe(0);
+    for (const x of t) expect(allBytes(x.region, 0xa5)).toBe(true);
   });
 
   it('the GPU restore of held chunks takes device memory only, and checks the chunks against the buffer before anything is opened', async () => {
