@@ -6,12 +6,14 @@
 #   npm run bench -- registry [GiB] [out-dir] pull from a local registry against curl (CPU only)
 #   npm run bench -- compare <before.json> <after.json> [tolerance]   two swap runs' medians side by side
 #   npm run bench -- codec [MiB] [repeats] [out.json]   the chunk codec on the GPU (test/microbench/codec.ts)
+#   npm run bench -- ram-codec [GiB] [rounds] [out.json]   a RAM-tier restore of coded BF16 weights
+#                                             against the raw pinned H2D of the uncompressed bytes (bench/ram-codec.ts)
 #   npm run bench -- bundle                   only the bundles (dist-gpu/bench-*.mjs), to carry
 # Builds what the tools here can build; on a machine without npm, carry dist-gpu/ and run this script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -x node_modules/.bin/esbuild ]; then
-  node_modules/.bin/esbuild bench/transfer.ts bench/engine-swap.ts bench/compare.ts test/microbench/codec.ts --bundle --platform=node --format=esm --target=node20 \
+  node_modules/.bin/esbuild bench/transfer.ts bench/engine-swap.ts bench/compare.ts bench/ram-codec.ts test/microbench/codec.ts --bundle --platform=node --format=esm --target=node20 \
     --outdir=dist-gpu --entry-names='bench-[name]' --out-extension:.js=.mjs --log-level=warning --external:node-gyp-build \
     --banner:js="import { createRequire as __cr } from 'module'; const require = __cr(import.meta.url);"
 fi
@@ -29,6 +31,7 @@ if command -v nvcc >/dev/null && { [ ! -x dist-gpu/ceiling ] || [ bench/ceiling.
   mkdir -p dist-gpu && nvcc -O2 -o dist-gpu/ceiling bench/ceiling.cu
 fi
 if [ "${1:-}" = codec ]; then shift; exec node dist-gpu/bench-codec.mjs "$@"; fi
+if [ "${1:-}" = ram-codec ]; then shift; exec node dist-gpu/bench-ram-codec.mjs dist-gpu/ceiling "$@"; fi
 if [ "${1:-}" = swap ]; then
   shift
   # VSNAP_VLLM_SRC: the reference engine runs vLLM's own allocator, built here

@@ -78,7 +78,7 @@ export type ErrorCode =
   | 'E_STALE'
   /** Memory after a restore does not match the snapshot's GPU digests; `details.regions` says where. */
   | 'E_DIGEST_MISMATCH'
-  /** A compressed chunk is damaged (its header, tables or codes do not add up); `details` names the chunk and the reason. Nothing of it was written. */
+  /** A compressed chunk is damaged (its header, tables or codes do not add up); `details` names the chunk and the reason. Nothing of it was written, except with `details.written` (found by the GPU decode as it wrote: the restore fails before the engine uses the region). */
   | 'E_CODEC_CORRUPT'
   /** Deep suspend needs the driver's process checkpoint API (r570+), and this driver (or machine) lacks it. */
   | 'E_CHECKPOINT_UNSUPPORTED'

@@ -6,6 +6,9 @@
 
 #include "codec/codec.h"
 #include "codec/codec_gpu.h"
+#include "codec/codec_restore.h"
+#include "js/js_memory.h"
+#include "transfer/host_buffer.h"
 #include "js/js_util.h"
 
 namespace vsnap::js {
@@ -122,6 +125,57 @@ Napi::Value CodecBenchDevice(const Napi::CallbackInfo& info) {
       });
 }
 
+// codecRestoreHeld({ kind: 'buffer', buffer }, [{ memory, size, chunks: Float64Array of
+// (at, held, rawSize, dstOffset, coded) per chunk }]) -> { seconds, rawBytes, linkBytes, scratchBytes }
+Napi::Value CodecRestoreHeld(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  auto source = std::make_shared<MemorySpec>(parseMemory(env, info[0]));
+  if (source->kind != MemorySpec::Kind::Buffer) throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "the source must be a HostBuffer"));
+  if (!info[1].IsArray()) throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "targets must be an array"));
+  Napi::Array list = info[1].As<Napi::Array>();
+  struct Spec {
+    std::shared_ptr<MemorySpec> memory;
+    uint64_t size;
+    std::vector<codec::HeldChunk> chunks;
+  };
+  auto specs = std::make_shared<std::vector<Spec>>();
+  const uint64_t limit = source->buffer->size();
+  for (uint32_t i = 0; i < list.Length(); i++) {
+    Napi::Value v = list.Get(i);
+    if (!v.IsObject()) throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "targets[" + std::to_string(i) + "] must be an object"));
+    Napi::Object o = v.As<Napi::Object>();
+    Spec spec{std::make_shared<MemorySpec>(parseMemory(env, getRequired(o, "memory"))), toU64(getRequired(o, "size"), "size"), {}};
+    Napi::Value c = getRequired(o, "chunks");
+    if (!c.IsTypedArray() || c.As<Napi::TypedArray>().TypedArrayType() != napi_float64_array) {
+      throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "chunks must be a Float64Array"));
+    }
+    auto f = c.As<Napi::Float64Array>();
+    if (f.ElementLength() % 5) throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "chunks holds 5 numbers a chunk"));
+    for (size_t k = 0; k < f.ElementLength(); k += 5) {
+      codec::HeldChunk h{static_cast<uint64_t>(f[k]), static_cast<uint64_t>(f[k + 1]), static_cast<uint64_t>(f[k + 2]), static_cast<uint64_t>(f[k + 3]), f[k + 4] != 0};
+      if (h.at > limit || h.held > limit - h.at) throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "a chunk lies outside the HostBuffer"));
+      spec.chunks.push_back(h);
+    }
+    specs->push_back(std::move(spec));
+  }
+  return PromiseWorker<codec::HeldRestoreResult>::Run(
+      env,
+      [source, specs] {
+        std::vector<codec::HeldTarget> targets;
+        for (auto& s : *specs) targets.push_back({s.memory->open(s.size), s.chunks});
+        return codec::restoreHeld(source->buffer->data(), targets);
+      },
+      [](Napi::Env env, codec::HeldRestoreResult& r) -> Napi::Value {
+        Napi::Object o = Napi::Object::New(env);
+        o.Set("seconds", r.seconds);
+        o.Set("rawBytes", static_cast<double>(r.rawBytes));
+        o.Set("linkBytes", static_cast<double>(r.linkBytes));
+        o.Set("scratchBytes", static_cast<double>(r.scratchBytes));
+        return o;
+      },
+      {info[0]});
+}
+
 }  // namespace
 
 void initCodec(Napi::Env env, Napi::Object exports) {
@@ -131,6 +185,7 @@ void initCodec(Napi::Env env, Napi::Object exports) {
   exports.Set("codecEncodeDevice", Napi::Function::New(env, CodecEncodeDevice, "codecEncodeDevice"));
   exports.Set("codecDecodeDevice", Napi::Function::New(env, CodecDecodeDevice, "codecDecodeDevice"));
   exports.Set("codecBenchDevice", Napi::Function::New(env, CodecBenchDevice, "codecBenchDevice"));
+  exports.Set("codecRestoreHeld", Napi::Function::New(env, CodecRestoreHeld, "codecRestoreHeld"));
 }
 
 }  // namespace vsnap::js

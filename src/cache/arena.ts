@@ -23,6 +23,12 @@ export class Arena {
     return undefined;
   }
 
+  /** Gives back the end of the extent at `offset`: it keeps its first `size` bytes (rounded up to the alignment). */
+  shrink(offset: number, size: number): void {
+    const e = this.used.find((x) => x.offset === offset);
+    if (e) e.size = Math.min(e.size, Math.ceil(Math.max(size, 1) / this.align) * this.align);
+  }
+
   free(offset: number): void {
     const i = this.used.findIndex((e) => e.offset === offset);
     if (i >= 0) this.used.splice(i, 1);

@@ -5,6 +5,7 @@ import { native, type NativeHostBuffer } from '../native/index.js';
 import type { RegionStore } from '../store/region-store.js';
 import { runTransfer, type TransferOptions } from '../transfer/transfer.js';
 import { Arena } from './arena.js';
+import { codeInPlace, loadDecoded, type CodeItem, type HeldChunk } from './coded-tier.js';
 import { regionId } from '../manifest/region-id.js';
 
 /**
@@ -16,6 +17,13 @@ export interface HostCacheOptions {
   readonly budgetBytes: number;
   /** Page-lock the memory for DMA: default true when CUDA is available. Needs a GPU. */
   readonly pin?: boolean;
+  /**
+   * How snapshots are held: `vsnap-c1` codes each chunk that shrinks (docs/compression.md; BF16
+   * weights to about 0.70 of their size), `off` (default) holds the raw bytes. Coding runs on the
+   * CPU when a snapshot lands here (a capture persisted to the store, or a load from it), and a
+   * restore of a coded snapshot decodes it on the CPU: for the host backend, not yet a GPU's hot path.
+   */
+  readonly codec?: 'vsnap-c1' | 'off';
 }
 
 /**
@@ -43,6 +51,8 @@ export interface CacheLease {
   readonly buffer: NativeHostBuffer;
   /** Where each region starts in the buffer, by `${rank}/${key}`. */
   readonly offsets: ReadonlyMap<string, number>;
+  /** Held coded (HostCacheOptions.codec): each region's chunks, by `${rank}/${key}`; `offsets` then mean nothing. */
+  readonly chunks?: ReadonlyMap<string, readonly HeldChunk[]>;
   release(): void;
 }
 
@@ -50,6 +60,8 @@ export interface CacheLease {
 export interface CacheReservation extends CacheLease {
   /** The capture is complete: restores may use it (`durable`: the store holds it too). */
   commit(durable: boolean): void;
+  /** Codes the landed bytes in place where the cache codes (before commit; the capture is in the store and checksummed). */
+  code(manifest: Manifest): Promise<void>;
   /** The capture failed: give the room back. */
   abandon(): void;
 }
@@ -67,6 +79,7 @@ interface Entry {
   bytes: number;
   offset: number;
   offsets: Map<string, number>;
+  chunks?: Map<string, HeldChunk[]>;
   lastUsed: number;
   users: number;
   ready: Promise<void>;
@@ -94,13 +107,16 @@ export class HostCache {
   readonly budgetBytes: number;
   /** Whether the memory is page-locked for DMA. */
   readonly pinned: boolean;
+  /** How snapshots are held ({@link HostCacheOptions.codec}). */
+  readonly codec: 'vsnap-c1' | 'off';
   private readonly buffer: NativeHostBuffer;
   private readonly arena: Arena;
   private readonly byId = new Map<string, Entry>();
   private closed = false;
 
-  private constructor(buffer: NativeHostBuffer, budgetBytes: number) {
+  private constructor(buffer: NativeHostBuffer, budgetBytes: number, codec: 'vsnap-c1' | 'off') {
     this.buffer = buffer;
+    this.codec = codec;
     this.budgetBytes = budgetBytes;
     this.pinned = buffer.pinned;
     this.arena = new Arena(budgetBytes);
@@ -110,9 +126,12 @@ export class HostCache {
   static async create(options: HostCacheOptions): Promise<HostCache> {
     const budget = options?.budgetBytes;
     if (!Number.isSafeInteger(budget) || budget <= 0) invalidArgument('budgetBytes', 'a positive integer byte count', budget);
+    for (const k of Object.keys(options)) if (k !== 'budgetBytes' && k !== 'pin' && k !== 'codec') invalidArgument('options', 'budgetBytes, pin and codec only', k);
+    const codec = options.codec ?? 'off';
+    if (codec !== 'vsnap-c1' && codec !== 'off') invalidArgument('codec', "'vsnap-c1' or 'off'", codec);
     const pin = options.pin ?? (await cudaStatus()).available;
     try {
-      return new HostCache(await native().createHostBuffer(budget, pin ? 0 : -1), budget);
+      return new HostCache(await native().createHostBuffer(budget, pin ? 0 : -1), budget, codec);
     } catch (err) {
       throw toVsnapError(err);
     }
@@ -198,6 +217,10 @@ export class HostCache {
     const lease = this.leaseOf(entry);
     return {
       ...lease,
+      code: async (manifest) => {
+        if (this.codec === 'off' || !manifest.checksummed) return;
+        await this.codeEntry(entry, manifest);
+      },
       commit: (durable) => {
         entry.loaded = true;
         entry.durable = durable;
@@ -223,6 +246,7 @@ export class HostCache {
     return {
       buffer: this.buffer,
       offsets: entry.offsets,
+      ...(entry.chunks ? { chunks: entry.chunks } : {}),
       release: () => {
         if (!released) {
           released = true;
@@ -282,6 +306,21 @@ export class HostCache {
     return { bytes, offsets };
   }
 
+  /** An entry's regions where they lie in its raw layout, in that order. */
+  private itemsAt(entry: Entry, manifest: Manifest): CodeItem[] {
+    return [...manifest.regions()]
+      .map(({ rank, region }) => ({ id: regionId(rank, region.key), offset: entry.offsets.get(regionId(rank, region.key))!, region }))
+      .sort((a, b) => a.offset - b.offset);
+  }
+
+  /** Codes a landed entry in place and gives the room it no longer needs back to the arena. */
+  private async codeEntry(entry: Entry, manifest: Manifest): Promise<void> {
+    const { chunks, bytes } = await codeInPlace(this.buffer, entry.offset, this.itemsAt(entry, manifest));
+    entry.chunks = chunks;
+    entry.bytes = bytes;
+    this.arena.shrink(entry.offset, bytes);
+  }
+
   private tooLarge(name: string, bytes: number): VsnapError {
     return new VsnapError('E_NO_SPACE', `snapshot '${name}' (${bytes} bytes) is larger than the RAM tier (${this.budgetBytes} bytes)`, {
       budgetBytes: this.budgetBytes,
@@ -313,9 +352,10 @@ export class HostCache {
     for (const [k, v] of offsets) offsets.set(k, base + v);
     const entry: Entry = { name: manifest.name, id: manifest.id, bytes, offset: base, offsets, lastUsed: Date.now(), users: 0, loaded: false, durable: true, ready: Promise.resolve() };
     this.byId.set(manifest.id, entry);
+    const coded = [...manifest.regions()].some(({ region }) => region.codec !== undefined);
     entry.ready = store
-      .withLock(false, () =>
-        runTransfer({
+      .withLock(false, (): Promise<unknown> =>
+        coded ? loadDecoded(store, this.buffer, this.itemsAt(entry, manifest), manifest.name) : runTransfer({
           op: 'hydrate',
           label: manifest.name,
           regions: [...manifest.regions()].map(({ rank, region }) => ({
@@ -329,6 +369,9 @@ export class HostCache {
           ...options,
         }),
       )
+      .then(async () => {
+        if (this.codec !== 'off') await this.codeEntry(entry, manifest);
+      })
       .then(
         () => {
           entry.loaded = true;

@@ -326,6 +326,15 @@ export interface NativeBinding {
   codecDecodeDevice(coded: Uint8Array, rawSize: number, device: number): Promise<{ data: Buffer; kernelMs: number }>;
   /** Bench: encode and decode on the device `repeats` times beside a device-to-device copy (CUDA events, ms). */
   codecBenchDevice(data: Uint8Array, kind: number, device: number, repeats: number): Promise<NativeCodecBench>;
+  /**
+   * Restores chunks held in a HostBuffer (coded or raw) into device memory: coded chunks cross the
+   * link into two device scratch slots and are decoded from there into the target while the next
+   * crosses (native/codec/codec_restore.h). `chunks`: (at, held, rawSize, dstOffset, coded 0/1) per chunk.
+   */
+  codecRestoreHeld(
+    source: { kind: 'buffer'; buffer: NativeHostBuffer; offset: number },
+    targets: ReadonlyArray<{ memory: NativeMemorySpec; size: number; chunks: Float64Array }>,
+  ): Promise<{ seconds: number; rawBytes: number; linkBytes: number; scratchBytes: number }>;
   /** Opens every region at once, on up to `threads` threads (default 4); nothing stays open on failure. */
   openRegions(regions: ReadonlyArray<{ kind: 'host' | 'imported'; fd: number; size: number; device?: number }>, threads?: number, mapping?: NativeMapping): Promise<NativeRegionSet>;
   /** Process-wide totals per VMM step of opening and closing region sets (native/cuda/vmm_timing.h). */

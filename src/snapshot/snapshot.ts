@@ -16,6 +16,7 @@ import { captureManifest, checkCaptureRegions, platformOf } from './capture-mani
 import { captureDigests, reusableRegions } from './capture-digests.js';
 import { copyInStages, ramCopyItem, ramCopyPlan, startCopy } from './copy-overlap.js';
 import { EarlyRestore } from './early-restore.js';
+import { restoreCoded } from './coded-restore.js';
 import { type DigestPlan, planVerify, verifyPlanned, verifyRestoredByDevice } from '../digest/compare.js';
 import type { CaptureOptions, DeviceTiming, RestoreOptions, RestoreRegion, TransferSummary } from './snapshot-types.js';
 import type { StagedRest, StagedTargets } from './staged.js';
@@ -201,6 +202,16 @@ export class Snapshot {
       let dedupedBytes = 0;
       const blobs = regions.map((r, i) => ({ ...(reused.has(i) ? {} : { tmpPath: txn?.blobTmpPath(i) }), size: r.size, digest: digests[i]! }));
       if (txn) ({ dedupedBytes } = await txn.publish(manifest, blobs));
+      if (txn && reservation) {
+        // only a capture the store holds is coded (persist reads the RAM tier's raw bytes); the store has it by now
+        try {
+          await reservation.code(manifest);
+        } catch (err) {
+          reservation.abandon(); // half packed: of no use; restores read the store
+          reservation = undefined;
+          process.emitWarning(`coding capture ${id} of '${name}' in the RAM tier failed: ${(err as Error).message}. The store holds it; the RAM tier does not.`, { code: 'VSNAP_RAM_TIER' });
+        }
+      }
       reservation?.commit(txn !== undefined);
       const seconds = result.seconds;
       const reusedBytes = [...reused.values()].reduce((n, r) => n + r.size, 0);
@@ -366,6 +377,12 @@ export class Snapshot {
       if (staged && !wasHeld) await staged; // the rest checked before the RAM tier loads the snapshot from the store
       const lease = taken?.lease ?? (await options.cache.acquire(this.store, this.manifest, { ...common, directIo: options.directIo ?? false }));
       try {
+        if (lease.chunks) {
+          if (staged) await (await staged).late.after; // every target made (and woken where it must be) before the one copy
+          const copied = await restoreCoded(this.manifest, lease, targets, common);
+          const seconds = (performance.now() - started) / 1000;
+          return { bytes: copied.bytes, seconds, bytesPerSecond: copied.bytes / Math.max(seconds, 1e-9), tier: wasHeld ? 'ram' : 'store', devices: copied.devices };
+        }
         if (options.multipath) return await this.restoreMultipath(options.multipath, lease, targets, common, wasHeld, started);
         const all = [...this.manifest.regions()];
         const plan = ramCopyPlan(all, (id) => targets.get(id)!.memory, lease, multiRank, stages, staged);
@@ -410,6 +427,10 @@ export class Snapshot {
     const manifest = this.current;
     if (!cache.has(this.id) || !cache.fits(manifest)) return undefined;
     const lease = await cache.acquire(this.store, manifest, {}); // held: a reference, nothing is read
+    if (lease.chunks) {
+      lease.release(); // held coded: the restore decodes it all at once
+      return undefined;
+    }
     try {
       const multiRank = manifest.data.ranks.length > 1;
       const info = new Map([...manifest.regions()].map(({ rank, region }) => [regionId(rank, region.key), { rank, region }]));

@@ -69,7 +69,8 @@ function where(ref: ChunkRef): string {
   return `chunk ${ref.chunk}${ref.region === undefined ? '' : ` of region ${ref.region}`}${ref.snapshot === undefined ? '' : ` in snapshot ${ref.snapshot}`}`;
 }
 
-function named(err: unknown, ref: ChunkRef): VsnapError {
+/** E_CODEC_CORRUPT with the chunk, region and snapshot in its message and details; any other error as it is. @internal */
+export function namedChunkError(err: unknown, ref: ChunkRef): VsnapError {
   const e = toVsnapError(err);
   if (e.code !== 'E_CODEC_CORRUPT') return e;
   const reason = String(e.details.reason ?? e.message);
@@ -99,7 +100,7 @@ export function decodeChunk(coded: Uint8Array, rawSize: number, ref: ChunkRef): 
   try {
     return native().codecDecode(coded, rawSize);
   } catch (err) {
-    throw named(err, ref);
+    throw namedChunkError(err, ref);
   }
 }
 
@@ -119,7 +120,7 @@ export function inspectChunk(coded: Uint8Array, rawSize: number, ref: ChunkRef):
       exceptionCount: h.exceptionCount,
     };
   } catch (err) {
-    throw named(err, ref);
+    throw namedChunkError(err, ref);
   }
 }
 
@@ -132,7 +133,7 @@ export async function decodeChunkOnDevice(coded: Uint8Array, rawSize: number, de
   try {
     return await native().codecDecodeDevice(coded, rawSize, device);
   } catch (err) {
-    throw named(err, ref);
+    throw namedChunkError(err, ref);
   }
 }
 

@@ -1,0 +1,138 @@
+import { toVsnapError } from '../errors.js';
+import type { RegionInfo } from '../manifest/types.js';
+import type { NativeHostBuffer } from '../native/index.js';
+import { HostRegion } from '../regions/host-region.js';
+import { readBlobChunk } from '../store/coded-blob.js';
+import type { RegionStore } from '../store/region-store.js';
+import { codecKindForDtype, decodeChunk, encodeChunk, type CodecKind } from '../transfer/codec.js';
+import { DEFAULT_CHUNK_SIZE } from '../transfer/staging.js';
+import { runTransfer } from '../transfer/transfer.js';
+
+/**
+ * Where one chunk of a region lies in the RAM tier: `coded` (a vsnap-c1 chunk that shrank) or the
+ * raw bytes as they are (a chunk that did not shrink keeps no header here).
+ * @internal
+ */
+export interface HeldChunk {
+  /** Offset in the RAM tier's buffer. */
+  readonly at: number;
+  /** Bytes held. */
+  readonly held: number;
+  /** The chunk's decoded size. */
+  readonly rawSize: number;
+  /** Whether the bytes held are a coded chunk (else the raw bytes). */
+  readonly coded: boolean;
+}
+
+/** A region of a RAM-tier entry to code: where its raw bytes lie now, and its manifest entry. @internal */
+export interface CodeItem {
+  readonly id: string;
+  readonly offset: number;
+  readonly region: RegionInfo;
+}
+
+/** Coded chunks start 16-byte aligned (what a GPU decode of them needs). */
+const ALIGN = 16;
+
+/** The dtype hint of a region: that of its largest tensor, `bytes` where none is known. */
+export function regionHint(region: RegionInfo): CodecKind {
+  let best: { bytes: number; dtype: string } | undefined;
+  const sorted = [...region.tensors].sort((a, b) => a.offset - b.offset);
+  sorted.forEach((t, i) => {
+    const end = sorted[i + 1]?.offset ?? region.size;
+    if (!best || end - t.offset > best.bytes) best = { bytes: end - t.offset, dtype: t.dtype };
+  });
+  return codecKindForDtype(best?.dtype);
+}
+
+/**
+ * Writes `data` into the RAM tier's buffer at `offset` (through a memfd and the transfer engine:
+ * the buffer has no writer of its own on the JS side).
+ * @internal
+ */
+export async function writeHostBuffer(buffer: NativeHostBuffer, offset: number, data: Uint8Array): Promise<void> {
+  if (data.byteLength === 0) return;
+  const tmp = HostRegion.create(data.byteLength, 'vsnap-coded');
+  try {
+    tmp.write(0, data);
+    await runTransfer({
+      op: 'capture',
+      label: 'ram-tier coding',
+      hash: false,
+      regions: [{ name: 'coded', size: data.byteLength, chunkSize: DEFAULT_CHUNK_SIZE, memory: tmp.memory, hostCopy: { kind: 'buffer', buffer, offset } }],
+    });
+  } finally {
+    tmp.close();
+  }
+}
+
+/**
+ * Codes an entry's regions in place (CPU codec): every chunk that shrinks is replaced by its coded
+ * form, the others kept raw, all packed from `base` on. Returns each region's chunks and the bytes
+ * the entry now takes. Regions must be in ascending `offset` order, each at or after `base`, laid
+ * out back to back (4096-aligned): one region is in JS memory at a time.
+ * @internal
+ */
+export async function codeInPlace(buffer: NativeHostBuffer, base: number, items: readonly CodeItem[]): Promise<{ chunks: Map<string, HeldChunk[]>; bytes: number }> {
+  const chunks = new Map<string, HeldChunk[]>();
+  let cursor = base;
+  for (const { id, offset, region } of items) {
+    const hint = regionHint(region);
+    const held: HeldChunk[] = [];
+    const parts: Buffer[] = [];
+    const start = cursor;
+    for (let at = 0; at < region.size; at += region.chunkSize) {
+      const raw = buffer.read(offset + at, Math.min(region.chunkSize, region.size - at));
+      const coded = encodeChunk(raw, hint);
+      const shrank = coded.length < raw.length;
+      const bytes = shrank ? coded : raw;
+      const pad = (ALIGN - (bytes.length % ALIGN)) % ALIGN;
+      held.push({ at: cursor, held: bytes.length, rawSize: raw.length, coded: shrank });
+      parts.push(bytes, Buffer.alloc(pad));
+      cursor += bytes.length + pad;
+    }
+    chunks.set(id, held);
+    try {
+      // Packed bytes never run past their region's raw bytes (already read): the next region is intact.
+      await writeHostBuffer(buffer, start, Buffer.concat(parts));
+    } catch (err) {
+      throw toVsnapError(err);
+    }
+  }
+  return { chunks, bytes: cursor - base };
+}
+
+/**
+ * Decodes a region held coded in the RAM tier into a memfd, chunk by chunk; a damaged chunk throws
+ * E_CODEC_CORRUPT naming it before anything is written to a target. The caller closes the memfd.
+ * @internal
+ */
+export function decodeHeld(buffer: NativeHostBuffer, region: RegionInfo, held: readonly HeldChunk[], snapshot: string): HostRegion {
+  const out = HostRegion.create(region.size, 'vsnap-decoded');
+  try {
+    held.forEach((c, i) => {
+      const bytes = buffer.read(c.at, c.held);
+      out.write(i * region.chunkSize, c.coded ? decodeChunk(bytes, c.rawSize, { chunk: i, region: region.key, snapshot }) : bytes);
+    });
+    return out;
+  } catch (err) {
+    out.close();
+    throw err;
+  }
+}
+
+/**
+ * Loads regions whose store blobs are coded (`RegionInfo.codec`) into the RAM tier, each at its
+ * raw-layout `offset`: every chunk read, decoded and checked against its checksum on the CPU (the
+ * RAM tier holds only verified bytes), then written raw. Regions with raw blobs are read and checked
+ * the same way. The caller codes the entry afterwards where the cache codes.
+ * @internal
+ */
+export async function loadDecoded(store: RegionStore, buffer: NativeHostBuffer, items: readonly CodeItem[], snapshot: string): Promise<void> {
+  for (const { offset, region } of items) {
+    const parts: Buffer[] = [];
+    const chunks = Math.ceil(region.size / region.chunkSize);
+    for (let i = 0; i < chunks; i++) parts.push(await readBlobChunk(store.blobPath(region.blob), region, i, snapshot));
+    await writeHostBuffer(buffer, offset, Buffer.concat(parts));
+  }
+}

@@ -1,0 +1,116 @@
+import type { CacheLease } from '../cache/host-cache.js';
+import { decodeHeld, type HeldChunk } from '../cache/coded-tier.js';
+import { toVsnapError, VsnapError } from '../errors.js';
+import type { Manifest } from '../manifest/manifest.js';
+import { regionId } from '../manifest/region-id.js';
+import type { RegionInfo } from '../manifest/types.js';
+import { native, type NativeTransferResult } from '../native/index.js';
+import type { HostRegion } from '../regions/host-region.js';
+import { memoryDevice, toNativeMemory, type RegionMemory } from '../regions/memory.js';
+import { namedChunkError } from '../transfer/codec.js';
+import { deviceContexts } from '../transfer/contexts.js';
+import { runTransfer, type TransferOptions } from '../transfer/transfer.js';
+import type { RestoreRegion } from './snapshot-types.js';
+
+type Common = { label: string } & Pick<TransferOptions, 'onProgress' | 'signal' | 'threads'>;
+interface Item {
+  rank: number;
+  region: RegionInfo;
+  held: readonly HeldChunk[];
+  memory: RegionMemory;
+}
+
+/** GPU memory: decoded on its GPU; host memory (the host backend): decoded on the CPU. */
+function onDevice(memory: RegionMemory): boolean {
+  return memory.kind === 'device' || memory.kind === 'imported' || (memory.kind === 'mapped' && memory.source === 'imported');
+}
+
+/**
+ * A restore from a RAM-tier entry held coded (HostCacheOptions.codec).
+ *
+ * Into GPU memory: every coded chunk's header and tables are checked on the host, then each chunk
+ * crosses the link as it is held (coded, or raw where it did not shrink) into a device scratch
+ * of two slots and is decoded from there into the target while the next crosses
+ * (native/codec/codec_restore.h); the restore's GPU digest of the decoded bytes follows as for any
+ * restore, before the engine is woken.
+ *
+ * Into host memory (the host backend): every chunk is decoded on the CPU first (a damaged one
+ * refuses with E_CODEC_CORRUPT naming its region and chunk before any target is written), then the
+ * decoded bytes go through the transfer engine's hydrate, every chunk checked against its checksum
+ * before the first byte is written (`verifyFirst`).
+ * @internal
+ */
+export async function restoreCoded(
+  manifest: Manifest,
+  lease: CacheLease,
+  targets: ReadonlyMap<string, RestoreRegion>,
+  common: Common,
+): Promise<{ bytes: number; devices?: NativeTransferResult['devices'] }> {
+  const items: Item[] = [...manifest.regions()].map(({ rank, region }) => {
+    const id = regionId(rank, region.key);
+    return { rank, region, held: lease.chunks!.get(id)!, memory: targets.get(id)!.memory };
+  });
+  const multiRank = manifest.data.ranks.length > 1;
+  const onHost = items.filter((x) => !onDevice(x.memory));
+  const decoded: HostRegion[] = [];
+  try {
+    // host targets decoded before anything is written anywhere
+    const hydrate = onHost.map((x) => {
+      const out = decodeHeld(lease.buffer, x.region, x.held, manifest.name);
+      decoded.push(out);
+      return {
+        name: multiRank ? `rank ${x.rank}/${x.region.key}` : x.region.key,
+        blobPath: `/proc/self/fd/${out.fd}`,
+        size: x.region.size,
+        chunkSize: x.region.chunkSize,
+        checksums: x.region.checksums,
+        memory: x.memory,
+      };
+    });
+    const gpu = await restoreOnDevices(manifest, lease, items.filter((x) => onDevice(x.memory)), common);
+    const host = hydrate.length ? await runTransfer({ ...common, op: 'hydrate', verifyFirst: true, regions: hydrate }) : undefined;
+    return { bytes: gpu.bytes + (host?.bytes ?? 0), devices: [...gpu.devices, ...(host?.devices ?? [])] };
+  } finally {
+    for (const d of decoded) d.close();
+  }
+}
+
+async function restoreOnDevices(
+  manifest: Manifest,
+  lease: CacheLease,
+  items: readonly Item[],
+  common: Common,
+): Promise<{ bytes: number; devices: NonNullable<NativeTransferResult['devices']> }> {
+  if (items.length === 0) return { bytes: 0, devices: [] };
+  common.signal?.throwIfAborted();
+  const targets = items.map((x) => {
+    const chunks = new Float64Array(x.held.length * 5);
+    x.held.forEach((c, i) => chunks.set([c.at, c.held, c.rawSize, i * x.region.chunkSize, c.coded ? 1 : 0], i * 5));
+    return { memory: toNativeMemory(x.memory), size: x.region.size, chunks };
+  });
+  const devices = items.map((x) => memoryDevice(x.memory));
+  let result;
+  try {
+    result = await deviceContexts.use(devices, () => native().codecRestoreHeld({ kind: 'buffer', buffer: lease.buffer, offset: 0 }, targets));
+  } catch (err) {
+    const e = toVsnapError(err);
+    const at = typeof e.details.target === 'number' ? items[e.details.target] : undefined;
+    if (e.code !== 'E_CODEC_CORRUPT' || !at) throw e;
+    const named = namedChunkError(e, { chunk: Number(e.details.chunk), region: at.region.key, snapshot: manifest.name });
+    if (e.details.written !== true) throw named;
+    // found by the kernel while it wrote: the target holds wrong bytes, and the restore fails before any wake
+    throw new VsnapError(
+      'E_CODEC_CORRUPT',
+      `chunk ${String(e.details.chunk)} of region ${at.region.key} in snapshot ${manifest.name} is damaged: ${String(e.details.reason)}. The restore stopped before the engine could use the region; restore again from another copy of the snapshot (\`vsnap verify\` finds the damaged ones) or capture again.`,
+      { ...named.details, written: true },
+      { cause: e },
+    );
+  }
+  const bytesByDevice = new Map<number, number>();
+  items.forEach((x, i) => {
+    const d = devices[i];
+    if (d !== undefined) bytesByDevice.set(d, (bytesByDevice.get(d) ?? 0) + x.region.size);
+  });
+  common.onProgress?.({ phase: 'done', bytesDone: result.rawBytes, bytesTotal: result.rawBytes });
+  return { bytes: result.rawBytes, devices: [...bytesByDevice].map(([device, bytes]) => ({ device, bytes, seconds: result.seconds })) };
+}

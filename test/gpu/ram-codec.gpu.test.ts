@@ -1,0 +1,150 @@
+// GPU suite, the RAM tier holding coded chunks (device only): BF16 Gaussian weights and random bytes
+// in device memory captured into a HostCache with codec 'vsnap-c1' (fewer host bytes held), restored
+// from it by the coded path (each coded chunk over the link into two scratch slots and decoded on the
+// GPU into the target) bit-exact; a damaged header refused before anything is written; a damaged
+// mantissa byte caught by the restore's GPU digest. Prints `RAM_CODEC_RESULT {json}`: the coded
+// restore's seconds (without and with the check) against the raw pinned H2D copy of the uncompressed
+// bytes (bench/ceiling.cu, same run), and the host bytes held against the raw bytes.
+// Size: VSNAP_GPU_CODEC_MIB (default 1024) of BF16, in regions of 256 MiB, and 64 MiB of random bytes.
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, describe, it } from 'node:test';
+
+import { randomChunk, weights } from '../helpers/codec-data.js';
+import { writeHostBuffer } from '../../src/cache/coded-tier.js';
+import { cudaStatus, HostCache, RegionStore, Snapshot, VsnapError, type TransferSummary } from '../../src/index.js';
+import { DeviceAllocation, releaseIdleResources } from '../../src/plumbing.js';
+
+const MiB = 1024 ** 2;
+const TOTAL = Number(process.env.VSNAP_GPU_CODEC_MIB ?? 1024) * MiB;
+const REGION = 256 * MiB;
+const ROUNDS = 5;
+
+describe('GPU: the RAM tier holding coded chunks', async () => {
+  const status = await cudaStatus();
+  if (!status.available) {
+    it('needs a GPU', () => assert.fail(`this suite needs an NVIDIA GPU: ${status.reason}`));
+    return;
+  }
+  const root = mkdtempSync(join(tmpdir(), 'vsnap-gpu-ram-codec-'));
+  const store = await RegionStore.open(root);
+  const cache = await HostCache.create({ budgetBytes: TOTAL + 128 * MiB, codec: 'vsnap-c1' });
+  const allocs: DeviceAllocation[] = [];
+  const contents: Buffer[] = [];
+  const keys: string[] = [];
+  after(() => {
+    for (const a of allocs) a.close();
+    cache.close();
+    rmSync(root, { recursive: true, force: true });
+    return releaseIdleResources();
+  });
+  for (let i = 0; i * REGION < TOTAL; i++) {
+    const size = Math.min(REGION, TOTAL - i * REGION);
+    const bytes = Buffer.concat(Array.from({ length: size / (64 * MiB) }, (_, k) => weights('bf16', 'gaussian', 64 * MiB, 1 + i * 16 + k)));
+    contents.push(bytes);
+    keys.push(`bf16.${i}`);
+  }
+  contents.push(randomChunk(64 * MiB, 99));
+  keys.push('noise');
+  for (const bytes of contents) {
+    const a = await DeviceAllocation.allocate(0, bytes.length);
+    allocs.push(a);
+    await a.write(0, bytes);
+  }
+  const rawBytes = contents.reduce((n, b) => n + b.length, 0);
+  const regions = allocs.map((a, i) => ({
+    key: keys[i]!,
+    size: contents[i]!.length,
+    memory: { kind: 'device' as const, allocation: a },
+    tensors: keys[i]!.startsWith('bf16') ? [{ name: keys[i]!, offset: 0, dtype: 'torch.bfloat16', shape: [contents[i]!.length / 2] }] : [],
+  }));
+  const wipe = async (): Promise<void> => {
+    for (const a of allocs) await a.fill(0, a.size, 0);
+  };
+  const holdsContents = async (): Promise<boolean> => {
+    for (const [i, a] of allocs.entries()) if (!(await a.read(0, a.size)).equals(contents[i]!)) return false;
+    return true;
+  };
+  const allZero = async (): Promise<boolean> => {
+    for (const a of allocs) if ((await a.read(0, a.size)).some((b) => b !== 0)) return false;
+    return true;
+  };
+  let snap: Snapshot | undefined;
+
+  it('captures coded (host bytes held below 0.72x for BF16 Gaussian), restores bit-exact from RAM; ratio to the raw pinned H2D', async () => {
+    const captureStarted = performance.now();
+    snap = await Snapshot.capture(store, 'coded', { regions, cache });
+    const captureSeconds = (performance.now() - captureStarted) / 1000;
+    const held = cache.usedBytes;
+    const bf16Raw = rawBytes - 64 * MiB;
+    assert.ok(held < rawBytes, `held ${held} < raw ${rawBytes}`);
+    assert.ok(held - 64 * MiB < bf16Raw * 0.72, `BF16 held ${held - 64 * MiB} < 0.72 x ${bf16Raw}`);
+    const plain: number[] = [];
+    const checked: number[] = [];
+    for (let r = 0; r < ROUNDS; r++) {
+      await wipe();
+      const res: TransferSummary = await snap.restore({ regions, cache, verifyDigests: false });
+      assert.equal(res.tier, 'ram');
+      plain.push(res.seconds);
+      assert.ok(await holdsContents(), 'restored bit-exact');
+      await wipe();
+      const t0 = performance.now();
+      await snap.restore({ regions, cache });
+      checked.push((performance.now() - t0) / 1000);
+    }
+    const ceilingBin = process.env.VSNAP_GPU_CEILING;
+    assert.ok(ceilingBin && existsSync(ceilingBin), 'VSNAP_GPU_CEILING (bench/ceiling.cu built by test/gpu/run.sh with nvcc) is needed for the ceiling');
+    const ceiling = JSON.parse(execFileSync(ceilingBin, [String(ROUNDS), ...contents.map((b) => String(b.length))], { encoding: 'utf8' })) as { h2dGBps: { max: number; median: number } };
+    const ceilingSeconds = rawBytes / (ceiling.h2dGBps.max * 1e9);
+    const median = (xs: number[]) => [...xs].sort((x, y) => x - y)[Math.floor(xs.length / 2)]!;
+    const result = {
+      rawBytes,
+      heldBytes: held,
+      heldRatio: +(held / rawBytes).toFixed(3),
+      heldRatioBf16: +((held - 64 * MiB) / bf16Raw).toFixed(3),
+      captureSeconds: +captureSeconds.toFixed(3),
+      restoreSeconds: { best: Math.min(...plain), median: median(plain) },
+      restoreCheckedSeconds: { best: Math.min(...checked), median: median(checked) },
+      ceilingH2dGBps: ceiling.h2dGBps,
+      ceilingSeconds: +ceilingSeconds.toFixed(4),
+      ratio: +(Math.min(...plain) / ceilingSeconds).toFixed(3),
+      ratioChecked: +(Math.min(...checked) / ceilingSeconds).toFixed(3),
+      targets: { ratio: 0.75, ratioChecked: 0.8, heldRatio: 0.72 },
+    };
+    console.log(`RAM_CODEC_RESULT ${JSON.stringify(result)}`);
+  });
+
+  it('a damaged coded header is refused naming region and chunk before any byte is written; a damaged mantissa byte fails the GPU digest', async () => {
+    assert.ok(snap, 'needs the capture of the first test');
+    const lease = await cache.acquire(store, snap.manifest); // held while the test damages and repairs it
+    try {
+    const place = lease.chunks!.get('0/bf16.1')![2]!;
+    assert.equal(place.coded, true);
+    assert.equal(lease.chunks!.get('0/noise')![0]!.coded, false, 'random bytes stay raw');
+    const at = lease.buffer;
+    const magic = at.read(place.at, 4);
+    await writeHostBuffer(at, place.at, Buffer.from('XXXX'));
+    await wipe();
+    await assert.rejects(
+      snap.restore({ regions, cache }),
+      (e: unknown) => e instanceof VsnapError && e.code === 'E_CODEC_CORRUPT' && e.details.region === 'bf16.1' && e.details.chunk === 2,
+    );
+    assert.ok(await allZero(), 'nothing written');
+    await writeHostBuffer(at, place.at, magic);
+
+    const mid = place.at + Math.floor(place.held * 0.6);
+    const was = at.read(mid, 1)[0]!;
+    await writeHostBuffer(at, mid, Buffer.from([was ^ 0x01]));
+    await assert.rejects(snap.restore({ regions, cache }), (e: unknown) => e instanceof VsnapError && e.code === 'E_DIGEST_MISMATCH');
+    await writeHostBuffer(at, mid, Buffer.from([was]));
+    await wipe();
+    await snap.restore({ regions, cache });
+    assert.ok(await holdsContents(), 'restored bit-exact once repaired');
+    } finally {
+      lease.release();
+    }
+  });
+});
