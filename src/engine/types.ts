@@ -166,3 +166,12 @@ export interface CompletionResult {
   readonly raw: unknown;
 }
 
+
+/**
+ * What the response check needs of a client: its URL and its completions (the client's own, so a
+ * test's client may see them fail). The flows' view; not exported from the package.
+ */
+export interface Completer {
+  readonly baseUrl: string;
+  completions(body: { prompt: string; max_tokens?: number; temperature?: number; logprobs?: number; [key: string]: unknown }, options?: CallOptions): Promise<CompletionResult>;
+}

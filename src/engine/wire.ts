@@ -37,14 +37,12 @@ interface Call {
 }
 
 /**
- * What the flows drive an engine through: its URL, its routes, and its completions (the client's,
- * so a test's client may see them fail).
+ * What the flows drive an engine through: its URL and its routes.
  * @internal
  */
 export interface WireClient {
   readonly baseUrl: string;
   readonly wire: EngineWire;
-  completions(body: { prompt: string; max_tokens?: number; temperature?: number; logprobs?: number; [key: string]: unknown }, options?: CallOptions): Promise<CompletionResult>;
 }
 
 /**
