@@ -2,7 +2,8 @@
  * vsnap: suspend and restore LLM inference engines on a GPU in well under a second.
  *
  * The root holds what users hold: a {@link RegionStore} of {@link Snapshot}s (each described by a
- * {@link Manifest}), an {@link EngineClient} per engine, the engine flows ({@link captureEngine},
+ * {@link Manifest}), an {@link EngineClient} per engine, an {@link EngineSession} holding an engine
+ * with its store and tiers, the engine flows ({@link captureEngine},
  * {@link (suspendEngine:1)}, {@link restoreEngine}, {@link swapEngines}), the places weights are
  * kept while an engine sleeps ({@link HostCache}, {@link ResidentWeights}, {@link NeighbourTier};
  * see {@link EngineTiers}), the {@link RegistryClient} and the {@link SwapController}. The `vsnap serve`
@@ -54,7 +55,7 @@ export type { RegistrySource } from './registry/source.js';
 export { EngineClient, type CallOptions, type CompletionResult, type EngineClientOptions, type EngineDigestTable, type EngineRegionTable, type EngineStatus, type QueuedRequestsPolicy } from './engine/engine-client.js';
 export type { ResponseCheckOptions } from './engine/response-check.js';
 
-export { captureEngine, restorableFor, restoreEngine, suspendEngine, swapEngines } from './flows/index.js';
+export { captureEngine, EngineSession, restorableFor, restoreEngine, suspendEngine, swapEngines } from './flows/index.js';
 export type {
   DeepSuspendOptions,
   EngineCaptureOptions,
@@ -63,6 +64,9 @@ export type {
   EngineRecovery,
   EngineRestoreOptions,
   EngineRestoreReport,
+  EngineSessionOptions,
+  EngineSessionSwapOptions,
+  EngineSessionTiers,
   EngineSuspendOptions,
   EngineSuspendResult,
   EngineSwapOptions,

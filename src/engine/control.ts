@@ -1,7 +1,8 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 
 import { VsnapError } from '../errors.js';
-import type { CallOptions, EngineClient, EngineDigestTable, EngineRegionTable, EngineStatus, QueuedRequestsPolicy } from './engine-client.js';
+import type { CallOptions, EngineDigestTable, EngineRegionTable, EngineStatus, QueuedRequestsPolicy } from './types.js';
+import type { WireClient } from './wire.js';
 import { RUST_FRONTEND_HINT, VsnapDescribeSchema, VsnapDigestSchema, VsnapStatusSchema } from './schemas.js';
 
 /**
@@ -31,31 +32,31 @@ export interface EngineControl {
   reloadWeights(call?: CallOptions): Promise<void>;
 }
 
-function viaRoutes(client: EngineClient): EngineControl {
+function viaRoutes(client: WireClient): EngineControl {
   return {
     via: 'vsnap',
-    status: (call) => client.vsnapStatus(call),
-    describe: (call) => client.vsnapDescribe(call),
-    digest: (chunkSize, call) => client.vsnapDigest({ chunkSize }, call),
+    status: (call) => client.wire.vsnapStatus(call),
+    describe: (call) => client.wire.vsnapDescribe(call),
+    digest: (chunkSize, call) => client.wire.vsnapDigest({ chunkSize }, call),
     exportTo: async (socket, nonces, call, digestChunkSize) => {
-      await client.vsnapExport({ socket, nonces, ...(digestChunkSize !== undefined ? { digestChunkSize } : {}) }, call);
+      await client.wire.vsnapExport({ socket, nonces, ...(digestChunkSize !== undefined ? { digestChunkSize } : {}) }, call);
     },
-    sleep: (level, mode, call) => client.vsnapSleep({ level, ...(mode ? { mode } : {}) }, call),
-    wake: (tags, call, adopt) => client.vsnapWake({ ...(tags ? { tags } : {}), ...(adopt ? { adopt } : {}) }, call),
-    resetPrefixCache: (call) => client.vsnapResetPrefixCache(call),
-    releaseKvCache: (call, queued) => client.vsnapReleaseKvCache(call, { queued: queued ?? 'wait' }),
-    reloadWeights: (call) => client.vsnapReloadWeights(call),
+    sleep: (level, mode, call) => client.wire.vsnapSleep({ level, ...(mode ? { mode } : {}) }, call),
+    wake: (tags, call, adopt) => client.wire.vsnapWake({ ...(tags ? { tags } : {}), ...(adopt ? { adopt } : {}) }, call),
+    resetPrefixCache: (call) => client.wire.vsnapResetPrefixCache(call),
+    releaseKvCache: (call, queued) => client.wire.vsnapReleaseKvCache(call, { queued: queued ?? 'wait' }),
+    reloadWeights: (call) => client.wire.vsnapReloadWeights(call),
   };
 }
 
-function viaDevRoutes(client: EngineClient): EngineControl {
+function viaDevRoutes(client: WireClient): EngineControl {
   return {
     via: 'dev',
     status: async (call) => {
-      const ranks = (await client.collectiveRpc('vsnap_status', {}, call)) ?? [];
+      const ranks = (await client.wire.collectiveRpc('vsnap_status', {}, call)) ?? [];
       const first = (ranks[0] ?? {}) as { engine?: unknown; model?: unknown };
-      const routes = { mechanism: null, detail: 'no /vsnap/v1 routes on this engine: driven through the dev routes (see EngineClient.routeMechanism)' };
-      const parsed = VsnapStatusSchema.safeParse({ engine: first.engine, model: first.model, sleeping: await client.isSleeping(call), routes, ranks });
+      const routes = { mechanism: null, detail: 'no /vsnap/v1 routes on this engine: driven through the dev routes (vsnap doctor --engine URL says why)' };
+      const parsed = VsnapStatusSchema.safeParse({ engine: first.engine, model: first.model, sleeping: await client.wire.isSleeping(call), routes, ranks });
       if (!parsed.success) {
         throw new VsnapError('E_ENGINE_PROTOCOL', `the workers' vsnap_status has an unexpected shape: is the vsnap plugin of a matching version loaded?`, {
           issues: parsed.error.issues,
@@ -64,31 +65,31 @@ function viaDevRoutes(client: EngineClient): EngineControl {
       return parsed.data;
     },
     describe: async (call) => {
-      const parsed = VsnapDescribeSchema.safeParse({ ranks: (await client.collectiveRpc('vsnap_describe', {}, call)) ?? [] });
+      const parsed = VsnapDescribeSchema.safeParse({ ranks: (await client.wire.collectiveRpc('vsnap_describe', {}, call)) ?? [] });
       if (!parsed.success) {
         throw new VsnapError('E_ENGINE_PROTOCOL', `the workers' vsnap_describe has an unexpected shape: is the vsnap plugin of a matching version loaded?`, { issues: parsed.error.issues });
       }
       return parsed.data.ranks;
     },
     digest: async (chunkSize, call) => {
-      const parsed = VsnapDigestSchema.safeParse({ ranks: (await client.collectiveRpc('vsnap_digest', { args: [chunkSize] }, call)) ?? [] });
+      const parsed = VsnapDigestSchema.safeParse({ ranks: (await client.wire.collectiveRpc('vsnap_digest', { args: [chunkSize] }, call)) ?? [] });
       if (!parsed.success) {
         throw new VsnapError('E_ENGINE_PROTOCOL', `the workers' vsnap_digest has an unexpected shape: is the vsnap plugin of a matching version loaded?`, { issues: parsed.error.issues });
       }
       return parsed.data.ranks;
     },
     exportTo: async (socket, nonces, call, digestChunkSize) => {
-      await client.collectiveRpc('vsnap_export', { args: digestChunkSize !== undefined ? [socket, [...nonces], digestChunkSize] : [socket, [...nonces]] }, call);
+      await client.wire.collectiveRpc('vsnap_export', { args: digestChunkSize !== undefined ? [socket, [...nonces], digestChunkSize] : [socket, [...nonces]] }, call);
     },
-    sleep: (level, mode, call) => client.sleep({ level, ...(mode ? { mode } : {}) }, call),
+    sleep: (level, mode, call) => client.wire.sleep({ level, ...(mode ? { mode } : {}) }, call),
     wake: async (tags, call, adopt) => {
-      if (adopt) await client.collectiveRpc('vsnap_adopt', { args: [adopt.socket, [...adopt.nonces]] }, call);
-      await client.wakeUp(tags ? { tags } : {}, call);
+      if (adopt) await client.wire.collectiveRpc('vsnap_adopt', { args: [adopt.socket, [...adopt.nonces]] }, call);
+      await client.wire.wakeUp(tags ? { tags } : {}, call);
     },
-    resetPrefixCache: (call) => client.resetPrefixCache(call),
+    resetPrefixCache: (call) => client.wire.resetPrefixCache(call),
     releaseKvCache: (call, queued) => releaseThroughDevRoutes(client, call, queued ?? 'wait'),
     reloadWeights: async (call) => {
-      await client.collectiveRpc('reload_weights', {}, call);
+      await client.wire.collectiveRpc('reload_weights', {}, call);
     },
   };
 }
@@ -103,14 +104,14 @@ const RELEASE_ATTEMPTS = 8;
  * (they are admitted), waits and tries again; `abort` pauses with mode `abort`. After a failure
  * the engine is resumed (`wake_up` of `scheduling`), never left paused.
  */
-async function releaseThroughDevRoutes(client: EngineClient, call: CallOptions | undefined, queued: QueuedRequestsPolicy): Promise<void> {
+async function releaseThroughDevRoutes(client: WireClient, call: CallOptions | undefined, queued: QueuedRequestsPolicy): Promise<void> {
   for (let attempt = 1; ; attempt++) {
-    await client.sleep({ level: 0, mode: queued }, call);
+    await client.wire.sleep({ level: 0, mode: queued }, call);
     try {
-      await client.releaseKvCacheMemory(call);
+      await client.wire.releaseKvCacheMemory(call);
       return;
     } catch (err) {
-      await client.wakeUp({ tags: ['scheduling'] }, call).catch(() => undefined);
+      await client.wire.wakeUp({ tags: ['scheduling'] }, call).catch(() => undefined);
       const busy = err instanceof VsnapError && err.code === 'E_ENGINE_HTTP' && /completed pause/.test(String(err.details.body));
       if (!busy) throw err;
       if (queued === 'abort' || attempt >= RELEASE_ATTEMPTS) {
@@ -131,7 +132,7 @@ async function releaseThroughDevRoutes(client: EngineClient, call: CallOptions |
  * routes; refuses clearly when there is neither.
  * @internal
  */
-export async function engineControl(client: EngineClient, call?: CallOptions): Promise<{ control: EngineControl; status: EngineStatus }> {
+export async function engineControl(client: WireClient, call?: CallOptions): Promise<{ control: EngineControl; status: EngineStatus }> {
   try {
     const control = viaRoutes(client);
     return { control, status: await control.status(call) };

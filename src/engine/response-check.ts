@@ -2,7 +2,7 @@
 // every restore, and how two answers are compared.
 import { invalidArgument, VsnapError } from '../errors.js';
 import type { ExpectedResponse } from '../manifest/types.js';
-import type { EngineClient } from './engine-client.js';
+import type { Completer } from './types.js';
 
 /**
  * What the expected-response check sends, recorded at capture and re-run after every restore.
@@ -55,7 +55,7 @@ export function checkOf(expected: ExpectedResponse): Required<ResponseCheckOptio
  * (vllm/frontend/processing/sampling_params.py `skip_reading_prefix_cache`): the whole prompt is
  * computed.
  */
-export async function probe(client: EngineClient, check: Required<ResponseCheckOptions>, signal?: AbortSignal): Promise<ExpectedResponse> {
+export async function probe(client: Completer, check: Required<ResponseCheckOptions>, signal?: AbortSignal): Promise<ExpectedResponse> {
   const { prompt, maxTokens } = check;
   const echo = check.mode === 'prefill';
   const r = await client.completions({ prompt, max_tokens: maxTokens, temperature: 0, logprobs: 1, ...(echo ? { echo: true } : {}) }, signal ? { signal } : {});
@@ -92,7 +92,7 @@ export async function probe(client: EngineClient, check: Required<ResponseCheckO
  * not a protocol error. (Measured on an H200: one flipped exponent byte of an int8 scale gave
  * NaN log-probabilities.)
  */
-export async function recheck(client: EngineClient, expected: ExpectedResponse, signal?: AbortSignal): Promise<ExpectedResponse> {
+export async function recheck(client: Completer, expected: ExpectedResponse, signal?: AbortSignal): Promise<ExpectedResponse> {
   try {
     return await probe(client, checkOf(expected), signal);
   } catch (err) {

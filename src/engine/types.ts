@@ -95,15 +95,15 @@ export interface EngineStatus {
     readonly asleepTags?: readonly string[] | null;
     /** `python` (vLLM's FastAPI server) or `rust` (`VLLM_USE_RUST_FRONTEND=1`: no vsnap routes). Absent from older plugins. */
     readonly frontend?: string;
-    /** Whether the plugin describes the weights regions while asleep ({@link EngineClient.vsnapDescribe}). Absent from older plugins. */
+    /** Whether the plugin describes the weights regions while asleep ({@link EngineClient.describe}). Absent from older plugins. */
     readonly describe?: boolean;
-    /** Whether the worker digests its own weights ({@link EngineClient.vsnapDigest}). Absent from older plugins. */
+    /** Whether the worker digests its own weights (/vsnap/v1/digest). Absent from older plugins. */
     readonly digest?: boolean;
   }>;
 }
 
 /**
- * One worker's weights region table ({@link EngineClient.vsnapDescribe}): each region's key (the
+ * One worker's weights region table ({@link EngineClient.describe}): each region's key (the
  * lowest-offset named tensor in it, else `anon:N`), allocator tag, address in the worker, size and
  * tensors.
  * @public
@@ -166,3 +166,12 @@ export interface CompletionResult {
   readonly raw: unknown;
 }
 
+
+/**
+ * What the response check needs of a client: its URL and its completions (the client's own, so a
+ * test's client may see them fail). The flows' view; not exported from the package.
+ */
+export interface Completer {
+  readonly baseUrl: string;
+  completions(body: { prompt: string; max_tokens?: number; temperature?: number; logprobs?: number; [key: string]: unknown }, options?: CallOptions): Promise<CompletionResult>;
+}

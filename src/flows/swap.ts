@@ -66,7 +66,7 @@ export interface EngineSwapReport {
 /** What an engine is, read after a failure, in words. */
 async function stateOf(client: EngineClient): Promise<string> {
   try {
-    return (await client.isSleeping()) ? 'asleep' : 'awake';
+    return (await client.wire.isSleeping()) ? 'asleep' : 'awake';
   } catch (err) {
     return `not answering (${toVsnapError(err).code})`;
   }

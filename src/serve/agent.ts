@@ -330,7 +330,7 @@ async function proxy(ctx: AgentContext, req: IncomingMessage, res: ServerRespons
   });
   const lease = await options.controller.acquire(model, { signal: gone.signal });
   try {
-    const upstream = await lease.client.forward({
+    const upstream = await lease.client.wire.forward({
       method: 'POST',
       path,
       headers: { 'content-type': req.headers['content-type'] ?? 'application/json', accept: req.headers.accept ?? '*/*' },

@@ -61,7 +61,7 @@ describe('GPU: the expected-response check', async () => {
   let dir: string;
   let prefill: Snapshot;
   let decode: Snapshot;
-  const flip = (name: string, offset: number) => client.collectiveRpc('flip_weights_byte', { args: [name, offset] });
+  const flip = (name: string, offset: number) => client.wire.collectiveRpc('flip_weights_byte', { args: [name, offset] });
 
   before(async () => {
     dir = mkdtempSync(join(process.env.VSNAP_GPU_STORE_DIR ?? tmpdir(), 'vsnap-gpu-check-'));
@@ -107,7 +107,7 @@ describe('GPU: the expected-response check', async () => {
         console.log(`flip ${name}[${offset}]: caught (${String(err.details.difference)})`);
         return true;
       });
-      assert.equal((await client.vsnapStatus()).sleeping, true);
+      assert.equal((await client.wire.vsnapStatus()).sleeping, true);
     }
     await restoreEngine(prefill, client); // the snapshot puts every byte back
   });
@@ -164,7 +164,7 @@ describe('GPU: the expected-response check against the FlashInfer-like workspace
           console.log(`FlashInfer-like workspace, ${snap.name}: caught (${String(err.details.difference)})`);
           return true;
         });
-        assert.equal((await c.vsnapStatus()).sleeping, true);
+        assert.equal((await c.wire.vsnapStatus()).sleeping, true);
       }
     } finally {
       await c.close();

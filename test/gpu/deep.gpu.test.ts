@@ -43,7 +43,7 @@ describe('GPU: deep suspend (process checkpoint) of the reference engine', async
   });
 
   it('level 2 then deep: ~0 MiB on the GPU; restore and wake bit-identical; a new restore finds it by pid', async () => {
-    const pid = (await client.vsnapStatus()).ranks[0]!.pid;
+    const pid = (await client.wire.vsnapStatus()).ranks[0]!.pid;
     assert.equal(pid, a.enginePid);
     const expected = await askCapital(client, 16);
     const snap = await captureEngine(store, 'ref', client);
@@ -63,7 +63,7 @@ describe('GPU: deep suspend (process checkpoint) of the reference engine', async
       assert.equal(await nativeCheckpointBackend().state(pid), 'checkpointed');
       assert.ok(deepMiB === null || deepMiB === 0, `the engine still holds ${deepMiB} MiB after deep suspend`);
       // the plugin's status answers while the worker is checkpointed (no CUDA call in it)
-      const st = await client.vsnapStatus();
+      const st = await client.wire.vsnapStatus();
       assert.equal(st.sleeping, true);
       const r = await restoreEngine(snap, client);
       assert.equal(await nativeCheckpointBackend().state(pid), 'running');

@@ -16,7 +16,7 @@ const MODEL_ARGS = ['--layers', '18', '--hidden', '2048'];
 
 const ask = (client: EngineClient) => askCapital(client, 16);
 /** How many forward passes the engine replayed from the CUDA graphs it captured at start-up (reference only). */
-const replays = async (client: EngineClient) => Number((await client.collectiveRpc('ref_graph_replays'))![0]);
+const replays = async (client: EngineClient) => Number((await client.wire.collectiveRpc('ref_graph_replays'))![0]);
 
 describe('GPU: capture, suspend and restore the reference engine', async () => {
   const status = await cudaStatus();
@@ -44,7 +44,7 @@ describe('GPU: capture, suspend and restore the reference engine', async () => {
   });
 
   it('greedy answer identical (token ids and logprobs, bit for bit) after capture, suspend and restore; memory freed while asleep', async () => {
-    const engineStatus = await client.vsnapStatus();
+    const engineStatus = await client.wire.vsnapStatus();
     const rank = engineStatus.ranks[0]!;
     assert.equal(rank.memory, 'cuda');
     assert.ok(rank.bytes >= 2 * GiB, `weights ${rank.bytes} bytes`);
@@ -101,7 +101,7 @@ describe('GPU: capture, suspend and restore the reference engine', async () => {
       assert.equal(err.details.recovered, true);
       return true;
     });
-    assert.equal((await client.vsnapStatus()).sleeping, true);
+    assert.equal((await client.wire.vsnapStatus()).sleeping, true);
     writeFileSync(path, original); // the good bytes back: the same snapshot now restores
     await restoreEngine(snap, client);
     assert.deepEqual(await ask(client), before);
@@ -112,7 +112,7 @@ describe('GPU: capture, suspend and restore the reference engine', async () => {
     const snap = await suspendEngine(store, 'ref', client).then((r) => r.snapshot);
     const region = [...snap.manifest.regions()].sort((x, y) => y.region.size - x.region.size)[0]!.region;
     rmSync(store.blobPath(region.blob));
-    const loads = async () => Number((await client.collectiveRpc('ref_weight_loads'))![0]);
+    const loads = async () => Number((await client.wire.collectiveRpc('ref_weight_loads'))![0]);
     const loaded = await loads();
     const report = await restoreEngine(snap, client, { onWarning: () => undefined, recovery: { policy: 'reload', materialize: 'required' } });
     const phases = Object.entries(report.phases).map(([k, v]) => `${k} ${(v * 1000).toFixed(1)} ms`).join(', ');
@@ -143,15 +143,15 @@ describe('GPU: capture, suspend and restore the reference engine', async () => {
         assert.ok(paths.includes('model.id') && paths.includes('model.revision'), paths.join(','));
         return true;
       });
-      assert.equal((await client.vsnapStatus()).sleeping, true);
+      assert.equal((await client.wire.vsnapStatus()).sleeping, true);
       await restoreEngine((await Snapshot.open(store, 'ref')), client);
 
-      await assert.rejects(new EngineClient({ baseUrl: a.url }).vsnapStatus(), (err: VsnapError) => err.code === 'E_ENGINE_HTTP' && err.details.status === 401);
-      await assert.rejects(new EngineClient({ baseUrl: a.url, token: 'wrong' }).vsnapSleep({ level: 2 }), { code: 'E_ENGINE_HTTP' } as never);
+      await assert.rejects(new EngineClient({ baseUrl: a.url }).wire.vsnapStatus(), (err: VsnapError) => err.code === 'E_ENGINE_HTTP' && err.details.status === 401);
+      await assert.rejects(new EngineClient({ baseUrl: a.url, token: 'wrong' }).wire.vsnapSleep({ level: 2 }), { code: 'E_ENGINE_HTTP' } as never);
 
       const answer = await ask(clientB);
       await assert.rejects(suspendEngine(store, 'never-captured', clientB), { code: 'E_NOT_RESTORABLE' } as never);
-      assert.equal((await clientB.vsnapStatus()).sleeping, false);
+      assert.equal((await clientB.wire.vsnapStatus()).sleeping, false);
       assert.deepEqual(await ask(clientB), answer, 'weights kept');
     } finally {
       await clientB.close();
@@ -171,7 +171,7 @@ describe('GPU: the kinds of weights memory and their load-time cost', async () =
       const c = new EngineClient({ baseUrl: e.url, token: e.token });
       const dir = mkdtempSync(join(process.env.VSNAP_GPU_STORE_DIR ?? tmpdir(), 'vsnap-gpu-kinds-'));
       try {
-        const rank = (await c.vsnapStatus()).ranks[0]!;
+        const rank = (await c.wire.vsnapStatus()).ranks[0]!;
         const rehome = (rank as { rehome?: { rehomed: number; secondsByKind: Record<string, number>; seconds: number } }).rehome!;
         const kinds = Object.entries(rank.weightsMemory ?? {}).map(([k, n]) => `${n} ${k}`).join(', ');
         const perKind = Object.entries(rehome.secondsByKind).map(([k, v]) => `${k} ${(v * 1000).toFixed(1)} ms`).join(', ');

@@ -70,7 +70,7 @@ describe('GPU: a deep-suspended engine restored onto another GPU', async () => {
     store = await RegionStore.open(dir);
     a = await startEngine({ device: 'cuda', seed: 1, args: MODEL_ARGS });
     client = new EngineClient({ baseUrl: a.url, token: a.token });
-    pid = (await client.vsnapStatus()).ranks[0]!.pid;
+    pid = (await client.wire.vsnapStatus()).ranks[0]!.pid;
     expected = await askCapital(client, 16);
     snap = await captureEngine(store, 'ref', client);
   });
@@ -88,7 +88,7 @@ describe('GPU: a deep-suspended engine restored onto another GPU', async () => {
       const s = await backend.state(pid);
       if (s === 'checkpointed') await backend.restore(pid);
       if ((await backend.state(pid)) === 'locked') await backend.unlock(pid);
-      if ((await client.vsnapStatus()).sleeping) await restoreEngine(snap, client);
+      if ((await client.wire.vsnapStatus()).sleeping) await restoreEngine(snap, client);
     });
     assert.equal(await backend.state(pid), 'running');
     assert.deepEqual(await askCapital(client, 16), expected);
@@ -109,7 +109,7 @@ describe('GPU: a deep-suspended engine restored onto another GPU', async () => {
       assert.deepEqual(r.gpus, [to.uuid], 'the export reports the new GPU');
       assert.equal(seen?.uuid, to.uuid, `nvidia-smi lists the engine on ${to.uuid}`);
       assert.deepEqual(await askCapital(client, 16), expected, 'token ids and logprobs bit for bit on the new GPU');
-      assert.equal((await client.vsnapStatus()).ranks[0]!.device.uuid, to.uuid, 'the status reports the new GPU after the export');
+      assert.equal((await client.wire.vsnapStatus()).ranks[0]!.device.uuid, to.uuid, 'the status reports the new GPU after the export');
       console.log(
         `REMAP GPU ${from.ordinal} -> ${to.ordinal}: suspend sleep ${ms(s.phases.sleep)} + lock ${ms(s.phases['deep.lock'])} + checkpoint ${ms(s.phases['deep.checkpoint'])}; ` +
           `restore onto GPU ${to.ordinal}: process restore ${ms(r.phases['deep.restore'])}, unlock ${ms(r.phases['deep.unlock'])}, wakeWeights ${ms(r.phases.wakeWeights)}, ` +
@@ -186,7 +186,7 @@ describe('GPU: a deep-suspended engine restored onto another GPU', async () => {
     const solo = await startEngine({ device: 'cuda', seed: 1, args: MODEL_ARGS, env: { CUDA_VISIBLE_DEVICES: g0.uuid } });
     const soloClient = new EngineClient({ baseUrl: solo.url, token: solo.token });
     try {
-      const soloPid = (await soloClient.vsnapStatus()).ranks[0]!.pid;
+      const soloPid = (await soloClient.wire.vsnapStatus()).ranks[0]!.pid;
       const answer = await askCapital(soloClient, 16);
       for (const [what, pairs] of [
         ['the whole permutation 0->1, 1->0', [{ oldUuid: g0.uuid, newUuid: g1.uuid }, { oldUuid: g1.uuid, newUuid: g0.uuid }]],
@@ -218,7 +218,7 @@ describe('GPU: a deep-suspended engine restored onto another GPU', async () => {
 
   it('exported descriptors still open: the SDK refuses deep suspend; the raw driver calls are printed', async () => {
     // whatever an earlier test left: the engine running and awake (the export needs its weights)
-    if ((await backend.state(pid)) !== 'running' || (await client.vsnapStatus()).sleeping) await recover();
+    if ((await backend.state(pid)) !== 'running' || (await client.wire.vsnapStatus()).sleeping) await recover();
     const { control } = await engineControl(client);
     const open = await exportRegions(control, 1);
     try {
@@ -244,7 +244,7 @@ describe('GPU: a deep-suspended engine restored onto another GPU', async () => {
   // Last: this may leave the engine's process unrestorable (as driver 580 did), so the engine is
   // stopped at the end and nothing runs after it but the teardown.
   it('the raw driver (printed): a restore with pairs onto a full GPU, what state it leaves, and whether a plain restore then works; the engine is stopped after', async () => {
-    if ((await backend.state(pid)) !== 'running' || (await client.vsnapStatus()).sleeping) await recover();
+    if ((await backend.state(pid)) !== 'running' || (await client.wire.vsnapStatus()).sleeping) await recover();
     if (smiOf(pid)?.uuid !== g0.uuid) {
       // an earlier test left it on GPU 1 (the open-descriptors one moves it): back to GPU 0 first
       await suspendEngine(store, 'ref', client, { deep: true });

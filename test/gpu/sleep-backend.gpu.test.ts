@@ -112,19 +112,19 @@ describe('GPU: --sleep-mode-backend vsnap', async () => {
   it('level 1 and level 2 through /sleep and /wake_up, woken by tags, answers identical, no reload', async () => {
     const a = await start('vsnap');
     const expected = await ask(a.c);
-    await assert.rejects(a.c.sleep({ level: 2 }), /level-2 sleep refused, nothing released/);
-    await a.c.wakeUp();
+    await assert.rejects(a.c.wire.sleep({ level: 2 }), /level-2 sleep refused, nothing released/);
+    await a.c.wire.wakeUp();
     assert.deepEqual(await ask(a.c), expected);
     for (const level of [1, 2] as const) {
-      await a.c.sleep({ level });
-      assert.equal(await a.c.isSleeping(), true);
-      await a.c.wakeUp({ tags: ['weights'] });
-      await a.c.wakeUp({ tags: ['kv_cache'] });
-      await a.c.resetPrefixCache();
+      await a.c.wire.sleep({ level });
+      assert.equal(await a.c.wire.isSleeping(), true);
+      await a.c.wire.wakeUp({ tags: ['weights'] });
+      await a.c.wire.wakeUp({ tags: ['kv_cache'] });
+      await a.c.wire.resetPrefixCache();
       assert.deepEqual(await ask(a.c), expected, `level ${level}`);
     }
-    assert.deepEqual(await a.c.collectiveRpc('ref_weight_loads'), ['1']);
-    const replays = Number((await a.c.collectiveRpc('ref_graph_replays'))![0]);
+    assert.deepEqual(await a.c.wire.collectiveRpc('ref_weight_loads'), ['1']);
+    const replays = Number((await a.c.wire.collectiveRpc('ref_graph_replays'))![0]);
     assert.ok(replays > 0, 'the answers came from the CUDA graphs captured before the sleeps');
     await stop(a);
   });
@@ -133,13 +133,13 @@ describe('GPU: --sleep-mode-backend vsnap', async () => {
     const a = await start('vsnap');
     const b = await start('vsnap');
     const expected = await ask(a.c);
-    await a.c.sleep({ level: 1 });
+    await a.c.wire.sleep({ level: 1 });
     const one = tier(dir, 'status').used_bytes;
-    await b.c.sleep({ level: 1 });
+    await b.c.wire.sleep({ level: 1 });
     assert.equal(tier(dir, 'status').used_bytes, one);
     for (const x of [b, a]) {
-      await x.c.wakeUp();
-      await x.c.resetPrefixCache();
+      await x.c.wire.wakeUp();
+      await x.c.wire.resetPrefixCache();
       assert.deepEqual(await ask(x.c), expected);
     }
     await stop(a);
@@ -149,14 +149,14 @@ describe('GPU: --sleep-mode-backend vsnap', async () => {
   it('the RL loop: weights synced between level-1 sleeps come back, never the stale ones', async () => {
     const a = await start('vsnap');
     const original = await ask(a.c);
-    await a.c.sleep({ level: 1 });
-    await a.c.wakeUp();
+    await a.c.wire.sleep({ level: 1 });
+    await a.c.wire.wakeUp();
     await syncWeights(a.e.url, 7);
     const synced = await ask(a.c);
     assert.notDeepEqual(synced, original);
-    await a.c.sleep({ level: 1 });
-    await a.c.wakeUp();
-    await a.c.resetPrefixCache();
+    await a.c.wire.sleep({ level: 1 });
+    await a.c.wire.wakeUp();
+    await a.c.wire.resetPrefixCache();
     assert.deepEqual(await ask(a.c), synced);
     await stop(a);
   });
@@ -165,7 +165,7 @@ describe('GPU: --sleep-mode-backend vsnap', async () => {
     const a = await start('vsnap', 3);
     const expected = await ask(a.c);
     const before = new Set(readdirSync(join(dir, 'entries')));
-    await a.c.sleep({ level: 1 });
+    await a.c.wire.sleep({ level: 1 });
     const mappedAsleep = tierMappings(a.e.enginePid, dir);
     const mine = readdirSync(join(dir, 'entries')).find((k) => !before.has(k)) ?? readdirSync(join(dir, 'entries'))[0]!;
     const fd = openSync(join(dir, 'entries', mine), 'r+');
@@ -173,20 +173,20 @@ describe('GPU: --sleep-mode-backend vsnap', async () => {
     readSync(fd, byte, 0, 1, 0);
     writeSync(fd, Buffer.from([byte[0]! ^ 0xff]), 0, 1, 0);
     const asleepMiB = gpuMemoryOf(a.e.enginePid);
-    await assert.rejects(a.c.wakeUp({ tags: ['weights'] }), /do not match what was put to sleep/);
-    assert.equal(await a.c.isSleeping(), true);
+    await assert.rejects(a.c.wire.wakeUp({ tags: ['weights'] }), /do not match what was put to sleep/);
+    assert.equal(await a.c.wire.isSleeping(), true);
     // the weights memory the failed wake had mapped is released again (vLLM's allocator frees it)
     if (asleepMiB !== null) assert.ok(gpuMemoryOf(a.e.enginePid)! <= asleepMiB + 64, `GPU memory after the failed wake: ${gpuMemoryOf(a.e.enginePid)} MiB, asleep ${asleepMiB} MiB`);
     writeSync(fd, byte, 0, 1, 0);
     closeSync(fd);
-    await a.c.wakeUp();
-    await a.c.resetPrefixCache();
+    await a.c.wire.wakeUp();
+    await a.c.wire.resetPrefixCache();
     assert.deepEqual(await ask(a.c), expected);
     // page-locked entries are let go after the wake returned, and the next sleep waits for that:
     // it maps its own entries only, none left from the wake before
-    await a.c.sleep({ level: 1 });
+    await a.c.wire.sleep({ level: 1 });
     assert.equal(tierMappings(a.e.enginePid, dir), mappedAsleep, 'the last wake let its tier entries go');
-    await a.c.wakeUp();
+    await a.c.wire.wakeUp();
     await stop(a);
   });
 
@@ -201,19 +201,19 @@ describe('GPU: --sleep-mode-backend vsnap', async () => {
       const expected = await ask(a.c);
       const tierBefore = tier(dir, 'status').used_bytes;
       const available0 = memAvailable();
-      const firstSleep = await timed(() => a.c.sleep({ level: 1 }));
+      const firstSleep = await timed(() => a.c.wire.sleep({ level: 1 }));
       const tierBytes = tier(dir, 'status').used_bytes - tierBefore;
-      const secondEngineSleep = await timed(() => b.c.sleep({ level: 1 }));
+      const secondEngineSleep = await timed(() => b.c.wire.sleep({ level: 1 }));
       const heldBoth = available0 - memAvailable(); // host memory the two sleeping engines hold
-      const wakes = [await timed(() => a.c.wakeUp())];
-      await b.c.wakeUp();
+      const wakes = [await timed(() => a.c.wire.wakeUp())];
+      await b.c.wire.wakeUp();
       const sleeps: number[] = [];
       for (let i = 0; i < cycles; i++) {
-        sleeps.push(await timed(() => a.c.sleep({ level: 1 })));
-        wakes.push(await timed(() => a.c.wakeUp()));
+        sleeps.push(await timed(() => a.c.wire.sleep({ level: 1 })));
+        wakes.push(await timed(() => a.c.wire.wakeUp()));
       }
       for (const x of [a, b]) {
-        await x.c.resetPrefixCache();
+        await x.c.wire.resetPrefixCache();
         assert.deepEqual(await ask(x.c), expected, backend);
       }
       if (backend === 'vsnap') assert.ok(tierBytes > 0, `the vsnap sleep kept vLLM's host copy (the tier at ${dir} full?): these would be cumem's figures`);

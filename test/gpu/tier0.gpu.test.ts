@@ -137,7 +137,7 @@ describe('GPU: tier 0, weights resident across sleep', async () => {
     const freed = gpuUsedMiB();
     console.log(`SDK killed while holding tier 0: GPU used ${held} -> ${freed} MiB`);
     assert.ok(held - freed >= 2 * 1024, 'the driver freed the held weights');
-    assert.equal((await a.c.vsnapStatus()).sleeping, true);
+    assert.equal((await a.c.wire.vsnapStatus()).sleeping, true);
     const r = await restoreEngine((await Snapshot.open(store, 'a')), a.c, { tiers: { gpu: new ResidentWeights() } });
     assert.equal(r.tier, 'store');
     assert.deepEqual(await ask(a.c), answer);
@@ -149,7 +149,7 @@ describe('GPU: tier 0, weights resident across sleep', async () => {
     const c = new EngineClient({ baseUrl: big.url, token: big.token });
     const resident = new ResidentWeights();
     try {
-      const bytes = (await c.vsnapStatus()).ranks[0]!.bytes;
+      const bytes = (await c.wire.vsnapStatus()).ranks[0]!.bytes;
       const answer = await ask(c);
       const s = await suspendEngine(store, 'big', c, { captureIfNeeded: true, tiers: { gpu: resident } });
       const gpu = [];

@@ -67,7 +67,7 @@ describe('GPU: tensor parallel size 2 (one worker process per GPU)', async () =>
   });
 
   it('capture, level-2 suspend and restore of both ranks at once: bit-identical; aggregate bandwidth vs raw H2D of both GPUs', async () => {
-    const status = await client.vsnapStatus();
+    const status = await client.wire.vsnapStatus();
     pids = status.ranks.map((r) => r.pid);
     assert.deepEqual(pids, engine.workerPids);
     const gpus = await listDevices();
@@ -166,7 +166,7 @@ describe('GPU: tensor parallel size 2 (one worker process per GPU)', async () =>
       const deepUsed = gpuUsedPerGpuMiB();
       for (const pid of pids) assert.equal(await backend.state(pid), 'checkpointed');
       deepMiB.forEach((m, r) => assert.ok(m === null || m === 0, `rank ${r} still holds ${m} MiB after deep suspend`));
-      assert.equal((await client.vsnapStatus()).sleeping, true); // the status answers while both are checkpointed
+      assert.equal((await client.wire.vsnapStatus()).sleeping, true); // the status answers while both are checkpointed
       const r = await restoreEngine(snap, client, { tiers: { ram: cache } });
       for (const pid of pids) assert.equal(await backend.state(pid), 'running');
       assert.deepEqual(await askCapital(client, 16), expected, 'bit for bit after a deep round trip of both ranks');

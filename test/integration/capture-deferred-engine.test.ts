@@ -60,7 +60,7 @@ describe('restoreEngine of a capture with its hash deferred', () => {
     const err = await rejection(restoreEngine(s.snapshot, client, { tiers: { ram: cache }, verify: { digests: false } }));
     expect(err.code).toBe('E_DIGEST_MISMATCH');
     expect(JSON.stringify(err.details)).toContain(`0/${region.key}`);
-    const status = await client.vsnapStatus();
+    const status = await client.wire.vsnapStatus();
     expect(status.sleeping).toBe(true);
     expect(status.ranks[0]!.weightsMapped).toBe(false);
     expect(memfdMappings()).toBe(maps);

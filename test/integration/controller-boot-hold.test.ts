@@ -42,7 +42,7 @@ describe('SwapController: engines held while vsnap serve boots them', () => {
     // a cannot fit beside b: the request waits (here until its timeout), and a is never woken
     await expect(controller.acquire('a', { timeoutMs: 300 })).rejects.toMatchObject({ code: 'E_TIMEOUT' });
     expect(woken).toEqual([]);
-    expect((await a.vsnapStatus()).sleeping).toBe(true);
+    expect((await a.wire.vsnapStatus()).sleeping).toBe(true);
     // b's boot is over (here it never came up): its state is read, and a can be woken
     await controller.releaseBootHold('b');
     expect(controller.states().find((s) => s.name === 'b')!.state).toBe('failed');

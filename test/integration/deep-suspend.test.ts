@@ -30,7 +30,7 @@ async function setUp() {
   const store = await RegionStore.open(tempDir());
   const before = (await askCapital(client, 8)).ids;
   const snap = await captureEngine(store, 'ref', client);
-  const pid = (await client.vsnapStatus()).ranks[0]!.pid;
+  const pid = (await client.wire.vsnapStatus()).ranks[0]!.pid;
   return { e, client, store, before, snap, pid };
 }
 
@@ -77,7 +77,7 @@ describe('deep suspend through suspendEngine / restoreEngine', () => {
     expect(err.code).toBe('E_CHECKPOINT');
     expect(err.details).toMatchObject({ reason: 'timeout', stranded: [] });
     expect(driver.notRunning()).toEqual([]);
-    expect((await client.vsnapStatus()).sleeping).toBe(true);
+    expect((await client.wire.vsnapStatus()).sleeping).toBe(true);
     await restoreEngineWith(snap, client, {}, { checkpoint: driver });
     expect((await askCapital(client, 8)).ids).toEqual(before);
   });
@@ -92,7 +92,7 @@ describe('deep suspend through suspendEngine / restoreEngine', () => {
     expect(err.details).toMatchObject({ step: 'restore', ranks: [0] });
     expect(err.message).toMatch(/Retry the restore/);
     expect(driver.states.get(pid)).toBe('checkpointed');
-    expect((await client.vsnapStatus()).sleeping).toBe(true); // no wake was attempted
+    expect((await client.wire.vsnapStatus()).sleeping).toBe(true); // no wake was attempted
     await restoreEngineWith(snap, client, {}, { checkpoint: driver });
     expect(driver.notRunning()).toEqual([]);
     expect((await askCapital(client, 8)).ids).toEqual(before);
@@ -109,7 +109,7 @@ describe('deep suspend through suspendEngine / restoreEngine', () => {
     const { client, store, before } = await setUp();
     const err = await rejection(suspendEngine(store, 'ref', client, { deep: true }));
     expect(err.code).toBe('E_CHECKPOINT_UNSUPPORTED');
-    const status = await client.vsnapStatus();
+    const status = await client.wire.vsnapStatus();
     expect(status.sleeping).toBe(false);
     expect((await askCapital(client, 8)).ids).toEqual(before);
   });

@@ -32,7 +32,7 @@ async function setup() {
   const { snapshot } = await suspendEngine(store, 'early-copy', client, { captureIfNeeded: true });
   const cache = await HostCache.create({ budgetBytes: 64 * MiB, pin: false });
   await cache.load(store, snapshot.manifest);
-  const status = client.vsnapStatus.bind(client);
+  const status = client.wire.vsnapStatus.bind(client.wire);
   return { client, store, before, snapshot, cache, status };
 }
 
@@ -115,7 +115,7 @@ describe('the first part copied while the engine is read', () => {
         message: expect.stringMatching(/injected fault: a copy of 'early-copy' failed/),
         details: { recovered: true },
       });
-      const asleep = await client.vsnapStatus();
+      const asleep = await client.wire.vsnapStatus();
       expect(asleep.sleeping).toBe(true);
       expect(asleep.ranks[0]!.weightsMapped).toBe(false);
       expectNothingLeft(cache, snapshot.id, fds);

@@ -52,48 +52,72 @@ describe('EngineClient against the reference engine', () => {
     expect(completion.logprobs).toHaveLength(5);
     expect(completion.text).toMatch(/^( t\d+){5}$/);
 
-    expect(await c.isSleeping()).toBe(false);
-    await c.sleep({ level: 1 });
-    expect(await c.isSleeping()).toBe(true);
-    await c.wakeUp({ tags: ['weights'] });
-    expect(await c.isSleeping()).toBe(true);
-    await c.wakeUp();
-    expect(await c.isSleeping()).toBe(false);
-    const ranks = await c.collectiveRpc('vsnap_status');
+    expect(await c.wire.isSleeping()).toBe(false);
+    await c.wire.sleep({ level: 1 });
+    expect(await c.wire.isSleeping()).toBe(true);
+    await c.wire.wakeUp({ tags: ['weights'] });
+    expect(await c.wire.isSleeping()).toBe(true);
+    await c.wire.wakeUp();
+    expect(await c.wire.isSleeping()).toBe(false);
+    const ranks = await c.wire.collectiveRpc('vsnap_status');
     expect(ranks).toEqual([expect.objectContaining({ rank: 0, memory: 'host' })]);
     // vLLM's rpc route (vllm/entrypoints/serve/dev/rpc/api_router.py): None results are kept, one per worker
-    expect(await c.collectiveRpc('discard', { kwargs: { tags: [] } })).toEqual([null]);
-    expect(await c.collectiveRpc('ref_reset_prefix_cache')).toEqual(['True']); // non-dict/list results are str()-ed
-    await c.resetPrefixCache();
+    expect(await c.wire.collectiveRpc('discard', { kwargs: { tags: [] } })).toEqual([null]);
+    expect(await c.wire.collectiveRpc('ref_reset_prefix_cache')).toEqual(['True']); // non-dict/list results are str()-ed
+    await c.wire.resetPrefixCache();
 
-    const status = await c.vsnapStatus();
+    const status = await c.wire.vsnapStatus();
     expect(status).toMatchObject({ sleeping: false, engine: { kind: 'vllm' }, model: { id: 'vsnap/reference-host-1' } });
   });
 
   it('accepts the older empty-200 answers of sleep and wake_up', async () => {
     e = await engine({ env: { VSNAP_REF_LEGACY_ROUTES: '1' } });
     const c = client(e.url, { token: e.token });
-    await c.sleep({ level: 2 });
-    expect(await c.isSleeping()).toBe(true);
-    await c.wakeUp();
-    expect(await c.isSleeping()).toBe(false);
+    await c.wire.sleep({ level: 2 });
+    expect(await c.wire.isSleeping()).toBe(true);
+    await c.wire.wakeUp();
+    expect(await c.wire.isSleeping()).toBe(false);
   });
 
   it('401 without the right token, 503 when the engine has none, a hint when the plugin or dev mode is off', async () => {
     e = await engine();
-    await expect(client(e.url).vsnapStatus()).rejects.toMatchObject({ code: 'E_ENGINE_HTTP', details: { status: 401, route: 'GET /vsnap/v1/status' } });
-    await expect(client(e.url, { token: 'wrong' }).vsnapSleep({ level: 2 })).rejects.toMatchObject({ code: 'E_ENGINE_HTTP', details: { status: 401 } });
-    expect(await client(e.url, { token: e.token }).isSleeping()).toBe(false); // nothing slept
+    await expect(client(e.url).wire.vsnapStatus()).rejects.toMatchObject({ code: 'E_ENGINE_HTTP', details: { status: 401, route: 'GET /vsnap/v1/status' } });
+    await expect(client(e.url, { token: 'wrong' }).wire.vsnapSleep({ level: 2 })).rejects.toMatchObject({ code: 'E_ENGINE_HTTP', details: { status: 401 } });
+    expect(await client(e.url, { token: e.token }).wire.isSleeping()).toBe(false); // nothing slept
 
     const noToken = await engine({ token: null });
-    await expect(client(noToken.url, { token: 'anything' }).vsnapStatus()).rejects.toMatchObject({
+    await expect(client(noToken.url, { token: 'anything' }).wire.vsnapStatus()).rejects.toMatchObject({
       code: 'E_ENGINE_HTTP',
       details: { status: 503 },
       message: expect.stringMatching(/VSNAP_TOKEN is not set/),
     });
     const noPlugin = await engine({ plugin: false, devMode: false });
-    await expect(client(noPlugin.url).vsnapStatus()).rejects.toMatchObject({ details: { status: 404 }, message: expect.stringMatching(/VLLM_PLUGINS=vsnap/) });
-    await expect(client(noPlugin.url).isSleeping()).rejects.toMatchObject({ details: { status: 404 }, message: expect.stringMatching(/VLLM_SERVER_DEV_MODE/) });
+    await expect(client(noPlugin.url).wire.vsnapStatus()).rejects.toMatchObject({ details: { status: 404 }, message: expect.stringMatching(/VLLM_PLUGINS=vsnap/) });
+    await expect(client(noPlugin.url).wire.isSleeping()).rejects.toMatchObject({ details: { status: 404 }, message: expect.stringMatching(/VLLM_SERVER_DEV_MODE/) });
+  });
+
+  it("a user's operations pick the plugin's routes, or vLLM's dev routes where the plugin added none; neither is E_ENGINE_STATE", async () => {
+    for (const [options, via] of [[{ devMode: false }, 'vsnap'], [{ env: { VSNAP_REF_NO_BUILD_APP: '1' } }, 'dev']] as const) {
+      e = await engine(options);
+      const c = client(e.url, { token: e.token });
+      const before = await c.status();
+      expect(before).toMatchObject({ sleeping: false, model: { id: 'vsnap/reference-host-1' } });
+      expect(before.routes?.mechanism ?? null).toEqual(via === 'vsnap' ? 'endpoint_plugins' : null);
+      const table = await c.describe();
+      expect(table[0]!.regions.length).toBeGreaterThan(0);
+      const expected = await c.expectedResponse({ maxTokens: 4 });
+      await c.sleep({ level: 1 });
+      expect((await c.status()).sleeping).toBe(true);
+      expect(await c.describe()).toEqual(table); // the table is there while asleep
+      await c.wake({ tags: ['weights'] });
+      await c.wake();
+      expect((await c.status()).sleeping).toBe(false);
+      await c.resetPrefixCache();
+      expect(await c.expectedResponse({ maxTokens: 4 })).toEqual(expected);
+    }
+    await expect(client(e.url).sleep({ levle: 2 } as never)).rejects.toMatchObject({ code: 'E_INVALID_ARGUMENT', message: expect.stringMatching(/did you mean 'level'/) });
+    const neither = await engine({ plugin: false, devMode: false });
+    await expect(client(neither.url).status()).rejects.toMatchObject({ code: 'E_ENGINE_STATE', message: expect.stringMatching(/VLLM_SERVER_DEV_MODE=1/) });
   });
 
   it('sends the API key on /v1 routes', async () => {
@@ -121,13 +145,13 @@ describe('EngineClient failures', () => {
     });
     await expect(client(server.url, { retries: 2 }).version()).rejects.toMatchObject({ code: 'E_ENGINE_HTTP', details: { status: 503, body: 'busy' } });
     expect(server.hits()).toBe(3);
-    await expect(client(server.url, { retries: 2, token: 't' }).vsnapSleep({ level: 2 })).rejects.toMatchObject({ code: 'E_ENGINE_HTTP' });
+    await expect(client(server.url, { retries: 2, token: 't' }).wire.vsnapSleep({ level: 2 })).rejects.toMatchObject({ code: 'E_ENGINE_HTTP' });
     expect(server.hits()).toBe(4);
   });
 
   it('E_ENGINE_PROTOCOL for answers of the wrong shape', async () => {
     const server = await fakeServer((_req, res) => res.end(JSON.stringify({ is_sleeping: 'maybe' })));
-    await expect(client(server.url).isSleeping()).rejects.toMatchObject({ code: 'E_ENGINE_PROTOCOL', details: { route: '/is_sleeping' } });
+    await expect(client(server.url).wire.isSleeping()).rejects.toMatchObject({ code: 'E_ENGINE_PROTOCOL', details: { route: '/is_sleeping' } });
     const html = await fakeServer((_req, res) => res.end('<html>proxy error</html>'));
     await expect(client(html.url).version()).rejects.toMatchObject({ code: 'E_ENGINE_PROTOCOL', message: expect.stringMatching(/not JSON/) });
   });

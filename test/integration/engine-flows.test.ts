@@ -58,7 +58,7 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     // The dirty check in one call: the engine's workers digest their own weights, nothing is exported.
     expect(Object.keys(suspended.phases)).toEqual(['status', ...dirtyCheckPhases(), 'sleep']);
     expect(client.calls.filter((c) => c === 'export')).toHaveLength(inEngine ? 0 : 1);
-    const asleep = await client.vsnapStatus();
+    const asleep = await client.wire.vsnapStatus();
     expect(asleep.sleeping).toBe(true);
     expect(asleep.ranks[0]!.weightsMapped).toBe(false);
 
@@ -70,7 +70,7 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     expect(report.route).toBe('filled');
     expectRouteOrder(report);
     expect(report.bytes).toBe(snap.manifest.totalBytes);
-    expect((await client.vsnapStatus()).sleeping).toBe(false);
+    expect((await client.wire.vsnapStatus()).sleeping).toBe(false);
     expect(await ask(client)).toEqual(before);
 
     // twice more, the second through the RAM tier
@@ -151,8 +151,8 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
   it('without a restore, sleep level 2 loses the weights (the problem this solves)', async () => {
     const { client } = await engine();
     const before = await ask(client);
-    await client.vsnapSleep({ level: 2 });
-    await client.vsnapWake();
+    await client.wire.vsnapSleep({ level: 2 });
+    await client.wire.vsnapWake();
     expect(await ask(client)).not.toEqual(before);
   });
 
@@ -162,7 +162,7 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     const before = await ask(client);
     const snap = await captureEngine(store, 'ref', client);
     await suspendEngine(store, 'ref', client);
-    const resets = async (): Promise<number> => Number((await client.collectiveRpc('ref_prefix_cache_resets'))![0]);
+    const resets = async (): Promise<number> => Number((await client.wire.collectiveRpc('ref_prefix_cache_resets'))![0]);
     const asleep = await resets();
     let seen = asleep;
     // The hook runs just before the KV cache's wake, which waits for it: it returns only once the
@@ -203,12 +203,12 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     const store = await RegionStore.open(tempDir());
     const before = await ask(client);
     await expect(suspendEngine(store, 'none', client)).rejects.toMatchObject({ code: 'E_NOT_RESTORABLE' });
-    expect((await client.vsnapStatus()).sleeping).toBe(false);
+    expect((await client.wire.vsnapStatus()).sleeping).toBe(false);
     expect(await ask(client)).toEqual(before);
 
     const done = await suspendEngine(store, 'none', client, { captureIfNeeded: true });
     expect(done.captured).toBe(true);
-    expect((await client.vsnapStatus()).sleeping).toBe(true);
+    expect((await client.wire.vsnapStatus()).sleeping).toBe(true);
     await restoreEngine(done.snapshot, client);
     expect(await ask(client)).toEqual(before);
   });
@@ -227,7 +227,7 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     expect(paths).toEqual(expect.arrayContaining(['model.id', 'model.revision']));
     // Checked against the region table read while asleep: refused before the weights woke.
     expect((err as Error).message).toMatch(/the engine is asleep\./);
-    const after = await a.client.vsnapStatus();
+    const after = await a.client.wire.vsnapStatus();
     expect(after.sleeping).toBe(true);
     expect(after.ranks.map((r) => r.weightsMapped)).toEqual([false]);
   });
@@ -252,7 +252,7 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
       spy.mockRestore();
       expect(made).toBeGreaterThan(first); // the first part was made (and copied into) before the rest failed
       expect(err).toMatchObject({ code: 'E_NO_SPACE', message: expect.stringMatching(/could not be made/) });
-      const status = await client.vsnapStatus();
+      const status = await client.wire.vsnapStatus();
       expect(status.sleeping).toBe(true);
       expect(status.ranks.map((r) => r.weightsMapped)).toEqual([false]); // the engine's wake never ran
       expect(openFds()).toEqual(fds);
@@ -289,7 +289,7 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     closeSync(fd);
     await suspendEngine(store, 'ref', client);
     await expect(restoreEngine(snap, client)).rejects.toMatchObject({ code: 'E_CHECKSUM', details: { region: 'model.embed_tokens.weight', recovered: true } });
-    expect((await client.vsnapStatus()).sleeping).toBe(true);
+    expect((await client.wire.vsnapStatus()).sleeping).toBe(true);
 
     // recover: the snapshot is damaged, so capture again from an engine of the same model
     const twin = await engine({ seed: 1 });
@@ -307,12 +307,12 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     await suspendEngine(store, 'fi', client, { onWarning: () => undefined });
     const err = await restoreEngine(snap, client, { onWarning: () => undefined }).catch((e: unknown) => e);
     expect(err).toMatchObject({ code: 'E_RESPONSE_MISMATCH' });
-    expect((await client.vsnapStatus()).sleeping).toBe(true);
+    expect((await client.wire.vsnapStatus()).sleeping).toBe(true);
   });
 
   it('works with the official register_tag_hooks interface of newer vLLM', async () => {
     const { client } = await engine({ env: { VSNAP_REF_TAG_HOOKS: '1' } });
-    expect((await client.vsnapStatus()).ranks[0]).toMatchObject({ hooks: 'register_tag_hooks' });
+    expect((await client.wire.vsnapStatus()).ranks[0]).toMatchObject({ hooks: 'register_tag_hooks' });
     const store = await RegionStore.open(tempDir());
     const before = await ask(client);
     await suspendEngine(store, 'th', client, { captureIfNeeded: true });
@@ -322,13 +322,13 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
 
   it('falls back to the dev routes where the plugin cannot add its own', async () => {
     const { client } = await engine({ env: { VSNAP_REF_NO_BUILD_APP: '1' } });
-    await expect(client.vsnapStatus()).rejects.toMatchObject({ details: { status: 404 } });
+    await expect(client.wire.vsnapStatus()).rejects.toMatchObject({ details: { status: 404 } });
     const store = await RegionStore.open(tempDir());
     const before = await ask(client);
     const snap = await captureEngine(store, 'dev', client);
     expect(snap.manifest.data.engine?.pluginVersion).toBe('0.1.0');
     await suspendEngine(store, 'dev', client);
-    expect(await client.isSleeping()).toBe(true);
+    expect(await client.wire.isSleeping()).toBe(true);
     await restoreEngine(snap, client);
     expect(await ask(client)).toEqual(before);
 
@@ -341,7 +341,7 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     const store = await RegionStore.open(tempDir());
     await expect(captureEngine(store, 'x', off.client)).rejects.toMatchObject({ code: 'E_ENGINE_STATE', message: expect.stringMatching(/--enable-sleep-mode/) });
     const on = await engine();
-    await on.client.vsnapSleep({ level: 1 });
+    await on.client.wire.vsnapSleep({ level: 1 });
     await expect(captureEngine(store, 'x', on.client)).rejects.toMatchObject({ code: 'E_ENGINE_STATE' });
   });
 
@@ -353,7 +353,7 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     try {
       const s = await suspendEngine(store, 'ref', client, { captureIfNeeded: true, capture: { cache, persist: 'async' } });
       expect(s.captured).toBe(true);
-      expect((await client.vsnapStatus()).sleeping).toBe(true);
+      expect((await client.wire.vsnapStatus()).sleeping).toBe(true);
       const report = await restoreEngine(s.snapshot, client, { tiers: { ram: cache } });
       expect(report.tier).toBe('ram');
       expect(await ask(client)).toEqual(before);

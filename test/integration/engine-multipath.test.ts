@@ -66,7 +66,7 @@ describe('restoreEngine over two links (multipath)', () => {
       restoreEngine(snap, client, { tiers: { ram: cache, multipath: { neighbour: 1, chunkSize: 64 * 1024, testFaults: { failDirectAt: 2, relayChunks: 4 } } } }),
     ).rejects.toMatchObject({ message: expect.stringMatching(/injected fault: direct copy 2 failed/), details: { recovered: true } });
     expect(readdirSync('/proc/self/fd').length).toBe(fds); // no descriptor (nor the mapping it would hold) left
-    const status = await client.vsnapStatus();
+    const status = await client.wire.vsnapStatus();
     expect(status.sleeping).toBe(true);
     expect(status.ranks[0]!.weightsMapped).toBe(false);
     await restoreEngine(snap, client, { tiers: { ram: cache } });

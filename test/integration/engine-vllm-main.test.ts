@@ -37,7 +37,7 @@ async function waiting(url: string): Promise<number> {
 
 /** Pauses the engine (as an RL trainer would), then sends a completion that waits in its queue. */
 async function queueARequest(e: TestEngine, client: EngineClient) {
-  await client.sleep({ level: 0, mode: 'keep' });
+  await client.wire.sleep({ level: 0, mode: 'keep' });
   const pending = client.completions({ prompt: 'queued while paused', max_tokens: 4 }).then(
     (r) => ({ ok: true as const, finish: (r.raw as { choices: Array<{ finish_reason: string }> }).choices[0]!.finish_reason, tokens: r.text.split(' ').filter(Boolean).length }),
     (err: unknown) => ({ ok: false as const, err }),
@@ -55,7 +55,7 @@ describe('the engine releases its KV cache only with nothing queued (vllm/v1/eng
       const { pending } = await queueARequest(e, client);
       const r = await keepInEngine(client); // default: wait
       expect(r.keptIn).toBe('engine');
-      expect((await client.routeMechanism()).mechanism === null).toBe(devMode);
+      expect((await client.wire.routeMechanism()).mechanism === null).toBe(devMode);
       expect(await pending).toEqual({ ok: true, finish: 'length', tokens: 4 }); // served before the release
       expect(await waiting(e.url)).toBe(0);
       await resumeKept(client);
@@ -75,20 +75,20 @@ describe('the engine releases its KV cache only with nothing queued (vllm/v1/eng
   it("vLLM's own route refuses with a request queued; the SDK resumes the engine after a failed release", async () => {
     const { e, client } = await engine();
     const { pending } = await queueARequest(e, client);
-    const err = await client.releaseKvCacheMemory().catch((x: unknown) => x); // what the plugin did before: pause keep, release
+    const err = await client.wire.releaseKvCacheMemory().catch((x: unknown) => x); // what the plugin did before: pause keep, release
     expect(err).toBeInstanceOf(VsnapError);
     expect((err as VsnapError).details.status).toBe(500);
     expect((err as Error).message).toMatch(/requires a completed pause first/);
-    expect(await client.isSleeping()).toBe(true); // vLLM leaves it paused, the request still queued
+    expect(await client.wire.isSleeping()).toBe(true); // vLLM leaves it paused, the request still queued
     // The SDK's dev-route path resumes after a failure: a release that cannot succeed (the memory asleep).
-    await client.wakeUp({ tags: ['scheduling'] });
+    await client.wire.wakeUp({ tags: ['scheduling'] });
     expect(await pending).toMatchObject({ ok: true, finish: 'length' });
-    await client.sleep({ level: 1 });
+    await client.wire.sleep({ level: 1 });
     const { control } = await engineControl(client);
     await expect(control.releaseKvCache()).rejects.toThrow(/resident/);
-    expect(await client.isSleeping()).toBe(true); // asleep (level 1), as before: a resume wakes no memory
-    await client.wakeUp();
-    expect(await client.isSleeping()).toBe(false);
+    expect(await client.wire.isSleeping()).toBe(true); // asleep (level 1), as before: a resume wakes no memory
+    await client.wire.wakeUp();
+    expect(await client.wire.isSleeping()).toBe(false);
   });
 });
 
@@ -96,17 +96,17 @@ describe("the executor's sleeping tags (vllm/v1/executor/abstract.py)", () => {
   it('a sleep while asleep does nothing; a wake naming a tag that is not asleep is skipped whole', async () => {
     const { client } = await engine({ args: ['--sleep-mode-offload-cudagraph'] });
     const before = await ask(client);
-    await client.sleep({ level: 2 });
-    await client.wakeUp({ tags: ['weights'] });
-    await client.sleep({ level: 2 }); // ignored: the KV cache is still asleep
-    expect((await client.vsnapStatus()).ranks[0]!.weightsMapped).toBe(true);
-    await client.wakeUp({ tags: ['kv_cache', 'cudagraph'] }); // 'cudagraph' is not an executor tag: nothing wakes
-    expect((await client.vsnapStatus()).ranks[0]!.asleepTags).toEqual(['kv_cache']);
-    expect(await client.isSleeping()).toBe(true);
-    await client.wakeUp({ tags: ['kv_cache'] }); // the graph pool came back with the first wake
-    expect(await client.isSleeping()).toBe(false);
-    expect((await client.vsnapStatus()).ranks[0]!.asleepTags).toEqual([]);
-    await client.resetPrefixCache();
+    await client.wire.sleep({ level: 2 });
+    await client.wire.wakeUp({ tags: ['weights'] });
+    await client.wire.sleep({ level: 2 }); // ignored: the KV cache is still asleep
+    expect((await client.wire.vsnapStatus()).ranks[0]!.weightsMapped).toBe(true);
+    await client.wire.wakeUp({ tags: ['kv_cache', 'cudagraph'] }); // 'cudagraph' is not an executor tag: nothing wakes
+    expect((await client.wire.vsnapStatus()).ranks[0]!.asleepTags).toEqual(['kv_cache']);
+    expect(await client.wire.isSleeping()).toBe(true);
+    await client.wire.wakeUp({ tags: ['kv_cache'] }); // the graph pool came back with the first wake
+    expect(await client.wire.isSleeping()).toBe(false);
+    expect((await client.wire.vsnapStatus()).ranks[0]!.asleepTags).toEqual([]);
+    await client.wire.resetPrefixCache();
     expect(await ask(client)).not.toEqual(before); // the weights woke empty (level 2, nothing restored)
   });
 });
@@ -119,7 +119,7 @@ describe('VLLM_USE_RUST_FRONTEND=1: no FastAPI app, so no endpoint plugin', () =
     const err = await captureEngine(await RegionStore.open(tempDir()), 'ref', client).catch((x: unknown) => x);
     expect(err).toBeInstanceOf(VsnapError);
     expect((err as Error).message).toMatch(/without VLLM_USE_RUST_FRONTEND/);
-    expect((await client.routeMechanism()).detail).toMatch(/VLLM_USE_RUST_FRONTEND=1/);
+    expect((await client.wire.routeMechanism()).detail).toMatch(/VLLM_USE_RUST_FRONTEND=1/);
     const doctor = await runCli(['doctor', '--store', join(tempDir(), 's'), '--engine', e.url], { VSNAP_TOKEN: e.token });
     expect(doctor.code).not.toBe(0);
     expect(doctor.stdout + doctor.stderr).toMatch(/VLLM_USE_RUST_FRONTEND/);
@@ -129,7 +129,7 @@ describe('VLLM_USE_RUST_FRONTEND=1: no FastAPI app, so no endpoint plugin', () =
 describe('--enable-cumem-allocator puts the weights in the pool without sleep mode', () => {
   it('the status reports sleep mode from the configuration, and the SDK refuses to suspend such an engine', async () => {
     const { client } = await engine({ sleepMode: false, args: ['--enable-cumem-allocator'] });
-    const rank = (await client.vsnapStatus()).ranks[0]!;
+    const rank = (await client.wire.vsnapStatus()).ranks[0]!;
     expect(rank).toMatchObject({ sleepMode: false, cumemAllocator: true });
     const err = await captureEngine(await RegionStore.open(tempDir()), 'ref', client).catch((x: unknown) => x);
     expect((err as VsnapError).code).toBe('E_ENGINE_STATE');

@@ -40,34 +40,34 @@ describe('wake semantics before vLLM PR #52514', () => {
     await roundTrip(client);
     // What a restore must not do: once the weights woke, a wake of every tag (the executor still
     // asleep, for the KV cache) maps them a second time.
-    await client.vsnapSleep({ level: 2 });
-    await client.vsnapWake({ tags: ['weights'] });
-    await expect(client.vsnapWake({})).rejects.toThrow(/mapped already/);
+    await client.wire.vsnapSleep({ level: 2 });
+    await client.wire.vsnapWake({ tags: ['weights'] });
+    await expect(client.wire.vsnapWake({})).rejects.toThrow(/mapped already/);
   });
 });
 
 describe('routes: how they get onto the engine, and saying so', () => {
   it('newer vLLM: the endpoint plugin, with the engine client from init_state', async () => {
     const { client } = await engine({ devMode: false });
-    const s = await client.vsnapStatus();
+    const s = await client.wire.vsnapStatus();
     expect(s.routes).toEqual({ mechanism: 'endpoint_plugins', detail: "vllm.endpoint_plugins entry point 'vsnap'" });
     expect(s.features).toEqual({ releaseKvCache: true });
-    expect(await client.routeMechanism()).toMatchObject({ mechanism: 'endpoint_plugins', devRoutes: false });
+    expect(await client.wire.routeMechanism()).toMatchObject({ mechanism: 'endpoint_plugins', devRoutes: false });
     await roundTrip(client); // no dev mode needed
   });
 
   it('older vLLM: a wrapped build_app where it is defined and called', async () => {
     const { client } = await engine({ devMode: false, env: { VSNAP_REF_LEGACY_APP: '1' } });
-    expect((await client.vsnapStatus()).routes?.mechanism).toBe('build_app wrap');
+    expect((await client.wire.vsnapStatus()).routes?.mechanism).toBe('build_app wrap');
   });
 
   it('VLLM_PLUGINS is matched exactly: a near miss loads nothing, and the client says why there are no routes', async () => {
     const { client } = await engine({ env: { VLLM_PLUGINS: 'other, vsnap' } });
-    const r = await client.routeMechanism();
+    const r = await client.wire.routeMechanism();
     expect(r).toMatchObject({ mechanism: null, devRoutes: true });
     expect(r.detail).toMatch(/VLLM_PLUGINS to name vsnap exactly/);
     const both = await engine({ env: { VLLM_PLUGINS: 'other,vsnap' } });
-    expect((await both.client.vsnapStatus()).routes?.mechanism).toBe('endpoint_plugins');
+    expect((await both.client.wire.vsnapStatus()).routes?.mechanism).toBe('endpoint_plugins');
   });
 });
 
@@ -79,7 +79,7 @@ describe('the kinds of weights memory', () => {
   ] as const) {
     it(`${mode}: ${kind} memory, ${rehomed ? 'rehomed at load' : 'exported as it is'}; capture, suspend and restore work`, async () => {
       const { client } = await engine({ env: { VSNAP_REF_HANDLE_TYPES: mode } });
-      const rank = (await client.vsnapStatus()).ranks[0]!;
+      const rank = (await client.wire.vsnapStatus()).ranks[0]!;
       expect(rank.weightsMemory).toEqual({ [kind]: rank.regions });
       expect((rank as { rehome?: { rehomed: number } }).rehome?.rehomed).toBe(rehomed ? rank.regions : 0);
       await roundTrip(client);
@@ -91,11 +91,11 @@ describe('nothing the bridge does breaks the engine', () => {
   it('ROCm-shaped handles: the bridge steps aside with the reason, the engine loads, serves, sleeps and wakes', async () => {
     const { client } = await engine({ env: { VSNAP_REF_ROCM_HANDLES: '1' } });
     const before = await ask(client);
-    const rank = (await client.vsnapStatus()).ranks[0]!;
+    const rank = (await client.wire.vsnapStatus()).ranks[0]!;
     expect(rank.supported).toBe(false);
     expect(rank.unsupportedReason).toMatch(/ROCm/);
-    await client.sleep({ level: 1 });
-    await client.wakeUp();
+    await client.wire.sleep({ level: 1 });
+    await client.wire.wakeUp();
     expect(await ask(client)).toEqual(before);
     const err = await captureEngine(await RegionStore.open(tempDir()), 'ref', client).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(VsnapError);
@@ -106,24 +106,24 @@ describe('nothing the bridge does breaks the engine', () => {
 describe('vLLM 0.33 details', () => {
   it('--sleep-mode-offload-cudagraph: the cudagraph pool is not weights, and a level-2 suspend and restore keep it right', async () => {
     const { client } = await engine({ args: ['--sleep-mode-offload-cudagraph'] });
-    const rank = (await client.vsnapStatus()).ranks[0]!;
+    const rank = (await client.wire.vsnapStatus()).ranks[0]!;
     expect(rank.otherTags).toEqual(['cudagraph', 'kv_cache']);
     const plain = await engine();
-    expect(rank.regions).toBe((await plain.client.vsnapStatus()).ranks[0]!.regions); // same weights regions
+    expect(rank.regions).toBe((await plain.client.wire.vsnapStatus()).ranks[0]!.regions); // same weights regions
     expect(await ask(client)).not.toEqual(await ask(plain.client)); // the answer reads the graph pool
     await roundTrip(client);
   });
 
   it('the device ordinal is worker.device.index, not local_rank', async () => {
     const { client } = await engine({ env: { VSNAP_REF_LOCAL_RANK: '3', VSNAP_REF_DEVICE_INDEX: '0' } });
-    expect((await client.vsnapStatus()).ranks[0]!.device.ordinal).toBe(0);
+    expect((await client.wire.vsnapStatus()).ranks[0]!.device.ordinal).toBe(0);
   });
 
   it('the worker runs in a process of its own (plugins loaded there too), results serialised', async () => {
     const { e, client } = await engine();
-    const rank = (await client.vsnapStatus()).ranks[0]!;
+    const rank = (await client.wire.vsnapStatus()).ranks[0]!;
     expect(rank.pid).not.toBe(e.process.pid);
-    const err = await client.collectiveRpc('_pool', { args: ['weights'] }).catch((x: unknown) => x); // returns a context manager: not plain data
+    const err = await client.wire.collectiveRpc('_pool', { args: ['weights'] }).catch((x: unknown) => x); // returns a context manager: not plain data
     expect(err).toBeInstanceOf(VsnapError);
     expect((err as VsnapError).details.status).toBe(500);
     expect((err as Error).message).toMatch(/cannot be serialised/);
@@ -136,12 +136,12 @@ describe("the engine's own weight-resident suspend (release_kv_cache_memory)", (
     const r = await keepInEngine(client, { prompt: 'The capital of France is', maxTokens: 8 });
     expect(r.keptIn).toBe('engine');
     expect(r.snapshot).toBeUndefined();
-    const asleep = await client.vsnapStatus();
+    const asleep = await client.wire.vsnapStatus();
     expect(asleep.sleeping).toBe(true);
     expect(asleep.ranks[0]!.weightsMapped).toBe(true); // nothing of the weights was released
     await expect(keepInEngine(client)).rejects.toMatchObject({ code: 'E_ENGINE_STATE' });
     await resumeKept(client, r.expected!);
-    expect((await client.vsnapStatus()).sleeping).toBe(false);
+    expect((await client.wire.vsnapStatus()).sleeping).toBe(false);
     // the recorded check is the prefill check: a prompt logprob off by one part in a million fails the resume
     expect(r.expected!.promptLogprobs).toHaveLength('The capital of France is'.length - 1);
     const again = await keepInEngine(client, {});
@@ -152,11 +152,11 @@ describe("the engine's own weight-resident suspend (release_kv_cache_memory)", (
   it('through the dev routes, and refused cleanly where the engine has no such route', async () => {
     const { client } = await engine({ env: { VSNAP_REF_NO_BUILD_APP: '1' } });
     const before = await ask(client);
-    await expect(client.releaseKvCacheMemory()).rejects.toMatchObject({ code: 'E_ENGINE_HTTP' }); // needs a pause first
+    await expect(client.wire.releaseKvCacheMemory()).rejects.toMatchObject({ code: 'E_ENGINE_HTTP' }); // needs a pause first
     const r = await keepInEngine(client);
     expect(r.keptIn).toBe('engine');
-    expect(await client.routeMechanism()).toMatchObject({ mechanism: null, devRoutes: true }); // driven through the dev routes
-    expect(await client.isSleeping()).toBe(true);
+    expect(await client.wire.routeMechanism()).toMatchObject({ mechanism: null, devRoutes: true }); // driven through the dev routes
+    expect(await client.wire.isSleeping()).toBe(true);
     await resumeKept(client);
     expect(await ask(client)).toEqual(before);
 
@@ -180,7 +180,7 @@ describe('SwapController with the engine keeping its weights (option)', () => {
       await controller.suspend('a', { keepWeightsInEngine: true });
       expect(controller.states()[0]!.state).toBe('asleep');
       expect(controller.usage()[0]).toBe(12 * GB);
-      const status = await client.vsnapStatus();
+      const status = await client.wire.vsnapStatus();
       expect(status.sleeping).toBe(true);
       expect(status.ranks[0]!.weightsMapped).toBe(true);
       await controller.restore('a');

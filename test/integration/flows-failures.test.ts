@@ -40,7 +40,7 @@ describe('a fault at each step of a suspend: the weights stay (or a snapshot hol
         client.inject({ route });
         const err = await suspendEngine(store, 'ref', client, { captureIfNeeded: true, ...(tier0 ? { tiers: { gpu: resident } } : {}), ...warn }).catch((x: unknown) => x);
         expect(err).toBeInstanceOf(VsnapError);
-        expect((await client.vsnapStatus()).sleeping).toBe(false);
+        expect((await client.wire.vsnapStatus()).sleeping).toBe(false);
         expect(await ask()).toEqual(answer); // its weights are untouched
         expect(resident.entries()).toEqual([]);
         expect(openFds()).toEqual(fds);
@@ -53,7 +53,7 @@ describe('a fault at each step of a suspend: the weights stay (or a snapshot hol
       const { client, resident, store, answer, fds, ask, snapshot } = await setup();
       client.inject({ route: 'sleep', when: 'after' });
       await expect(suspendEngine(store, 'ref', client, { ...(tier0 ? { tiers: { gpu: resident } } : {}) })).rejects.toBeInstanceOf(VsnapError);
-      expect((await client.vsnapStatus()).sleeping).toBe(true);
+      expect((await client.wire.vsnapStatus()).sleeping).toBe(true);
       expect(resident.entries()).toEqual([]);
       expect(openFds()).toEqual(fds);
       await restoreEngine(snapshot, client, tier0 ? { tiers: { gpu: resident } } : {});
@@ -81,7 +81,7 @@ describe.each(Object.keys(TARGETS) as Array<keyof typeof TARGETS>)('a fault at e
         expect(client.calls).toContain(route); // the step was taken (and failed)
         if (route !== 'status') expect(err.details.recovered).toBe(true);
         if ((route === 'wake' || route === 'adopt' || route === 'describe') && when === 'before') expect(client.calls).not.toContain('sleep'); // it never woke
-        const after = await client.vsnapStatus();
+        const after = await client.wire.vsnapStatus();
         expect(after.sleeping).toBe(true);
         // Asleep means the weights let go: vLLM's executor ignores a sleep while the KV cache is
         // still asleep (vllm/v1/executor/abstract.py), so a half-woken engine is woken fully first.
@@ -110,7 +110,7 @@ describe.each(Object.keys(TARGETS) as Array<keyof typeof TARGETS>)('a fault at e
     const err = (await restoreEngine(snapshot, client, { signal: abort.signal }).catch((x: unknown) => x)) as VsnapError;
     expect(err.code).toBe('E_ABORTED');
     expect(err.details.recovered).toBe(true);
-    expect((await client.vsnapStatus()).sleeping).toBe(true);
+    expect((await client.wire.vsnapStatus()).sleeping).toBe(true);
     expect(openFds()).toEqual(fds);
     await restoreEngine(snapshot, client);
     expect(await ask()).toEqual(answer);

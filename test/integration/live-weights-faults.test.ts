@@ -3,7 +3,7 @@ import { join } from 'node:path';
 
 import { afterEach, describe, expect, it, vi } from 'vitest';
 
-import { EngineClient } from '../../src/engine/engine-client.js';
+import { EngineClient, type EngineDigestTable } from '../../src/engine/engine-client.js';
 import { VsnapError } from '../../src/errors.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/index.js';
@@ -77,7 +77,7 @@ describe('live weights under faults', () => {
     } finally {
       client.lack();
     }
-    expect((await client.vsnapStatus()).sleeping).toBe(false);
+    expect((await client.wire.vsnapStatus()).sleeping).toBe(false);
     expect(await ask(client)).toEqual(answer);
     expect((await store.current('ref'))!.id).toBe(snap.id);
     expect(readdirSync(join(store.root, 'tmp')).filter((f) => !f.startsWith('.'))).toEqual([]);
@@ -90,14 +90,17 @@ describe('live weights under faults', () => {
     const snap = await captureEngine(store, 'ref', client);
     const answer = await ask(client);
     const fds = openFds();
-    const exports = vi.spyOn(client, 'vsnapExport');
-    const digest = vi.spyOn(client, 'vsnapDigest').mockRejectedValueOnce(
-      new VsnapError('E_ENGINE_HTTP', 'POST /vsnap/v1/digest answered 500: RuntimeError: cuLaunchKernel (digest) failed with CUDA_ERROR_LAUNCH_FAILED (injected)', { status: 500 }),
-    );
-    await expect(suspendEngine(store, 'ref', client)).rejects.toMatchObject({ code: 'E_ENGINE_HTTP' });
-    expect(digest).toHaveBeenCalledTimes(1);
-    expect(exports).not.toHaveBeenCalled();
-    expect((await client.vsnapStatus()).sleeping).toBe(false);
+    client.inject({
+      route: 'digest',
+      action: () => {
+        throw new VsnapError('E_ENGINE_HTTP', 'POST /vsnap/v1/digest answered 500: RuntimeError: cuLaunchKernel (digest) failed with CUDA_ERROR_LAUNCH_FAILED (injected)', { status: 500 });
+      },
+    });
+    client.calls.length = 0;
+    await expect(suspendEngine(store, 'ref', client)).rejects.toMatchObject({ code: 'E_ENGINE_HTTP', message: /CUDA_ERROR_LAUNCH_FAILED \(injected\)/ });
+    expect(client.calls.filter((r) => r === 'digest')).toHaveLength(1);
+    expect(client.calls).not.toContain('export');
+    expect((await client.wire.vsnapStatus()).sleeping).toBe(false);
     expect(await ask(client)).toEqual(answer);
     expect((await store.current('ref'))!.id).toBe(snap.id);
     expect(readdirSync(join(store.root, 'tmp')).filter((f) => !f.startsWith('.'))).toEqual([]);
@@ -110,10 +113,11 @@ describe('live weights under faults', () => {
     const client = await engine();
     const store = await RegionStore.open(tempDir());
     const snap = await captureEngine(store, 'ref', client);
-    const real = client.vsnapDigest.bind(client);
-    vi.spyOn(client, 'vsnapDigest').mockImplementationOnce(async (args, options) => {
-      const tables = await real(args, options);
-      return tables.map((t, i) => (i > 0 ? t : { ...t, regions: t.regions.map((r, j) => (j > 0 ? r : { ...r, digests: r.digests.slice(1) })) }));
+    client.inject({
+      route: 'digest',
+      when: 'after',
+      pass: true,
+      rewrite: (tables: EngineDigestTable[]) => tables.map((t, i) => (i > 0 ? t : { ...t, regions: t.regions.map((r, j) => (j > 0 ? r : { ...r, digests: r.digests.slice(1) })) })),
     });
     const s = await suspendEngine(store, 'ref', client);
     const first = snap.manifest.data.ranks[0]!.regions[0]!;
@@ -149,7 +153,7 @@ describe('live weights under faults', () => {
     const err = await restoreEngine(snapshot, client).catch((e: unknown) => e);
     expect(err).toMatchObject({ code: 'E_DIGEST_MISMATCH', details: { recovered: true } });
     expect(((err as VsnapError).details.regions as Array<{ chunks: number[] }>)[0]!.chunks).toEqual([0]);
-    expect((await client.vsnapStatus()).sleeping).toBe(true);
+    expect((await client.wire.vsnapStatus()).sleeping).toBe(true);
     faults.digest = undefined;
     await restoreEngine(snapshot, client);
     expect(await ask(client)).toEqual(answer);

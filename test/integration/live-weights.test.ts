@@ -75,7 +75,7 @@ describe('live weights: the dirty check before a discard, incremental capture, v
     const store = await RegionStore.open(tempDir());
     const snap = await captureEngine(store, 'ref', client);
     // Unchanged: every digest the workers compute equals the one the capture recorded here.
-    const tables = await client.vsnapDigest({ chunkSize: snap.manifest.data.ranks[0]!.regions[0]!.chunkSize });
+    const tables = await client.wire.vsnapDigest({ chunkSize: snap.manifest.data.ranks[0]!.regions[0]!.chunkSize });
     const recorded = new Map(snap.manifest.data.ranks[0]!.regions.map((r) => [r.key, r.digests]));
     expect(tables[0]!.regions.length).toBe(recorded.size);
     for (const r of tables[0]!.regions) expect(r.digests, r.key).toEqual(recorded.get(r.key));
@@ -101,7 +101,7 @@ describe('live weights: the dirty check before a discard, incremental capture, v
     expect((err as VsnapError).code).toBe('E_STALE');
     expect([...((err as VsnapError).details.regions as string[])].sort()).toEqual([layer(1), layer(3)]);
     expect((err as VsnapError).message).toMatch(/2 region\(s\)/);
-    expect((await client.vsnapStatus()).sleeping).toBe(false);
+    expect((await client.wire.vsnapStatus()).sleeping).toBe(false);
     expect((await store.history('ref')).length).toBe(1); // nothing was captured
   });
 
@@ -112,7 +112,7 @@ describe('live weights: the dirty check before a discard, incremental capture, v
     const before = await ask(client);
     await updateWeights(client, 5);
     expect(await ask(client)).not.toEqual(before);
-    await client.collectiveRpc('reload_weights'); // vLLM's name: the configured checkpoint again
+    await client.wire.collectiveRpc('reload_weights'); // vLLM's name: the configured checkpoint again
     expect(await ask(client)).toEqual(before);
 
     const suspended = await suspendEngine(store, 'ref', client, { onStale: 'refuse' });

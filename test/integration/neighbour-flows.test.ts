@@ -119,7 +119,7 @@ describe('restoreEngine and suspendEngine with the neighbour tier (CPU reference
     const suspended = await suspendEngine(s.store, 'ref', s.client, { onWarning: s.onWarning, tiers: { neighbour: small } });
     expect(suspended.parked).toBeUndefined();
     expect(s.warnings.join('\n')).toMatch(/were not parked on GPU 1: E_NO_SPACE/);
-    expect((await s.client.vsnapStatus()).sleeping).toBe(true);
+    expect((await s.client.wire.vsnapStatus()).sleeping).toBe(true);
     expect(s.peer.openCount()).toBe(0);
     // admit says no: skipped quietly
     const n = s.warnings.length;

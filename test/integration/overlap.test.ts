@@ -54,10 +54,10 @@ describe('restoreEngine with overlapKvWake: the KV cache wakes while the hydrate
     const client = await engine(1);
     const store = await RegionStore.open(tempDir());
     await suspendEngine(store, 'ref', client, { captureIfNeeded: true });
-    await client.vsnapWake({ tags: ['weights'] });
-    expect(await client.isSleeping()).toBe(true);
-    await client.vsnapWake({ tags: ['kv_cache'] }); // without `scheduling`: resumed all the same
-    expect(await client.isSleeping()).toBe(false);
+    await client.wire.vsnapWake({ tags: ['weights'] });
+    expect(await client.wire.isSleeping()).toBe(true);
+    await client.wire.vsnapWake({ tags: ['kv_cache'] }); // without `scheduling`: resumed all the same
+    expect(await client.wire.isSleeping()).toBe(false);
   });
 
   it('the hydrate fails while the KV wake is in flight: the wake is waited for, the engine goes back to sleep, nothing leaks', async () => {
@@ -82,7 +82,7 @@ describe('restoreEngine with overlapKvWake: the KV cache wakes while the hydrate
     expect(err.code).toBe('E_CHECKSUM');
     expect(err.details.recovered).toBe(true);
     expect(order).toEqual(['KV wake answered', 'sleep']); // the wake was waited for, then the sleep
-    expect((await client.vsnapStatus()).sleeping).toBe(true);
+    expect((await client.wire.vsnapStatus()).sleeping).toBe(true);
     expect(openFds()).toEqual(fds);
   });
 
@@ -100,7 +100,7 @@ describe('restoreEngine with overlapKvWake: the KV cache wakes while the hydrate
       expect(err).toBeInstanceOf(VsnapError);
       expect(err.message).toMatch(/injected fault: wakeKv/);
       expect(err.details.recovered).toBe(true);
-      expect((await client.vsnapStatus()).sleeping).toBe(true);
+      expect((await client.wire.vsnapStatus()).sleeping).toBe(true);
       expect(openFds()).toEqual(fds);
       await restoreEngine(snapshot, client, { overlapKvWake: true });
       expect(await ask(client)).toEqual(before);
@@ -136,12 +136,12 @@ describe('swapEngines: one engine to sleep, the other back, overlapped', () => {
       expect(Object.keys(report.phases)).toEqual(expect.arrayContaining(['suspend', 'restore']));
       if (overlap !== 'all') expect(order).toEqual(['a slept', 'b wakes its KV cache']);
       if (overlap === 'weights') expect(report.restore.overlapped).toEqual(['describe', 'validate', 'allocateRest', 'wakeWeights', 'awaitRoom', 'wakeKvCache']);
-      expect(await a.isSleeping()).toBe(true);
+      expect(await a.wire.isSleeping()).toBe(true);
       expect(await ask(b)).toEqual(answerB);
       // and back
       const back = await swapEngines({ suspend: { client: b, name: 'b', store }, restore: { source: { store, name: 'a' }, client: a }, overlap });
       expect(back.restore.tier).toBe('store');
-      expect(await b.isSleeping()).toBe(true);
+      expect(await b.wire.isSleeping()).toBe(true);
       expect(await ask(a)).toEqual(answerA);
       expect(openFds()).toEqual(fds);
     });
@@ -166,7 +166,7 @@ describe('swapEngines: one engine to sleep, the other back, overlapped', () => {
       }
       expect(order).toEqual(['b copied', 'a sleeps']);
       expect(typeof report.suspend.phases.awaitCopy).toBe('number');
-      expect(await a.isSleeping()).toBe(true);
+      expect(await a.wire.isSleeping()).toBe(true);
       expect(await ask(b)).toEqual(answerB);
       expect(openFds()).toEqual(fds);
       // the restore fails before any copy (its status read): the other engine still sleeps, once
@@ -215,7 +215,7 @@ describe('swapEngines: one engine to sleep, the other back, overlapped', () => {
       expect(err.message).toMatch(/is awake; the restored one .* is asleep/);
       expect(b.calls).not.toContain('wakeKv');
       expect(await ask(a)).toEqual(answerA);
-      expect(await b.isSleeping()).toBe(true);
+      expect(await b.wire.isSleeping()).toBe(true);
       expect(openFds()).toEqual(fds);
       const again = await swapEngines({ suspend: { client: a, name: 'a' }, restore: { source: snapB, client: b }, overlap: 'weights' });
       expect(again.restore.path).toBe('restored');

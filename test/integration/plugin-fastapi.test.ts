@@ -54,7 +54,7 @@ describe.skipIf(!fastapi && !required)('the /vsnap/v1 routes under FastAPI and u
   it('every route: status, export, sleep, wake with and without adopt, reset_prefix_cache, release_kv_cache, reload_weights', async () => {
     const { client } = await engine({ devMode: false }); // no dev routes: the plugin's routes alone
     const before = await ask(client);
-    const status = await client.vsnapStatus();
+    const status = await client.wire.vsnapStatus();
     expect(status.routes?.mechanism).toBe('endpoint_plugins');
     expect(status.ranks[0]!.frontend).toBe('python');
 
@@ -64,17 +64,17 @@ describe.skipIf(!fastapi && !required)('the /vsnap/v1 routes under FastAPI and u
     expect(exported.ranks[0]!.regions.length).toBe(status.ranks[0]!.regions);
     exported.close();
 
-    await client.vsnapResetPrefixCache();
-    await client.vsnapReleaseKvCache();
-    expect((await client.vsnapStatus()).ranks[0]!.asleepTags).toEqual(['kv_cache']);
-    await client.vsnapWake({ tags: ['kv_cache'] });
+    await client.wire.vsnapResetPrefixCache();
+    await client.wire.vsnapReleaseKvCache();
+    expect((await client.wire.vsnapStatus()).ranks[0]!.asleepTags).toEqual(['kv_cache']);
+    await client.wire.vsnapWake({ tags: ['kv_cache'] });
     expect(await ask(client)).toEqual(before);
 
-    await client.vsnapSleep({ level: 2 });
-    expect((await client.vsnapStatus()).sleeping).toBe(true);
-    await client.vsnapWake({ tags: ['weights'] });
-    await client.vsnapReloadWeights();
-    await client.vsnapWake({ tags: ['kv_cache'] });
+    await client.wire.vsnapSleep({ level: 2 });
+    expect((await client.wire.vsnapStatus()).sleeping).toBe(true);
+    await client.wire.vsnapWake({ tags: ['weights'] });
+    await client.wire.vsnapReloadWeights();
+    await client.wire.vsnapWake({ tags: ['kv_cache'] });
     expect(await ask(client)).toEqual(before);
 
     // wake with adopt: tier 0, the SDK holding the weights while the engine sleeps
@@ -95,10 +95,10 @@ describe.skipIf(!fastapi && !required)('the /vsnap/v1 routes under FastAPI and u
     for (const token of [undefined, 'wrong']) {
       const other = new EngineClient({ baseUrl: e.url, ...(token ? { token } : {}) });
       running.push(other);
-      expect(code(await other.vsnapStatus().catch((x: unknown) => x))).toBe('E_ENGINE_HTTP 401');
-      expect(code(await other.vsnapSleep({ level: 2 }).catch((x: unknown) => x))).toBe('E_ENGINE_HTTP 401');
+      expect(code(await other.wire.vsnapStatus().catch((x: unknown) => x))).toBe('E_ENGINE_HTTP 401');
+      expect(code(await other.wire.vsnapSleep({ level: 2 }).catch((x: unknown) => x))).toBe('E_ENGINE_HTTP 401');
     }
-    expect((await client.vsnapStatus()).sleeping).toBe(false); // nothing reached the engine
+    expect((await client.wire.vsnapStatus()).sleeping).toBe(false); // nothing reached the engine
     for (const [path, body] of [
       ['/vsnap/v1/sleep', '{nope'],
       ['/vsnap/v1/sleep', '{"level": 7}'],
@@ -110,15 +110,15 @@ describe.skipIf(!fastapi && !required)('the /vsnap/v1 routes under FastAPI and u
       expect(r.status, `${path} ${body}`).toBe(400);
       expect(((await r.json()) as { error: string }).error).toBeTruthy();
     }
-    await client.vsnapSleep({ level: 2 });
-    const err = await client.vsnapExport({ socket: '/tmp/none.sock', nonces: ['n'.repeat(64)] }).catch((x: unknown) => x);
+    await client.wire.vsnapSleep({ level: 2 });
+    const err = await client.wire.vsnapExport({ socket: '/tmp/none.sock', nonces: ['n'.repeat(64)] }).catch((x: unknown) => x);
     expect(code(err)).toBe('E_ENGINE_HTTP 500');
     expect((err as Error).message).toMatch(/the weights are asleep/);
   });
 
   it('older vLLM: the wrapped build_app, under FastAPI too', async () => {
     const { client } = await engine({ devMode: false, env: { VSNAP_REF_LEGACY_APP: '1' } });
-    expect((await client.vsnapStatus()).routes?.mechanism).toBe('build_app wrap');
+    expect((await client.wire.vsnapStatus()).routes?.mechanism).toBe('build_app wrap');
     const before = await ask(client);
     const store = await RegionStore.open(tempDir());
     const s = await suspendEngine(store, 'ref', client, { captureIfNeeded: true });

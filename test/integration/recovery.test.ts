@@ -42,9 +42,9 @@ async function setup(options: EngineOptions = {}) {
 }
 
 async function loads(client: EngineClient): Promise<number> {
-  return Number((await client.collectiveRpc('ref_weight_loads'))![0]);
+  return Number((await client.wire.collectiveRpc('ref_weight_loads'))![0]);
 }
-const sleeping = async (client: FaultyClient) => (await client.vsnapStatus()).sleeping;
+const sleeping = async (client: FaultyClient) => (await client.wire.vsnapStatus()).sleeping;
 
 function firstBlob(snapshot: Snapshot): string {
   const [first] = [...snapshot.manifest.regions()];
@@ -162,7 +162,7 @@ describe('recovery: each cause, fail (today) then reload', () => {
 
   it("without the vsnap routes (vLLM's dev routes only): the reload goes through /collective_rpc", async () => {
     const { client, store, answer, ask } = await setup({ env: { VSNAP_REF_NO_BUILD_APP: '1' } });
-    expect((await client.routeMechanism()).mechanism).toBeNull();
+    expect((await client.wire.routeMechanism()).mechanism).toBeNull();
     await store.remove('ref');
     const before = await loads(client);
     const report = await restoreEngine({ store, name: 'ref' }, client, { recovery: 'reload', ...quiet });
@@ -219,7 +219,7 @@ describe('a fault during the reload: the engine is left asleep (or said dead), n
     expect(err.message).toMatch(/could not be used \(E_CHECKSUM\).*reload of its weights/s);
     expect(err.message).toMatch(/VSNAP_REF_RELOAD_FAIL/);
     expect(await sleeping(client)).toBe(true);
-    expect((await client.vsnapStatus()).ranks.every((r) => !r.weightsMapped)).toBe(true);
+    expect((await client.wire.vsnapStatus()).ranks.every((r) => !r.weightsMapped)).toBe(true);
     expect(await loads(client)).toBe(before);
     expect(openFds()).toEqual(fds);
     expect(cache.usedBytes).toBe(0);

@@ -62,7 +62,7 @@ describe.skipIf(!run)('a registry reference as a snapshot source', () => {
   let reference: string;
   let answer: number[] | null;
   let pushedId: string;
-  const sleeping = async () => (await client.vsnapStatus()).sleeping;
+  const sleeping = async () => (await client.wire.vsnapStatus()).sleeping;
 
   beforeAll(async () => {
     dir = mkdtempSync(join(tmpdir(), 'vsnap-regsrc-'));
@@ -158,13 +158,13 @@ describe.skipIf(!run)('a registry reference as a snapshot source', () => {
     try {
       const events: string[] = [];
       controller.on('swap', (e: { action: string; tier?: string; recovered?: string }) => events.push(`${e.action} ${e.tier}${e.recovered ? ` ${e.recovered}` : ''}`));
-      const loads = Number((await client.collectiveRpc('ref_weight_loads'))![0]);
+      const loads = Number((await client.wire.collectiveRpc('ref_weight_loads'))![0]);
       const lease = await controller.acquire('ref');
       expect((await askCapital(client, 8)).ids).toEqual(answer);
       lease.release();
       expect(events).toEqual(['restore store']);
       expect(controller.states()[0]!.snapshotProblem).toBeUndefined(); // it was missing until the pull
-      expect(Number((await client.collectiveRpc('ref_weight_loads'))![0])).toBe(loads); // restored, not reloaded
+      expect(Number((await client.wire.collectiveRpc('ref_weight_loads'))![0])).toBe(loads); // restored, not reloaded
       expect((await store.current('ref'))?.id).toBe(pushedId);
       expect((await reg.mark()).some((r) => r.path.includes('/blobs/'))).toBe(true);
       expect((await controller.suspend('ref'))!.captured).toBe(false);
@@ -186,7 +186,7 @@ describe.skipIf(!run)('a registry reference as a snapshot source', () => {
       await registry.push(origin, 'two', two);
       await reg.mark();
       const store = await RegionStore.open(tempDir());
-      const loads = Number((await client.collectiveRpc('ref_weight_loads'))![0]);
+      const loads = Number((await client.wire.collectiveRpc('ref_weight_loads'))![0]);
       for (const recovery of ['fail', 'reload'] as const) {
         const err = await errorOf(restoreEngine({ store, name: 'local', from: { reference: two, registry } }, client, { recovery, ...quiet }));
         expect(err.code).toBe('E_MANIFEST_MISMATCH');
@@ -195,7 +195,7 @@ describe.skipIf(!run)('a registry reference as a snapshot source', () => {
       const seen = await reg.mark();
       expect(seen.filter((r) => r.path.includes('/blobs/'))).toHaveLength(2); // the config blob, once per attempt: no layer
       expect(await sleeping()).toBe(true);
-      expect(Number((await client.collectiveRpc('ref_weight_loads'))![0])).toBe(loads);
+      expect(Number((await client.wire.collectiveRpc('ref_weight_loads'))![0])).toBe(loads);
       expect(await store.current('local')).toBeUndefined();
     } finally {
       await otherClient.close();

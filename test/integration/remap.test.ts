@@ -33,7 +33,7 @@ async function setUp() {
   const store = await RegionStore.open(tempDir());
   const before = (await askCapital(client, 8)).ids;
   const snap = await captureEngine(store, 'ref', client);
-  const pid = (await client.vsnapStatus()).ranks[0]!.pid;
+  const pid = (await client.wire.vsnapStatus()).ranks[0]!.pid;
   return { client, store, before, snap, pid };
 }
 

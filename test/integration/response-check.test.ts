@@ -59,7 +59,7 @@ describe('the prefill check (CPU reference engine)', () => {
     await suspendEngine(store, 'fi', client, quiet);
     const err = await restoreEngine(snap, client, quiet).catch((e: unknown) => e);
     expect(err).toMatchObject({ code: 'E_RESPONSE_MISMATCH', details: { difference: expect.stringMatching(/^prompt logprobs differ/) } });
-    expect((await client.vsnapStatus()).sleeping).toBe(true);
+    expect((await client.wire.vsnapStatus()).sleeping).toBe(true);
   });
 
   it('catches one flipped weights byte after the restore (any region), and passes once the snapshot puts it back', async () => {
@@ -74,11 +74,11 @@ describe('the prefill check (CPU reference engine)', () => {
     for (const [name, offset] of flips) {
       await suspendEngine(store, 'flip', client);
       let flipped: unknown;
-      const beforeCheck = async () => void (flipped = await client.collectiveRpc('flip_weights_byte', { args: [name, offset] }));
+      const beforeCheck = async () => void (flipped = await client.wire.collectiveRpc('flip_weights_byte', { args: [name, offset] }));
       const err = await restoreEngineWith(snap, client, {}, { beforeCheck }).catch((e: unknown) => e);
       expect(flipped, name).toHaveLength(1); // one rank flipped one byte
       expect(err, name).toMatchObject({ code: 'E_RESPONSE_MISMATCH' });
-      expect((await client.vsnapStatus()).sleeping).toBe(true);
+      expect((await client.wire.vsnapStatus()).sleeping).toBe(true);
     }
     // the same restore without the flip passes: the check fails for the byte, nothing else
     const report = await restoreEngine(snap, client);
@@ -125,7 +125,7 @@ describe('the prefill check (CPU reference engine)', () => {
     const plain = await engine();
     const snap2 = await captureEngine(store, 'dec2', plain, { check: { mode: 'decode', maxTokens: 2 } });
     await suspendEngine(store, 'dec2', plain);
-    const flip = async () => void (await plain.collectiveRpc('flip_weights_byte', { args: ['model.layers.0.mlp.weight', 77] }));
+    const flip = async () => void (await plain.wire.collectiveRpc('flip_weights_byte', { args: ['model.layers.0.mlp.weight', 77] }));
     await expect(restoreEngineWith(snap2, plain, {}, { beforeCheck: flip })).rejects.toMatchObject({ code: 'E_RESPONSE_MISMATCH' });
     await restoreEngine(snap2, plain);
   });

@@ -51,18 +51,18 @@ describe('--sleep-mode-backend vsnap', () => {
   it('level 2 is refused until the tier holds the weights; level 1 and 2 woken by tags, without a reload', async () => {
     const a = await start(newTier());
     const expected = await answer(a.c);
-    await expect(a.c.sleep({ level: 2 })).rejects.toThrow(/level-2 sleep refused, nothing released/);
-    await a.c.wakeUp();
+    await expect(a.c.wire.sleep({ level: 2 })).rejects.toThrow(/level-2 sleep refused, nothing released/);
+    await a.c.wire.wakeUp();
     expect(await answer(a.c)).toBe(expected);
     for (const level of [1, 2] as const) {
-      await a.c.sleep({ level });
-      expect(await a.c.isSleeping()).toBe(true);
-      await a.c.wakeUp({ tags: ['weights'] });
-      expect(await a.c.isSleeping()).toBe(true);
-      await a.c.wakeUp({ tags: ['kv_cache'] });
+      await a.c.wire.sleep({ level });
+      expect(await a.c.wire.isSleeping()).toBe(true);
+      await a.c.wire.wakeUp({ tags: ['weights'] });
+      expect(await a.c.wire.isSleeping()).toBe(true);
+      await a.c.wire.wakeUp({ tags: ['kv_cache'] });
       expect(await answer(a.c)).toBe(expected);
     }
-    expect(await a.c.collectiveRpc('ref_weight_loads')).toEqual(['1']);
+    expect(await a.c.wire.collectiveRpc('ref_weight_loads')).toEqual(['1']);
   });
 
   it('two engines of one model hold their weights once', async () => {
@@ -70,13 +70,13 @@ describe('--sleep-mode-backend vsnap', () => {
     const a = await start(dir);
     const b = await start(dir);
     const expected = await answer(a.c);
-    await a.c.sleep({ level: 1 });
+    await a.c.wire.sleep({ level: 1 });
     const one = tier(dir, 'status').used_bytes;
     expect(one).toBeGreaterThan(0);
-    await b.c.sleep({ level: 1 });
+    await b.c.wire.sleep({ level: 1 });
     expect(tier(dir, 'status').used_bytes).toBe(one);
     for (const x of [b, a]) {
-      await x.c.wakeUp();
+      await x.c.wire.wakeUp();
       expect(await answer(x.c)).toBe(expected);
     }
   });
@@ -84,13 +84,13 @@ describe('--sleep-mode-backend vsnap', () => {
   it('the RL loop: weights synced between level-1 sleeps come back, never the stale ones', async () => {
     const a = await start(newTier());
     const original = await answer(a.c);
-    await a.c.sleep({ level: 1 });
-    await a.c.wakeUp();
+    await a.c.wire.sleep({ level: 1 });
+    await a.c.wire.wakeUp();
     await syncWeights(a.e.url, 7);
     const synced = await answer(a.c);
     expect(synced).not.toBe(original);
-    await a.c.sleep({ level: 1 });
-    await a.c.wakeUp();
+    await a.c.wire.sleep({ level: 1 });
+    await a.c.wire.wakeUp();
     expect(await answer(a.c)).toBe(synced);
   });
 
@@ -98,7 +98,7 @@ describe('--sleep-mode-backend vsnap', () => {
     const dir = newTier();
     const a = await start(dir);
     const expected = await answer(a.c);
-    await a.c.sleep({ level: 1 });
+    await a.c.wire.sleep({ level: 1 });
     const victim = join(dir, 'entries', readdirSync(join(dir, 'entries'))[0]!);
     const fd = openSync(victim, 'r+');
     const byte = Buffer.alloc(1);
@@ -106,12 +106,12 @@ describe('--sleep-mode-backend vsnap', () => {
     writeSync(fd, Buffer.from([byte[0]! ^ 0xff]), 0, 1, 0);
     const held = tierMappings(a.e.enginePid, dir);
     expect(held).toBe(readdirSync(join(dir, 'entries')).length);
-    await expect(a.c.wakeUp({ tags: ['weights'] })).rejects.toThrow(/the engine stays asleep: retry the wake/);
-    expect(await a.c.isSleeping()).toBe(true);
+    await expect(a.c.wire.wakeUp({ tags: ['weights'] })).rejects.toThrow(/the engine stays asleep: retry the wake/);
+    expect(await a.c.wire.isSleeping()).toBe(true);
     expect(tierMappings(a.e.enginePid, dir)).toBe(held); // kept for the retry
     writeSync(fd, byte, 0, 1, 0);
     closeSync(fd);
-    await a.c.wakeUp();
+    await a.c.wire.wakeUp();
     expect(await answer(a.c)).toBe(expected);
     expect(tierMappings(a.e.enginePid, dir)).toBe(0);
     expect(readdirSync(join(dir, 'holds'))).toEqual([]);
@@ -120,8 +120,8 @@ describe('--sleep-mode-backend vsnap', () => {
   it('without a RAM tier it sleeps as cumem and says so in one line', async () => {
     const a = await start(undefined);
     const expected = await answer(a.c);
-    await a.c.sleep({ level: 1 });
-    await a.c.wakeUp();
+    await a.c.wire.sleep({ level: 1 });
+    await a.c.wire.wakeUp();
     expect(await answer(a.c)).toBe(expected);
     expect(a.e.stderr().match(/sleeping as vLLM's cumem backend/g)).toHaveLength(1);
   });

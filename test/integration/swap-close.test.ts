@@ -66,8 +66,8 @@ describe('SwapController.close', () => {
     expect(log).toEqual([`suspend ${awake.name}`, `restore ${asleep.name}`, 'closed']); // the swap finished first
     expect(view(asleep.name).state).toBe('awake');
     expect(view(awake.name).state).toBe('asleep');
-    expect(await asleep.client.isSleeping()).toBe(false);
-    expect(await awake.client.isSleeping()).toBe(true);
+    expect(await asleep.client.wire.isSleeping()).toBe(false);
+    expect(await awake.client.wire.isSleeping()).toBe(true);
     expect((await askCapital(asleep.client, 4)).ids).not.toBeNull(); // its weights are whole: it serves
     await expect(controller.resync(awake.name)).rejects.toMatchObject({ code: 'E_CLOSED' });
   });

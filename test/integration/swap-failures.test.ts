@@ -116,7 +116,7 @@ describe('swaps fail without collateral damage', () => {
     expect(((await controller.acquire(asleep.name).catch((e: unknown) => e)) as VsnapError).code).toBe('E_NOT_RESTORABLE');
     // The operator brings the engine up again (a real one is restarted and loads its checkpoint; the
     // reference engine is just woken, holding whatever its memory now has) and captures it anew.
-    await asleep.client.vsnapWake();
+    await asleep.client.wire.vsnapWake();
     await controller.resync(asleep.name);
     expect(state(asleep.name).state).toBe('awake');
     await captureEngine(store, asleep.name, asleep.client);

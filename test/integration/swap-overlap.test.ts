@@ -102,7 +102,7 @@ describe('SwapController: a suspend for another engine runs as one overlapped sw
     expect((err as Error).message).toMatch(/'model-2' could not be given room: suspending 'model-1' failed/);
     expect(started.slice(0, 2)).toEqual(['suspend model-1', 'restore model-2']); // one overlapped swap
     expect(worst).toBeLessThanOrEqual(19 * GB);
-    expect(await y!.client.isSleeping()).toBe(true);
+    expect(await y!.client.wire.isSleeping()).toBe(true);
     const view = controller.states().find((e) => e.name === 'model-2')!;
     expect(view.state).toBe('asleep');
     const again = await controller.acquire('model-1');

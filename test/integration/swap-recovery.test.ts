@@ -29,7 +29,7 @@ async function setup(extra: Partial<SwapControllerOptions>) {
   rmSync(store.blobPath(first!.region.blob));
   const controller = await SwapController.create({ store, engines: [{ name: 'm', client, memoryBytes: 10 * GB }], budgets: { 0: 15 * GB }, ...extra });
   cleanup.push(() => controller.close());
-  const loads = async () => Number((await client.collectiveRpc('ref_weight_loads'))![0]);
+  const loads = async () => Number((await client.wire.collectiveRpc('ref_weight_loads'))![0]);
   return { client, store, snapshot, controller, answer, loads };
 }
 

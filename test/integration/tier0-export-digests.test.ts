@@ -1,7 +1,8 @@
-import { afterEach, describe, expect, it, vi } from 'vitest';
+import { afterEach, describe, expect, it } from 'vitest';
 
 import { checkResident, ResidentWeights } from '../../src/cache/resident-weights.js';
 import { EngineClient } from '../../src/engine/engine-client.js';
+import { FaultyClient } from '../helpers/faults.js';
 import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/index.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { askCapital, engineDigests, startEngine, syncWeights, type TestEngine } from '../helpers/engine.js';
@@ -13,13 +14,12 @@ import { tempDir } from '../helpers/tmp.js';
 
 const running: Array<TestEngine | EngineClient> = [];
 afterEach(async () => {
-  vi.restoreAllMocks();
   for (const x of running.splice(0)) await (x instanceof EngineClient ? x.close() : x.stop());
 });
 
-async function engine(): Promise<EngineClient> {
+async function engine(): Promise<FaultyClient> {
   const e = await startEngine({ args: ['--layers', '4'] });
-  const client = new EngineClient({ baseUrl: e.url, token: e.token });
+  const client = new FaultyClient({ baseUrl: e.url, token: e.token });
   running.push(e, client);
   return client;
 }
@@ -35,12 +35,12 @@ describe.skipIf(!engineDigests())('tier 0: the dirty check carried by the export
       const first = await captureEngine(store, 'ref', client);
       await syncWeights(client.baseUrl, 6, [1]);
       const updated = (await askCapital(client, 8)).ids;
-      const exports = vi.spyOn(client, 'vsnapExport');
-      const digests = vi.spyOn(client, 'vsnapDigest');
+      client.log.length = 0;
       const s = await suspendEngine(store, 'ref', client, { tiers: { gpu: resident } });
-      expect(digests).not.toHaveBeenCalled();
-      expect(exports).toHaveBeenCalledTimes(1);
-      expect(exports.mock.calls[0]![0]).toMatchObject({ digestChunkSize: first.manifest.data.ranks[0]!.regions[0]!.chunkSize });
+      expect(client.log.filter((c) => c.route === 'digest')).toEqual([]);
+      const exports = client.log.filter((c) => c.route === 'export');
+      expect(exports).toHaveLength(1);
+      expect(exports[0]!.args).toMatchObject({ digestChunkSize: first.manifest.data.ranks[0]!.regions[0]!.chunkSize });
       expect(Object.keys(s.phases)).toEqual(['status', 'digest', 'check', 'capture', 'hold', 'sleep']);
       expect(s).toMatchObject({ captured: true, keptIn: 'gpu', liveCheck: { checked: true, changed: [layer(1)], digestedIn: 'engine' } });
       expect(s.snapshot.id).not.toBe(first.id);
@@ -61,7 +61,7 @@ describe.skipIf(!engineDigests())('tier 0: the dirty check carried by the export
     try {
       const first = await captureEngine(store, 'ref', client);
       const chunkSize = first.manifest.data.ranks[0]!.regions[0]!.chunkSize;
-      const own = await client.vsnapDigest({ chunkSize });
+      const own = await client.wire.vsnapDigest({ chunkSize });
       const s = await suspendEngine(store, 'ref', client, { tiers: { gpu: resident }, onStale: 'refuse' });
       expect(s).toMatchObject({ captured: false, keptIn: 'gpu', liveCheck: { checked: true, changed: [] } });
       expect(s.snapshot.id).toBe(first.id);
@@ -79,15 +79,14 @@ describe.skipIf(!engineDigests())('tier 0: the dirty check carried by the export
     try {
       await captureEngine(store, 'ref', client);
       await syncWeights(client.baseUrl, 7, [2]);
-      const original = client.vsnapExport.bind(client);
-      // The body an older plugin acts on: it reads socket and nonces only.
-      vi.spyOn(client, 'vsnapExport').mockImplementation((args, options) => original({ socket: args.socket, nonces: args.nonces }, options));
-      const digests = vi.spyOn(client, 'vsnapDigest');
+      client.lack('exportDigests'); // the body an older plugin acts on: it reads socket and nonces only
+      client.calls.length = 0;
       const err = await suspendEngine(store, 'ref', client, { tiers: { gpu: resident }, onStale: 'refuse' }).catch((e: unknown) => e);
+      client.lack();
       expect(err).toMatchObject({ code: 'E_STALE', details: { regions: [layer(2)] } });
-      expect(digests).toHaveBeenCalledTimes(1);
+      expect(client.calls.filter((r) => r === 'digest')).toHaveLength(1);
       expect(resident.has(client.baseUrl)).toBe(false); // refused before anything was held
-      expect((await client.vsnapStatus()).sleeping).toBe(false);
+      expect((await client.wire.vsnapStatus()).sleeping).toBe(false);
     } finally {
       resident.close();
     }

@@ -36,7 +36,7 @@ describe('tier 0: weights kept on the "GPU" across sleep (CPU reference engine)'
       const before = await ask(client);
       for (let round = 0; round < 5; round++) {
         const s = await suspendEngine(store, 'ref', client, { captureIfNeeded: true, tiers: { gpu: resident } });
-        const status = await client.vsnapStatus();
+        const status = await client.wire.vsnapStatus();
         expect(status.sleeping).toBe(true);
         expect(status.ranks[0]!.weightsMapped).toBe(false);
         expect(resident.entries()).toEqual([expect.objectContaining({ engine: client.baseUrl, snapshotId: s.snapshot.id, bytes: status.ranks[0]!.bytes })]);
@@ -77,7 +77,7 @@ describe('tier 0: weights kept on the "GPU" across sleep (CPU reference engine)'
     });
     child.kill('SIGKILL');
     await new Promise((r) => child.on('exit', r));
-    expect((await client.vsnapStatus()).sleeping).toBe(true);
+    expect((await client.wire.vsnapStatus()).sleeping).toBe(true);
     const report = await restoreEngine((await Snapshot.open(await RegionStore.open(root), 'ref')), client, { tiers: { gpu: new ResidentWeights() } });
     expect(report.tier).toBe('store');
     expect(await ask(client)).toEqual(before);

@@ -50,7 +50,7 @@ const refMappings = (): number => readFileSync('/proc/self/maps', 'utf8').split(
 describe('tensor parallel size 2 (one worker process per rank)', () => {
   it('captures every rank into one manifest, suspends and restores both, same answer; deep suspend locks both before checkpointing either', async () => {
     const { e, client } = await engine();
-    const status = await client.vsnapStatus();
+    const status = await client.wire.vsnapStatus();
     expect(status.ranks.map((r) => r.rank)).toEqual([0, 1]);
     expect(status.ranks.map((r) => r.pid)).toEqual(e.workerPids);
     expect(new Set([e.enginePid, ...e.workerPids]).size).toBe(3); // each rank its own process
@@ -91,7 +91,7 @@ describe('tensor parallel size 2 (one worker process per rank)', () => {
 
     // a plain level-2 round trip
     await suspendEngine(store, 'tp', client);
-    expect((await client.vsnapStatus()).ranks.map((r) => r.weightsMapped)).toEqual([false, false]);
+    expect((await client.wire.vsnapStatus()).ranks.map((r) => r.weightsMapped)).toEqual([false, false]);
     await restoreEngine(snap, client);
     expect(await ask(client)).toEqual(before);
 
@@ -144,7 +144,7 @@ describe('tensor parallel size 2 (one worker process per rank)', () => {
     expect(err.code).toBe('E_CHECKSUM');
     expect(err.details).toMatchObject({ region: 'rank 1/model.embed_tokens.weight', recovered: true });
     expect(err.message).toMatch(/rank 1\/model\.embed_tokens\.weight/);
-    expect((await client.vsnapStatus()).sleeping).toBe(true);
+    expect((await client.wire.vsnapStatus()).sleeping).toBe(true);
 
     // recover from a twin's capture
     const twin = await engine(1);
@@ -169,7 +169,7 @@ describe('tensor parallel size 2 (one worker process per rank)', () => {
     const mismatches = (err.details as { mismatches: Array<{ kind: string; path: string }> }).mismatches;
     expect(mismatches).toEqual([expect.objectContaining({ kind: 'region-missing', path: 'ranks[1].regions["model.layers.99.mlp.weight"]' })]);
     expect(err.message).toMatch(/ranks\[1\]/);
-    expect((await client.vsnapStatus()).sleeping).toBe(true);
+    expect((await client.wire.vsnapStatus()).sleeping).toBe(true);
     await restoreEngine(snap, client);
     expect(await ask(client)).toEqual(before);
   });

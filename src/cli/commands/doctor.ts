@@ -38,7 +38,7 @@ export async function doctor(ctx: Context): Promise<number> {
   if (ctx.options.engine || engineUrl()) {
     const client = ctx.engineClient();
     try {
-      const s = await client.vsnapStatus();
+      const s = await client.wire.vsnapStatus();
       engine = { ok: true, url: client.baseUrl, version: s.engine.version, plugin: s.engine.pluginVersion, sleeping: s.sleeping, attentionBackend: s.engine.attentionBackend, ...engineBridge(s) };
     } catch (err) {
       engine = { ok: false, url: client.baseUrl, error: (err as Error).message, ...(await routesWhyNot(client)) };
@@ -110,7 +110,7 @@ function engineBridge(s: EngineStatus): Record<string, unknown> {
 
 async function routesWhyNot(client: EngineClient): Promise<Record<string, unknown>> {
   try {
-    const r = await client.routeMechanism();
+    const r = await client.wire.routeMechanism();
     return { routes: { mechanism: r.mechanism, detail: r.detail } };
   } catch {
     return {};

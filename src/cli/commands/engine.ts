@@ -88,7 +88,7 @@ export async function restore(ctx: Context): Promise<number> {
 export async function status(ctx: Context): Promise<number> {
   const client = ctx.engineClient();
   try {
-    const s = await client.vsnapStatus();
+    const s = await client.status();
     const lines = [
       `${s.engine.kind} ${s.engine.version} (plugin ${s.engine.pluginVersion ?? 'unknown'}, attention ${s.engine.attentionBackend ?? 'unknown'})`,
       `model ${s.model.id}${s.model.revision ? `@${s.model.revision}` : ''} ${s.model.dtype ?? ''} tp=${s.model.tensorParallelSize} pp=${s.model.pipelineParallelSize}`,

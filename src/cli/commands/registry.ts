@@ -64,7 +64,7 @@ export async function pull(ctx: Context): Promise<number> {
     // the engine's facts (kind, version, model, dtype, parallelism) decide before any layer moves
     const client = ctx.engineClient();
     try {
-      const s = await client.vsnapStatus({ signal: ctx.signal });
+      const s = await client.status({ signal: ctx.signal });
       live = pullCompatibility(s);
     } finally {
       await client.close();
