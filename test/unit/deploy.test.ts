@@ -20,7 +20,7 @@ describe('deploy/', () => {
     const models = Object.values(config.models) as Obj[];
     expect(models).toHaveLength(2);
     for (const m of models) expect(m.command).toBe('vllm');
-    expect(config.listen).toEqual({ host: '0.0.0.0', port: 8080, allowedHosts: ['vsnap', '.svc', '.svc.cluster.local'] });
+    expect(config.listen).toEqual({ host: '0.0.0.0', port: 8080, allowedHosts: ['vsnap', '.svc', '.svc.cluster.local'], bodyStallSeconds: 10, responseStallSeconds: 30 });
     expect(config.store).toBe('/var/lib/vsnap');
   });
 
