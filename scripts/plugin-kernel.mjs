@@ -3,7 +3,7 @@
 // (engines/vllm/vsnap_vllm/gd1.py, drivers.py): it ships the fatbin that native/digest/digest_kernel.inc
 // embeds, as engines/vllm/vsnap_vllm/digest_kernel.fatbin (the plugin is installed on its own,
 // without native/). This writes that copy from the .inc, or with --check says whether it is the
-// same bytes (test/unit/digest.test.ts runs the check). Run it after node native/digest/gen-kernel.mjs.
+// same bytes (test/unit/digest.test.ts runs the check). Run it after node native/gen-kernel.mjs digest.
 //   node scripts/plugin-kernel.mjs            (writes)   --check  (exit 1 when it differs)
 import { readFileSync, writeFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';

@@ -109,7 +109,7 @@ describe('vsnap-c1 on the CPU: round trips', () => {
   });
 
   it('the embedded kernels (codec_kernel.inc) were generated from the current kernel sources', () => {
-    expect(execFileSync('node', ['native/codec/gen-kernel.mjs', '--check'], { encoding: 'utf8' })).toMatch(/matches its sources/);
+    expect(execFileSync('node', ['native/gen-kernel.mjs', 'codec', '--check'], { encoding: 'utf8' })).toMatch(/matches its sources/);
   });
 });
 

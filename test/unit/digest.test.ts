@@ -82,8 +82,8 @@ describe('vsnap-gd1, the GPU digest, on the CPU', () => {
   });
 
   it('the embedded kernel (digest_kernel.inc) was generated from the current kernel sources, and the plugin holds the same fatbin', () => {
-    // Fails when digest_kernel.cu or digest_mix.h changed without `node native/digest/gen-kernel.mjs`,
-    expect(execFileSync('node', ['native/digest/gen-kernel.mjs', '--check'], { encoding: 'utf8' })).toMatch(/matches its sources/);
+    // Fails when digest_kernel.cu or digest_mix.h changed without `node native/gen-kernel.mjs digest`,
+    expect(execFileSync('node', ['native/gen-kernel.mjs', 'digest', '--check'], { encoding: 'utf8' })).toMatch(/matches its sources/);
     // or when the vLLM plugin's copy (engines/vllm/vsnap_vllm/digest_kernel.fatbin) is not the .inc's (`node scripts/plugin-kernel.mjs`).
     expect(execFileSync('node', ['scripts/plugin-kernel.mjs', '--check'], { encoding: 'utf8' })).toMatch(/is the \.inc's fatbin/);
   });
