@@ -223,7 +223,7 @@ export async function runDemo(options: { store?: string; named?: boolean; totalM
 /** The demo shares the user's store: a snapshot called "demo" that another model made is left alone. */
 async function refuseForeignDemo(store: RegionStore, root: string): Promise<void> {
   if (!(await store.list()).some((s) => s.name === DEMO_NAME)) return;
-  const model = (await Snapshot.open(store, DEMO_NAME)).manifest.data.model?.id;
+  const model = (await store.get(DEMO_NAME)).data.model?.id;
   if (model !== DEMO_MODEL) {
     throw new UsageError(`${root} already has a snapshot "${DEMO_NAME}" of another model (${model ?? 'none recorded'}): the demo leaves it alone; pass --store <another directory>`);
   }

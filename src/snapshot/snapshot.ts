@@ -263,6 +263,15 @@ export class Snapshot {
     return this.restoreInto(options, staged);
   }
 
+  /**
+   * Lets go of the store's shared lock {@link Snapshot.open} took, where no restore will follow
+   * (an engine flow that ended before its copy): a gc then runs at once. Idempotent.
+   * @internal
+   */
+  releaseHold(): void {
+    this.releaseOpenHold();
+  }
+
   private async restoreInto(options: RestoreOptions, staged: StagedTargets | undefined): Promise<TransferSummary> {
     try {
       return await this.restoreNow(options, staged);

@@ -2,7 +2,6 @@ import { checkResident } from '../cache/resident-weights.js';
 import { toVsnapError, VsnapError } from '../errors.js';
 import { suspendEngine, type EngineSuspendResult } from '../flows/index.js';
 import { suspendEngineWith } from '../flows/suspend.js';
-import { Snapshot } from '../snapshot/snapshot.js';
 import { RETRY_MS, type SwapContext } from './context.js';
 import { flowHooks, KEPT_BY_ENGINE, suspendOptions } from './flow-options.js';
 import { damaged, demoted, keptAsleep, lockHold, suspended, suspendFailed, suspending, type Asleep, type Slot } from './state.js';
@@ -105,8 +104,8 @@ export async function demote(ctx: SwapContext, slot: Slot): Promise<void> {
     let problem: string | undefined;
     let cause: unknown;
     try {
-      const snapshot = await Snapshot.open(config.store, slot.spec.snapshot, { id: entry.snapshotId });
-      const report = await checkResident(snapshot.manifest, entry);
+      const manifest = await config.store.get(slot.spec.snapshot, entry.snapshotId); // the manifest only: no hold on gc
+      const report = await checkResident(manifest, entry);
       if (!report.checked) problem = `snapshot ${entry.snapshotId} has no GPU digests to check them against`;
       else if (report.changed.length) problem = `they differ from snapshot ${entry.snapshotId} in ${report.changed.length} region(s): ${report.changed.slice(0, 5).join(', ')}`;
     } catch (err) {

@@ -2,10 +2,13 @@ import { join } from 'node:path';
 
 import { afterEach, describe, expect, it } from 'vitest';
 
+import { EngineClient } from '../../src/engine/engine-client.js';
+import { restoreEngine } from '../../src/flows/index.js';
 import { HostRegion } from '../../src/regions/host-region.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { tryLock } from '../../src/store/lock.js';
 import { RegionStore } from '../../src/store/region-store.js';
+import { freePort } from '../helpers/net.js';
 import { tempDir } from '../helpers/tmp.js';
 
 // `vsnap rm` (remove, then gc) racing a restore: the restore's manifest read and its copy must not
@@ -61,6 +64,29 @@ describe('vsnap rm racing a restore', () => {
     const root = tempDir();
     const store = await RegionStore.open(root);
     await expect(Snapshot.open(store, 'nope')).rejects.toMatchObject({ code: 'E_SNAPSHOT_NOT_FOUND' });
+    expect(gcCouldRun(root)).toBe(true);
+  });
+
+  it('an engine restore that ends before its copy (no engine answers) lets gc run at once, not after a delay', async () => {
+    const root = tempDir();
+    const store = await RegionStore.open(root);
+    await Snapshot.capture(store, 'a', { regions: [{ key: 'w', size: MiB, memory: region(1).memory }] });
+    const client = new EngineClient({ baseUrl: `http://127.0.0.1:${await freePort()}` }); // nothing listens there
+    try {
+      await expect(restoreEngine({ store, name: 'a' }, client)).rejects.toMatchObject({ code: expect.stringMatching(/^E_/) });
+    } finally {
+      await client.close();
+    }
+    expect(gcCouldRun(root)).toBe(true);
+  });
+
+  it('a snapshot whose hold is let go without a restore holds gc off no longer', async () => {
+    const root = tempDir();
+    const store = await RegionStore.open(root);
+    await Snapshot.capture(store, 'a', { regions: [{ key: 'w', size: MiB, memory: region(1).memory }] });
+    const snap = await Snapshot.open(store, 'a');
+    expect(gcCouldRun(root)).toBe(false);
+    snap.releaseHold();
     expect(gcCouldRun(root)).toBe(true);
   });
 });
