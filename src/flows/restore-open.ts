@@ -62,7 +62,6 @@ export async function openRestore(source: Snapshot | SnapshotRef, client: Engine
     ({ control, status } = await engineControl(client, options.signal ? { signal: options.signal } : {}));
     preflight(status, options);
   } catch (err) {
-    snapshot?.releaseHold(); // no restore follows: gc may run at once
     await (await early)?.close();
     throw err;
   }
@@ -73,7 +72,6 @@ export async function openRestore(source: Snapshot | SnapshotRef, client: Engine
     try {
       remap = resolveRemap(status, onGpus ? await listDevices() : [], move);
     } catch (err) {
-      snapshot?.releaseHold();
       await (await early)?.close();
       throw err;
     }

@@ -51,7 +51,6 @@ export async function restoreEngineWith(source: Snapshot | SnapshotRef, client: 
   try {
     return await restoreWith(run, options);
   } finally {
-    run.snapshot?.releaseHold(); // the open's hold on gc ends with the flow, copied or not
     await run.releaseEarly(); // memory made before the engine was read, where nothing took it
   }
 }

@@ -58,8 +58,6 @@ export class Snapshot {
   private isDurable: boolean;
   private persisting: Promise<void> | undefined;
   private current: Manifest;
-  /** Releases the shared store lock {@link Snapshot.open} took (a no-op for other snapshots). */
-  private releaseOpenHold: () => void = () => {};
 
   private constructor(store: RegionStore, manifest: Manifest, lastCapture?: TransferSummary, ramTier?: HostCache) {
     this.store = store;
@@ -126,17 +124,7 @@ export class Snapshot {
 
   /** The current capture of `name` (or the one with `id`). Throws E_SNAPSHOT_NOT_FOUND. */
   static async open(store: RegionStore, name: string, options: { id?: string } = {}): Promise<Snapshot> {
-    // the store's shared lock before the manifest is read, kept until the first restore settles: a gc
-    // (vsnap rm) meanwhile waits instead of deleting the blobs this manifest names
-    const release = await store.holdForRestore();
-    try {
-      const snapshot = new Snapshot(store, await store.get(name, options.id));
-      snapshot.releaseOpenHold = release;
-      return snapshot;
-    } catch (err) {
-      release();
-      throw err;
-    }
+    return new Snapshot(store, await store.get(name, options.id));
   }
 
   /**
@@ -263,24 +251,7 @@ export class Snapshot {
     return this.restoreInto(options, staged);
   }
 
-  /**
-   * Lets go of the store's shared lock {@link Snapshot.open} took, where no restore will follow
-   * (an engine flow that ended before its copy): a gc then runs at once. Idempotent.
-   * @internal
-   */
-  releaseHold(): void {
-    this.releaseOpenHold();
-  }
-
   private async restoreInto(options: RestoreOptions, staged: StagedTargets | undefined): Promise<TransferSummary> {
-    try {
-      return await this.restoreNow(options, staged);
-    } finally {
-      this.releaseOpenHold(); // the hold taken by open: this restore's own locks cover it from here
-    }
-  }
-
-  private async restoreNow(options: RestoreOptions, staged: StagedTargets | undefined): Promise<TransferSummary> {
     const manifest = this.current; // the one the bytes are restored by, even if a persist completes meanwhile
     if (!Array.isArray(options?.regions)) invalidArgument('regions', 'an array of restore targets', options?.regions);
     // Every target by region id; with stages, the rest join once made (before any of them is copied or digested).

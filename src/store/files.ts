@@ -144,19 +144,6 @@ export class StoreFiles {
     }
   }
 
-  /**
-   * Takes the shared blob lock and keeps it until the returned (idempotent) release, or `maxMs`,
-   * whichever comes first: gc (exclusive) waits meanwhile.
-   */
-  async holdShared(maxMs: number): Promise<() => void> {
-    const unlock = await acquireLock(join(this.root, '.lock'), false, this.lockTimeoutMs, this.readOnly);
-    const timer = setTimeout(unlock, maxMs).unref();
-    return () => {
-      clearTimeout(timer);
-      unlock();
-    };
-  }
-
   /** Runs `fn` holding the exclusive lock on manifests and `current` pointers (held briefly). */
   async withMetaLock<T>(fn: () => Promise<T>): Promise<T> {
     this.writable('publish');

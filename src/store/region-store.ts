@@ -14,12 +14,6 @@ import { verifyManifest } from './verify.js';
 export type { RegionStoreOptions, SnapshotList, SnapshotSummary, StoreProblem, VerifyProblem, VerifyReport } from './types.js';
 
 /**
- * How long a snapshot opened and not restored holds off gc at most: under gc's default lock
- * timeout (30 s), so such a snapshot delays a gc and never fails it. @internal
- */
-export const OPEN_HOLD_MS = 20_000;
-
-/**
  * Snapshots on disk. Region bytes are content-addressed blobs (`blobs/ab/<digest>`, identical
  * regions stored once); each capture is a manifest (`snapshots/<name>/<id>.json`) and
  * `snapshots/<name>/current` names the newest good one. Every file is published by
@@ -32,9 +26,8 @@ export const OPEN_HOLD_MS = 20_000;
  *
  * Processes coordinate through two flocks. `.lock` guards blobs: readers (restores, verifies,
  * RAM-tier loads) and publishes hold it shared, `gc` exclusive, so no blob is deleted while
- * read or while a capture places it; `Snapshot.open` holds it shared from its manifest read to
- * the first restore, so a gc cannot fall between the two. `.meta.lock` guards manifests and
- * `current` pointers, held exclusive for a moment by publish, `remove` and `gc`. So a publish waits only for `gc`,
+ * read or while a capture places it. `.meta.lock` guards manifests and `current` pointers, held
+ * exclusive for a moment by publish, `remove` and `gc`. So a publish waits only for `gc`,
  * `remove` and other publishes, never for a long restore.
  *
  * Which capture is `current` does not depend on the wall clock: every publish takes the next
@@ -75,16 +68,6 @@ export class RegionStore {
    */
   async withLock<T>(exclusive: boolean, fn: () => Promise<T>): Promise<T> {
     return this.files.withLock(exclusive, fn);
-  }
-
-  /**
-   * Holds the shared blob lock from a snapshot's open to its first restore, so gc (which deletes
-   * the blobs of removed snapshots) cannot run between the restore reading its manifest and
-   * copying the bytes. Released by the returned function, or after {@link OPEN_HOLD_MS} where no
-   * restore follows. @internal
-   */
-  async holdForRestore(): Promise<() => void> {
-    return guard(() => this.files.holdShared(OPEN_HOLD_MS));
   }
 
   /**

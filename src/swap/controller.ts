@@ -179,7 +179,6 @@ export class SwapController extends EventEmitter<SwapControllerEvents> {
   async verifySnapshot(model: string): Promise<VerifyReport> {
     const slot = this.slot(model);
     const snapshot = await Snapshot.open(this.config.store, slot.spec.snapshot);
-    snapshot.releaseHold(); // verify takes the store's lock itself; no restore follows
     const report = await snapshot.verify();
     await this.executor.verified(slot, snapshot.id, report);
     return report;
