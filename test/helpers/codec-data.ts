@@ -3,17 +3,11 @@
 // denormals and negative zero mixed in, random bytes, zeros, constants. Seeded: the same bytes
 // on every run.
 import type { CodecKind } from '../../src/plumbing.js';
+import { prng } from '../reliability/figures.js';
 
-/** A seeded generator of numbers in [0, 1) (mulberry32). */
+/** A seeded generator of numbers in [0, 1): the reliability suite's mulberry32, seed 0 read as 1. */
 export function rng(seed: number): () => number {
-  let a = seed >>> 0 || 1;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
+  return prng(seed >>> 0 || 1);
 }
 
 /** Draws: Gaussian (sigma 0.02, like trained weights) or heavy-tailed (Cauchy, scale 0.02). */
