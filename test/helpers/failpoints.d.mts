@@ -3,3 +3,6 @@ export function installFailpoints(
   env: Readonly<Record<string, string | undefined>>,
   io?: { kill?: () => void; write?: (line: string) => void },
 ): boolean;
+
+/** Holds a flow of this process at pause point `name` (its first arrival) until release(); see failpoints.mjs. */
+export function holdAt(name: string): { readonly reached: Promise<void>; release(): void; remove(): void };

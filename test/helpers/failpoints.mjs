@@ -1,5 +1,6 @@
 // Test-only: makes the calling process stop at vsnap's failpoints (src/store/failpoints.ts) as a
-// crash would, as its own environment (set by the test that spawns it) asks. The product never
+// crash would, as its own environment (set by the test that spawns it) asks; or (holdAt) holds a
+// flow of this process at a pause point while the test runs something beside it. The product never
 // reads these variables; a child process of the crash tests calls installFailpoints(process.env).
 //   TEST_FAILPOINTS=a,b      SIGKILL at the first point named a or b
 //   TEST_FAILPOINT_AT=n      SIGKILL at the n-th point reached, whatever its name, after printing `failpoint <name>`
@@ -30,4 +31,30 @@ export function installFailpoints(env, { kill = () => process.kill(process.pid, 
     }
   };
   return true;
+}
+
+/**
+ * In this process: the first time pause point `name` is reached, the flow waits there until
+ * release(); `reached` resolves as it arrives. remove() uninstalls the handler (release first).
+ */
+export function holdAt(name) {
+  let arrive;
+  const reached = new Promise((resolve) => (arrive = resolve));
+  let release;
+  const released = new Promise((resolve) => (release = resolve));
+  let held = false;
+  const handler = (point) => {
+    if (point !== name || held) return undefined;
+    held = true;
+    arrive();
+    return released;
+  };
+  globalThis[HANDLER] = handler;
+  return {
+    reached,
+    release: () => release(),
+    remove: () => {
+      if (globalThis[HANDLER] === handler) delete globalThis[HANDLER];
+    },
+  };
 }

@@ -1,7 +1,7 @@
 import { afterEach, describe, expect, it } from 'vitest';
 
-import { failpoint, setFailpointHandler } from '../../src/store/failpoints.js';
-import { installFailpoints } from '../helpers/failpoints.mjs';
+import { failpoint, pausePoint, setFailpointHandler } from '../../src/store/failpoints.js';
+import { holdAt, installFailpoints } from '../helpers/failpoints.mjs';
 
 // The failpoints of capture and publish do nothing in the product; a crash test's child process
 // installs the handler (test/helpers/failpoints.mjs) from its own environment. Here: both halves
@@ -55,5 +55,22 @@ describe('failpoints', () => {
     expect(installFailpoints({})).toBe(false);
     expect(() => failpoint('publish.blob')).not.toThrow();
     expect(() => installFailpoints({ TEST_FAILPOINT_AT: 'third' })).toThrow(/TEST_FAILPOINT_AT=third/);
+  });
+
+  it('a pause point goes on at once without a handler; holdAt holds its own point, the first time, until released', async () => {
+    await pausePoint('snapshot.opened');
+    const hold = holdAt('snapshot.opened');
+    const steps: string[] = [];
+    await pausePoint('other.point'); // not held
+    const first = pausePoint('snapshot.opened').then(() => steps.push('first on'));
+    await hold.reached;
+    await pausePoint('snapshot.opened'); // the second arrival is not held
+    steps.push('second on');
+    expect(steps).toEqual(['second on']);
+    hold.release();
+    await first;
+    expect(steps).toEqual(['second on', 'first on']);
+    hold.remove();
+    await pausePoint('snapshot.opened');
   });
 });
