@@ -1,3 +1,4 @@
+import type { Snapshot } from '../snapshot/snapshot.js';
 import type { CheckpointBackend } from './deep.js';
 
 /**
@@ -8,6 +9,8 @@ import type { CheckpointBackend } from './deep.js';
 export interface FlowHooks {
   /** The process checkpoint calls (default: the driver's, through the addon). */
   readonly checkpoint?: CheckpointBackend;
+  /** Told which capture a restore restores, once its snapshot is open (the SwapController marks that one damaged on its faults). */
+  readonly opened?: (snapshot: Snapshot) => void;
   /** Runs after the wake, before the expected-response check (tests flip a weights byte here). */
   readonly beforeCheck?: () => Promise<void>;
   /**

@@ -25,11 +25,16 @@ import type { EngineRestoreOptions, SnapshotRef } from './types.js';
  * Opens the snapshot, pulling it first when it has a registry source. One that cannot be opened
  * fails the restore, unless it may be recovered from (or the engine's own tier may hold the weights).
  */
-async function openSnapshot(source: Snapshot | SnapshotRef, client: EngineClient, options: EngineRestoreOptions, recovery: RecoveryChoice): Promise<{ snapshot?: Snapshot; openError?: OpenError }> {
-  if ('manifest' in source) return { snapshot: source }; // structural: a Snapshot of the other build (ESM/CJS) too
+async function openSnapshot(source: Snapshot | SnapshotRef, client: EngineClient, options: EngineRestoreOptions, recovery: RecoveryChoice, hooks: FlowHooks): Promise<{ snapshot?: Snapshot; openError?: OpenError }> {
+  if ('manifest' in source) {
+    hooks.opened?.(source);
+    return { snapshot: source }; // structural: a Snapshot of the other build (ESM/CJS) too
+  }
   try {
     await pullIfMissing(source, client, { signal: options.signal, allowModelSwap: options.allowModelSwap });
-    return { snapshot: await Snapshot.open(source.store, source.name, source.id !== undefined ? { id: source.id } : {}) };
+    const snapshot = await Snapshot.open(source.store, source.name, source.id !== undefined ? { id: source.id } : {});
+    hooks.opened?.(snapshot);
+    return { snapshot };
   } catch (err) {
     const error = toVsnapError(err);
     const reason = recovery.reload ? recoveryReason(error, undefined, undefined, options) : undefined;
@@ -50,7 +55,7 @@ async function openSnapshot(source: Snapshot | SnapshotRef, client: EngineClient
 export async function openRestore(source: Snapshot | SnapshotRef, client: EngineClient, options: EngineRestoreOptions, hooks: FlowHooks): Promise<EngineRestoreRun> {
   const started = performance.now();
   const recovery = recoveryChoice(options);
-  const { snapshot, openError } = await openSnapshot(source, client, options, recovery);
+  const { snapshot, openError } = await openSnapshot(source, client, options, recovery, hooks);
   const plan = planRestore({ options, snapshot, engine: client.baseUrl, awaitsRoom: hooks.beforeKvWake !== undefined });
   const ram = options.tiers?.ram;
   const onProgress = options.transfer?.onProgress;

@@ -29,6 +29,10 @@ const RESTORE_OPTIONS = ['tiers', 'recovery', 'move', 'verify', 'overlapKvWake',
  * says how to recover. With `recovery: 'reload'`, a snapshot that cannot be used (missing,
  * damaged, incompatible, RAM copy lost) is replaced by the engine's own reload of its weights
  * (see {@link RecoveryReason}).
+ *
+ * The store's lock is held, shared, for the whole restore: a `gc` (`vsnap rm`) waits for it to
+ * end. Given a {@link SnapshotRef}, the manifest is read under that lock too; a `Snapshot` opened
+ * earlier was read before it, and a gc run in between may have deleted its blobs (E_BLOB_MISSING).
  * @public
  */
 export function restoreEngine(source: Snapshot | SnapshotRef, client: EngineClient, options: EngineRestoreOptions = {}): Promise<EngineRestoreReport> {
@@ -47,12 +51,16 @@ export async function restoreEngineWith(source: Snapshot | SnapshotRef, client: 
   checkOptions('restoreEngine options.move', options.move, ['onto', 'gpuMap', 'reserveBytes']);
   checkOptions('restoreEngine options.verify', options.verify, ['blobs', 'digests', 'logprobTolerance']);
   checkOptions('restoreEngine options.transfer', options.transfer, ['threads', 'directIo', 'onProgress']);
-  const run = await openRestore(source, client, options, hooks);
-  try {
-    return await restoreWith(run, options);
-  } finally {
-    await run.releaseEarly(); // memory made before the engine was read, where nothing took it
-  }
+  // The store's blob lock, shared, from before the manifest is read to the flow's end (every path):
+  // a gc (`vsnap rm`) waits meanwhile instead of deleting the blobs this restore is about to read.
+  return source.store.withLock(false, async () => {
+    const run = await openRestore(source, client, options, hooks);
+    try {
+      return await restoreWith(run, options);
+    } finally {
+      await run.releaseEarly(); // memory made before the engine was read, where nothing took it
+    }
+  });
 }
 
 /** restoreEngine's steps once the snapshot is open and the engine read. */

@@ -5,7 +5,7 @@ import { Manifest } from '../manifest/manifest.js';
 import type { RegionInfo } from '../manifest/types.js';
 import type { NativeTransferResult } from '../native/index.js';
 import { blobDigest } from '../manifest/blob-digest.js';
-import { failpoint } from '../store/failpoints.js';
+import { failpoint, pausePoint } from '../store/failpoints.js';
 import { validateName } from '../store/names.js';
 import { RegionStore, type VerifyReport } from '../store/region-store.js';
 import { persistFromRamTier } from './persist.js';
@@ -122,9 +122,15 @@ export class Snapshot {
     return new Snapshot(store, manifest);
   }
 
-  /** The current capture of `name` (or the one with `id`). Throws E_SNAPSHOT_NOT_FOUND. */
+  /**
+   * The current capture of `name` (or the one with `id`). Throws E_SNAPSHOT_NOT_FOUND. Only the
+   * manifest is read: a `gc` (`vsnap rm`) may delete its blobs before a later restore reads them.
+   * `restoreEngine` given a reference (`{ store, name }`) opens it under the store's lock, so none can.
+   */
   static async open(store: RegionStore, name: string, options: { id?: string } = {}): Promise<Snapshot> {
-    return new Snapshot(store, await store.get(name, options.id));
+    const snapshot = new Snapshot(store, await store.get(name, options.id));
+    await pausePoint('snapshot.opened'); // the manifest read, its blobs not yet: a test runs a gc here
+    return snapshot;
   }
 
   /**

@@ -22,7 +22,7 @@ export async function acquireLock(path: string, exclusive: boolean, timeoutMs: n
       throw new VsnapError(
         'E_STORE_LOCKED',
         `could not take the ${exclusive ? 'exclusive' : 'shared'} store lock ${path} within ${timeoutMs} ms: ` +
-          'another vsnap process is capturing, removing or collecting garbage. Retry, or raise lockTimeoutMs.',
+          'a vsnap operation (of this or another process) is restoring from, capturing into, removing from or collecting garbage in this store. Retry once it has ended, or raise lockTimeoutMs.',
         { path },
       );
     }

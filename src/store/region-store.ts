@@ -26,7 +26,8 @@ export type { RegionStoreOptions, SnapshotList, SnapshotSummary, StoreProblem, V
  *
  * Processes coordinate through two flocks. `.lock` guards blobs: readers (restores, verifies,
  * RAM-tier loads) and publishes hold it shared, `gc` exclusive, so no blob is deleted while
- * read or while a capture places it. `.meta.lock` guards manifests and `current` pointers, held
+ * read or while a capture places it; an engine restore takes it before it reads the manifest, so a
+ * gc cannot fall between the two. `.meta.lock` guards manifests and `current` pointers, held
  * exclusive for a moment by publish, `remove` and `gc`. So a publish waits only for `gc`,
  * `remove` and other publishes, never for a long restore.
  *

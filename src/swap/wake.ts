@@ -2,7 +2,6 @@ import { toVsnapError, VsnapError } from '../errors.js';
 import { restoreEngine, type EngineRestoreReport, type SnapshotRef } from '../flows/index.js';
 import { restoreEngineWith } from '../flows/restore.js';
 import { restoreFailure } from '../flows/restore-failure.js';
-import { Snapshot } from '../snapshot/snapshot.js';
 import { RETRY_MS, type SwapContext } from './context.js';
 import { flowHooks, KEPT_BY_ENGINE, restoreOptions } from './flow-options.js';
 import { checkRestorable, damageReason, SNAPSHOT_FAULTS } from './readiness.js';
@@ -135,20 +134,14 @@ export async function wake(ctx: SwapContext, slot: Slot, onto?: readonly number[
 /** restoreEngine from its snapshot (or, with recovery, from a reference to it when it cannot be opened). */
 async function restore(ctx: SwapContext, slot: Slot, opened: (id: string) => void, onto: readonly number[] | undefined, room: Room | undefined) {
   const { config } = ctx;
-  let source: Snapshot | SnapshotRef;
-  try {
-    const snapshot = await Snapshot.open(config.store, slot.spec.snapshot);
-    opened(snapshot.id);
-    source = snapshot;
-  } catch (err) {
-    if (!config.recovery.reload) throw err;
-    // restoreEngine opens it again (pulling it first when it has a registry source) and recovers past it
-    source = { store: config.store, name: slot.spec.snapshot, ...(slot.spec.from ? { from: slot.spec.from } : {}) };
-  }
+  // Opened by restoreEngine under the store's lock, so no gc (`vsnap rm`) falls between its manifest
+  // read and its copy. With recovery, one it cannot open is pulled (from a registry source) or recovered past.
+  const source: SnapshotRef = { store: config.store, name: slot.spec.snapshot, ...(config.recovery.reload && slot.spec.from ? { from: slot.spec.from } : {}) };
   const neighbour = ctx.neighbour?.tier;
   const onWarning = (message: string): void => void ctx.events.emit('warning', { engine: slot.spec.name, message });
   const gate = room ? { beforeKvWake: () => room.slept, ...(room.afterCopy ? { afterCopy: room.afterCopy } : {}) } : {};
-  return restoreEngineWith(source, slot.spec.client, restoreOptions(config, slot, { neighbour, onto, onWarning }), flowHooks(config, gate));
+  const hooks = flowHooks(config, { ...gate, opened: (snapshot) => opened(snapshot.id) });
+  return restoreEngineWith(source, slot.spec.client, restoreOptions(config, slot, { neighbour, onto, onWarning }), hooks);
 }
 
 /** The engine's own tier 0: wake its KV cache (no snapshot, nothing moved). */

@@ -1,4 +1,3 @@
-import { Snapshot } from '../../snapshot/snapshot.js';
 import { captureEngine, restoreEngine, suspendEngine } from '../../flows/index.js';
 import type { MaterializePolicy } from '../../flows/recovery.js';
 import type { Context } from '../context.js';
@@ -57,7 +56,8 @@ export async function restore(ctx: Context): Promise<number> {
     const materialize = (ctx.options.materialize ?? 'off') as MaterializePolicy;
     // With --recover a new capture may be written: the store is opened for that.
     const store = await ctx.openStore(recover && materialize !== 'off' ? 'create' : 'read');
-    const source = recover ? { store, name, ...(ctx.options.id ? { id: ctx.options.id } : {}) } : await Snapshot.open(store, name, ctx.options.id ? { id: ctx.options.id } : {});
+    // A reference, not an opened snapshot: the restore reads its manifest under the store's lock (no `vsnap rm` in between).
+    const source = { store, name, ...(ctx.options.id ? { id: ctx.options.id } : {}) };
     const progress = progressLine('restore');
     const move = typeof ctx.options.onto === 'string' ? { move: { onto: /^\d+$/.test(ctx.options.onto) ? Number(ctx.options.onto) : ctx.options.onto } } : {};
     const report = await restoreEngine(source, client, { transfer: { onProgress: progress.update }, signal: ctx.signal, ...move, ...(recover ? { recovery: { policy: 'reload' as const, materialize } } : {}) }).finally(() =>
