@@ -11,9 +11,8 @@ import { execFileSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { isDeepStrictEqual } from 'node:util';
 
+import { median, MiB, since } from './common.js';
 import { vllmRoutes } from './engine.js';
-
-const MiB = 1024 * 1024;
 
 export interface HostMemory {
   memAvailableBytes: number | null;
@@ -83,8 +82,11 @@ export interface VllmLevel1Result {
   } | null;
 }
 
-const median = (v: readonly number[]): number | null => (v.length ? [...v].sort((a, b) => a - b)[Math.floor(v.length / 2)]! : null);
-const since = (t: number): number => (performance.now() - t) / 1000;
+/** The upper median of the values present, or null for none. */
+const medianOf = (v: ReadonlyArray<number | null>): number | null => {
+  const present = v.filter((x): x is number => x !== null);
+  return present.length ? median(present) : null;
+};
 const delta = (a: number | null, b: number | null): number | null => (a === null || b === null ? null : a - b);
 
 /** `cycles` level-1 sleep/wake cycles of the awake engine; `ask` gives its probe answer, compared with `answer`. */
@@ -143,11 +145,11 @@ export async function runVllmLevel1(
     cycles: out,
     summary: {
       firstSleepSeconds: out[0]!.sleepSeconds,
-      laterSleepMedianSeconds: median(out.slice(1).map((c) => c.sleepSeconds)),
-      wakeMedianSeconds: median(out.map((c) => c.wakeSeconds))!,
-      hostHeldBytes: median(out.flatMap((c) => (c.hostHeldBytes === null ? [] : [c.hostHeldBytes]))),
+      laterSleepMedianSeconds: medianOf(out.slice(1).map((c) => c.sleepSeconds)),
+      wakeMedianSeconds: median(out.map((c) => c.wakeSeconds)),
+      hostHeldBytes: medianOf(out.map((c) => c.hostHeldBytes)),
       hostHeldAfterWakeBytes: out.at(-1)!.hostHeldAfterWakeBytes,
-      gpuBytesAsleep: median(out.flatMap((c) => (c.gpuBytesAsleep === null ? [] : [c.gpuBytesAsleep]))),
+      gpuBytesAsleep: medianOf(out.map((c) => c.gpuBytesAsleep)),
     },
   };
 }

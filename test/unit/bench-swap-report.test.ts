@@ -4,7 +4,8 @@
 // overlap, sweep and vLLM tables; the medians and the restore without its check.
 import { describe, expect, it } from 'vitest';
 
-import { bytesAloneOf, bytesAloneTable, type Ceiling, median, stats, type ModeRow, overlapTable, type PhaseRow, phaseTable, sweepTable, type SweepRow, type TargetsInput, targetsTable, vllmTable, withoutCheck } from '../../bench/swap-report.js';
+import { median } from '../../bench/common.js';
+import { bytesAloneOf, bytesAloneTable, type Ceiling, stats, type ModeRow, overlapTable, type PhaseRow, phaseTable, sweepTable, type SweepRow, type TargetsInput, targetsTable, vllmTable, withoutCheck } from '../../bench/swap-report.js';
 import type { VllmLevel1Result } from '../../bench/swap-vllm.js';
 
 const GiB = 2 ** 30;
