@@ -1,20 +1,12 @@
 // `npm run bench -- swap`: two reference engines of the same size (seeds 1 and 2, 16.74 GiB of
 // weights each with the defaults --layers 36 --hidden 4096), one awake and one asleep, swapped back
-// and forth through vsnap's public API, once per tier a restore can come from:
-//   tier0      weights kept on the GPU across sleep (ResidentWeights) and mapped back: no copy
-//   ram        both snapshots in the pinned RAM tier (HostCache): one bulk DMA; ram2 the same over
-//              two PCIe links (tiers.multipath, GPU --neighbour)
-//   engine     the engine's own tier 0 (tiers.engine: KV cache released, weights left in the engine)
-//   pagecache  blobs read from the page cache; cold: caches dropped, O_DIRECT (needs root)
-// One swap = suspendEngine of the awake engine + restoreEngine of the other, timed from the start of
-// the suspend until the restore resolves; after it the woken engine must give its first answer.
-// `sweep` (bench/swap-sweep.ts) runs before the engines start, `vllm-l1` (bench/swap-vllm.ts,
-// vLLM's own level-1 sleep) after the RAM rows. `--overlap` runs tier0, ram and ram2 once per mode:
-// none (suspend, then restore), kv (restoreEngine's overlapKvWake), weights and all (swapEngines).
-// The report opens with issue 25's targets, each against a reference measured in the same run
-// (bench/swap-report.ts); the bytes alone are the raw pinned H2D of the engine's own regions.
-// Options and their defaults: parseArgs below. Writes <out>/engine-swap-<GiB>GiB.json (every swap)
-// and .md, prints the tables; progress on stderr.
+// and forth through vsnap's public API, once per tier a restore can come from and per overlap mode.
+// One swap = suspendEngine of the awake engine + restoreEngine of the other (or swapEngines, for the
+// overlap modes weights and all), timed from the start of the suspend until the restore resolves;
+// after it the woken engine must give its first answer. The rows, what each measures and needs:
+// bench/results/README.md#swap-benchmark-rows; `sweep` is bench/swap-sweep.ts, `vllm-l1`
+// bench/swap-vllm.ts, the tables bench/swap-report.ts. Options and their defaults: parseArgs below.
+// Writes <out>/engine-swap-<GiB>GiB.json (every swap) and .md, prints the tables; progress on stderr.
 import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import { cpus } from 'node:os';
 import { join } from 'node:path';
@@ -194,8 +186,7 @@ let failure: unknown;
 /** One swap of a row: suspend the awake engine, restore the other; checks the tier and the answer. */
 async function swap(result: RowResult, index: number, warmup: boolean, mode: SwapMode): Promise<SwapRecord> {
   const { row, overlap } = result;
-  const from = sides[awake]!;
-  const to = sides[1 - awake]!;
+  const [from, to] = [sides[awake]!, sides[1 - awake]!];
   let dropCachesSeconds: number | undefined;
   if (mode.dropCaches) {
     const t = performance.now();
@@ -233,27 +224,17 @@ async function swap(result: RowResult, index: number, warmup: boolean, mode: Swa
   if (!isDeepStrictEqual(answer, to.answer)) throw new Error(`[${row}] swap ${index}: engine ${to.label} answers differently after the swap:\n  before ${JSON.stringify(to.answer)}\n  after  ${JSON.stringify(answer)}`);
   const spawnStart = performance.now();
   const after = device === 'cuda' ? { asleepGpuBytes: gpuBytesOf(from.engine.enginePid), spawnSeconds: since(spawnStart) } : {};
-  const hydrate = mode.kept ? undefined : report.phases.hydrate;
+  const kept = mode.kept === true; // the engine row: its record keeps no phases
+  const hydrate = kept ? undefined : report.phases.hydrate;
   const record: SwapRecord = {
-    row,
-    overlap,
-    ...(report.overlapped && !mode.kept ? { overlapped: report.overlapped } : {}),
-    warmup,
-    index,
-    from: from.label,
-    to: to.label,
-    wallSeconds,
-    suspendSeconds,
-    suspendPhases: mode.kept ? {} : { ...suspended.phases },
-    restoreSeconds: report.seconds,
-    tier: mode.kept ? 'engine' : report.tier,
-    bytes: mode.kept ? 0 : report.bytes,
-    phases: mode.kept ? {} : { ...report.phases },
+    row, overlap, ...(report.overlapped && !kept ? { overlapped: report.overlapped } : {}), warmup, index, from: from.label, to: to.label,
+    wallSeconds, suspendSeconds, suspendPhases: kept ? {} : { ...suspended.phases },
+    restoreSeconds: report.seconds, tier: kept ? 'engine' : report.tier, bytes: kept ? 0 : report.bytes, phases: kept ? {} : { ...report.phases },
     hydrateGBps: hydrate ? report.bytes / hydrate / 1e9 : null,
     ...(dropCachesSeconds !== undefined ? { dropCachesSeconds } : {}),
     ...after,
   };
-  const where = mode.kept ? `resume ${ms(report.seconds)}` : `${listed(suspended.phases)}; restore ${ms(report.seconds)} from ${report.tier}: ${listed(report.phases)}`;
+  const where = kept ? `resume ${ms(report.seconds)}` : `${listed(suspended.phases)}; restore ${ms(report.seconds)} from ${report.tier}: ${listed(report.phases)}`;
   log(
     `[${row}${overlap === 'none' ? '' : `, overlap ${overlap}`}]${warmup ? ' warm-up' : ''} swap ${index} ${from.label}->${to.label}: ${ms(wallSeconds)} (suspend ${ms(suspendSeconds)}${mode.kept ? '; ' : ': '}${where})` +
       (after.spawnSeconds !== undefined ? `; then nvidia-smi spawned in ${ms(after.spawnSeconds)}` : ''),

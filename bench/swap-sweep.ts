@@ -77,12 +77,7 @@ async function restoreFromRam(snap: Snapshot, regions: Region[], cache: HostCach
   return res;
 }
 
-/**
- * GPU only: each allocation exported as a POSIX fd (the engine's export), then, per restore, what a
- * restore does with an engine's export: one MappedRegions set over the fds, pipelined (the copy
- * starts on the first regions while the rest are mapped), the copy and its GPU digest through it;
- * timed from the first import to the verified copy, the set closed after the clock. One warm-up.
- */
+/** The restores through exported fds (SweepRow.imported), after one warm-up: the set is closed after the clock; pipelined, the copy starts on the first regions while the rest are mapped. */
 async function restoreViaFds(snap: Snapshot, held: Region[], cache: HostCache, reps: number): Promise<Omit<NonNullable<SweepRow['imported']>, 'vsFirst' | 'vsCeiling'>> {
   const fds: number[] = [];
   try {

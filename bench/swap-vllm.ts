@@ -90,14 +90,7 @@ const medianOf = (v: ReadonlyArray<number | null>): number | null => {
 const delta = (a: number | null, b: number | null): number | null => (a === null || b === null ? null : a - b);
 
 /** `cycles` level-1 sleep/wake cycles of the awake engine; `ask` gives its probe answer, compared with `answer`. */
-export async function runVllmLevel1(
-  url: string,
-  enginePid: number,
-  cycles: number,
-  answer: unknown,
-  ask: () => Promise<unknown>,
-  log: (m: string) => void,
-): Promise<VllmLevel1Result> {
+export async function runVllmLevel1(url: string, enginePid: number, cycles: number, answer: unknown, ask: () => Promise<unknown>, log: (m: string) => void): Promise<VllmLevel1Result> {
   const allocator = process.env.VSNAP_VLLM_SRC ? `vLLM's own (VSNAP_VLLM_SRC=${process.env.VSNAP_VLLM_SRC})` : "the reference engine's stand-in (no VSNAP_VLLM_SRC)";
   const client = vllmRoutes(url);
   if (await client.isSleeping()) return { skipped: 'the engine to measure is asleep', allocator, cycles: [], summary: null };
@@ -121,15 +114,10 @@ export async function runVllmLevel1(
     const processDeltaBytes: Record<string, number> = {};
     for (const [k, v] of Object.entries(asleep.process)) if (before.process[k] !== undefined) processDeltaBytes[k] = v - before.process[k]!;
     const cycle: SleepCycle = {
-      index: i,
-      sleepSeconds,
-      wakeSeconds,
+      index: i, sleepSeconds, wakeSeconds,
       hostHeldBytes: delta(baseline.memAvailableBytes, asleep.memAvailableBytes),
       hostHeldAfterWakeBytes: delta(baseline.memAvailableBytes, after.memAvailableBytes),
-      processDeltaBytes,
-      gpuBytesAwake,
-      gpuBytesAsleep,
-      answerSame,
+      processDeltaBytes, gpuBytesAwake, gpuBytesAsleep, answerSame,
     };
     out.push(cycle);
     const g = (b: number | null): string => (b === null ? 'n/a' : `${(b / 2 ** 30).toFixed(2)} GiB`);
@@ -140,9 +128,7 @@ export async function runVllmLevel1(
     if (!answerSame) throw new Error(`[vllm-l1] cycle ${i}: the engine answers differently after vLLM's level-1 wake`);
   }
   return {
-    skipped: null,
-    allocator,
-    cycles: out,
+    skipped: null, allocator, cycles: out,
     summary: {
       firstSleepSeconds: out[0]!.sleepSeconds,
       laterSleepMedianSeconds: medianOf(out.slice(1).map((c) => c.sleepSeconds)),
