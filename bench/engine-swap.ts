@@ -16,7 +16,7 @@ import { captureEngine, cudaStatus, EngineClient, type EngineRestoreOptions, typ
 import { listDevices, releaseIdleResources } from '../src/plumbing.js';
 import { dropCaches, GiB, MiB, since } from './common.js';
 import { type Answer, askCapital, engineTierUnsupported, type ReferenceEngine, startEngine } from './engine.js';
-import { bytesAloneOf, bytesAloneTable, type Ceiling, cell, f, type ModeRow, overlapTable, type PhaseRow, phaseTable, stats, sweepTable, type SweepRow, targetsTable, vllmTable } from './swap-report.js';
+import { bytesAloneOf, bytesAloneTable, type Ceiling, cell, f, type ModeRow, type PhaseRow, phaseTable, stats, sweepTable, type SweepRow, targetsTable, vllmTable } from './swap-report.js';
 import { runCeiling, runSweep } from './swap-sweep.js';
 import { gpuBytesOf, runVllmLevel1, type VllmLevel1Result } from './swap-vllm.js';
 
@@ -522,6 +522,12 @@ function rowsReport(): string {
     `Setup: both engines up in ${engineStartSeconds.toFixed(1)} s; capture ${captureNote.join(', ')}.`,
     `A swap = suspend of the awake engine + restoreEngine of the other; medians of ${reps} swaps a row (cold: ${COLD_REPS}) after ${WARMUP} unmeasured warm-up swaps (cold: none); every restore gave the answer recorded before any swap.`,
   );
+  if (rows.some((r) => r.overlap !== 'none')) {
+    lines.push(
+      'Overlap modes: none = suspend, then restore; kv = the same, the KV cache woken during the hydrate (overlapKvWake); weights = swapEngines, the suspend and the restore at once, ' +
+        "the KV wake waiting for the other engine's sleep (r.awaitRoom, overlapped with the hydrate); all = both at once throughout. A tier-0 restore never overlaps its KV wake with the adopt (both are the engine's own work), so kv is none there. With overlap the suspend and restore medians overlap in time, so they add up to more than the swap.",
+    );
+  }
   return lines.join('\n');
 }
 const byRow = (row: RowName): PhaseRow | undefined => phased.find((p) => p.label === LABEL[row]);
@@ -545,7 +551,6 @@ const table = [
   bytesAloneTable(modeRows('ram'), bytesAlone),
   rowsReport(),
   sweep ? sweepTable(sweep.rows, on, sweep.ceilingNote) : '',
-  overlapTable(measured.filter((m) => OVERLAP_ROWS.includes(m.row)).map((m) => ({ row: LABEL[m.row], overlap: m.overlap, phases: m.p }))),
   vllmTable(vllmLevel1, byRow('ram'), byRow('tier0'), ramTierBytes, byRow('ram2'), ramTierEngineBytes),
   failure ? `FAILED: ${cell(failure instanceof Error ? failure.message : String(failure))}` : '',
 ]

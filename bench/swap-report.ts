@@ -1,7 +1,7 @@
 // Markdown tables of `npm run bench -- swap`, pure (no GPU, no engine): the targets of issue 25,
 // each against its ceiling or reference measured in the same run; the RAM-tier restore per phase
-// against the bytes alone; the phase breakdown per swap; the serial and overlapped swaps; the
-// region-count sweep; vLLM's level-1 sleep beside vsnap. The records they read are defined here.
+// against the bytes alone; the phase breakdown per swap; the region-count sweep; vLLM's level-1
+// sleep beside vsnap. The records they read are defined here.
 import { GiB, median } from './common.js';
 import type { VllmLevel1Result } from './swap-vllm.js';
 
@@ -186,26 +186,6 @@ export function vllmTable(v: VllmLevel1Result | null, ram: PhaseRow | undefined,
     '',
     `Target (issue 25): vsnap RAM-tier restore without the check <= ${TARGETS.restoreVsVllm}x of vLLM's level-1 wake of the same engine: ${ramNoCheck === null ? 'no RAM row this run' : `${f(ramNoCheck / s.wakeMedianSeconds)}x, ${ramNoCheck / s.wakeMedianSeconds <= TARGETS.restoreVsVllm ? 'met' : 'not met'}`}. ` +
       `vLLM: ${v.cycles.length} cycles of /sleep?level=1 then /wake_up on the awake engine, every wake checked against the probe answer; host memory held = MemAvailable drop while asleep (the engine core's /proc status deltas are in the JSON); GPU = nvidia-smi used_memory of the engine core while asleep.`,
-  );
-  return lines.join('\n');
-}
-
-/** Serial vs overlapped swaps, one row per tier (`row`) and overlap mode: the swap's median and its ratio to the same tier's `none`. */
-export function overlapTable(rows: ReadonlyArray<{ row: string; overlap: string; phases: PhaseRow }>): string {
-  if (!rows.some((r) => r.overlap !== 'none')) return '';
-  const lines = [
-    '| swap overlap | mode | swap median (ms) | vs none | suspend median (ms) | restore median (ms) | r.wakeKvCache (ms) | r.awaitRoom (ms) |',
-    '|---|---|---:|---:|---:|---:|---:|---:|',
-  ];
-  for (const { row, overlap, phases: p } of rows) {
-    const base = rows.find((x) => x.row === row && x.overlap === 'none')?.phases.swapMedian;
-    const ratio = base && p.swapMedian !== null ? `${f(p.swapMedian / base)}x` : 'n/a';
-    lines.push(`| ${row} | ${overlap} | ${msCell(p.swapMedian)} | ${ratio} | ${msCell(p.suspendMedian)} | ${msCell(p.restoreMedian)} | ${msCell(p.restorePhases.wakeKvCache)} | ${msCell(p.restorePhases.awaitRoom)} |`);
-  }
-  lines.push(
-    '',
-    'Modes: none = suspend, then restore; kv = the same, the KV cache woken during the hydrate (overlapKvWake); weights = swapEngines, the suspend and the restore at once, ' +
-      'the KV wake waiting for the other engine\'s sleep (r.awaitRoom, overlapped with the hydrate); all = both at once throughout. A tier-0 restore never overlaps its KV wake with the adopt (both are the engine\'s own work), so kv is none there. With overlap the suspend and restore medians overlap in time, so they add up to more than the swap.',
   );
   return lines.join('\n');
 }
