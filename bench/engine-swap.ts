@@ -187,6 +187,7 @@ let failure: unknown;
 async function swap(result: RowResult, index: number, warmup: boolean, mode: SwapMode): Promise<SwapRecord> {
   const { row, overlap } = result;
   const [from, to] = [sides[awake]!, sides[1 - awake]!];
+  const kept = mode.kept === true; // the engine row: parked and resumed by name, its record keeps no phases
   let dropCachesSeconds: number | undefined;
   if (mode.dropCaches) {
     const t = performance.now();
@@ -210,12 +211,12 @@ async function swap(result: RowResult, index: number, warmup: boolean, mode: Swa
     suspended = await suspendEngine(store, from.name, from.client, mode.suspend);
     suspendSeconds = since(t0);
     const expected = to.snapshot!.manifest.data.expectedResponse;
-    report = mode.kept
+    report = kept
       ? await restoreEngine({ store, name: to.name }, to.client, { tiers: { engine: expected ? { expected } : true } })
       : await restoreEngine(to.snapshot!, to.client, { ...mode.restore, ...(overlap === 'kv' ? { overlapKvWake: true } : {}) });
   }
   const wallSeconds = since(t0);
-  if (!mode.kept && (suspended.captured || suspended.alreadyAsleep)) throw new Error(`suspend of ${from.label} did not find a durable snapshot or the engine was asleep (captured ${suspended.captured}, alreadyAsleep ${suspended.alreadyAsleep})`);
+  if (!kept && (suspended.captured || suspended.alreadyAsleep)) throw new Error(`suspend of ${from.label} did not find a durable snapshot or the engine was asleep (captured ${suspended.captured}, alreadyAsleep ${suspended.alreadyAsleep})`);
   awake = 1 - awake;
   if (mode.tier && report.tier !== mode.tier) throw new Error(`[${row}] swap ${index}: ${to.label} restored from the ${report.tier} tier, expected ${mode.tier}`);
   if (row === 'ram2' && !report.multipath?.neighbourUsed) throw new Error(`[ram2] swap ${index}: ${to.label} restored over its own link only, not two: the row would report one link's numbers as two`);
@@ -224,7 +225,6 @@ async function swap(result: RowResult, index: number, warmup: boolean, mode: Swa
   if (!isDeepStrictEqual(answer, to.answer)) throw new Error(`[${row}] swap ${index}: engine ${to.label} answers differently after the swap:\n  before ${JSON.stringify(to.answer)}\n  after  ${JSON.stringify(answer)}`);
   const spawnStart = performance.now();
   const after = device === 'cuda' ? { asleepGpuBytes: gpuBytesOf(from.engine.enginePid), spawnSeconds: since(spawnStart) } : {};
-  const kept = mode.kept === true; // the engine row: its record keeps no phases
   const hydrate = kept ? undefined : report.phases.hydrate;
   const record: SwapRecord = {
     row, overlap, ...(report.overlapped && !kept ? { overlapped: report.overlapped } : {}), warmup, index, from: from.label, to: to.label,
@@ -236,7 +236,7 @@ async function swap(result: RowResult, index: number, warmup: boolean, mode: Swa
   };
   const where = kept ? `resume ${ms(report.seconds)}` : `${listed(suspended.phases)}; restore ${ms(report.seconds)} from ${report.tier}: ${listed(report.phases)}`;
   log(
-    `[${row}${overlap === 'none' ? '' : `, overlap ${overlap}`}]${warmup ? ' warm-up' : ''} swap ${index} ${from.label}->${to.label}: ${ms(wallSeconds)} (suspend ${ms(suspendSeconds)}${mode.kept ? '; ' : ': '}${where})` +
+    `[${row}${overlap === 'none' ? '' : `, overlap ${overlap}`}]${warmup ? ' warm-up' : ''} swap ${index} ${from.label}->${to.label}: ${ms(wallSeconds)} (suspend ${ms(suspendSeconds)}${kept ? '; ' : ': '}${where})` +
       (after.spawnSeconds !== undefined ? `; then nvidia-smi spawned in ${ms(after.spawnSeconds)}` : ''),
   );
   return record;
