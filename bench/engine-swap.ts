@@ -1,21 +1,12 @@
 // `npm run bench -- swap`: two reference engines of the same size (seeds 1 and 2, 16.74 GiB of
 // weights each with the defaults --layers 36 --hidden 4096), one awake and one asleep, swapped back
-// and forth through vsnap's public API, once per tier a restore can come from:
-//   tier0      weights kept on the GPU across sleep (ResidentWeights) and mapped back: no copy
-//   ram        both snapshots in the pinned RAM tier (HostCache): one bulk DMA; ram2 the same over
-//              two PCIe links (tiers.multipath, GPU --neighbour)
-//   engine     the engine's own tier 0 (tiers.engine: KV cache released, weights left in the engine)
-//   pagecache  blobs read from the page cache; cold: caches dropped, O_DIRECT (needs root)
-// One swap = suspendEngine of the awake engine + restoreEngine of the other, timed from the start of
-// the suspend until the restore resolves; after it the woken engine must give its first answer.
-// `sweep` (bench/swap-sweep.ts) runs before the engines start, `vllm-l1` (bench/swap-vllm.ts,
-// vLLM's own level-1 sleep) after the RAM rows. `--overlap` runs tier0, ram and ram2 once per mode:
-// none (suspend, then restore), kv (restoreEngine's overlapKvWake), weights and all (swapEngines).
-// The report opens with issue 25's targets, each against a reference measured in the same run
-// (bench/swap-report.ts); the bytes alone are the raw pinned H2D of the engine's own regions.
-// Options and their defaults: parseArgs below. Writes <out>/engine-swap-<GiB>GiB.json (every swap)
-// and .md, prints the tables; progress on stderr.
-import { execSync } from 'node:child_process';
+// and forth through vsnap's public API, once per tier a restore can come from and per overlap mode.
+// One swap = suspendEngine of the awake engine + restoreEngine of the other (or swapEngines, for the
+// overlap modes weights and all), timed from the start of the suspend until the restore resolves;
+// after it the woken engine must give its first answer. The rows, what each measures and needs:
+// bench/results/README.md#swap-benchmark-rows; `sweep` is bench/swap-sweep.ts, `vllm-l1`
+// bench/swap-vllm.ts, the tables bench/swap-report.ts. Options and their defaults: parseArgs below.
+// Writes <out>/engine-swap-<GiB>GiB.json (every swap) and .md, prints the tables; progress on stderr.
 import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import { cpus } from 'node:os';
 import { join } from 'node:path';
@@ -23,14 +14,12 @@ import { isDeepStrictEqual, parseArgs } from 'node:util';
 
 import { captureEngine, cudaStatus, EngineClient, type EngineRestoreOptions, type EngineSuspendOptions, HostCache, type Manifest, RegionStore, ResidentWeights, restoreEngine, type Snapshot, suspendEngine, swapEngines } from '../src/index.js';
 import { listDevices, releaseIdleResources } from '../src/plumbing.js';
+import { dropCaches, GiB, MiB, since } from './common.js';
 import { type Answer, askCapital, engineTierUnsupported, type ReferenceEngine, startEngine } from './engine.js';
-import { bytesAloneOf, bytesAloneTable, type Ceiling, type ModeRow, overlapTable, type PhaseRow, phaseTable, stats, sweepTable, type SweepRow, targetsTable, vllmTable } from './swap-report.js';
+import { bytesAloneOf, bytesAloneTable, type Ceiling, cell, f, type ModeRow, type PhaseRow, phaseTable, stats, sweepTable, type SweepRow, targetsTable, vllmTable } from './swap-report.js';
 import { runCeiling, runSweep } from './swap-sweep.js';
 import { gpuBytesOf, runVllmLevel1, type VllmLevel1Result } from './swap-vllm.js';
 
-const MiB = 1024 * 1024;
-const GiB = 1024 * MiB;
-const TARGET_SECONDS = 1.0;
 const WARMUP = 2; // unmeasured swaps at the start of each row but cold (tier 0 needs both engines' weights held)
 const COLD_REPS = 2;
 const PROBE_TOKENS = 16;
@@ -103,23 +92,13 @@ const needEngines = rowsToRun.length > 0 || extras.includes('vllm-l1');
 
 const T0 = performance.now();
 const log = (m: string): void => console.error(`[${((performance.now() - T0) / 1000).toFixed(1).padStart(6)} s] ${m}`);
-const since = (t: number): number => (performance.now() - t) / 1000;
 const gib = (bytes: number): string => (bytes / GiB).toFixed(2);
 const ms = (s: number): string => `${(s * 1000).toFixed(0)} ms`;
-const medianOf = (values: number[]): number | null => stats(values)?.median ?? null;
+/** The median of the numbers among `values`, or null for none. */
+const medianOf = (values: ReadonlyArray<number | null | undefined>): number | null => stats(values.filter((v): v is number => typeof v === 'number'))?.median ?? null;
 const listed = (p: Readonly<Record<string, number>>): string => Object.entries(p).map(([k, v]) => `${k} ${ms(v)}`).join(', ');
 /** The RAM tier's bytes for a snapshot (HostCache places every region at a 4 KiB boundary). */
 const cacheBytes = (m: Manifest): number => [...m.regions()].reduce((n, { region }) => n + Math.ceil(region.size / 4096) * 4096, 0);
-
-/** Drops the page cache (root only); null when it worked, else why not. */
-function dropCaches(): string | null {
-  try {
-    execSync('sync; echo 3 > /proc/sys/vm/drop_caches', { stdio: ['ignore', 'ignore', 'pipe'], shell: '/bin/sh' });
-    return null;
-  } catch (err) {
-    return (err as { stderr?: Buffer }).stderr?.toString().trim() || (err as Error).message.split('\n')[0]!;
-  }
-}
 
 interface Side {
   readonly label: 'A' | 'B';
@@ -178,7 +157,8 @@ interface SwapMode {
   suspend: EngineSuspendOptions;
   restore: EngineRestoreOptions;
   tier?: Tier | undefined;
-  beforeSwap?: () => void;
+  /** The cold row: the page cache dropped before each swap (not timed in it). */
+  dropCaches?: boolean;
   /** The engine row: parked keeping its weights, resumed by name; the record keeps no phases. */
   kept?: boolean;
 }
@@ -206,12 +186,13 @@ let failure: unknown;
 /** One swap of a row: suspend the awake engine, restore the other; checks the tier and the answer. */
 async function swap(result: RowResult, index: number, warmup: boolean, mode: SwapMode): Promise<SwapRecord> {
   const { row, overlap } = result;
-  const from = sides[awake]!;
-  const to = sides[1 - awake]!;
+  const [from, to] = [sides[awake]!, sides[1 - awake]!];
+  const kept = mode.kept === true; // the engine row: parked and resumed by name, its record keeps no phases
   let dropCachesSeconds: number | undefined;
-  if (mode.beforeSwap) {
+  if (mode.dropCaches) {
     const t = performance.now();
-    mode.beforeSwap();
+    const why = dropCaches();
+    if (why !== null) throw new Error(`dropping the page cache failed: ${why}`);
     dropCachesSeconds = since(t);
   }
   const t0 = performance.now();
@@ -230,12 +211,12 @@ async function swap(result: RowResult, index: number, warmup: boolean, mode: Swa
     suspended = await suspendEngine(store, from.name, from.client, mode.suspend);
     suspendSeconds = since(t0);
     const expected = to.snapshot!.manifest.data.expectedResponse;
-    report = mode.kept
+    report = kept
       ? await restoreEngine({ store, name: to.name }, to.client, { tiers: { engine: expected ? { expected } : true } })
       : await restoreEngine(to.snapshot!, to.client, { ...mode.restore, ...(overlap === 'kv' ? { overlapKvWake: true } : {}) });
   }
   const wallSeconds = since(t0);
-  if (!mode.kept && (suspended.captured || suspended.alreadyAsleep)) throw new Error(`suspend of ${from.label} did not find a durable snapshot or the engine was asleep (captured ${suspended.captured}, alreadyAsleep ${suspended.alreadyAsleep})`);
+  if (!kept && (suspended.captured || suspended.alreadyAsleep)) throw new Error(`suspend of ${from.label} did not find a durable snapshot or the engine was asleep (captured ${suspended.captured}, alreadyAsleep ${suspended.alreadyAsleep})`);
   awake = 1 - awake;
   if (mode.tier && report.tier !== mode.tier) throw new Error(`[${row}] swap ${index}: ${to.label} restored from the ${report.tier} tier, expected ${mode.tier}`);
   if (row === 'ram2' && !report.multipath?.neighbourUsed) throw new Error(`[ram2] swap ${index}: ${to.label} restored over its own link only, not two: the row would report one link's numbers as two`);
@@ -244,29 +225,18 @@ async function swap(result: RowResult, index: number, warmup: boolean, mode: Swa
   if (!isDeepStrictEqual(answer, to.answer)) throw new Error(`[${row}] swap ${index}: engine ${to.label} answers differently after the swap:\n  before ${JSON.stringify(to.answer)}\n  after  ${JSON.stringify(answer)}`);
   const spawnStart = performance.now();
   const after = device === 'cuda' ? { asleepGpuBytes: gpuBytesOf(from.engine.enginePid), spawnSeconds: since(spawnStart) } : {};
-  const hydrate = mode.kept ? undefined : report.phases.hydrate;
+  const hydrate = kept ? undefined : report.phases.hydrate;
   const record: SwapRecord = {
-    row,
-    overlap,
-    ...(report.overlapped && !mode.kept ? { overlapped: report.overlapped } : {}),
-    warmup,
-    index,
-    from: from.label,
-    to: to.label,
-    wallSeconds,
-    suspendSeconds,
-    suspendPhases: mode.kept ? {} : { ...suspended.phases },
-    restoreSeconds: report.seconds,
-    tier: mode.kept ? 'engine' : report.tier,
-    bytes: mode.kept ? 0 : report.bytes,
-    phases: mode.kept ? {} : { ...report.phases },
+    row, overlap, ...(report.overlapped && !kept ? { overlapped: report.overlapped } : {}), warmup, index, from: from.label, to: to.label,
+    wallSeconds, suspendSeconds, suspendPhases: kept ? {} : { ...suspended.phases },
+    restoreSeconds: report.seconds, tier: kept ? 'engine' : report.tier, bytes: kept ? 0 : report.bytes, phases: kept ? {} : { ...report.phases },
     hydrateGBps: hydrate ? report.bytes / hydrate / 1e9 : null,
     ...(dropCachesSeconds !== undefined ? { dropCachesSeconds } : {}),
     ...after,
   };
-  const where = mode.kept ? `resume ${ms(report.seconds)}` : `${listed(suspended.phases)}; restore ${ms(report.seconds)} from ${report.tier}: ${listed(report.phases)}`;
+  const where = kept ? `resume ${ms(report.seconds)}` : `${listed(suspended.phases)}; restore ${ms(report.seconds)} from ${report.tier}: ${listed(report.phases)}`;
   log(
-    `[${row}${overlap === 'none' ? '' : `, overlap ${overlap}`}]${warmup ? ' warm-up' : ''} swap ${index} ${from.label}->${to.label}: ${ms(wallSeconds)} (suspend ${ms(suspendSeconds)}${mode.kept ? '; ' : ': '}${where})` +
+    `[${row}${overlap === 'none' ? '' : `, overlap ${overlap}`}]${warmup ? ' warm-up' : ''} swap ${index} ${from.label}->${to.label}: ${ms(wallSeconds)} (suspend ${ms(suspendSeconds)}${kept ? '; ' : ': '}${where})` +
       (after.spawnSeconds !== undefined ? `; then nvidia-smi spawned in ${ms(after.spawnSeconds)}` : ''),
   );
   return record;
@@ -308,12 +278,8 @@ async function runKeptSwaps(result: RowResult): Promise<void> {
 function summaryOf(swaps: readonly SwapRecord[]) {
   const measured = swaps.filter((s) => !s.warmup);
   const mediansOf = (pick: (s: SwapRecord) => Record<string, number>): Record<string, number> => {
-    const out: Record<string, number> = {};
-    for (const k of new Set(measured.flatMap((s) => Object.keys(pick(s))))) {
-      const m = medianOf(measured.flatMap((s) => (pick(s)[k] !== undefined ? [pick(s)[k]!] : [])));
-      if (m !== null) out[k] = m;
-    }
-    return out;
+    const keys = new Set(measured.flatMap((s) => Object.keys(pick(s))));
+    return Object.fromEntries([...keys].map((k) => [k, medianOf(measured.map((s) => pick(s)[k]))!]));
   };
   return {
     swapSeconds: stats(measured.map((s) => s.wallSeconds)),
@@ -321,8 +287,8 @@ function summaryOf(swaps: readonly SwapRecord[]) {
     suspendSeconds: stats(measured.map((s) => s.suspendSeconds)),
     suspendPhasesMedian: mediansOf((s) => s.suspendPhases),
     phasesMedian: mediansOf((s) => s.phases),
-    hydrateGBpsMedian: medianOf(measured.flatMap((s) => (s.hydrateGBps !== null ? [s.hydrateGBps] : []))),
-    asleepGpuBytesMedian: medianOf(measured.flatMap((s) => (typeof s.asleepGpuBytes === 'number' ? [s.asleepGpuBytes] : []))),
+    hydrateGBpsMedian: medianOf(measured.map((s) => s.hydrateGBps)),
+    asleepGpuBytesMedian: medianOf(measured.map((s) => s.asleepGpuBytes)),
     tiers: [...new Set(measured.map((s) => s.tier))],
   };
 }
@@ -407,14 +373,10 @@ async function runRow(row: RowName): Promise<RowResult[]> {
     await runSwaps(result, { suspend: {}, restore: {}, tier: 'store' }); // the warm-up swaps read both snapshots into the page cache
   } else {
     const why = dropCaches();
-    if (why !== null) return skip(`cannot drop the page cache (needs root and a writable /proc/sys): ${why}`);
+    if (why !== null) return skip(`cannot drop the page cache: ${why}`);
     result.reps = Math.min(reps, COLD_REPS);
     result.warmup = 0;
-    const beforeSwap = (): void => {
-      const err = dropCaches();
-      if (err !== null) throw new Error(`dropping the page cache failed: ${err}`);
-    };
-    await runSwaps(result, { suspend: {}, restore: { transfer: { directIo: true } }, tier: 'store', beforeSwap });
+    await runSwaps(result, { suspend: {}, restore: { transfer: { directIo: true } }, tier: 'store', dropCaches: true });
   }
   result.summary ??= summaryOf(result.swaps);
   return results;
@@ -510,7 +472,7 @@ const ramTierEngineBytes = sides[0]?.snapshot ? cacheBytes(sides[0].snapshot.man
 const result = {
   date: new Date().toISOString(),
   benchmark: 'engine-swap',
-  target: { hotSwapSeconds: TARGET_SECONDS, description: 'hot swap of two 16 GiB engines <= 1.0 s end to end (issue 5)' },
+  target: { hotSwapSeconds: 1.0, description: 'hot swap of two 16 GiB engines <= 1.0 s end to end (issue 5)' },
   machine: { device, gpu: gpu?.name ?? null, driverCuda: cuda.available ? cuda.driverVersion : null, cpu: cpus()[0]?.model, cores: cpus().length, node: process.versions.node },
   args: { device, layers, hidden, reps, rows: [...extras, ...rowsToRun], overlap: overlaps, warmup: WARMUP, coldReps: COLD_REPS, probeTokens: PROBE_TOKENS, check: 'the SDK default', sweepRegions: sweepCounts, sweepBytes, vllmCycles, vllmAllocator: process.env.VSNAP_VLLM_SRC ? 'vllm' : 'stand-in' },
   engines: sides.map((s) => ({ label: s.label, name: s.name, model: s.model, seed: s.seed, url: s.engine.url, bytes: s.bytes, regions: s.regions, answer: s.answer })),
@@ -528,49 +490,46 @@ const result = {
   ...(failure ? { error: failure instanceof Error ? (failure.stack ?? failure.message) : String(failure) } : {}),
 };
 
-const f = (x: number | null | undefined, digits = 3): string => (x === null || x === undefined ? 'n/a' : x.toFixed(digits));
-const cell = (s: string): string => s.replace(/\|/g, '\\|').replace(/\n/g, ' ');
 const sizeLabel = bytes >= GiB ? `${gib(bytes)} GiB` : `${(bytes / MiB).toFixed(1)} MiB`;
 const on = `${device}${gpu ? `, ${gpu.name}` : ''}`;
-const lines = [
-  `| swap of two ${sizeLabel} engines (${on}) | swaps | swap median (s) | swap min | swap max | restore median | suspend median | hydrate (adopt) median | hydrate GB/s | expected response median |`,
-  '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
-];
-for (const r of rows) {
-  const s = r.summary;
-  if (r.skipped !== null || !s) {
-    lines.push(`| ${r.label} | skipped: ${cell(r.skipped ?? 'no result')} | | | | | | | | |`);
-    continue;
+/** The engine rows, the median of every phase of their suspends and restores, and how they were measured; empty without engine rows. */
+function rowsReport(): string {
+  if (rows.length === 0) return '';
+  const lines = [
+    `| swap of two ${sizeLabel} engines (${on}) | swaps | swap median (s) | swap min | swap max | restore median | suspend median | hydrate (adopt) median | hydrate GB/s | expected response median |`,
+    '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
+  ];
+  for (const r of rows) {
+    const s = r.summary;
+    if (r.skipped !== null || !s) {
+      lines.push(`| ${r.label} | skipped: ${cell(r.skipped ?? 'no result')} | | | | | | | | |`);
+      continue;
+    }
+    const moved = s.phasesMedian.hydrate ?? s.phasesMedian.adoptWeights;
+    const movedCell = moved === undefined ? 'n/a' : `${f(moved)}${s.phasesMedian.hydrate === undefined ? ' (adopt)' : ''}`;
+    const sw = s.swapSeconds;
+    lines.push(`| ${r.label} | ${sw?.n ?? 0} | ${f(sw?.median)} | ${f(sw?.min)} | ${f(sw?.max)} | ${f(s.restoreSeconds?.median)} | ${f(s.suspendSeconds?.median)} | ${movedCell} | ${f(s.hydrateGBpsMedian, 2)} | ${f(s.phasesMedian.expectedResponse)} |`);
   }
-  const moved = s.phasesMedian.hydrate ?? s.phasesMedian.adoptWeights;
-  const movedCell = moved === undefined ? 'n/a' : `${f(moved)}${s.phasesMedian.hydrate === undefined ? ' (adopt)' : ''}`;
-  const sw = s.swapSeconds;
-  lines.push(`| ${r.label} | ${sw?.n ?? 0} | ${f(sw?.median)} | ${f(sw?.min)} | ${f(sw?.max)} | ${f(s.restoreSeconds?.median)} | ${f(s.suspendSeconds?.median)} | ${movedCell} | ${f(s.hydrateGBpsMedian, 2)} | ${f(s.phasesMedian.expectedResponse)} |`);
+  for (const r of rowsToRun.filter((row) => !rows.some((x) => x.row === row && x.overlap === 'none'))) lines.push(`| ${LABEL[r]} | not run: ${failure ? 'an earlier step failed' : 'no result'} | | | | | | | | |`);
+  const captureNote = sides.map(({ label }) => {
+    const c = capture[label] as { wallSeconds: number; GBps: number } | undefined;
+    return `${label} ${c ? `${c.wallSeconds.toFixed(2)} s (${c.GBps.toFixed(2)} GB/s)` : 'n/a'}`;
+  });
+  lines.push(
+    '',
+    phaseTable(phased),
+    '',
+    `Setup: both engines up in ${engineStartSeconds.toFixed(1)} s; capture ${captureNote.join(', ')}.`,
+    `A swap = suspend of the awake engine + restoreEngine of the other; medians of ${reps} swaps a row (cold: ${COLD_REPS}) after ${WARMUP} unmeasured warm-up swaps (cold: none); every restore gave the answer recorded before any swap.`,
+  );
+  if (rows.some((r) => r.overlap !== 'none')) {
+    lines.push(
+      'Overlap modes: none = suspend, then restore; kv = the same, the KV cache woken during the hydrate (overlapKvWake); weights = swapEngines, the suspend and the restore at once, ' +
+        "the KV wake waiting for the other engine's sleep (r.awaitRoom, overlapped with the hydrate); all = both at once throughout. A tier-0 restore never overlaps its KV wake with the adopt (both are the engine's own work), so kv is none there. With overlap the suspend and restore medians overlap in time, so they add up to more than the swap.",
+    );
+  }
+  return lines.join('\n');
 }
-for (const r of rowsToRun.filter((row) => !rows.some((x) => x.row === row && x.overlap === 'none'))) lines.push(`| ${LABEL[r]} | not run: ${failure ? 'an earlier step failed' : 'no result'} | | | | | | | | |`);
-// Where the time goes: the median of every phase of the suspend and of the restore, per row.
-lines.push('', phaseTable(phased));
-const captureNote = sides
-  .map((s) => {
-    const c = capture[s.label] as { wallSeconds: number; GBps: number } | undefined;
-    return c ? `${s.label} ${c.wallSeconds.toFixed(2)} s (${c.GBps.toFixed(2)} GB/s)` : `${s.label} n/a`;
-  })
-  .join(', ');
-const verdict = (row: RowName): string => {
-  const r = rows.find((x) => x.row === row && x.overlap === 'none');
-  const s = r?.summary?.swapSeconds;
-  if (!s) return `${row}: ${!rowsToRun.includes(row) ? 'not selected' : r?.skipped ? 'skipped' : 'no result'}`;
-  return `${row} median ${f(s.median)} s, max ${f(s.max)} s: ${s.max <= TARGET_SECONDS ? 'met' : s.median <= TARGET_SECONDS ? 'met at the median, not at the max' : 'not met'}`;
-};
-lines.push(
-  '',
-  `Target (issue 5): hot swap of two 16 GiB engines <= ${TARGET_SECONDS.toFixed(1)} s end to end (suspend + restore incl. the expected response). ` +
-    `This run (${sizeLabel} engines): ${verdict('ram')}; ${verdict('tier0')}.` +
-    (bytes < 16 * GiB ? ' Engines under 16 GiB: this run does not test the target.' : ''),
-  `Setup: both engines up in ${engineStartSeconds.toFixed(1)} s; capture ${captureNote}.`,
-  `A swap = suspend of the awake engine + restoreEngine of the other; medians of ${reps} swaps a row (cold: ${COLD_REPS}) after ${WARMUP} unmeasured warm-up swaps (cold: none); every restore gave the answer recorded before any swap.`,
-);
-if (rows.length === 0) lines.length = 0; // no engine rows: only the tables below
 const byRow = (row: RowName): PhaseRow | undefined => phased.find((p) => p.label === LABEL[row]);
 /** A row's results per overlap mode, in the order they ran (none first). */
 const modeRows = (row: RowName): ModeRow[] => measured.filter((m) => m.row === row).map((m) => ({ overlap: m.overlap, row: m.p }));
@@ -586,19 +545,17 @@ const targets = targetsTable({
   vllm: vllmLevel1,
   ramTierEngineBytes: rows.some((r) => r.row === 'ram' && r.summary) ? ramTierEngineBytes : null,
 });
-const perPhase = bytesAloneTable(modeRows('ram'), bytesAlone);
-if (perPhase) lines.unshift(perPhase, '');
-if (targets) lines.unshift(targets, '');
 result.targets = targets || null;
-for (const t of [
+const table = [
+  targets,
+  bytesAloneTable(modeRows('ram'), bytesAlone),
+  rowsReport(),
   sweep ? sweepTable(sweep.rows, on, sweep.ceilingNote) : '',
-  overlapTable(measured.filter((m) => OVERLAP_ROWS.includes(m.row)).map((m) => ({ row: LABEL[m.row], overlap: m.overlap, phases: m.p }))),
   vllmTable(vllmLevel1, byRow('ram'), byRow('tier0'), ramTierBytes, byRow('ram2'), ramTierEngineBytes),
-]) {
-  if (t) lines.push('', t);
-}
-if (failure) lines.push('', `FAILED: ${cell(failure instanceof Error ? failure.message : String(failure))}`);
-const table = lines.join('\n');
+  failure ? `FAILED: ${cell(failure instanceof Error ? failure.message : String(failure))}` : '',
+]
+  .filter(Boolean)
+  .join('\n\n');
 
 if (rows.length > 0 || sweep !== null || vllmLevel1 !== null || failure) {
   mkdirSync(args.out, { recursive: true });
@@ -608,6 +565,6 @@ if (rows.length > 0 || sweep !== null || vllmLevel1 !== null || failure) {
   writeFileSync(`${base}.json`, `${JSON.stringify(result, null, 2)}\n`);
   writeFileSync(`${base}.md`, `${table}\n`);
   log(`wrote ${base}.json and ${base}.md`);
-  console.log(table.replace(/^\n+/, ''));
+  console.log(table);
 }
 if (failure) throw failure;

@@ -11,11 +11,11 @@ import { join } from 'node:path';
 
 import { cudaStatus, HostCache, RegionStore, Snapshot } from '../src/index.js';
 import { DeviceAllocation, releaseIdleResources } from '../src/plumbing.js';
+import { median, MiB, since } from './common.js';
 import { gaussianBf16 } from './gaussian-bf16.js';
 
 const [ceilingBin, gibArg = '4', roundsArg = '5', outFile] = process.argv.slice(2);
 if (!ceilingBin) throw new Error('usage: bench-ram-codec <ceiling binary> [GiB] [rounds] [out.json]');
-const MiB = 1024 ** 2;
 const total = Number(gibArg) * 1024 * MiB;
 const rounds = Number(roundsArg);
 const REGION = 256 * MiB;
@@ -31,14 +31,9 @@ for (let at = 0, i = 0; at < total; at += REGION, i++) {
   allocs.push(a);
   for (let o = 0, k = 0; o < size; o += 64 * MiB, k++) await a.write(o, samples[(i + k) % samples.length]!.subarray(0, Math.min(64 * MiB, size - o)));
 }
-const regions = allocs.map((a, i) => ({
-  key: `layer.${i}`,
-  size: a.size,
-  memory: { kind: 'device' as const, allocation: a },
-  tensors: [{ name: `layer.${i}`, offset: 0, dtype: 'torch.bfloat16', shape: [a.size / 2] }],
-}));
+const regions = allocs.map((a, i) => ({ key: `layer.${i}`, size: a.size, memory: { kind: 'device' as const, allocation: a }, tensors: [{ name: `layer.${i}`, offset: 0, dtype: 'torch.bfloat16', shape: [a.size / 2] }] }));
 const rawBytes = regions.reduce((n, r) => n + r.size, 0);
-const median = (v: number[]): number => [...v].sort((a, b) => a - b)[Math.floor(v.length / 2)]!;
+const spread = (v: number[]): { best: number; median: number } => ({ best: Math.min(...v), median: median(v) });
 
 async function measure(codec: 'vsnap-c1' | 'off') {
   const root = mkdtempSync(join(tmpdir(), 'vsnap-bench-ram-codec-'));
@@ -47,16 +42,16 @@ async function measure(codec: 'vsnap-c1' | 'off') {
   try {
     const t0 = performance.now();
     const snap = await Snapshot.capture(store, 'bench', { regions, cache });
-    const captureSeconds = (performance.now() - t0) / 1000;
+    const captureSeconds = since(t0);
     const plain: number[] = [];
     const checked: number[] = [];
     for (let r = 0; r < rounds; r++) {
       plain.push((await snap.restore({ regions, cache, verifyDigests: false })).seconds);
       const t1 = performance.now();
       await snap.restore({ regions, cache });
-      checked.push((performance.now() - t1) / 1000);
+      checked.push(since(t1));
     }
-    return { codec, heldBytes: cache.usedBytes, captureSeconds, restore: { best: Math.min(...plain), median: median(plain) }, restoreChecked: { best: Math.min(...checked), median: median(checked) } };
+    return { codec, heldBytes: cache.usedBytes, captureSeconds, restore: spread(plain), restoreChecked: spread(checked) };
   } finally {
     cache.close();
     rmSync(root, { recursive: true, force: true });

@@ -3,8 +3,7 @@
 // docker-registry) on loopback, plain HTTP, anonymous.
 //   npm run bench -- registry [GiB] [out-dir]
 import { execFileSync, spawn } from 'node:child_process';
-import { createHash } from 'node:crypto';
-import { createReadStream, mkdirSync, mkdtempSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { cpus, tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -39,12 +38,6 @@ async function startRegistry(): Promise<{ host: string; prefix: string; close():
   }
   return { host, prefix: `http://${host}`, close: () => new Promise<void>((r) => (child.exitCode !== null ? r() : (child.once('exit', () => r()), child.kill('SIGTERM')))) };
 }
-/** The sha256 of a file, as the registry names a blob. */
-async function sha256(path: string): Promise<string> {
-  const h = createHash('sha256');
-  for await (const chunk of createReadStream(path)) h.update(chunk as Buffer);
-  return `sha256:${h.digest('hex')}`;
-}
 
 const reg = await startRegistry();
 try {
@@ -61,9 +54,9 @@ try {
   const registry = new RegistryClient({ stateDir: join(dir, 'state'), dockerConfig: false });
   const ref = `${reg.prefix}/bench/w:v1`;
   const pushed = await registry.push(src, 'bench', ref);
-  const blob = [...(await src.get('bench')).regions()][0]!.region.blob;
-  const sha = await sha256(src.blobPath(blob));
-  const url = `http://${reg.host}/v2/bench/w/blobs/${sha}`;
+  // The region's blob as the registry names it: the one layer of the manifest just pushed.
+  const manifest = await fetch(`http://${reg.host}/v2/bench/w/manifests/${pushed.digest}`, { headers: { accept: 'application/vnd.oci.image.manifest.v1+json' } });
+  const url = `http://${reg.host}/v2/bench/w/blobs/${((await manifest.json()) as { layers: Array<{ digest: string }> }).layers[0]!.digest}`;
 
   const rows: Array<{ what: string; bytes: number; seconds: number; gbps: number }> = [];
   const curl = (what: string, out: string): void => {

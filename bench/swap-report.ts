@@ -1,7 +1,8 @@
 // Markdown tables of `npm run bench -- swap`, pure (no GPU, no engine): the targets of issue 25,
 // each against its ceiling or reference measured in the same run; the RAM-tier restore per phase
-// against the bytes alone; the phase breakdown per swap; the serial and overlapped swaps; the
-// region-count sweep; vLLM's level-1 sleep beside vsnap. The records they read are defined here.
+// against the bytes alone; the phase breakdown per swap; the region-count sweep; vLLM's level-1
+// sleep beside vsnap. The records they read are defined here.
+import { GiB, median } from './common.js';
 import type { VllmLevel1Result } from './swap-vllm.js';
 
 /** Raw cudaMemcpy between pinned memory and device buffers of the given sizes (bench/ceiling.cu's JSON). */
@@ -56,12 +57,7 @@ export interface SweepRow {
 }
 
 /** A row's spread: count, least, median (the mean of the middle two for an even count) and most. */
-export interface Stats {
-  n: number;
-  min: number;
-  median: number;
-  max: number;
-}
+export type Stats = { n: number; min: number; median: number; max: number };
 /** The spread of `values`, or null for none. */
 export function stats(values: readonly number[]): Stats | null {
   if (values.length === 0) return null;
@@ -71,13 +67,11 @@ export function stats(values: readonly number[]): Stats | null {
   return { n: v.length, min: v[0]!, median, max: v.at(-1)! };
 }
 
-/** The upper median (the sweep's and the reports' own). */
-export const median = (v: readonly number[]): number => [...v].sort((a, b) => a - b)[Math.floor(v.length / 2)]!;
-
-const GiB = 2 ** 30;
-const f = (x: number | null | undefined, digits = 3): string => (x === null || x === undefined || !Number.isFinite(x) ? 'n/a' : x.toFixed(digits));
-const msCell = (s: number | undefined): string => (s === undefined ? '' : (s * 1000).toFixed(1));
-const cell = (s: string): string => s.replace(/\|/g, '\\|').replace(/\n/g, ' ');
+/** A number to `digits` decimals, or n/a. */
+export const f = (x: number | null | undefined, digits = 3): string => (x === null || x === undefined || !Number.isFinite(x) ? 'n/a' : x.toFixed(digits));
+const msCell = (s: number | null | undefined): string => (s === null || s === undefined ? '' : (s * 1000).toFixed(1));
+/** Text made safe for one markdown table cell. */
+export const cell = (s: string): string => s.replace(/\|/g, '\\|').replace(/\n/g, ' ');
 
 /** What the phase table needs of an engine row. */
 export interface PhaseRow {
@@ -113,8 +107,8 @@ export function phaseTable(rows: readonly PhaseRow[]): string {
   const lines = [`| ${head.join(' | ')} |`, `|---|${head.slice(1).map(() => '---:').join('|')}|`];
   for (const r of rows) {
     lines.push(
-      `| ${r.label} | ${msCell(r.swapMedian ?? undefined)} | ${msCell(r.suspendMedian ?? undefined)} | ${sus.map((n) => msCell(r.suspendPhases[n])).join(' | ')} | ` +
-        `${msCell(r.restoreMedian ?? undefined)} | ${res.map((n) => msCell(r.restorePhases[n])).join(' | ')} | ${msCell(withoutCheck(r.restoreMedian, r.restorePhases) ?? undefined)} |`,
+      `| ${r.label} | ${msCell(r.swapMedian)} | ${msCell(r.suspendMedian)} | ${sus.map((n) => msCell(r.suspendPhases[n])).join(' | ')} | ` +
+        `${msCell(r.restoreMedian)} | ${res.map((n) => msCell(r.restorePhases[n])).join(' | ')} | ${msCell(withoutCheck(r.restoreMedian, r.restorePhases))} |`,
     );
   }
   lines.push(
@@ -192,26 +186,6 @@ export function vllmTable(v: VllmLevel1Result | null, ram: PhaseRow | undefined,
     '',
     `Target (issue 25): vsnap RAM-tier restore without the check <= ${TARGETS.restoreVsVllm}x of vLLM's level-1 wake of the same engine: ${ramNoCheck === null ? 'no RAM row this run' : `${f(ramNoCheck / s.wakeMedianSeconds)}x, ${ramNoCheck / s.wakeMedianSeconds <= TARGETS.restoreVsVllm ? 'met' : 'not met'}`}. ` +
       `vLLM: ${v.cycles.length} cycles of /sleep?level=1 then /wake_up on the awake engine, every wake checked against the probe answer; host memory held = MemAvailable drop while asleep (the engine core's /proc status deltas are in the JSON); GPU = nvidia-smi used_memory of the engine core while asleep.`,
-  );
-  return lines.join('\n');
-}
-
-/** Serial vs overlapped swaps, one row per tier (`row`) and overlap mode: the swap's median and its ratio to the same tier's `none`. */
-export function overlapTable(rows: ReadonlyArray<{ row: string; overlap: string; phases: PhaseRow }>): string {
-  if (!rows.some((r) => r.overlap !== 'none')) return '';
-  const lines = [
-    '| swap overlap | mode | swap median (ms) | vs none | suspend median (ms) | restore median (ms) | r.wakeKvCache (ms) | r.awaitRoom (ms) |',
-    '|---|---|---:|---:|---:|---:|---:|---:|',
-  ];
-  for (const { row, overlap, phases: p } of rows) {
-    const base = rows.find((x) => x.row === row && x.overlap === 'none')?.phases.swapMedian;
-    const ratio = base && p.swapMedian !== null ? `${f(p.swapMedian / base)}x` : 'n/a';
-    lines.push(`| ${row} | ${overlap} | ${msCell(p.swapMedian ?? undefined)} | ${ratio} | ${msCell(p.suspendMedian ?? undefined)} | ${msCell(p.restoreMedian ?? undefined)} | ${msCell(p.restorePhases.wakeKvCache)} | ${msCell(p.restorePhases.awaitRoom)} |`);
-  }
-  lines.push(
-    '',
-    'Modes: none = suspend, then restore; kv = the same, the KV cache woken during the hydrate (overlapKvWake); weights = swapEngines, the suspend and the restore at once, ' +
-      'the KV wake waiting for the other engine\'s sleep (r.awaitRoom, overlapped with the hydrate); all = both at once throughout. A tier-0 restore never overlaps its KV wake with the adopt (both are the engine\'s own work), so kv is none there. With overlap the suspend and restore medians overlap in time, so they add up to more than the swap.',
   );
   return lines.join('\n');
 }
@@ -336,7 +310,7 @@ export function targetsTable(t: TargetsInput): string {
     const tests = few.regions === 36 && many.regions === 4000 && few.bytes >= 16 * GiB ? '' : ` (${many.regions} vs ${few.regions} regions of ${f(few.bytes / GiB, 2)} GiB: the target is 4,000 vs 36 of 16 GiB, not tested)`;
     const why = manyFds === null || fewFds === null ? `n/a: ${many.importedError ?? few.importedError ?? 'no restore via fds (needs a GPU)'}` : null;
     lines.push(
-      `| 5. restore via exported fds, ${many.regions} regions <= ${TARGETS.fdsRegions}x ${few.regions} (same bytes) | ${why ?? `${msCell(manyFds!)} ms`} (mapped, no fds: ${msCell(many.restoreMedianSeconds)} ms) | ${fewFds === null ? 'n/a' : `${few.regions} regions via fds ${msCell(fewFds)} ms`} | ${x3(r)} | ${verdict(r === null ? null : r <= TARGETS.fdsRegions)}${tests} |`,
+      `| 5. restore via exported fds, ${many.regions} regions <= ${TARGETS.fdsRegions}x ${few.regions} (same bytes) | ${why ?? `${msCell(manyFds)} ms`} (mapped, no fds: ${msCell(many.restoreMedianSeconds)} ms) | ${fewFds === null ? 'n/a' : `${few.regions} regions via fds ${msCell(fewFds)} ms`} | ${x3(r)} | ${verdict(r === null ? null : r <= TARGETS.fdsRegions)}${tests} |`,
     );
   }
   if (lines.length === 2) return '';

@@ -7,14 +7,10 @@
 import { execFileSync } from 'node:child_process';
 import { closeSync, existsSync } from 'node:fs';
 
-import { HostCache, type RegionMemory, type RegionStore, Snapshot } from '../src/index.js';
+import { HostCache, type RegionMemory, type RegionStore, Snapshot, type TransferSummary } from '../src/index.js';
 import { DeviceAllocation, HostRegion, MappedRegions } from '../src/plumbing.js';
-import { type Ceiling, median, type SweepRow } from './swap-report.js';
-
-const MiB = 1024 * 1024;
-const GiB = 1024 * MiB;
-
-export type Log = (message: string) => void;
+import { gbps, GiB, median, MiB, since } from './common.js';
+import type { Ceiling, SweepRow } from './swap-report.js';
 
 /** `count` near-equal region sizes of `granule`-multiples that add up to `total` (rounded down to a granule). */
 export function splitEvenly(total: number, count: number, granule: number): number[] {
@@ -41,10 +37,12 @@ export function runCeiling(bin: string | null, sizes: readonly number[], reps: n
   return { ...small, h2dGBps: h2d.h2dGBps, d2hGBps: d2h.d2hGBps, pages: `H2D ${h2d.pages} pages, D2H ${d2h.pages}`, variants: [small, huge] };
 }
 
-/** One region per size, filled with distinct bytes (no dedupe between regions): on GPU 0, or memfds on the host. */
-async function makeRegions(device: 'cuda' | 'host', sizes: readonly number[]): Promise<{ regions: Array<{ key: string; size: number; memory: RegionMemory }>; close(): void }> {
+type Region = { key: string; size: number; memory: RegionMemory };
+
+/** One region per size, filled with distinct bytes (no dedupe between regions): device allocations (region i on GPU i % devices), or memfds on the host. */
+export async function makeRegions(device: 'cuda' | 'host', sizes: readonly number[], devices = 1): Promise<{ regions: Region[]; close(): void }> {
   const closers: Array<() => void> = [];
-  const regions: Array<{ key: string; size: number; memory: RegionMemory }> = [];
+  const regions: Region[] = [];
   const close = (): void => {
     for (const c of closers.splice(0).reverse()) c();
   };
@@ -53,7 +51,7 @@ async function makeRegions(device: 'cuda' | 'host', sizes: readonly number[]): P
       const value = (i * 37 + 1) & 0xff;
       let memory: RegionMemory;
       if (device === 'cuda') {
-        const a = await DeviceAllocation.allocate(0, size);
+        const a = await DeviceAllocation.allocate(i % devices, size);
         closers.push(() => a.close());
         await a.fill(0, size, value);
         memory = { kind: 'device', allocation: a };
@@ -72,8 +70,44 @@ async function makeRegions(device: 'cuda' | 'host', sizes: readonly number[]): P
   return { regions, close };
 }
 
-const gbps = (bytes: number, s: number): number => bytes / s / 1e9;
-const since = (t: number): number => (performance.now() - t) / 1000;
+/** A restore from the RAM tier, which it must come from. */
+async function restoreFromRam(snap: Snapshot, regions: Region[], cache: HostCache, what: string): Promise<TransferSummary> {
+  const res = await snap.restore({ regions, cache });
+  if (res.tier !== 'ram') throw new Error(`[sweep] ${what}: restored from ${res.tier ?? 'store'}, expected the RAM tier`);
+  return res;
+}
+
+/** The restores through exported fds (SweepRow.imported), after one warm-up: the set is closed after the clock; pipelined, the copy starts on the first regions while the rest are mapped. */
+async function restoreViaFds(snap: Snapshot, held: Region[], cache: HostCache, reps: number): Promise<Omit<NonNullable<SweepRow['imported']>, 'vsFirst' | 'vsCeiling'>> {
+  const fds: number[] = [];
+  try {
+    const t = performance.now();
+    for (const r of held) if (r.memory.kind === 'device') fds.push(r.memory.allocation.exportFd());
+    const exportSeconds = since(t);
+    const viaFds = held.map((r, i) => ({ key: r.key, size: r.size, memory: { kind: 'imported' as const, fd: fds[i]!, device: 0 } }));
+    const restoreSeconds: number[] = [];
+    const phases = { openSeconds: [] as number[], copySeconds: [] as number[], issuedToLandedSeconds: [] as number[], digestSeconds: [] as number[] };
+    for (let r = 0; r <= reps; r++) {
+      const t0 = performance.now();
+      const set = await MappedRegions.open(viaFds, { mapping: 'pipelined' });
+      const opened = since(t0);
+      try {
+        const res = await restoreFromRam(snap, viaFds.map((x, i) => ({ ...x, memory: set.memory(i) })), cache, `${held.length} imported regions`);
+        if (r === 0) continue;
+        restoreSeconds.push(since(t0));
+        phases.openSeconds.push(opened);
+        phases.copySeconds.push(res.seconds);
+        phases.issuedToLandedSeconds.push(res.devices?.[0]?.hydrateSeconds ?? res.seconds);
+        phases.digestSeconds.push(res.digestSeconds ?? 0);
+      } finally {
+        await set.close();
+      }
+    }
+    return { exportSeconds, restoreSeconds, restoreMedianSeconds: median(restoreSeconds), phases };
+  } finally {
+    for (const fd of fds) closeSync(fd);
+  }
+}
 
 export interface SweepOptions {
   device: 'cuda' | 'host';
@@ -82,7 +116,7 @@ export interface SweepOptions {
   reps: number;
   ceilingBin: string | null;
   store: RegionStore;
-  log: Log;
+  log: (message: string) => void;
 }
 
 /** The region-count sweep: one pinned RAM tier for all counts, each count captured into it, restored `reps` times, evicted. */
@@ -90,98 +124,52 @@ export async function runSweep(o: SweepOptions): Promise<{ rows: SweepRow[]; cac
   const granule = o.device === 'cuda' ? 2 * MiB : 4096;
   const layouts = o.counts.map((n) => splitEvenly(o.totalBytes, n, granule));
   const budget = Math.max(...layouts.map((s) => s.reduce((a, b) => a + b, 0))) + 64 * MiB;
-  let t = performance.now();
+  const t = performance.now();
   const cache = await HostCache.create({ budgetBytes: budget, pin: o.device === 'cuda' });
   const cacheCreateSeconds = since(t);
   o.log(`[sweep] RAM tier of ${(budget / GiB).toFixed(2)} GiB (${cache.pinned ? 'pinned' : 'not pinned'}) in ${cacheCreateSeconds.toFixed(2)} s`);
   const rows: SweepRow[] = [];
   const ceilingNote = o.ceilingBin && existsSync(o.ceilingBin) ? null : `no ceiling binary${o.ceilingBin ? ` at ${o.ceilingBin}` : ''} (bench/run.sh builds it with nvcc)`;
+  const ms = (s: number): string => (s * 1000).toFixed(1);
   try {
     for (const sizes of layouts) {
       const bytes = sizes.reduce((a, b) => a + b, 0);
       // The ceiling first, in its own process: its buffers are gone before vsnap allocates.
       const ceiling = o.device === 'cuda' ? runCeiling(o.ceilingBin, sizes, o.reps) : null;
-      t = performance.now();
+      /** A median against the first count's and against this layout's raw pinned H2D. */
+      const against = (s: number, first: number | undefined) => ({ vsFirst: first ? s / first : 1, vsCeiling: ceiling ? gbps(bytes, s) / ceiling.h2dGBps.max : null });
+      const t0 = performance.now();
       const held = await makeRegions(o.device, sizes);
-      const setupSeconds = since(t);
+      const setupSeconds = since(t0);
       let snap: Snapshot | undefined;
       try {
-        const name = `sweep-${sizes.length}`;
-        snap = await Snapshot.capture(o.store, name, { regions: held.regions, cache, persist: 'off' });
-        const captureSeconds = snap.lastCapture!.seconds;
+        snap = await Snapshot.capture(o.store, `sweep-${sizes.length}`, { regions: held.regions, cache, persist: 'off' });
         const restoreSeconds: number[] = [];
-        for (let r = 0; r < o.reps + 1; r++) {
-          const res = await snap.restore({ regions: held.regions, cache });
-          if (res.tier !== 'ram') throw new Error(`[sweep] ${sizes.length} regions: restored from ${res.tier ?? 'store'}, expected the RAM tier`);
+        for (let r = 0; r <= o.reps; r++) {
+          const res = await restoreFromRam(snap, held.regions, cache, `${sizes.length} regions`);
           if (r > 0) restoreSeconds.push(res.seconds); // the first is a warm-up (first touch of the mappings)
         }
         const m = median(restoreSeconds);
-        const first = rows[0]?.restoreMedianSeconds;
         let imported: SweepRow['imported'] = null;
         let importedError: string | null = null;
         if (o.device === 'cuda') {
-          const fds: number[] = [];
           try {
-            const e0 = performance.now();
-            for (const r of held.regions) if (r.memory.kind === 'device') fds.push(r.memory.allocation.exportFd());
-            const exportSeconds = since(e0);
-            const viaFds = held.regions.map((r, i) => ({ key: r.key, size: r.size, memory: { kind: 'imported' as const, fd: fds[i]!, device: 0 } }));
-            const times: number[] = [];
-            const phases = { openSeconds: [] as number[], copySeconds: [] as number[], issuedToLandedSeconds: [] as number[], digestSeconds: [] as number[] };
-            for (let r = 0; r < o.reps + 1; r++) {
-              // As a restore maps an engine's exported regions: one set, pipelined (the copy starts
-              // on the first regions while the rest are mapped), the copy and its GPU digest through
-              // it; timed from the first import to the verified copy, the set closed after the clock.
-              const t0 = performance.now();
-              const set = await MappedRegions.open(viaFds, { mapping: 'pipelined' });
-              const opened = since(t0);
-              try {
-                const res = await snap.restore({ regions: viaFds.map((x, i) => ({ key: x.key, size: x.size, memory: set.memory(i) })), cache });
-                if (res.tier !== 'ram') throw new Error(`[sweep] ${sizes.length} imported regions: restored from ${res.tier ?? 'store'}, expected the RAM tier`);
-                if (r > 0) {
-                  times.push(since(t0));
-                  phases.openSeconds.push(opened);
-                  phases.copySeconds.push(res.seconds);
-                  phases.issuedToLandedSeconds.push(res.devices?.[0]?.hydrateSeconds ?? res.seconds);
-                  phases.digestSeconds.push(res.digestSeconds ?? 0);
-                }
-              } finally {
-                await set.close();
-              }
-            }
-            const im = median(times);
-            const firstImported = rows[0]?.imported?.restoreMedianSeconds;
-            imported = { exportSeconds, restoreSeconds: times, restoreMedianSeconds: im, vsFirst: firstImported ? im / firstImported : 1, vsCeiling: ceiling ? gbps(bytes, im) / ceiling.h2dGBps.max : null, phases };
-            const ms = (v: number[]): string => (median(v) * 1e3).toFixed(1);
-            o.log(`[sweep] ${sizes.length} regions via fds: ${(im * 1e3).toFixed(1)} ms (open ${ms(phases.openSeconds)}, copy ${ms(phases.copySeconds)} of which first issued to landed ${ms(phases.issuedToLandedSeconds)}, digest waited ${ms(phases.digestSeconds)})`);
+            const fds = await restoreViaFds(snap, held.regions, cache, o.reps);
+            imported = { ...fds, ...against(fds.restoreMedianSeconds, rows[0]?.imported?.restoreMedianSeconds) };
+            const p = (v: number[]): string => ms(median(v));
+            o.log(`[sweep] ${sizes.length} regions via fds: ${ms(fds.restoreMedianSeconds)} ms (open ${p(fds.phases.openSeconds)}, copy ${p(fds.phases.copySeconds)} of which first issued to landed ${p(fds.phases.issuedToLandedSeconds)}, digest waited ${p(fds.phases.digestSeconds)})`);
           } catch (err) {
             importedError = (err as Error).message.split('\n')[0]!;
             o.log(`[sweep] ${sizes.length} regions via fds failed (the mapped row stands): ${importedError}`);
-          } finally {
-            for (const fd of fds) closeSync(fd);
           }
         }
-        const row: SweepRow = {
-          regions: sizes.length,
-          bytes,
-          minRegionBytes: Math.min(...sizes),
-          maxRegionBytes: Math.max(...sizes),
-          setupSeconds,
-          captureSeconds,
-          restoreSeconds,
-          restoreMedianSeconds: m,
-          restoreGBps: gbps(bytes, m),
-          ceiling,
-          vsFirst: first ? m / first : 1,
-          vsCeiling: ceiling ? gbps(bytes, m) / ceiling.h2dGBps.max : null,
-          imported,
-          importedError,
-        };
+        const [minRegionBytes, maxRegionBytes] = [Math.min(...sizes), Math.max(...sizes)];
+        const row: SweepRow = { regions: sizes.length, bytes, minRegionBytes, maxRegionBytes, setupSeconds, captureSeconds: snap.lastCapture!.seconds, restoreSeconds, restoreMedianSeconds: m, restoreGBps: gbps(bytes, m), ceiling, ...against(m, rows[0]?.restoreMedianSeconds), imported, importedError };
         rows.push(row);
         o.log(
-          `[sweep] ${sizes.length} regions of ${(row.minRegionBytes / MiB).toFixed(1)}-${(row.maxRegionBytes / MiB).toFixed(1)} MiB: restore ${(m * 1000).toFixed(1)} ms ` +
+          `[sweep] ${sizes.length} regions of ${(minRegionBytes / MiB).toFixed(1)}-${(maxRegionBytes / MiB).toFixed(1)} MiB: restore ${ms(m)} ms ` +
             `(${row.restoreGBps.toFixed(2)} GB/s, ${row.vsFirst!.toFixed(3)}x of ${rows[0]!.regions} regions${ceiling ? `, ${row.vsCeiling!.toFixed(3)}x of raw H2D ${ceiling.h2dGBps.max} GB/s` : ''}); ` +
-            (imported ? `via fds: export ${(imported.exportSeconds * 1000).toFixed(1)} ms, restore ${(imported.restoreMedianSeconds * 1000).toFixed(1)} ms (${imported.vsFirst!.toFixed(3)}x); ` : '') +
+            (imported ? `via fds: export ${ms(imported.exportSeconds)} ms, restore ${ms(imported.restoreMedianSeconds)} ms (${imported.vsFirst!.toFixed(3)}x); ` : '') +
             `setup ${setupSeconds.toFixed(1)} s`,
         );
       } finally {

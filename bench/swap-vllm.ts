@@ -11,9 +11,8 @@ import { execFileSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { isDeepStrictEqual } from 'node:util';
 
+import { median, MiB, since } from './common.js';
 import { vllmRoutes } from './engine.js';
-
-const MiB = 1024 * 1024;
 
 export interface HostMemory {
   memAvailableBytes: number | null;
@@ -83,19 +82,15 @@ export interface VllmLevel1Result {
   } | null;
 }
 
-const median = (v: readonly number[]): number | null => (v.length ? [...v].sort((a, b) => a - b)[Math.floor(v.length / 2)]! : null);
-const since = (t: number): number => (performance.now() - t) / 1000;
+/** The upper median of the values present, or null for none. */
+const medianOf = (v: ReadonlyArray<number | null>): number | null => {
+  const present = v.filter((x): x is number => x !== null);
+  return present.length ? median(present) : null;
+};
 const delta = (a: number | null, b: number | null): number | null => (a === null || b === null ? null : a - b);
 
 /** `cycles` level-1 sleep/wake cycles of the awake engine; `ask` gives its probe answer, compared with `answer`. */
-export async function runVllmLevel1(
-  url: string,
-  enginePid: number,
-  cycles: number,
-  answer: unknown,
-  ask: () => Promise<unknown>,
-  log: (m: string) => void,
-): Promise<VllmLevel1Result> {
+export async function runVllmLevel1(url: string, enginePid: number, cycles: number, answer: unknown, ask: () => Promise<unknown>, log: (m: string) => void): Promise<VllmLevel1Result> {
   const allocator = process.env.VSNAP_VLLM_SRC ? `vLLM's own (VSNAP_VLLM_SRC=${process.env.VSNAP_VLLM_SRC})` : "the reference engine's stand-in (no VSNAP_VLLM_SRC)";
   const client = vllmRoutes(url);
   if (await client.isSleeping()) return { skipped: 'the engine to measure is asleep', allocator, cycles: [], summary: null };
@@ -119,15 +114,10 @@ export async function runVllmLevel1(
     const processDeltaBytes: Record<string, number> = {};
     for (const [k, v] of Object.entries(asleep.process)) if (before.process[k] !== undefined) processDeltaBytes[k] = v - before.process[k]!;
     const cycle: SleepCycle = {
-      index: i,
-      sleepSeconds,
-      wakeSeconds,
+      index: i, sleepSeconds, wakeSeconds,
       hostHeldBytes: delta(baseline.memAvailableBytes, asleep.memAvailableBytes),
       hostHeldAfterWakeBytes: delta(baseline.memAvailableBytes, after.memAvailableBytes),
-      processDeltaBytes,
-      gpuBytesAwake,
-      gpuBytesAsleep,
-      answerSame,
+      processDeltaBytes, gpuBytesAwake, gpuBytesAsleep, answerSame,
     };
     out.push(cycle);
     const g = (b: number | null): string => (b === null ? 'n/a' : `${(b / 2 ** 30).toFixed(2)} GiB`);
@@ -138,16 +128,14 @@ export async function runVllmLevel1(
     if (!answerSame) throw new Error(`[vllm-l1] cycle ${i}: the engine answers differently after vLLM's level-1 wake`);
   }
   return {
-    skipped: null,
-    allocator,
-    cycles: out,
+    skipped: null, allocator, cycles: out,
     summary: {
       firstSleepSeconds: out[0]!.sleepSeconds,
-      laterSleepMedianSeconds: median(out.slice(1).map((c) => c.sleepSeconds)),
-      wakeMedianSeconds: median(out.map((c) => c.wakeSeconds))!,
-      hostHeldBytes: median(out.flatMap((c) => (c.hostHeldBytes === null ? [] : [c.hostHeldBytes]))),
+      laterSleepMedianSeconds: medianOf(out.slice(1).map((c) => c.sleepSeconds)),
+      wakeMedianSeconds: median(out.map((c) => c.wakeSeconds)),
+      hostHeldBytes: medianOf(out.map((c) => c.hostHeldBytes)),
       hostHeldAfterWakeBytes: out.at(-1)!.hostHeldAfterWakeBytes,
-      gpuBytesAsleep: median(out.flatMap((c) => (c.gpuBytesAsleep === null ? [] : [c.gpuBytesAsleep]))),
+      gpuBytesAsleep: medianOf(out.map((c) => c.gpuBytesAsleep)),
     },
   };
 }

@@ -12,15 +12,15 @@
 import { execFileSync, execSync, spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { cpus } from 'node:os';
-import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { join } from 'node:path';
 
 import { cudaStatus, HostCache, RegionStore, Snapshot } from '../src/index.js';
-import { DeviceAllocation, listDevices, releaseIdleResources } from '../src/plumbing.js';
+import { listDevices, releaseIdleResources } from '../src/plumbing.js';
+import { dropCaches, gbps, GiB, median, MiB, since } from './common.js';
+import { packageRoot } from './engine.js';
 import type { Ceiling } from './swap-report.js';
+import { makeRegions } from './swap-sweep.js';
 
-const MiB = 1024 * 1024;
-const GiB = 1024 * MiB;
 const [totalGiBArg, outDir = '.', storeRoot = '/tmp/vsnap-bench-store', ceilingBin = 'bench/ceiling', devicesArg = '1'] = process.argv.slice(2);
 const totalGiB = Number(totalGiBArg ?? 16);
 const deviceCount = Number(devicesArg);
@@ -38,17 +38,7 @@ function regionSizes(total: number): number[] {
   return sizes;
 }
 
-const gbps = (bytes: number, s: number): number => bytes / s / 1e9;
-const median = (v: number[]): number => [...v].sort((a, b) => a - b)[Math.floor(v.length / 2)]!;
-function dropCaches(): boolean {
-  if (process.env.VSNAP_BENCH_DROP_CACHES === '0') return false; // `vsnap bench` without --drop-caches
-  try {
-    execSync('sync; echo 3 > /proc/sys/vm/drop_caches', { stdio: 'ignore' });
-    return true;
-  } catch {
-    return false;
-  }
-}
+const best = (v: number[]): { max: number; median: number } => ({ max: Math.max(...v), median: median(v) });
 
 const status = await cudaStatus();
 if (!status.available) throw new Error(`the benchmark needs a GPU: ${status.reason}`);
@@ -64,13 +54,8 @@ const ceilingArgs = [String(REPS), ...(deviceCount > 1 ? ['--devices', String(de
 const ceiling = JSON.parse(execFileSync(ceilingBin, ceilingArgs, { encoding: 'utf8' })) as Ceiling;
 console.error(`ceiling: H2D ${ceiling.h2dGBps.max} GB/s, D2H ${ceiling.d2hGBps.max} GB/s`);
 
-const allocations: DeviceAllocation[] = [];
-for (const [i, size] of sizes.entries()) {
-  const a = await DeviceAllocation.allocate(i % deviceCount, size);
-  await a.fill(0, size, (i * 37 + 1) & 0xff); // distinct contents: no dedupe between regions
-  allocations.push(a);
-}
-const regions = allocations.map((a, i) => ({ key: `model.layers.${i}.weight`, size: a.size, memory: { kind: 'device' as const, allocation: a } }));
+const held = await makeRegions('cuda', sizes, deviceCount);
+const regions = held.regions;
 
 rmSync(storeRoot, { recursive: true, force: true });
 mkdirSync(storeRoot, { recursive: true });
@@ -79,7 +64,7 @@ const store = await RegionStore.open(storeRoot);
 // so its persisted copy is gone (removed, gc'd) before the capture to disk: the disk holds one.
 const c0 = performance.now();
 const cache = await HostCache.create({ budgetBytes: bytes + 64 * MiB });
-const cacheCreateSeconds = (performance.now() - c0) / 1000;
+const cacheCreateSeconds = since(c0);
 const toRam: number[] = [];
 let inRam: Snapshot | undefined;
 for (let r = 0; r < REPS; r++) {
@@ -89,7 +74,7 @@ for (let r = 0; r < REPS; r++) {
 }
 const p0 = performance.now();
 await inRam!.persist();
-const persistSeconds = (performance.now() - p0) / 1000;
+const persistSeconds = since(p0);
 cache.clear();
 console.error(`capture to RAM tier: ${toRam.map((x) => x.toFixed(2)).join(', ')} GB/s; persisted to disk in ${persistSeconds.toFixed(2)} s`);
 await store.remove('bench-ram');
@@ -97,7 +82,7 @@ await store.gc();
 
 const t0 = performance.now();
 const snap = await Snapshot.capture(store, 'bench', { regions });
-const captureWall = (performance.now() - t0) / 1000;
+const captureWall = since(t0);
 const capture = snap.lastCapture!;
 console.error(`capture: ${gbps(bytes, capture.seconds).toFixed(2)} GB/s (transfer incl. fsync), ${captureWall.toFixed(2)} s with publish`);
 
@@ -108,7 +93,7 @@ console.error(`hydrate warm: ${warm.map((x) => x.toFixed(2)).join(', ')} GB/s`);
 // RAM tier: pinned once (above), loaded (and verified) once from the page cache, then bulk DMA.
 const l0 = performance.now();
 await cache.load(store, snap.manifest);
-const cacheLoadGBps = gbps(bytes, (performance.now() - l0) / 1000);
+const cacheLoadGBps = gbps(bytes, since(l0));
 const ram: number[] = [];
 for (let r = 0; r < REPS; r++) {
   const res = await snap.restore({ regions, cache });
@@ -127,7 +112,7 @@ for (let r = 0; r < 2; r++) {
 let coldDirect: number | null = null;
 let coldBuffered: number | null = null;
 let ddDirect: number | null = null;
-if (dropCaches()) {
+if (dropCaches() === null) {
   coldDirect = gbps(bytes, (await snap.restore({ regions, directIo: true })).seconds);
   dropCaches();
   coldBuffered = gbps(bytes, (await snap.restore({ regions })).seconds);
@@ -139,13 +124,13 @@ if (dropCaches()) {
 }
 console.error(`hydrate cold: O_DIRECT ${coldDirect?.toFixed(2)} GB/s, buffered ${coldBuffered?.toFixed(2)} GB/s; dd O_DIRECT ${ddDirect?.toFixed(2)} GB/s`);
 
-for (const a of allocations) a.close();
+held.close();
 await releaseIdleResources();
 rmSync(storeRoot, { recursive: true, force: true });
 
 // The peers, on the same bytes, after vsnap has given back its GPU and pinned memory.
 let peers: { json: unknown; table: string } | null = null;
-const peersScript = join(dirname(fileURLToPath(import.meta.url)), '..', 'bench', 'peers.py');
+const peersScript = join(packageRoot(), 'bench', 'peers.py');
 if (deviceCount === 1 && process.env.VSNAP_BENCH_PEERS !== '0' && existsSync(peersScript)) {
   const peersOut = join(outDir, `peers-${totalGiB}GiB.json`);
   mkdirSync(outDir, { recursive: true });
@@ -169,12 +154,12 @@ const result = {
   reps: REPS,
   ceiling: { h2dGBps: ceiling.h2dGBps.max, d2hGBps: ceiling.d2hGBps.max, pinSecondsPerGiB: ceiling.pinSeconds / (bytes / GiB), ddDirectGBps: ddDirect },
   vsnap: {
-    captureToRamTierGBps: { max: Math.max(...toRam), median: median(toRam) },
+    captureToRamTierGBps: best(toRam),
     persistFromRamTierSeconds: persistSeconds,
     captureGBps: gbps(bytes, capture.seconds),
     captureWallSeconds: captureWall,
-    hydrateWarmGBps: { max: Math.max(...warm), median: median(warm) },
-    hydrateRamTierGBps: { max: Math.max(...ram), median: median(ram) },
+    hydrateWarmGBps: best(warm),
+    hydrateRamTierGBps: best(ram),
     ramTierCreateSeconds: cacheCreateSeconds,
     ramTierLoadGBps: cacheLoadGBps,
     verifyWarmGBps: Math.max(...verifyRuns),

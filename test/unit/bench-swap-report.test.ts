@@ -1,10 +1,11 @@
 // The report of `npm run bench -- swap`, on synthetic results (no GPU): each of issue 25's targets
 // with its value, the ceiling or reference of the same run, the ratio and the verdict; what it says
 // where a reference is missing; the RAM-tier restore per phase against the bytes alone; the phase,
-// overlap, sweep and vLLM tables; the medians and the restore without its check.
+// sweep and vLLM tables; the medians and the restore without its check.
 import { describe, expect, it } from 'vitest';
 
-import { bytesAloneOf, bytesAloneTable, type Ceiling, median, stats, type ModeRow, overlapTable, type PhaseRow, phaseTable, sweepTable, type SweepRow, type TargetsInput, targetsTable, vllmTable, withoutCheck } from '../../bench/swap-report.js';
+import { median } from '../../bench/common.js';
+import { bytesAloneOf, bytesAloneTable, type Ceiling, stats, type ModeRow, type PhaseRow, phaseTable, sweepTable, type SweepRow, type TargetsInput, targetsTable, vllmTable, withoutCheck } from '../../bench/swap-report.js';
 import type { VllmLevel1Result } from '../../bench/swap-vllm.js';
 
 const GiB = 2 ** 30;
@@ -196,26 +197,6 @@ describe('bench swap report: the tables beside the targets', () => {
     expect(t).toContain('Target (issue 25): restore via exported fds of 4,000 regions within 1.1x of 36 (16 GiB); this run: worst 1.121x via fds (not met)');
     // where the via-fds restores spent their time, per count
     expect(t).toContain('Restore via fds, where its time went (medians, ms): 36 regions: the set opened 1.0, the copy 321.0 (its first copy issued to its last byte 321.0), the digest waited for 0.0; 4000 regions:');
-  });
-});
-
-describe('bench swap report: serial against overlapped swaps', () => {
-  const row = (overlap: string, swapMedian: number) => ({
-    row: 'RAM tier',
-    overlap,
-    phases: { label: `RAM tier, ${overlap}`, swapMedian, suspendMedian: 0.2, restoreMedian: 0.4, suspendPhases: {}, restorePhases: { wakeKvCache: 0.05, ...(overlap === 'weights' ? { awaitRoom: 0.1 } : {}) } },
-  });
-
-  it('one line per mode, each against the same tier without overlap', () => {
-    const t = overlapTable([row('none', 0.8), row('weights', 0.6), row('all', 0.4)]);
-    expect(t).toContain('| RAM tier | none | 800.0 | 1.000x |');
-    expect(t).toContain('| RAM tier | weights | 600.0 | 0.750x | 200.0 | 400.0 | 50.0 | 100.0 |');
-    expect(t).toContain('| RAM tier | all | 400.0 | 0.500x |');
-  });
-
-  it('nothing without an overlapped mode; n/a without the serial row', () => {
-    expect(overlapTable([row('none', 0.8)])).toBe('');
-    expect(overlapTable([row('all', 0.4)])).toContain('| RAM tier | all | 400.0 | n/a |');
   });
 });
 

@@ -5,8 +5,9 @@ import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
-import { afterAll, describe, expect, it } from 'vitest';
+import { afterAll, describe, expect, it, vi } from 'vitest';
 
+import { dropCaches } from '../../bench/common.js';
 import { engineTierUnsupported } from '../../bench/engine.js';
 import { sweepTable } from '../../bench/swap-report.js';
 import { runCeiling, runSweep, splitEvenly } from '../../bench/swap-sweep.js';
@@ -99,5 +100,16 @@ describe("bench swap: the engine's own tier 0 on vLLM's allocator code", () => {
     expect(engineTierUnsupported(layout('old', 'class CuMemAllocator:\n    def discard(self, tags):\n        pass\n'))).toBeUndefined();
     expect(engineTierUnsupported('')).toBeUndefined();
     expect(engineTierUnsupported(tmp())).toBeUndefined(); // a folder without the allocator: nothing to say about it
+  });
+});
+
+describe('bench: the page-cache drop', () => {
+  it('drops nothing under `vsnap bench` without --drop-caches, and says so (the cold row skips with it)', () => {
+    vi.stubEnv('VSNAP_BENCH_DROP_CACHES', '0');
+    try {
+      expect(dropCaches()).toMatch(/without --drop-caches/);
+    } finally {
+      vi.unstubAllEnvs();
+    }
   });
 });
