@@ -193,7 +193,8 @@ export class Snapshot {
       const read = result.checksums ?? [];
       const checksums = regions.map((_, i) => (reused.has(i) ? [...reused.get(i)!.checksums] : deferred ? [] : read[fresh.indexOf(i)]!));
       const digests = regions.map((r, i) => reused.get(i)?.blob ?? (deferred ? '' : blobDigest(r.size, chunkSize, checksums[i]!)));
-      let manifest = captureManifest({ id, name, regions, chunkSize, checksums, digests, gpuDigests, platform, gpus, options, deferred });
+      const codecs = regions.map((_, i) => reused.get(i)?.codec); // a shared blob keeps its form
+      let manifest = captureManifest({ id, name, regions, chunkSize, checksums, digests, gpuDigests, platform, gpus, options, deferred, codecs });
       if (txn && codec !== 'off') manifest = await codeCapturedBlobs(manifest, new Map(fresh.map((i) => [regionId(items[i]!.rank, items[i]!.key), txn.blobTmpPath(i)])));
       const stored = new Map([...manifest.regions()].map(({ rank, region }) => [regionId(rank, region.key), region]));
       let dedupedBytes = 0;
