@@ -136,6 +136,19 @@ describe('capture with codec vsnap-c1 writes coded store blobs', () => {
     for (const t of targets) expect(t.region.read(0, t.size).equals(contents[t.key]!)).toBe(true);
   });
 
+  it('a RAM tier holding raw bytes loads a coded snapshot from the store (decoded and checked) and restores it bit-exact', async () => {
+    const store = await RegionStore.open(tempDir());
+    await Snapshot.capture(store, 'm', { regions: regionsOf(contents), chunkSize: CHUNK, codec: 'vsnap-c1' });
+    const cache = await HostCache.create({ budgetBytes: 8 * 1024 * KiB, pin: false });
+    cleanup.push(cache);
+    const snap = await Snapshot.open(store, 'm');
+    for (const tier of ['store', 'ram']) {
+      const targets = targetsOf(contents);
+      expect((await snap.restore({ regions: targets.map(asTarget), cache })).tier).toBe(tier);
+      for (const t of targets) expect(t.region.read(0, t.size).equals(contents[t.key]!)).toBe(true);
+    }
+  });
+
   it('codes the blobs a persist from the RAM tier writes (persist off), and the store restores them', async () => {
     const store = await RegionStore.open(tempDir());
     const cache = await HostCache.create({ budgetBytes: 8 * 1024 * KiB, pin: false });
