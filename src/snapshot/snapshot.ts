@@ -395,6 +395,7 @@ export class Snapshot {
       try {
         // Coded blobs are decoded on the CPU, every chunk checked against its checksum, before any target is written.
         for (const { rank, region } of this.manifest.regions()) {
+          common.signal?.throwIfAborted();
           if (region.codec) decoded.set(regionId(rank, region.key), await readBlobDecoded(this.store.blobPath(region.blob), region, this.name));
         }
         return await runTransfer({
