@@ -18,8 +18,8 @@ import { copyInStages, ramCopyItem, ramCopyPlan, startCopy } from './copy-overla
 import { EarlyRestore } from './early-restore.js';
 import { restoreCoded } from './coded-restore.js';
 import { checkStoreCodec, codeCapturedBlobs, type StoreCodec } from './coded-capture.js';
-import { readBlobDecoded, storedBytes } from '../store/coded-blob.js';
-import type { HostRegion } from '../regions/host-region.js';
+import { storedBytes } from '../store/coded-blob.js';
+import { restoreFromStore } from './store-restore.js';
 import { type DigestPlan, planVerify, verifyPlanned, verifyRestoredByDevice } from '../digest/compare.js';
 import type { CaptureOptions, DeviceTiming, RestoreOptions, RestoreRegion, TransferSummary } from './snapshot-types.js';
 import type { StagedRest, StagedTargets } from './staged.js';
@@ -390,35 +390,7 @@ export class Snapshot {
       }
     }
     if (staged) await (await staged).late.after; // from disk the wait costs little beside the read: one job, after it
-    const decoded = new Map<string, HostRegion>();
-    const result = await this.store.withLock(false, async () => {
-      try {
-        // Coded blobs are decoded on the CPU, every chunk checked against its checksum, before any target is written.
-        for (const { rank, region } of this.manifest.regions()) {
-          common.signal?.throwIfAborted();
-          if (region.codec) decoded.set(regionId(rank, region.key), await readBlobDecoded(this.store.blobPath(region.blob), region, this.name));
-        }
-        return await runTransfer({
-          ...common,
-          op: 'hydrate',
-          verifyFirst: verify === 'all-first',
-          regions: [...this.manifest.regions()].map(({ rank, region }) => {
-            const memfd = decoded.get(regionId(rank, region.key));
-            return {
-              name: regionLabel(rank, region.key, multiRank),
-              blobPath: memfd ? `/proc/self/fd/${memfd.fd}` : this.store.blobPath(region.blob),
-              size: region.size,
-              chunkSize: region.chunkSize,
-              checksums: region.checksums,
-              memory: targets.get(regionId(rank, region.key))!.memory,
-            };
-          }),
-          directIo: options.directIo ?? false,
-        });
-      } finally {
-        for (const d of decoded.values()) d.close();
-      }
-    });
+    const result = await restoreFromStore(this.store, this.manifest, targets, common, { verifyFirst: verify === 'all-first', directIo: options.directIo ?? false });
     return { bytes: result.bytes, seconds: result.seconds, bytesPerSecond: result.bytes / Math.max(result.seconds, 1e-9), tier: 'store', devices: result.devices };
   }
 
