@@ -149,6 +149,21 @@ describe('capture with codec vsnap-c1 writes coded store blobs', () => {
     }
   });
 
+  it('a capture landing in a coded RAM tier and the store at once (persist sync) codes both, and restores from each', async () => {
+    const store = await RegionStore.open(tempDir());
+    const cache = await HostCache.create({ budgetBytes: 8 * 1024 * KiB, pin: false, codec: 'vsnap-c1' });
+    cleanup.push(cache);
+    const snap = await Snapshot.capture(store, 'm', { regions: regionsOf(contents), chunkSize: CHUNK, cache, codec: 'vsnap-c1' });
+    expect(cache.has(snap.id)).toBe(true);
+    expect(cache.usedBytes).toBeLessThan(snap.manifest.totalBytes);
+    expect(snap.manifest.storedBytes).toBeLessThan(snap.manifest.totalBytes);
+    for (const [tier, via] of [['ram', cache], ['store', undefined]] as const) {
+      const targets = targetsOf(contents);
+      expect((await snap.restore({ regions: targets.map(asTarget), ...(via ? { cache: via } : {}) })).tier).toBe(tier);
+      for (const t of targets) expect(t.region.read(0, t.size).equals(contents[t.key]!)).toBe(true);
+    }
+  });
+
   it('codes the blobs a persist from the RAM tier writes (persist off), and the store restores them', async () => {
     const store = await RegionStore.open(tempDir());
     const cache = await HostCache.create({ budgetBytes: 8 * 1024 * KiB, pin: false });
