@@ -25,6 +25,7 @@ export { RegionStore, type RegionStoreOptions, type SnapshotList, type SnapshotS
 
 export { Snapshot } from './snapshot/snapshot.js';
 export type { CaptureHash, CaptureOptions, CaptureRegion, DeviceTiming, PersistPolicy, RestoreOptions, RestoreRegion, TransferSummary } from './snapshot/snapshot-types.js';
+export type { StoreCodec } from './snapshot/coded-capture.js';
 export type { RegionMemory, MappedMemory } from './regions/memory.js';
 // a value here too: RegionMemory names it, and a declaration at the root must exist at run time
 export { DeviceAllocation } from './gpu/device-allocation.js';

@@ -35,6 +35,7 @@ export interface Options {
   gpus?: string;
   dropCaches?: boolean;
   ca?: string;
+  codec?: string;
 }
 
 /** The default store: $VSNAP_STORE, else $XDG_DATA_HOME/vsnap, else ~/.local/share/vsnap. */

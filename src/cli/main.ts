@@ -54,7 +54,8 @@ export function program(run: (command: string, fn: Run, args: string[], options:
     new Option('--size <MiB>', 'bytes to move, in MiB').default('1024'), new Option('--cpu', 'host memory even when a GPU is present'),
     opt.store());
   def('doctor', 'check CUDA, the driver, the checkpoint API, devices, RAM, the store (read only) and, with --engine, an engine', doctor, opt.store(), opt.engine(), opt.token());
-  def('snapshot', "capture a running engine's weights", snapshot, opt.engine(), opt.token(), opt.store(), new Option('--force', 'capture even if a snapshot exists')).argument('<name>', 'the snapshot name');
+  def('snapshot', "capture a running engine's weights", snapshot, opt.engine(), opt.token(), opt.store(), new Option('--force', 'capture even if a snapshot exists'),
+    new Option('--codec <codec>', 'how the store keeps the blobs: off (raw) or vsnap-c1 (coded on the CPU: fewer bytes on disk and over a registry)').choices(['off', 'vsnap-c1']).default('off')).argument('<name>', 'the snapshot name');
   def('suspend', 'sleep an engine, only if snapshot <name> can bring it back', suspend, opt.engine(), opt.token(), opt.store(), new Option('--capture', 'capture first when no snapshot matches'), new Option('--deep', "then checkpoint the engine's processes: 0 MiB left on the GPU (driver r570+)")).argument('<name>', 'the snapshot name');
   def('restore', "bring an engine's weights back from snapshot <name> and check its answer", restore, opt.engine(), opt.token(), opt.store(), opt.id('restore'),
     new Option('--recover', "when the snapshot cannot be used (missing, damaged, incompatible), have the engine reload its weights itself (vLLM's reload_weights)"),

@@ -15,6 +15,11 @@ export function formatBytes(n: number): string {
 }
 
 /** Decimal throughput, the way link speeds are quoted: 54.8 GB/s. */
+/** Stored bytes against raw bytes, as `0.70x` (`1.00x` for nothing). */
+export function formatRatio(stored: number, raw: number): string {
+  return `${(raw > 0 ? stored / raw : 1).toFixed(2)}x`;
+}
+
 export function formatRate(bytes: number, seconds: number): string {
   return `${(bytes / Math.max(seconds, 1e-9) / 1e9).toFixed(2)} GB/s`;
 }

@@ -68,13 +68,14 @@ export async function captureExported(
     ...(options.persist ? { persist: options.persist } : {}),
     ...(options.hash ? { hash: options.hash } : {}),
     ...(options.base ? { base: options.base } : {}),
+    ...(options.codec ? { codec: options.codec } : {}),
     ...(options.transfer?.threads ? { threads: options.transfer.threads } : {}),
     ...(options.transfer?.onProgress ? { onProgress: options.transfer.onProgress } : {}),
     ...(options.signal ? { signal: options.signal } : {}),
   });
 }
 
-const CAPTURE_OPTIONS = ['check', 'labels', 'chunkSize', 'cache', 'persist', 'hash', 'base', 'transfer', 'signal', 'onWarning'];
+const CAPTURE_OPTIONS = ['check', 'labels', 'chunkSize', 'cache', 'persist', 'hash', 'base', 'codec', 'transfer', 'signal', 'onWarning'];
 
 /** Rejects unknown capture options (the probe options moved into `check`). @internal */
 export function checkCaptureOptions(options: EngineCaptureOptions, what = 'captureEngine options'): void {

@@ -6,6 +6,7 @@ import type { EngineClient, EngineStatus } from '../engine/engine-client.js';
 import type { RegionTables } from '../engine/region-table.js';
 import type { LiveLayout } from '../manifest/compat.js';
 import type { Snapshot } from '../snapshot/snapshot.js';
+import { storedBytes } from '../store/coded-blob.js';
 
 
 const RISKY_BACKENDS = /FLASHINFER/i;
@@ -71,7 +72,8 @@ export function blobProblems(snapshot: Snapshot): string[] {
     } catch {
       size = undefined;
     }
-    if (size !== region.size) problems.push(`blob of region ${JSON.stringify(region.key)} is ${size === undefined ? 'missing' : `${size} bytes, not ${region.size}`}`);
+    const expected = storedBytes(region);
+    if (size !== expected) problems.push(`blob of region ${JSON.stringify(region.key)} is ${size === undefined ? 'missing' : `${size} bytes, not ${expected}`}`);
   }
   return problems;
 }

@@ -6,6 +6,7 @@ import type { ExpectedResponse } from '../manifest/types.js';
 import type { RegionStore } from '../store/region-store.js';
 import type { RegistrySource } from '../registry/source.js';
 import type { Snapshot } from '../snapshot/snapshot.js';
+import type { StoreCodec } from '../snapshot/coded-capture.js';
 import type { CaptureHash, DeviceTiming, PersistPolicy } from '../snapshot/snapshot-types.js';
 import type { EngineTiers, TierName } from '../tiers/index.js';
 import type { MultipathStats } from '../transfer/multipath.js';
@@ -52,6 +53,8 @@ export interface EngineCaptureOptions {
   readonly hash?: CaptureHash;
   /** Incremental capture on top of this earlier capture; see {@link CaptureOptions.base}. */
   readonly base?: Snapshot;
+  /** How the store's blobs are written (default `off`, raw); see {@link CaptureOptions.codec}. */
+  readonly codec?: StoreCodec;
   /** How the bytes move. */
   readonly transfer?: Omit<TransferTuning, 'directIo'>;
   /** Cancels the capture. */

@@ -122,6 +122,14 @@ export class Manifest {
   get totalBytes(): number {
     return this.data.ranks.reduce((sum, rank) => sum + rank.regions.reduce((s, r) => s + r.size, 0), 0);
   }
+  /**
+   * Bytes the store's blobs of this capture take: the coded sizes of regions stored coded
+   * (docs/compression.md), the raw size of the others; {@link Manifest.totalBytes} when none is coded.
+   * A blob shared by several regions counts once for each.
+   */
+  get storedBytes(): number {
+    return this.data.ranks.reduce((sum, rank) => sum + rank.regions.reduce((s, r) => s + (r.codec ? r.codec.codedSizes.reduce((a, b) => a + b, 0) : r.size), 0), 0);
+  }
   /** Number of regions across all ranks. */
   get regionCount(): number {
     return this.data.ranks.reduce((n, rank) => n + rank.regions.length, 0);

@@ -2,6 +2,7 @@ import { createHash } from 'node:crypto';
 
 import { VsnapError } from '../errors.js';
 import type { Manifest } from '../manifest/manifest.js';
+import { storedBytes } from '../store/coded-blob.js';
 
 /** The OCI image manifest media type (image-spec manifest.md). @internal */
 export const OCI_MANIFEST = 'application/vnd.oci.image.manifest.v1+json';
@@ -11,6 +12,8 @@ export const SNAPSHOT_ARTIFACT_TYPE = 'application/vnd.vsnap.snapshot.v1+json';
 export const CONFIG_MEDIA_TYPE = 'application/vnd.vsnap.snapshot.config.v1+json';
 /** One layer per region blob: the region's raw bytes. @internal */
 export const REGION_MEDIA_TYPE = 'application/vnd.vsnap.region.v1';
+/** A region blob stored coded (docs/compression.md): its vsnap-c1 chunks back to back. @internal */
+export const REGION_CODED_MEDIA_TYPE = 'application/vnd.vsnap.region.vsnap-c1.v1';
 
 /** Annotation keys (reverse-DNS of the project, as the image spec asks). @internal */
 export const ANNOTATION = {
@@ -65,9 +68,9 @@ export function buildArtifact(manifest: Manifest, config: Buffer, layerDigests: 
     const digest = layerDigests.get(region.blob);
     if (!digest) throw new VsnapError('E_INTERNAL', `no content digest for blob ${region.blob}`);
     layers.push({
-      mediaType: REGION_MEDIA_TYPE,
+      mediaType: region.codec ? REGION_CODED_MEDIA_TYPE : REGION_MEDIA_TYPE,
       digest,
-      size: region.size,
+      size: storedBytes(region),
       annotations: { [ANNOTATION.rank]: String(rank), [ANNOTATION.key]: region.key, [ANNOTATION.blob]: region.blob },
     });
   }

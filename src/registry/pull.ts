@@ -6,7 +6,9 @@ import { abortError, toVsnapError, VsnapError } from '../errors.js';
 import { Manifest } from '../manifest/manifest.js';
 import type { RegionInfo } from '../manifest/types.js';
 import { native } from '../native/index.js';
-import { blobDigest } from '../manifest/blob-digest.js';
+import { blobDigest, codedBlobDigest } from '../manifest/blob-digest.js';
+import { codedOffsets, storedBytes } from '../store/coded-blob.js';
+import { decodeChunk } from '../transfer/codec.js';
 import type { RegionStore } from '../store/region-store.js';
 import { ANNOTATION, OCI_MANIFEST, parseArtifact, sha256Digest, type Descriptor, type SnapshotArtifact } from './artifact.js';
 import { BODY_LIMITS, type OciHttp } from './http.js';
@@ -66,6 +68,31 @@ interface BlobPlan {
   readonly region: RegionInfo;
   readonly layer: Descriptor;
   readonly index: number;
+  /** The layer's bytes: the region's size, or its coded chunks' (`codec`). */
+  readonly stored: number;
+  /** Where each chunk starts in the layer, then its end: coded chunks differ in size. */
+  readonly bounds: readonly number[];
+}
+
+/** Chunk boundaries in a region's blob: every `chunkSize` bytes, or the coded sizes'. */
+function chunkBounds(region: RegionInfo): number[] {
+  if (region.codec) return codedOffsets(region.codec);
+  const out: number[] = [];
+  for (let at = 0; at < region.size; at += region.chunkSize) out.push(at);
+  out.push(region.size);
+  return out;
+}
+
+/** The index of the chunk starting at `pos` (a boundary). */
+function chunkAt(bounds: readonly number[], pos: number): number {
+  let lo = 0;
+  let hi = bounds.length - 1;
+  while (lo < hi) {
+    const mid = (lo + hi) >> 1;
+    if (bounds[mid]! < pos) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
 }
 
 /** Every distinct region blob with its layer, each checked against the config. @internal */
@@ -88,10 +115,12 @@ export function planLayers(resolved: ResolvedArtifact, where: string): BlobPlan[
       });
     };
     if (!layer) bad(`(blob ${region.blob}) has no layer`);
-    if (layer!.size !== region.size) bad(`is ${region.size} bytes in the config, its layer ${layer!.size}`);
-    // the store names blobs by their chunk checksums: a config whose names and checksums disagree is refused
-    if (blobDigest(region.size, region.chunkSize, region.checksums) !== region.blob) bad('names a blob its checksums do not give');
-    plans.push({ region, layer: layer!, index: plans.length });
+    const stored = storedBytes(region);
+    if (layer!.size !== stored) bad(`is ${stored} bytes${region.codec ? ' coded' : ''} in the config, its layer ${layer!.size}`);
+    // the store names blobs by their chunk checksums (and coded sizes): a config whose names and checksums disagree is refused
+    const name = region.codec ? codedBlobDigest(region.size, region.chunkSize, region.checksums, region.codec.name, region.codec.codedSizes) : blobDigest(region.size, region.chunkSize, region.checksums);
+    if (name !== region.blob) bad('names a blob its checksums do not give');
+    plans.push({ region, layer: layer!, index: plans.length, stored, bounds: chunkBounds(region) });
   }
   return plans;
 }
@@ -132,7 +161,7 @@ class BlobDownload {
   async finish(where: string, signal: AbortSignal | undefined): Promise<void> {
     const { region, layer } = this.plan;
     const handle = await this.file();
-    const digest = this.hash ? `sha256:${this.hash.digest('hex')}` : await fileSha256(handle, region.size, signal);
+    const digest = this.hash ? `sha256:${this.hash.digest('hex')}` : await fileSha256(handle, this.plan.stored, signal);
     if (digest !== layer.digest) {
       throw new VsnapError('E_CHECKSUM', `${where}: layer ${layer.digest} (region ${region.key}) arrived with sha256 ${digest}; nothing of it was stored`, { reference: where, region: region.key });
     }
@@ -167,8 +196,8 @@ export async function pullInto(store: RegionStore, resolved: ResolvedArtifact, n
   const manifest = name === resolved.manifest.name ? resolved.manifest : Manifest.parse({ ...resolved.manifest.data, name });
   const plans = planLayers(resolved, where);
   const missing = plans.filter((p) => !lstatSync(store.blobPath(p.region.blob), { throwIfNoEntry: false })?.isFile());
-  const bytesDownloaded = missing.reduce((n, p) => n + p.region.size, 0);
-  const bytesSkipped = plans.reduce((n, p) => n + p.region.size, 0) - bytesDownloaded;
+  const bytesDownloaded = missing.reduce((n, p) => n + p.stored, 0);
+  const bytesSkipped = plans.reduce((n, p) => n + p.stored, 0) - bytesDownloaded;
   const txn = await store.beginCapture(name, bytesDownloaded, manifest.id);
   const started: BlobDownload[] = [];
   try {
@@ -184,22 +213,23 @@ export async function pullInto(store: RegionStore, resolved: ResolvedArtifact, n
       for (const plan of missing) {
         const blob = new BlobDownload(plan, txn.blobTmpPath(plan.index));
         started.push(blob);
-        const { size, chunkSize } = plan.region;
-        const n = size >= job.rangeMinBytes && !job.http.rangeIgnored ? Math.min(job.connections, Math.ceil(size / chunkSize)) : 1;
+        const { stored: size, bounds } = plan;
+        const chunks = bounds.length - 1;
+        const n = size >= job.rangeMinBytes && !job.http.rangeIgnored ? Math.min(job.connections, chunks) : 1;
         if (n <= 1) {
           blob.hash = createHash('sha256');
           blob.partsLeft = 1;
           yield { blob, start: 0, end: size };
           continue;
         }
-        const per = Math.ceil(size / chunkSize / n) * chunkSize;
-        blob.partsLeft = Math.ceil(size / per);
-        for (let start = 0; start < size; start += per) yield { blob, start, end: Math.min(size, start + per) };
+        const per = Math.ceil(chunks / n); // chunks a part
+        blob.partsLeft = Math.ceil(chunks / per);
+        for (let first = 0; first < chunks; first += per) yield { blob, start: bounds[first]!, end: bounds[Math.min(chunks, first + per)]! };
       }
     }
     try {
       await runPool(parts(), job.connections, async (part) => {
-        const lent = await buffers.take(Math.min(part.blob.plan.region.chunkSize, part.end - part.start));
+        const lent = await buffers.take(Math.min(largestChunk(part.blob.plan), part.end - part.start));
         try {
           await fetchPart(job, part, lent.buffer, progress);
         } finally {
@@ -214,7 +244,7 @@ export async function pullInto(store: RegionStore, resolved: ResolvedArtifact, n
     const missingSet = new Set(missing);
     await txn.publish(
       manifest,
-      plans.map((p) => ({ ...(missingSet.has(p) ? { tmpPath: txn.blobTmpPath(p.index) } : {}), digest: p.region.blob, size: p.region.size })),
+      plans.map((p) => ({ ...(missingSet.has(p) ? { tmpPath: txn.blobTmpPath(p.index) } : {}), digest: p.region.blob, size: p.stored })),
     );
     return { manifest, bytesDownloaded, bytesSkipped };
   } catch (err) {
@@ -233,8 +263,8 @@ export async function pullInto(store: RegionStore, resolved: ResolvedArtifact, n
  */
 async function fetchPart(job: PullJob, part: Part, buf: Buffer, progress: (n: number) => void): Promise<void> {
   const { blob, start, end } = part;
-  const { region, layer } = blob.plan;
-  const whole = start === 0 && end === region.size;
+  const { region, layer, bounds } = blob.plan;
+  const whole = start === 0 && end === blob.plan.stored;
   const res = await job.http.send('GET', job.http.repoPath(`blobs/${layer.digest}`), {
     headers: whole ? {} : { range: `bytes=${start}-${end - 1}` },
     ok: whole ? [200] : [200, 206],
@@ -249,6 +279,7 @@ async function fetchPart(job: PullJob, part: Part, buf: Buffer, progress: (n: nu
   // `buf`: one chunk buffer for the part (lent by the pull's BufferPool), filled in place: a fresh
   // buffer per chunk costs a page fault per 4 KiB, which halved the rate on the machines measured.
   let pos = start;
+  let index = chunkAt(bounds, start);
   let filled = 0;
   let extra = 0;
   try {
@@ -259,7 +290,7 @@ async function fetchPart(job: PullJob, part: Part, buf: Buffer, progress: (n: nu
       skip -= off;
       const skipped = off;
       while (off < data.length) {
-        const want = Math.min(region.chunkSize, end - pos);
+        const want = Math.min((bounds[index + 1] ?? end) - pos, end - pos);
         if (want === 0) {
           extra += data.length - off; // more than asked for
           break;
@@ -284,8 +315,9 @@ async function fetchPart(job: PullJob, part: Part, buf: Buffer, progress: (n: nu
   }
 
   async function storeChunk(chunk: Buffer): Promise<void> {
-    const index = pos / region.chunkSize;
-    if (native().checksum(chunk) !== region.checksums[index]) {
+    // a coded chunk is decoded on the CPU and its bytes checked as a raw one's: the store holds only blobs that decode to their checksums
+    const raw = region.codec ? decodeLayerChunk(chunk, region, index, layer.digest) : chunk;
+    if (native().checksum(raw) !== region.checksums[index]) {
       throw new VsnapError('E_CHECKSUM', `layer ${layer.digest} (region ${region.key}): chunk ${index} does not match its checksum; the registry's copy is damaged. Nothing of it was stored; push it again from a good store.`, {
         region: region.key,
         chunk: index,
@@ -295,7 +327,26 @@ async function fetchPart(job: PullJob, part: Part, buf: Buffer, progress: (n: nu
     let written = 0;
     while (written < chunk.length) written += (await handle.write(chunk, written, chunk.length - written, pos + written)).bytesWritten;
     pos += chunk.length;
+    index++;
   }
+}
+
+/** Decodes chunk `index` of a coded layer; a damaged one is E_CODEC_CORRUPT naming the region, the chunk and the layer. */
+function decodeLayerChunk(chunk: Buffer, region: RegionInfo, index: number, digest: string): Buffer {
+  try {
+    return decodeChunk(chunk, Math.min(region.chunkSize, region.size - index * region.chunkSize), { chunk: index, region: region.key });
+  } catch (err) {
+    const e = toVsnapError(err);
+    if (e.code !== 'E_CODEC_CORRUPT') throw e;
+    throw new VsnapError('E_CODEC_CORRUPT', `layer ${digest} (region ${region.key}): chunk ${index} is damaged (${String(e.details.reason)}); the registry's copy is damaged. Nothing of it was stored; push it again from a good store.`, { ...e.details, layer: digest }, { cause: e });
+  }
+}
+
+/** The largest chunk of a blob as stored (a coded one may be up to its header larger than the chunk size). */
+function largestChunk(plan: BlobPlan): number {
+  let most = 0;
+  for (let i = 1; i < plan.bounds.length; i++) most = Math.max(most, plan.bounds[i]! - plan.bounds[i - 1]!);
+  return most;
 }
 
 /** A 206 must be the range asked for (when it says which): another range is refused, not stitched in. */

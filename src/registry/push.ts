@@ -1,10 +1,11 @@
 import { createHash } from 'node:crypto';
-import { constants } from 'node:fs';
+import { constants, statSync } from 'node:fs';
 import { open } from 'node:fs/promises';
 import { setTimeout as sleep } from 'node:timers/promises';
 
 import { abortError, toVsnapError, VsnapError } from '../errors.js';
 import type { Manifest } from '../manifest/manifest.js';
+import { storedBytes } from '../store/coded-blob.js';
 import type { RegionStore } from '../store/region-store.js';
 import { buildArtifact, configBlob, CONFIG_MEDIA_TYPE, OCI_MANIFEST, sha256Digest } from './artifact.js';
 import { BODY_LIMITS, type OciHttp } from './http.js';
@@ -42,7 +43,17 @@ const READ = constants.O_RDONLY | constants.O_NOFOLLOW;
  */
 export async function pushManifest(store: RegionStore, manifest: Manifest, tag: string, job: PushJob): Promise<PushResult> {
   const blobs = new Map<string, number>();
-  for (const { region } of manifest.regions()) blobs.set(region.blob, region.size);
+  const coded = new Set<string>();
+  for (const { region } of manifest.regions()) {
+    blobs.set(region.blob, storedBytes(region));
+    if (region.codec) coded.add(region.blob);
+  }
+  // A raw blob's name fixes its bytes; a coded one's fixes what it decodes to, so its sha256 is remembered for this very file.
+  const cacheKey = (blob: string): string | undefined => {
+    if (!coded.has(blob)) return blob;
+    const st = statSync(store.blobPath(blob), { bigint: true, throwIfNoEntry: false });
+    return st ? `${blob}-${st.ino}-${st.mtimeNs}` : undefined; // missing: hashing it says so
+  };
   const total = [...blobs.values()].reduce((a, b) => a + b, 0);
   let done = 0;
   const report = (phase: string): void => job.onProgress?.({ phase, bytesDone: done, bytesTotal: total });
@@ -54,8 +65,10 @@ export async function pushManifest(store: RegionStore, manifest: Manifest, tag: 
   return store.withLock(false, async () => {
     // 1. content digests, as OCI names blobs
     const digests = new Map<string, string>();
+    const keys = new Map([...blobs.keys()].map((b) => [b, cacheKey(b)])); // before hashing: a blob replaced meanwhile gets a new key
     for (const [blob] of blobs) {
-      const known = job.state.contentDigest(blob);
+      const key = keys.get(blob);
+      const known = key === undefined ? undefined : job.state.contentDigest(key);
       if (known) digests.set(blob, known);
     }
     const toHash = [...blobs].filter(([b]) => !digests.has(b));
@@ -66,7 +79,8 @@ export async function pushManifest(store: RegionStore, manifest: Manifest, tag: 
           done += n;
           report('hashing');
         });
-        job.state.rememberContentDigest(blob, d);
+        const key = keys.get(blob);
+        if (key !== undefined) job.state.rememberContentDigest(key, d);
         digests.set(blob, d);
       });
     }

@@ -4,6 +4,7 @@ import { VsnapError } from '../errors.js';
 import { RegistryClient } from '../registry/registry.js';
 import { registryOptionsFromEnv, type RegistrySource } from '../registry/source.js';
 import { RegionStore } from '../store/region-store.js';
+import { registerStoreMetrics } from './store-metrics.js';
 import { SwapController, type SwapEvent } from '../swap/controller.js';
 import { SwapAgent } from './agent.js';
 import { bootEngines, progressLog } from './boot.js';
@@ -118,6 +119,7 @@ async function start(config: ServeConfig, options: ServeOptions, log: (line: str
   const controller = await SwapController.create(controllerOptionsOf(config, { store, clients, sources, cache, booting: started }));
   teardown.add('the controller', () => controller.close()); // the swap in flight, if any, ends before the engines stop
   logControllerEvents(controller, log);
+  registerStoreMetrics(controller.registry, store);
   const agent = await SwapAgent.listen({
     controller,
     store,

@@ -4,6 +4,7 @@ import { changedChunks, digestRegions } from '../digest/index.js';
 import type { Manifest } from '../manifest/manifest.js';
 import type { RegionInfo } from '../manifest/types.js';
 import type { RegionMemory } from '../regions/memory.js';
+import { storedBytes } from '../store/coded-blob.js';
 import type { RegionStore } from '../store/region-store.js';
 import { regionId } from '../manifest/region-id.js';
 
@@ -45,7 +46,7 @@ export function reusableRegions(
     const live = gpuDigests[i];
     if (!p?.digests || !live || p.size !== r.size || p.chunkSize !== chunkSize || changedChunks(p.digests, live).length) return;
     try {
-      if (statSync(store.blobPath(p.blob)).size === p.size) reused.set(i, p);
+      if (statSync(store.blobPath(p.blob)).size === storedBytes(p)) reused.set(i, p);
     } catch {
       // the blob is gone: read the region again
     }

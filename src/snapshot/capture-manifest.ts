@@ -1,7 +1,7 @@
 import { invalidArgument, VsnapError } from '../errors.js';
 import { cudaStatus, listDevices, type GpuDevice } from '../gpu/cuda.js';
 import { Manifest } from '../manifest/manifest.js';
-import type { ManifestData, PlatformInfo, RankInfo, RegionInfo } from '../manifest/types.js';
+import type { ManifestData, PlatformInfo, RankInfo, RegionCodec, RegionInfo } from '../manifest/types.js';
 import { blobDigest } from '../manifest/blob-digest.js';
 import { VERSION } from '../version.js';
 import type { CaptureOptions, CaptureRegion } from './snapshot-types.js';
@@ -64,6 +64,8 @@ export function captureManifest(c: {
   digests: readonly string[];
   /** Per region, its chunks' GPU digests (null when they could not be taken). */
   gpuDigests: ReadonlyArray<readonly string[] | null>;
+  /** Per region, the codec of a blob shared with a base capture that is stored coded. */
+  codecs?: ReadonlyArray<RegionCodec | undefined>;
   platform: PlatformInfo;
   gpus: readonly GpuDevice[];
   options: CaptureOptions;
@@ -88,6 +90,7 @@ export function captureManifest(c: {
         blob: c.deferred ? '' : c.digests[i]!,
         tensors: [...(r.tensors ?? [])],
         digests: c.gpuDigests[i] ? [...c.gpuDigests[i]!] : null,
+        ...(c.codecs?.[i] ? { codec: c.codecs[i] } : {}),
       })),
     });
   }

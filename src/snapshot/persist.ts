@@ -5,6 +5,8 @@ import type { Manifest } from '../manifest/manifest.js';
 import type { RegionStore } from '../store/region-store.js';
 import { passOn, runTransfer, type TransferOptions } from '../transfer/transfer.js';
 import { withChecksums } from './capture-manifest.js';
+import { codeCapturedBlobs, type StoreCodec } from './coded-capture.js';
+import { storedBytes } from '../store/coded-blob.js';
 import { regionId } from '../manifest/region-id.js';
 
 function changedSinceCapture(manifest: Manifest, key: string, rank: number, chunk: number, against: string): VsnapError {
@@ -24,7 +26,7 @@ function changedSinceCapture(manifest: Manifest, key: string, rank: number, chun
  * each chunk (piece by piece, in cache), so the checksums published are of bytes that matched.
  * @internal
  */
-export async function persistFromRamTier(store: RegionStore, manifest: Manifest, cache: HostCache, options: TransferOptions): Promise<Manifest> {
+export async function persistFromRamTier(store: RegionStore, manifest: Manifest, cache: HostCache, options: TransferOptions, codec: StoreCodec = 'off'): Promise<Manifest> {
   const lease = cache.hold(manifest.id);
   if (!lease) {
     throw new VsnapError(
@@ -68,7 +70,8 @@ export async function persistFromRamTier(store: RegionStore, manifest: Manifest,
         });
         published = withChecksums(manifest, result.checksums ?? []);
       }
-      await txn.publish(published, [...published.regions()].map(({ region }, i) => ({ tmpPath: txn.blobTmpPath(i), size: region.size, digest: region.blob })));
+      if (codec !== 'off') published = await codeCapturedBlobs(published, new Map(listed.map(({ rank, region }, i) => [regionId(rank, region.key), txn.blobTmpPath(i)])));
+      await txn.publish(published, [...published.regions()].map(({ region }, i) => ({ tmpPath: txn.blobTmpPath(i), size: storedBytes(region), digest: region.blob })));
     } catch (err) {
       await txn.abort();
       throw toVsnapError(err);

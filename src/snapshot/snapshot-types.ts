@@ -7,6 +7,7 @@ import type { EngineInfo, ExpectedResponse, ModelInfo, TensorInfo } from '../man
 import type { RegionMemory } from '../regions/memory.js';
 import type { MultipathOptions, MultipathStats } from '../transfer/multipath.js';
 import type { TransferOptions } from '../transfer/transfer.js';
+import type { StoreCodec } from './coded-capture.js';
 
 /**
  * A region to capture.
@@ -66,6 +67,15 @@ export interface CaptureOptions extends TransferOptions {
    * Not with a RAM-tier `cache` reservation (the RAM tier needs every byte).
    */
   readonly base?: { readonly manifest: Manifest };
+  /**
+   * How the store's blobs are written (default `off`: the raw bytes). `vsnap-c1`: each region's
+   * blob is coded chunk by chunk on the CPU before it is published (docs/compression.md), so a
+   * cold restore and a registry push or pull move fewer bytes; a region none of whose chunks
+   * shrinks stays raw. Checksums and GPU digests stay those of the raw bytes; restores from the
+   * store decode on the CPU. With persist `async` or `off`, applies when the RAM tier's copy is
+   * persisted. Regions shared with a `base` keep their blobs as they are.
+   */
+  readonly codec?: StoreCodec;
 }
 
 /**

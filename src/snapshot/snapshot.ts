@@ -17,6 +17,9 @@ import { captureDigests, reusableRegions } from './capture-digests.js';
 import { copyInStages, ramCopyItem, ramCopyPlan, startCopy } from './copy-overlap.js';
 import { EarlyRestore } from './early-restore.js';
 import { restoreCoded } from './coded-restore.js';
+import { checkStoreCodec, codeCapturedBlobs, type StoreCodec } from './coded-capture.js';
+import { storedBytes } from '../store/coded-blob.js';
+import { restoreFromStore } from './store-restore.js';
 import { type DigestPlan, planVerify, verifyPlanned, verifyRestoredByDevice } from '../digest/compare.js';
 import type { CaptureOptions, DeviceTiming, RestoreOptions, RestoreRegion, TransferSummary } from './snapshot-types.js';
 import type { StagedRest, StagedTargets } from './staged.js';
@@ -55,12 +58,15 @@ export class Snapshot {
   readonly lastCapture: TransferSummary | undefined;
   /** The RAM tier holding a capture the store does not have yet. */
   private readonly ramTier: HostCache | undefined;
+  /** How a persist from the RAM tier writes the blobs (the capture's `codec`). */
+  private readonly storeCodec: StoreCodec;
   private isDurable: boolean;
   private persisting: Promise<void> | undefined;
   private current: Manifest;
 
-  private constructor(store: RegionStore, manifest: Manifest, lastCapture?: TransferSummary, ramTier?: HostCache) {
+  private constructor(store: RegionStore, manifest: Manifest, lastCapture?: TransferSummary, ramTier?: HostCache, storeCodec: StoreCodec = 'off') {
     this.store = store;
+    this.storeCodec = storeCodec;
     this.current = manifest;
     this.lastCapture = lastCapture;
     this.ramTier = ramTier;
@@ -95,7 +101,7 @@ export class Snapshot {
    */
   async persist(options: TransferOptions = {}): Promise<void> {
     if (this.isDurable) return;
-    this.persisting ??= persistFromRamTier(this.store, this.current, this.ramTier!, options).then(
+    this.persisting ??= persistFromRamTier(this.store, this.current, this.ramTier!, options, this.storeCodec).then(
       (published) => {
         this.current = published;
         this.isDurable = true;
@@ -151,6 +157,7 @@ export class Snapshot {
     const total = regions.reduce((s, r) => s + r.size, 0);
     const { platform, gpus } = await platformOf(regions);
 
+    const codec = checkStoreCodec(options.codec);
     const persist = options.persist ?? 'sync';
     if (persist !== 'sync' && persist !== 'async' && persist !== 'off') invalidArgument('persist', "'sync', 'async' or 'off'", persist);
     const cache = options.cache;
@@ -192,9 +199,15 @@ export class Snapshot {
       const read = result.checksums ?? [];
       const checksums = regions.map((_, i) => (reused.has(i) ? [...reused.get(i)!.checksums] : deferred ? [] : read[fresh.indexOf(i)]!));
       const digests = regions.map((r, i) => reused.get(i)?.blob ?? (deferred ? '' : blobDigest(r.size, chunkSize, checksums[i]!)));
-      const manifest = captureManifest({ id, name, regions, chunkSize, checksums, digests, gpuDigests, platform, gpus, options, deferred });
+      const codecs = regions.map((_, i) => reused.get(i)?.codec); // a shared blob keeps its form
+      let manifest = captureManifest({ id, name, regions, chunkSize, checksums, digests, gpuDigests, platform, gpus, options, deferred, codecs });
+      if (txn && codec !== 'off') manifest = await codeCapturedBlobs(manifest, new Map(fresh.map((i) => [regionId(items[i]!.rank, items[i]!.key), txn.blobTmpPath(i)])));
+      const stored = new Map([...manifest.regions()].map(({ rank, region }) => [regionId(rank, region.key), region]));
       let dedupedBytes = 0;
-      const blobs = regions.map((r, i) => ({ ...(reused.has(i) ? {} : { tmpPath: txn?.blobTmpPath(i) }), size: r.size, digest: digests[i]! }));
+      const blobs = regions.map((r, i) => {
+        const region = stored.get(regionId(items[i]!.rank, r.key))!;
+        return { ...(reused.has(i) ? {} : { tmpPath: txn?.blobTmpPath(i) }), size: storedBytes(region), digest: region.blob };
+      });
       if (txn) ({ dedupedBytes } = await txn.publish(manifest, blobs));
       if (txn && reservation) {
         // only a capture the store holds is coded (persist reads the RAM tier's raw bytes); the store has it by now
@@ -219,7 +232,7 @@ export class Snapshot {
         hash: deferred ? 'deferred' : 'now',
         digestSeconds,
       };
-      const snapshot = new Snapshot(store, manifest, summary, txn ? undefined : cache);
+      const snapshot = new Snapshot(store, manifest, summary, txn ? undefined : cache, codec);
       if (persist === 'async') snapshot.persistInBackground(options);
       return snapshot;
     } catch (err) {
@@ -383,22 +396,7 @@ export class Snapshot {
       }
     }
     if (staged) await (await staged).late.after; // from disk the wait costs little beside the read: one job, after it
-    const result = await this.store.withLock(false, () =>
-      runTransfer({
-        ...common,
-        op: 'hydrate',
-        verifyFirst: verify === 'all-first',
-        regions: [...this.manifest.regions()].map(({ rank, region }) => ({
-          name: regionLabel(rank, region.key, multiRank),
-          blobPath: this.store.blobPath(region.blob),
-          size: region.size,
-          chunkSize: region.chunkSize,
-          checksums: region.checksums,
-          memory: targets.get(regionId(rank, region.key))!.memory,
-        })),
-        directIo: options.directIo ?? false,
-      }),
-    );
+    const result = await restoreFromStore(this.store, this.manifest, targets, common, { verifyFirst: verify === 'all-first', directIo: options.directIo ?? false });
     return { bytes: result.bytes, seconds: result.seconds, bytesPerSecond: result.bytes / Math.max(result.seconds, 1e-9), tier: 'store', devices: result.devices };
   }
 

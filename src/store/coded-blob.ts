@@ -1,9 +1,10 @@
-import { open } from 'node:fs/promises';
+import { open, rename, rm } from 'node:fs/promises';
 
 import { VsnapError } from '../errors.js';
 import { codedBlobDigest } from '../manifest/blob-digest.js';
 import type { RegionCodec, RegionInfo } from '../manifest/types.js';
 import { native } from '../native/index.js';
+import { HostRegion } from '../regions/host-region.js';
 import { decodeChunk, encodeChunk, type CodecKind } from '../transfer/codec.js';
 
 /**
@@ -71,4 +72,69 @@ export async function readBlobChunk(path: string, region: RegionInfo, index: num
     );
   }
   return raw;
+}
+
+/**
+ * The bytes a region's blob takes in the store: its coded chunks (`codec`), else its raw size.
+ * @internal
+ */
+export function storedBytes(region: Pick<RegionInfo, 'size' | 'codec'>): number {
+  return region.codec ? region.codec.codedSizes.reduce((n, s) => n + s, 0) : region.size;
+}
+
+/**
+ * Codes the raw blob written at `path` (a capture's tmp file) chunk by chunk on the CPU, through
+ * `path.coded` renamed over it: each chunk read back is checked against its checksum first (the
+ * transfer took it while writing). Returns the manifest's `codec` and the blob's name, or
+ * undefined (the file left raw) where the coded blob would not be smaller than the raw one.
+ * @internal
+ */
+export async function codeBlobFile(path: string, region: Pick<RegionInfo, 'key' | 'size' | 'chunkSize' | 'checksums'>, hint: CodecKind): Promise<{ codec: RegionCodec; digest: string } | undefined> {
+  const codedSizes: number[] = [];
+  const input = await open(path, 'r');
+  const output = await open(`${path}.coded`, 'wx', 0o644);
+  let keep = false;
+  try {
+    const buf = Buffer.allocUnsafe(Math.min(region.chunkSize, region.size));
+    let written = 0;
+    for (let i = 0, at = 0; at < region.size; i++, at += region.chunkSize) {
+      const raw = buf.subarray(0, Math.min(region.chunkSize, region.size - at));
+      const { bytesRead } = await input.read(raw, 0, raw.length, at);
+      if (bytesRead !== raw.length || native().checksum(raw) !== region.checksums[i]) {
+        throw new VsnapError('E_CHECKSUM', `chunk ${i} of region ${region.key} changed on disk between the capture's write and its coding: nothing was published. Capture again.`, { region: region.key, chunk: i });
+      }
+      const coded = encodeChunk(raw, hint);
+      await output.write(coded, 0, coded.length, written);
+      written += coded.length;
+      codedSizes.push(coded.length);
+    }
+    if (written >= region.size) return undefined; // nothing shrank: the raw blob stays, shared with raw captures of the same bytes
+    await output.sync();
+    keep = true;
+  } finally {
+    await input.close();
+    await output.close();
+    if (!keep) await rm(`${path}.coded`, { force: true });
+  }
+  await rename(`${path}.coded`, path);
+  const codec: RegionCodec = { name: 'vsnap-c1', codedSizes };
+  return { codec, digest: codedBlobDigest(region.size, region.chunkSize, region.checksums, codec.name, codedSizes) };
+}
+
+/**
+ * Reads a region's blob (coded or raw) into a memfd, every chunk decoded and checked against its
+ * checksum first: a damaged chunk throws (E_CODEC_CORRUPT, E_CHECKSUM, E_BLOB_TRUNCATED) naming
+ * its region and chunk before anything is returned. The caller closes the memfd.
+ * @internal
+ */
+export async function readBlobDecoded(path: string, region: RegionInfo, snapshot: string): Promise<HostRegion> {
+  const out = HostRegion.create(region.size, 'vsnap-decoded');
+  try {
+    const chunks = Math.ceil(region.size / region.chunkSize);
+    for (let i = 0; i < chunks; i++) out.write(i * region.chunkSize, await readBlobChunk(path, region, i, snapshot));
+    return out;
+  } catch (err) {
+    out.close();
+    throw err;
+  }
 }

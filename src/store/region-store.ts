@@ -103,7 +103,7 @@ export class RegionStore {
           const manifest = await this.current(name);
           if (!manifest) continue;
           const versions = (await this.files.manifestIds(name)).length;
-          out.push({ name, id: manifest.id, createdAt: manifest.data.createdAt, bytes: manifest.totalBytes, regions: manifest.regionCount, versions });
+          out.push({ name, id: manifest.id, createdAt: manifest.data.createdAt, bytes: manifest.totalBytes, storedBytes: manifest.storedBytes, regions: manifest.regionCount, versions });
         } catch (err) {
           const e = toVsnapError(err);
           problems.push({ name, code: e.code, message: e.message });

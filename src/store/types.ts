@@ -59,6 +59,8 @@ export interface SnapshotSummary {
   readonly createdAt: string;
   /** Bytes of region data in the current capture. */
   readonly bytes: number;
+  /** Bytes its blobs take in the store: less than `bytes` where they are coded ({@link Manifest.storedBytes}). */
+  readonly storedBytes: number;
   /** Regions in the current capture. */
   readonly regions: number;
   /** Captures of this name kept in the store (current included). */

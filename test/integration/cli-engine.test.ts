@@ -26,6 +26,10 @@ describe('vsnap commands on an engine', () => {
       const snap = await runCli(['snapshot', 'ref', ...store, '--json'], env);
       expect(JSON.parse(snap.stdout)).toMatchObject({ cached: false });
       expect(JSON.parse((await runCli(['snapshot', 'ref', ...store, '--json'], env)).stdout)).toMatchObject({ cached: true });
+      // stored coded: the suspend and the restore below use these blobs
+      const coded = await runCli(['snapshot', 'ref', ...store, '--force', '--codec', 'vsnap-c1'], env);
+      expect(coded.stdout).toMatch(/captured ref .*, stored coded in \S+ \S+ \(0\.\d\dx\)$/m);
+      expect((await runCli(['snapshot', 'ref', ...store, '--force', '--codec', 'zstd'], env)).code).toBe(2);
       // --deep without the driver's process checkpoint API (no GPU here): refused before anything changes
       const deep = await runCli(['suspend', 'ref', ...store, '--deep'], env);
       expect(deep.code).toBe(1);

@@ -9,6 +9,7 @@ import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { cliPath, runCli, type CliResult } from '../helpers/cli.js';
 import { tempDir } from '../helpers/tmp.js';
+import { weights } from '../helpers/codec-data.js';
 
 /** A store whose snapshot "demo" is another model's. */
 async function seedForeignDemo(root: string): Promise<void> {
@@ -24,6 +25,24 @@ async function seedForeignDemo(root: string): Promise<void> {
 const vsnap = (...args: string[]): Promise<CliResult> => runCli(args, { VSNAP_STORE: '' });
 
 describe('the vsnap command', () => {
+  it('lists a snapshot stored coded with the bytes its blobs take and the ratio', async () => {
+    const root = join(tempDir(), 'store');
+    const bytes = weights('bf16', 'gaussian', 4 * 1024 * 1024, 3);
+    const host = HostRegion.create(bytes.length);
+    try {
+      host.write(0, bytes);
+      const tensors = [{ name: 'w', offset: 0, dtype: 'torch.bfloat16', shape: [bytes.length / 2] }];
+      await Snapshot.capture(await RegionStore.open(root), 'coded', { regions: [{ key: 'w', size: bytes.length, memory: host.memory, tensors }], chunkSize: 1024 * 1024, codec: 'vsnap-c1' });
+    } finally {
+      host.close();
+    }
+    const human = (await vsnap('ls', '--store', root)).stdout.split('\n');
+    expect(human[1]).toMatch(/^coded +\S+ +\S+ +4\.00 MiB +2\.\d\d MiB \(0\.[67]\dx\) +1 +1$/);
+    const [row] = JSON.parse((await vsnap('ls', '--store', root, '--json')).stdout) as Array<{ bytes: number; storedBytes: number }>;
+    expect(row!.bytes).toBe(bytes.length);
+    expect(row!.storedBytes / row!.bytes).toBeLessThan(0.75);
+  });
+
   it('runs the CPU demo through a real store, then lists (with a header, and --all), verifies, detects damage and removes', async () => {
     const store = join(tempDir(), 'store');
     const demo = await vsnap('demo', '--cpu', '--size', '24', '--store', store);
@@ -41,10 +60,10 @@ describe('the vsnap command', () => {
     const list = JSON.parse(ls.stdout) as Array<{ name: string; regions: number }>;
     expect(list).toEqual([expect.objectContaining({ name: 'demo', regions: 5, versions: 2 })]);
     const human = (await vsnap('ls', '--store', store)).stdout.split('\n');
-    expect(human[0]).toMatch(/^NAME +CAPTURE +CREATED +SIZE +REGIONS +VERSIONS$/);
-    expect(human[1]).toMatch(/^demo +\S+ +\S+ +24\.00 MiB +5 +2$/); // the size asked for, not 23.99 MiB
+    expect(human[0]).toMatch(/^NAME +CAPTURE +CREATED +SIZE +STORED +REGIONS +VERSIONS$/);
+    expect(human[1]).toMatch(/^demo +\S+ +\S+ +24\.00 MiB +24\.00 MiB \(1\.00x\) +5 +2$/); // the size asked for, not 23.99 MiB
     const all = await vsnap('ls', '--all', '--store', store);
-    expect(all.stdout.split('\n')[0]).toMatch(/^NAME +CAPTURE +CURRENT +CREATED +SIZE +REGIONS +DURABLE$/);
+    expect(all.stdout.split('\n')[0]).toMatch(/^NAME +CAPTURE +CURRENT +CREATED +SIZE +STORED +REGIONS +DURABLE$/);
     expect(all.stdout.trim().split('\n')).toHaveLength(3);
     const allJson = JSON.parse((await vsnap('ls', '--all', '--store', store, '--json')).stdout) as Array<{ id: string; current: boolean; durable: boolean }>;
     expect(allJson.map((c) => c.current)).toEqual([false, true]);

@@ -129,6 +129,12 @@ describe.skipIf(!chromium && process.env.CI !== 'true')('the status page of vsna
     await page.locator('tr[data-engine="reference-b"]', { hasText: 'awake' }).waitFor();
     expect(await page.textContent('#gpus')).toMatch(/614\.40 MiB awake, 0 B held by asleep engines, 409\.60 MiB free of 1\.00 GiB/);
     expect(await page.textContent('#snapshots')).toMatch(/reference-a.*reference-b/s);
+    // each snapshot's stored bytes beside its size (raw here: 1.00x), and the same in the metrics
+    expect(await page.textContent('tr[data-snapshot="reference-a"]')).toMatch(/(\d+\.\d\d \S+)\1 \(1\.00x\)/);
+    const metrics = await (await request(`${url}/metrics`, { headers: { authorization: `Bearer ${TOKEN}` } })).body.text();
+    const gauge = (form: string) => Number(new RegExp(`^vsnap_snapshot_bytes\\{snapshot="reference-a",form="${form}"\\} (\\d+)$`, 'm').exec(metrics)?.[1]);
+    expect(gauge('raw')).toBeGreaterThan(0);
+    expect(gauge('stored')).toBe(gauge('raw'));
     await screenshot(page, 'status-page.png');
     expect(problems, problems.join('\n')).toEqual([]);
     await page.close();
@@ -187,7 +193,7 @@ describe.skipIf(!chromium && process.env.CI !== 'true')('the status page of vsna
 
       // every table keeps all its columns: each header cell is there, whole, and reachable by scrolling its own box
       const tables = await probe<Table[]>(page, 'tables()');
-      expect(tables.map((t) => [t.id, t.headers])).toEqual([['engines', 8], ['gpus', 0], ['snapshots', 6]]);
+      expect(tables.map((t) => [t.id, t.headers])).toEqual([['engines', 8], ['gpus', 0], ['snapshots', 7]]);
       for (const t of tables) {
         expect(t.scrolls, t.id).toBe('auto');
         for (const c of t.cells) {
@@ -221,7 +227,7 @@ describe.skipIf(!chromium && process.env.CI !== 'true')('the status page of vsna
       ...real,
       engines: real.engines.map((e) => ({ ...e, devices: [x('devices')], leases: x('leases'), waiting: x('waiting'), memoryBytes: x('memoryBytes'), asleepBytes: x('asleepBytes'), process: { status: 'running', pid: x('pid') } })),
       gpus: real.gpus.map((g) => ({ ...g, device: x('device'), awakeBytes: x('awakeBytes'), heldBytes: 1, budgetBytes: x('budgetBytes') })),
-      snapshots: real.snapshots.map((s) => ({ ...s, versions: x('versions'), bytes: x('bytes') })),
+      snapshots: real.snapshots.map((s) => ({ ...s, versions: x('versions'), bytes: x('bytes'), storedBytes: x('storedBytes') })),
       swaps: [{ at: Date.now(), engine: 'reference-a', action: 'restore', ok: true, seconds: x('seconds'), phases: { map: 0.1 } }],
     };
     const body = JSON.stringify(report);

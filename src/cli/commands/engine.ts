@@ -2,7 +2,7 @@ import { captureEngine, restoreEngine, suspendEngine } from '../../flows/index.j
 import type { MaterializePolicy } from '../../flows/recovery.js';
 import type { Context } from '../context.js';
 import { EXIT } from '../context.js';
-import { formatBytes, progressLine } from '../output.js';
+import { formatBytes, formatRatio, progressLine } from '../output.js';
 
 /** vsnap snapshot <name> --engine URL [--force]: capture a running engine. */
 export async function snapshot(ctx: Context): Promise<number> {
@@ -16,12 +16,16 @@ export async function snapshot(ctx: Context): Promise<number> {
       return EXIT.ok;
     }
     const progress = progressLine('capture');
-    const snap = await captureEngine(store, name, client, { transfer: { onProgress: progress.update }, signal: ctx.signal }).finally(() => progress.done());
+    const codec = ctx.options.codec === 'vsnap-c1' ? 'vsnap-c1' : 'off';
+    const snap = await captureEngine(store, name, client, { transfer: { onProgress: progress.update }, signal: ctx.signal, codec }).finally(() => progress.done());
     const c = snap.lastCapture!;
-    ctx.print(`captured ${name} (${snap.id}): ${formatBytes(c.bytes)} in ${snap.manifest.regionCount} regions, ${c.seconds.toFixed(2)} s`, {
+    const stored = snap.manifest.storedBytes;
+    const coded = stored !== snap.manifest.totalBytes ? `, stored coded in ${formatBytes(stored)} (${formatRatio(stored, snap.manifest.totalBytes)})` : '';
+    ctx.print(`captured ${name} (${snap.id}): ${formatBytes(c.bytes)} in ${snap.manifest.regionCount} regions, ${c.seconds.toFixed(2)} s${coded}`, {
       cached: false,
       id: snap.id,
       bytes: c.bytes,
+      storedBytes: stored,
       seconds: c.seconds,
     });
     return EXIT.ok;

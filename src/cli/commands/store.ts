@@ -1,7 +1,7 @@
 import type { Context } from '../context.js';
 import { EXIT } from '../context.js';
 import { cliMessage } from '../hints.js';
-import { formatBytes, formatRate, progressLine } from '../output.js';
+import { formatBytes, formatRate, formatRatio, progressLine } from '../output.js';
 
 /** Aligned columns with a header row. */
 function table(header: string[], rows: string[][]): string {
@@ -17,17 +17,17 @@ export async function ls(ctx: Context): Promise<number> {
     const captures = [];
     for (const s of list) {
       for (const m of await store.history(s.name)) {
-        captures.push({ name: s.name, id: m.id, current: m.id === s.id, createdAt: m.data.createdAt, bytes: m.totalBytes, regions: m.regionCount, durable: true });
+        captures.push({ name: s.name, id: m.id, current: m.id === s.id, createdAt: m.data.createdAt, bytes: m.totalBytes, storedBytes: m.storedBytes, regions: m.regionCount, durable: true });
       }
     }
     const human = captures.length
-      ? table(['NAME', 'CAPTURE', 'CURRENT', 'CREATED', 'SIZE', 'REGIONS', 'DURABLE'], captures.map((c) => [c.name, c.id, c.current ? 'yes' : '', c.createdAt, formatBytes(c.bytes), String(c.regions), c.durable ? 'yes' : 'no']))
+      ? table(['NAME', 'CAPTURE', 'CURRENT', 'CREATED', 'SIZE', 'STORED', 'REGIONS', 'DURABLE'], captures.map((c) => [c.name, c.id, c.current ? 'yes' : '', c.createdAt, formatBytes(c.bytes), `${formatBytes(c.storedBytes)} (${formatRatio(c.storedBytes, c.bytes)})`, String(c.regions), c.durable ? 'yes' : 'no']))
       : `no snapshots in ${ctx.storeRoot}`;
     ctx.print(human, captures);
     return EXIT.ok;
   }
   const human = list.length
-    ? table(['NAME', 'CAPTURE', 'CREATED', 'SIZE', 'REGIONS', 'VERSIONS'], list.map((s) => [s.name, s.id, s.createdAt, formatBytes(s.bytes), String(s.regions), String(s.versions)]))
+    ? table(['NAME', 'CAPTURE', 'CREATED', 'SIZE', 'STORED', 'REGIONS', 'VERSIONS'], list.map((s) => [s.name, s.id, s.createdAt, formatBytes(s.bytes), `${formatBytes(s.storedBytes)} (${formatRatio(s.storedBytes, s.bytes)})`, String(s.regions), String(s.versions)]))
     : `no snapshots in ${ctx.storeRoot}`;
   // entries that are not readable snapshots: on stderr, so the listing itself stays as it was
   for (const p of list.problems) console.error(`vsnap: ${p.name}: [${p.code}] ${p.message}`);

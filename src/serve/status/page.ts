@@ -49,7 +49,7 @@ th{color:var(--muted);font-weight:500}.num{text-align:right;font-variant-numeric
 <h2>RAM tier</h2><div id="ram" class="muted"></div>
 <h2>Neighbour tier</h2><div id="neighbour" class="muted"></div>
 <h2>Snapshots</h2>
-<div class="scroll"><table><thead><tr><th>name</th><th>capture</th><th>created</th><th class="num">size</th><th class="num">captures</th><th>state</th></tr></thead><tbody id="snapshots"></tbody></table></div>
+<div class="scroll"><table><thead><tr><th>name</th><th>capture</th><th>created</th><th class="num">size</th><th class="num">stored</th><th class="num">captures</th><th>state</th></tr></thead><tbody id="snapshots"></tbody></table></div>
 <h2>Queue</h2><div id="queue"></div>
 <h2>Recent swaps</h2><div id="phases" class="legend muted"></div>
 <div id="chart" role="list" aria-label="recent swaps"></div>
@@ -91,8 +91,8 @@ function render(r) {
   }).join("");
   $("ram").textContent = r.ramTier ? bytes(r.ramTier.usedBytes) + " of " + bytes(r.ramTier.budgetBytes) + " used, " + r.ramTier.entries.length + " snapshot(s): " + r.ramTier.entries.map((e) => e.name + (e.durable ? "" : " (not yet durable)")).join(", ") : "no RAM tier configured (ramTierGiB: 0)";
   $("neighbour").textContent = r.neighbourTier ? "GPU " + r.neighbourTier.device + ": " + bytes(r.neighbourTier.usedBytes) + " of " + bytes(r.neighbourTier.budgetBytes) + " used, " + r.neighbourTier.entries.length + " parked cop" + (r.neighbourTier.entries.length === 1 ? "y" : "ies") + (r.neighbourTier.entries.length ? ": " + r.neighbourTier.entries.map((e) => e.engine || e.id).join(", ") : "") : "no neighbour tier configured (neighbourTier)";
-  $("snapshots").innerHTML = r.snapshots.length ? r.snapshots.map((s) => "<tr data-snapshot='" + esc(s.name) + "'><td>" + esc(s.name) + "</td><td class=muted>" + esc(s.id || "–") + "</td><td>" + (s.createdAt ? esc(new Date(s.createdAt).toLocaleString()) : "–") + "</td><td class=num>" + bytes(s.bytes) + "</td><td class=num>" + esc(s.versions ?? "–") + "</td><td>" +
-    (s.damaged ? "<span class='pill failed'>damaged</span> <span class=muted>" + esc(s.reason || "") + "</span>" : s.durable === false ? "<span class='pill held'>not durable</span>" : "<span class='pill awake'>durable</span>") + "</td></tr>").join("") : "<tr><td colspan=6 class=muted>" + esc(r.snapshotsError || "no snapshots yet") + "</td></tr>";
+  $("snapshots").innerHTML = r.snapshots.length ? r.snapshots.map((s) => "<tr data-snapshot='" + esc(s.name) + "'><td>" + esc(s.name) + "</td><td class=muted>" + esc(s.id || "–") + "</td><td>" + (s.createdAt ? esc(new Date(s.createdAt).toLocaleString()) : "–") + "</td><td class=num>" + bytes(s.bytes) + "</td><td class=num>" + (s.storedBytes == null ? "–" : bytes(s.storedBytes) + " (" + (s.bytes ? s.storedBytes / s.bytes : 1).toFixed(2) + "x)") + "</td><td class=num>" + esc(s.versions ?? "–") + "</td><td>" +
+    (s.damaged ? "<span class='pill failed'>damaged</span> <span class=muted>" + esc(s.reason || "") + "</span>" : s.durable === false ? "<span class='pill held'>not durable</span>" : "<span class='pill awake'>durable</span>") + "</td></tr>").join("") : "<tr><td colspan=7 class=muted>" + esc(r.snapshotsError || "no snapshots yet") + "</td></tr>";
   $("queue").textContent = r.queue.leases + " request(s) running, " + r.queue.waiting + " waiting for an engine";
   chart(r.swaps);
 }
