@@ -8,6 +8,7 @@
 #include "codec/codec.h"
 #include "codec/codec_gpu.h"
 #include "common/error.h"
+#include "common/fault.h"
 #include "cuda/context.h"
 #include "cuda/driver.h"
 #include "cuda/vmm.h"
@@ -22,31 +23,27 @@ uint64_t round16(uint64_t n) { return (n + 15) / 16 * 16; }
 class EncodeLane {
  public:
   EncodeLane(std::shared_ptr<cuda::Context> ctx, uint64_t maxChunk) : ctx_(std::move(ctx)), cu_(cuda::api()) {
-    ctx_->makeCurrent();
-    cuda::check(cu_.cuStreamCreate(&encode, CU_STREAM_NON_BLOCKING), "cuStreamCreate (codec capture)");
-    cuda::check(cu_.cuStreamCreate(&copy, CU_STREAM_NON_BLOCKING), "cuStreamCreate (codec capture)");
-    for (int s = 0; s < 2; s++) {
-      cuda::check(cu_.cuEventCreate(&copied[s], CU_EVENT_DISABLE_TIMING), "cuEventCreate (codec capture)");
-      cuda::check(cu_.cuEventRecord(copied[s], copy), "cuEventRecord (codec capture)");
+    try {
+      ctx_->makeCurrent();
+      const uint64_t slotBytes = round16(maxChunk + vsnap_c1::kHeaderBytes);
+      scratchBytes = 2 * slotBytes + round16(encodeScratchBytes(maxChunk));
+      CUresult r = fault::hit(fault::Point::CodecScratch) ? CUDA_ERROR_OUT_OF_MEMORY : cu_.cuMemAlloc(&scratch, scratchBytes);
+      cuda::check(r, "cuMemAlloc (codec capture scratch)");
+      slot[0] = scratch;
+      slot[1] = scratch + slotBytes;
+      work = scratch + 2 * slotBytes;
+      cuda::check(cu_.cuStreamCreate(&encode, CU_STREAM_NON_BLOCKING), "cuStreamCreate (codec capture)");
+      cuda::check(cu_.cuStreamCreate(&copy, CU_STREAM_NON_BLOCKING), "cuStreamCreate (codec capture)");
+      for (int s = 0; s < 2; s++) {
+        cuda::check(cu_.cuEventCreate(&copied[s], CU_EVENT_DISABLE_TIMING), "cuEventCreate (codec capture)");
+        cuda::check(cu_.cuEventRecord(copied[s], copy), "cuEventRecord (codec capture)");
+      }
+    } catch (...) {
+      release();  // a constructor that throws gets no destructor
+      throw;
     }
-    const uint64_t slotBytes = round16(maxChunk + vsnap_c1::kHeaderBytes);
-    scratchBytes = 2 * slotBytes + round16(encodeScratchBytes(maxChunk));
-    cuda::check(cu_.cuMemAlloc(&scratch, scratchBytes), "cuMemAlloc (codec capture scratch)");
-    slot[0] = scratch;
-    slot[1] = scratch + slotBytes;
-    work = scratch + 2 * slotBytes;
   }
-  ~EncodeLane() {
-    ctx_->makeCurrent();
-    if (encode) cu_.cuStreamSynchronize(encode);
-    if (copy) cu_.cuStreamSynchronize(copy);
-    if (scratch) cu_.cuMemFree(scratch);
-    for (int s = 0; s < 2; s++) {
-      if (copied[s]) cu_.cuEventDestroy(copied[s]);
-    }
-    if (encode) cu_.cuStreamDestroy(encode);
-    if (copy) cu_.cuStreamDestroy(copy);
-  }
+  ~EncodeLane() { release(); }
   EncodeLane(const EncodeLane&) = delete;
   EncodeLane& operator=(const EncodeLane&) = delete;
 
@@ -54,6 +51,22 @@ class EncodeLane {
     ctx_->makeCurrent();
     cuda::check(cu_.cuStreamSynchronize(encode), "cuStreamSynchronize (codec capture encode)");
     cuda::check(cu_.cuStreamSynchronize(copy), "cuStreamSynchronize (codec capture copy)");
+  }
+
+  // Waits for the streams, then frees what was made (idempotent).
+  void release() {
+    ctx_->makeCurrent();
+    if (encode) cu_.cuStreamSynchronize(encode);
+    if (copy) cu_.cuStreamSynchronize(copy);
+    if (scratch) cu_.cuMemFree(scratch);
+    scratch = 0;
+    for (int s = 0; s < 2; s++) {
+      if (copied[s]) cu_.cuEventDestroy(copied[s]);
+      copied[s] = nullptr;
+    }
+    if (encode) cu_.cuStreamDestroy(encode);
+    if (copy) cu_.cuStreamDestroy(copy);
+    encode = copy = nullptr;
   }
 
   std::shared_ptr<cuda::Context> ctx_;

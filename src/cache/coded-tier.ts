@@ -119,6 +119,15 @@ export function onDevice(memory: RegionMemory): boolean {
 }
 
 /**
+ * Whether a coded capture failed for want of GPU memory for its scratch (before anything was
+ * issued: the room reserved is untouched, and the capture can land raw instead). @internal
+ */
+export function scratchShortage(err: unknown): boolean {
+  const e = toVsnapError(err);
+  return e.code === 'E_CUDA' && e.details.cudaError === 'CUDA_ERROR_OUT_OF_MEMORY' && e.details.call === 'cuMemAlloc (codec capture scratch)';
+}
+
+/**
  * Lands a capture coded on the GPU (native/codec/codec_capture.h): each chunk encoded on its GPU
  * into one of two device scratch slots while the previous chunk's coded bytes (the raw bytes where
  * it did not shrink) cross into `buffer`, packed 16-byte aligned from `base`, never past `limit`.

@@ -300,7 +300,7 @@ export interface NativeBinding {
   sendFds(path: string, nonce: string, header: string, fds: readonly number[], timeoutMs?: number): Promise<{ reply: string; fds: number[] }>;
   checksum(data: Uint8Array): string;
   /** Tests only: arms a fault point (native/common/fault.h) for its next `times` hits. */
-  setFault(point: 'thread-start' | 'chunk-delay' | 'copy-fail' | NativeMapFault, times: number, arg?: number): void;
+  setFault(point: 'thread-start' | 'chunk-delay' | 'copy-fail' | 'codec-scratch' | NativeMapFault, times: number, arg?: number): void;
   checksumAlgorithm: string;
   checksumImplementation: string;
   createMemfd(name: string, size: number): number;

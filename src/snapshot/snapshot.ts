@@ -17,7 +17,7 @@ import { captureDigests, reusableRegions } from './capture-digests.js';
 import { copyInStages, ramCopyItem, ramCopyPlan, startCopy } from './copy-overlap.js';
 import { EarlyRestore } from './early-restore.js';
 import { restoreCoded } from './coded-restore.js';
-import { onDevice } from '../cache/coded-tier.js';
+import { onDevice, scratchShortage } from '../cache/coded-tier.js';
 import { type DigestPlan, planVerify, verifyPlanned, verifyRestoredByDevice } from '../digest/compare.js';
 import type { CaptureOptions, DeviceTiming, RestoreOptions, RestoreRegion, TransferSummary } from './snapshot-types.js';
 import type { StagedRest, StagedTargets } from './staged.js';
@@ -171,13 +171,19 @@ export class Snapshot {
       const multiRank = regions.some((x) => (x.rank ?? 0) > 0);
       // A coded RAM tier gets GPU regions coded on their GPU, unless the capture hashes on the host
       // without the store: that hash needs the raw bytes on the host (they are landed, then coded).
-      const gpuCoded = reservation !== undefined && cache!.codec === 'vsnap-c1' && regions.every((r) => onDevice(r.memory)) && (txn !== undefined || deferred);
+      let gpuCoded = reservation !== undefined && cache!.codec === 'vsnap-c1' && regions.every((r) => onDevice(r.memory)) && (txn !== undefined || deferred);
       const codedSources = regions.map((r, i) => ({ id: regionId(items[i]!.rank, r.key), size: r.size, chunkSize, memory: r.memory, ...(r.tensors ? { tensors: r.tensors } : {}) }));
       let landed: { linkBytes: number; seconds: number } | undefined;
       if (gpuCoded && !txn) {
         options.signal?.throwIfAborted();
-        landed = await reservation!.landCoded(codedSources);
-        options.onProgress?.({ phase: 'done', bytesDone: total, bytesTotal: total });
+        try {
+          landed = await reservation!.landCoded(codedSources);
+          options.onProgress?.({ phase: 'done', bytesDone: total, bytesTotal: total });
+        } catch (err) {
+          if (!scratchShortage(err)) throw err;
+          gpuCoded = false; // lands raw below and is coded on the CPU
+          process.emitWarning(`capture ${id} of '${name}': no GPU memory for the codec's scratch (${(err as Error).message}); it lands raw and is coded on the CPU`, { code: 'VSNAP_RAM_TIER' });
+        }
       }
       const result = fresh.length === 0 || landed ? { checksums: [], seconds: landed?.seconds ?? 0 } : await runTransfer({
         op: 'capture',

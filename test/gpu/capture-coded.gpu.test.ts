@@ -5,7 +5,8 @@
 // equal the CPU encoder's bytes for the raw chunk (or the raw chunk where it did not shrink), and the
 // restore from the tier (decoded on the GPU, checked against the capture-time GPU digests of the raw
 // bytes) bit-exact; the RAM-only capture persisted (decoded on the CPU) restores bit-exact from the
-// store. Prints `CAPTURE_CODED_RESULT {json}`: the coded capture's seconds against a raw capture of
+// store; with no GPU memory for the scratch (a fault point), a RAM-only capture lands raw and is coded on
+// the CPU instead of failing. Prints `CAPTURE_CODED_RESULT {json}`: the coded capture's seconds against a raw capture of
 // the same regions into an uncoded RAM tier (same run), and the bytes held against the raw bytes.
 // Size: VSNAP_GPU_CODEC_MIB (default 512) of BF16, in regions of 128 MiB, beside the small regions.
 import assert from 'node:assert/strict';
@@ -17,6 +18,7 @@ import { after, describe, it } from 'node:test';
 import { randomChunk, weights } from '../helpers/codec-data.js';
 import type { HeldChunk } from '../../src/cache/coded-tier.js';
 import { cudaStatus, HostCache, RegionStore, Snapshot } from '../../src/index.js';
+import { native } from '../../src/native/index.js';
 import { DeviceAllocation, encodeChunk, releaseIdleResources, type CodecKind } from '../../src/plumbing.js';
 
 const MiB = 1024 ** 2;
@@ -145,6 +147,27 @@ describe('GPU: captures coded on the GPU into the RAM tier', async () => {
     await snap.restore({ regions, cache: coded });
     assert.ok(await holdsContents(), 'restored bit-exact');
     assert.ok(coded.evict(snap.id));
+  });
+
+  it('no GPU memory for the scratch: a RAM-only capture lands raw and is coded on the CPU (a warning), the same bytes', async () => {
+    const warnings: string[] = [];
+    const onWarning = (w: Error & { code?: string }): void => {
+      if (w.code === 'VSNAP_RAM_TIER') warnings.push(w.message);
+    };
+    process.on('warning', onWarning);
+    native().setFault('codec-scratch', 1);
+    try {
+      const snap = await Snapshot.capture(store, 'short', { regions, cache: coded, persist: 'off' });
+      await heldAsCpuEncodes(snap);
+      await wipe();
+      await snap.restore({ regions, cache: coded });
+      assert.ok(await holdsContents(), 'restored bit-exact');
+      assert.ok(coded.evict(snap.id));
+      assert.ok(warnings.some((w) => w.includes('no GPU memory for the codec')), `warned: ${JSON.stringify(warnings)}`);
+    } finally {
+      native().setFault('codec-scratch', 0);
+      process.off('warning', onWarning);
+    }
   });
 
   it('reports the coded capture against a raw capture into an uncoded RAM tier (same regions, same run)', async () => {
