@@ -72,6 +72,7 @@
         "native/js/js_digest.cc",
         "native/codec/codec.cc",
         "native/codec/codec_gpu.cc",
+        "native/codec/codec_capture.cc",
         "native/codec/codec_restore.cc",
         "native/js/js_codec.cc",
         "native/js/js_checkpoint.cc",

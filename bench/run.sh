@@ -7,7 +7,8 @@
 #   npm run bench -- compare <before.json> <after.json> [tolerance]   two swap runs' medians side by side
 #   npm run bench -- codec [MiB] [repeats] [out.json]   the chunk codec on the GPU (test/microbench/codec.ts)
 #   npm run bench -- ram-codec [GiB] [rounds] [out.json]   a RAM-tier restore of coded BF16 weights
-#                                             against the raw pinned H2D of the uncompressed bytes (bench/ram-codec.ts)
+#                                             against the raw pinned H2D of the uncompressed bytes, and a
+#                                             RAM-only capture against the raw D2H (bench/ram-codec.ts)
 #   npm run bench -- bundle                   only the bundles (dist-gpu/bench-*.mjs), to carry
 # Builds what the tools here can build; on a machine without npm, carry dist-gpu/ and run this script.
 set -euo pipefail

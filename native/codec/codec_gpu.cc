@@ -1,7 +1,6 @@
 #include "codec/codec_gpu.h"
 
 #include <algorithm>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
@@ -239,38 +238,6 @@ DeviceResult encodeThroughDevice(int device, const uint8_t* data, uint64_t size,
   r.bytes.resize(c.codedSize);
   s.download(r.bytes.data(), dst, c.codedSize);
   return r;
-}
-
-BenchResult benchDevice(int device, const uint8_t* data, uint64_t size, uint32_t hintKind, int repeats) {
-  Session s(device);
-  CUdeviceptr src = s.alloc(size), coded = s.alloc(size + kHeaderBytes), out = s.alloc(size), scratch = s.alloc(encodeScratchBytes(size)),
-              errors = s.alloc(kDecodeScratchBytes);
-  static const uint8_t zeros[16] = {};
-  s.upload(src, data, size);
-  s.upload(errors, zeros, 16);
-  BenchResult b;
-  b.rawSize = size;
-  Choice c = encodeDevice(s.ctx(), s.stream(), src, size, hintKind, coded, scratch);
-  b.codedSize = c.codedSize;
-  b.mode = c.mode, b.kind = c.kind, b.width = c.width;
-  std::vector<uint8_t> gpuCoded(c.codedSize);
-  s.download(gpuCoded.data(), coded, c.codedSize);
-  b.sameAsCpu = gpuCoded == encode(data, size, hintKind);
-  Header h = parse(gpuCoded.data(), gpuCoded.size(), size);
-  const cuda::Api& cu = cuda::api();
-  for (int i = 0; i < repeats; i++) {
-    b.encodeMs.push_back(s.timed([&] { encodeDevice(s.ctx(), s.stream(), src, size, hintKind, coded, scratch); }));
-    b.decodeMs.push_back(s.timed([&] { enqueueDecode(s.ctx(), s.stream(), h, coded, out, errors); }));
-    b.copyMs.push_back(s.timed([&] { cuda::check(cu.cuMemcpyDtoDAsync(out, src, size, s.stream()), "cuMemcpyDtoDAsync (bench)"); }));
-  }
-  s.upload(errors, zeros, 16);
-  cuda::check(cu.cuMemsetD8(out, 0, size), "cuMemsetD8 (bench)");
-  enqueueDecode(s.ctx(), s.stream(), h, coded, out, errors);
-  checkErrors(s, errors, true);
-  std::vector<uint8_t> back(size);
-  s.download(back.data(), out, size);
-  b.roundTrip = size == 0 || std::memcmp(back.data(), data, size) == 0;
-  return b;
 }
 
 }  // namespace vsnap::codec

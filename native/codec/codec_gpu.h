@@ -1,6 +1,6 @@
 // The vsnap-c1 codec on the GPU: the kernels of codec_kernel.cu (embedded as codec_kernel.inc,
 // loaded with the driver API like the digest kernel), enqueued on a caller's stream over device
-// memory, and host-to-host helpers that go through the device (tests, bench).
+// memory, and host-to-host helpers that go through the device (tests, microbench).
 #pragma once
 
 #include <cuda.h>
@@ -44,16 +44,5 @@ struct DeviceResult {
 };
 DeviceResult decodeThroughDevice(int device, const uint8_t* coded, uint64_t codedSize, uint64_t rawSize);
 DeviceResult encodeThroughDevice(int device, const uint8_t* data, uint64_t size, uint32_t hintKind);
-
-// Bench: encode and decode on the device `repeats` times (CUDA events, ms), a device-to-device
-// copy of the raw bytes beside them, and whether the GPU's coded bytes equal the CPU's and the
-// decode gave the raw bytes back.
-struct BenchResult {
-  uint64_t rawSize = 0, codedSize = 0;
-  uint32_t mode = 0, kind = 0, width = 0;
-  std::vector<float> encodeMs, decodeMs, copyMs;
-  bool sameAsCpu = false, roundTrip = false;
-};
-BenchResult benchDevice(int device, const uint8_t* data, uint64_t size, uint32_t hintKind, int repeats);
 
 }  // namespace vsnap::codec

@@ -29,7 +29,8 @@ Point parse(const std::string& name) {
   if (name == "map-map") return Point::MapMap;
   if (name == "map-access") return Point::MapAccess;
   if (name == "copy-fail") return Point::CopyFail;
-  throwInvalid("unknown fault point '" + name + "' (thread-start, chunk-delay, map-import, map-reserve, map-map, map-access, copy-fail)");
+  if (name == "codec-scratch") return Point::CodecScratch;
+  throwInvalid("unknown fault point '" + name + "' (thread-start, chunk-delay, map-import, map-reserve, map-map, map-access, copy-fail, codec-scratch)");
 }
 
 bool hit(Point point) {

@@ -1,11 +1,13 @@
 // The vsnap-c1 chunk codec (native/codec): codecEncode(data, kind) and codecDecode(coded,
 // rawSize) on the CPU (synchronous), codecParse(coded, rawSize) -> header fields, and through
-// a GPU (promises, off the JS thread): codecEncodeDevice, codecDecodeDevice, codecBenchDevice.
+// a GPU (promises, off the JS thread): codecEncodeDevice, codecDecodeDevice; the RAM tier's coded
+// restore (codecRestoreHeld) and coded capture (codecCaptureHeld).
 #include <string>
 #include <vector>
 
 #include "codec/codec.h"
 #include "codec/codec_gpu.h"
+#include "codec/codec_capture.h"
 #include "codec/codec_restore.h"
 #include "js/js_memory.h"
 #include "transfer/host_buffer.h"
@@ -95,36 +97,6 @@ Napi::Value CodecDecodeDevice(const Napi::CallbackInfo& info) {
       [](Napi::Env env, codec::DeviceResult& r) { return deviceResult(env, r, "data"); });
 }
 
-Napi::Value CodecBenchDevice(const Napi::CallbackInfo& info) {
-  Napi::Env env = info.Env();
-  auto data = bytesArg(info, 0, "data");
-  uint32_t kind = kindArg(info, 1);
-  int device = static_cast<int>(toI64(info[2], "device"));
-  int repeats = static_cast<int>(toU64(info[3], "repeats"));
-  auto copy = std::make_shared<std::vector<uint8_t>>(data.Data(), data.Data() + data.ByteLength());
-  return PromiseWorker<codec::BenchResult>::Run(
-      env, [=] { return codec::benchDevice(device, copy->data(), copy->size(), kind, repeats); },
-      [](Napi::Env env, codec::BenchResult& b) -> Napi::Value {
-        Napi::Object o = Napi::Object::New(env);
-        o.Set("rawSize", static_cast<double>(b.rawSize));
-        o.Set("codedSize", static_cast<double>(b.codedSize));
-        o.Set("mode", b.mode);
-        o.Set("kind", b.kind);
-        o.Set("width", b.width);
-        auto list = [&](const std::vector<float>& v) {
-          Napi::Array a = Napi::Array::New(env, v.size());
-          for (size_t i = 0; i < v.size(); i++) a.Set(i, v[i]);
-          return a;
-        };
-        o.Set("encodeMs", list(b.encodeMs));
-        o.Set("decodeMs", list(b.decodeMs));
-        o.Set("copyMs", list(b.copyMs));
-        o.Set("sameAsCpu", b.sameAsCpu);
-        o.Set("roundTrip", b.roundTrip);
-        return o;
-      });
-}
-
 // codecRestoreHeld({ kind: 'buffer', buffer }, [{ memory, size, chunks: Float64Array of
 // (at, held, rawSize, dstOffset, coded) per chunk }]) -> { seconds, rawBytes, linkBytes, scratchBytes }
 Napi::Value CodecRestoreHeld(const Napi::CallbackInfo& info) {
@@ -176,6 +148,67 @@ Napi::Value CodecRestoreHeld(const Napi::CallbackInfo& info) {
       {info[0]});
 }
 
+// codecCaptureHeld({ kind: 'buffer', buffer, offset }, limit, [{ memory, size, chunkSize, kind }])
+// -> { seconds, rawBytes, linkBytes, scratchBytes, end, chunks: [Float64Array of (at, held, rawSize,
+// coded) per chunk] per source }: the sources' chunks coded on their GPU into the HostBuffer from
+// offset, never past limit.
+Napi::Value CodecCaptureHeld(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  auto dest = std::make_shared<MemorySpec>(parseMemory(env, info[0]));
+  if (dest->kind != MemorySpec::Kind::Buffer) throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "the destination must be a HostBuffer"));
+  const uint64_t limit = toU64(info[1], "limit");
+  if (limit > dest->buffer->size() || dest->offset > limit) {
+    throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "offset and limit must lie inside the HostBuffer, offset first"));
+  }
+  if (!info[2].IsArray()) throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "sources must be an array"));
+  Napi::Array list = info[2].As<Napi::Array>();
+  struct Spec {
+    std::shared_ptr<MemorySpec> memory;
+    uint64_t size, chunkSize;
+    uint32_t kind;
+  };
+  auto specs = std::make_shared<std::vector<Spec>>();
+  for (uint32_t i = 0; i < list.Length(); i++) {
+    Napi::Value v = list.Get(i);
+    if (!v.IsObject()) throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "sources[" + std::to_string(i) + "] must be an object"));
+    Napi::Object o = v.As<Napi::Object>();
+    uint64_t kind = toU64(getRequired(o, "kind"), "kind");
+    if (kind > vsnap_c1::kE5m2) throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "kind must be 0..6, not " + std::to_string(kind)));
+    specs->push_back({std::make_shared<MemorySpec>(parseMemory(env, getRequired(o, "memory"))), toU64(getRequired(o, "size"), "size"),
+                      toU64(getRequired(o, "chunkSize"), "chunkSize"), static_cast<uint32_t>(kind)});
+  }
+  return PromiseWorker<codec::CaptureHeldResult>::Run(
+      env,
+      [dest, specs, limit] {
+        std::vector<codec::CaptureSource> sources;
+        for (auto& s : *specs) sources.push_back({s.memory->open(s.size), s.chunkSize, s.kind});
+        return codec::captureHeld(dest->buffer->data(), dest->offset, limit, sources);
+      },
+      [](Napi::Env env, codec::CaptureHeldResult& r) -> Napi::Value {
+        Napi::Object o = Napi::Object::New(env);
+        o.Set("seconds", r.seconds);
+        o.Set("rawBytes", static_cast<double>(r.rawBytes));
+        o.Set("linkBytes", static_cast<double>(r.linkBytes));
+        o.Set("scratchBytes", static_cast<double>(r.scratchBytes));
+        o.Set("end", static_cast<double>(r.end));
+        Napi::Array chunks = Napi::Array::New(env, r.chunks.size());
+        for (size_t t = 0; t < r.chunks.size(); t++) {
+          auto f = Napi::Float64Array::New(env, 4 * r.chunks[t].size());
+          for (size_t k = 0; k < r.chunks[t].size(); k++) {
+            const auto& c = r.chunks[t][k];
+            f[4 * k] = static_cast<double>(c.at);
+            f[4 * k + 1] = static_cast<double>(c.held);
+            f[4 * k + 2] = static_cast<double>(c.rawSize);
+            f[4 * k + 3] = c.coded ? 1 : 0;
+          }
+          chunks.Set(static_cast<uint32_t>(t), f);
+        }
+        o.Set("chunks", chunks);
+        return o;
+      },
+      {info[0]});
+}
+
 }  // namespace
 
 void initCodec(Napi::Env env, Napi::Object exports) {
@@ -184,7 +217,7 @@ void initCodec(Napi::Env env, Napi::Object exports) {
   exports.Set("codecParse", Napi::Function::New(env, CodecParse, "codecParse"));
   exports.Set("codecEncodeDevice", Napi::Function::New(env, CodecEncodeDevice, "codecEncodeDevice"));
   exports.Set("codecDecodeDevice", Napi::Function::New(env, CodecDecodeDevice, "codecDecodeDevice"));
-  exports.Set("codecBenchDevice", Napi::Function::New(env, CodecBenchDevice, "codecBenchDevice"));
+  exports.Set("codecCaptureHeld", Napi::Function::New(env, CodecCaptureHeld, "codecCaptureHeld"));
   exports.Set("codecRestoreHeld", Napi::Function::New(env, CodecRestoreHeld, "codecRestoreHeld"));
 }
 

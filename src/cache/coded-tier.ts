@@ -1,10 +1,12 @@
 import { toVsnapError } from '../errors.js';
-import type { RegionInfo } from '../manifest/types.js';
-import type { NativeHostBuffer } from '../native/index.js';
+import type { RegionInfo, TensorInfo } from '../manifest/types.js';
+import { native, type NativeHostBuffer } from '../native/index.js';
 import { HostRegion } from '../regions/host-region.js';
+import { memoryDevice, toNativeMemory, type RegionMemory } from '../regions/memory.js';
 import { readBlobChunk } from '../store/coded-blob.js';
 import type { RegionStore } from '../store/region-store.js';
-import { codecKindForDtype, decodeChunk, encodeChunk, type CodecKind } from '../transfer/codec.js';
+import { codecKindForDtype, codecKindNumber, decodeChunk, encodeChunk, type CodecKind } from '../transfer/codec.js';
+import { deviceContexts } from '../transfer/contexts.js';
 import { DEFAULT_CHUNK_SIZE } from '../transfer/staging.js';
 import { runTransfer } from '../transfer/transfer.js';
 
@@ -35,9 +37,9 @@ export interface CodeItem {
 const ALIGN = 16;
 
 /** The dtype hint of a region: that of its largest tensor, `bytes` where none is known. */
-export function regionHint(region: RegionInfo): CodecKind {
+export function regionHint(region: Pick<RegionInfo, 'size'> & { readonly tensors?: readonly TensorInfo[] }): CodecKind {
   let best: { bytes: number; dtype: string } | undefined;
-  const sorted = [...region.tensors].sort((a, b) => a.offset - b.offset);
+  const sorted = [...(region.tensors ?? [])].sort((a, b) => a.offset - b.offset);
   sorted.forEach((t, i) => {
     const end = sorted[i + 1]?.offset ?? region.size;
     if (!best || end - t.offset > best.bytes) best = { bytes: end - t.offset, dtype: t.dtype };
@@ -100,6 +102,60 @@ export async function codeInPlace(buffer: NativeHostBuffer, base: number, items:
     }
   }
   return { chunks, bytes: cursor - base };
+}
+
+/** A region of a capture to land coded on its GPU. @internal */
+export interface CodedSource {
+  readonly id: string;
+  readonly size: number;
+  readonly chunkSize: number;
+  readonly memory: RegionMemory;
+  readonly tensors?: readonly TensorInfo[];
+}
+
+/** Whether a region is GPU memory (a capture from it can be coded on its GPU). @internal */
+export function onDevice(memory: RegionMemory): boolean {
+  return memoryDevice(memory) !== undefined;
+}
+
+/**
+ * Whether a coded capture failed for want of GPU memory for its scratch (before anything was
+ * issued: the room reserved is untouched, and the capture can land raw instead). @internal
+ */
+export function scratchShortage(err: unknown): boolean {
+  const e = toVsnapError(err);
+  return e.code === 'E_CUDA' && e.details.cudaError === 'CUDA_ERROR_OUT_OF_MEMORY' && e.details.call === 'cuMemAlloc (codec capture scratch)';
+}
+
+/**
+ * Lands a capture coded on the GPU (native/codec/codec_capture.h): each chunk encoded on its GPU
+ * into one of two device scratch slots while the previous chunk's coded bytes (the raw bytes where
+ * it did not shrink) cross into `buffer`, packed 16-byte aligned from `base`, never past `limit`.
+ * The same bytes as {@link codeInPlace} would hold. Returns each region's chunks, the bytes the
+ * entry takes, and the bytes that crossed the link.
+ * @internal
+ */
+export async function captureCoded(
+  buffer: NativeHostBuffer,
+  base: number,
+  limit: number,
+  sources: readonly CodedSource[],
+): Promise<{ chunks: Map<string, HeldChunk[]>; bytes: number; linkBytes: number; seconds: number }> {
+  const devices = sources.map((s) => memoryDevice(s.memory));
+  const specs = sources.map((s) => ({ memory: toNativeMemory(s.memory), size: s.size, chunkSize: s.chunkSize, kind: codecKindNumber(regionHint(s)) }));
+  try {
+    const r = await deviceContexts.use(devices, () => native().codecCaptureHeld({ kind: 'buffer', buffer, offset: base }, limit, specs));
+    const chunks = new Map<string, HeldChunk[]>();
+    sources.forEach((s, t) => {
+      const f = r.chunks[t]!;
+      const held: HeldChunk[] = [];
+      for (let k = 0; k < f.length; k += 4) held.push({ at: f[k]!, held: f[k + 1]!, rawSize: f[k + 2]!, coded: f[k + 3] === 1 });
+      chunks.set(s.id, held);
+    });
+    return { chunks, bytes: r.end - base, linkBytes: r.linkBytes, seconds: r.seconds };
+  } catch (err) {
+    throw toVsnapError(err);
+  }
 }
 
 /**

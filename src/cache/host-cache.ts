@@ -5,7 +5,7 @@ import { native, type NativeHostBuffer } from '../native/index.js';
 import type { RegionStore } from '../store/region-store.js';
 import { runTransfer, type TransferOptions } from '../transfer/transfer.js';
 import { Arena } from './arena.js';
-import { codeInPlace, loadDecoded, type CodeItem, type HeldChunk } from './coded-tier.js';
+import { captureCoded, codeInPlace, loadDecoded, type CodedSource, type CodeItem, type HeldChunk } from './coded-tier.js';
 import { regionId } from '../manifest/region-id.js';
 
 /**
@@ -19,9 +19,11 @@ export interface HostCacheOptions {
   readonly pin?: boolean;
   /**
    * How snapshots are held: `vsnap-c1` codes each chunk that shrinks (docs/compression.md; BF16
-   * weights to about 0.70 of their size), `off` (default) holds the raw bytes. Coding runs on the
-   * CPU when a snapshot lands here (a capture persisted to the store, or a load from it), and a
-   * restore of a coded snapshot decodes it on the CPU: for the host backend, not yet a GPU's hot path.
+   * weights to about 0.70 of their size), `off` (default) holds the raw bytes. A capture of GPU
+   * memory is coded on its GPU before its bytes leave the card (fewer bytes cross the link), unless
+   * it hashes on the host without persisting to the store (persist `async` or `off` with hash
+   * `now`); that one, a capture of host memory, and a load from the store are coded on the CPU
+   * once landed. A restore into GPU memory decodes on the GPU (docs/compression.md).
    */
   readonly codec?: 'vsnap-c1' | 'off';
 }
@@ -60,8 +62,14 @@ export interface CacheLease {
 export interface CacheReservation extends CacheLease {
   /** The capture is complete: restores may use it (`durable`: the store holds it too). */
   commit(durable: boolean): void;
-  /** Codes the landed bytes in place where the cache codes (before commit; the capture is in the store and checksummed). */
+  /** Codes the landed raw bytes in place on the CPU where the cache codes (before commit). */
   code(manifest: Manifest): Promise<void>;
+  /**
+   * Lands the capture coded on the GPU instead of raw (before commit; the cache codes): each chunk of
+   * the GPU regions encoded on its GPU while the previous one's coded bytes cross. Returns the
+   * bytes that crossed the link.
+   */
+  landCoded(sources: readonly CodedSource[]): Promise<{ linkBytes: number; seconds: number }>;
   /** The capture failed: give the room back. */
   abandon(): void;
 }
@@ -218,8 +226,16 @@ export class HostCache {
     return {
       ...lease,
       code: async (manifest) => {
-        if (this.codec === 'off' || !manifest.checksummed) return;
+        if (this.codec === 'off') return;
         await this.codeEntry(entry, manifest);
+      },
+      landCoded: async (sources) => {
+        if (this.codec === 'off') throw new VsnapError('E_INTERNAL', 'landCoded on a RAM tier that does not code');
+        const { chunks, bytes, linkBytes, seconds } = await captureCoded(this.buffer, base, base + entry.bytes, sources);
+        entry.chunks = chunks;
+        entry.bytes = bytes;
+        this.arena.shrink(base, bytes);
+        return { linkBytes, seconds };
       },
       commit: (durable) => {
         entry.loaded = true;

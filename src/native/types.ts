@@ -300,7 +300,7 @@ export interface NativeBinding {
   sendFds(path: string, nonce: string, header: string, fds: readonly number[], timeoutMs?: number): Promise<{ reply: string; fds: number[] }>;
   checksum(data: Uint8Array): string;
   /** Tests only: arms a fault point (native/common/fault.h) for its next `times` hits. */
-  setFault(point: 'thread-start' | 'chunk-delay' | 'copy-fail' | NativeMapFault, times: number, arg?: number): void;
+  setFault(point: 'thread-start' | 'chunk-delay' | 'copy-fail' | 'codec-scratch' | NativeMapFault, times: number, arg?: number): void;
   checksumAlgorithm: string;
   checksumImplementation: string;
   createMemfd(name: string, size: number): number;
@@ -324,8 +324,6 @@ export interface NativeBinding {
   codecEncodeDevice(data: Uint8Array, kind: number, device: number): Promise<{ coded: Buffer; kernelMs: number }>;
   /** Tests: decodes on GPU `device` (the header checked on the host first). */
   codecDecodeDevice(coded: Uint8Array, rawSize: number, device: number): Promise<{ data: Buffer; kernelMs: number }>;
-  /** Bench: encode and decode on the device `repeats` times beside a device-to-device copy (CUDA events, ms). */
-  codecBenchDevice(data: Uint8Array, kind: number, device: number, repeats: number): Promise<NativeCodecBench>;
   /**
    * Restores chunks held in a HostBuffer (coded or raw) into device memory: coded chunks cross the
    * link into two device scratch slots and are decoded from there into the target while the next
@@ -335,6 +333,18 @@ export interface NativeBinding {
     source: { kind: 'buffer'; buffer: NativeHostBuffer; offset: number },
     targets: ReadonlyArray<{ memory: NativeMemorySpec; size: number; chunks: Float64Array }>,
   ): Promise<{ seconds: number; rawBytes: number; linkBytes: number; scratchBytes: number }>;
+  /**
+   * A capture into the RAM tier coded on the GPU (native/codec/codec_capture.h): each chunk of a
+   * device source is encoded on its GPU into one of two device scratch slots while the previous
+   * chunk's coded bytes (or raw bytes, where it did not shrink) cross into the HostBuffer, packed
+   * 16-byte aligned from `dest.offset`, never past `limit`. `kind`: the dtype hint (the
+   * format's kind number, 0: none). `chunks`: per source, (at, held, rawSize, coded 0/1) per chunk.
+   */
+  codecCaptureHeld(
+    dest: { kind: 'buffer'; buffer: NativeHostBuffer; offset: number },
+    limit: number,
+    sources: ReadonlyArray<{ memory: NativeMemorySpec; size: number; chunkSize: number; kind: number }>,
+  ): Promise<{ seconds: number; rawBytes: number; linkBytes: number; scratchBytes: number; end: number; chunks: Float64Array[] }>;
   /** Opens every region at once, on up to `threads` threads (default 4); nothing stays open on failure. */
   openRegions(regions: ReadonlyArray<{ kind: 'host' | 'imported'; fd: number; size: number; device?: number }>, threads?: number, mapping?: NativeMapping): Promise<NativeRegionSet>;
   /** Process-wide totals per VMM step of opening and closing region sets (native/cuda/vmm_timing.h). */
@@ -381,22 +391,6 @@ export interface NativeCodecHeader {
   codedSize: number;
   blockCount: number;
   exceptionCount: number;
-}
-
-/** native/codec/codec_gpu.h BenchResult. */
-export interface NativeCodecBench {
-  rawSize: number;
-  codedSize: number;
-  mode: number;
-  kind: number;
-  width: number;
-  encodeMs: number[];
-  decodeMs: number[];
-  copyMs: number[];
-  /** The GPU's coded bytes equal the CPU encoder's. */
-  sameAsCpu: boolean;
-  /** The GPU decode gave the raw bytes back. */
-  roundTrip: boolean;
 }
 
 /** CUprocessState as the addon names it. */

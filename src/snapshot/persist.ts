@@ -1,7 +1,9 @@
+import { decodeHeld, type HeldChunk } from '../cache/coded-tier.js';
 import type { HostCache } from '../cache/host-cache.js';
 import { changedChunks } from '../digest/index.js';
 import { toVsnapError, VsnapError } from '../errors.js';
 import type { Manifest } from '../manifest/manifest.js';
+import type { NativeHostBuffer } from '../native/index.js';
 import type { RegionStore } from '../store/region-store.js';
 import { passOn, runTransfer, type TransferOptions } from '../transfer/transfer.js';
 import { withChecksums } from './capture-manifest.js';
@@ -24,6 +26,8 @@ function changedSinceCapture(manifest: Manifest, key: string, rank: number, chun
  * must give the same checksums again. One with its hash deferred gets its checksums here, and
  * its RAM copy must equal the GPU digests taken at capture: both are computed from one read of
  * each chunk (piece by piece, in cache), so the checksums published are of bytes that matched.
+ * A capture held coded is decoded on the CPU, region by region, on its way (the checks are of the
+ * decoded bytes).
  * @internal
  */
 export async function persistFromRamTier(store: RegionStore, manifest: Manifest, cache: HostCache, options: TransferOptions, codec: StoreCodec = 'off'): Promise<Manifest> {
@@ -42,21 +46,23 @@ export async function persistFromRamTier(store: RegionStore, manifest: Manifest,
     const txn = await store.beginCapture(manifest.name, total, manifest.id);
     let published = manifest;
     try {
-      const result = await runTransfer({
-        op: 'capture',
-        label: manifest.name,
-        regions: listed.map(({ rank, region }, i) => ({
-          name: region.key,
-          blobPath: txn.blobTmpPath(i),
-          size: region.size,
-          chunkSize: region.chunkSize,
-          memory: inRam(rank, region.key),
-        })),
-        // A capture whose hash was deferred is checked against its GPU digests from the same
-        // read that hashes it: each chunk is read once for both.
-        ...(manifest.checksummed ? {} : { digest: true }),
-        ...passOn(options),
-      });
+      // A capture whose hash was deferred is checked against its GPU digests from the same read
+      // that hashes it: each chunk is read once for both.
+      const check = { ...(manifest.checksummed ? {} : { digest: true }), ...passOn(options) };
+      const result = lease.chunks
+        ? await persistDecoded(manifest, lease.buffer, lease.chunks, (i) => txn.blobTmpPath(i), check)
+        : await runTransfer({
+            op: 'capture',
+            label: manifest.name,
+            regions: listed.map(({ rank, region }, i) => ({
+              name: region.key,
+              blobPath: txn.blobTmpPath(i),
+              size: region.size,
+              chunkSize: region.chunkSize,
+              memory: inRam(rank, region.key),
+            })),
+            ...check,
+          });
       if (manifest.checksummed) {
         listed.forEach(({ rank, region }, i) => {
           const sums = result.checksums?.[i] ?? [];
@@ -81,4 +87,38 @@ export async function persistFromRamTier(store: RegionStore, manifest: Manifest,
   } finally {
     lease.release();
   }
+}
+
+/**
+ * Writes a capture held coded in the RAM tier into blobs: region by region (one decoded region in
+ * memory at a time), every chunk decoded on the CPU (a damaged one refuses with E_CODEC_CORRUPT
+ * naming it) and hashed on its way to disk as a raw capture is.
+ */
+async function persistDecoded(
+  manifest: Manifest,
+  buffer: NativeHostBuffer,
+  chunks: ReadonlyMap<string, readonly HeldChunk[]>,
+  blobPath: (i: number) => string,
+  check: Pick<TransferOptions, 'threads' | 'signal' | 'onProgress'> & { digest?: boolean },
+): Promise<{ checksums: string[][]; digests: string[][] }> {
+  const checksums: string[][] = [];
+  const digests: string[][] = [];
+  let i = 0;
+  for (const { rank, region } of manifest.regions()) {
+    const decoded = decodeHeld(buffer, region, chunks.get(regionId(rank, region.key))!, manifest.name);
+    try {
+      const r = await runTransfer({
+        op: 'capture',
+        label: manifest.name,
+        regions: [{ name: region.key, blobPath: blobPath(i), size: region.size, chunkSize: region.chunkSize, memory: decoded.memory }],
+        ...check,
+      });
+      checksums.push(r.checksums?.[0] ?? []);
+      digests.push(r.digests?.[0] ?? []);
+    } finally {
+      decoded.close();
+    }
+    i++;
+  }
+  return { checksums, digests };
 }

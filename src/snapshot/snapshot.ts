@@ -20,6 +20,7 @@ import { restoreCoded } from './coded-restore.js';
 import { checkStoreCodec, codeCapturedBlobs, type StoreCodec } from './coded-capture.js';
 import { storedBytes } from '../store/coded-blob.js';
 import { restoreFromStore } from './store-restore.js';
+import { onDevice, scratchShortage } from '../cache/coded-tier.js';
 import { type DigestPlan, planVerify, verifyPlanned, verifyRestoredByDevice } from '../digest/compare.js';
 import type { CaptureOptions, DeviceTiming, RestoreOptions, RestoreRegion, TransferSummary } from './snapshot-types.js';
 import type { StagedRest, StagedTargets } from './staged.js';
@@ -181,7 +182,23 @@ export class Snapshot {
       const reused = reservation || !txn ? new Map<number, RegionInfo>() : reusableRegions(store, base, regions, chunkSize, gpuDigests);
       const fresh = regions.map((_, i) => i).filter((i) => !reused.has(i));
       const multiRank = regions.some((x) => (x.rank ?? 0) > 0);
-      const result = fresh.length === 0 ? { checksums: [], seconds: 0 } : await runTransfer({
+      // A coded RAM tier gets GPU regions coded on their GPU, unless the capture hashes on the host
+      // without the store: that hash needs the raw bytes on the host (they are landed, then coded).
+      let gpuCoded = reservation !== undefined && cache!.codec === 'vsnap-c1' && regions.every((r) => onDevice(r.memory)) && (txn !== undefined || deferred);
+      const codedSources = regions.map((r, i) => ({ id: regionId(items[i]!.rank, r.key), size: r.size, chunkSize, memory: r.memory, ...(r.tensors ? { tensors: r.tensors } : {}) }));
+      let landed: { linkBytes: number; seconds: number } | undefined;
+      if (gpuCoded && !txn) {
+        options.signal?.throwIfAborted();
+        try {
+          landed = await reservation!.landCoded(codedSources);
+          options.onProgress?.({ phase: 'done', bytesDone: total, bytesTotal: total });
+        } catch (err) {
+          if (!scratchShortage(err)) throw err;
+          gpuCoded = false; // lands raw below and is coded on the CPU
+          process.emitWarning(`capture ${id} of '${name}': no GPU memory for the codec's scratch (${(err as Error).message}); it lands raw and is coded on the CPU`, { code: 'VSNAP_RAM_TIER' });
+        }
+      }
+      const result = fresh.length === 0 || landed ? { checksums: [], seconds: landed?.seconds ?? 0 } : await runTransfer({
         op: 'capture',
         label: name,
         regions: fresh.map((i) => ({ i, r: regions[i]! })).map(({ i, r }) => ({
@@ -190,7 +207,7 @@ export class Snapshot {
           size: r.size,
           chunkSize,
           memory: r.memory,
-          ...(reservation ? { hostCopy: { kind: 'buffer' as const, buffer: reservation.buffer, offset: reservation.offsets.get(regionId(items[i]!.rank, r.key))! } } : {}),
+          ...(reservation && !gpuCoded ? { hostCopy: { kind: 'buffer' as const, buffer: reservation.buffer, offset: reservation.offsets.get(regionId(items[i]!.rank, r.key))! } } : {}),
         })),
         ...(deferred ? { hash: false } : {}),
         ...passOn(options),
@@ -210,14 +227,17 @@ export class Snapshot {
       });
       if (txn) ({ dedupedBytes } = await txn.publish(manifest, blobs));
       if (txn && reservation) {
-        // only a capture the store holds is coded (persist reads the RAM tier's raw bytes); the store has it by now
+        // the store has it by now: a RAM tier that fails to code it only loses its copy
         try {
-          await reservation.code(manifest);
+          if (gpuCoded) await reservation.landCoded(codedSources);
+          else await reservation.code(manifest);
         } catch (err) {
           reservation.abandon(); // half packed: of no use; restores read the store
           reservation = undefined;
           process.emitWarning(`coding capture ${id} of '${name}' in the RAM tier failed: ${(err as Error).message}. The store holds it; the RAM tier does not.`, { code: 'VSNAP_RAM_TIER' });
         }
+      } else if (reservation && !landed) {
+        await reservation.code(manifest); // the RAM tier holds the only copy: a failure fails the capture
       }
       reservation?.commit(txn !== undefined);
       const seconds = result.seconds;

@@ -141,16 +141,47 @@ describe('HostCache holding coded chunks (codec vsnap-c1)', () => {
     for (const x of t) expect(allBytes(x.region, 0xa5)).toBe(true);
   });
 
-  it('a RAM-tier-only capture (persist off) is held raw: persist reads the bytes as captured', async () => {
-    const store = await RegionStore.open(tempDir());
-    const contents = { 'bf16.a': gaussian(2 * MiB) };
-    const cache = await cacheOf('vsnap-c1');
-    const snap = await Snapshot.capture(store, 'later', { regions: regionsOf(contents), chunkSize: MiB, cache, persist: 'off', hash: 'now' });
-    expect(cache.usedBytes).toBe(2 * MiB);
-    await snap.persist();
-    const t = targetsOf(contents);
-    await snap.restore({ regions: t.map(asTarget), cache });
-    expect(t[0]!.region.read(0, 2 * MiB).equals(contents['bf16.a'])).toBe(true);
+  it('a RAM-tier-only capture (persist off) is held coded, as the CPU encoder writes each chunk; persist decodes it to raw blobs', async () => {
+    for (const hash of ['now', 'deferred'] as const) {
+      const store = await RegionStore.open(tempDir());
+      const contents = { 'bf16.a': gaussian(2 * MiB + 4096), noise: randomChunk(MiB, 3) };
+      const cache = await cacheOf('vsnap-c1');
+      const snap = await Snapshot.capture(store, 'later', { regions: regionsOf(contents), chunkSize: MiB, cache, persist: 'off', hash });
+      expect(snap.manifest.checksummed).toBe(hash === 'now');
+      expect(cache.usedBytes).toBeLessThan(3 * MiB + 4096 - MiB / 2); // the BF16 region in about 0.7 of its bytes
+      for (const i of [0, 1, 2]) {
+        const { buffer, place } = await heldChunk(cache, store, snap.manifest, 'bf16.a', i);
+        const raw = contents['bf16.a'].subarray(i * MiB, (i + 1) * MiB);
+        expect(place.coded).toBe(true);
+        expect(buffer.read(place.at, place.held).equals(native().codecEncode(raw, 2))).toBe(true);
+      }
+      await snap.persist();
+      expect(snap.manifest.checksummed).toBe(true);
+      // from the store alone: its blobs hold the raw bytes
+      const t = targetsOf(contents);
+      await (await Snapshot.open(store, 'later')).restore({ regions: t.map(asTarget) });
+      for (const x of t) expect(x.region.read(0, x.size).equals(contents[x.key as keyof typeof contents])).toBe(true);
+      const again = targetsOf(contents);
+      await snap.restore({ regions: again.map(asTarget), cache });
+      for (const x of again) expect(x.region.read(0, x.size).equals(contents[x.key as keyof typeof contents])).toBe(true);
+    }
+  });
+
+  it('a RAM-tier-only coded capture damaged before persist: persist refuses and writes nothing', async () => {
+    for (const hash of ['now', 'deferred'] as const) {
+      const store = await RegionStore.open(tempDir());
+      const contents = { 'bf16.a': gaussian(2 * MiB) };
+      const cache = await cacheOf('vsnap-c1');
+      const snap = await Snapshot.capture(store, 'later', { regions: regionsOf(contents), chunkSize: MiB, cache, persist: 'off', hash });
+      const { buffer, place } = await heldChunk(cache, store, snap.manifest, 'bf16.a', 1);
+      const mid = place.at + Math.floor(place.held * 0.6); // a rest (mantissa) byte: the structure still holds
+      const was = buffer.read(mid, 1)[0]!;
+      await writeHostBuffer(buffer, mid, Buffer.from([was ^ 0x01]));
+      await expect(snap.persist()).rejects.toMatchObject({ code: 'E_CHECKSUM', details: { region: 'bf16.a', chunk: 1 } });
+      await expect(Snapshot.open(store, 'later')).rejects.toMatchObject({ code: 'E_SNAPSHOT_NOT_FOUND' });
+      await writeHostBuffer(buffer, place.at, Buffer.from('XXXX'));
+      await expect(snap.persist()).rejects.toMatchObject({ code: 'E_CODEC_CORRUPT', details: { region: 'bf16.a', chunk: 1 } });
+    }
   });
 
   it('a snapshot whose store blobs are coded loads into the RAM tier (coded or raw) verified, and restores; a damaged coded blob is refused at load', async () => {
@@ -203,6 +234,18 @@ describe('HostCache holding coded chunks (codec vsnap-c1)', () => {
       message: expect.stringContaining('not device memory'),
     });
     expect(() => native().codecRestoreHeld(source, [{ memory: { kind: 'host', fd: target.fd }, size: MiB, chunks: new Float64Array([MiB - 8, 64, 64, 0, 1]) }])).toThrow(/outside the HostBuffer/);
+  });
+
+  it('the GPU capture into held chunks takes device memory only, and its room inside the buffer', async () => {
+    const cache = await cacheOf('vsnap-c1', MiB);
+    const source = HostRegion.create(MiB);
+    cleanup.push(source);
+    const dest = { kind: 'buffer' as const, buffer: (cache as unknown as { buffer: NativeHostBuffer }).buffer, offset: 0 };
+    const sources = [{ memory: { kind: 'host' as const, fd: source.fd }, size: MiB, chunkSize: MiB, kind: 2 }];
+    await expect(native().codecCaptureHeld(dest, MiB, sources)).rejects.toMatchObject({ code: 'E_INVALID_ARGUMENT', message: expect.stringContaining('not device memory') });
+    expect(() => native().codecCaptureHeld(dest, MiB + 1, sources)).toThrow(/inside the HostBuffer/);
+    expect(() => native().codecCaptureHeld({ ...dest, offset: 4096 }, 0, sources)).toThrow(/inside the HostBuffer/);
+    expect(() => native().codecCaptureHeld(dest, MiB, [{ ...sources[0]!, kind: 7 }])).toThrow(/kind must be 0..6/);
   });
 
   it('rejects an unknown codec and unknown options', async () => {
