@@ -14,7 +14,7 @@ export const PLUGIN_SETTINGS: Record<string, Omit<SettingInfo, 'readBy'>> = {
     accepts: 'a directory, made if missing',
     default: 'none: nothing is timed, wrapped or written',
     meaning:
-      "Step timings, to see where a slow sleep, wake or export spends its time: each step of the plugin's routes, worker methods and hooks and of vLLM's sleep-mode allocator appends one JSON line to `<dir>/<pid>.jsonl` (`bench/engine-profile.py` merges them). Read once, when the plugin loads.",
+      "Step timings, to see where a slow sleep, wake or export spends its time: each step of the plugin's routes, worker methods and hooks and of vLLM's sleep-mode allocator appends one JSON line to `<dir>/<pid>.jsonl`. Read once, when the plugin loads.",
   },
   VSNAP_VLLM_DISABLE: {
     accepts: '1 (the plugin does nothing) or 0',
