@@ -1,15 +1,15 @@
 // RAM-tier restore of coded BF16 weights (device only), through the public API: regions of BF16
 // Gaussian draws (sigma 0.02, whose exponent spread approximates trained weights; synthetic, not
-// trained) in device memory, captured into a HostCache with codec 'vsnap-c1', restored from it
+// trained) in device memory, captured into a RamTier with codec 'vsnap-c1', restored from it
 // (coded chunks over the link, decoded on the GPU), against the raw pinned H2D copy of the
-// UNCOMPRESSED bytes (bench/ceiling.cu, same run), and the same regions through a raw HostCache.
+// UNCOMPRESSED bytes (bench/ceiling.cu, same run), and the same regions through a raw RamTier.
 // argv: <ceiling binary> [GiB, default 4] [rounds, default 5] [out.json]. Prints one JSON object.
 import { execFileSync } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
-import { cudaStatus, HostCache, RegionStore, Snapshot } from '../src/index.js';
+import { cudaStatus, RamTier, RegionStore, Snapshot } from '../src/index.js';
 import { DeviceAllocation, releaseIdleResources } from '../src/plumbing.js';
 import { gaussianBf16 } from './gaussian-bf16.js';
 
@@ -43,7 +43,7 @@ const median = (v: number[]): number => [...v].sort((a, b) => a - b)[Math.floor(
 async function measure(codec: 'vsnap-c1' | 'off') {
   const root = mkdtempSync(join(tmpdir(), 'vsnap-bench-ram-codec-'));
   const store = await RegionStore.open(root);
-  const cache = await HostCache.create({ budgetBytes: rawBytes + 64 * MiB, codec });
+  const cache = await RamTier.create({ budgetBytes: rawBytes + 64 * MiB, codec });
   try {
     const t0 = performance.now();
     const snap = await Snapshot.capture(store, 'bench', { regions, cache });

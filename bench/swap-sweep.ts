@@ -7,7 +7,7 @@
 import { execFileSync } from 'node:child_process';
 import { closeSync, existsSync } from 'node:fs';
 
-import { HostCache, type RegionMemory, type RegionStore, Snapshot } from '../src/index.js';
+import { RamTier, type RegionMemory, type RegionStore, Snapshot } from '../src/index.js';
 import { DeviceAllocation, HostRegion, MappedRegions } from '../src/plumbing.js';
 import { type Ceiling, median, type SweepRow } from './swap-report.js';
 
@@ -91,7 +91,7 @@ export async function runSweep(o: SweepOptions): Promise<{ rows: SweepRow[]; cac
   const layouts = o.counts.map((n) => splitEvenly(o.totalBytes, n, granule));
   const budget = Math.max(...layouts.map((s) => s.reduce((a, b) => a + b, 0))) + 64 * MiB;
   let t = performance.now();
-  const cache = await HostCache.create({ budgetBytes: budget, pin: o.device === 'cuda' });
+  const cache = await RamTier.create({ budgetBytes: budget, pin: o.device === 'cuda' });
   const cacheCreateSeconds = since(t);
   o.log(`[sweep] RAM tier of ${(budget / GiB).toFixed(2)} GiB (${cache.pinned ? 'pinned' : 'not pinned'}) in ${cacheCreateSeconds.toFixed(2)} s`);
   const rows: SweepRow[] = [];

@@ -1,4 +1,4 @@
-import type { HostCache } from '../cache/host-cache.js';
+import type { RamTier } from '../cache/ram-tier.js';
 import type { NeighbourParkResult } from '../cache/neighbour-tier.js';
 import type { LiveCheckReport } from '../digest/compare.js';
 import type { ResponseCheckOptions } from '../engine/response-check.js';
@@ -41,7 +41,7 @@ export interface EngineCaptureOptions {
   /** Checksum granularity (default 64 MiB). */
   readonly chunkSize?: number;
   /** Land the capture in this RAM tier first; see {@link CaptureOptions.cache}. */
-  readonly cache?: HostCache;
+  readonly cache?: RamTier;
   /**
    * When the store gets the capture (default `sync`). With `async` or `off`, a suspend that
    * captures first frees the GPU once the weights are in the RAM tier; until the store has them,
@@ -294,7 +294,7 @@ export interface EngineSuspendResult {
  * snapshot (`snapshot` is the store's current one, if it has one).
  * @public
  */
-export interface EngineKeptSuspendResult extends Omit<EngineSuspendResult, 'snapshot'> {
+export interface EngineTierSuspendResult extends Omit<EngineSuspendResult, 'snapshot'> {
   /** The store's current snapshot of that name, if any (none is needed). */
   readonly snapshot: Snapshot | undefined;
 }

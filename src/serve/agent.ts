@@ -3,7 +3,7 @@ import type { AddressInfo } from 'node:net';
 import { freemem, hostname } from 'node:os';
 import { pipeline } from 'node:stream/promises';
 
-import type { HostCache } from '../cache/host-cache.js';
+import type { RamTier } from '../cache/ram-tier.js';
 import { toVsnapError, VsnapError, type ErrorCode } from '../errors.js';
 import { captureEngine } from '../flows/index.js';
 import type { RegionStore } from '../store/region-store.js';
@@ -73,7 +73,7 @@ export interface SwapAgentOptions {
    */
   readonly publicStatus?: boolean;
   /** For the status page: the RAM tier. */
-  readonly cache?: HostCache;
+  readonly cache?: RamTier;
   /** For the status page and `/healthz`: the supervisor of the engines `vsnap serve` started. */
   readonly supervisor?: Supervisor;
   /** For the status page: GPU budgets per device ordinal, bytes. */

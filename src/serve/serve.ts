@@ -1,4 +1,4 @@
-import { HostCache } from '../cache/host-cache.js';
+import { RamTier } from '../cache/ram-tier.js';
 import { EngineClient } from '../engine/engine-client.js';
 import { VsnapError } from '../errors.js';
 import { RegistryClient } from '../registry/registry.js';
@@ -107,7 +107,7 @@ async function start(config: ServeConfig, options: ServeOptions, log: (line: str
   const started = Object.keys(config.models)
     .filter((name) => config.models[name]!.command)
     .sort((a, b) => Number(needsPull.has(a)) - Number(needsPull.has(b)));
-  const cache = config.ramTierGiB > 0 ? await HostCache.create({ budgetBytes: bytesOf(config.ramTierGiB) }) : undefined;
+  const cache = config.ramTierGiB > 0 ? await RamTier.create({ budgetBytes: bytesOf(config.ramTierGiB) }) : undefined;
   if (cache) teardown.add('the RAM tier', () => cache.close());
   const readiness = new ModelReadinessBoard(Object.keys(config.models));
   for (const name of needsPull) if (!config.models[name]!.command) readiness.set(name, 'pulling', `pulling its snapshot from ${sources.get(name)!.reference}`);

@@ -1,4 +1,4 @@
-import type { HostCache } from '../cache/host-cache.js';
+import type { RamTier } from '../cache/ram-tier.js';
 import { changedChunks } from '../digest/index.js';
 import { toVsnapError, VsnapError } from '../errors.js';
 import type { Manifest } from '../manifest/manifest.js';
@@ -24,7 +24,7 @@ function changedSinceCapture(manifest: Manifest, key: string, rank: number, chun
  * each chunk (piece by piece, in cache), so the checksums published are of bytes that matched.
  * @internal
  */
-export async function persistFromRamTier(store: RegionStore, manifest: Manifest, cache: HostCache, options: TransferOptions): Promise<Manifest> {
+export async function persistFromRamTier(store: RegionStore, manifest: Manifest, cache: RamTier, options: TransferOptions): Promise<Manifest> {
   const lease = cache.hold(manifest.id);
   if (!lease) {
     throw new VsnapError(

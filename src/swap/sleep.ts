@@ -1,4 +1,4 @@
-import { checkResident } from '../cache/resident-weights.js';
+import { checkGpuHold } from '../cache/gpu-tier.js';
 import { toVsnapError, VsnapError } from '../errors.js';
 import { suspendEngine, type EngineSuspendResult } from '../flows/index.js';
 import { suspendEngineWith } from '../flows/suspend.js';
@@ -105,7 +105,7 @@ export async function demote(ctx: SwapContext, slot: Slot): Promise<void> {
     let cause: unknown;
     try {
       const manifest = await config.store.get(slot.spec.snapshot, entry.snapshotId); // the manifest only: no hold on gc
-      const report = await checkResident(manifest, entry);
+      const report = await checkGpuHold(manifest, entry);
       if (!report.checked) problem = `snapshot ${entry.snapshotId} has no GPU digests to check them against`;
       else if (report.changed.length) problem = `they differ from snapshot ${entry.snapshotId} in ${report.changed.length} region(s): ${report.changed.slice(0, 5).join(', ')}`;
     } catch (err) {

@@ -1,8 +1,8 @@
 import type { Registry } from 'prom-client';
 
-import type { HostCache } from '../cache/host-cache.js';
+import type { RamTier } from '../cache/ram-tier.js';
 import type { NeighbourTier } from '../cache/neighbour-tier.js';
-import type { ResidentWeights } from '../cache/resident-weights.js';
+import type { GpuTier } from '../cache/gpu-tier.js';
 import type { EngineClient } from '../engine/engine-client.js';
 import type { ResponseCheckOptions } from '../engine/response-check.js';
 import type { ErrorCode, VsnapError } from '../errors.js';
@@ -80,12 +80,12 @@ export type SwapNeighbourOptions = NeighbourTier | { readonly device: number; re
  */
 export interface SwapTiers {
   /** Restore through this RAM tier; captures the controller makes land in it too (and in the store, in one pass). */
-  readonly ram?: HostCache;
+  readonly ram?: RamTier;
   /**
    * Tier 0: keep suspended engines' weights on the GPU while the budget allows (engines need
    * `weightsBytes`); the least recently suspended are demoted (released) first when room is needed.
    */
-  readonly gpu?: ResidentWeights;
+  readonly gpu?: GpuTier;
   /**
    * The neighbour-GPU tier: a suspend parks the engine's weights in this GPU's free memory (peer
    * copy before the sleep, verified by GPU digest) when they fit the tier's budget and the GPU's

@@ -9,7 +9,7 @@ import type { Manifest } from '../manifest/manifest.js';
 import type { RegionMemory } from '../regions/memory.js';
 
 /** One suspended engine's weights kept on the GPU. @internal */
-export interface ResidentEntry {
+export interface GpuHold {
   readonly key: string;
   readonly snapshotId: string;
   readonly bytes: number;
@@ -21,7 +21,7 @@ export interface ResidentEntry {
  * What tier 0 holds for one engine.
  * @public
  */
-export interface ResidentInfo {
+export interface GpuEntry {
   /** The engine (its base URL). */
   readonly engine: string;
   /** The snapshot its weights match. */
@@ -36,13 +36,13 @@ export interface ResidentInfo {
  * Tier 0: the weights of suspended engines kept on the GPU. A suspend with it keeps a reference
  * (imported handle and descriptor) to every weights region, so vLLM's sleep frees only the KV
  * cache; the next wake maps the very same memory back at the same addresses: no bytes move. The
- * memory counts against the GPU until {@link ResidentWeights.release} (demotion; the snapshot in
+ * memory counts against the GPU until {@link GpuTier.release} (demotion; the snapshot in
  * the store, taken before, still brings the weights back) or until the engine is restored from
  * it. If this process dies, the driver frees the memory and the engine restores from the store.
  * @public
  */
-export class ResidentWeights {
-  private readonly held = new Map<string, ResidentEntry & { handles: NativeHeldHandles | undefined }>();
+export class GpuTier {
+  private readonly held = new Map<string, GpuHold & { handles: NativeHeldHandles | undefined }>();
   private closed = false;
 
   /** GPU memory kept, in total. */
@@ -53,7 +53,7 @@ export class ResidentWeights {
   }
 
   /** Every engine held, oldest first. */
-  entries(): ResidentInfo[] {
+  entries(): GpuEntry[] {
     return [...this.held.values()].sort((a, b) => a.since - b.since).map((e) => ({ engine: e.key, snapshotId: e.snapshotId, bytes: e.bytes, since: e.since }));
   }
 
@@ -64,7 +64,7 @@ export class ResidentWeights {
 
   /** Keeps an engine's exported weights alive (takes over the descriptors). @internal */
   async hold(engine: string, snapshotId: string, exported: ExportedRegions): Promise<void> {
-    if (this.closed) throw new VsnapError('E_CLOSED', 'these ResidentWeights were closed');
+    if (this.closed) throw new VsnapError('E_CLOSED', 'this GpuTier was closed');
     this.release(engine);
     const fds = exported.ranks.flatMap((r) => r.regions.map((x) => (x.memory as { fd: number }).fd));
     let handles: NativeHeldHandles | undefined;
@@ -92,14 +92,14 @@ export class ResidentWeights {
   }
 
   /** The held weights of an engine. @internal */
-  peek(engine: string): ResidentEntry | undefined {
+  peek(engine: string): GpuHold | undefined {
     return this.held.get(engine);
   }
 
   /**
    * Hands an engine its held weights back: offers each rank its descriptors and runs `wake`, which
    * makes the engine fetch them and map them back (engine/hand-over.ts owns that lifecycle). The
-   * holding stays until {@link ResidentWeights.release}. Throws what `wake` threw, or why an offer
+   * holding stays until {@link GpuTier.release}. Throws what `wake` threw, or why an offer
    * was not taken.
    * @internal
    */
@@ -130,7 +130,7 @@ export class ResidentWeights {
     for (const key of [...this.held.keys()]) this.release(key);
   }
 
-  /** Same as {@link ResidentWeights.close}. */
+  /** Same as {@link GpuTier.close}. */
   async [Symbol.asyncDispose](): Promise<void> {
     this.close();
   }
@@ -141,7 +141,7 @@ export class ResidentWeights {
  * (a demotion). The held descriptors are digested where they live (on the GPU for CUDA memory).
  * @internal
  */
-export async function checkResident(manifest: Manifest, entry: ResidentEntry): Promise<LiveCheckReport> {
+export async function checkGpuHold(manifest: Manifest, entry: GpuHold): Promise<LiveCheckReport> {
   const kind = manifest.data.platform.kind === 'cuda' ? 'imported' : 'host';
   const live = entry.ranks.flatMap((r) => r.regions.map((x, i) => ({ rank: r.rank, key: x.key, size: x.size, memory: { kind, fd: r.fds[i]! } as RegionMemory })));
   return checkLive(manifest, live);

@@ -2,7 +2,7 @@ import { chmodSync, closeSync, openSync, writeSync } from 'node:fs';
 
 import { afterEach, describe, expect, it } from 'vitest';
 
-import { HostCache } from '../../src/cache/host-cache.js';
+import { RamTier } from '../../src/cache/ram-tier.js';
 import { HostRegion } from '../../src/regions/host-region.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { RegionStore } from '../../src/store/region-store.js';
@@ -33,10 +33,10 @@ async function setup(name: string, sizes: Record<string, number>, store?: Region
 
 const asTargets = (t: Map<string, HostRegion>) => [...t].map(([key, r]) => ({ key, size: r.size, memory: r.memory }));
 
-describe('HostCache (RAM tier)', () => {
+describe('RamTier (RAM tier)', () => {
   it('loads a snapshot once, verified, then restores from RAM without touching the store', async () => {
     const { store, snap, targets } = await setup('m', { a: 3 * MiB + 5, b: MiB });
-    const cache = await HostCache.create({ budgetBytes: 16 * MiB, pin: false });
+    const cache = await RamTier.create({ budgetBytes: 16 * MiB, pin: false });
     cleanup.push(cache);
     expect(cache.pinned).toBe(false);
 
@@ -61,7 +61,7 @@ describe('HostCache (RAM tier)', () => {
     const one = await setup('one', { x: 6 * MiB }, store);
     const two = await setup('two', { y: 6 * MiB }, store);
     const three = await setup('three', { z: 6 * MiB }, store);
-    const cache = await HostCache.create({ budgetBytes: 13 * MiB, pin: false });
+    const cache = await RamTier.create({ budgetBytes: 13 * MiB, pin: false });
     cleanup.push(cache);
     await cache.load(store, one.snap.manifest);
     await cache.load(store, two.snap.manifest);
@@ -80,7 +80,7 @@ describe('HostCache (RAM tier)', () => {
     const fd = openSync(blob, 'r+');
     writeSync(fd, Buffer.from('x'), 0, 1, 3 * MiB);
     closeSync(fd);
-    const cache = await HostCache.create({ budgetBytes: 8 * MiB, pin: false });
+    const cache = await RamTier.create({ budgetBytes: 8 * MiB, pin: false });
     cleanup.push(cache);
     const t = targets();
     await expect(snap.restore({ regions: asTargets(t), cache })).rejects.toMatchObject({ code: 'E_CHECKSUM' });
@@ -91,7 +91,7 @@ describe('HostCache (RAM tier)', () => {
 
   it('streams from the store when a snapshot is larger than the cache', async () => {
     const { snap, targets } = await setup('big', { a: 5 * MiB });
-    const cache = await HostCache.create({ budgetBytes: 4 * MiB, pin: false });
+    const cache = await RamTier.create({ budgetBytes: 4 * MiB, pin: false });
     cleanup.push(cache);
     const t = targets();
     const result = await snap.restore({ regions: asTargets(t), cache });
@@ -102,9 +102,9 @@ describe('HostCache (RAM tier)', () => {
   });
 
   it('rejects a bad budget and use after close', async () => {
-    await expect(HostCache.create({ budgetBytes: 0 })).rejects.toMatchObject({ code: 'E_INVALID_ARGUMENT' });
+    await expect(RamTier.create({ budgetBytes: 0 })).rejects.toMatchObject({ code: 'E_INVALID_ARGUMENT' });
     const { store, snap } = await setup('z', { a: MiB });
-    const cache = await HostCache.create({ budgetBytes: 2 * MiB, pin: false });
+    const cache = await RamTier.create({ budgetBytes: 2 * MiB, pin: false });
     cache.close();
     await expect(cache.load(store, snap.manifest)).rejects.toMatchObject({ code: 'E_CLOSED' });
   });

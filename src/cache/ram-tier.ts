@@ -9,10 +9,10 @@ import { codeInPlace, loadDecoded, type CodeItem, type HeldChunk } from './coded
 import { regionId } from '../manifest/region-id.js';
 
 /**
- * Options of {@link HostCache.create}.
+ * Options of {@link RamTier.create}.
  * @public
  */
-export interface HostCacheOptions {
+export interface RamTierOptions {
   /** Bytes of host RAM the cache may hold (allocated, faulted in and pinned once, at create). */
   readonly budgetBytes: number;
   /** Page-lock the memory for DMA: default true when CUDA is available. Needs a GPU. */
@@ -30,7 +30,7 @@ export interface HostCacheOptions {
  * A snapshot held in the RAM tier.
  * @public
  */
-export interface CacheEntryInfo {
+export interface RamEntry {
   /** The snapshot's name. */
   readonly name: string;
   /** The capture's id. */
@@ -47,17 +47,17 @@ export interface CacheEntryInfo {
 }
 
 /** @internal */
-export interface CacheLease {
+export interface RamLease {
   readonly buffer: NativeHostBuffer;
   /** Where each region starts in the buffer, by `${rank}/${key}`. */
   readonly offsets: ReadonlyMap<string, number>;
-  /** Held coded (HostCacheOptions.codec): each region's chunks, by `${rank}/${key}`; `offsets` then mean nothing. */
+  /** Held coded (RamTierOptions.codec): each region's chunks, by `${rank}/${key}`; `offsets` then mean nothing. */
   readonly chunks?: ReadonlyMap<string, readonly HeldChunk[]>;
   release(): void;
 }
 
 /** Room taken in the RAM tier for a capture: filled by the capture, then committed or abandoned. @internal */
-export interface CacheReservation extends CacheLease {
+export interface RamReservation extends RamLease {
   /** The capture is complete: restores may use it (`durable`: the store holds it too). */
   commit(durable: boolean): void;
   /** Codes the landed bytes in place where the cache codes (before commit; the capture is in the store and checksummed). */
@@ -67,7 +67,7 @@ export interface CacheReservation extends CacheLease {
 }
 
 /** A region's place in a snapshot: what the RAM tier lays out. @internal */
-export interface CacheItem {
+export interface RamItem {
   readonly rank: number;
   readonly key: string;
   readonly size: number;
@@ -87,8 +87,8 @@ interface Entry {
   durable: boolean;
 }
 
-function itemsOf(source: Manifest | readonly CacheItem[]): readonly CacheItem[] {
-  if (Array.isArray(source)) return source as readonly CacheItem[];
+function itemsOf(source: Manifest | readonly RamItem[]): readonly RamItem[] {
+  if (Array.isArray(source)) return source as readonly RamItem[];
   return [...(source as Manifest).regions()].map(({ rank, region }) => ({ rank, key: region.key, size: region.size }));
 }
 
@@ -98,16 +98,16 @@ function itemsOf(source: Manifest | readonly CacheItem[]): readonly CacheItem[] 
  * and no hashing (every chunk was verified when it was loaded). Least recently used snapshots
  * are evicted when a new one needs room. Pass it to {@link Snapshot.restore} as `cache`, and to
  * {@link Snapshot.capture} to land a capture here first (the GPU is then free at D2H speed).
- * Holds its memory (and, when pinned, a CUDA context on GPU 0) until {@link HostCache.close}.
+ * Holds its memory (and, when pinned, a CUDA context on GPU 0) until {@link RamTier.close}.
  * Child processes do not inherit the memory (a spawn does not copy the pinned pages).
  * @public
  */
-export class HostCache {
+export class RamTier {
   /** Bytes of host memory held. */
   readonly budgetBytes: number;
   /** Whether the memory is page-locked for DMA. */
   readonly pinned: boolean;
-  /** How snapshots are held ({@link HostCacheOptions.codec}). */
+  /** How snapshots are held ({@link RamTierOptions.codec}). */
   readonly codec: 'vsnap-c1' | 'off';
   private readonly buffer: NativeHostBuffer;
   private readonly arena: Arena;
@@ -123,7 +123,7 @@ export class HostCache {
   }
 
   /** Allocates, faults in and (by default, with a GPU) pins `budgetBytes`: 0.08 s/GiB or so, once. */
-  static async create(options: HostCacheOptions): Promise<HostCache> {
+  static async create(options: RamTierOptions): Promise<RamTier> {
     const budget = options?.budgetBytes;
     if (!Number.isSafeInteger(budget) || budget <= 0) invalidArgument('budgetBytes', 'a positive integer byte count', budget);
     for (const k of Object.keys(options)) if (k !== 'budgetBytes' && k !== 'pin' && k !== 'codec') invalidArgument('options', 'budgetBytes, pin and codec only', k);
@@ -131,7 +131,7 @@ export class HostCache {
     if (codec !== 'vsnap-c1' && codec !== 'off') invalidArgument('codec', "'vsnap-c1' or 'off'", codec);
     const pin = options.pin ?? (await cudaStatus()).available;
     try {
-      return new HostCache(await native().createHostBuffer(budget, pin ? 0 : -1), budget, codec);
+      return new RamTier(await native().createHostBuffer(budget, pin ? 0 : -1), budget, codec);
     } catch (err) {
       throw toVsnapError(err);
     }
@@ -143,7 +143,7 @@ export class HostCache {
   }
 
   /** The snapshots held, most recently used first. */
-  get entries(): CacheEntryInfo[] {
+  get entries(): RamEntry[] {
     return [...this.byId.values()]
       .filter((e) => e.loaded)
       .sort((a, b) => b.lastUsed - a.lastUsed)
@@ -169,7 +169,7 @@ export class HostCache {
    * Holds a snapshot in the cache for the duration of a restore (loading it first if needed).
    * @internal
    */
-  async acquire(store: RegionStore, manifest: Manifest, options: TransferOptions = {}): Promise<CacheLease> {
+  async acquire(store: RegionStore, manifest: Manifest, options: TransferOptions = {}): Promise<RamLease> {
     this.checkOpen();
     let entry = this.byId.get(manifest.id);
     if (!entry && !manifest.checksummed) {
@@ -195,7 +195,7 @@ export class HostCache {
    * Holds a capture that is in the cache already (a RAM-tier-only capture being persisted), or
    * returns undefined when it is not. @internal
    */
-  hold(id: string): CacheLease | undefined {
+  hold(id: string): RamLease | undefined {
     const entry = this.byId.get(id);
     if (this.closed || !entry?.loaded) return undefined;
     entry.users++;
@@ -206,7 +206,7 @@ export class HostCache {
    * Takes room for a capture about to land here (evicting least recently used snapshots the
    * store also holds). Throws E_NO_SPACE when it cannot fit. @internal
    */
-  reserve(name: string, id: string, items: readonly CacheItem[]): CacheReservation {
+  reserve(name: string, id: string, items: readonly RamItem[]): RamReservation {
     this.checkOpen();
     const { bytes, offsets } = this.layout(items);
     if (bytes > this.budgetBytes) throw this.tooLarge(name, bytes);
@@ -241,7 +241,7 @@ export class HostCache {
     if (entry) entry.durable = true;
   }
 
-  private leaseOf(entry: Entry): CacheLease {
+  private leaseOf(entry: Entry): RamLease {
     let released = false;
     return {
       buffer: this.buffer,
@@ -257,7 +257,7 @@ export class HostCache {
   }
 
   /** Whether the snapshot could be held at all. @internal */
-  fits(manifest: Manifest | readonly CacheItem[]): boolean {
+  fits(manifest: Manifest | readonly RamItem[]): boolean {
     return this.layout(itemsOf(manifest)).bytes <= this.budgetBytes;
   }
 
@@ -274,7 +274,7 @@ export class HostCache {
     return true;
   }
 
-  /** Drops every snapshot not in use that the store also holds (see {@link CacheEntryInfo.durable}). */
+  /** Drops every snapshot not in use that the store also holds (see {@link RamEntry.durable}). */
   clear(): void {
     for (const [id, e] of [...this.byId]) if (e.durable) this.evict(id);
   }
@@ -287,16 +287,16 @@ export class HostCache {
     this.buffer.close();
   }
 
-  /** Same as {@link HostCache.close}. */
+  /** Same as {@link RamTier.close}. */
   async [Symbol.asyncDispose](): Promise<void> {
     this.close();
   }
 
   private checkOpen(): void {
-    if (this.closed) throw new VsnapError('E_CLOSED', 'this HostCache was closed');
+    if (this.closed) throw new VsnapError('E_CLOSED', 'this RamTier was closed');
   }
 
-  private layout(items: readonly CacheItem[]): { bytes: number; offsets: Map<string, number> } {
+  private layout(items: readonly RamItem[]): { bytes: number; offsets: Map<string, number> } {
     const offsets = new Map<string, number>();
     let bytes = 0;
     for (const { rank, key, size } of items) {
@@ -337,7 +337,7 @@ export class HostCache {
         throw new VsnapError(
           'E_NO_SPACE',
           `the RAM tier (${this.budgetBytes} bytes) has no room for ${bytes} bytes: the rest is in use by running restores, loads or captures, ` +
-            'or holds captures not yet persisted (Snapshot.persist, or HostCache.evict to discard one)',
+            'or holds captures not yet persisted (Snapshot.persist, or RamTier.evict to discard one)',
           { budgetBytes: this.budgetBytes, neededBytes: bytes },
         );
       }

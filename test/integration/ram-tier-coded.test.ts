@@ -4,7 +4,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 
 import { randomChunk, weights } from '../helpers/codec-data.js';
 import { writeHostBuffer } from '../../src/cache/coded-tier.js';
-import { HostCache } from '../../src/cache/host-cache.js';
+import { RamTier } from '../../src/cache/ram-tier.js';
 import { Manifest } from '../../src/manifest/manifest.js';
 import { encodeBlob } from '../../src/store/coded-blob.js';
 import { native, type NativeHostBuffer } from '../../src/native/index.js';
@@ -42,14 +42,14 @@ function targetsOf(contents: Record<string, Buffer>) {
 
 const asTarget = ({ key, size, memory }: { key: string; size: number; memory: HostRegion['memory'] }) => ({ key, size, memory });
 
-async function cacheOf(codec: 'vsnap-c1' | 'off', budgetBytes = 32 * MiB): Promise<HostCache> {
-  const cache = await HostCache.create({ budgetBytes, pin: false, codec });
+async function cacheOf(codec: 'vsnap-c1' | 'off', budgetBytes = 32 * MiB): Promise<RamTier> {
+  const cache = await RamTier.create({ budgetBytes, pin: false, codec });
   cleanup.push(cache);
   return cache;
 }
 
 /** The RAM tier's place of a region's chunk (internal, read through a lease). */
-async function heldChunk(cache: HostCache, store: RegionStore, manifest: Manifest, key: string, chunk: number) {
+async function heldChunk(cache: RamTier, store: RegionStore, manifest: Manifest, key: string, chunk: number) {
   const lease = await cache.acquire(store, manifest);
   try {
     return { buffer: lease.buffer, place: lease.chunks!.get(`0/${key}`)![chunk]! };
@@ -60,7 +60,7 @@ async function heldChunk(cache: HostCache, store: RegionStore, manifest: Manifes
 
 const gaussian = (size: number, seed = 1) => weights('bf16', 'gaussian', size, seed);
 
-describe('HostCache holding coded chunks (codec vsnap-c1)', () => {
+describe('RamTier holding coded chunks (codec vsnap-c1)', () => {
   it('a capture lands coded: fewer bytes held than raw for BF16 Gaussian weights, restored bit-exact', async () => {
     const store = await RegionStore.open(tempDir());
     const contents = { 'bf16.a': gaussian(3 * MiB, 1), 'bf16.b': gaussian(2 * MiB + 4096, 2) };
@@ -206,7 +206,7 @@ describe('HostCache holding coded chunks (codec vsnap-c1)', () => {
   });
 
   it('rejects an unknown codec and unknown options', async () => {
-    await expect(HostCache.create({ budgetBytes: MiB, pin: false, codec: 'zstd' as never })).rejects.toMatchObject({ code: 'E_INVALID_ARGUMENT' });
-    await expect(HostCache.create({ budgetBytes: MiB, pin: false, codecs: 'x' } as never)).rejects.toMatchObject({ code: 'E_INVALID_ARGUMENT' });
+    await expect(RamTier.create({ budgetBytes: MiB, pin: false, codec: 'zstd' as never })).rejects.toMatchObject({ code: 'E_INVALID_ARGUMENT' });
+    await expect(RamTier.create({ budgetBytes: MiB, pin: false, codecs: 'x' } as never)).rejects.toMatchObject({ code: 'E_INVALID_ARGUMENT' });
   });
 });
