@@ -131,7 +131,7 @@ export async function suspendEngineWith(store: RegionStore, name: string, client
   if (tiers.engine) {
     const expected = await keepInEngine(client, control, status, tiers.engine === true ? {} : tiers.engine, call);
     lap('releaseKvCache');
-    return done({ snapshot: current ? Snapshot.of(store, current) : undefined, keptIn: 'engine', captured: false, alreadyAsleep: false, ...(expected ? { expected } : {}) });
+    return done({ snapshot: current ? Snapshot.of(store, current) : undefined, tier: 'engine', captured: false, alreadyAsleep: false, ...(expected ? { expected } : {}) });
   }
   const backend = options.deep ? (hooks.checkpoint ?? nativeCheckpointBackend()) : undefined;
   const deepRanks = backend ? await deepPrecheck(status, backend) : undefined; // the API is there and every worker runs, before anything changes
@@ -168,7 +168,7 @@ export async function suspendEngineWith(store: RegionStore, name: string, client
     throw err;
   }
   if (deepRanks) await goDeep();
-  return done({ ...checked, alreadyAsleep: false, ...(kept ? { keptIn: kept.tier } : {}), ...(kept?.parked ? { parked: kept.parked } : {}) });
+  return done({ ...checked, alreadyAsleep: false, ...(kept ? { tier: kept.tier } : {}), ...(kept?.parked ? { parked: kept.parked } : {}) });
 }
 
 function checkSuspendOptions(options: EngineSuspendOptions): void {

@@ -233,7 +233,7 @@ export interface EngineSuspendOptions {
 export interface EngineRestoreReport {
   /** Bytes restored. */
   readonly bytes: number;
-  /** Where the weights came from (see {@link TierName}), or `engine` when it recovered by loading them itself. */
+  /** Where the weights came from ({@link TierName}): `engine` when the engine kept them itself (route `kept`) or loaded them again (route `reloaded`). */
   readonly tier: TierName;
   /** Wall time of the whole restore. */
   readonly seconds: number;
@@ -266,8 +266,8 @@ export interface EngineRestoreReport {
 export interface EngineSuspendResult {
   /** The snapshot that can bring the weights back. */
   readonly snapshot: Snapshot;
-  /** Where the weights are kept besides the snapshot: `gpu` (tier 0 held by the SDK), `engine` (the engine kept them itself) or `neighbour` (absent: only in the snapshot). */
-  readonly keptIn?: 'gpu' | 'engine' | 'neighbour';
+  /** The tier that kept the weights besides the snapshot ({@link TierName}): `gpu` (tier 0 held by the SDK), `engine` (the engine kept them itself) or `neighbour` (absent: only the snapshot holds them, in the store and, where it took the capture, the RAM tier). */
+  readonly tier?: Extract<TierName, 'gpu' | 'engine' | 'neighbour'>;
   /** Whether a capture was made first. */
   readonly captured: boolean;
   /** Whether the engine was already asleep (nothing was done). */

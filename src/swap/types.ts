@@ -10,6 +10,7 @@ import type { CheckpointBackend } from '../flows/deep.js';
 import type { RecoveryPolicy, RecoveryReason } from '../flows/recovery.js';
 import type { RecoveryOptions } from '../flows/types.js';
 import type { RegistrySource } from '../registry/source.js';
+import type { TierName } from '../tiers/tier.js';
 import type { RegionStore } from '../store/region-store.js';
 import type { MultipathOptions } from '../transfer/multipath.js';
 import type { EngineState } from './planner.js';
@@ -268,8 +269,8 @@ export interface SwapEvent {
   readonly seconds: number;
   /** Seconds per phase (a suspend's as suspendEngine reports them: `awaitCopy`, in an overlapped swap, is its sleep's wait for the other engine's copy). */
   readonly phases?: Readonly<Record<string, number>>;
-  /** restore: where the weights came from (`gpu`: tier 0, nothing copied; `neighbour`: a neighbour GPU's tier, by peer copy; `engine`: recovered, the engine reloaded them). */
-  readonly tier?: 'gpu' | 'neighbour' | 'ram' | 'store' | 'engine';
+  /** restore: the tier the weights came from ({@link TierName}: `gpu`, tier 0, nothing copied; `neighbour`, by peer copy; `engine`, the engine kept them itself or, with `recovered`, reloaded them). */
+  readonly tier?: TierName;
   /** restore: set when the snapshot could not be used and the engine reloaded its weights instead. */
   readonly recovered?: RecoveryReason;
   /** suspend: whether a snapshot was captured first. */

@@ -38,7 +38,7 @@ export interface EngineTierOptions {
 /** @internal */
 export function engineTier(options: EngineTierOptions): Tier {
   return {
-    name: 'kept',
+    name: 'engine',
     // Asleep with every rank's weights still mapped: paused with the KV cache released.
     holds: (run) => run.status.sleeping && run.status.ranks.every((r) => r.weightsMapped),
     async restore(run) {
@@ -50,7 +50,7 @@ export function engineTier(options: EngineTierOptions): Tier {
         await checkKept(run.client, options.expected, run.call.signal);
         run.lap('expectedResponse');
       }
-      return { tier: 'gpu', bytes: 0, finished: true };
+      return { tier: 'engine', bytes: 0, finished: true };
     },
   };
 }

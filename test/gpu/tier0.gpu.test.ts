@@ -62,7 +62,7 @@ describe('GPU: tier 0, weights resident across sleep', async () => {
     for (let i = 0; i < 10; i++) {
       const s = await suspendEngine(store, 'own', c, { tiers: { engine: true } });
       own.suspend.push(s.seconds);
-      if (i === 0) console.log(`engine tier 0 (${s.keptIn}): engine holds ${gpuMemoryOf(e.enginePid)} MiB while suspended`);
+      if (i === 0) console.log(`engine tier 0 (${s.tier}): engine holds ${gpuMemoryOf(e.enginePid)} MiB while suspended`);
       own.resume.push((await restoreEngine({ store, name: 'own' }, c, { tiers: { engine: true } })).seconds);
       assert.deepEqual(await ask(c), answer);
     }

@@ -42,7 +42,7 @@ describe.skipIf(!engineDigests())('tier 0: the dirty check carried by the export
       expect(exports).toHaveLength(1);
       expect(exports[0]!.args).toMatchObject({ digestChunkSize: first.manifest.data.ranks[0]!.regions[0]!.chunkSize });
       expect(Object.keys(s.phases)).toEqual(['status', 'digest', 'check', 'capture', 'hold', 'sleep']);
-      expect(s).toMatchObject({ captured: true, keptIn: 'gpu', liveCheck: { checked: true, changed: [layer(1)], digestedIn: 'engine' } });
+      expect(s).toMatchObject({ captured: true, tier: 'gpu', liveCheck: { checked: true, changed: [layer(1)], digestedIn: 'engine' } });
       expect(s.snapshot.id).not.toBe(first.id);
       // What tier 0 holds is what the new snapshot says, and the restore from it answers as the updated engine did.
       expect(await checkGpuHold(s.snapshot.manifest, resident.peek(client.baseUrl)!)).toMatchObject({ checked: true, changed: [] });
@@ -63,7 +63,7 @@ describe.skipIf(!engineDigests())('tier 0: the dirty check carried by the export
       const chunkSize = first.manifest.data.ranks[0]!.regions[0]!.chunkSize;
       const own = await client.wire.vsnapDigest({ chunkSize });
       const s = await suspendEngine(store, 'ref', client, { tiers: { gpu: resident }, onStale: 'refuse' });
-      expect(s).toMatchObject({ captured: false, keptIn: 'gpu', liveCheck: { checked: true, changed: [] } });
+      expect(s).toMatchObject({ captured: false, tier: 'gpu', liveCheck: { checked: true, changed: [] } });
       expect(s.snapshot.id).toBe(first.id);
       expect(s.liveCheck!.bytes).toBe(first.manifest.totalBytes);
       expect(own[0]!.regions.map((r) => r.digests)).toEqual(first.manifest.data.ranks[0]!.regions.map((r) => r.digests)); // the route agrees with the capture

@@ -19,7 +19,7 @@ describe('planRestore: what a restore does, decided before the engine is touched
     const resident = new GpuTier();
     try {
       expect(planRestore(input({})).tiers).toEqual(['store']);
-      expect(planRestore(input({ tiers: { ram: ram(), gpu: resident, engine: true } })).tiers).toEqual(['kept', 'gpu', 'ram', 'store']);
+      expect(planRestore(input({ tiers: { ram: ram(), gpu: resident, engine: true } })).tiers).toEqual(['engine', 'gpu', 'ram', 'store']);
     } finally {
       resident.close();
     }
