@@ -13,6 +13,7 @@ import { EngineRecord } from './engine-record.js';
 import { ModelReadinessBoard, type ModelReadinessSource } from './model-readiness.js';
 import { checkCommand, Supervisor, type SupervisorOptions } from './supervisor.js';
 import { Teardown } from './teardown.js';
+import type * as vsnap from 'vsnap';
 
 const GiB = 2 ** 30;
 
@@ -43,7 +44,7 @@ export interface ServeHandle {
   /** The HTTP agent. */
   readonly agent: SwapAgent;
   /** The controller. */
-  readonly controller: SwapController;
+  readonly controller: vsnap.SwapController;
   /** The supervisor of the engines vsnap started. */
   readonly supervisor: Supervisor;
   /** Every model's readiness (a model is ready once its engine is up and its snapshot is in place). */
