@@ -117,6 +117,9 @@ describe('SwapController with a neighbour-GPU tier (CPU reference engines, host 
     expect(metrics).toMatch(/vsnap_neighbour_parks_total\{engine="model-1",result="parked"\} 1/);
     expect(metrics).toMatch(/vsnap_neighbour_parks_total\{engine="model-1",result="already"\} 2/);
     expect(metrics).toMatch(/vsnap_neighbour_parks_total\{engine="model-2",result="parked"\} 1/);
+    // the swap histogram's tier is the tier the weights were left in (a suspend) or came from (a restore)
+    expect(metrics).toMatch(/vsnap_swap_seconds_count\{engine="model-1",action="suspend",tier="neighbour"\} 3/);
+    expect(metrics).toMatch(/vsnap_swap_seconds_count\{engine="model-1",action="restore",tier="neighbour"\} 2/);
   });
 
   it('budget accounting: parked bytes count on the neighbour GPU, a wake there evicts them first, the tier evicts LRU within its budget', async () => {
