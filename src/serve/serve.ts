@@ -1,3 +1,5 @@
+import type * as vsnap from 'vsnap';
+
 import { RamTier } from '../cache/ram-tier.js';
 import { EngineClient } from '../engine/engine-client.js';
 import { VsnapError } from '../errors.js';
@@ -13,7 +15,6 @@ import { EngineRecord } from './engine-record.js';
 import { ModelReadinessBoard, type ModelReadinessSource } from './model-readiness.js';
 import { checkCommand, Supervisor, type SupervisorOptions } from './supervisor.js';
 import { Teardown } from './teardown.js';
-import type * as vsnap from 'vsnap';
 
 const GiB = 2 ** 30;
 
