@@ -13,6 +13,9 @@ export default defineConfig([
     entry: { index: 'src/index.ts', plumbing: 'src/plumbing.ts', 'serve/index': 'src/serve/index.ts' },
     format: ['esm', 'cjs'],
     dts: true,
+    // vsnap/serve names the root's types through type-only imports of 'vsnap' (tsconfig paths: src/index.ts):
+    // kept as imports, its declarations refer to the root's exports instead of copying them
+    external: ['vsnap'],
     sourcemap: true,
     esbuildOptions: noSourcesContent,
     target: 'node20',

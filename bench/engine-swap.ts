@@ -12,7 +12,7 @@ import { cpus } from 'node:os';
 import { join } from 'node:path';
 import { isDeepStrictEqual, parseArgs } from 'node:util';
 
-import { captureEngine, cudaStatus, EngineClient, type EngineRestoreOptions, type EngineSuspendOptions, HostCache, type Manifest, RegionStore, ResidentWeights, restoreEngine, type Snapshot, suspendEngine, swapEngines } from '../src/index.js';
+import { captureEngine, cudaStatus, EngineClient, type EngineRestoreOptions, type EngineSuspendOptions, RamTier, type Manifest, RegionStore, GpuTier, restoreEngine, type Snapshot, suspendEngine, swapEngines } from '../src/index.js';
 import { listDevices, releaseIdleResources } from '../src/plumbing.js';
 import { dropCaches, GiB, MiB, since } from './common.js';
 import { type Answer, askCapital, engineTierUnsupported, type ReferenceEngine, startEngine } from './engine.js';
@@ -37,7 +37,7 @@ const OVERLAP_ROWS: readonly RowName[] = ['tier0', 'ram', 'ram2'];
 const LABEL: Record<RowName, string> = {
   tier0: 'tier 0 (weights kept on the GPU)',
   engine: "tier 0, the engine's own (weights kept in the engine, KV cache released)",
-  ram: 'RAM tier (hot, pinned HostCache)',
+  ram: 'RAM tier (hot, pinned RamTier)',
   ram2: 'RAM tier over two PCIe links (multipath)',
   pagecache: 'page cache (warm disk)',
   cold: 'cold disk (caches dropped, O_DIRECT)',
@@ -97,7 +97,7 @@ const ms = (s: number): string => `${(s * 1000).toFixed(0)} ms`;
 /** The median of the numbers among `values`, or null for none. */
 const medianOf = (values: ReadonlyArray<number | null | undefined>): number | null => stats(values.filter((v): v is number => typeof v === 'number'))?.median ?? null;
 const listed = (p: Readonly<Record<string, number>>): string => Object.entries(p).map(([k, v]) => `${k} ${ms(v)}`).join(', ');
-/** The RAM tier's bytes for a snapshot (HostCache places every region at a 4 KiB boundary). */
+/** The RAM tier's bytes for a snapshot (RamTier places every region at a 4 KiB boundary). */
 const cacheBytes = (m: Manifest): number => [...m.regions()].reduce((n, { region }) => n + Math.ceil(region.size / 4096) * 4096, 0);
 
 interface Side {
@@ -342,7 +342,7 @@ async function runRow(row: RowName): Promise<RowResult[]> {
     if (unsupported) result.skipped = unsupported;
     else await runKeptSwaps(result);
   } else if (row === 'tier0') {
-    const resident = new ResidentWeights();
+    const resident = new GpuTier();
     try {
       // After the two warm-up swaps, the engine asleep is always held: every measured restore maps its weights back.
       await each({ suspend: { tiers: { gpu: resident } }, restore: { tiers: { gpu: resident } }, tier: 'gpu' });
@@ -357,14 +357,14 @@ async function runRow(row: RowName): Promise<RowResult[]> {
     const budgetBytes = sides.reduce((n, s) => n + cacheBytes(s.snapshot!.manifest), 0) + 64 * MiB;
     ramTierBytes = budgetBytes;
     let t = performance.now();
-    const cache = await HostCache.create({ budgetBytes, pin: cuda.available });
+    const cache = await RamTier.create({ budgetBytes, pin: cuda.available });
     result.setup.cacheCreateSeconds = since(t);
     result.setup.cacheBudgetBytes = budgetBytes;
     try {
       t = performance.now();
       for (const s of sides) await cache.load(store, s.snapshot!.manifest);
       result.setup.cacheLoadSeconds = since(t);
-      log(`[ram] HostCache of ${gib(budgetBytes)} GiB (${cache.pinned ? 'pinned' : 'not pinned'}) created in ${ms(result.setup.cacheCreateSeconds)}, both snapshots loaded in ${ms(result.setup.cacheLoadSeconds)}`);
+      log(`[ram] RamTier of ${gib(budgetBytes)} GiB (${cache.pinned ? 'pinned' : 'not pinned'}) created in ${ms(result.setup.cacheCreateSeconds)}, both snapshots loaded in ${ms(result.setup.cacheLoadSeconds)}`);
       await each({ suspend: {}, restore: { tiers: { ram: cache, ...(row === 'ram2' ? { multipath: { neighbour } } : {}) } }, tier: 'ram' });
     } finally {
       cache.close();

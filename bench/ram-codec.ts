@@ -1,8 +1,8 @@
 // RAM-tier restore of coded BF16 weights (device only), through the public API: regions of BF16
 // Gaussian draws (sigma 0.02, whose exponent spread approximates trained weights; synthetic, not
-// trained) in device memory, captured into a HostCache with codec 'vsnap-c1', restored from it
+// trained) in device memory, captured into a RamTier with codec 'vsnap-c1', restored from it
 // (coded chunks over the link, decoded on the GPU), against the raw pinned H2D copy of the
-// UNCOMPRESSED bytes (bench/ceiling.cu, same run), and the same regions through a raw HostCache.
+// UNCOMPRESSED bytes (bench/ceiling.cu, same run), and the same regions through a raw RamTier.
 // Also a capture held only in the RAM tier (persist 'off', hash deferred: coded on the GPU before the
 // D2H where the cache codes) against the raw pinned D2H copy of the uncompressed bytes.
 // argv: <ceiling binary> [GiB, default 4] [rounds, default 5] [out.json]. Prints one JSON object.
@@ -11,7 +11,7 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
-import { cudaStatus, HostCache, RegionStore, Snapshot } from '../src/index.js';
+import { cudaStatus, RamTier, RegionStore, Snapshot } from '../src/index.js';
 import { DeviceAllocation, releaseIdleResources } from '../src/plumbing.js';
 import { median, MiB, since } from './common.js';
 import { gaussianBf16 } from './gaussian-bf16.js';
@@ -40,7 +40,7 @@ const spread = (v: number[]): { best: number; median: number } => ({ best: Math.
 async function measure(codec: 'vsnap-c1' | 'off') {
   const root = mkdtempSync(join(tmpdir(), 'vsnap-bench-ram-codec-'));
   const store = await RegionStore.open(root);
-  const cache = await HostCache.create({ budgetBytes: rawBytes + 64 * MiB, codec });
+  const cache = await RamTier.create({ budgetBytes: rawBytes + 64 * MiB, codec });
   try {
     const t0 = performance.now();
     const snap = await Snapshot.capture(store, 'bench', { regions, cache });

@@ -7,7 +7,7 @@
 import { execFileSync } from 'node:child_process';
 import { closeSync, existsSync } from 'node:fs';
 
-import { HostCache, type RegionMemory, type RegionStore, Snapshot, type TransferSummary } from '../src/index.js';
+import { RamTier, type RegionMemory, type RegionStore, Snapshot, type TransferSummary } from '../src/index.js';
 import { DeviceAllocation, HostRegion, MappedRegions } from '../src/plumbing.js';
 import { gbps, GiB, median, MiB, since } from './common.js';
 import type { Ceiling, SweepRow } from './swap-report.js';
@@ -71,14 +71,14 @@ export async function makeRegions(device: 'cuda' | 'host', sizes: readonly numbe
 }
 
 /** A restore from the RAM tier, which it must come from. */
-async function restoreFromRam(snap: Snapshot, regions: Region[], cache: HostCache, what: string): Promise<TransferSummary> {
+async function restoreFromRam(snap: Snapshot, regions: Region[], cache: RamTier, what: string): Promise<TransferSummary> {
   const res = await snap.restore({ regions, cache });
   if (res.tier !== 'ram') throw new Error(`[sweep] ${what}: restored from ${res.tier ?? 'store'}, expected the RAM tier`);
   return res;
 }
 
 /** The restores through exported fds (SweepRow.imported), after one warm-up: the set is closed after the clock; pipelined, the copy starts on the first regions while the rest are mapped. */
-async function restoreViaFds(snap: Snapshot, held: Region[], cache: HostCache, reps: number): Promise<Omit<NonNullable<SweepRow['imported']>, 'vsFirst' | 'vsCeiling'>> {
+async function restoreViaFds(snap: Snapshot, held: Region[], cache: RamTier, reps: number): Promise<Omit<NonNullable<SweepRow['imported']>, 'vsFirst' | 'vsCeiling'>> {
   const fds: number[] = [];
   try {
     const t = performance.now();
@@ -125,7 +125,7 @@ export async function runSweep(o: SweepOptions): Promise<{ rows: SweepRow[]; cac
   const layouts = o.counts.map((n) => splitEvenly(o.totalBytes, n, granule));
   const budget = Math.max(...layouts.map((s) => s.reduce((a, b) => a + b, 0))) + 64 * MiB;
   const t = performance.now();
-  const cache = await HostCache.create({ budgetBytes: budget, pin: o.device === 'cuda' });
+  const cache = await RamTier.create({ budgetBytes: budget, pin: o.device === 'cuda' });
   const cacheCreateSeconds = since(t);
   o.log(`[sweep] RAM tier of ${(budget / GiB).toFixed(2)} GiB (${cache.pinned ? 'pinned' : 'not pinned'}) in ${cacheCreateSeconds.toFixed(2)} s`);
   const rows: SweepRow[] = [];

@@ -14,7 +14,7 @@ import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node
 import { cpus } from 'node:os';
 import { join } from 'node:path';
 
-import { cudaStatus, HostCache, RegionStore, Snapshot } from '../src/index.js';
+import { cudaStatus, RamTier, RegionStore, Snapshot } from '../src/index.js';
 import { listDevices, releaseIdleResources } from '../src/plumbing.js';
 import { dropCaches, gbps, GiB, median, MiB, since } from './common.js';
 import { packageRoot } from './engine.js';
@@ -63,7 +63,7 @@ const store = await RegionStore.open(storeRoot);
 // Capture into the RAM tier (persist off): the GPU could be freed as soon as this returns. First,
 // so its persisted copy is gone (removed, gc'd) before the capture to disk: the disk holds one.
 const c0 = performance.now();
-const cache = await HostCache.create({ budgetBytes: bytes + 64 * MiB });
+const cache = await RamTier.create({ budgetBytes: bytes + 64 * MiB });
 const cacheCreateSeconds = since(c0);
 const toRam: number[] = [];
 let inRam: Snapshot | undefined;
@@ -175,7 +175,7 @@ const table = [
   `| ceiling: raw cudaMemcpy H2D, pinned | ${f(ceiling.h2dGBps.max)} | 1.00x |`,
   `| ceiling: raw cudaMemcpy D2H, pinned | ${f(ceiling.d2hGBps.max)} | 1.00x |`,
   `| ceiling: dd O_DIRECT read of a blob | ${f(ddDirect)} | 1.00x |`,
-  `| vsnap hydrate, RAM tier (pinned HostCache), best of ${REPS} | ${f(result.vsnap.hydrateRamTierGBps.max)} | ${ratio(result.vsnap.hydrateRamTierGBps.max, ceiling.h2dGBps.max)} H2D |`,
+  `| vsnap hydrate, RAM tier (pinned RamTier), best of ${REPS} | ${f(result.vsnap.hydrateRamTierGBps.max)} | ${ratio(result.vsnap.hydrateRamTierGBps.max, ceiling.h2dGBps.max)} H2D |`,
   `| vsnap hydrate, page cache (warm), best of ${REPS} | ${f(result.vsnap.hydrateWarmGBps.max)} | ${ratio(result.vsnap.hydrateWarmGBps.max, ceiling.h2dGBps.max)} H2D |`,
   `| vsnap RAM tier load from page cache (verify into pinned RAM) | ${f(cacheLoadGBps)} | |`,
   `| vsnap hydrate, cold, O_DIRECT | ${f(coldDirect)} | ${ratio(coldDirect, ddDirect)} dd |`,

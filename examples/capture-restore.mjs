@@ -5,7 +5,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
-import { cudaStatus, HostCache, RegionStore, Snapshot } from 'vsnap';
+import { cudaStatus, RamTier, RegionStore, Snapshot } from 'vsnap';
 import { DeviceAllocation, HostRegion } from 'vsnap/plumbing';
 
 const MiB = 1024 * 1024;
@@ -34,7 +34,7 @@ console.log(`captured ${snap.name} ${snap.id}: ${snap.manifest.regionCount} regi
 for (const r of regions) await r.owner.write(0, Buffer.alloc(64)); // wipe the start
 
 // Restore through the RAM tier: the first restore loads it (verified), later ones are pure DMA.
-const cache = await HostCache.create({ budgetBytes: 128 * MiB });
+const cache = await RamTier.create({ budgetBytes: 128 * MiB });
 for (const attempt of [1, 2]) {
   const result = await (await Snapshot.open(store, 'example')).restore({ regions, cache });
   console.log(`restore ${attempt}: ${result.bytes} bytes from the ${result.tier} tier in ${result.seconds.toFixed(3)} s`);

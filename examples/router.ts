@@ -2,7 +2,7 @@
 // engine of their `model`, which is woken (and the other suspended) when it does not fit.
 //   VSNAP_TOKEN=... npx tsx examples/router.ts http://127.0.0.1:8001=llama http://127.0.0.1:8002=qwen
 // Then: curl localhost:8080/v1/completions -H 'content-type: application/json' -d '{"model":"qwen","prompt":"Hello","max_tokens":8}'
-import { EngineClient, HostCache, RegionStore, SwapController, type SwapEvent } from 'vsnap';
+import { EngineClient, RamTier, RegionStore, SwapController, type SwapEvent } from 'vsnap';
 import { SwapAgent } from 'vsnap/serve';
 
 const GiB = 2 ** 30;
@@ -15,7 +15,7 @@ if (engines.length < 2) throw new Error('give two or more engines: <url>=<model>
 
 const store = await RegionStore.open(process.env.VSNAP_STORE ?? '/tmp/vsnap-router-store');
 // Optional: a pinned RAM tier, so swaps restore at PCIe speed instead of from disk.
-const cache = process.env.VSNAP_RAM_GIB ? await HostCache.create({ budgetBytes: Number(process.env.VSNAP_RAM_GIB) * GiB }) : undefined;
+const cache = process.env.VSNAP_RAM_GIB ? await RamTier.create({ budgetBytes: Number(process.env.VSNAP_RAM_GIB) * GiB }) : undefined;
 
 const controller = await SwapController.create({
   store,

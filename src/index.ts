@@ -5,7 +5,7 @@
  * {@link Manifest}), an {@link EngineClient} per engine, an {@link EngineSession} holding an engine
  * with its store and tiers, the engine flows ({@link captureEngine},
  * {@link (suspendEngine:1)}, {@link restoreEngine}, {@link swapEngines}), the places weights are
- * kept while an engine sleeps ({@link HostCache}, {@link ResidentWeights}, {@link NeighbourTier};
+ * kept while an engine sleeps ({@link RamTier}, {@link GpuTier}, {@link NeighbourTier};
  * see {@link EngineTiers}), the {@link RegistryClient} and the {@link SwapController}. The `vsnap serve`
  * application is `vsnap/serve`; memory regions, descriptors and devices for embedders are
  * `vsnap/plumbing`.
@@ -33,8 +33,8 @@ export type { TransferOptions, TransferProgress } from './transfer/transfer.js';
 export type { MultipathOptions, MultipathPathTimeline, MultipathStats, MultipathTimeline } from './transfer/multipath.js';
 export type { LiveCheckReport } from './digest/compare.js';
 
-export { HostCache, type CacheEntryInfo, type HostCacheOptions } from './cache/host-cache.js';
-export { ResidentWeights, type ResidentInfo } from './cache/resident-weights.js';
+export { RamTier, type RamEntry, type RamTierOptions } from './cache/ram-tier.js';
+export { GpuTier, type GpuEntry } from './cache/gpu-tier.js';
 export {
   NeighbourTier,
   type NeighbourEntry,
@@ -44,7 +44,7 @@ export {
   type NeighbourTierOptions,
   type NeighbourTransfer,
 } from './cache/neighbour-tier.js';
-export type { EngineKeptOptions, EngineTiers, TierName } from './tiers/index.js';
+export type { EngineTierOptions, EngineTiers, TierName } from './tiers/index.js';
 
 export { RegistryClient } from './registry/registry.js';
 export type { RegistryReference } from './registry/reference.js';
@@ -60,7 +60,7 @@ export { captureEngine, EngineSession, restorableFor, restoreEngine, suspendEngi
 export type {
   DeepSuspendOptions,
   EngineCaptureOptions,
-  EngineKeptSuspendResult,
+  EngineTierSuspendResult,
   EngineMove,
   EngineRecovery,
   EngineRestoreOptions,

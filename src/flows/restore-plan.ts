@@ -1,7 +1,7 @@
 import { invalidArgument } from '../errors.js';
 import type { EngineStatus } from '../engine/engine-client.js';
 import { restoreTiers } from '../tiers/index.js';
-import type { TierId } from '../tiers/tier.js';
+import type { TierName } from '../tiers/tier.js';
 import type { GpuRemap } from './gpu-remap.js';
 import type { MaterializePolicy } from './recovery.js';
 import type { EngineRestoreOptions } from './types.js';
@@ -22,7 +22,7 @@ export interface RecoveryChoice {
 /** A restore's plan before the engine is touched. @internal */
 export interface RestorePlan {
   /** The tiers tried, in order: the first that holds the weights serves them (the store last). */
-  readonly tiers: readonly TierId[];
+  readonly tiers: readonly TierName[];
   /** Make the first part of the weights' memory while the engine is read: only where the default targets surely follow. */
   readonly earlyFill: boolean;
   /** And copy into it at once from the RAM tier (which holds the snapshot). */

@@ -4,7 +4,7 @@ import { VsnapError } from '../errors.js';
 import type { ExpectedResponse } from '../manifest/types.js';
 import type { Snapshot } from '../snapshot/snapshot.js';
 import { restoreTiers } from '../tiers/index.js';
-import type { HydrateTargets, MappedTargets, RestoreRun, Tier, TierId, TierRestore } from '../tiers/tier.js';
+import type { HydrateTargets, MappedTargets, RestoreRun, Tier, TierName, TierRestore } from '../tiers/tier.js';
 import { phaseTimer, warn } from './checks.js';
 import type { GpuRemap } from './gpu-remap.js';
 import type { FlowHooks } from './hooks.js';
@@ -159,9 +159,9 @@ export class EngineRestoreRun implements RestoreRun {
   }
 
   /** The report of a restore served by a tier (`by`). */
-  report(outcome: TierRestore, by: TierId): EngineRestoreReport {
+  report(outcome: TierRestore, by: TierName): EngineRestoreReport {
     const s = this.stage;
-    const route: RestoreRoute = s.stage === 'filled' ? 'filled' : s.stage === 'mapped' ? 'mapped' : by === 'kept' ? 'kept' : 'adopted';
+    const route: RestoreRoute = s.stage === 'filled' ? 'filled' : s.stage === 'mapped' ? 'mapped' : by === 'engine' ? 'kept' : 'adopted';
     const kv = kvWakeOf(s);
     const overlapped: RestorePhase[] = outcome.finished ? [] : [...(s.stage === 'filled' ? FILL_OVERLAPPED.filter((p) => this.phases[p] !== undefined) : []), ...(kv ? (Object.keys(kv.phases) as RestorePhase[]) : [])];
     return {

@@ -66,10 +66,10 @@ export async function restoreEngineWith(source: Snapshot | SnapshotRef, client: 
 /** restoreEngine's steps once the snapshot is open and the engine read. */
 async function restoreWith(run: EngineRestoreRun, options: EngineRestoreOptions): Promise<EngineRestoreReport> {
   await prepareEngine(run);
-  const kept = run.tiers.find((t) => t.name === 'kept');
+  const kept = run.tiers.find((t) => t.name === 'engine');
   if (kept?.holds(run)) {
     await run.copyOver(false);
-    return run.report((await kept.restore(run))!, 'kept'); // the engine's own weights: nothing else may replace them
+    return run.report((await kept.restore(run))!, 'engine'); // the engine's own weights: nothing else may replace them
   }
   if (run.openError) {
     await run.copyOver(true);

@@ -19,7 +19,7 @@ import { blobProblems, liveFacts, liveRanks, phaseTimer, preflight, warn } from 
 import { deepPrecheck, deepSuspendRanks, nativeCheckpointBackend } from './deep.js';
 import type { EngineTiers } from '../tiers/index.js';
 import type { FlowHooks } from './hooks.js';
-import type { EngineCaptureOptions, EngineKeptSuspendResult, EngineSuspendOptions, EngineSuspendResult } from './types.js';
+import type { EngineCaptureOptions, EngineTierSuspendResult, EngineSuspendOptions, EngineSuspendResult } from './types.js';
 
 /* suspendEngine: an engine to sleep, only once a snapshot (or a tier) can bring its weights back. */
 
@@ -108,8 +108,8 @@ export function suspendEngine(
  * With `tiers.engine`: the engine keeps its weights, and no snapshot is needed.
  * @public
  */
-export function suspendEngine(store: RegionStore, name: string, client: EngineClient, options: EngineSuspendOptions): Promise<EngineKeptSuspendResult>;
-export function suspendEngine(store: RegionStore, name: string, client: EngineClient, options: EngineSuspendOptions = {}): Promise<EngineKeptSuspendResult> {
+export function suspendEngine(store: RegionStore, name: string, client: EngineClient, options: EngineSuspendOptions): Promise<EngineTierSuspendResult>;
+export function suspendEngine(store: RegionStore, name: string, client: EngineClient, options: EngineSuspendOptions = {}): Promise<EngineTierSuspendResult> {
   return suspendEngineWith(store, name, client, options, {});
 }
 
@@ -118,7 +118,7 @@ export function suspendEngine(store: RegionStore, name: string, client: EngineCl
  * copy before the sleep, a test's fake checkpoint driver.
  * @internal
  */
-export async function suspendEngineWith(store: RegionStore, name: string, client: EngineClient, options: EngineSuspendOptions, hooks: FlowHooks): Promise<EngineKeptSuspendResult> {
+export async function suspendEngineWith(store: RegionStore, name: string, client: EngineClient, options: EngineSuspendOptions, hooks: FlowHooks): Promise<EngineTierSuspendResult> {
   checkSuspendOptions(options);
   const started = performance.now();
   const phases: Record<string, number> = {};
@@ -127,11 +127,11 @@ export async function suspendEngineWith(store: RegionStore, name: string, client
   const { control, status } = await engineControl(client, call);
   const tiers = options.tiers ?? {};
   const current = await store.current(name);
-  const done = (r: Omit<EngineKeptSuspendResult, 'seconds' | 'phases'>): EngineKeptSuspendResult => ({ ...r, seconds: (performance.now() - started) / 1000, phases });
+  const done = (r: Omit<EngineTierSuspendResult, 'seconds' | 'phases'>): EngineTierSuspendResult => ({ ...r, seconds: (performance.now() - started) / 1000, phases });
   if (tiers.engine) {
     const expected = await keepInEngine(client, control, status, tiers.engine === true ? {} : tiers.engine, call);
     lap('releaseKvCache');
-    return done({ snapshot: current ? Snapshot.of(store, current) : undefined, keptIn: 'engine', captured: false, alreadyAsleep: false, ...(expected ? { expected } : {}) });
+    return done({ snapshot: current ? Snapshot.of(store, current) : undefined, tier: 'engine', captured: false, alreadyAsleep: false, ...(expected ? { expected } : {}) });
   }
   const backend = options.deep ? (hooks.checkpoint ?? nativeCheckpointBackend()) : undefined;
   const deepRanks = backend ? await deepPrecheck(status, backend) : undefined; // the API is there and every worker runs, before anything changes
@@ -168,7 +168,7 @@ export async function suspendEngineWith(store: RegionStore, name: string, client
     throw err;
   }
   if (deepRanks) await goDeep();
-  return done({ ...checked, alreadyAsleep: false, ...(kept ? { keptIn: kept.tier } : {}), ...(kept?.parked ? { parked: kept.parked } : {}) });
+  return done({ ...checked, alreadyAsleep: false, ...(kept ? { tier: kept.tier } : {}), ...(kept?.parked ? { parked: kept.parked } : {}) });
 }
 
 function checkSuspendOptions(options: EngineSuspendOptions): void {

@@ -1,4 +1,4 @@
-import type { HostCache } from '../cache/host-cache.js';
+import type { RamTier } from '../cache/ram-tier.js';
 import type { NeighbourParkResult } from '../cache/neighbour-tier.js';
 import type { LiveCheckReport } from '../digest/compare.js';
 import type { ResponseCheckOptions } from '../engine/response-check.js';
@@ -42,7 +42,7 @@ export interface EngineCaptureOptions {
   /** Checksum granularity (default 64 MiB). */
   readonly chunkSize?: number;
   /** Land the capture in this RAM tier first; see {@link CaptureOptions.cache}. */
-  readonly cache?: HostCache;
+  readonly cache?: RamTier;
   /**
    * When the store gets the capture (default `sync`). With `async` or `off`, a suspend that
    * captures first frees the GPU once the weights are in the RAM tier; until the store has them,
@@ -236,7 +236,7 @@ export interface EngineSuspendOptions {
 export interface EngineRestoreReport {
   /** Bytes restored. */
   readonly bytes: number;
-  /** Where the weights came from (see {@link TierName}), or `engine` when it recovered by loading them itself. */
+  /** Where the weights came from ({@link TierName}): `engine` when the engine kept them itself (route `kept`) or loaded them again (route `reloaded`). */
   readonly tier: TierName;
   /** Wall time of the whole restore. */
   readonly seconds: number;
@@ -269,8 +269,8 @@ export interface EngineRestoreReport {
 export interface EngineSuspendResult {
   /** The snapshot that can bring the weights back. */
   readonly snapshot: Snapshot;
-  /** Where the weights are kept besides the snapshot: `gpu` (tier 0 held by the SDK), `engine` (the engine kept them itself) or `neighbour` (absent: only in the snapshot). */
-  readonly keptIn?: 'gpu' | 'engine' | 'neighbour';
+  /** The tier that kept the weights besides the snapshot ({@link TierName}): `gpu` (tier 0 held by the SDK), `engine` (the engine kept them itself) or `neighbour` (absent: only the snapshot holds them, in the store and, where it took the capture, the RAM tier). */
+  readonly tier?: Extract<TierName, 'gpu' | 'engine' | 'neighbour'>;
   /** Whether a capture was made first. */
   readonly captured: boolean;
   /** Whether the engine was already asleep (nothing was done). */
@@ -297,7 +297,7 @@ export interface EngineSuspendResult {
  * snapshot (`snapshot` is the store's current one, if it has one).
  * @public
  */
-export interface EngineKeptSuspendResult extends Omit<EngineSuspendResult, 'snapshot'> {
+export interface EngineTierSuspendResult extends Omit<EngineSuspendResult, 'snapshot'> {
   /** The store's current snapshot of that name, if any (none is needed). */
   readonly snapshot: Snapshot | undefined;
 }

@@ -3,11 +3,10 @@ import type { AddressInfo } from 'node:net';
 import { freemem, hostname } from 'node:os';
 import { pipeline } from 'node:stream/promises';
 
-import type { HostCache } from '../cache/host-cache.js';
+import type { RamTier, RegionStore, SwapController } from 'vsnap';
+
 import { toVsnapError, VsnapError, type ErrorCode } from '../errors.js';
 import { captureEngine } from '../flows/index.js';
-import type { RegionStore } from '../store/region-store.js';
-import type { SwapController } from '../swap/controller.js';
 import { bearerMatches, BodyBudget, decodeSegment, HostCheck, HttpError, readBody, requireJsonBody, send, sendError, watchWriteProgress } from './http.js';
 import { modelOf } from './body-model.js';
 import { StatusBoard } from './status/board.js';
@@ -73,7 +72,7 @@ export interface SwapAgentOptions {
    */
   readonly publicStatus?: boolean;
   /** For the status page: the RAM tier. */
-  readonly cache?: HostCache;
+  readonly cache?: RamTier;
   /** For the status page and `/healthz`: the supervisor of the engines `vsnap serve` started. */
   readonly supervisor?: Supervisor;
   /** For the status page: GPU budgets per device ordinal, bytes. */
@@ -93,7 +92,7 @@ export interface SwapAgentOptions {
 
 /**
  * The HTTP agent (`vsnap serve`): an OpenAI-compatible proxy in front of the engines a
- * {@link SwapController} manages. `/v1/completions` and `/v1/chat/completions` go to the engine of
+ * `SwapController` (of `vsnap`) manages. `/v1/completions` and `/v1/chat/completions` go to the engine of
  * their `model`, woken as needed; answers (streamed ones too) pass through unbuffered.
  * `/v1/models` lists the models, `/v1/models/{id}` answers one (OpenAI's model object, or its 404 error). Per-engine control routes in the vllm-snapshot style, behind a
  * bearer token: `POST /engines/:name/snapshot` (`?force=1`), `/suspend` (409 when not

@@ -1,4 +1,4 @@
-import type { HostCache } from '../cache/host-cache.js';
+import type { RamTier } from '../cache/ram-tier.js';
 import type { EngineClient } from '../engine/engine-client.js';
 import { toVsnapError } from '../errors.js';
 import { suspendEngine } from '../flows/index.js';
@@ -23,7 +23,7 @@ export interface BootParts {
   readonly supervisor: Supervisor;
   readonly controller: SwapController;
   readonly readiness: ModelReadinessBoard;
-  readonly cache: HostCache | undefined;
+  readonly cache: RamTier | undefined;
   /** Aborted when serve stops. */
   readonly signal: AbortSignal;
   readonly log: (line: string) => void;

@@ -1,7 +1,7 @@
 // The vsnap serve configuration: its zod schema and the types it produces (config.ts loads it).
+import type { ResponseCheckOptions } from 'vsnap';
 import { z } from 'zod';
 
-import type { ResponseCheckOptions } from '../engine/response-check.js';
 import { parseReference } from '../registry/reference.js';
 import { NAME, snapshotNameFor } from '../store/names.js';
 

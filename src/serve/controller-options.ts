@@ -1,4 +1,4 @@
-import type { HostCache } from '../cache/host-cache.js';
+import type { RamTier } from '../cache/ram-tier.js';
 import type { EngineClient } from '../engine/engine-client.js';
 import type { RegistrySource } from '../registry/source.js';
 import type { RegionStore } from '../store/region-store.js';
@@ -47,7 +47,7 @@ export function controllerOptionsOf(
     readonly store: RegionStore;
     readonly clients: ReadonlyMap<string, EngineClient>;
     readonly sources: ReadonlyMap<string, RegistrySource>;
-    readonly cache: HostCache | undefined;
+    readonly cache: RamTier | undefined;
     /** Engines still booting: counted awake until released. */
     readonly booting: readonly string[];
   },

@@ -2,7 +2,7 @@
  * `vsnap/serve`: the `vsnap serve` application as a library: its configuration, the supervisor
  * that starts and stops engine processes, the HTTP agent (an OpenAI-compatible proxy that swaps
  * models, with a status page and control routes), and `serve`, which runs them all. The classes
- * its signatures name (SwapController, RegionStore, HostCache) are vsnap's root exports.
+ * its signatures name (SwapController, RegionStore, RamTier) are vsnap's root exports.
  *
  * @packageDocumentation
  */

@@ -1,4 +1,6 @@
-import { HostCache } from '../cache/host-cache.js';
+import type * as vsnap from 'vsnap';
+
+import { RamTier } from '../cache/ram-tier.js';
 import { EngineClient } from '../engine/engine-client.js';
 import { VsnapError } from '../errors.js';
 import { RegistryClient } from '../registry/registry.js';
@@ -44,7 +46,7 @@ export interface ServeHandle {
   /** The HTTP agent. */
   readonly agent: SwapAgent;
   /** The controller. */
-  readonly controller: SwapController;
+  readonly controller: vsnap.SwapController;
   /** The supervisor of the engines vsnap started. */
   readonly supervisor: Supervisor;
   /** Every model's readiness (a model is ready once its engine is up and its snapshot is in place). */
@@ -108,7 +110,7 @@ async function start(config: ServeConfig, options: ServeOptions, log: (line: str
   const started = Object.keys(config.models)
     .filter((name) => config.models[name]!.command)
     .sort((a, b) => Number(needsPull.has(a)) - Number(needsPull.has(b)));
-  const cache = config.ramTierGiB > 0 ? await HostCache.create({ budgetBytes: bytesOf(config.ramTierGiB) }) : undefined;
+  const cache = config.ramTierGiB > 0 ? await RamTier.create({ budgetBytes: bytesOf(config.ramTierGiB) }) : undefined;
   if (cache) teardown.add('the RAM tier', () => cache.close());
   const readiness = new ModelReadinessBoard(Object.keys(config.models));
   for (const name of needsPull) if (!config.models[name]!.command) readiness.set(name, 'pulling', `pulling its snapshot from ${sources.get(name)!.reference}`);

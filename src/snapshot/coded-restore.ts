@@ -1,4 +1,4 @@
-import type { CacheLease } from '../cache/host-cache.js';
+import type { RamLease } from '../cache/ram-tier.js';
 import { decodeHeld, type HeldChunk } from '../cache/coded-tier.js';
 import { toVsnapError, VsnapError } from '../errors.js';
 import type { Manifest } from '../manifest/manifest.js';
@@ -26,7 +26,7 @@ function onDevice(memory: RegionMemory): boolean {
 }
 
 /**
- * A restore from a RAM-tier entry held coded (HostCacheOptions.codec).
+ * A restore from a RAM-tier entry held coded (RamTierOptions.codec).
  *
  * Into GPU memory: every coded chunk's header and tables are checked on the host, then each chunk
  * crosses the link as it is held (coded, or raw where it did not shrink) into a device scratch
@@ -42,7 +42,7 @@ function onDevice(memory: RegionMemory): boolean {
  */
 export async function restoreCoded(
   manifest: Manifest,
-  lease: CacheLease,
+  lease: RamLease,
   targets: ReadonlyMap<string, RestoreRegion>,
   common: Common,
 ): Promise<{ bytes: number; devices?: NativeTransferResult['devices'] }> {
@@ -77,7 +77,7 @@ export async function restoreCoded(
 
 async function restoreOnDevices(
   manifest: Manifest,
-  lease: CacheLease,
+  lease: RamLease,
   items: readonly Item[],
   common: Common,
 ): Promise<{ bytes: number; devices: NonNullable<NativeTransferResult['devices']> }> {

@@ -1,4 +1,4 @@
-import type { CacheLease } from '../cache/host-cache.js';
+import type { RamLease } from '../cache/ram-tier.js';
 import type { RegionInfo } from '../manifest/types.js';
 import { regionId } from '../manifest/region-id.js';
 import type { NativeTransferResult } from '../native/index.js';
@@ -57,7 +57,7 @@ export interface CopyPlan {
  * key, prefixed with its rank when the snapshot has several.
  * @internal
  */
-export function ramCopyItem(rank: number, region: RegionInfo, lease: CacheLease, memory: RegionMemory, multiRank: boolean): CopyItem {
+export function ramCopyItem(rank: number, region: RegionInfo, lease: RamLease, memory: RegionMemory, multiRank: boolean): CopyItem {
   const id = regionId(rank, region.key);
   return {
     id,
@@ -82,7 +82,7 @@ export function ramCopyItem(rank: number, region: RegionInfo, lease: CacheLease,
 export function ramCopyPlan(
   all: ReadonlyArray<{ readonly rank: number; readonly region: RegionInfo }>,
   memoryOf: (id: string) => RegionMemory,
-  lease: CacheLease,
+  lease: RamLease,
   multiRank: boolean,
   stages: Pick<StagedTargets, 'first' | 'more'> | undefined,
   staged: Promise<StagedRest> | undefined,

@@ -1,4 +1,4 @@
-import type { CacheLease, HostCache } from '../cache/host-cache.js';
+import type { RamLease, RamTier } from '../cache/ram-tier.js';
 import { VsnapError } from '../errors.js';
 import type { StartedCopy } from './copy-types.js';
 
@@ -17,15 +17,15 @@ export class EarlyRestore {
     /** The capture it copies. */
     readonly snapshotId: string,
     /** The RAM tier it copies from. */
-    readonly cache: HostCache,
+    readonly cache: RamTier,
     /** The regions (by region id) being copied. */
     readonly ids: ReadonlySet<string>,
     private readonly copy: StartedCopy,
-    private readonly lease: CacheLease,
+    private readonly lease: RamLease,
   ) {}
 
   /** restore()'s, once: the copy and the lease are its to finish and release from here on. */
-  take(): { copy: StartedCopy; lease: CacheLease } {
+  take(): { copy: StartedCopy; lease: RamLease } {
     if (this.taken) throw new VsnapError('E_INTERNAL', 'an early restore was taken twice, or after it was abandoned');
     this.taken = true;
     return { copy: this.copy, lease: this.lease };

@@ -1,5 +1,5 @@
 import { decodeHeld, type HeldChunk } from '../cache/coded-tier.js';
-import type { HostCache } from '../cache/host-cache.js';
+import type { RamTier } from '../cache/ram-tier.js';
 import { changedChunks } from '../digest/index.js';
 import { toVsnapError, VsnapError } from '../errors.js';
 import type { Manifest } from '../manifest/manifest.js';
@@ -30,7 +30,7 @@ function changedSinceCapture(manifest: Manifest, key: string, rank: number, chun
  * decoded bytes).
  * @internal
  */
-export async function persistFromRamTier(store: RegionStore, manifest: Manifest, cache: HostCache, options: TransferOptions, codec: StoreCodec = 'off'): Promise<Manifest> {
+export async function persistFromRamTier(store: RegionStore, manifest: Manifest, cache: RamTier, options: TransferOptions, codec: StoreCodec = 'off'): Promise<Manifest> {
   const lease = cache.hold(manifest.id);
   if (!lease) {
     throw new VsnapError(

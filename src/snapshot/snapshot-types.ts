@@ -1,6 +1,6 @@
 // The options and results of Snapshot's capture and restore (public types; the class is in snapshot.ts).
 
-import type { HostCache } from '../cache/host-cache.js';
+import type { RamTier } from '../cache/ram-tier.js';
 import type { LiveLayout, LiveRegion } from '../manifest/compat.js';
 import type { Manifest } from '../manifest/manifest.js';
 import type { EngineInfo, ExpectedResponse, ModelInfo, TensorInfo } from '../manifest/types.js';
@@ -53,7 +53,7 @@ export interface CaptureOptions extends TransferOptions {
    * D2H speed, and a later restore from it is a bulk DMA. With `persist: 'sync'` a capture that
    * does not fit goes to the store only.
    */
-  readonly cache?: HostCache;
+  readonly cache?: RamTier;
   /** When the store gets the capture (default `sync`); see {@link PersistPolicy}. */
   readonly persist?: PersistPolicy;
   /**
@@ -147,7 +147,7 @@ export interface RestoreOptions extends TransferOptions {
    * first byte reaches the target) and then copied. Snapshots larger than the cache stream from
    * the store as without it.
    */
-  readonly cache?: HostCache;
+  readonly cache?: RamTier;
   /**
    * Digest the restored memory (on the GPU) and compare with the snapshot's digests (default
    * true; skipped when it has none). Always done for a capture with hash `deferred` not yet

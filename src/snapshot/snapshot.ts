@@ -1,4 +1,4 @@
-import type { CacheLease, CacheReservation, HostCache } from '../cache/host-cache.js';
+import type { RamLease, RamReservation, RamTier } from '../cache/ram-tier.js';
 import { invalidArgument, toVsnapError, VsnapError } from '../errors.js';
 import type { LiveRegion } from '../manifest/compat.js';
 import { Manifest } from '../manifest/manifest.js';
@@ -35,7 +35,7 @@ function notDurable(snapshot: Snapshot, what: string): VsnapError {
   return new VsnapError(
     'E_NOT_DURABLE',
     `capture ${snapshot.id} of '${snapshot.name}' (persist 'async' or 'off') is not in the store yet, so ${what} ` +
-      'needs the RAM tier that holds it. Pass that HostCache, or call snapshot.persist() first.',
+      'needs the RAM tier that holds it. Pass that RamTier, or call snapshot.persist() first.',
     { name: snapshot.name, id: snapshot.id },
   );
 }
@@ -58,14 +58,14 @@ export class Snapshot {
   /** Timing of the capture that created this object (undefined for opened snapshots). */
   readonly lastCapture: TransferSummary | undefined;
   /** The RAM tier holding a capture the store does not have yet. */
-  private readonly ramTier: HostCache | undefined;
+  private readonly ramTier: RamTier | undefined;
   /** How a persist from the RAM tier writes the blobs (the capture's `codec`). */
   private readonly storeCodec: StoreCodec;
   private isDurable: boolean;
   private persisting: Promise<void> | undefined;
   private current: Manifest;
 
-  private constructor(store: RegionStore, manifest: Manifest, lastCapture?: TransferSummary, ramTier?: HostCache, storeCodec: StoreCodec = 'off') {
+  private constructor(store: RegionStore, manifest: Manifest, lastCapture?: TransferSummary, ramTier?: RamTier, storeCodec: StoreCodec = 'off') {
     this.store = store;
     this.storeCodec = storeCodec;
     this.current = manifest;
@@ -162,14 +162,14 @@ export class Snapshot {
     const persist = options.persist ?? 'sync';
     if (persist !== 'sync' && persist !== 'async' && persist !== 'off') invalidArgument('persist', "'sync', 'async' or 'off'", persist);
     const cache = options.cache;
-    if (persist !== 'sync' && !cache) invalidArgument('cache', `a HostCache: persist '${persist}' keeps the capture in the RAM tier`, cache);
+    if (persist !== 'sync' && !cache) invalidArgument('cache', `a RamTier: persist '${persist}' keeps the capture in the RAM tier`, cache);
     const hash = options.hash ?? (persist === 'sync' ? 'now' : 'deferred');
     if (hash !== 'now' && hash !== 'deferred') invalidArgument('hash', "'now' or 'deferred'", hash);
     if (hash === 'deferred' && persist === 'sync') invalidArgument('hash', "'now' with persist 'sync' (the store needs the checksums in the same pass); 'deferred' needs persist 'async' or 'off'", hash);
     const items = regions.map((r) => ({ rank: r.rank ?? 0, key: r.key, size: r.size }));
     const id = store.newCaptureId();
     const txn = persist === 'sync' ? await store.beginCapture(name, total, id) : undefined;
-    let reservation: CacheReservation | undefined;
+    let reservation: RamReservation | undefined;
     try {
       if (cache && (persist !== 'sync' || cache.fits(items))) reservation = cache.reserve(name, id, items);
       // After the free-space check and the reservation: nothing is read from a capture that cannot fit.
@@ -427,7 +427,7 @@ export class Snapshot {
    * where `cache` does not hold this capture. Where no restore takes it, abandon() it.
    * @internal
    */
-  async startRestore(cache: HostCache, regions: readonly RestoreRegion[], options: TransferOptions = {}): Promise<EarlyRestore | undefined> {
+  async startRestore(cache: RamTier, regions: readonly RestoreRegion[], options: TransferOptions = {}): Promise<EarlyRestore | undefined> {
     const manifest = this.current;
     if (!cache.has(this.id) || !cache.fits(manifest)) return undefined;
     const lease = await cache.acquire(this.store, manifest, {}); // held: a reference, nothing is read
@@ -453,7 +453,7 @@ export class Snapshot {
 
   private async restoreMultipath(
     multipath: MultipathOptions,
-    lease: CacheLease,
+    lease: RamLease,
     targets: ReadonlyMap<string, RestoreRegion>,
     common: { label: string } & Pick<TransferOptions, 'onProgress' | 'signal'>,
     wasHeld: boolean,

@@ -1,5 +1,5 @@
 import type { NeighbourParkOptions, NeighbourTier } from '../cache/neighbour-tier.js';
-import type { ResidentWeights } from '../cache/resident-weights.js';
+import type { GpuTier } from '../cache/gpu-tier.js';
 import type { EngineRestoreOptions, EngineSuspendOptions } from '../flows/index.js';
 import type { FlowHooks } from '../flows/hooks.js';
 import type { SwapConfig } from './options.js';
@@ -64,7 +64,7 @@ export function suspendOptions(
   slot: Slot,
   step: {
     captureIfNeeded: boolean;
-    gpu?: ResidentWeights | undefined;
+    gpu?: GpuTier | undefined;
     neighbour?: NeighbourParkOptions | undefined;
     onWarning: (message: string) => void;
   },

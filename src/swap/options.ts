@@ -1,8 +1,8 @@
 import type { Registry } from 'prom-client';
 
-import type { HostCache } from '../cache/host-cache.js';
+import type { RamTier } from '../cache/ram-tier.js';
 import { NeighbourTier } from '../cache/neighbour-tier.js';
-import type { ResidentWeights } from '../cache/resident-weights.js';
+import type { GpuTier } from '../cache/gpu-tier.js';
 import { invalidArgument } from '../errors.js';
 import type { CheckpointBackend } from '../flows/deep.js';
 import type { MaterializePolicy } from '../flows/recovery.js';
@@ -32,8 +32,8 @@ export interface SwapConfig {
   readonly store: RegionStore;
   readonly engines: readonly EngineSpec[];
   readonly budgets: Readonly<Record<number, number>>;
-  readonly ram: HostCache | undefined;
-  readonly gpu: ResidentWeights | undefined;
+  readonly ram: RamTier | undefined;
+  readonly gpu: GpuTier | undefined;
   readonly neighbour: SwapNeighbourOptions | undefined;
   readonly multipath: MultipathOptions | undefined;
   /** `reload`: a snapshot that cannot be used is reloaded past; then `materialize`. */

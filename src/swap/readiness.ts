@@ -1,5 +1,5 @@
-import type { HostCache } from '../cache/host-cache.js';
-import type { ResidentWeights } from '../cache/resident-weights.js';
+import type { RamTier } from '../cache/ram-tier.js';
+import type { GpuTier } from '../cache/gpu-tier.js';
 import type { ErrorCode } from '../errors.js';
 import { toVsnapError } from '../errors.js';
 import { blobProblems } from '../flows/checks.js';
@@ -45,8 +45,8 @@ export async function checkRestorable(args: {
   store: RegionStore;
   name: string;
   engineKey: string;
-  cache: HostCache | undefined;
-  resident: ResidentWeights | undefined;
+  cache: RamTier | undefined;
+  resident: GpuTier | undefined;
   known: Damage | undefined;
 }): Promise<{ damage?: Damage; detail?: string }> {
   if (args.resident?.peek(args.engineKey)) return {};

@@ -1,7 +1,8 @@
-import { checkResident } from '../cache/resident-weights.js';
+import { checkGpuHold } from '../cache/gpu-tier.js';
 import { toVsnapError, VsnapError } from '../errors.js';
 import { suspendEngine, type EngineSuspendResult } from '../flows/index.js';
 import { suspendEngineWith } from '../flows/suspend.js';
+import type { TierName } from '../tiers/tier.js';
 import { RETRY_MS, type SwapContext } from './context.js';
 import { flowHooks, KEPT_BY_ENGINE, suspendOptions } from './flow-options.js';
 import { damaged, demoted, keptAsleep, lockHold, suspended, suspendFailed, suspending, type Asleep, type Slot } from './state.js';
@@ -13,11 +14,15 @@ import type { SwapEvent } from './types.js';
  * engine's state back instead of assuming it.
  */
 
+/** The tier a suspend left the weights in: the one that kept them, else the RAM tier where it holds the snapshot, else the store. */
+function tierAfter(ctx: SwapContext, result: EngineSuspendResult): TierName {
+  return result.tier ?? (ctx.config.ram?.has(result.snapshot.id) ? 'ram' : 'store');
+}
+
 /** Where a suspend left the weights. */
-function asleepAfter(ctx: SwapContext, slot: Slot, result: EngineSuspendResult): Asleep {
+function asleepAfter(slot: Slot, tier: TierName): Asleep {
   if (slot.spec.deepSuspend) return { kind: 'deep' };
-  if (result.keptIn === 'gpu' || result.keptIn === 'neighbour') return { kind: 'asleep', heldBy: result.keptIn };
-  return { kind: 'asleep', heldBy: ctx.config.ram?.has(result.snapshot.id) ? 'ram' : 'store' };
+  return { kind: 'asleep', tier };
 }
 
 /** Suspends an engine (`beforeSleep`: awaited right before its sleep); on failure, reads back what it really is and rethrows. @internal */
@@ -38,11 +43,12 @@ export async function suspend(ctx: SwapContext, slot: Slot, captureIfNeeded: boo
     const options = suspendOptions(config, slot, { captureIfNeeded, gpu, neighbour: park, onWarning });
     const result = (await suspendEngineWith(config.store, slot.spec.snapshot, slot.spec.client, options, flowHooks(config, beforeSleep ? { beforeSleep } : {}))) as EngineSuspendResult;
     neighbour?.parked(name, result.parked, result.snapshot.id);
-    suspended(slot, asleepAfter(ctx, slot, result));
+    const tier = tierAfter(ctx, result);
+    suspended(slot, asleepAfter(slot, tier));
     if (result.captured) damaged(slot, undefined); // a new capture: whatever was wrong with the old one is gone
     const event: SwapEvent = { engine: name, action: 'suspend', seconds: (performance.now() - started) / 1000, phases: result.phases, captured: result.captured };
     metrics.swaps.inc({ engine: name, action: 'suspend', result: 'ok' });
-    metrics.swapSeconds.observe({ engine: name, action: 'suspend', tier: gpu ? 'gpu' : 'store' }, event.seconds);
+    metrics.swapSeconds.observe({ engine: name, action: 'suspend', tier }, event.seconds);
     ctx.changed();
     events.emit('swap', event);
     return event;
@@ -105,7 +111,7 @@ export async function demote(ctx: SwapContext, slot: Slot): Promise<void> {
     let cause: unknown;
     try {
       const manifest = await config.store.get(slot.spec.snapshot, entry.snapshotId); // the manifest only: no hold on gc
-      const report = await checkResident(manifest, entry);
+      const report = await checkGpuHold(manifest, entry);
       if (!report.checked) problem = `snapshot ${entry.snapshotId} has no GPU digests to check them against`;
       else if (report.changed.length) problem = `they differ from snapshot ${entry.snapshotId} in ${report.changed.length} region(s): ${report.changed.slice(0, 5).join(', ')}`;
     } catch (err) {

@@ -1,4 +1,5 @@
 import type { VsnapError } from '../errors.js';
+import type { TierName } from '../tiers/tier.js';
 import type { EngineSpec } from './options.js';
 import type { EngineState } from './planner.js';
 import type { Damage } from './readiness.js';
@@ -12,19 +13,17 @@ import type { EngineView, Lease, RecoveryView } from './types.js';
  * waiters change outside it, as requests come and go); everything else reads views.
  */
 
-/** Where an asleep engine's weights are besides its snapshot, as its suspend left them: the tier its wake restores from. @internal */
-export type HeldBy = 'store' | 'ram' | 'gpu' | 'engine' | 'neighbour';
-
 /**
- * Asleep: at level 2 (it holds its `asleepBytes`) with its weights in the store or the RAM tier,
+ * Asleep, `tier` saying where its weights are as its suspend left them (the tier its wake restores
+ * from): at level 2 (it holds its `asleepBytes`) with its weights in the store or the RAM tier,
  * parked on the neighbour GPU, or held on its own GPU by tier 0 (`locked`: they failed the dirty
  * check, so they are never demoted); or asleep with its weights kept by the engine itself (it
  * counts as awake); or deep (its processes checkpointed: it holds nothing on the GPU).
  * @internal
  */
 export type Asleep =
-  | { readonly kind: 'asleep'; readonly heldBy: 'store' | 'ram' | 'neighbour' | 'engine' }
-  | { readonly kind: 'asleep'; readonly heldBy: 'gpu'; readonly locked?: string }
+  | { readonly kind: 'asleep'; readonly tier: Exclude<TierName, 'gpu'> }
+  | { readonly kind: 'asleep'; readonly tier: 'gpu'; readonly locked?: string }
   | { readonly kind: 'deep' };
 
 /**
@@ -75,7 +74,7 @@ type Writable<T> = { -readonly [K in keyof T]: T[K] };
 const w = (slot: Slot): Writable<Slot> => slot as Writable<Slot>;
 
 /** What a sleep of it leaves when nothing else is known: deep for a deepSuspend engine, else its weights in the store. */
-const presumed = (spec: EngineSpec): Asleep => (spec.deepSuspend ? { kind: 'deep' } : { kind: 'asleep', heldBy: 'store' });
+const presumed = (spec: EngineSpec): Asleep => (spec.deepSuspend ? { kind: 'deep' } : { kind: 'asleep', tier: 'store' });
 
 /** A slot for an engine not yet asked: asleep, until its state is read. @internal */
 export function newSlot(spec: EngineSpec): Slot {
@@ -108,13 +107,13 @@ export function engineState(state: SlotState): EngineState {
 /** Whether the engine itself keeps its weights while it sleeps (its own tier 0). @internal */
 export function keptByEngine(state: SlotState): boolean {
   const s = sleepOf(state);
-  return s?.kind === 'asleep' && s.heldBy === 'engine';
+  return s?.kind === 'asleep' && s.tier === 'engine';
 }
 
 /** Its tier-0 weights failed the dirty check: never demoted. @internal */
 export function holdLocked(state: SlotState): boolean {
   const s = sleepOf(state);
-  return s?.kind === 'asleep' && s.heldBy === 'gpu' && s.locked !== undefined;
+  return s?.kind === 'asleep' && s.tier === 'gpu' && s.locked !== undefined;
 }
 
 /** Replaces what it sleeps (or last slept) as. */
@@ -170,7 +169,7 @@ export function woke(slot: Slot, onto: readonly number[] | undefined): void {
 
 /** A wake of a deep engine failed after its processes came back (onto `onto`): it sleeps at level 2 there now. @internal */
 export function processesBack(slot: Slot, onto: readonly number[] | undefined): void {
-  if (slot.state.kind === 'waking') w(slot).state = { ...slot.state, from: { kind: 'asleep', heldBy: 'store' } };
+  if (slot.state.kind === 'waking') w(slot).state = { ...slot.state, from: { kind: 'asleep', tier: 'store' } };
   if (onto) w(slot).devices = onto;
 }
 
@@ -195,29 +194,29 @@ export function suspended(slot: Slot, asleep: Asleep): void {
 
 /** It sleeps with its weights kept by the engine itself. @internal */
 export function keptAsleep(slot: Slot): void {
-  w(slot).state = { kind: 'asleep', heldBy: 'engine' };
+  w(slot).state = { kind: 'asleep', tier: 'engine' };
 }
 
 /** A failed suspend, once its state was read back; `deepStepFailed`: a deep suspend rolled back to a level-2 sleep. @internal */
 export function suspendFailed(slot: Slot, message: string, deepStepFailed: boolean, retryAt?: number): void {
-  if (deepStepFailed && slot.state.kind === 'deep') w(slot).state = { kind: 'asleep', heldBy: 'store' };
+  if (deepStepFailed && slot.state.kind === 'deep') w(slot).state = { kind: 'asleep', tier: 'store' };
   noteError(slot, message);
   if (retryAt !== undefined) w(slot).retryAt = retryAt;
 }
 
 /** Tier 0 released its weights: they are in the RAM tier or the store now. @internal */
-export function demoted(slot: Slot, heldBy: 'ram' | 'store'): void {
-  resleep(slot, (s) => (s.kind === 'asleep' && s.heldBy === 'gpu' ? { kind: 'asleep', heldBy } : s));
+export function demoted(slot: Slot, tier: 'ram' | 'store'): void {
+  resleep(slot, (s) => (s.kind === 'asleep' && s.tier === 'gpu' ? { kind: 'asleep', tier } : s));
 }
 
 /** Its parked copy was evicted from the neighbour tier. @internal */
-export function unparked(slot: Slot, heldBy: 'ram' | 'store'): void {
-  resleep(slot, (s) => (s.kind === 'asleep' && s.heldBy === 'neighbour' ? { kind: 'asleep', heldBy } : s));
+export function unparked(slot: Slot, tier: 'ram' | 'store'): void {
+  resleep(slot, (s) => (s.kind === 'asleep' && s.tier === 'neighbour' ? { kind: 'asleep', tier } : s));
 }
 
 /** Its tier-0 weights failed the dirty check before a demotion: kept, never demoted. @internal */
 export function lockHold(slot: Slot, problem: string): void {
-  resleep(slot, () => ({ kind: 'asleep', heldBy: 'gpu', locked: problem }));
+  resleep(slot, () => ({ kind: 'asleep', tier: 'gpu', locked: problem }));
   noteError(slot, `tier-0 weights kept, not demoted: ${problem}`);
 }
 

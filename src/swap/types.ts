@@ -1,8 +1,8 @@
 import type { Registry } from 'prom-client';
 
-import type { HostCache } from '../cache/host-cache.js';
+import type { RamTier } from '../cache/ram-tier.js';
 import type { NeighbourTier } from '../cache/neighbour-tier.js';
-import type { ResidentWeights } from '../cache/resident-weights.js';
+import type { GpuTier } from '../cache/gpu-tier.js';
 import type { EngineClient } from '../engine/engine-client.js';
 import type { ResponseCheckOptions } from '../engine/response-check.js';
 import type { ErrorCode, VsnapError } from '../errors.js';
@@ -10,6 +10,7 @@ import type { CheckpointBackend } from '../flows/deep.js';
 import type { RecoveryPolicy, RecoveryReason } from '../flows/recovery.js';
 import type { RecoveryOptions } from '../flows/types.js';
 import type { RegistrySource } from '../registry/source.js';
+import type { TierName } from '../tiers/tier.js';
 import type { RegionStore } from '../store/region-store.js';
 import type { MultipathOptions } from '../transfer/multipath.js';
 import type { EngineState } from './planner.js';
@@ -80,12 +81,12 @@ export type SwapNeighbourOptions = NeighbourTier | { readonly device: number; re
  */
 export interface SwapTiers {
   /** Restore through this RAM tier; captures the controller makes land in it too (and in the store, in one pass). */
-  readonly ram?: HostCache;
+  readonly ram?: RamTier;
   /**
    * Tier 0: keep suspended engines' weights on the GPU while the budget allows (engines need
    * `weightsBytes`); the least recently suspended are demoted (released) first when room is needed.
    */
-  readonly gpu?: ResidentWeights;
+  readonly gpu?: GpuTier;
   /**
    * The neighbour-GPU tier: a suspend parks the engine's weights in this GPU's free memory (peer
    * copy before the sleep, verified by GPU digest) when they fit the tier's budget and the GPU's
@@ -268,8 +269,8 @@ export interface SwapEvent {
   readonly seconds: number;
   /** Seconds per phase (a suspend's as suspendEngine reports them: `awaitCopy`, in an overlapped swap, is its sleep's wait for the other engine's copy). */
   readonly phases?: Readonly<Record<string, number>>;
-  /** restore: where the weights came from (`gpu`: tier 0, nothing copied; `neighbour`: a neighbour GPU's tier, by peer copy; `engine`: recovered, the engine reloaded them). */
-  readonly tier?: 'gpu' | 'neighbour' | 'ram' | 'store' | 'engine';
+  /** restore: the tier the weights came from ({@link TierName}: `gpu`, tier 0, nothing copied; `neighbour`, by peer copy; `engine`, the engine kept them itself or, with `recovered`, reloaded them). */
+  readonly tier?: TierName;
   /** restore: set when the snapshot could not be used and the engine reloaded its weights instead. */
   readonly recovered?: RecoveryReason;
   /** suspend: whether a snapshot was captured first. */

@@ -22,7 +22,7 @@ import type { Tier } from './tier.js';
  * The engine's own tier 0, in {@link EngineTiers.engine}: `true`, or with what to check.
  * @public
  */
-export interface EngineKeptOptions {
+export interface EngineTierOptions {
   /** At suspend: record the engine's answer to this check first (see {@link ResponseCheckOptions} for the defaults); the suspend's result carries it. */
   readonly check?: ResponseCheckOptions;
   /** At restore: the answer recorded at suspend, checked bit for bit after the KV cache woke (E_RESPONSE_MISMATCH if it differs). */
@@ -36,9 +36,9 @@ export interface EngineKeptOptions {
 }
 
 /** @internal */
-export function engineTier(options: EngineKeptOptions): Tier {
+export function engineTier(options: EngineTierOptions): Tier {
   return {
-    name: 'kept',
+    name: 'engine',
     // Asleep with every rank's weights still mapped: paused with the KV cache released.
     holds: (run) => run.status.sleeping && run.status.ranks.every((r) => r.weightsMapped),
     async restore(run) {
@@ -50,7 +50,7 @@ export function engineTier(options: EngineKeptOptions): Tier {
         await checkKept(run.client, options.expected, run.call.signal);
         run.lap('expectedResponse');
       }
-      return { tier: 'gpu', bytes: 0, finished: true };
+      return { tier: 'engine', bytes: 0, finished: true };
     },
   };
 }
@@ -68,7 +68,7 @@ function pausedResident(status: EngineStatus): boolean {
  * has no `release_kv_cache_memory` (older vLLM: use the SDK-held tier 0 instead). Returns the
  * recorded answer when a check was asked for. @internal
  */
-export async function keepInEngine(client: EngineClient, control: EngineControl, status: EngineStatus, options: EngineKeptOptions, call: CallOptions): Promise<ExpectedResponse | undefined> {
+export async function keepInEngine(client: EngineClient, control: EngineControl, status: EngineStatus, options: EngineTierOptions, call: CallOptions): Promise<ExpectedResponse | undefined> {
   if (status.sleeping && !pausedResident(status)) throw new VsnapError('E_ENGINE_STATE', `${client.baseUrl} is asleep already: wake it before a weight-resident suspend`, { url: client.baseUrl });
   if (status.sleeping && options.check) {
     throw new VsnapError('E_ENGINE_STATE', `${client.baseUrl} is paused: a check would wait in its queue; resume it first, or suspend without a check`, { url: client.baseUrl });

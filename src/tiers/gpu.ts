@@ -1,16 +1,16 @@
-import type { ResidentWeights } from '../cache/resident-weights.js';
+import type { GpuTier } from '../cache/gpu-tier.js';
 import { toVsnapError, VsnapError } from '../errors.js';
 import type { Kept, RestoreRun, SuspendRun, Tier, TierRestore } from './tier.js';
 
 /*
- * Tier 0 held by the SDK (ResidentWeights): a suspend keeps a reference to every weights region
+ * Tier 0 held by the SDK (GpuTier): a suspend keeps a reference to every weights region
  * (imported handle and descriptor), so the engine's sleep frees only its KV cache; a restore hands
  * the descriptors back and the engine maps the same memory at the same addresses: no bytes move.
  * Whatever happens, the restore lets go of what was held before the next tier wakes new memory.
  */
 
 /** @internal */
-export function gpuTier(resident: ResidentWeights): Tier {
+export function gpuTier(resident: GpuTier): Tier {
   return {
     name: 'gpu',
     holds(run) {
@@ -38,7 +38,7 @@ export function gpuTier(resident: ResidentWeights): Tier {
  * falls through to the next tier (the engine put back to sleep first, if it mapped weights), except
  * a call-off (E_ABORTED: the other engine of a swap did not sleep), which ends the restore.
  */
-async function restoreHeld(resident: ResidentWeights, run: RestoreRun): Promise<TierRestore | undefined> {
+async function restoreHeld(resident: GpuTier, run: RestoreRun): Promise<TierRestore | undefined> {
   const name = run.snapshot!.name;
   let failure: VsnapError;
   try {

@@ -1,4 +1,4 @@
-import type { HostCache } from '../cache/host-cache.js';
+import type { RamTier } from '../cache/ram-tier.js';
 import type { MultipathOptions } from '../transfer/multipath.js';
 import type { RestoreRun, TierRestore } from './tier.js';
 
@@ -8,7 +8,7 @@ import type { RestoreRun, TierRestore } from './tier.js';
  * links (`multipath`) only for an engine on one GPU: with several ranks each GPU's own link is in
  * use already. @internal
  */
-export async function hydrate(run: RestoreRun, cache: HostCache | undefined, multipath: MultipathOptions | undefined): Promise<TierRestore> {
+export async function hydrate(run: RestoreRun, cache: RamTier | undefined, multipath: MultipathOptions | undefined): Promise<TierRestore> {
   // Memory filled here while the engine's wake maps it, except over two links (the neighbour GPU's
   // share is copied into the engine's own mappings there).
   const targets = multipath && run.status.ranks.length === 1 ? await run.targets() : await run.targets({ fill: true });

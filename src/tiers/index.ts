@@ -1,15 +1,15 @@
-import type { HostCache } from '../cache/host-cache.js';
+import type { RamTier } from '../cache/ram-tier.js';
 import type { NeighbourParkOptions, NeighbourTier } from '../cache/neighbour-tier.js';
-import type { ResidentWeights } from '../cache/resident-weights.js';
+import type { GpuTier } from '../cache/gpu-tier.js';
 import type { MultipathOptions } from '../transfer/multipath.js';
-import { engineTier, type EngineKeptOptions } from './engine.js';
+import { engineTier, type EngineTierOptions } from './engine.js';
 import { gpuTier } from './gpu.js';
 import { neighbourTier } from './neighbour.js';
 import { ramTier } from './ram.js';
 import { storeTier } from './store.js';
 import type { Tier } from './tier.js';
 
-export type { EngineKeptOptions } from './engine.js';
+export type { EngineTierOptions } from './engine.js';
 export type { TierName } from './tier.js';
 
 /**
@@ -23,14 +23,14 @@ export interface EngineTiers {
   /**
    * Tier 0 held by the SDK: a suspend keeps a reference to every weights region, so the sleep
    * frees only the KV cache; a restore maps the same memory back (no bytes move). Released after
-   * the restore (or when {@link ResidentWeights.release} demotes it).
+   * the restore (or when {@link GpuTier.release} demotes it).
    */
-  readonly gpu?: ResidentWeights;
+  readonly gpu?: GpuTier;
   /**
    * The engine's own tier 0 (vLLM's `release_kv_cache_memory`): a suspend frees only the KV cache
    * and needs no snapshot; a restore wakes it. Not with `gpu`, `neighbour` or a deep suspend.
    */
-  readonly engine?: boolean | EngineKeptOptions;
+  readonly engine?: boolean | EngineTierOptions;
   /**
    * A neighbour GPU's free memory: a suspend parks the weights there by peer copy (verified by GPU
    * digest; a park that cannot be made is skipped with a warning); a restore copies them back, or
@@ -38,7 +38,7 @@ export interface EngineTiers {
    */
   readonly neighbour?: NeighbourTier | NeighbourParkOptions;
   /** Pinned host RAM: captures land there first; restores copy from there (loading it from the store first). */
-  readonly ram?: HostCache;
+  readonly ram?: RamTier;
   /** With `ram`: restore an engine on one GPU over two PCIe links (docs/multipath.md). */
   readonly multipath?: MultipathOptions;
 }

@@ -20,16 +20,13 @@ import type { TransferOptions } from '../transfer/transfer.js';
  */
 
 /**
- * Where a restore's weights came from: `gpu` (tier 0: they never left the GPU, held by the SDK
- * and mapped back, or kept by the engine itself), `neighbour` (a neighbour GPU, by peer copy),
- * `ram` (pinned host RAM), `store` (disk), or `engine` (recovered: the engine loaded them again
- * from its checkpoint).
+ * A tier: where an engine's weights are held, or came back from. The names are the keys of
+ * {@link EngineTiers}: `engine` (the engine itself: its own tier 0 kept them, or, after a recovery,
+ * it loaded them again from its checkpoint), `gpu` (tier 0 held by the SDK: they never left the
+ * GPU), `neighbour` (a neighbour GPU, by peer copy), `ram` (pinned host RAM), and `store` (disk).
  * @public
  */
-export type TierName = 'gpu' | 'neighbour' | 'ram' | 'store' | 'engine';
-
-/** The tiers themselves: `kept` is the engine's own tier 0. @internal */
-export type TierId = 'gpu' | 'kept' | 'neighbour' | 'ram' | 'store';
+export type TierName = 'engine' | 'gpu' | 'neighbour' | 'ram' | 'store';
 
 /** An engine's weights woken, exported, checked against the snapshot and mapped: what a hydrate (or a peer copy) fills. @internal */
 export interface MappedTargets {
@@ -127,7 +124,7 @@ export interface Kept {
 
 /** One tier. @internal */
 export interface Tier {
-  readonly name: TierId;
+  readonly name: TierName;
   /** Whether it may hold this run's weights (no I/O). */
   holds(run: RestoreRun): boolean;
   /** Restores from it; undefined when it could not (it said why through `run.warn`): the next tier is tried. */

@@ -1,5 +1,5 @@
 // GPU suite, captures coded on the GPU (device only): BF16 and FP16 Gaussian weights, random bytes,
-// zeros and a region with an unaligned tail, in device memory, captured into a HostCache with codec
+// zeros and a region with an unaligned tail, in device memory, captured into a RamTier with codec
 // 'vsnap-c1'. Each chunk is encoded on its GPU and only its coded bytes cross the link (persist
 // 'off' with hash 'deferred', and persist 'sync' after the store's raw pass); every chunk held must
 // equal the CPU encoder's bytes for the raw chunk (or the raw chunk where it did not shrink), and the
@@ -17,7 +17,7 @@ import { after, describe, it } from 'node:test';
 
 import { randomChunk, weights } from '../helpers/codec-data.js';
 import type { HeldChunk } from '../../src/cache/coded-tier.js';
-import { cudaStatus, HostCache, RegionStore, Snapshot } from '../../src/index.js';
+import { cudaStatus, RamTier, RegionStore, Snapshot } from '../../src/index.js';
 import { native } from '../../src/native/index.js';
 import { DeviceAllocation, encodeChunk, releaseIdleResources, type CodecKind } from '../../src/plumbing.js';
 
@@ -46,8 +46,8 @@ describe('GPU: captures coded on the GPU into the RAM tier', async () => {
   cases.push({ key: 'tail', hint: 'bf16', bytes: weights('bf16', 'gaussian', CHUNK + 3 * MiB + 4096 + 6, 5).subarray(0, CHUNK + 3 * MiB + 4096 + 5) });
   const rawBytes = cases.reduce((n, c) => n + c.bytes.length, 0);
   const budget = rawBytes + 64 * MiB;
-  const coded = await HostCache.create({ budgetBytes: budget, codec: 'vsnap-c1' });
-  const plain = await HostCache.create({ budgetBytes: budget });
+  const coded = await RamTier.create({ budgetBytes: budget, codec: 'vsnap-c1' });
+  const plain = await RamTier.create({ budgetBytes: budget });
   const allocs: DeviceAllocation[] = [];
   after(() => {
     for (const a of allocs) a.close();

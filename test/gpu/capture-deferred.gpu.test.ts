@@ -9,7 +9,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
 
-import { cudaStatus, HostCache, RegionStore, Snapshot, VsnapError } from '../../src/index.js';
+import { cudaStatus, RamTier, RegionStore, Snapshot, VsnapError } from '../../src/index.js';
 import { DeviceAllocation, HostRegion, listDevices, releaseIdleResources } from '../../src/plumbing.js';
 import { runTransfer } from '../../src/transfer/transfer.js';
 
@@ -25,7 +25,7 @@ describe('GPU: capture into the RAM tier with the hash deferred', async () => {
   const gpus = (await listDevices()).length;
   const root = mkdtempSync(join(tmpdir(), 'vsnap-gpu-deferred-'));
   const store = await RegionStore.open(root);
-  const cache = await HostCache.create({ budgetBytes: 2 * SIZES.reduce((a, b) => a + b, 0) + 64 * MiB });
+  const cache = await RamTier.create({ budgetBytes: 2 * SIZES.reduce((a, b) => a + b, 0) + 64 * MiB });
   const allocs: DeviceAllocation[] = [];
   const contents: Buffer[] = [];
   after(() => {

@@ -6,7 +6,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 
-import { captureEngine, cudaStatus, EngineClient, HostCache, RegionStore, restoreEngine, Snapshot, suspendEngine, VsnapError } from '../../src/index.js';
+import { captureEngine, cudaStatus, EngineClient, RamTier, RegionStore, restoreEngine, Snapshot, suspendEngine, VsnapError } from '../../src/index.js';
 import { releaseIdleResources } from '../../src/plumbing.js';
 import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
 import { gpuMemoryOf } from './nvidia-smi.js';
@@ -66,7 +66,7 @@ describe('GPU: capture, suspend and restore the reference engine', async () => {
     console.log(`suspend: ${((performance.now() - s0) / 1000).toFixed(3)} s; engine GPU memory ${awakeMiB} MiB awake -> ${asleepMiB} MiB asleep`);
     assert.ok(awakeMiB !== null && asleepMiB !== null && awakeMiB - asleepMiB >= 2 * 1024, 'sleep must free the weights');
 
-    const cache = await HostCache.create({ budgetBytes: 3 * GiB });
+    const cache = await RamTier.create({ budgetBytes: 3 * GiB });
     try {
       for (let round = 1; round <= 4; round++) {
         // rounds 1-2 stream from the store (page cache); 3 loads the RAM tier; 4 restores from it

@@ -9,7 +9,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, it } from 'node:test';
 
-import { cudaStatus, HostCache, RegionStore, Snapshot } from '../../src/index.js';
+import { cudaStatus, RamTier, RegionStore, Snapshot } from '../../src/index.js';
 import { DeviceAllocation, MappedRegions } from '../../src/plumbing.js';
 import type { RegionMemory } from '../../src/index.js';
 import { native, type NativeMapFault, type NativeVmmTimings } from '../../src/native/index.js';
@@ -26,7 +26,7 @@ describe('MappedRegions on the GPU', async () => {
     const allocations = await Promise.all(sizes.map((s) => DeviceAllocation.allocate(0, s)));
     const fds = allocations.map((a) => a.exportFd());
     const root = mkdtempSync(join(tmpdir(), 'vsnap-mapped-'));
-    const cache = await HostCache.create({ budgetBytes: 1024 * MiB });
+    const cache = await RamTier.create({ budgetBytes: 1024 * MiB });
     try {
       for (const [i, a] of allocations.entries()) await a.fill(0, a.size, (i * 7 + 1) & 0xff);
       const regions = allocations.map((a, i) => ({ key: `r${i}`, size: a.size, memory: { kind: 'imported', fd: fds[i]!, device: 0 } as RegionMemory }));
@@ -110,7 +110,7 @@ describe('MappedRegions, batched form, on the GPU (issue 14, per-region cost)', 
     const allocations = await Promise.all(sizes.map((s) => DeviceAllocation.allocate(0, s)));
     const fds = allocations.map((a) => a.exportFd());
     const root = mkdtempSync(join(tmpdir(), 'vsnap-batched-'));
-    const cache = await HostCache.create({ budgetBytes: 2048 * MiB });
+    const cache = await RamTier.create({ budgetBytes: 2048 * MiB });
     try {
       for (const [i, a] of allocations.entries()) await a.fill(0, a.size, (i * 11 + 3) & 0xff);
       const regions = allocations.map((a, i) => ({ key: `r${i}`, size: sizes[i]!, memory: { kind: 'imported', fd: fds[i]!, device: 0 } as RegionMemory }));

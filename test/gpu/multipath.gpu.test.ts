@@ -12,7 +12,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 
-import { cudaStatus, HostCache, RegionStore, Snapshot } from '../../src/index.js';
+import { cudaStatus, RamTier, RegionStore, Snapshot } from '../../src/index.js';
 import { DeviceAllocation, listDevices, releaseIdleResources } from '../../src/plumbing.js';
 import { native } from '../../src/native/index.js';
 import { canAccessPeer, type MultipathStats } from '../../src/transfer/multipath.js';
@@ -76,7 +76,7 @@ describe('GPU: multi-path hydrate (two PCIe links into one GPU)', async () => {
   const regionSize = (gib * GiB) / parts;
   let dir: string;
   let store: RegionStore;
-  let cache: HostCache;
+  let cache: RamTier;
   let regions: DeviceAllocation[] = [];
   let snap: Snapshot;
   const targets = () => regions.map((a, i) => ({ key: `layer.${i}`, size: a.size, memory: { kind: 'device' as const, allocation: a } }));
@@ -89,7 +89,7 @@ describe('GPU: multi-path hydrate (two PCIe links into one GPU)', async () => {
     store = await RegionStore.open(dir);
     for (let i = 0; i < parts; i++) regions.push(await DeviceAllocation.allocate(0, regionSize));
     await fillDistinct(regions);
-    cache = await HostCache.create({ budgetBytes: gib * GiB + GiB });
+    cache = await RamTier.create({ budgetBytes: gib * GiB + GiB });
     // RAM tier only (no disk): the capture lands in pinned memory, with GPU digests in the manifest.
     snap = await Snapshot.capture(store, 'mp', { regions: targets(), cache, persist: 'off' });
   });

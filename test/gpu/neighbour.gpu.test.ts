@@ -13,7 +13,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 
-import { captureEngine, cudaStatus, EngineClient, HostCache, NeighbourTier, RegionStore, restoreEngine, Snapshot, suspendEngine, SwapController, type SwapEvent } from '../../src/index.js';
+import { captureEngine, cudaStatus, EngineClient, RamTier, NeighbourTier, RegionStore, restoreEngine, Snapshot, suspendEngine, SwapController, type SwapEvent } from '../../src/index.js';
 import { DeviceAllocation, listDevices, releaseIdleResources } from '../../src/plumbing.js';
 import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
 import { native } from '../../src/native/index.js';
@@ -41,7 +41,7 @@ describe('GPU: the neighbour-GPU tier', async () => {
   const gib = Number(process.env.VSNAP_GPU_NEIGHBOUR_GIB ?? 8);
   const parts = 4;
   let dir: string;
-  let cache: HostCache;
+  let cache: RamTier;
   let regions: DeviceAllocation[] = [];
   let snap: Snapshot;
   const live = () => regions.map((a, i) => ({ key: `layer.${i}`, size: a.size, memory: { kind: 'device' as const, allocation: a } }));
@@ -59,7 +59,7 @@ describe('GPU: the neighbour-GPU tier', async () => {
         await a.write(off, piece);
       }
     }
-    cache = await HostCache.create({ budgetBytes: gib * GiB + GiB });
+    cache = await RamTier.create({ budgetBytes: gib * GiB + GiB });
     snap = await Snapshot.capture(store, 'nb', { regions: live(), cache, persist: 'off' }); // the manifest with GPU digests
   });
   after(async () => {

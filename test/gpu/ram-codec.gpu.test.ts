@@ -1,5 +1,5 @@
 // GPU suite, the RAM tier holding coded chunks (device only): BF16 Gaussian weights and random bytes
-// in device memory captured into a HostCache with codec 'vsnap-c1' (fewer host bytes held), restored
+// in device memory captured into a RamTier with codec 'vsnap-c1' (fewer host bytes held), restored
 // from it by the coded path (each coded chunk over the link into two scratch slots and decoded on the
 // GPU into the target) bit-exact; a damaged header refused before anything is written; a damaged
 // mantissa byte caught by the restore's GPU digest. Prints `RAM_CODEC_RESULT {json}`: the coded
@@ -15,7 +15,7 @@ import { after, describe, it } from 'node:test';
 
 import { randomChunk, weights } from '../helpers/codec-data.js';
 import { writeHostBuffer } from '../../src/cache/coded-tier.js';
-import { cudaStatus, HostCache, RegionStore, Snapshot, VsnapError, type TransferSummary } from '../../src/index.js';
+import { cudaStatus, RamTier, RegionStore, Snapshot, VsnapError, type TransferSummary } from '../../src/index.js';
 import { DeviceAllocation, releaseIdleResources } from '../../src/plumbing.js';
 
 const MiB = 1024 ** 2;
@@ -31,7 +31,7 @@ describe('GPU: the RAM tier holding coded chunks', async () => {
   }
   const root = mkdtempSync(join(tmpdir(), 'vsnap-gpu-ram-codec-'));
   const store = await RegionStore.open(root);
-  const cache = await HostCache.create({ budgetBytes: TOTAL + 128 * MiB, codec: 'vsnap-c1' });
+  const cache = await RamTier.create({ budgetBytes: TOTAL + 128 * MiB, codec: 'vsnap-c1' });
   const allocs: DeviceAllocation[] = [];
   const contents: Buffer[] = [];
   const keys: string[] = [];

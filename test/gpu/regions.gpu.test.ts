@@ -10,7 +10,7 @@ import { createInterface, type Interface } from 'node:readline';
 import { after, before, describe, it } from 'node:test';
 import { fileURLToPath } from 'node:url';
 
-import { cudaStatus, HostCache, RegionStore, Snapshot, VsnapError } from '../../src/index.js';
+import { cudaStatus, RamTier, RegionStore, Snapshot, VsnapError } from '../../src/index.js';
 import { DeviceAllocation, FdReceiver, listDevices, releaseIdleResources } from '../../src/plumbing.js';
 import { native } from '../../src/native/index.js';
 import { gpuMemoryOf } from './nvidia-smi.js';
@@ -109,7 +109,7 @@ describe('GPU: capture and hydrate another process\'s exported GPU memory', asyn
 
   it('restores through the pinned RAM tier: loaded and verified once, then a bulk DMA', async () => {
     const snap = await Snapshot.open(store, 'peer');
-    const cache = await HostCache.create({ budgetBytes: 5 * GiB });
+    const cache = await RamTier.create({ budgetBytes: 5 * GiB });
     try {
       assert.equal(cache.pinned, true);
       assert.equal(await peer.ask('wipe 0'), 'wiped');
@@ -127,7 +127,7 @@ describe('GPU: capture and hydrate another process\'s exported GPU memory', asyn
   });
 
   it("captures into the pinned RAM tier (persist 'async'): the GPU memory is free to go when capture resolves", async () => {
-    const cache = await HostCache.create({ budgetBytes: 5 * GiB });
+    const cache = await RamTier.create({ budgetBytes: 5 * GiB });
     try {
       const snap = await Snapshot.capture(store, 'peer-ram', { regions: memory(), cache, persist: 'async' });
       const c = snap.lastCapture!;
@@ -200,7 +200,7 @@ describe('GPU: own allocations, devices, and context lifetime', async () => {
     const sizes = [GiB, GiB, 512 * MiB, 512 * MiB, 258 * MiB, 258 * MiB];
     const allocations = await Promise.all(sizes.map((size, i) => DeviceAllocation.allocate(i % 2, size)));
     const fill = (i: number): number => (i * 37 + 11) & 0xff;
-    const cache = await HostCache.create({ budgetBytes: 4 * GiB });
+    const cache = await RamTier.create({ budgetBytes: 4 * GiB });
     try {
       for (const [i, a] of allocations.entries()) {
         await a.fill(0, a.size, fill(i));

@@ -8,7 +8,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 
-import { cudaStatus, EngineClient, HostCache, RegionStore, ResidentWeights, restoreEngine, suspendEngine } from '../../src/index.js';
+import { cudaStatus, EngineClient, RamTier, RegionStore, GpuTier, restoreEngine, suspendEngine } from '../../src/index.js';
 import { releaseIdleResources } from '../../src/plumbing.js';
 import { stagingPools } from '../../src/transfer/staging.js';
 import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
@@ -55,8 +55,8 @@ describe('GPU: soak of the reference engine', async () => {
   let engine: TestEngine;
   let client: EngineClient;
   let store: RegionStore;
-  let cache: HostCache;
-  let resident: ResidentWeights;
+  let cache: RamTier;
+  let resident: GpuTier;
   let dir: string;
 
   before(async () => {
@@ -64,8 +64,8 @@ describe('GPU: soak of the reference engine', async () => {
     store = await RegionStore.open(dir);
     engine = await startEngine({ device: 'cuda', seed: 1, args: MODEL_ARGS });
     client = new EngineClient({ baseUrl: engine.url, token: engine.token });
-    cache = await HostCache.create({ budgetBytes: 3 * GiB });
-    resident = new ResidentWeights();
+    cache = await RamTier.create({ budgetBytes: 3 * GiB });
+    resident = new GpuTier();
   });
 
   after(async () => {

@@ -10,7 +10,7 @@ import { after, before, describe, it } from 'node:test';
 
 import { request } from 'undici';
 
-import { cudaStatus, EngineClient, HostCache, RegionStore, SwapController, type SwapEvent } from '../../src/index.js';
+import { cudaStatus, EngineClient, RamTier, RegionStore, SwapController, type SwapEvent } from '../../src/index.js';
 import { releaseIdleResources } from '../../src/plumbing.js';
 import { SwapAgent } from '../../src/serve/index.js';
 import { startEngine, type TestEngine } from '../helpers/engine.js';
@@ -55,7 +55,7 @@ describe('GPU: one H200 time-shared by two engines through the agent', async () 
   for (const [tier, overlap] of [['store', false], ['ram', false], ['ram', true]] as const) {
     it(`alternating requests, each a swap (restores from the ${tier === 'ram' ? 'RAM tier' : 'page cache'}${overlap ? ', overlapped' : ''})`, async () => {
       const store = await RegionStore.open(join(dir, 'store'));
-      const cache = tier === 'ram' ? await HostCache.create({ budgetBytes: 6 * GiB }) : undefined;
+      const cache = tier === 'ram' ? await RamTier.create({ budgetBytes: 6 * GiB }) : undefined;
       const controller = await SwapController.create({
         store,
         ...(cache ? { tiers: { ram: cache } } : {}),

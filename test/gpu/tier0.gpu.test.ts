@@ -6,7 +6,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 
-import { cudaStatus, EngineClient, HostCache, RegionStore, ResidentWeights, restoreEngine, Snapshot, suspendEngine } from '../../src/index.js';
+import { cudaStatus, EngineClient, RamTier, RegionStore, GpuTier, restoreEngine, Snapshot, suspendEngine } from '../../src/index.js';
 import { releaseIdleResources } from '../../src/plumbing.js';
 import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
 import { engineTierUnsupported } from '../helpers/vllm-src.js';
@@ -62,11 +62,11 @@ describe('GPU: tier 0, weights resident across sleep', async () => {
     for (let i = 0; i < 10; i++) {
       const s = await suspendEngine(store, 'own', c, { tiers: { engine: true } });
       own.suspend.push(s.seconds);
-      if (i === 0) console.log(`engine tier 0 (${s.keptIn}): engine holds ${gpuMemoryOf(e.enginePid)} MiB while suspended`);
+      if (i === 0) console.log(`engine tier 0 (${s.tier}): engine holds ${gpuMemoryOf(e.enginePid)} MiB while suspended`);
       own.resume.push((await restoreEngine({ store, name: 'own' }, c, { tiers: { engine: true } })).seconds);
       assert.deepEqual(await ask(c), answer);
     }
-    const resident = new ResidentWeights();
+    const resident = new GpuTier();
     const sdk = { suspend: [] as number[], resume: [] as number[] };
     try {
       for (let i = 0; i < 10; i++) {
@@ -85,7 +85,7 @@ describe('GPU: tier 0, weights resident across sleep', async () => {
   });
 
   it('20 tier-0 swaps between two 2.4 GiB engines: bit-identical answers, no bytes moved, memory accounted', async () => {
-    const resident = new ResidentWeights();
+    const resident = new GpuTier();
     const [a, b] = engines as [{ e: TestEngine; c: EngineClient }, { e: TestEngine; c: EngineClient }];
     const answers = [await ask(a.c), await ask(b.c)];
     const usedAwake = gpuUsedMiB();
@@ -125,7 +125,7 @@ describe('GPU: tier 0, weights resident across sleep', async () => {
   it('a crash of the SDK process holding tier 0: the driver frees the memory, the engine restores from the store', async () => {
     const a = engines[0]!;
     const answer = await ask(a.c);
-    const child = spawn(process.execPath, [join(process.cwd(), 'dist-gpu', 'resident-child.mjs'), a.e.url, a.e.token, dir], { stdio: ['ignore', 'pipe', 'inherit'], env: process.env });
+    const child = spawn(process.execPath, [join(process.cwd(), 'dist-gpu', 'gpu-tier-child.mjs'), a.e.url, a.e.token, dir], { stdio: ['ignore', 'pipe', 'inherit'], env: process.env });
     await new Promise<void>((resolve, reject) => {
       child.stdout.on('data', (d: Buffer) => d.toString().includes('holding') && resolve());
       child.on('exit', (code) => reject(new Error(`child exited ${code}`)));
@@ -138,7 +138,7 @@ describe('GPU: tier 0, weights resident across sleep', async () => {
     console.log(`SDK killed while holding tier 0: GPU used ${held} -> ${freed} MiB`);
     assert.ok(held - freed >= 2 * 1024, 'the driver freed the held weights');
     assert.equal((await a.c.wire.vsnapStatus()).sleeping, true);
-    const r = await restoreEngine((await Snapshot.open(store, 'a')), a.c, { tiers: { gpu: new ResidentWeights() } });
+    const r = await restoreEngine((await Snapshot.open(store, 'a')), a.c, { tiers: { gpu: new GpuTier() } });
     assert.equal(r.tier, 'store');
     assert.deepEqual(await ask(a.c), answer);
   });
@@ -147,7 +147,7 @@ describe('GPU: tier 0, weights resident across sleep', async () => {
     for (const x of engines) await suspendEngine(store, x === engines[0] ? 'a' : 'b', x.c); // make room
     const big = await startEngine({ device: 'cuda', seed: 3, model: 'big', args: LARGE, startTimeoutMs: 400_000 });
     const c = new EngineClient({ baseUrl: big.url, token: big.token });
-    const resident = new ResidentWeights();
+    const resident = new GpuTier();
     try {
       const bytes = (await c.wire.vsnapStatus()).ranks[0]!.bytes;
       const answer = await ask(c);
@@ -160,7 +160,7 @@ describe('GPU: tier 0, weights resident across sleep', async () => {
         assert.deepEqual(await ask(c), answer);
         await suspendEngine(store, 'big', c, { tiers: { gpu: i < 2 ? resident : undefined } });
       }
-      const cache = await HostCache.create({ budgetBytes: bytes + GiB });
+      const cache = await RamTier.create({ budgetBytes: bytes + GiB });
       try {
         await cache.load(store, s.snapshot.manifest);
         const ram = await restoreEngine(s.snapshot, c, { tiers: { ram: cache } });

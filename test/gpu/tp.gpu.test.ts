@@ -15,7 +15,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 
-import { captureEngine, cudaStatus, EngineClient, HostCache, RegionStore, restoreEngine, suspendEngine, type Snapshot } from '../../src/index.js';
+import { captureEngine, cudaStatus, EngineClient, RamTier, RegionStore, restoreEngine, suspendEngine, type Snapshot } from '../../src/index.js';
 import { listDevices, releaseIdleResources } from '../../src/plumbing.js';
 import { nativeCheckpointBackend } from '../../src/flows/deep.js';
 import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
@@ -45,7 +45,7 @@ describe('GPU: tensor parallel size 2 (one worker process per GPU)', async () =>
   let engine: TestEngine;
   let client: EngineClient;
   let store: RegionStore;
-  let cache: HostCache;
+  let cache: RamTier;
   let dir: string;
   let snap: Snapshot;
   let expected: Awaited<ReturnType<typeof askCapital>>;
@@ -78,7 +78,7 @@ describe('GPU: tensor parallel size 2 (one worker process per GPU)', async () =>
     );
     expected = await askCapital(client, 16);
     const bytes = status.ranks.reduce((n, r) => n + r.bytes, 0);
-    cache = await HostCache.create({ budgetBytes: bytes + GiB });
+    cache = await RamTier.create({ budgetBytes: bytes + GiB });
     const awakeMiB = pids.map(gpuMemoryOf);
     const c0 = performance.now();
     snap = await captureEngine(store, 'tp', client, { cache });

@@ -1,4 +1,4 @@
-import { HostCache } from '../../src/cache/host-cache.js';
+import { RamTier } from '../../src/cache/ram-tier.js';
 import type { HostRegion } from '../../src/regions/host-region.js';
 import { fillRegion, holdsPattern, patternedRegions } from './regions.js';
 
@@ -26,8 +26,8 @@ export function ramTierFixtures(cleanup: Array<{ close(): void }>) {
   };
   const asTargets = (t: Map<string, HostRegion>) => [...t].map(([key, r]) => ({ key, size: r.size, memory: r.memory }));
   const intact = (t: Map<string, HostRegion>) => [...t].every(([key, r]) => holdsPattern(r, key));
-  const cacheOf = async (budgetBytes: number): Promise<HostCache> => {
-    const cache = await HostCache.create({ budgetBytes, pin: false });
+  const cacheOf = async (budgetBytes: number): Promise<RamTier> => {
+    const cache = await RamTier.create({ budgetBytes, pin: false });
     cleanup.push(cache);
     return cache;
   };

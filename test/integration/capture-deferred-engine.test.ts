@@ -2,7 +2,7 @@ import { readFileSync } from 'node:fs';
 
 import { afterEach, describe, expect, it } from 'vitest';
 
-import { HostCache } from '../../src/cache/host-cache.js';
+import { RamTier } from '../../src/cache/ram-tier.js';
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { HostRegion } from '../../src/regions/host-region.js';
 import { restoreEngine, suspendEngine } from '../../src/flows/index.js';
@@ -16,14 +16,14 @@ import { tempDir } from '../helpers/tmp.js';
 // 'off' / 'async'), on the CPU reference engine: a byte that flips in the RAM copy afterwards is
 // caught by the GPU digest (here the same digest on the CPU) after the hydrate, before the engine
 // is declared ready; it is left asleep with nothing of ours mapped.
-const running: Array<TestEngine | EngineClient | HostCache | HostRegion> = [];
+const running: Array<TestEngine | EngineClient | RamTier | HostRegion> = [];
 afterEach(async () => {
-  for (const x of running.splice(0).reverse()) await (x instanceof EngineClient || x instanceof HostCache || x instanceof HostRegion ? x.close() : x.stop());
+  for (const x of running.splice(0).reverse()) await (x instanceof EngineClient || x instanceof RamTier || x instanceof HostRegion ? x.close() : x.stop());
 });
 const memfdMappings = (): number => readFileSync('/proc/self/maps', 'utf8').split('\n').filter((l) => l.includes('/memfd:')).length;
 
 /** Writes `bytes` over the RAM-tier copy of one region, through a real (unhashed) capture into it. */
-async function overwriteInRam(cache: HostCache, id: string, key: string, bytes: Buffer): Promise<void> {
+async function overwriteInRam(cache: RamTier, id: string, key: string, bytes: Buffer): Promise<void> {
   const lease = cache.hold(id)!;
   const from = HostRegion.create(bytes.length);
   running.push(from);
@@ -41,7 +41,7 @@ describe('restoreEngine of a capture with its hash deferred', () => {
     const client = new EngineClient({ baseUrl: e.url, token: e.token });
     running.push(e, client);
     const store = await RegionStore.open(tempDir());
-    const cache = await HostCache.create({ budgetBytes: 64 * 1024 * 1024, pin: false });
+    const cache = await RamTier.create({ budgetBytes: 64 * 1024 * 1024, pin: false });
     running.push(cache);
     const before = (await askCapital(client, 8)).ids;
 

@@ -5,7 +5,7 @@ import { fileURLToPath } from 'node:url';
 
 import { afterEach, describe, expect, it } from 'vitest';
 
-import { HostCache } from '../../src/cache/host-cache.js';
+import { RamTier } from '../../src/cache/ram-tier.js';
 import { digestRegions } from '../../src/digest/index.js';
 import { native } from '../../src/native/index.js';
 import { HostRegion } from '../../src/regions/host-region.js';
@@ -34,7 +34,7 @@ const memfdMappings = (): number => readFileSync('/proc/self/maps', 'utf8').spli
 const blobsIn = (root: string): string[] => readdirSync(join(root, 'blobs'), { recursive: true }).map(String).filter((f) => /^[0-9a-f]{64}$/.test(f.split('/').at(-1)!));
 
 /** Overwrites region `key` of a capture in the RAM tier with its pattern, one byte flipped at `at`. */
-async function flipInRam(cache: HostCache, id: string, key: string, size: number, at: number): Promise<void> {
+async function flipInRam(cache: RamTier, id: string, key: string, size: number, at: number): Promise<void> {
   const lease = cache.hold(id)!;
   const corrupt = HostRegion.create(size);
   cleanup.push(corrupt);

@@ -8,7 +8,7 @@ import { readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { afterEach, describe, expect, it } from 'vitest';
 
 import { VsnapError } from '../../src/errors.js';
-import { HostCache } from '../../src/cache/host-cache.js';
+import { RamTier } from '../../src/cache/ram-tier.js';
 import { HostRegion } from '../../src/regions/host-region.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { codedOffsets, storedBytes } from '../../src/store/coded-blob.js';
@@ -139,7 +139,7 @@ describe('capture with codec vsnap-c1 writes coded store blobs', () => {
   it('a RAM tier holding raw bytes loads a coded snapshot from the store (decoded and checked) and restores it bit-exact', async () => {
     const store = await RegionStore.open(tempDir());
     await Snapshot.capture(store, 'm', { regions: regionsOf(contents), chunkSize: CHUNK, codec: 'vsnap-c1' });
-    const cache = await HostCache.create({ budgetBytes: 8 * 1024 * KiB, pin: false });
+    const cache = await RamTier.create({ budgetBytes: 8 * 1024 * KiB, pin: false });
     cleanup.push(cache);
     const snap = await Snapshot.open(store, 'm');
     for (const tier of ['store', 'ram']) {
@@ -151,7 +151,7 @@ describe('capture with codec vsnap-c1 writes coded store blobs', () => {
 
   it('a capture landing in a coded RAM tier and the store at once (persist sync) codes both, and restores from each', async () => {
     const store = await RegionStore.open(tempDir());
-    const cache = await HostCache.create({ budgetBytes: 8 * 1024 * KiB, pin: false, codec: 'vsnap-c1' });
+    const cache = await RamTier.create({ budgetBytes: 8 * 1024 * KiB, pin: false, codec: 'vsnap-c1' });
     cleanup.push(cache);
     const snap = await Snapshot.capture(store, 'm', { regions: regionsOf(contents), chunkSize: CHUNK, cache, codec: 'vsnap-c1' });
     expect(cache.has(snap.id)).toBe(true);
@@ -166,7 +166,7 @@ describe('capture with codec vsnap-c1 writes coded store blobs', () => {
 
   it('codes the blobs a persist from the RAM tier writes (persist off), and the store restores them', async () => {
     const store = await RegionStore.open(tempDir());
-    const cache = await HostCache.create({ budgetBytes: 8 * 1024 * KiB, pin: false });
+    const cache = await RamTier.create({ budgetBytes: 8 * 1024 * KiB, pin: false });
     cleanup.push(cache);
     const snap = await Snapshot.capture(store, 'm', { regions: regionsOf(contents), chunkSize: CHUNK, cache, persist: 'off', codec: 'vsnap-c1' });
     expect(snap.manifest.data.ranks[0]!.regions.every((r) => r.codec === undefined)).toBe(true);

@@ -1,6 +1,6 @@
 import { afterEach, describe, expect, it } from 'vitest';
 
-import { HostCache } from '../../src/cache/host-cache.js';
+import { RamTier } from '../../src/cache/ram-tier.js';
 import { VsnapError } from '../../src/errors.js';
 import { restoreEngine, suspendEngine } from '../../src/flows/index.js';
 import { restoreEngineWith } from '../../src/flows/restore.js';
@@ -30,14 +30,14 @@ async function setup() {
   const store = await RegionStore.open(tempDir());
   const before = await ask(client);
   const { snapshot } = await suspendEngine(store, 'early-copy', client, { captureIfNeeded: true });
-  const cache = await HostCache.create({ budgetBytes: 64 * MiB, pin: false });
+  const cache = await RamTier.create({ budgetBytes: 64 * MiB, pin: false });
   await cache.load(store, snapshot.manifest);
   const status = client.wire.vsnapStatus.bind(client.wire);
   return { client, store, before, snapshot, cache, status };
 }
 
 /** Nothing of a failed or refused restore is left: no memory made for it, no descriptor, the RAM tier's lease let go (the entry can be evicted). */
-function expectNothingLeft(cache: HostCache, id: string, fds: string[]): void {
+function expectNothingLeft(cache: RamTier, id: string, fds: string[]): void {
   expect(fillInodes().size).toBe(0);
   expect(openFds()).toEqual(fds);
   expect(cache.evict(id)).toBe(true);

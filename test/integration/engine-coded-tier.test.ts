@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 
-import { HostCache } from '../../src/cache/host-cache.js';
+import { RamTier } from '../../src/cache/ram-tier.js';
 import { restoreEngine, suspendEngine } from '../../src/flows/index.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { ask, useEngines } from '../helpers/engines.js';
@@ -13,7 +13,7 @@ describe('the engine flows through a RAM tier holding coded chunks (CPU referenc
     const { client } = await engine();
     const store = await RegionStore.open(tempDir());
     const before = await ask(client);
-    const cache = await HostCache.create({ budgetBytes: 64 * 1024 * 1024, pin: false, codec: 'vsnap-c1' });
+    const cache = await RamTier.create({ budgetBytes: 64 * 1024 * 1024, pin: false, codec: 'vsnap-c1' });
     try {
       const { snapshot } = await suspendEngine(store, 'ref', client, { captureIfNeeded: true });
       expect((await restoreEngine(snapshot, client, { tiers: { ram: cache } })).tier).toBe('store');

@@ -2,7 +2,7 @@ import { chmodSync, closeSync, openSync, readFileSync, writeSync } from 'node:fs
 
 import { describe, expect, it, vi } from 'vitest';
 
-import { HostCache } from '../../src/cache/host-cache.js';
+import { RamTier } from '../../src/cache/ram-tier.js';
 import { VsnapError } from '../../src/errors.js';
 import { firstRegions } from '../../src/flows/fill.js';
 import { HostRegion } from '../../src/regions/host-region.js';
@@ -74,7 +74,7 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     expect(await ask(client)).toEqual(before);
 
     // twice more, the second through the RAM tier
-    const cache = await HostCache.create({ budgetBytes: 64 * 1024 * 1024, pin: false });
+    const cache = await RamTier.create({ budgetBytes: 64 * 1024 * 1024, pin: false });
     try {
       for (const tier of ['store', 'ram']) {
         await suspendEngine(store, 'ref', client);
@@ -235,7 +235,7 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
   it('memory for the rest of the regions cannot be made while the first are copied: the restore fails with why, nothing woke, nothing is left', async () => {
     const { client } = await engine();
     const store = await RegionStore.open(tempDir());
-    const cache = await HostCache.create({ budgetBytes: 64 * 1024 * 1024, pin: false });
+    const cache = await RamTier.create({ budgetBytes: 64 * 1024 * 1024, pin: false });
     try {
       const before = await ask(client);
       const { snapshot } = await suspendEngine(store, 'rest', client, { captureIfNeeded: true, tiers: { ram: cache } });
@@ -349,7 +349,7 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     const { client } = await engine();
     const store = await RegionStore.open(tempDir());
     const before = await ask(client);
-    const cache = await HostCache.create({ budgetBytes: 64 * 1024 * 1024, pin: false });
+    const cache = await RamTier.create({ budgetBytes: 64 * 1024 * 1024, pin: false });
     try {
       const s = await suspendEngine(store, 'ref', client, { captureIfNeeded: true, capture: { cache, persist: 'async' } });
       expect(s.captured).toBe(true);

@@ -3,7 +3,7 @@ import { readdirSync } from 'node:fs';
 import { afterEach, describe, expect, it } from 'vitest';
 
 import { EngineClient } from '../../src/engine/engine-client.js';
-import { HostCache } from '../../src/cache/host-cache.js';
+import { RamTier } from '../../src/cache/ram-tier.js';
 import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/index.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { askCapital, startEngine, type TestEngine } from '../helpers/engine.js';
@@ -14,15 +14,15 @@ import { tempDir } from '../helpers/tmp.js';
 // Which path takes which chunk is fixed with the host backend's schedule (testFaults.relayChunks:
 // the neighbour path takes the last N chunks, the direct path waits for that), so that a fault
 // injected on a path always fires there, however the two worker threads are scheduled.
-const running: Array<TestEngine | EngineClient | HostCache> = [];
+const running: Array<TestEngine | EngineClient | RamTier> = [];
 afterEach(async () => {
-  for (const x of running.splice(0).reverse()) await (x instanceof HostCache ? x.close() : x instanceof EngineClient ? x.close() : x.stop());
+  for (const x of running.splice(0).reverse()) await (x instanceof RamTier ? x.close() : x instanceof EngineClient ? x.close() : x.stop());
 });
 
 async function setup(options: Parameters<typeof startEngine>[0] = {}) {
   const e = await startEngine(options);
   const client = new EngineClient({ baseUrl: e.url, token: e.token });
-  const cache = await HostCache.create({ budgetBytes: 64 * 1024 * 1024, pin: false });
+  const cache = await RamTier.create({ budgetBytes: 64 * 1024 * 1024, pin: false });
   running.push(e, client, cache);
   const store = await RegionStore.open(tempDir());
   const before = (await askCapital(client, 8)).ids;
@@ -94,7 +94,7 @@ describe('SwapController with multipath', () => {
       running.push(e, client);
       engines.push({ name: `model-${i}`, client, answer: (await askCapital(client, 8)).ids });
     }
-    const cache = await HostCache.create({ budgetBytes: 64 * 1024 * 1024, pin: false });
+    const cache = await RamTier.create({ budgetBytes: 64 * 1024 * 1024, pin: false });
     running.push(cache);
     const controller = await SwapController.create({
       store: await RegionStore.open(tempDir()),

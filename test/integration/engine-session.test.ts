@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 
-import { HostCache } from '../../src/cache/host-cache.js';
+import { RamTier } from '../../src/cache/ram-tier.js';
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { EngineSession } from '../../src/flows/index.js';
 import { RegionStore } from '../../src/store/region-store.js';
@@ -15,7 +15,7 @@ describe('EngineSession: one engine with its store and tiers, each step one call
     const { client: a } = await engine({ seed: 1 });
     const { client: b } = await engine({ seed: 2 });
     const store = await RegionStore.open(tempDir());
-    const cache = await HostCache.create({ budgetBytes: 64 * MiB, pin: false });
+    const cache = await RamTier.create({ budgetBytes: 64 * MiB, pin: false });
     try {
       const answerA = await ask(a);
       const answerB = await ask(b);

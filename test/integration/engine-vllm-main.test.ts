@@ -54,7 +54,7 @@ describe('the engine releases its KV cache only with nothing queued (vllm/v1/eng
       const before = await ask(client);
       const { pending } = await queueARequest(e, client);
       const r = await keepInEngine(client); // default: wait
-      expect(r.keptIn).toBe('engine');
+      expect(r.tier).toBe('engine');
       expect((await client.wire.routeMechanism()).mechanism === null).toBe(devMode);
       expect(await pending).toEqual({ ok: true, finish: 'length', tokens: 4 }); // served before the release
       expect(await waiting(e.url)).toBe(0);

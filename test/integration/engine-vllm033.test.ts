@@ -134,13 +134,13 @@ describe("the engine's own weight-resident suspend (release_kv_cache_memory)", (
   it('through the plugin routes: weights stay mapped, the KV cache comes back, same answer', async () => {
     const { client } = await engine({ devMode: false });
     const r = await keepInEngine(client, { prompt: 'The capital of France is', maxTokens: 8 });
-    expect(r.keptIn).toBe('engine');
+    expect(r.tier).toBe('engine');
     expect(r.snapshot).toBeUndefined();
     const asleep = await client.wire.vsnapStatus();
     expect(asleep.sleeping).toBe(true);
     expect(asleep.ranks[0]!.weightsMapped).toBe(true); // nothing of the weights was released
     await expect(keepInEngine(client)).rejects.toMatchObject({ code: 'E_ENGINE_STATE' });
-    await resumeKept(client, r.expected!);
+    expect(await resumeKept(client, r.expected!)).toMatchObject({ tier: 'engine', route: 'kept', bytes: 0 }); // the tier that kept them
     expect((await client.wire.vsnapStatus()).sleeping).toBe(false);
     // the recorded check is the prefill check: a prompt logprob off by one part in a million fails the resume
     expect(r.expected!.promptLogprobs).toHaveLength('The capital of France is'.length - 1);
@@ -154,7 +154,7 @@ describe("the engine's own weight-resident suspend (release_kv_cache_memory)", (
     const before = await ask(client);
     await expect(client.wire.releaseKvCacheMemory()).rejects.toMatchObject({ code: 'E_ENGINE_HTTP' }); // needs a pause first
     const r = await keepInEngine(client);
-    expect(r.keptIn).toBe('engine');
+    expect(r.tier).toBe('engine');
     expect(await client.wire.routeMechanism()).toMatchObject({ mechanism: null, devRoutes: true }); // driven through the dev routes
     expect(await client.wire.isSleeping()).toBe(true);
     await resumeKept(client);
@@ -185,7 +185,7 @@ describe('SwapController with the engine keeping its weights (option)', () => {
       expect(status.ranks[0]!.weightsMapped).toBe(true);
       await controller.restore('a');
       expect(await ask(client)).toEqual(before);
-      expect(events.map((e) => [e.action, e.tier ?? null])).toEqual([['suspend', null], ['restore', 'gpu']]);
+      expect(events.map((e) => [e.action, e.tier ?? null])).toEqual([['suspend', null], ['restore', 'engine']]);
       expect(await store.current('a')).toBeFalsy(); // nothing was captured
     } finally {
       await controller.close();

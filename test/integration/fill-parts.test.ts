@@ -2,7 +2,7 @@ import { readFileSync } from 'node:fs';
 
 import { afterEach, describe, expect, it, vi } from 'vitest';
 
-import { HostCache } from '../../src/cache/host-cache.js';
+import { RamTier } from '../../src/cache/ram-tier.js';
 import { Batches } from '../../src/snapshot/batches.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import type { RestoreRegion } from '../../src/snapshot/snapshot-types.js';
@@ -67,7 +67,7 @@ describe('the rest of the memory made part by part', () => {
   it('a restore of an engine with more regions than a part holds copies the rest part by part, and answers as before', async () => {
     const { client } = await engine({ args: ['--layers', '80'] });
     const store = await RegionStore.open(tempDir());
-    const cache = await HostCache.create({ budgetBytes: 256 * 1024 * 1024, pin: false });
+    const cache = await RamTier.create({ budgetBytes: 256 * 1024 * 1024, pin: false });
     try {
       const before = await ask(client);
       const { snapshot } = await suspendEngine(store, 'parts', client, { captureIfNeeded: true, tiers: { ram: cache } });
@@ -91,7 +91,7 @@ describe('the rest of the memory made part by part', () => {
   it('a snapshot that describes no tensor streams every region of a batch (none can be told apart as written by the wake)', async () => {
     const MiB = 1024 * 1024;
     const store = await RegionStore.open(tempDir());
-    const cache = await HostCache.create({ budgetBytes: 64 * MiB, pin: false });
+    const cache = await RamTier.create({ budgetBytes: 64 * MiB, pin: false });
     const sources = [1, 2, 3].map((i) => {
       const r = HostRegion.create(MiB);
       r.write(0, Buffer.alloc(MiB, i));

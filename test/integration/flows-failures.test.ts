@@ -1,6 +1,6 @@
 import { afterEach, describe, expect, it } from 'vitest';
 
-import { ResidentWeights } from '../../src/cache/resident-weights.js';
+import { GpuTier } from '../../src/cache/gpu-tier.js';
 import { VsnapError } from '../../src/errors.js';
 import { restoreEngine, suspendEngine } from '../../src/flows/index.js';
 import { RegionStore } from '../../src/store/region-store.js';
@@ -18,7 +18,7 @@ async function setup() {
   let stopping: Promise<void> | undefined;
   const e = { ...engine, stop: () => (stopping ??= engine.stop()) };
   const client = new FaultyClient({ baseUrl: e.url, token: e.token });
-  const resident = new ResidentWeights();
+  const resident = new GpuTier();
   cleanup.push(() => e.stop(), () => client.close(), () => resident.close());
   const store = await RegionStore.open(tempDir());
   const answer = (await askCapital(client, 8)).ids;

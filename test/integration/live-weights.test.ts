@@ -3,9 +3,9 @@ import { join } from 'node:path';
 
 import { afterEach, describe, expect, it, vi } from 'vitest';
 
-import { ResidentWeights } from '../../src/cache/resident-weights.js';
+import { GpuTier } from '../../src/cache/gpu-tier.js';
 import { EngineClient } from '../../src/engine/engine-client.js';
-import { checkResident } from '../../src/cache/resident-weights.js';
+import { checkGpuHold } from '../../src/cache/gpu-tier.js';
 import { VsnapError } from '../../src/errors.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/index.js';
@@ -124,18 +124,18 @@ describe('live weights: the dirty check before a discard, incremental capture, v
   it('tier 0: held weights are checked against the snapshot before a demotion releases them', async () => {
     const client = await engine();
     const store = await RegionStore.open(tempDir());
-    const resident = new ResidentWeights();
+    const resident = new GpuTier();
     try {
       const s = await suspendEngine(store, 'ref', client, { captureIfNeeded: true, tiers: { gpu: resident } });
       const held = resident.peek(client.baseUrl)!;
-      expect(await checkResident(s.snapshot.manifest, held)).toMatchObject({ checked: true, changed: [] });
+      expect(await checkGpuHold(s.snapshot.manifest, held)).toMatchObject({ checked: true, changed: [] });
       // One byte of one held region changes (the engine is asleep: nothing else writes there).
       const rank = held.ranks[0]!;
       const i = rank.regions.findIndex((r) => r.key === 'model.layers.3.mlp.weight');
       const byte = Buffer.alloc(1);
       readSync(rank.fds[i]!, byte, 0, 1, 777);
       writeSync(rank.fds[i]!, Buffer.from([byte[0]! ^ 0xff]), 0, 1, 777);
-      expect(await checkResident(s.snapshot.manifest, held)).toMatchObject({ checked: true, changed: [layer(3)] });
+      expect(await checkGpuHold(s.snapshot.manifest, held)).toMatchObject({ checked: true, changed: [layer(3)] });
     } finally {
       resident.close();
     }

@@ -1,6 +1,6 @@
 import { afterEach, describe, expect, it } from 'vitest';
 
-import { HostCache } from '../../src/cache/host-cache.js';
+import { RamTier } from '../../src/cache/ram-tier.js';
 import { native, type NativeHostBuffer, type NativeMultipathSpec } from '../../src/native/index.js';
 import { HostRegion } from '../../src/regions/host-region.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
@@ -214,7 +214,7 @@ describe('multi-path hydrate through Snapshot.restore (RAM tier, host memory)', 
     const src = patternedRegions(sizes);
     for (const r of src.values()) cleanup.push(r);
     const snap = await Snapshot.capture(store, 'm', { regions: [...src].map(([key, r]) => ({ key, size: r.size, memory: r.memory })), chunkSize: 256 * KiB });
-    const cache = await HostCache.create({ budgetBytes: 16 * 1024 * KiB, pin: false });
+    const cache = await RamTier.create({ budgetBytes: 16 * 1024 * KiB, pin: false });
     cleanup.push(cache);
     const targets = patternedRegions(sizes);
     for (const r of targets.values()) {

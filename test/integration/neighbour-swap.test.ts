@@ -1,7 +1,7 @@
 import { request } from 'undici';
 import { afterEach, describe, expect, it } from 'vitest';
 
-import { HostCache } from '../../src/cache/host-cache.js';
+import { RamTier } from '../../src/cache/ram-tier.js';
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { NeighbourTier } from '../../src/cache/neighbour-tier.js';
 import { captureEngine } from '../../src/flows/index.js';
@@ -23,7 +23,7 @@ afterEach(async () => {
   for (const c of cleanup.splice(0).reverse()) await c();
 });
 
-async function fleet(n: number, cache?: HostCache) {
+async function fleet(n: number, cache?: RamTier) {
   const store = await RegionStore.open(tempDir());
   const engines: Array<{ client: EngineClient; name: string; expected: number[] | null; regions: number }> = [];
   for (let i = 1; i <= n; i++) {
@@ -58,7 +58,7 @@ async function use(controller: SwapController, model: string): Promise<number[] 
 
 describe('SwapController with a neighbour-GPU tier (CPU reference engines, host peer backend)', () => {
   it('swap A→B→A: the second restore of A comes from the neighbour tier; an eviction mid-restore falls back to RAM', async () => {
-    const cache = await HostCache.create({ budgetBytes: 64 << 20, pin: false });
+    const cache = await RamTier.create({ budgetBytes: 64 << 20, pin: false });
     cleanup.push(() => cache.close());
     const { store, engines } = await fleet(2, cache);
     const peer = hostPeerBackend({ granularity: GB });
@@ -117,6 +117,9 @@ describe('SwapController with a neighbour-GPU tier (CPU reference engines, host 
     expect(metrics).toMatch(/vsnap_neighbour_parks_total\{engine="model-1",result="parked"\} 1/);
     expect(metrics).toMatch(/vsnap_neighbour_parks_total\{engine="model-1",result="already"\} 2/);
     expect(metrics).toMatch(/vsnap_neighbour_parks_total\{engine="model-2",result="parked"\} 1/);
+    // the swap histogram's tier is the tier the weights were left in (a suspend) or came from (a restore)
+    expect(metrics).toMatch(/vsnap_swap_seconds_count\{engine="model-1",action="suspend",tier="neighbour"\} 3/);
+    expect(metrics).toMatch(/vsnap_swap_seconds_count\{engine="model-1",action="restore",tier="neighbour"\} 2/);
   });
 
   it('budget accounting: parked bytes count on the neighbour GPU, a wake there evicts them first, the tier evicts LRU within its budget', async () => {

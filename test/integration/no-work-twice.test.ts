@@ -2,7 +2,7 @@ import { readFileSync } from 'node:fs';
 
 import { afterEach, describe, expect, it } from 'vitest';
 
-import { HostCache } from '../../src/cache/host-cache.js';
+import { RamTier } from '../../src/cache/ram-tier.js';
 import type { EngineClient } from '../../src/engine/engine-client.js';
 import { VsnapError } from '../../src/errors.js';
 import { firstRegions } from '../../src/flows/fill.js';
@@ -77,7 +77,7 @@ describe('no work twice: one export and one mapping per region per flow', () => 
     expect(Object.keys(restored.value.phases)).toContain('verifyDigests');
     expect(await ask(client)).toEqual(answer);
 
-    const cache = await HostCache.create({ budgetBytes: 64 * 1024 * 1024, pin: false });
+    const cache = await RamTier.create({ budgetBytes: 64 * 1024 * 1024, pin: false });
     cleanup.push(() => cache.close());
     for (const tier of ['store', 'ram']) {
       await suspendEngine(store, 'ref', client);

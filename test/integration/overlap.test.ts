@@ -2,8 +2,8 @@ import { chmodSync, closeSync, openSync, readFileSync, writeFileSync, writeSync 
 
 import { afterEach, describe, expect, it } from 'vitest';
 
-import { HostCache } from '../../src/cache/host-cache.js';
-import { ResidentWeights } from '../../src/cache/resident-weights.js';
+import { RamTier } from '../../src/cache/ram-tier.js';
+import { GpuTier } from '../../src/cache/gpu-tier.js';
 import { VsnapError } from '../../src/errors.js';
 import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/index.js';
 import { swapEngines, type SwapOverlap } from '../../src/flows/swap.js';
@@ -154,7 +154,7 @@ describe('swapEngines: one engine to sleep, the other back, overlapped', () => {
       a.inject({ route: 'sleep', when: 'before', pass: true, action: () => order.push('a sleeps'), times: 2 });
       // the restore's copy (from the RAM tier: 'done' once its last byte landed) is over before the swap lets the other engine sleep
       const onProgress = (p: TransferProgress): void => void (p.phase === 'done' && order.push('b copied'));
-      const cache = await HostCache.create({ budgetBytes: 64 * 1024 * 1024, pin: false });
+      const cache = await RamTier.create({ budgetBytes: 64 * 1024 * 1024, pin: false });
       cleanup.push(() => cache.close());
       await cache.load(snapB.store, snapB.manifest);
       native().setFault('chunk-delay', 2, 200); // b's copy outlasts a's checks
@@ -225,7 +225,7 @@ describe('swapEngines: one engine to sleep, the other back, overlapped', () => {
 
   it('weights, the restored engine in tier 0: the suspend fails, so the adopted weights go back to sleep (no fallback to the snapshot); a retry restores', async () => {
     const { a, b, answerB, snapB, fds } = await pair();
-    const resident = new ResidentWeights();
+    const resident = new GpuTier();
     cleanup.push(() => resident.close());
     await restoreEngine(snapB, b);
     await suspendEngine(snapB.store, 'b', b, { tiers: { gpu: resident } });

@@ -2,7 +2,7 @@ import { execFileSync } from 'node:child_process';
 
 import { afterEach, describe, expect, it } from 'vitest';
 
-import { ResidentWeights } from '../../src/cache/resident-weights.js';
+import { GpuTier } from '../../src/cache/gpu-tier.js';
 import { engineControl } from '../../src/engine/control.js';
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { exportRegions } from '../../src/engine/export.js';
@@ -79,7 +79,7 @@ describe.skipIf(!fastapi && !required)('the /vsnap/v1 routes under FastAPI and u
 
     // wake with adopt: tier 0, the SDK holding the weights while the engine sleeps
     const store = await RegionStore.open(tempDir());
-    const resident = new ResidentWeights();
+    const resident = new GpuTier();
     try {
       const s = await suspendEngine(store, 'ref', client, { captureIfNeeded: true, tiers: { gpu: resident } });
       const report = await restoreEngine(s.snapshot, client, { tiers: { gpu: resident } });

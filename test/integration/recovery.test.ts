@@ -2,7 +2,7 @@ import { chmodSync, closeSync, openSync, readSync, rmSync, writeSync } from 'nod
 
 import { afterEach, describe, expect, it } from 'vitest';
 
-import { HostCache } from '../../src/cache/host-cache.js';
+import { RamTier } from '../../src/cache/ram-tier.js';
 import type { EngineClient } from '../../src/engine/engine-client.js';
 import { VsnapError } from '../../src/errors.js';
 import { restoreEngine, suspendEngine } from '../../src/flows/index.js';
@@ -146,7 +146,7 @@ describe('recovery: each cause, fail (today) then reload', () => {
     const { client, store, answer, ask, snapshot } = await setup();
     await restoreEngine(snapshot, client);
     await store.remove('ref');
-    const cache = await HostCache.create({ budgetBytes: 64 * 1024 * 1024, pin: false });
+    const cache = await RamTier.create({ budgetBytes: 64 * 1024 * 1024, pin: false });
     cleanup.push(() => cache.close());
     const { snapshot: ramOnly } = await suspendEngine(store, 'ref', client, { captureIfNeeded: true, capture: { cache, persist: 'off' } });
     expect(ramOnly.durable).toBe(false);
@@ -207,7 +207,7 @@ describe('recovery: each cause, fail (today) then reload', () => {
 describe('a fault during the reload: the engine is left asleep (or said dead), nothing leaks', () => {
   it("the engine's reload fails half way: asleep, a clear error naming both failures, no fds or RAM tier left", async () => {
     const { client, store, snapshot } = await setup({ env: { VSNAP_REF_RELOAD_FAIL: '1' } });
-    const cache = await HostCache.create({ budgetBytes: 64 * 1024 * 1024, pin: false });
+    const cache = await RamTier.create({ budgetBytes: 64 * 1024 * 1024, pin: false });
     cleanup.push(() => cache.close());
     flipByte(firstBlob(snapshot));
     const fds = openFds();

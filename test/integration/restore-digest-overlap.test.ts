@@ -6,7 +6,7 @@
 // that cannot be made fails the restore with its own error.
 import { describe, expect, it } from 'vitest';
 
-import { HostCache } from '../../src/cache/host-cache.js';
+import { RamTier } from '../../src/cache/ram-tier.js';
 import { Manifest } from '../../src/manifest/manifest.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { splitIndex } from '../../src/snapshot/copy-overlap.js';
@@ -41,7 +41,7 @@ describe('a RAM-tier restore with the head digested during the tail copy', () =>
       data.ranks[0]!.regions.find((r) => r.key === tamper.key)!.digests[tamper.chunk] = 'f'.repeat(32);
       snap = Snapshot.of(store, Manifest.parse(data));
     }
-    const cache = await HostCache.create({ budgetBytes: 4 * 1024 * KiB, pin: false });
+    const cache = await RamTier.create({ budgetBytes: 4 * 1024 * KiB, pin: false });
     const targets = patternedRegions(Object.fromEntries(Object.entries(SIZES).map(([k, v]) => [`${k}-target`, v])));
     const into = Object.keys(SIZES).map((key) => ({ key, size: targets.get(`${key}-target`)!.size, memory: targets.get(`${key}-target`)!.memory }));
     const close = () => {
@@ -95,7 +95,7 @@ describe('a RAM-tier restore into targets that come in two parts', () => {
       data.ranks[0]!.regions.find((r) => r.key === tamper.key)!.digests[tamper.chunk] = 'f'.repeat(32);
       snap = Snapshot.of(store, Manifest.parse(data));
     }
-    const cache = await HostCache.create({ budgetBytes: 4 * 1024 * KiB, pin: false });
+    const cache = await RamTier.create({ budgetBytes: 4 * 1024 * KiB, pin: false });
     const targets = patternedRegions(Object.fromEntries(Object.keys(SIZES).map((k) => [`${k}-target`, SIZES[k as keyof typeof SIZES]])));
     const into = (key: string): RestoreRegion => ({ key, size: targets.get(`${key}-target`)!.size, memory: targets.get(`${key}-target`)!.memory });
     const close = () => {

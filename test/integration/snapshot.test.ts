@@ -3,7 +3,7 @@ import { join } from 'node:path';
 
 import { afterEach, describe, expect, it } from 'vitest';
 
-import { HostCache } from '../../src/cache/host-cache.js';
+import { RamTier } from '../../src/cache/ram-tier.js';
 import { HostRegion } from '../../src/regions/host-region.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { RegionStore } from '../../src/store/region-store.js';
@@ -206,7 +206,7 @@ describe('capture and restore through the host backend and a real store', () => 
     const sources = make(true);
     const snap = await Snapshot.capture(store, 'tp2', { regions: sources, chunkSize: MiB });
     expect(snap.manifest.data.ranks.map((r) => r.regions.map((x) => x.key))).toEqual([['qkv', 'mlp'], ['qkv', 'mlp']]);
-    const cache = await HostCache.create({ budgetBytes: 16 * MiB, pin: false });
+    const cache = await RamTier.create({ budgetBytes: 16 * MiB, pin: false });
     try {
       for (const via of [undefined, cache, cache]) {
         const targets = make(false).reverse(); // order does not matter: matched by rank and key

@@ -1,7 +1,7 @@
 import { afterEach, describe, expect, it } from 'vitest';
 
-import { HostCache } from '../../src/cache/host-cache.js';
-import { ResidentWeights } from '../../src/cache/resident-weights.js';
+import { RamTier } from '../../src/cache/ram-tier.js';
+import { GpuTier } from '../../src/cache/gpu-tier.js';
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { restoreEngine, suspendEngine } from '../../src/flows/index.js';
 import { RegionStore } from '../../src/store/region-store.js';
@@ -21,8 +21,8 @@ describe('soak (CPU reference engine, host backend)', () => {
   it(`${CYCLES} suspend/restore cycles through the store, the RAM tier and tier 0: every answer right, descriptors and RSS flat`, async () => {
     const e = await startEngine();
     const client = new EngineClient({ baseUrl: e.url, token: e.token });
-    const cache = await HostCache.create({ budgetBytes: 64 * MiB, pin: false });
-    const resident = new ResidentWeights();
+    const cache = await RamTier.create({ budgetBytes: 64 * MiB, pin: false });
+    const resident = new GpuTier();
     cleanup.push(() => e.stop(), () => client.close(), () => cache.close(), () => resident.close());
     const store = await RegionStore.open(tempDir());
     const expected = (await askCapital(client, 8)).ids;

@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { request } from 'undici';
 import { afterEach, describe, expect, it } from 'vitest';
 
-import { ResidentWeights } from '../../src/cache/resident-weights.js';
+import { GpuTier } from '../../src/cache/gpu-tier.js';
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { RegionStore } from '../../src/store/region-store.js';
@@ -48,7 +48,7 @@ async function setup() {
     engines.push({ name, client });
   }
   const store = await RegionStore.open(tempDir());
-  const resident = new ResidentWeights();
+  const resident = new GpuTier();
   cleanup.push(() => resident.close());
   const controller = await SwapController.create({
     store,

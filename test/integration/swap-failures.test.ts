@@ -3,7 +3,7 @@ import { chmodSync, openSync, readSync, writeSync, closeSync } from 'node:fs';
 import { request } from 'undici';
 import { afterEach, describe, expect, it } from 'vitest';
 
-import { HostCache } from '../../src/cache/host-cache.js';
+import { RamTier } from '../../src/cache/ram-tier.js';
 import { VsnapError } from '../../src/errors.js';
 import { captureEngine } from '../../src/flows/index.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
@@ -128,7 +128,7 @@ describe('swaps fail without collateral damage', () => {
   });
 
   it('with a RAM tier, a damaged snapshot is found before anyone is suspended for it', async () => {
-    const cache = await HostCache.create({ budgetBytes: 64 * 1024 * 1024, pin: false });
+    const cache = await RamTier.create({ budgetBytes: 64 * 1024 * 1024, pin: false });
     cleanup.push(() => cache.close());
     const { store, controller, state, awake, asleep, started } = await pair({ tiers: { ram: cache } });
     cache.clear(); // the RAM copy made at capture is good: drop it, so the (damaged) store copy is loaded

@@ -1,7 +1,7 @@
 import { request } from 'undici';
 import { afterEach, describe, expect, it } from 'vitest';
 
-import { HostCache } from '../../src/cache/host-cache.js';
+import { RamTier } from '../../src/cache/ram-tier.js';
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { SwapAgent } from '../../src/serve/agent.js';
@@ -202,7 +202,7 @@ describe('SwapController and the HTTP agent over three CPU reference engines', (
   it('with a RAM tier, the captures it makes land there: the first restore after a capture is already a bulk copy from RAM', async () => {
     const [a, b] = await fleet(2);
     const store = await RegionStore.open(tempDir());
-    const cache = await HostCache.create({ budgetBytes: 64 * 1024 * 1024, pin: false });
+    const cache = await RamTier.create({ budgetBytes: 64 * 1024 * 1024, pin: false });
     cleanup.push(() => cache.close());
     const controller = await SwapController.create({
       store,

@@ -2,7 +2,7 @@ import { readSync, writeSync } from 'node:fs';
 
 import { afterEach, describe, expect, it } from 'vitest';
 
-import { ResidentWeights } from '../../src/cache/resident-weights.js';
+import { GpuTier } from '../../src/cache/gpu-tier.js';
 import { EngineClient } from '../../src/engine/engine-client.js';
 import type { VsnapError } from '../../src/errors.js';
 import { RegionStore } from '../../src/store/region-store.js';
@@ -27,7 +27,7 @@ describe('tier 0: the dirty check before a demotion (SwapController)', () => {
     const GB = 1e9;
     const clients = [await engine({ seed: 1, model: 'a' }), await engine({ seed: 2, model: 'b' }), await engine({ seed: 3, model: 'c' })];
     const store = await RegionStore.open(tempDir());
-    const resident = new ResidentWeights();
+    const resident = new GpuTier();
     cleanup.push(() => resident.close());
     // a and b: awake 12 GB (4 GB of weights); c: 13 GB. Budget 16 GB: one awake engine and one
     // holding fit; c fits only once a's holding is demoted.

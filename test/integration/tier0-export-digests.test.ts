@@ -1,6 +1,6 @@
 import { afterEach, describe, expect, it } from 'vitest';
 
-import { checkResident, ResidentWeights } from '../../src/cache/resident-weights.js';
+import { checkGpuHold, GpuTier } from '../../src/cache/gpu-tier.js';
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { FaultyClient } from '../helpers/faults.js';
 import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/index.js';
@@ -30,7 +30,7 @@ describe.skipIf(!engineDigests())('tier 0: the dirty check carried by the export
   it('one export call with the digests, no digest call; a weight update is caught and captured, the held weights are the new ones', async () => {
     const client = await engine();
     const store = await RegionStore.open(tempDir());
-    const resident = new ResidentWeights();
+    const resident = new GpuTier();
     try {
       const first = await captureEngine(store, 'ref', client);
       await syncWeights(client.baseUrl, 6, [1]);
@@ -42,10 +42,10 @@ describe.skipIf(!engineDigests())('tier 0: the dirty check carried by the export
       expect(exports).toHaveLength(1);
       expect(exports[0]!.args).toMatchObject({ digestChunkSize: first.manifest.data.ranks[0]!.regions[0]!.chunkSize });
       expect(Object.keys(s.phases)).toEqual(['status', 'digest', 'check', 'capture', 'hold', 'sleep']);
-      expect(s).toMatchObject({ captured: true, keptIn: 'gpu', liveCheck: { checked: true, changed: [layer(1)], digestedIn: 'engine' } });
+      expect(s).toMatchObject({ captured: true, tier: 'gpu', liveCheck: { checked: true, changed: [layer(1)], digestedIn: 'engine' } });
       expect(s.snapshot.id).not.toBe(first.id);
       // What tier 0 holds is what the new snapshot says, and the restore from it answers as the updated engine did.
-      expect(await checkResident(s.snapshot.manifest, resident.peek(client.baseUrl)!)).toMatchObject({ checked: true, changed: [] });
+      expect(await checkGpuHold(s.snapshot.manifest, resident.peek(client.baseUrl)!)).toMatchObject({ checked: true, changed: [] });
       const report = await restoreEngine(s.snapshot, client, { tiers: { gpu: resident } });
       expect(report.tier).toBe('gpu');
       expect((await askCapital(client, 8)).ids).toEqual(updated);
@@ -57,13 +57,13 @@ describe.skipIf(!engineDigests())('tier 0: the dirty check carried by the export
   it('unchanged weights: nothing captured, and the same digests as the digest route gives', async () => {
     const client = await engine();
     const store = await RegionStore.open(tempDir());
-    const resident = new ResidentWeights();
+    const resident = new GpuTier();
     try {
       const first = await captureEngine(store, 'ref', client);
       const chunkSize = first.manifest.data.ranks[0]!.regions[0]!.chunkSize;
       const own = await client.wire.vsnapDigest({ chunkSize });
       const s = await suspendEngine(store, 'ref', client, { tiers: { gpu: resident }, onStale: 'refuse' });
-      expect(s).toMatchObject({ captured: false, keptIn: 'gpu', liveCheck: { checked: true, changed: [] } });
+      expect(s).toMatchObject({ captured: false, tier: 'gpu', liveCheck: { checked: true, changed: [] } });
       expect(s.snapshot.id).toBe(first.id);
       expect(s.liveCheck!.bytes).toBe(first.manifest.totalBytes);
       expect(own[0]!.regions.map((r) => r.digests)).toEqual(first.manifest.data.ranks[0]!.regions.map((r) => r.digests)); // the route agrees with the capture
@@ -75,7 +75,7 @@ describe.skipIf(!engineDigests())('tier 0: the dirty check carried by the export
   it('an export without digests (an older plugin): the digests are asked for on their own, and a stale weight still refuses', async () => {
     const client = await engine();
     const store = await RegionStore.open(tempDir());
-    const resident = new ResidentWeights();
+    const resident = new GpuTier();
     try {
       await captureEngine(store, 'ref', client);
       await syncWeights(client.baseUrl, 7, [2]);

@@ -2,7 +2,7 @@ import { closeSync, openSync } from 'node:fs';
 
 import { afterEach, describe, expect, it } from 'vitest';
 
-import { ResidentWeights } from '../../src/cache/resident-weights.js';
+import { GpuTier } from '../../src/cache/gpu-tier.js';
 import { VsnapError } from '../../src/errors.js';
 import { FdReceiver } from '../../src/ipc/fd-receiver.js';
 import { restoreEngine, suspendEngine } from '../../src/flows/index.js';
@@ -21,7 +21,7 @@ async function setup() {
   let stopping: Promise<void> | undefined; // stop() once: a second one would wait for an exit already seen
   const e = { ...engine, stop: () => (stopping ??= engine.stop()) };
   const client = new FaultyClient({ baseUrl: e.url, token: e.token });
-  const resident = new ResidentWeights();
+  const resident = new GpuTier();
   cleanup.push(() => e.stop(), () => client.close(), () => resident.close());
   const store = await RegionStore.open(tempDir());
   const before = (await askCapital(client, 8)).ids;

@@ -3,7 +3,7 @@ import { fileURLToPath } from 'node:url';
 
 import { afterEach, describe, expect, it } from 'vitest';
 
-import { ResidentWeights } from '../../src/cache/resident-weights.js';
+import { GpuTier } from '../../src/cache/gpu-tier.js';
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
 import { restoreEngine, suspendEngine } from '../../src/flows/index.js';
@@ -31,7 +31,7 @@ describe('tier 0: weights kept on the "GPU" across sleep (CPU reference engine)'
     it(`suspend keeps the weights, restore maps them back with no copy, 5 times (${hooks})`, async () => {
       const { client } = await engine(hooks === 'register_tag_hooks' ? { env: { VSNAP_REF_TAG_HOOKS: '1' } } : {});
       const store = await RegionStore.open(tempDir());
-      const resident = new ResidentWeights();
+      const resident = new GpuTier();
       cleanup.push(() => resident.close());
       const before = await ask(client);
       for (let round = 0; round < 5; round++) {
@@ -53,7 +53,7 @@ describe('tier 0: weights kept on the "GPU" across sleep (CPU reference engine)'
   it('falls back to the snapshot when the held weights no longer fit the engine (it was restarted)', async () => {
     const a = await engine({ seed: 1 });
     const store = await RegionStore.open(tempDir());
-    const resident = new ResidentWeights();
+    const resident = new GpuTier();
     cleanup.push(() => resident.close());
     const before = await ask(a.client);
     const s = await suspendEngine(store, 'ref', a.client, { captureIfNeeded: true, tiers: { gpu: resident } });
@@ -70,7 +70,7 @@ describe('tier 0: weights kept on the "GPU" across sleep (CPU reference engine)'
     const { e, client } = await engine();
     const root = tempDir();
     const before = await ask(client);
-    const child = spawn(process.execPath, [fileURLToPath(new URL('../fixtures/resident-child.mjs', import.meta.url)), e.url, e.token, root], { stdio: ['ignore', 'pipe', 'inherit'] });
+    const child = spawn(process.execPath, [fileURLToPath(new URL('../fixtures/gpu-tier-child.mjs', import.meta.url)), e.url, e.token, root], { stdio: ['ignore', 'pipe', 'inherit'] });
     await new Promise<void>((resolve, reject) => {
       child.stdout.on('data', (d: Buffer) => d.toString().includes('holding') && resolve());
       child.on('exit', (code) => reject(new Error(`child exited ${code}`)));
@@ -78,7 +78,7 @@ describe('tier 0: weights kept on the "GPU" across sleep (CPU reference engine)'
     child.kill('SIGKILL');
     await new Promise((r) => child.on('exit', r));
     expect((await client.wire.vsnapStatus()).sleeping).toBe(true);
-    const report = await restoreEngine((await Snapshot.open(await RegionStore.open(root), 'ref')), client, { tiers: { gpu: new ResidentWeights() } });
+    const report = await restoreEngine((await Snapshot.open(await RegionStore.open(root), 'ref')), client, { tiers: { gpu: new GpuTier() } });
     expect(report.tier).toBe('store');
     expect(await ask(client)).toEqual(before);
   });
@@ -87,7 +87,7 @@ describe('tier 0: weights kept on the "GPU" across sleep (CPU reference engine)'
     const GB = 1e9;
     const engines = [await engine({ seed: 1, model: 'a' }), await engine({ seed: 2, model: 'b' }), await engine({ seed: 3, model: 'c' })];
     const store = await RegionStore.open(tempDir());
-    const resident = new ResidentWeights();
+    const resident = new GpuTier();
     cleanup.push(() => resident.close());
     // awake: 12 GB each (4 GB of weights); budget 20 GB: one awake + up to 2 x 4 GB of tier-0 weights
     const controller = await SwapController.create({

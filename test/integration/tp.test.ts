@@ -2,7 +2,7 @@ import { chmodSync, closeSync, openSync, readFileSync, writeSync } from 'node:fs
 
 import { afterEach, describe, expect, it } from 'vitest';
 
-import { ResidentWeights } from '../../src/cache/resident-weights.js';
+import { GpuTier } from '../../src/cache/gpu-tier.js';
 import { EngineClient } from '../../src/engine/engine-client.js';
 import { VsnapError } from '../../src/errors.js';
 import { Manifest } from '../../src/manifest/manifest.js';
@@ -96,7 +96,7 @@ describe('tensor parallel size 2 (one worker process per rank)', () => {
     expect(await ask(client)).toEqual(before);
 
     // tier 0: both ranks' weights held here, handed back to each rank's process on wake
-    const resident = new ResidentWeights();
+    const resident = new GpuTier();
     try {
       await suspendEngine(store, 'tp', client, { tiers: { gpu: resident } });
       expect(resident.peek(client.baseUrl)?.ranks.map((r) => r.pid)).toEqual(e.workerPids);

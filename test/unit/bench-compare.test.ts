@@ -8,7 +8,7 @@ import type { SweepRow } from '../../bench/swap-report.js';
 const stats = (median: number) => ({ n: 5, min: median, median, max: median });
 const run = (swap: number, hydrate: number, viaFds: number, wake: number): SwapRun => ({
   rows: [
-    { label: 'RAM tier (hot, pinned HostCache)', summary: { swapSeconds: stats(swap), suspendSeconds: stats(0.044), restoreSeconds: stats(0.384), phasesMedian: { hydrate, expectedResponse: 0.022 } } },
+    { label: 'RAM tier (hot, pinned RamTier)', summary: { swapSeconds: stats(swap), suspendSeconds: stats(0.044), restoreSeconds: stats(0.384), phasesMedian: { hydrate, expectedResponse: 0.022 } } },
     { label: 'tier 0 (weights kept on the GPU)', summary: null },
   ],
   sweep: { rows: [{ regions: 4000, restoreMedianSeconds: 0.33, imported: { restoreMedianSeconds: viaFds } } as SweepRow] },
@@ -18,13 +18,13 @@ const run = (swap: number, hydrate: number, viaFds: number, wake: number): SwapR
 describe('bench compare: two swap runs, median by median', () => {
   it('lists every median both runs hold with its ratio, and marks those more than 3% slower', () => {
     const { table, slower } = compareRuns(run(0.427, 0.35, 0.338, 0.348), run(0.44, 0.351, 0.3, 0.5));
-    expect(table).toContain('| RAM tier (hot, pinned HostCache): swap | 427.0 | 440.0 | 1.030x (more than 3% slower) |'); // 3.04%
-    expect(slower).toEqual(['RAM tier (hot, pinned HostCache): swap']);
-    expect(table).toContain('| RAM tier (hot, pinned HostCache): restore without the check | 362.0 | 362.0 | 1.000x |');
+    expect(table).toContain('| RAM tier (hot, pinned RamTier): swap | 427.0 | 440.0 | 1.030x (more than 3% slower) |'); // 3.04%
+    expect(slower).toEqual(['RAM tier (hot, pinned RamTier): swap']);
+    expect(table).toContain('| RAM tier (hot, pinned RamTier): restore without the check | 362.0 | 362.0 | 1.000x |');
     expect(table).toContain('| sweep, 4000 regions: restore via fds | 338.0 | 300.0 | 0.888x |');
     expect(table).toContain("| vLLM's level-1 wake (reference) | 348.0 | 500.0 | 1.437x |"); // a reference: never marked
     expect(table).not.toContain('tier 0'); // no summary: nothing to compare
-    expect(table).toMatch(/1 median\(s\) more than 3% slower: RAM tier \(hot, pinned HostCache\): swap$/);
+    expect(table).toMatch(/1 median\(s\) more than 3% slower: RAM tier \(hot, pinned RamTier\): swap$/);
   });
 
   it('says so when nothing is slower, and takes another tolerance', () => {

@@ -1,8 +1,8 @@
 import { describe, expect, it } from 'vitest';
 
-import type { HostCache } from '../../src/cache/host-cache.js';
+import type { RamTier } from '../../src/cache/ram-tier.js';
 import type { NeighbourTier } from '../../src/cache/neighbour-tier.js';
-import { ResidentWeights } from '../../src/cache/resident-weights.js';
+import { GpuTier } from '../../src/cache/gpu-tier.js';
 import type { EngineStatus } from '../../src/engine/engine-client.js';
 import { planRestore, planTargets, type PlanInput } from '../../src/flows/restore-plan.js';
 import type { EngineRestoreOptions } from '../../src/flows/types.js';
@@ -11,15 +11,15 @@ import type { EngineRestoreOptions } from '../../src/flows/types.js';
 
 const ENGINE = 'http://127.0.0.1:8000';
 /** A RAM tier that holds the captures named (only `has` and `fits` are read by a plan). */
-const ram = (...ids: string[]): HostCache => ({ has: (id: string) => ids.includes(id), fits: () => true }) as unknown as HostCache;
+const ram = (...ids: string[]): RamTier => ({ has: (id: string) => ids.includes(id), fits: () => true }) as unknown as RamTier;
 const input = (options: EngineRestoreOptions, snapshot: PlanInput['snapshot'] = { id: 's1', durable: true }, awaitsRoom = false): PlanInput => ({ options, snapshot, engine: ENGINE, awaitsRoom });
 
 describe('planRestore: what a restore does, decided before the engine is touched', () => {
   it('tries the tiers fastest first, the store last', () => {
-    const resident = new ResidentWeights();
+    const resident = new GpuTier();
     try {
       expect(planRestore(input({})).tiers).toEqual(['store']);
-      expect(planRestore(input({ tiers: { ram: ram(), gpu: resident, engine: true } })).tiers).toEqual(['kept', 'gpu', 'ram', 'store']);
+      expect(planRestore(input({ tiers: { ram: ram(), gpu: resident, engine: true } })).tiers).toEqual(['engine', 'gpu', 'ram', 'store']);
     } finally {
       resident.close();
     }
@@ -44,7 +44,7 @@ describe('planRestore: what a restore does, decided before the engine is touched
   });
 
   it('makes nothing early when tier 0 holds this engine, only when it holds another', () => {
-    const holding = { has: (engine: string) => engine === ENGINE } as unknown as ResidentWeights; // only `has` is read by a plan
+    const holding = { has: (engine: string) => engine === ENGINE } as unknown as GpuTier; // only `has` is read by a plan
     expect(planRestore(input({ tiers: { gpu: holding } })).earlyFill).toBe(false);
     expect(planRestore({ ...input({ tiers: { gpu: holding } }), engine: 'http://127.0.0.1:8001' }).earlyFill).toBe(true);
   });

@@ -56,7 +56,7 @@ describe('swap state: transitions', () => {
     processesBack(slot, [1]);
     answered(slot, true);
     wakeFailed(slot, 'hydrate failed', false);
-    expect(slot.state).toEqual({ kind: 'asleep', heldBy: 'store' });
+    expect(slot.state).toEqual({ kind: 'asleep', tier: 'store' });
     expect(slot.devices).toEqual([1]);
     expect(planned(slot)).toMatchObject({ asleepBytes: 2 * GB, movableTo: undefined }); // holds its context, no longer movable
   });
@@ -77,9 +77,9 @@ describe('swap state: transitions', () => {
     keptAsleep(slot);
     expect(planned(slot)).toMatchObject({ state: 'asleep', keptByEngine: true });
     unreachable(slot, 'connection refused');
-    expect(slot.state).toMatchObject({ kind: 'failed', asleep: { kind: 'asleep', heldBy: 'engine' } });
+    expect(slot.state).toMatchObject({ kind: 'failed', asleep: { kind: 'asleep', tier: 'engine' } });
     answered(slot, true);
-    expect(slot.state).toEqual({ kind: 'asleep', heldBy: 'engine' });
+    expect(slot.state).toEqual({ kind: 'asleep', tier: 'engine' });
     waking(slot);
     woke(slot, undefined);
     expect(planned(slot).keptByEngine).toBe(false);
@@ -88,7 +88,7 @@ describe('swap state: transitions', () => {
   it('tier 0: a hold that failed the dirty check is locked until the engine wakes; a demotion releases the label', () => {
     const slot = newSlot(spec({ weightsBytes: 4 * GB }));
     suspending(slot);
-    suspended(slot, { kind: 'asleep', heldBy: 'gpu' });
+    suspended(slot, { kind: 'asleep', tier: 'gpu' });
     lockHold(slot, 'they differ');
     expect(planned(slot).holdLocked).toBe(true);
     expect(viewOf(slot, 0, 0).error).toBe('tier-0 weights kept, not demoted: they differ');
@@ -96,9 +96,9 @@ describe('swap state: transitions', () => {
     expect(planned(slot).holdLocked).toBe(true);
     woke(slot, undefined);
     expect(planned(slot).holdLocked).toBe(false);
-    suspended(slot, { kind: 'asleep', heldBy: 'gpu' });
+    suspended(slot, { kind: 'asleep', tier: 'gpu' });
     demoted(slot, 'ram');
-    expect(slot.state).toEqual({ kind: 'asleep', heldBy: 'ram' });
+    expect(slot.state).toEqual({ kind: 'asleep', tier: 'ram' });
   });
 
   it('a failed deep suspend rolls back to a level-2 sleep and cools off; an overlapped wake counts its holding until the other engine sleeps', () => {
@@ -107,7 +107,7 @@ describe('swap state: transitions', () => {
     suspending(deep);
     answered(deep, true);
     suspendFailed(deep, 'checkpoint failed', true, 123);
-    expect(deep.state).toEqual({ kind: 'asleep', heldBy: 'store' });
+    expect(deep.state).toEqual({ kind: 'asleep', tier: 'store' });
     expect(deep.retryAt).toBe(123);
     const slot = newSlot(spec());
     waking(slot, 3 * GB);

@@ -1,6 +1,6 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 
-import type { HostCache } from '../../cache/host-cache.js';
+import type { RamTier } from '../../cache/ram-tier.js';
 import type { RegionStore } from '../../store/region-store.js';
 import type { EngineView, SwapController, SwapEvent, SwapFailedEvent } from '../../swap/controller.js';
 import type { NeighbourView } from '../../swap/neighbour-parking.js';
@@ -62,7 +62,7 @@ export class StatusBoard {
     private readonly source: {
       readonly controller: SwapController;
       readonly store: RegionStore;
-      readonly cache?: HostCache;
+      readonly cache?: RamTier;
       readonly supervisor?: Supervisor;
       readonly budgets?: Readonly<Record<number, number>>;
       readonly readiness?: ModelReadinessSource;
