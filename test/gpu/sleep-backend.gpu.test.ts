@@ -1,7 +1,8 @@
 // GPU suite (device only): vLLM's own /sleep and /wake_up through the `vsnap` sleep-mode backend
 // (--sleep-mode-backend vsnap) of the reference engine on CUDA: level 1 and 2 woken by tags, two
 // engines of one model holding their weights once in one RAM tier, the RL loop (weights synced
-// between sleeps come back, never an earlier sleep's), a tier entry changed behind the backend's
+// between sleeps come back, never an earlier sleep's), `LLM.sleep()` / `wake_up()` in-process (the
+// Python suite engines/vllm/tests/test_llm_sleep.py run on cuda), a tier entry changed behind the backend's
 // back (the wake refused, the engine left asleep, a retry after the repair works), and issue 49's
 // benchmark: the same level-1 cycles through cumem and vsnap in one run, two engines of one model
 // each (default `--layers 36 --hidden 4096`, 16.74 GiB of weights an engine;
@@ -159,6 +160,10 @@ describe('GPU: --sleep-mode-backend vsnap', async () => {
     await a.c.wire.resetPrefixCache();
     assert.deepEqual(await ask(a.c), synced);
     await stop(a);
+  });
+
+  it('LLM.sleep() / wake_up() (the offline entry point, engine core in-process and in its own process): engines/vllm/tests/test_llm_sleep.py on cuda', () => {
+    execFileSync('python3', ['-m', 'unittest', '-v', 'tests.test_llm_sleep'], { cwd: 'engines/vllm', env: { ...process.env, VSNAP_REF_DEVICE: 'cuda' }, stdio: 'inherit', timeout: 900_000 });
   });
 
   it('an entry changed behind its back: the wake refused, the engine asleep; repaired, the retry wakes it', async () => {

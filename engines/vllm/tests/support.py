@@ -5,7 +5,8 @@ import os
 import sys
 
 os.environ.setdefault("VSNAP_REF_DEVICE", "host")
-os.environ.setdefault("VSNAP_VLLM_HOST_MEMORY", "1")
+if os.environ["VSNAP_REF_DEVICE"] == "host":  # VSNAP_REF_DEVICE=cuda (the GPU suite running these on the GPU): CUDA memory
+    os.environ.setdefault("VSNAP_VLLM_HOST_MEMORY", "1")
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 FIXTURE = os.path.join(ROOT, "test", "fixtures", "engine")
 if FIXTURE not in sys.path:
