@@ -9,7 +9,6 @@ import { join } from 'node:path';
 
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
-import { VsnapError } from '../../src/errors.js';
 import { REGION_CODED_MEDIA_TYPE, REGION_MEDIA_TYPE } from '../../src/registry/artifact.js';
 import { RegistryClient } from '../../src/registry/registry.js';
 import { HostRegion } from '../../src/regions/host-region.js';
@@ -19,6 +18,7 @@ import { RegionStore } from '../../src/store/region-store.js';
 import { randomChunk, weights } from '../helpers/codec-data.js';
 import { fillRegion } from '../helpers/regions.js';
 import { registryAvailable, startRegistry, type TestRegistry } from '../helpers/registry.js';
+import { rejection } from '../helpers/rejection.js';
 import { tempDir } from '../helpers/tmp.js';
 
 const KiB = 1024;
@@ -68,16 +68,6 @@ async function layersOf(reg: TestRegistry, repo: string, tag: string): Promise<A
   const res = await fetch(`http://${reg.host}/v2/${repo}/manifests/${tag}`, { headers: { accept: 'application/vnd.oci.image.manifest.v1+json' } });
   expect(res.status).toBe(200);
   return ((await res.json()) as { layers: Array<{ mediaType: string; digest: string; size: number; annotations?: Record<string, string> }> }).layers;
-}
-
-async function code(p: Promise<unknown>): Promise<string> {
-  try {
-    await p;
-    return 'resolved';
-  } catch (err) {
-    if (!(err instanceof VsnapError)) throw err;
-    return err.code;
-  }
 }
 
 describe.skipIf(!run)('registry: coded snapshots', () => {
@@ -151,14 +141,13 @@ describe.skipIf(!run)('registry: coded snapshots', () => {
     closeSync(fd);
     const root = join(tempDir(), 'd');
     const dst = await RegionStore.open(root);
-    const whole = await client().pull(dst, ref).catch((e: VsnapError) => e);
-    expect(whole).toBeInstanceOf(VsnapError);
-    expect((whole as VsnapError).code).toBe('E_CODEC_CORRUPT');
-    expect((whole as VsnapError).message).toContain(`region ${region.key}): chunk 3 is damaged`);
+    const whole = await rejection(client().pull(dst, ref));
+    expect(whole.code).toBe('E_CODEC_CORRUPT');
+    expect(whole.message).toContain(`region ${region.key}): chunk 3 is damaged`);
     expect(await dst.list()).toEqual([]);
     expect((await dst.usage()).blobs).toBe(0);
     expect(readdirSync(join(root, 'tmp'))).toEqual([]);
-    expect(await code(client({ rangeMinBytes: 64 * KiB, connections: 2 }).pull(dst, ref))).toBe('E_CODEC_CORRUPT');
+    expect((await rejection(client({ rangeMinBytes: 64 * KiB, connections: 2 }).pull(dst, ref))).code).toBe('E_CODEC_CORRUPT');
     expect(readdirSync(join(root, 'tmp'))).toEqual([]);
   }, 60_000);
 });
