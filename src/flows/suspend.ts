@@ -207,7 +207,7 @@ async function ensureRestorable(
   const snapshot = current ? Snapshot.of(store, current) : undefined;
   const capture = async (base?: Snapshot): Promise<Snapshot> => {
     const ram = options.tiers?.ram;
-    const captureOptions: EngineCaptureOptions = { ...(ram ? { cache: ram } : {}), ...(options.capture ?? {}), ...(base ? { base } : {}), ...(options.signal ? { signal: options.signal } : {}) };
+    const captureOptions: EngineCaptureOptions = { ...(ram ? { ram } : {}), ...(options.capture ?? {}), ...(base ? { base } : {}), ...(options.signal ? { signal: options.signal } : {}) };
     const s = await captureExported(store, name, client, status, await weights.export(), captureOptions, await weights.map());
     lap('capture');
     return s;
