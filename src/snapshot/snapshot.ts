@@ -1,5 +1,6 @@
 import type { RamLease, RamReservation, RamTier } from '../cache/ram-tier.js';
 import { invalidArgument, toVsnapError, VsnapError } from '../errors.js';
+import { checkOptions } from '../options.js';
 import type { LiveRegion } from '../manifest/compat.js';
 import { Manifest } from '../manifest/manifest.js';
 import type { RegionInfo } from '../manifest/types.js';
@@ -25,6 +26,10 @@ import { type DigestPlan, planVerify, verifyPlanned, verifyRestoredByDevice } fr
 import type { CaptureOptions, DeviceTiming, RestoreOptions, RestoreRegion, TransferSummary } from './snapshot-types.js';
 import type { StagedRest, StagedTargets } from './staged.js';
 import { regionId } from '../manifest/region-id.js';
+
+const TRANSFER_OPTIONS = ['onProgress', 'signal', 'threads', 'directIo'];
+const CAPTURE_OPTIONS = ['regions', 'engine', 'model', 'expectedResponse', 'labels', 'chunkSize', 'ram', 'persist', 'hash', 'base', 'codec', ...TRANSFER_OPTIONS];
+const RESTORE_OPTIONS = ['regions', 'live', 'verify', 'ram', 'verifyDigests', 'multipath', ...TRANSFER_OPTIONS];
 
 /** How a region is named in transfer errors: its key, prefixed with its rank when there are several ranks. */
 function regionLabel(rank: number, key: string, multiRank: boolean): string {
@@ -149,6 +154,7 @@ export class Snapshot {
    */
   static async capture(store: RegionStore, name: string, options: CaptureOptions): Promise<Snapshot> {
     validateName(name);
+    checkOptions('Snapshot.capture options', options, CAPTURE_OPTIONS);
     checkCaptureRegions(options.regions);
     const chunkSize = options.chunkSize ?? DEFAULT_CHUNK_SIZE;
     if (!Number.isSafeInteger(chunkSize) || chunkSize <= 0 || chunkSize % 4096 !== 0 || chunkSize > 2 ** 30) {
@@ -293,6 +299,7 @@ export class Snapshot {
   private async restoreInto(options: RestoreOptions, staged: StagedTargets | undefined): Promise<TransferSummary> {
     const manifest = this.current; // the one the bytes are restored by, even if a persist completes meanwhile
     if (!Array.isArray(options?.regions)) invalidArgument('regions', 'an array of restore targets', options?.regions);
+    checkOptions('Snapshot.restore options', options, RESTORE_OPTIONS);
     // Every target by region id; with stages, the rest join once made (before any of them is copied or digested).
     const targets = new Map(options.regions.map((r) => [regionId(r.rank ?? 0, r.key), r]));
     const live = (ids?: ReadonlySet<string>) =>

@@ -103,6 +103,23 @@ describe('capture into the RAM tier', () => {
     expect(cache.usedBytes).toBe(0);
   });
 
+  it('refuses an option it does not have (the RAM tier is passed as ram), before it copies a byte', async () => {
+    const store = await RegionStore.open(tempDir());
+    const cache = await cacheOf(8 * MiB);
+    const refused = { code: 'E_INVALID_ARGUMENT', details: { key: 'cache' } };
+    await expect(Snapshot.capture(store, 'm', { regions: sources(), chunkSize: MiB, cache } as never)).rejects.toMatchObject(refused);
+    expect(cache.usedBytes).toBe(0);
+    expect(await store.current('m')).toBeUndefined();
+    const snap = await Snapshot.capture(store, 'm', { regions: sources(), chunkSize: MiB });
+    const t = targets();
+    await expect(snap.restore({ regions: asTargets(t), cache } as never)).rejects.toMatchObject(refused);
+    expect(intact(t)).toBe(false); // nothing was copied
+    expect(cache.usedBytes).toBe(0);
+    expect((await snap.restore({ regions: asTargets(t), ram: cache })).tier).toBe('store'); // loaded into the RAM tier on the way
+    expect(intact(t)).toBe(true);
+    expect(cache.has(snap.id)).toBe(true);
+  });
+
   it('a capture persisted late does not replace a newer one as current', async () => {
     const store = await RegionStore.open(tempDir());
     const cache = await cacheOf(8 * MiB);
