@@ -36,7 +36,8 @@ async function restorable(snapshot: Snapshot, status: EngineStatus, tables: Regi
 
 /**
  * Whether the store's snapshot `name` could bring this engine's weights back (the check
- * {@link (suspendEngine:1)} makes before sleeping), and if not, why.
+ * {@link (suspendEngine:1)} makes before sleeping), and if not, why. `cached`: the store has a
+ * snapshot `name` (it says nothing of the RAM tier).
  * @public
  */
 export async function restorableFor(
