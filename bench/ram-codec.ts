@@ -43,21 +43,21 @@ async function measure(codec: 'vsnap-c1' | 'off') {
   const cache = await RamTier.create({ budgetBytes: rawBytes + 64 * MiB, codec });
   try {
     const t0 = performance.now();
-    const snap = await Snapshot.capture(store, 'bench', { regions, cache });
+    const snap = await Snapshot.capture(store, 'bench', { regions, ram: cache });
     const captureSeconds = since(t0);
     const plain: number[] = [];
     const checked: number[] = [];
     for (let r = 0; r < rounds; r++) {
-      plain.push((await snap.restore({ regions, cache, verifyDigests: false })).seconds);
+      plain.push((await snap.restore({ regions, ram: cache, verifyDigests: false })).seconds);
       const t1 = performance.now();
-      await snap.restore({ regions, cache });
+      await snap.restore({ regions, ram: cache });
       checked.push(since(t1));
     }
     const heldBytes = cache.usedBytes;
     const ramOnly: number[] = [];
     for (let r = 0; r < rounds; r++) {
       const t2 = performance.now();
-      const once = await Snapshot.capture(store, 'bench-ram-only', { regions, cache, persist: 'off' });
+      const once = await Snapshot.capture(store, 'bench-ram-only', { regions, ram: cache, persist: 'off' });
       ramOnly.push(since(t2));
       cache.evict(once.id);
     }

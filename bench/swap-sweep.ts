@@ -72,7 +72,7 @@ export async function makeRegions(device: 'cuda' | 'host', sizes: readonly numbe
 
 /** A restore from the RAM tier, which it must come from. */
 async function restoreFromRam(snap: Snapshot, regions: Region[], cache: RamTier, what: string): Promise<TransferSummary> {
-  const res = await snap.restore({ regions, cache });
+  const res = await snap.restore({ regions, ram: cache });
   if (res.tier !== 'ram') throw new Error(`[sweep] ${what}: restored from ${res.tier ?? 'store'}, expected the RAM tier`);
   return res;
 }
@@ -143,7 +143,7 @@ export async function runSweep(o: SweepOptions): Promise<{ rows: SweepRow[]; cac
       const setupSeconds = since(t0);
       let snap: Snapshot | undefined;
       try {
-        snap = await Snapshot.capture(o.store, `sweep-${sizes.length}`, { regions: held.regions, cache, persist: 'off' });
+        snap = await Snapshot.capture(o.store, `sweep-${sizes.length}`, { regions: held.regions, ram: cache, persist: 'off' });
         const restoreSeconds: number[] = [];
         for (let r = 0; r <= o.reps; r++) {
           const res = await restoreFromRam(snap, held.regions, cache, `${sizes.length} regions`);

@@ -69,7 +69,7 @@ const toRam: number[] = [];
 let inRam: Snapshot | undefined;
 for (let r = 0; r < REPS; r++) {
   if (inRam) cache.evict(inRam.id);
-  inRam = await Snapshot.capture(store, 'bench-ram', { regions, cache, persist: 'off' });
+  inRam = await Snapshot.capture(store, 'bench-ram', { regions, ram: cache, persist: 'off' });
   toRam.push(gbps(bytes, inRam.lastCapture!.seconds));
 }
 const p0 = performance.now();
@@ -96,7 +96,7 @@ await cache.load(store, snap.manifest);
 const cacheLoadGBps = gbps(bytes, since(l0));
 const ram: number[] = [];
 for (let r = 0; r < REPS; r++) {
-  const res = await snap.restore({ regions, cache });
+  const res = await snap.restore({ regions, ram: cache });
   if (res.tier !== 'ram') throw new Error('expected a restore from the RAM tier');
   ram.push(gbps(bytes, res.seconds));
 }

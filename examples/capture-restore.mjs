@@ -34,15 +34,15 @@ console.log(`captured ${snap.name} ${snap.id}: ${snap.manifest.regionCount} regi
 for (const r of regions) await r.owner.write(0, Buffer.alloc(64)); // wipe the start
 
 // Restore through the RAM tier: the first restore loads it (verified), later ones are pure DMA.
-const cache = await RamTier.create({ budgetBytes: 128 * MiB });
+const ram = await RamTier.create({ budgetBytes: 128 * MiB });
 for (const attempt of [1, 2]) {
-  const result = await (await Snapshot.open(store, 'example')).restore({ regions, cache });
+  const result = await (await Snapshot.open(store, 'example')).restore({ regions, ram });
   console.log(`restore ${attempt}: ${result.bytes} bytes from the ${result.tier} tier in ${result.seconds.toFixed(3)} s`);
 }
 for (const r of regions) {
   const head = (await r.owner.read(0, 64)).toString().replace(/\0+$/, '');
   console.log(`${r.key}: "${head}"`);
 }
-cache.close();
+ram.close();
 for (const r of regions) r.owner.close();
 if (!process.argv[2]) rmSync(root, { recursive: true, force: true });

@@ -15,11 +15,11 @@ if (engines.length < 2) throw new Error('give two or more engines: <url>=<model>
 
 const store = await RegionStore.open(process.env.VSNAP_STORE ?? '/tmp/vsnap-router-store');
 // Optional: a pinned RAM tier, so swaps restore at PCIe speed instead of from disk.
-const cache = process.env.VSNAP_RAM_GIB ? await RamTier.create({ budgetBytes: Number(process.env.VSNAP_RAM_GIB) * GiB }) : undefined;
+const ram = process.env.VSNAP_RAM_GIB ? await RamTier.create({ budgetBytes: Number(process.env.VSNAP_RAM_GIB) * GiB }) : undefined;
 
 const controller = await SwapController.create({
   store,
-  ...(cache ? { tiers: { ram: cache } } : {}),
+  ...(ram ? { tiers: { ram } } : {}),
   // Each engine holds ~20 GiB awake; the GPU budget leaves room for one at a time.
   engines: engines.map((e) => ({ ...e, memoryBytes: 20 * GiB, asleepBytes: 2 * GiB })),
   budgets: { 0: Number(process.env.VSNAP_BUDGET_GIB ?? 30) * GiB },
@@ -39,7 +39,7 @@ for (const signal of ['SIGINT', 'SIGTERM'] as const) {
   process.once(signal, async () => {
     await agent.close();
     await controller.close();
-    cache?.close();
+    ram?.close();
     for (const e of engines) await e.client.close();
     process.exit(0);
   });

@@ -104,7 +104,7 @@ function itemsOf(source: Manifest | readonly RamItem[]): readonly RamItem[] {
  * The RAM tier: snapshots held in host memory that is allocated and page-locked once, so a
  * restore from it is a bulk DMA straight to the GPU at the PCIe line rate, with no staging copy
  * and no hashing (every chunk was verified when it was loaded). Least recently used snapshots
- * are evicted when a new one needs room. Pass it to {@link Snapshot.restore} as `cache`, and to
+ * are evicted when a new one needs room. Pass it to {@link Snapshot.restore} as `ram`, and to
  * {@link Snapshot.capture} to land a capture here first (the GPU is then free at D2H speed).
  * Holds its memory (and, when pinned, a CUDA context on GPU 0) until {@link RamTier.close}.
  * Child processes do not inherit the memory (a spawn does not copy the pinned pages).

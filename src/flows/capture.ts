@@ -64,7 +64,7 @@ export async function captureExported(
     expectedResponse: expected,
     labels: { ...(options.labels ?? {}) },
     ...(options.chunkSize ? { chunkSize: options.chunkSize } : {}),
-    ...(options.cache ? { cache: options.cache } : {}),
+    ...(options.ram ? { ram: options.ram } : {}),
     ...(options.persist ? { persist: options.persist } : {}),
     ...(options.hash ? { hash: options.hash } : {}),
     ...(options.base ? { base: options.base } : {}),
@@ -75,7 +75,7 @@ export async function captureExported(
   });
 }
 
-const CAPTURE_OPTIONS = ['check', 'labels', 'chunkSize', 'cache', 'persist', 'hash', 'base', 'codec', 'transfer', 'signal', 'onWarning'];
+const CAPTURE_OPTIONS = ['check', 'labels', 'chunkSize', 'ram', 'persist', 'hash', 'base', 'codec', 'transfer', 'signal', 'onWarning'];
 
 /** Rejects unknown capture options (the probe options moved into `check`). @internal */
 export function checkCaptureOptions(options: EngineCaptureOptions, what = 'captureEngine options'): void {

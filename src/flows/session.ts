@@ -104,9 +104,9 @@ export class EngineSession {
    * Captures the engine's weights into the store under the session's name, landing in the
    * session's RAM tier first where it has one (see {@link captureEngine}).
    */
-  async capture(options: Omit<EngineCaptureOptions, 'cache'> = {}): Promise<Snapshot> {
-    if (options && 'cache' in options) invalidArgument('EngineSession.capture options.cache', "absent: the capture lands in the session's RAM tier (tiers.ram)", (options as { cache: unknown }).cache);
-    return captureEngine(this.store, this.name, this.client, { ...options, ...(this.tiers.ram ? { cache: this.tiers.ram } : {}) });
+  async capture(options: Omit<EngineCaptureOptions, 'ram'> = {}): Promise<Snapshot> {
+    if (options && 'ram' in options) invalidArgument('EngineSession.capture options.ram', "absent: the capture lands in the session's RAM tier (tiers.ram)", (options as { ram: unknown }).ram);
+    return captureEngine(this.store, this.name, this.client, { ...options, ...(this.tiers.ram ? { ram: this.tiers.ram } : {}) });
   }
 
   /**

@@ -36,7 +36,8 @@ async function restorable(snapshot: Snapshot, status: EngineStatus, tables: Regi
 
 /**
  * Whether the store's snapshot `name` could bring this engine's weights back (the check
- * {@link (suspendEngine:1)} makes before sleeping), and if not, why.
+ * {@link (suspendEngine:1)} makes before sleeping), and if not, why. `cached`: the store has a
+ * snapshot `name` (it says nothing of the RAM tier).
  * @public
  */
 export async function restorableFor(
@@ -207,7 +208,7 @@ async function ensureRestorable(
   const snapshot = current ? Snapshot.of(store, current) : undefined;
   const capture = async (base?: Snapshot): Promise<Snapshot> => {
     const ram = options.tiers?.ram;
-    const captureOptions: EngineCaptureOptions = { ...(ram ? { cache: ram } : {}), ...(options.capture ?? {}), ...(base ? { base } : {}), ...(options.signal ? { signal: options.signal } : {}) };
+    const captureOptions: EngineCaptureOptions = { ...(ram ? { ram } : {}), ...(options.capture ?? {}), ...(base ? { base } : {}), ...(options.signal ? { signal: options.signal } : {}) };
     const s = await captureExported(store, name, client, status, await weights.export(), captureOptions, await weights.map());
     lap('capture');
     return s;

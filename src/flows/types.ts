@@ -41,8 +41,8 @@ export interface EngineCaptureOptions {
   readonly labels?: Readonly<Record<string, string>>;
   /** Checksum granularity (default 64 MiB). */
   readonly chunkSize?: number;
-  /** Land the capture in this RAM tier first; see {@link CaptureOptions.cache}. */
-  readonly cache?: RamTier;
+  /** Land the capture in this RAM tier first; see {@link CaptureOptions.ram}. */
+  readonly ram?: RamTier;
   /**
    * When the store gets the capture (default `sync`). With `async` or `off`, a suspend that
    * captures first frees the GPU once the weights are in the RAM tier; until the store has them,

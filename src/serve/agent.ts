@@ -72,7 +72,7 @@ export interface SwapAgentOptions {
    */
   readonly publicStatus?: boolean;
   /** For the status page: the RAM tier. */
-  readonly cache?: RamTier;
+  readonly ram?: RamTier;
   /** For the status page and `/healthz`: the supervisor of the engines `vsnap serve` started. */
   readonly supervisor?: Supervisor;
   /** For the status page: GPU budgets per device ordinal, bytes. */

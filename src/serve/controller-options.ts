@@ -47,7 +47,7 @@ export function controllerOptionsOf(
     readonly store: RegionStore;
     readonly clients: ReadonlyMap<string, EngineClient>;
     readonly sources: ReadonlyMap<string, RegistrySource>;
-    readonly cache: RamTier | undefined;
+    readonly ram: RamTier | undefined;
     /** Engines still booting: counted awake until released. */
     readonly booting: readonly string[];
   },
@@ -58,7 +58,7 @@ export function controllerOptionsOf(
     budgets: budgetsOf(config),
     booting: parts.booting,
     tiers: {
-      ...(parts.cache ? { ram: parts.cache } : {}),
+      ...(parts.ram ? { ram: parts.ram } : {}),
       ...(config.neighbourTier ? { neighbour: { device: config.neighbourTier.gpu, budgetBytes: bytesOf(config.neighbourTier.budgetGiB) } } : {}),
       ...(config.multipath ? { multipath: { neighbour: config.multipath.gpu } } : {}),
     },

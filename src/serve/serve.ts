@@ -110,15 +110,15 @@ async function start(config: ServeConfig, options: ServeOptions, log: (line: str
   const started = Object.keys(config.models)
     .filter((name) => config.models[name]!.command)
     .sort((a, b) => Number(needsPull.has(a)) - Number(needsPull.has(b)));
-  const cache = config.ramTierGiB > 0 ? await RamTier.create({ budgetBytes: bytesOf(config.ramTierGiB) }) : undefined;
-  if (cache) teardown.add('the RAM tier', () => cache.close());
+  const ram = config.ramTierGiB > 0 ? await RamTier.create({ budgetBytes: bytesOf(config.ramTierGiB) }) : undefined;
+  if (ram) teardown.add('the RAM tier', () => ram.close());
   const readiness = new ModelReadinessBoard(Object.keys(config.models));
   for (const name of needsPull) if (!config.models[name]!.command) readiness.set(name, 'pulling', `pulling its snapshot from ${sources.get(name)!.reference}`);
   let booted: Promise<void> | undefined;
   teardown.add('the boot', () => booted?.catch(() => undefined)); // after the engines stop (below), so it ends
   const supervisor = superviseEngines(config, started, { record, readiness, log, graceMs, options });
   teardown.add('the engines', () => supervisor.stop());
-  const controller = await SwapController.create(controllerOptionsOf(config, { store, clients, sources, cache, booting: started }));
+  const controller = await SwapController.create(controllerOptionsOf(config, { store, clients, sources, ram, booting: started }));
   teardown.add('the controller', () => controller.close()); // the swap in flight, if any, ends before the engines stop
   logControllerEvents(controller, log);
   registerStoreMetrics(controller.registry, store);
@@ -132,7 +132,7 @@ async function start(config: ServeConfig, options: ServeOptions, log: (line: str
     responseStallMs: config.listen.responseStallSeconds * 1000,
     ...(config.controlToken ? { controlToken: config.controlToken } : {}),
     ...(config.apiKey ? { apiKey: config.apiKey } : {}),
-    ...(cache ? { cache } : {}),
+    ...(ram ? { ram } : {}),
     supervisor,
     budgets: budgetsOf(config),
     readiness,
@@ -146,7 +146,7 @@ async function start(config: ServeConfig, options: ServeOptions, log: (line: str
   });
   const closing = new AbortController();
   teardown.add('the boot', () => closing.abort(new VsnapError('E_ABORTED', 'vsnap serve is stopping')));
-  booted = bootEngines({ config, store, clients, sources, needsPull, started, supervisor, controller, readiness, cache, signal: closing.signal, log, stallLogMs: options.pullStallLogMs ?? 30_000 });
+  booted = bootEngines({ config, store, clients, sources, needsPull, started, supervisor, controller, readiness, ram, signal: closing.signal, log, stallLogMs: options.pullStallLogMs ?? 30_000 });
   booted.catch(() => undefined); // the caller learns of it through `booted`; never an unhandled rejection
   return { agent, controller, supervisor, readiness, booted, close: () => teardown.run() };
 }

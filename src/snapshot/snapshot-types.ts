@@ -53,7 +53,7 @@ export interface CaptureOptions extends TransferOptions {
    * D2H speed, and a later restore from it is a bulk DMA. With `persist: 'sync'` a capture that
    * does not fit goes to the store only.
    */
-  readonly cache?: RamTier;
+  readonly ram?: RamTier;
   /** When the store gets the capture (default `sync`); see {@link PersistPolicy}. */
   readonly persist?: PersistPolicy;
   /**
@@ -64,7 +64,7 @@ export interface CaptureOptions extends TransferOptions {
   /**
    * Incremental capture: an earlier capture (a {@link Snapshot}) of these regions in the same store. Regions whose
    * GPU digests are unchanged since it are not read again; the new snapshot shares their blobs.
-   * Not with a RAM-tier `cache` reservation (the RAM tier needs every byte).
+   * Not with a `ram` tier reservation (the RAM tier needs every byte).
    */
   readonly base?: { readonly manifest: Manifest };
   /**
@@ -80,12 +80,12 @@ export interface CaptureOptions extends TransferOptions {
 
 /**
  * When a capture reaches the {@link RegionStore}:
- * - `sync`: before {@link Snapshot.capture} resolves (with a `cache`, the bytes land in the RAM
+ * - `sync`: before {@link Snapshot.capture} resolves (with a `ram` tier, the bytes land in the RAM
  *   tier and the store in one pass);
- * - `async`: in the background, from the RAM tier (`cache` required); `capture` resolves once the
+ * - `async`: in the background, from the RAM tier (`ram` required); `capture` resolves once the
  *   bytes are in RAM. {@link Snapshot.durable} turns true when the store has them, and
  *   {@link Snapshot.persist} waits for that. Until then a crash of this process loses the capture.
- * - `off`: never by itself (`cache` required): the capture lives in the RAM tier only, until
+ * - `off`: never by itself (`ram` required): the capture lives in the RAM tier only, until
  *   {@link Snapshot.persist} writes it, or it is evicted explicitly. The RAM tier never evicts a
  *   capture it holds the only copy of to make room.
  * @public
@@ -142,12 +142,12 @@ export interface RestoreOptions extends TransferOptions {
    */
   readonly verify?: 'chunk' | 'all-first';
   /**
-   * Restore through the RAM tier: from the cache when it holds this capture (a bulk DMA, no
+   * Restore through this RAM tier: from it when it holds this capture (a bulk DMA, no
    * hashing: verified when loaded), else loaded into it first (every chunk verified before the
-   * first byte reaches the target) and then copied. Snapshots larger than the cache stream from
+   * first byte reaches the target) and then copied. Snapshots larger than the tier stream from
    * the store as without it.
    */
-  readonly cache?: RamTier;
+  readonly ram?: RamTier;
   /**
    * Digest the restored memory (on the GPU) and compare with the snapshot's digests (default
    * true; skipped when it has none). Always done for a capture with hash `deferred` not yet
@@ -155,7 +155,7 @@ export interface RestoreOptions extends TransferOptions {
    */
   readonly verifyDigests?: boolean;
   /**
-   * With `cache`: copy from the RAM tier over two PCIe links, the target's and a neighbour GPU's
+   * With `ram`: copy from the RAM tier over two PCIe links, the target's and a neighbour GPU's
    * (docs/multipath.md). Every region must be on one GPU. The restored memory is then checked
    * with the GPU digest as after any restore.
    */

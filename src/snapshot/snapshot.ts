@@ -1,5 +1,6 @@
 import type { RamLease, RamReservation, RamTier } from '../cache/ram-tier.js';
 import { invalidArgument, toVsnapError, VsnapError } from '../errors.js';
+import { checkOptions } from '../options.js';
 import type { LiveRegion } from '../manifest/compat.js';
 import { Manifest } from '../manifest/manifest.js';
 import type { RegionInfo } from '../manifest/types.js';
@@ -25,6 +26,10 @@ import { type DigestPlan, planVerify, verifyPlanned, verifyRestoredByDevice } fr
 import type { CaptureOptions, DeviceTiming, RestoreOptions, RestoreRegion, TransferSummary } from './snapshot-types.js';
 import type { StagedRest, StagedTargets } from './staged.js';
 import { regionId } from '../manifest/region-id.js';
+
+const TRANSFER_OPTIONS = ['onProgress', 'signal', 'threads', 'directIo'];
+const CAPTURE_OPTIONS = ['regions', 'engine', 'model', 'expectedResponse', 'labels', 'chunkSize', 'ram', 'persist', 'hash', 'base', 'codec', ...TRANSFER_OPTIONS];
+const RESTORE_OPTIONS = ['regions', 'live', 'verify', 'ram', 'verifyDigests', 'multipath', ...TRANSFER_OPTIONS];
 
 /** How a region is named in transfer errors: its key, prefixed with its rank when there are several ranks. */
 function regionLabel(rank: number, key: string, multiRank: boolean): string {
@@ -143,12 +148,13 @@ export class Snapshot {
   /**
    * Captures regions into the store under `name`: every region is copied out in chunks,
    * checksummed while streaming, and written as a blob; the manifest is published last, and
-   * `current` then names this capture. Identical regions are stored once. With a `cache`, the
-   * bytes land in the RAM tier first, and `persist` says when the store gets them (a capture
+   * `current` then names this capture. Identical regions are stored once. With a `ram` tier, the
+   * bytes land in it first, and `persist` says when the store gets them (a capture
    * persisted later becomes `current` only if no newer capture of `name` was published since).
    */
   static async capture(store: RegionStore, name: string, options: CaptureOptions): Promise<Snapshot> {
     validateName(name);
+    checkOptions('Snapshot.capture options', options, CAPTURE_OPTIONS);
     checkCaptureRegions(options.regions);
     const chunkSize = options.chunkSize ?? DEFAULT_CHUNK_SIZE;
     if (!Number.isSafeInteger(chunkSize) || chunkSize <= 0 || chunkSize % 4096 !== 0 || chunkSize > 2 ** 30) {
@@ -161,8 +167,8 @@ export class Snapshot {
     const codec = checkStoreCodec(options.codec);
     const persist = options.persist ?? 'sync';
     if (persist !== 'sync' && persist !== 'async' && persist !== 'off') invalidArgument('persist', "'sync', 'async' or 'off'", persist);
-    const cache = options.cache;
-    if (persist !== 'sync' && !cache) invalidArgument('cache', `a RamTier: persist '${persist}' keeps the capture in the RAM tier`, cache);
+    const ram = options.ram;
+    if (persist !== 'sync' && !ram) invalidArgument('ram', `a RamTier: persist '${persist}' keeps the capture in the RAM tier`, ram);
     const hash = options.hash ?? (persist === 'sync' ? 'now' : 'deferred');
     if (hash !== 'now' && hash !== 'deferred') invalidArgument('hash', "'now' or 'deferred'", hash);
     if (hash === 'deferred' && persist === 'sync') invalidArgument('hash', "'now' with persist 'sync' (the store needs the checksums in the same pass); 'deferred' needs persist 'async' or 'off'", hash);
@@ -171,7 +177,7 @@ export class Snapshot {
     const txn = persist === 'sync' ? await store.beginCapture(name, total, id) : undefined;
     let reservation: RamReservation | undefined;
     try {
-      if (cache && (persist !== 'sync' || cache.fits(items))) reservation = cache.reserve(name, id, items);
+      if (ram && (persist !== 'sync' || ram.fits(items))) reservation = ram.reserve(name, id, items);
       // After the free-space check and the reservation: nothing is read from a capture that cannot fit.
       const digestStarted = performance.now();
       const gpuDigests = await captureDigests(regions, chunkSize);
@@ -184,7 +190,7 @@ export class Snapshot {
       const multiRank = regions.some((x) => (x.rank ?? 0) > 0);
       // A coded RAM tier gets GPU regions coded on their GPU, unless the capture hashes on the host
       // without the store: that hash needs the raw bytes on the host (they are landed, then coded).
-      let gpuCoded = reservation !== undefined && cache!.codec === 'vsnap-c1' && regions.every((r) => onDevice(r.memory)) && (txn !== undefined || deferred);
+      let gpuCoded = reservation !== undefined && ram!.codec === 'vsnap-c1' && regions.every((r) => onDevice(r.memory)) && (txn !== undefined || deferred);
       const codedSources = regions.map((r, i) => ({ id: regionId(items[i]!.rank, r.key), size: r.size, chunkSize, memory: r.memory, ...(r.tensors ? { tensors: r.tensors } : {}) }));
       let landed: { linkBytes: number; seconds: number } | undefined;
       if (gpuCoded && !txn) {
@@ -252,7 +258,7 @@ export class Snapshot {
         hash: deferred ? 'deferred' : 'now',
         digestSeconds,
       };
-      const snapshot = new Snapshot(store, manifest, summary, txn ? undefined : cache, codec);
+      const snapshot = new Snapshot(store, manifest, summary, txn ? undefined : ram, codec);
       if (persist === 'async') snapshot.persistInBackground(options);
       return snapshot;
     } catch (err) {
@@ -293,6 +299,7 @@ export class Snapshot {
   private async restoreInto(options: RestoreOptions, staged: StagedTargets | undefined): Promise<TransferSummary> {
     const manifest = this.current; // the one the bytes are restored by, even if a persist completes meanwhile
     if (!Array.isArray(options?.regions)) invalidArgument('regions', 'an array of restore targets', options?.regions);
+    checkOptions('Snapshot.restore options', options, RESTORE_OPTIONS);
     // Every target by region id; with stages, the rest join once made (before any of them is copied or digested).
     const targets = new Map(options.regions.map((r) => [regionId(r.rank ?? 0, r.key), r]));
     const live = (ids?: ReadonlySet<string>) =>
@@ -379,7 +386,7 @@ export class Snapshot {
   ): Promise<Omit<TransferSummary, 'devices'> & { devices?: NativeTransferResult['devices'] }> {
     const staged = this.joinStages(options, targets, stages);
     if (!staged) this.checkTargets(options.regions, options);
-    if (!this.isDurable && !options.cache?.has(this.id)) throw notDurable(this, 'a restore');
+    if (!this.isDurable && !options.ram?.has(this.id)) throw notDurable(this, 'a restore');
     const verify = options.verify ?? 'chunk';
     const multiRank = this.manifest.data.ranks.length > 1;
     if (verify !== 'chunk' && verify !== 'all-first') invalidArgument('verify', "'chunk' or 'all-first'", verify);
@@ -387,14 +394,14 @@ export class Snapshot {
       label: this.name,
       ...passOn(options),
     };
-    if (options.cache?.fits(this.manifest)) {
+    if (options.ram?.fits(this.manifest)) {
       const started = performance.now();
       const early = stages?.started;
-      if (early && (early.snapshotId !== this.id || early.cache !== options.cache)) invalidArgument('stages.started', `a copy of capture ${this.id} from the cache given`, early.snapshotId);
+      if (early && (early.snapshotId !== this.id || early.cache !== options.ram)) invalidArgument('stages.started', `a copy of capture ${this.id} from the RAM tier given`, early.snapshotId);
       const taken = early?.take(); // this restore finishes the copy and lets the lease go from here on
-      const wasHeld = taken !== undefined || options.cache.has(this.id);
+      const wasHeld = taken !== undefined || options.ram.has(this.id);
       if (staged && !wasHeld) await staged; // the rest checked before the RAM tier loads the snapshot from the store
-      const lease = taken?.lease ?? (await options.cache.acquire(this.store, this.manifest, { ...common, directIo: options.directIo ?? false }));
+      const lease = taken?.lease ?? (await options.ram.acquire(this.store, this.manifest, { ...common, directIo: options.directIo ?? false }));
       try {
         if (lease.chunks) {
           if (staged) await (await staged).late.after; // every target made (and woken where it must be) before the one copy

@@ -37,7 +37,7 @@ export function damageReason(code: ErrorCode, id: string | undefined): string {
 /**
  * Whether the snapshot `name` can bring an engine back, checked before anyone is suspended for it:
  * tier 0 holds its weights; or the current capture is not marked damaged and either its RAM-tier
- * copy is loaded and verified (loaded now, every chunk hashed, when the cache has room) or every
+ * copy is loaded and verified (loaded now, every chunk hashed, when the RAM tier has room) or every
  * blob is in the store with its size. Returns the damage found, or undefined.
  * @internal
  */
@@ -45,7 +45,7 @@ export async function checkRestorable(args: {
   store: RegionStore;
   name: string;
   engineKey: string;
-  cache: RamTier | undefined;
+  ram: RamTier | undefined;
   resident: GpuTier | undefined;
   known: Damage | undefined;
 }): Promise<{ damage?: Damage; detail?: string }> {
@@ -53,10 +53,10 @@ export async function checkRestorable(args: {
   const current = await args.store.current(args.name);
   if (!current) return { damage: { snapshotId: undefined, reason: `the store has no snapshot '${args.name}'` } };
   if (args.known && args.known.snapshotId === current.id) return { damage: args.known };
-  if (args.cache?.has(current.id)) return {};
-  if (args.cache?.fits(current)) {
+  if (args.ram?.has(current.id)) return {};
+  if (args.ram?.fits(current)) {
     try {
-      await args.cache.load(args.store, current, { directIo: false });
+      await args.ram.load(args.store, current, { directIo: false });
       return {};
     } catch (err) {
       const e = toVsnapError(err);

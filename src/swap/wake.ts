@@ -32,7 +32,7 @@ export async function checkFor(ctx: SwapContext, slot: Slot): Promise<boolean> {
   if (keptByEngine(slot.state)) return true; // the engine kept its weights: it resumes without a snapshot
   const { config } = ctx;
   try {
-    const found = await checkRestorable({ store: config.store, name: slot.spec.snapshot, engineKey: slot.spec.client.baseUrl, cache: config.ram, resident: config.gpu, known: slot.snapshot.damage });
+    const found = await checkRestorable({ store: config.store, name: slot.spec.snapshot, engineKey: slot.spec.client.baseUrl, ram: config.ram, resident: config.gpu, known: slot.snapshot.damage });
     if (found.damage) ctx.markDamaged(slot, found.damage, found.detail);
     else damaged(slot, undefined);
     if (config.overlap && slot.spec.weightsBytes === undefined && !found.damage) snapshotWeights(slot, await largestRank(ctx, slot));

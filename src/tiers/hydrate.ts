@@ -3,12 +3,12 @@ import type { MultipathOptions } from '../transfer/multipath.js';
 import type { RestoreRun, TierRestore } from './tier.js';
 
 /**
- * Copies the snapshot into the engine's mapped weights, from the RAM tier (`cache`) or the store,
+ * Copies the snapshot into the engine's mapped weights, from the RAM tier (`ram`) or the store,
  * every chunk verified and the restored memory checked by GPU digest (Snapshot.restore). Two PCIe
  * links (`multipath`) only for an engine on one GPU: with several ranks each GPU's own link is in
  * use already. @internal
  */
-export async function hydrate(run: RestoreRun, cache: RamTier | undefined, multipath: MultipathOptions | undefined): Promise<TierRestore> {
+export async function hydrate(run: RestoreRun, ram: RamTier | undefined, multipath: MultipathOptions | undefined): Promise<TierRestore> {
   // Memory filled here while the engine's wake maps it, except over two links (the neighbour GPU's
   // share is copied into the engine's own mappings there).
   const targets = multipath && run.status.ranks.length === 1 ? await run.targets() : await run.targets({ fill: true });
@@ -18,7 +18,7 @@ export async function hydrate(run: RestoreRun, cache: RamTier | undefined, multi
   const options = {
     regions: targets.regions,
     ...twoLinks,
-    ...(cache ? { cache } : {}),
+    ...(ram ? { ram } : {}),
     ...(verify ? { verify } : {}),
     ...(verifyDigests !== undefined ? { verifyDigests } : {}),
     ...transfer,

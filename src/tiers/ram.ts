@@ -11,10 +11,10 @@ import { hydrate } from './hydrate.js';
  */
 
 /** @internal */
-export function ramTier(cache: RamTier, multipath: MultipathOptions | undefined): Tier {
+export function ramTier(ram: RamTier, multipath: MultipathOptions | undefined): Tier {
   return {
     name: 'ram',
-    holds: (run) => run.snapshot !== undefined && cache.fits(run.snapshot.manifest),
-    restore: (run) => hydrate(run, cache, multipath),
+    holds: (run) => run.snapshot !== undefined && ram.fits(run.snapshot.manifest),
+    restore: (run) => hydrate(run, ram, multipath),
   };
 }

@@ -110,7 +110,7 @@ describe('GPU: captures coded on the GPU into the RAM tier', async () => {
   let heldBytes = 0;
   it('a RAM-only capture (persist off, hash deferred) is coded on the GPU: CPU encoder bytes, bit-exact restore from RAM, persisted and restored from the store', async () => {
     const t0 = performance.now();
-    const snap = await Snapshot.capture(store, 'ram-only', { regions, cache: coded, persist: 'off' });
+    const snap = await Snapshot.capture(store, 'ram-only', { regions, ram: coded, persist: 'off' });
     captureSeconds = (performance.now() - t0) / 1000;
     heldBytes = coded.usedBytes;
     assert.equal(snap.manifest.checksummed, false);
@@ -118,7 +118,7 @@ describe('GPU: captures coded on the GPU into the RAM tier', async () => {
     const counts = await heldAsCpuEncodes(snap);
     assert.ok(counts.coded > 0 && counts.raw > 0, `coded and raw chunks both present: ${JSON.stringify(counts)}`);
     await wipe();
-    const r = await snap.restore({ regions, cache: coded });
+    const r = await snap.restore({ regions, ram: coded });
     assert.equal(r.tier, 'ram');
     assert.ok(r.digestSeconds !== undefined, 'checked against the capture-time GPU digests of the raw bytes');
     assert.ok(await holdsContents(), 'restored bit-exact from the RAM tier');
@@ -131,20 +131,20 @@ describe('GPU: captures coded on the GPU into the RAM tier', async () => {
   });
 
   it('a capture persisted to the store (sync) lands in the RAM tier coded on the GPU: CPU encoder bytes, bit-exact restore', async () => {
-    const snap = await Snapshot.capture(store, 'sync', { regions, cache: coded });
+    const snap = await Snapshot.capture(store, 'sync', { regions, ram: coded });
     await heldAsCpuEncodes(snap);
     await wipe();
-    const r = await snap.restore({ regions, cache: coded });
+    const r = await snap.restore({ regions, ram: coded });
     assert.equal(r.tier, 'ram');
     assert.ok(await holdsContents(), 'restored bit-exact');
     assert.ok(coded.evict(snap.id));
   });
 
   it('a RAM-only capture hashed now lands raw and is coded on the CPU: the same bytes', async () => {
-    const snap = await Snapshot.capture(store, 'now', { regions, cache: coded, persist: 'off', hash: 'now' });
+    const snap = await Snapshot.capture(store, 'now', { regions, ram: coded, persist: 'off', hash: 'now' });
     await heldAsCpuEncodes(snap);
     await wipe();
-    await snap.restore({ regions, cache: coded });
+    await snap.restore({ regions, ram: coded });
     assert.ok(await holdsContents(), 'restored bit-exact');
     assert.ok(coded.evict(snap.id));
   });
@@ -157,10 +157,10 @@ describe('GPU: captures coded on the GPU into the RAM tier', async () => {
     process.on('warning', onWarning);
     native().setFault('codec-scratch', 1);
     try {
-      const snap = await Snapshot.capture(store, 'short', { regions, cache: coded, persist: 'off' });
+      const snap = await Snapshot.capture(store, 'short', { regions, ram: coded, persist: 'off' });
       await heldAsCpuEncodes(snap);
       await wipe();
-      await snap.restore({ regions, cache: coded });
+      await snap.restore({ regions, ram: coded });
       assert.ok(await holdsContents(), 'restored bit-exact');
       assert.ok(coded.evict(snap.id));
       assert.ok(warnings.some((w) => w.includes('no GPU memory for the codec')), `warned: ${JSON.stringify(warnings)}`);
@@ -175,11 +175,11 @@ describe('GPU: captures coded on the GPU into the RAM tier', async () => {
     const gpu: number[] = [];
     for (let r = 0; r < 3; r++) {
       let t0 = performance.now();
-      const a = await Snapshot.capture(store, 'raw', { regions, cache: plain, persist: 'off' });
+      const a = await Snapshot.capture(store, 'raw', { regions, ram: plain, persist: 'off' });
       raw.push((performance.now() - t0) / 1000);
       assert.ok(plain.evict(a.id));
       t0 = performance.now();
-      const b = await Snapshot.capture(store, 'coded', { regions, cache: coded, persist: 'off' });
+      const b = await Snapshot.capture(store, 'coded', { regions, ram: coded, persist: 'off' });
       gpu.push((performance.now() - t0) / 1000);
       assert.ok(coded.evict(b.id));
     }

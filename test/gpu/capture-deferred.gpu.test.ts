@@ -52,11 +52,11 @@ describe('GPU: capture into the RAM tier with the hash deferred', async () => {
   };
 
   it(`captures unhashed, restores from RAM verified by the GPU digest (${devices.length} GPU(s)), and catches a flipped RAM byte`, async () => {
-    const snap = await Snapshot.capture(store, 'deferred', { regions, cache, persist: 'off' });
+    const snap = await Snapshot.capture(store, 'deferred', { regions, ram: cache, persist: 'off' });
     assert.equal(snap.lastCapture?.hash, 'deferred');
     assert.equal(snap.manifest.checksummed, false);
     await wipe();
-    const r = await snap.restore({ regions, cache, verifyDigests: false });
+    const r = await snap.restore({ regions, ram: cache, verifyDigests: false });
     assert.equal(r.tier, 'ram');
     assert.ok(r.digestSeconds !== undefined, 'the GPU digest ran although verifyDigests was false');
     assert.ok(await holdsContents());
@@ -73,7 +73,7 @@ describe('GPU: capture into the RAM tier with the hash deferred', async () => {
       lease.release();
       corrupt.close();
     }
-    await assert.rejects(snap.restore({ regions, cache, verifyDigests: false }), (e: unknown) => e instanceof VsnapError && e.code === 'E_DIGEST_MISMATCH');
+    await assert.rejects(snap.restore({ regions, ram: cache, verifyDigests: false }), (e: unknown) => e instanceof VsnapError && e.code === 'E_DIGEST_MISMATCH');
     await assert.rejects(snap.persist(), (e: unknown) => e instanceof VsnapError && e.code === 'E_CHECKSUM');
     assert.equal(await store.current('deferred'), undefined);
     cache.evict(snap.id);
@@ -82,9 +82,9 @@ describe('GPU: capture into the RAM tier with the hash deferred', async () => {
   it('persists with the checksums and blobs of a capture hashed now', async () => {
     // the failed restore above left the flipped byte in GPU memory (it was caught, not undone)
     for (const [i, a] of allocs.entries()) await a.write(0, contents[i]!);
-    const hashed = await Snapshot.capture(store, 'now', { regions, cache, persist: 'off', hash: 'now' });
+    const hashed = await Snapshot.capture(store, 'now', { regions, ram: cache, persist: 'off', hash: 'now' });
     await hashed.persist();
-    const deferred = await Snapshot.capture(store, 'later', { regions, cache, persist: 'off' });
+    const deferred = await Snapshot.capture(store, 'later', { regions, ram: cache, persist: 'off' });
     assert.equal(deferred.lastCapture?.hash, 'deferred');
     await deferred.persist();
     const sums = (s: Snapshot) => [...s.manifest.regions()].map(({ region }) => [region.blob, region.checksums.join(','), region.digests?.join(',')]);

@@ -31,13 +31,13 @@ describe('MappedRegions on the GPU', async () => {
       for (const [i, a] of allocations.entries()) await a.fill(0, a.size, (i * 7 + 1) & 0xff);
       const regions = allocations.map((a, i) => ({ key: `r${i}`, size: a.size, memory: { kind: 'imported', fd: fds[i]!, device: 0 } as RegionMemory }));
       const store = await RegionStore.open(root);
-      const snap = await Snapshot.capture(store, 'mapped', { regions, cache });
+      const snap = await Snapshot.capture(store, 'mapped', { regions, ram: cache });
       for (const a of allocations) await a.fill(0, a.size, 0);
 
       const before = native().regionCounters().imports;
       const set = await MappedRegions.open(regions);
       assert.equal(set.mapping, 'batched', 'exported GPU memory is mapped in the batched form by default');
-      const result = await snap.restore({ regions: regions.map((r, i) => ({ ...r, memory: set.memory(i) })), cache });
+      const result = await snap.restore({ regions: regions.map((r, i) => ({ ...r, memory: set.memory(i) })), ram: cache });
       await set.close();
       assert.equal(native().regionCounters().imports - before, regions.length, 'one import per region for the hydrate and the digest together');
       assert.equal(result.tier, 'ram');
@@ -123,11 +123,11 @@ describe('MappedRegions, batched form, on the GPU (issue 14, per-region cost)', 
       assert.deepEqual([opened.reserve.calls, opened.access.calls, opened.access.items], [1, 1, regions.length], 'one reservation, one access call over all');
       assert.equal(opened.map.calls, regions.length);
       // Capture reads through the batched mapping; restore writes through another one.
-      const snap = await Snapshot.capture(store, 'batched', { regions: regions.map((r, i) => ({ ...r, memory: reading.memory(i) })), cache });
+      const snap = await Snapshot.capture(store, 'batched', { regions: regions.map((r, i) => ({ ...r, memory: reading.memory(i) })), ram: cache });
       await reading.close();
       for (const a of allocations) await a.fill(0, a.size, 0);
       const writing = await MappedRegions.open(regions, { mapping: 'batched' });
-      const result = await snap.restore({ regions: regions.map((r, i) => ({ ...r, memory: writing.memory(i) })), cache });
+      const result = await snap.restore({ regions: regions.map((r, i) => ({ ...r, memory: writing.memory(i) })), ram: cache });
       await writing.close();
       assert.ok(result.digestSeconds !== undefined, 'verified by GPU digest through the batched mapping');
       for (const [i, a] of allocations.entries()) {
@@ -139,7 +139,7 @@ describe('MappedRegions, batched form, on the GPU (issue 14, per-region cost)', 
       for (const a of allocations) await a.fill(0, a.size, 0);
       const pipelined = await MappedRegions.open(regions, { mapping: 'pipelined' });
       assert.equal(pipelined.mapping, 'pipelined');
-      const again = await snap.restore({ regions: regions.map((r, i) => ({ ...r, memory: pipelined.memory(i) })), cache });
+      const again = await snap.restore({ regions: regions.map((r, i) => ({ ...r, memory: pipelined.memory(i) })), ram: cache });
       await pipelined.settled();
       await pipelined.close();
       assert.ok(again.digestSeconds !== undefined, 'verified by GPU digest through the pipelined set');

@@ -91,7 +91,7 @@ describe('GPU: multi-path hydrate (two PCIe links into one GPU)', async () => {
     await fillDistinct(regions);
     cache = await RamTier.create({ budgetBytes: gib * GiB + GiB });
     // RAM tier only (no disk): the capture lands in pinned memory, with GPU digests in the manifest.
-    snap = await Snapshot.capture(store, 'mp', { regions: targets(), cache, persist: 'off' });
+    snap = await Snapshot.capture(store, 'mp', { regions: targets(), ram: cache, persist: 'off' });
   });
   after(async () => {
     for (const a of regions) a.close();
@@ -109,21 +109,21 @@ describe('GPU: multi-path hydrate (two PCIe links into one GPU)', async () => {
     // The first multi-path restore of the process creates the neighbour's context (kept for the
     // next ones): shown here, outside the timed repetitions.
     await wipe();
-    const cold = await snap.restore({ regions: targets(), cache, multipath: { neighbour: 1, requireNeighbour: true, ...tuning } });
+    const cold = await snap.restore({ regions: targets(), ram: cache, multipath: { neighbour: 1, requireNeighbour: true, ...tuning } });
     console.log(timelineLine('cold (first multi-path restore: creates the neighbour context)', cold.multipath!, cold.seconds));
     for (let rep = 0; rep < 3; rep++) {
       await wipe();
-      const r0 = await snap.restore({ regions: targets(), cache }); // the plain RAM-tier restore: GPU 0's own link
+      const r0 = await snap.restore({ regions: targets(), ram: cache }); // the plain RAM-tier restore: GPU 0's own link
       assert.equal(r0.tier, 'ram');
       assert.ok(r0.digestSeconds !== undefined, 'restored memory verified by GPU digest');
       raw.push(r0.bytesPerSecond);
       await wipe();
-      const r1 = await snap.restore({ regions: targets(), cache, multipath: { neighbour: 1, releaseNeighbour: AbortSignal.abort(), ...tuning } });
+      const r1 = await snap.restore({ regions: targets(), ram: cache, multipath: { neighbour: 1, releaseNeighbour: AbortSignal.abort(), ...tuning } });
       direct.push(r1.bytesPerSecond);
       assert.equal(r1.multipath!.bytesNeighbour, 0);
       console.log(timelineLine(`direct-only rep=${rep}`, r1.multipath!, r1.seconds));
       await wipe();
-      const r2 = await snap.restore({ regions: targets(), cache, multipath: { neighbour: 1, requireNeighbour: true, ...tuning } });
+      const r2 = await snap.restore({ regions: targets(), ram: cache, multipath: { neighbour: 1, requireNeighbour: true, ...tuning } });
       assert.ok(r2.digestSeconds !== undefined, 'restored memory verified by GPU digest');
       assert.equal(r2.multipath!.bytesDirect + r2.multipath!.bytesNeighbour, r2.bytes);
       assert.ok(r2.multipath!.bytesNeighbour > 0, 'the neighbour path carried bytes');
@@ -147,7 +147,7 @@ describe('GPU: multi-path hydrate (two PCIe links into one GPU)', async () => {
     let released = false;
     const r = await snap.restore({
       regions: targets(),
-      cache,
+      ram: cache,
       multipath: { neighbour: 1, releaseNeighbour: release.signal },
       onProgress: (p) => {
         if (!released && p.bytesDone > 0) {
@@ -164,13 +164,13 @@ describe('GPU: multi-path hydrate (two PCIe links into one GPU)', async () => {
 
   it("the neighbour's context is kept between restores and freed by releaseIdleResources", async () => {
     await wipe();
-    await snap.restore({ regions: targets(), cache, multipath: { neighbour: 1, requireNeighbour: true } });
+    await snap.restore({ regions: targets(), ram: cache, multipath: { neighbour: 1, requireNeighbour: true } });
     assert.equal(native().cudaHoldsContext(1), true, 'kept for the next multi-path restore');
     await releaseIdleResources();
     assert.equal(native().cudaHoldsContext(1), false, 'nothing held on the neighbour once released');
   });
 
   it('a neighbour equal to the target is refused', async () => {
-    await assert.rejects(snap.restore({ regions: targets(), cache, multipath: { neighbour: 0 } }), { code: 'E_INVALID_ARGUMENT' });
+    await assert.rejects(snap.restore({ regions: targets(), ram: cache, multipath: { neighbour: 0 } }), { code: 'E_INVALID_ARGUMENT' });
   });
 });

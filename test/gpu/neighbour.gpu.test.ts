@@ -60,7 +60,7 @@ describe('GPU: the neighbour-GPU tier', async () => {
       }
     }
     cache = await RamTier.create({ budgetBytes: gib * GiB + GiB });
-    snap = await Snapshot.capture(store, 'nb', { regions: live(), cache, persist: 'off' }); // the manifest with GPU digests
+    snap = await Snapshot.capture(store, 'nb', { regions: live(), ram: cache, persist: 'off' }); // the manifest with GPU digests
   });
   after(async () => {
     for (const a of regions) a.close();

@@ -76,7 +76,7 @@ describe('GPU: the RAM tier holding coded chunks', async () => {
 
   it('captures coded (host bytes held below 0.72x for BF16 Gaussian), restores bit-exact from RAM; ratio to the raw pinned H2D', async () => {
     const captureStarted = performance.now();
-    snap = await Snapshot.capture(store, 'coded', { regions, cache });
+    snap = await Snapshot.capture(store, 'coded', { regions, ram: cache });
     const captureSeconds = (performance.now() - captureStarted) / 1000;
     const held = cache.usedBytes;
     const bf16Raw = rawBytes - 64 * MiB;
@@ -86,13 +86,13 @@ describe('GPU: the RAM tier holding coded chunks', async () => {
     const checked: number[] = [];
     for (let r = 0; r < ROUNDS; r++) {
       await wipe();
-      const res: TransferSummary = await snap.restore({ regions, cache, verifyDigests: false });
+      const res: TransferSummary = await snap.restore({ regions, ram: cache, verifyDigests: false });
       assert.equal(res.tier, 'ram');
       plain.push(res.seconds);
       assert.ok(await holdsContents(), 'restored bit-exact');
       await wipe();
       const t0 = performance.now();
-      await snap.restore({ regions, cache });
+      await snap.restore({ regions, ram: cache });
       checked.push((performance.now() - t0) / 1000);
     }
     const ceilingBin = process.env.VSNAP_GPU_CEILING;
@@ -129,7 +129,7 @@ describe('GPU: the RAM tier holding coded chunks', async () => {
     await writeHostBuffer(at, place.at, Buffer.from('XXXX'));
     await wipe();
     await assert.rejects(
-      snap.restore({ regions, cache }),
+      snap.restore({ regions, ram: cache }),
       (e: unknown) => e instanceof VsnapError && e.code === 'E_CODEC_CORRUPT' && e.details.region === 'bf16.1' && e.details.chunk === 2,
     );
     assert.ok(await allZero(), 'nothing written');
@@ -138,10 +138,10 @@ describe('GPU: the RAM tier holding coded chunks', async () => {
     const mid = place.at + Math.floor(place.held * 0.6);
     const was = at.read(mid, 1)[0]!;
     await writeHostBuffer(at, mid, Buffer.from([was ^ 0x01]));
-    await assert.rejects(snap.restore({ regions, cache }), (e: unknown) => e instanceof VsnapError && e.code === 'E_DIGEST_MISMATCH');
+    await assert.rejects(snap.restore({ regions, ram: cache }), (e: unknown) => e instanceof VsnapError && e.code === 'E_DIGEST_MISMATCH');
     await writeHostBuffer(at, mid, Buffer.from([was]));
     await wipe();
-    await snap.restore({ regions, cache });
+    await snap.restore({ regions, ram: cache });
     assert.ok(await holdsContents(), 'restored bit-exact once repaired');
     } finally {
       lease.release();

@@ -113,11 +113,11 @@ describe('GPU: capture and hydrate another process\'s exported GPU memory', asyn
     try {
       assert.equal(cache.pinned, true);
       assert.equal(await peer.ask('wipe 0'), 'wiped');
-      const first = await snap.restore({ regions: memory(), cache });
+      const first = await snap.restore({ regions: memory(), ram: cache });
       assert.equal(first.tier, 'store');
       assert.equal(await peer.ask('check-pattern'), 'pattern ok');
       assert.equal(await peer.ask('wipe 0'), 'wiped');
-      const second = await snap.restore({ regions: memory(), cache });
+      const second = await snap.restore({ regions: memory(), ram: cache });
       assert.equal(second.tier, 'ram');
       console.log(`hydrate (RAM tier): ${(second.bytes / GiB).toFixed(2)} GiB in ${second.seconds.toFixed(3)} s (${(second.bytesPerSecond / 1e9).toFixed(2)} GB/s)`);
       assert.equal(await peer.ask('check-pattern'), 'pattern ok');
@@ -129,11 +129,11 @@ describe('GPU: capture and hydrate another process\'s exported GPU memory', asyn
   it("captures into the pinned RAM tier (persist 'async'): the GPU memory is free to go when capture resolves", async () => {
     const cache = await RamTier.create({ budgetBytes: 5 * GiB });
     try {
-      const snap = await Snapshot.capture(store, 'peer-ram', { regions: memory(), cache, persist: 'async' });
+      const snap = await Snapshot.capture(store, 'peer-ram', { regions: memory(), ram: cache, persist: 'async' });
       const c = snap.lastCapture!;
       console.log(`capture to RAM tier: ${(c.bytes / GiB).toFixed(2)} GiB in ${c.seconds.toFixed(3)} s (${(c.bytesPerSecond / 1e9).toFixed(2)} GB/s); durable at return: ${snap.durable}`);
       assert.equal(await peer.ask('wipe 0'), 'wiped');
-      const restored = await snap.restore({ regions: memory(), cache });
+      const restored = await snap.restore({ regions: memory(), ram: cache });
       assert.equal(restored.tier, 'ram');
       assert.equal(await peer.ask('check-pattern'), 'pattern ok');
       const p0 = performance.now();
@@ -207,7 +207,7 @@ describe('GPU: own allocations, devices, and context lifetime', async () => {
         await a.write(a.size - 9, Buffer.from(`region ${i}`.padEnd(9)));
       }
       const regions = allocations.map((a, i) => ({ key: `r${i}`, rank: i % 2, size: a.size, memory: { kind: 'device' as const, allocation: a } }));
-      const snap = await Snapshot.capture(store, 'two-gpus', { regions, cache });
+      const snap = await Snapshot.capture(store, 'two-gpus', { regions, ram: cache });
       assert.deepEqual(snap.manifest.data.ranks.map((r) => r.device?.uuid), (await listDevices()).slice(0, 2).map((d) => d.uuid));
       const check = async (): Promise<void> => {
         for (const [i, a] of allocations.entries()) {
@@ -221,7 +221,7 @@ describe('GPU: own allocations, devices, and context lifetime', async () => {
       const rows: string[] = [`capture ${(snap.lastCapture!.bytesPerSecond / 1e9).toFixed(2)} GB/s`];
       for (const via of ['ram', 'store'] as const) {
         await wipe();
-        const r = await snap.restore({ regions, ...(via === 'ram' ? { cache } : {}) });
+        const r = await snap.restore({ regions, ...(via === 'ram' ? { ram: cache } : {}) });
         assert.equal(r.tier, via);
         await check();
         rows.push(`restore from ${via} ${(r.bytesPerSecond / 1e9).toFixed(2)} GB/s`);

@@ -81,7 +81,7 @@ describe('GPU: tensor parallel size 2 (one worker process per GPU)', async () =>
     cache = await RamTier.create({ budgetBytes: bytes + GiB });
     const awakeMiB = pids.map(gpuMemoryOf);
     const c0 = performance.now();
-    snap = await captureEngine(store, 'tp', client, { cache });
+    snap = await captureEngine(store, 'tp', client, { ram: cache });
     const captureSeconds = (performance.now() - c0) / 1000;
     assert.equal(snap.manifest.data.ranks.length, 2);
     assert.equal(snap.manifest.data.model?.tensorParallelSize, 2);

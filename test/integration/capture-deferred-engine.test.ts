@@ -45,7 +45,7 @@ describe('restoreEngine of a capture with its hash deferred', () => {
     running.push(cache);
     const before = (await askCapital(client, 8)).ids;
 
-    const s = await suspendEngine(store, 'ref', client, { captureIfNeeded: true, capture: { cache, persist: 'off' } });
+    const s = await suspendEngine(store, 'ref', client, { captureIfNeeded: true, capture: { ram: cache, persist: 'off' } });
     expect(s.snapshot.lastCapture?.hash).toBe('deferred');
     expect(s.snapshot.manifest.checksummed).toBe(false);
     const region = [...s.snapshot.manifest.regions()].find(({ region: r }) => r.key === 'model.embed_tokens.weight')!.region;

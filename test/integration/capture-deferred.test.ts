@@ -58,7 +58,7 @@ describe("capture with hash 'deferred'", () => {
   it('is the default for a RAM-tier-only capture: no checksums until persisted, restores from RAM verified by the GPU digests', async () => {
     const store = await RegionStore.open(tempDir());
     const cache = await cacheOf(8 * MiB);
-    const snap = await Snapshot.capture(store, 'm', { regions: sources(), chunkSize: MiB, cache, persist: 'off' });
+    const snap = await Snapshot.capture(store, 'm', { regions: sources(), chunkSize: MiB, ram: cache, persist: 'off' });
     expect(snap.lastCapture?.hash).toBe('deferred');
     expect(snap.manifest.checksummed).toBe(false);
     expect([...snap.manifest.regions()].map(({ region }) => [region.checksums.length, region.blob, region.digests?.length])).toEqual([
@@ -68,13 +68,13 @@ describe("capture with hash 'deferred'", () => {
     ]);
     const t = targets();
     // verifyDigests: false does not switch off the only check this RAM copy has
-    const restored = await snap.restore({ regions: asTargets(t), cache, verifyDigests: false });
+    const restored = await snap.restore({ regions: asTargets(t), ram: cache, verifyDigests: false });
     expect(restored.tier).toBe('ram');
     expect(restored.digestSeconds).toBeGreaterThanOrEqual(0);
     expect(intact(t)).toBe(true);
     // nothing to load it from once gone from RAM
     const other = await cacheOf(8 * MiB);
-    await expect(snap.restore({ regions: asTargets(targets()), cache: other })).rejects.toMatchObject({ code: 'E_NOT_DURABLE' });
+    await expect(snap.restore({ regions: asTargets(targets()), ram: other })).rejects.toMatchObject({ code: 'E_NOT_DURABLE' });
     await expect(other.acquire(store, snap.manifest)).rejects.toMatchObject({ code: 'E_NOT_DURABLE' });
     expect(other.usedBytes).toBe(0);
   });
@@ -84,11 +84,11 @@ describe("capture with hash 'deferred'", () => {
     const store = await RegionStore.open(root);
     const cache = await cacheOf(16 * MiB);
     const regions = sources();
-    const hashed = await Snapshot.capture(store, 'now', { regions, chunkSize: MiB, cache, persist: 'off', hash: 'now' });
+    const hashed = await Snapshot.capture(store, 'now', { regions, chunkSize: MiB, ram: cache, persist: 'off', hash: 'now' });
     expect(hashed.lastCapture?.hash).toBe('now');
     expect(hashed.manifest.checksummed).toBe(true);
     await hashed.persist();
-    const deferred = await Snapshot.capture(store, 'later', { regions, chunkSize: MiB, cache, persist: 'off' });
+    const deferred = await Snapshot.capture(store, 'later', { regions, chunkSize: MiB, ram: cache, persist: 'off' });
     const before = blobsIn(root).length;
     await deferred.persist();
     expect(deferred.durable).toBe(true);
@@ -112,7 +112,7 @@ describe("capture with hash 'deferred'", () => {
   it("persist 'async' defers the hash too and becomes durable in the background", async () => {
     const store = await RegionStore.open(tempDir());
     const cache = await cacheOf(8 * MiB);
-    const snap = await Snapshot.capture(store, 'm', { regions: sources(), chunkSize: MiB, cache, persist: 'async' });
+    const snap = await Snapshot.capture(store, 'm', { regions: sources(), chunkSize: MiB, ram: cache, persist: 'async' });
     expect(snap.lastCapture?.hash).toBe('deferred');
     await snap.persist();
     expect(snap.manifest.checksummed).toBe(true);
@@ -124,10 +124,10 @@ describe("capture with hash 'deferred'", () => {
     const root = tempDir();
     const store = await RegionStore.open(root);
     const cache = await cacheOf(8 * MiB);
-    const snap = await Snapshot.capture(store, 'm', { regions: sources(), chunkSize: MiB, cache, persist: 'off' });
+    const snap = await Snapshot.capture(store, 'm', { regions: sources(), chunkSize: MiB, ram: cache, persist: 'off' });
     await flipInRam(cache, snap.id, 'a', SIZES.a, 2 * MiB + 17);
     const maps = memfdMappings();
-    const err = await rejection(snap.restore({ regions: asTargets(targets()), cache, verifyDigests: false }));
+    const err = await rejection(snap.restore({ regions: asTargets(targets()), ram: cache, verifyDigests: false }));
     expect(err.code).toBe('E_DIGEST_MISMATCH');
     expect(err.details).toMatchObject({ regions: [{ region: '0/a', chunks: [2] }] });
     expect(memfdMappings()).toBe(maps);
@@ -145,7 +145,7 @@ describe("capture with hash 'deferred'", () => {
     const root = tempDir();
     const store = await RegionStore.open(root);
     const cache = await cacheOf(8 * MiB);
-    const snap = await Snapshot.capture(store, 'm', { regions: sources(), chunkSize: MiB, cache, persist: 'off' });
+    const snap = await Snapshot.capture(store, 'm', { regions: sources(), chunkSize: MiB, ram: cache, persist: 'off' });
     native().setFault('chunk-delay', 100, 50);
     const abort = new AbortController();
     const persisting = snap.persist({ signal: abort.signal, threads: 1 });
@@ -203,25 +203,25 @@ describe("capture with hash 'deferred'", () => {
   it('an unpersisted deferred capture is never evicted for room; evicted on purpose, it is gone', async () => {
     const store = await RegionStore.open(tempDir());
     const cache = await cacheOf(8 * MiB);
-    const snap = await Snapshot.capture(store, 'm', { regions: sources(), chunkSize: MiB, cache, persist: 'off' });
+    const snap = await Snapshot.capture(store, 'm', { regions: sources(), chunkSize: MiB, ram: cache, persist: 'off' });
     const other = await Snapshot.capture(store, 'other', { regions: sources({ x: 5 * MiB }), chunkSize: MiB });
     await expect(cache.load(store, other.manifest)).rejects.toMatchObject({ code: 'E_NO_SPACE' });
     cache.clear();
     expect(cache.has(snap.id)).toBe(true);
     expect(cache.evict(snap.id)).toBe(true);
     await expect(snap.persist()).rejects.toMatchObject({ code: 'E_NOT_DURABLE' });
-    await expect(snap.restore({ regions: asTargets(targets()), cache })).rejects.toMatchObject({ code: 'E_NOT_DURABLE' });
+    await expect(snap.restore({ regions: asTargets(targets()), ram: cache })).rejects.toMatchObject({ code: 'E_NOT_DURABLE' });
   });
 
   it("refuses 'deferred' with persist 'sync', and an incremental capture does not share blobs with an unpersisted base", async () => {
     const store = await RegionStore.open(tempDir());
     const cache = await cacheOf(8 * MiB);
     const regions = sources();
-    expect((await rejection(Snapshot.capture(store, 'm', { regions, cache, hash: 'deferred' }))).code).toBe('E_INVALID_ARGUMENT');
+    expect((await rejection(Snapshot.capture(store, 'm', { regions, ram: cache, hash: 'deferred' }))).code).toBe('E_INVALID_ARGUMENT');
     // @ts-expect-error: not a mode
-    expect((await rejection(Snapshot.capture(store, 'm', { regions, cache, persist: 'off', hash: 'later' }))).code).toBe('E_INVALID_ARGUMENT');
+    expect((await rejection(Snapshot.capture(store, 'm', { regions, ram: cache, persist: 'off', hash: 'later' }))).code).toBe('E_INVALID_ARGUMENT');
     expect(cache.usedBytes).toBe(0);
-    const base = await Snapshot.capture(store, 'm', { regions, chunkSize: MiB, cache, persist: 'off' });
+    const base = await Snapshot.capture(store, 'm', { regions, chunkSize: MiB, ram: cache, persist: 'off' });
     const next = await Snapshot.capture(store, 'm', { regions, chunkSize: MiB, base });
     expect(next.lastCapture?.reusedBytes).toBe(0);
     expect((await next.verify()).ok).toBe(true);

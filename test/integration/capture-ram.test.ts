@@ -20,13 +20,13 @@ describe('capture into the RAM tier', () => {
   it("persist 'off': lives in RAM only, restores from there, is never evicted for room, and persist() makes it durable", async () => {
     const store = await RegionStore.open(tempDir());
     const cache = await cacheOf(8 * MiB);
-    const snap = await Snapshot.capture(store, 'm', { regions: sources(), chunkSize: MiB, cache, persist: 'off' });
+    const snap = await Snapshot.capture(store, 'm', { regions: sources(), chunkSize: MiB, ram: cache, persist: 'off' });
     expect(snap.durable).toBe(false);
     expect(await store.current('m')).toBeUndefined();
     expect(cache.entries).toEqual([expect.objectContaining({ id: snap.id, durable: false })]);
 
     const t = targets();
-    expect((await snap.restore({ regions: asTargets(t), cache })).tier).toBe('ram');
+    expect((await snap.restore({ regions: asTargets(t), ram: cache })).tier).toBe('ram');
     expect(intact(t)).toBe(true);
     await expect(snap.restore({ regions: asTargets(targets()) })).rejects.toMatchObject({ code: 'E_NOT_DURABLE' });
     await expect(snap.verify()).rejects.toMatchObject({ code: 'E_NOT_DURABLE' });
@@ -55,7 +55,7 @@ describe('capture into the RAM tier', () => {
     const store = await RegionStore.open(tempDir());
     const cache = await cacheOf(8 * MiB);
     const regions = sources();
-    const snap = await Snapshot.capture(store, 'm', { regions, chunkSize: MiB, cache, persist: 'async' });
+    const snap = await Snapshot.capture(store, 'm', { regions, chunkSize: MiB, ram: cache, persist: 'async' });
     expect(snap.durable).toBe(false);
     await snap.persist();
     expect(snap.durable).toBe(true);
@@ -68,17 +68,17 @@ describe('capture into the RAM tier', () => {
   it("persist 'sync' with a cache: durable and in RAM from one pass; too large for the cache, store only", async () => {
     const store = await RegionStore.open(tempDir());
     const cache = await cacheOf(8 * MiB);
-    const snap = await Snapshot.capture(store, 'm', { regions: sources(), chunkSize: MiB, cache });
+    const snap = await Snapshot.capture(store, 'm', { regions: sources(), chunkSize: MiB, ram: cache });
     expect(snap.durable).toBe(true);
     expect(cache.entries).toEqual([expect.objectContaining({ id: snap.id, durable: true })]);
     const t = targets();
-    expect((await snap.restore({ regions: asTargets(t), cache })).tier).toBe('ram');
+    expect((await snap.restore({ regions: asTargets(t), ram: cache })).tier).toBe('ram');
     expect(intact(t)).toBe(true);
 
-    const big = await Snapshot.capture(store, 'big', { regions: sources({ x: 9 * MiB }), chunkSize: MiB, cache });
+    const big = await Snapshot.capture(store, 'big', { regions: sources({ x: 9 * MiB }), chunkSize: MiB, ram: cache });
     expect(big.durable).toBe(true);
     expect(cache.has(big.id)).toBe(false);
-    await expect(Snapshot.capture(store, 'big2', { regions: sources({ x: 9 * MiB }), chunkSize: MiB, cache, persist: 'off' })).rejects.toMatchObject({
+    await expect(Snapshot.capture(store, 'big2', { regions: sources({ x: 9 * MiB }), chunkSize: MiB, ram: cache, persist: 'off' })).rejects.toMatchObject({
       code: 'E_NO_SPACE',
     });
     expect(cache.entries.map((e) => e.id)).toEqual([snap.id]);
@@ -87,9 +87,9 @@ describe('capture into the RAM tier', () => {
   it('an evicted RAM-only capture is gone: restore and persist say so', async () => {
     const store = await RegionStore.open(tempDir());
     const cache = await cacheOf(8 * MiB);
-    const snap = await Snapshot.capture(store, 'm', { regions: sources(), chunkSize: MiB, cache, persist: 'off' });
+    const snap = await Snapshot.capture(store, 'm', { regions: sources(), chunkSize: MiB, ram: cache, persist: 'off' });
     expect(cache.evict(snap.id)).toBe(true);
-    await expect(snap.restore({ regions: asTargets(targets()), cache })).rejects.toMatchObject({ code: 'E_NOT_DURABLE' });
+    await expect(snap.restore({ regions: asTargets(targets()), ram: cache })).rejects.toMatchObject({ code: 'E_NOT_DURABLE' });
     await expect(snap.persist()).rejects.toMatchObject({ code: 'E_NOT_DURABLE' });
     expect(await store.current('m')).toBeUndefined();
   });
@@ -99,14 +99,31 @@ describe('capture into the RAM tier', () => {
     await expect(Snapshot.capture(store, 'm', { regions: sources(), persist: 'async' })).rejects.toMatchObject({ code: 'E_INVALID_ARGUMENT' });
     const cache = await cacheOf(8 * MiB);
     // @ts-expect-error: not a policy
-    await expect(Snapshot.capture(store, 'm', { regions: sources(), cache, persist: 'later' })).rejects.toMatchObject({ code: 'E_INVALID_ARGUMENT' });
+    await expect(Snapshot.capture(store, 'm', { regions: sources(), ram: cache, persist: 'later' })).rejects.toMatchObject({ code: 'E_INVALID_ARGUMENT' });
     expect(cache.usedBytes).toBe(0);
+  });
+
+  it('refuses an option it does not have (the RAM tier is passed as ram), before it copies a byte', async () => {
+    const store = await RegionStore.open(tempDir());
+    const cache = await cacheOf(8 * MiB);
+    const refused = { code: 'E_INVALID_ARGUMENT', details: { key: 'cache' } };
+    await expect(Snapshot.capture(store, 'm', { regions: sources(), chunkSize: MiB, cache } as never)).rejects.toMatchObject(refused);
+    expect(cache.usedBytes).toBe(0);
+    expect(await store.current('m')).toBeUndefined();
+    const snap = await Snapshot.capture(store, 'm', { regions: sources(), chunkSize: MiB });
+    const t = targets();
+    await expect(snap.restore({ regions: asTargets(t), cache } as never)).rejects.toMatchObject(refused);
+    expect(intact(t)).toBe(false); // nothing was copied
+    expect(cache.usedBytes).toBe(0);
+    expect((await snap.restore({ regions: asTargets(t), ram: cache })).tier).toBe('store'); // loaded into the RAM tier on the way
+    expect(intact(t)).toBe(true);
+    expect(cache.has(snap.id)).toBe(true);
   });
 
   it('a capture persisted late does not replace a newer one as current', async () => {
     const store = await RegionStore.open(tempDir());
     const cache = await cacheOf(8 * MiB);
-    const older = await Snapshot.capture(store, 'm', { regions: sources(), chunkSize: MiB, cache, persist: 'off' });
+    const older = await Snapshot.capture(store, 'm', { regions: sources(), chunkSize: MiB, ram: cache, persist: 'off' });
     const newer = await Snapshot.capture(store, 'm', { regions: sources({ a: MiB }), chunkSize: MiB });
     await older.persist();
     expect((await store.current('m'))?.id).toBe(newer.id);

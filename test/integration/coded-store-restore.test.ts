@@ -144,7 +144,7 @@ describe('capture with codec vsnap-c1 writes coded store blobs', () => {
     const snap = await Snapshot.open(store, 'm');
     for (const tier of ['store', 'ram']) {
       const targets = targetsOf(contents);
-      expect((await snap.restore({ regions: targets.map(asTarget), cache })).tier).toBe(tier);
+      expect((await snap.restore({ regions: targets.map(asTarget), ram: cache })).tier).toBe(tier);
       for (const t of targets) expect(t.region.read(0, t.size).equals(contents[t.key]!)).toBe(true);
     }
   });
@@ -153,13 +153,13 @@ describe('capture with codec vsnap-c1 writes coded store blobs', () => {
     const store = await RegionStore.open(tempDir());
     const cache = await RamTier.create({ budgetBytes: 8 * 1024 * KiB, pin: false, codec: 'vsnap-c1' });
     cleanup.push(cache);
-    const snap = await Snapshot.capture(store, 'm', { regions: regionsOf(contents), chunkSize: CHUNK, cache, codec: 'vsnap-c1' });
+    const snap = await Snapshot.capture(store, 'm', { regions: regionsOf(contents), chunkSize: CHUNK, ram: cache, codec: 'vsnap-c1' });
     expect(cache.has(snap.id)).toBe(true);
     expect(cache.usedBytes).toBeLessThan(snap.manifest.totalBytes);
     expect(snap.manifest.storedBytes).toBeLessThan(snap.manifest.totalBytes);
     for (const [tier, via] of [['ram', cache], ['store', undefined]] as const) {
       const targets = targetsOf(contents);
-      expect((await snap.restore({ regions: targets.map(asTarget), ...(via ? { cache: via } : {}) })).tier).toBe(tier);
+      expect((await snap.restore({ regions: targets.map(asTarget), ...(via ? { ram: via } : {}) })).tier).toBe(tier);
       for (const t of targets) expect(t.region.read(0, t.size).equals(contents[t.key]!)).toBe(true);
     }
   });
@@ -168,7 +168,7 @@ describe('capture with codec vsnap-c1 writes coded store blobs', () => {
     const store = await RegionStore.open(tempDir());
     const cache = await RamTier.create({ budgetBytes: 8 * 1024 * KiB, pin: false });
     cleanup.push(cache);
-    const snap = await Snapshot.capture(store, 'm', { regions: regionsOf(contents), chunkSize: CHUNK, cache, persist: 'off', codec: 'vsnap-c1' });
+    const snap = await Snapshot.capture(store, 'm', { regions: regionsOf(contents), chunkSize: CHUNK, ram: cache, persist: 'off', codec: 'vsnap-c1' });
     expect(snap.manifest.data.ranks[0]!.regions.every((r) => r.codec === undefined)).toBe(true);
     await snap.persist();
     const stored = await store.get('m');

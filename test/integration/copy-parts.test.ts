@@ -35,9 +35,9 @@ describe('a stage of the copy queued in parts', () => {
   it('300 regions restored from the RAM tier land intact, each once', async () => {
     const store = await RegionStore.open(tempDir());
     const cache = await cacheOf(8 * 1024 * 1024);
-    const snap = await Snapshot.capture(store, 'parts', { regions: sources(SIZES), cache, persist: 'off' });
+    const snap = await Snapshot.capture(store, 'parts', { regions: sources(SIZES), ram: cache, persist: 'off' });
     const t = targets(SIZES);
-    const report = await snap.restore({ regions: asTargets(t), cache });
+    const report = await snap.restore({ regions: asTargets(t), ram: cache });
     expect(report.tier).toBe('ram');
     expect(report.bytes).toBe(Object.values(SIZES).reduce((a, b) => a + b, 0));
     expect(intact(t)).toBe(true);
@@ -46,15 +46,15 @@ describe('a stage of the copy queued in parts', () => {
   it('a copy failing inside the second part fails the restore, lets go of the RAM tier, and the next restore is intact', async () => {
     const store = await RegionStore.open(tempDir());
     const cache = await cacheOf(8 * 1024 * 1024);
-    const snap = await Snapshot.capture(store, 'parts', { regions: sources(SIZES), cache, persist: 'off' });
+    const snap = await Snapshot.capture(store, 'parts', { regions: sources(SIZES), ram: cache, persist: 'off' });
     const failing = asTargets(targets(SIZES));
     const fds = openFds();
     native().setFault('copy-fail', 1, 40); // 40 copies land (the first part's 15 non-empty regions and 25 of the second), the 41st fails
-    await expect(snap.restore({ regions: failing, cache })).rejects.toMatchObject({ code: 'E_CUDA', message: expect.stringMatching(/injected fault/) });
+    await expect(snap.restore({ regions: failing, ram: cache })).rejects.toMatchObject({ code: 'E_CUDA', message: expect.stringMatching(/injected fault/) });
     expect(openFds()).toEqual(fds);
     native().setFault('copy-fail', 0);
     const t = targets(SIZES);
-    expect((await snap.restore({ regions: asTargets(t), cache })).tier).toBe('ram');
+    expect((await snap.restore({ regions: asTargets(t), ram: cache })).tier).toBe('ram');
     expect(intact(t)).toBe(true);
     expect(cache.evict(snap.id)).toBe(true); // nothing still leases it: the failed restore let go of its lease
   });

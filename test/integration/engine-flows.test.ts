@@ -351,7 +351,7 @@ describe('capture, suspend and restore a running engine (CPU reference engine, r
     const before = await ask(client);
     const cache = await RamTier.create({ budgetBytes: 64 * 1024 * 1024, pin: false });
     try {
-      const s = await suspendEngine(store, 'ref', client, { captureIfNeeded: true, capture: { cache, persist: 'async' } });
+      const s = await suspendEngine(store, 'ref', client, { captureIfNeeded: true, capture: { ram: cache, persist: 'async' } });
       expect(s.captured).toBe(true);
       expect((await client.wire.vsnapStatus()).sleeping).toBe(true);
       const report = await restoreEngine(s.snapshot, client, { tiers: { ram: cache } });

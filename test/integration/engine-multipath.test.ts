@@ -26,7 +26,7 @@ async function setup(options: Parameters<typeof startEngine>[0] = {}) {
   running.push(e, client, cache);
   const store = await RegionStore.open(tempDir());
   const before = (await askCapital(client, 8)).ids;
-  const snap = await captureEngine(store, 'ref', client, { cache });
+  const snap = await captureEngine(store, 'ref', client, { ram: cache });
   return { client, cache, store, snap, before };
 }
 

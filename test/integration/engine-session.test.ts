@@ -58,7 +58,7 @@ describe('EngineSession: one engine with its store and tiers, each step one call
     await expect(EngineSession.open({ client, store, name: 'x', tiers: { rma: undefined, ramm: {} } } as never)).rejects.toMatchObject({ code: 'E_INVALID_ARGUMENT', message: expect.stringMatching(/did you mean 'ram'/) });
     const session = await EngineSession.open({ client, store, name: 'x' });
     await expect(session.restore({ tiers: {} } as never)).rejects.toMatchObject({ code: 'E_INVALID_ARGUMENT' });
-    await expect(session.capture({ cache: undefined } as never)).rejects.toMatchObject({ code: 'E_INVALID_ARGUMENT' });
+    await expect(session.capture({ ram: undefined } as never)).rejects.toMatchObject({ code: 'E_INVALID_ARGUMENT' });
     await expect(session.suspend({ captureIfNeedd: true } as never)).rejects.toMatchObject({ code: 'E_INVALID_ARGUMENT', message: expect.stringMatching(/did you mean 'captureIfNeeded'/) });
     await expect(session.swap(session, { overlp: 'none' } as never)).rejects.toMatchObject({ code: 'E_INVALID_ARGUMENT', message: expect.stringMatching(/did you mean 'overlap'/) });
     expect(client.calls.filter((r) => r !== 'status')).toEqual([]); // nothing refused reached the engine

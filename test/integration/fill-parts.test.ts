@@ -99,7 +99,7 @@ describe('the rest of the memory made part by part', () => {
     });
     const targets = [1, 2, 3].map(() => HostRegion.create(MiB));
     try {
-      const snap = await Snapshot.capture(store, 'untyped', { regions: sources.map((r, i) => ({ key: `r${i}`, size: MiB, memory: r.memory })), cache });
+      const snap = await Snapshot.capture(store, 'untyped', { regions: sources.map((r, i) => ({ key: `r${i}`, size: MiB, memory: r.memory })), ram: cache });
       expect([...snap.manifest.regions()].every(({ region }) => region.tensors.length === 0)).toBe(true);
       const region = (i: number): RestoreRegion => ({ key: `r${i}`, size: MiB, memory: targets[i]!.memory });
       const more = new Batches<readonly RestoreRegion[]>();
@@ -110,7 +110,7 @@ describe('the rest of the memory made part by part', () => {
       const two = new Promise<void>((resolve) => (landedTwo = resolve));
       const rest: Promise<StagedRest> = two.then(() => ({ regions: [region(1), region(2)], late: { ids: new Set<string>(), after: Promise.resolve() } }));
       const result = await snap.restoreStaged(
-        { regions: [region(0)], cache, onProgress: (p) => void (p.phase === 'copying' && p.bytesDone >= 2 * MiB && landedTwo()) },
+        { regions: [region(0)], ram: cache, onProgress: (p) => void (p.phase === 'copying' && p.bytesDone >= 2 * MiB && landedTwo()) },
         { first: new Set(['0/r0']), rest, more },
       );
       expect(result.tier).toBe('ram');

@@ -223,7 +223,7 @@ describe('multi-path hydrate through Snapshot.restore (RAM tier, host memory)', 
     }
     const regions = [...targets].map(([key, r]) => ({ key, size: r.size, memory: r.memory }));
     // 81 chunks, the last 16 to the neighbour (the delays only make durations non-zero)
-    const r = await snap.restore({ regions, cache, multipath: { neighbour: 1, chunkSize: 64 * KiB, testFaults: { relayChunks: 16, relayDelayMs: 1, directDelayMs: 1 } } });
+    const r = await snap.restore({ regions, ram: cache, multipath: { neighbour: 1, chunkSize: 64 * KiB, testFaults: { relayChunks: 16, relayDelayMs: 1, directDelayMs: 1 } } });
     expect(r.multipath).toMatchObject({ neighbourUsed: true, neighbourReleased: false, requeuedChunks: 0 });
     expect(r.multipath!.bytesDirect + r.multipath!.bytesNeighbour).toBe(r.bytes);
     expect(r.multipath!.bytesNeighbour).toBe(16 * 64 * KiB);

@@ -31,7 +31,7 @@ async function fleet(n: number, cache?: RamTier) {
     const client = new EngineClient({ baseUrl: e.url, token: e.token });
     cleanup.push(() => e.stop(), () => client.close());
     const expected = (await askCapital(client, 6)).ids;
-    const snap = await captureEngine(store, `model-${i}`, client, cache ? { cache } : {});
+    const snap = await captureEngine(store, `model-${i}`, client, cache ? { ram: cache } : {});
     engines.push({ client, name: `model-${i}`, expected, regions: snap.manifest.data.ranks[0]!.regions.length });
   }
   return { store, engines };

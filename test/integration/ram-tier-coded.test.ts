@@ -65,13 +65,13 @@ describe('RamTier holding coded chunks (codec vsnap-c1)', () => {
     const store = await RegionStore.open(tempDir());
     const contents = { 'bf16.a': gaussian(3 * MiB, 1), 'bf16.b': gaussian(2 * MiB + 4096, 2) };
     const cache = await cacheOf('vsnap-c1');
-    const snap = await Snapshot.capture(store, 'm', { regions: regionsOf(contents), chunkSize: MiB, cache });
+    const snap = await Snapshot.capture(store, 'm', { regions: regionsOf(contents), chunkSize: MiB, ram: cache });
     const raw = 5 * MiB + 4096;
     expect(cache.usedBytes).toBeLessThan(raw * 0.72);
     expect(cache.entries[0]!.bytes).toBeLessThan(raw * 0.72);
 
     const t = targetsOf(contents);
-    const r = await snap.restore({ regions: t.map(asTarget), cache });
+    const r = await snap.restore({ regions: t.map(asTarget), ram: cache });
     expect(r.tier).toBe('ram');
     for (const x of t) expect(x.region.read(0, x.size).equals(contents[x.key as keyof typeof contents])).toBe(true);
   });
@@ -80,13 +80,13 @@ describe('RamTier holding coded chunks (codec vsnap-c1)', () => {
     const store = await RegionStore.open(tempDir());
     const contents = { 'bf16.w': gaussian(2 * MiB), noise: randomChunk(MiB + 12345, 7), zeros: Buffer.alloc(MiB) };
     const cache = await cacheOf('vsnap-c1');
-    const snap = await Snapshot.capture(store, 'mixed', { regions: regionsOf(contents), chunkSize: MiB, cache });
+    const snap = await Snapshot.capture(store, 'mixed', { regions: regionsOf(contents), chunkSize: MiB, ram: cache });
     const noise = await heldChunk(cache, store, snap.manifest, 'noise', 0);
     expect(noise.place).toMatchObject({ coded: false, held: MiB, rawSize: MiB });
     expect((await heldChunk(cache, store, snap.manifest, 'zeros', 0)).place.coded).toBe(true);
     expect((await heldChunk(cache, store, snap.manifest, 'bf16.w', 1)).place.coded).toBe(true);
     const t = targetsOf(contents);
-    await snap.restore({ regions: t.map(asTarget), cache });
+    await snap.restore({ regions: t.map(asTarget), ram: cache });
     for (const x of t) expect(x.region.read(0, x.size).equals(contents[x.key as keyof typeof contents])).toBe(true);
   });
 
@@ -98,16 +98,16 @@ describe('RamTier holding coded chunks (codec vsnap-c1)', () => {
 
     const off = await cacheOf('off');
     const t1 = targetsOf(contents);
-    await snap.restore({ regions: t1.map(asTarget), cache: off });
+    await snap.restore({ regions: t1.map(asTarget), ram: off });
     expect(off.usedBytes).toBe(2 * MiB);
     expect(t1[0]!.region.read(0, 2 * MiB).equals(contents['bf16.a'])).toBe(true);
 
     const coded = await cacheOf('vsnap-c1');
     const t2 = targetsOf(contents);
-    expect((await snap.restore({ regions: t2.map(asTarget), cache: coded })).tier).toBe('store');
+    expect((await snap.restore({ regions: t2.map(asTarget), ram: coded })).tier).toBe('store');
     expect(coded.usedBytes).toBeLessThan(2 * MiB * 0.72);
     const t3 = targetsOf(contents);
-    expect((await snap.restore({ regions: t3.map(asTarget), cache: coded })).tier).toBe('ram');
+    expect((await snap.restore({ regions: t3.map(asTarget), ram: coded })).tier).toBe('ram');
     for (const t of [t2, t3]) expect(t[0]!.region.read(0, 2 * MiB).equals(contents['bf16.a'])).toBe(true);
   });
 
@@ -115,11 +115,11 @@ describe('RamTier holding coded chunks (codec vsnap-c1)', () => {
     const store = await RegionStore.open(tempDir());
     const contents = { 'bf16.a': gaussian(2 * MiB), 'bf16.b': gaussian(2 * MiB, 3) };
     const cache = await cacheOf('vsnap-c1');
-    const snap = await Snapshot.capture(store, 'bad', { regions: regionsOf(contents), chunkSize: MiB, cache });
+    const snap = await Snapshot.capture(store, 'bad', { regions: regionsOf(contents), chunkSize: MiB, ram: cache });
     const { buffer, place } = await heldChunk(cache, store, snap.manifest, 'bf16.b', 1);
     await writeHostBuffer(buffer, place.at, Buffer.from('XXXX')); // the magic
     const t = targetsOf(contents);
-    await expect(snap.restore({ regions: t.map(asTarget), cache })).rejects.toMatchObject({
+    await expect(snap.restore({ regions: t.map(asTarget), ram: cache })).rejects.toMatchObject({
       code: 'E_CODEC_CORRUPT',
       details: expect.objectContaining({ region: 'bf16.b', chunk: 1, snapshot: 'bad' }),
     });
@@ -130,14 +130,14 @@ describe('RamTier holding coded chunks (codec vsnap-c1)', () => {
     const store = await RegionStore.open(tempDir());
     const contents = { 'bf16.a': gaussian(2 * MiB), 'bf16.b': gaussian(2 * MiB, 3) };
     const cache = await cacheOf('vsnap-c1');
-    const snap = await Snapshot.capture(store, 'flip', { regions: regionsOf(contents), chunkSize: MiB, cache });
+    const snap = await Snapshot.capture(store, 'flip', { regions: regionsOf(contents), chunkSize: MiB, ram: cache });
     const { buffer, place } = await heldChunk(cache, store, snap.manifest, 'bf16.b', 1);
     // The rest plane (sign and mantissa, kept verbatim) ends before the exceptions: a byte in the middle of the chunk is in it.
     const at = place.at + Math.floor(place.held * 0.6);
     const was = buffer.read(at, 1)[0]!;
     await writeHostBuffer(buffer, at, Buffer.from([was ^ 0x01]));
     const t = targetsOf(contents);
-    await expect(snap.restore({ regions: t.map(asTarget), cache })).rejects.toMatchObject({ code: 'E_CHECKSUM' });
+    await expect(snap.restore({ regions: t.map(asTarget), ram: cache })).rejects.toMatchObject({ code: 'E_CHECKSUM' });
     for (const x of t) expect(allBytes(x.region, 0xa5)).toBe(true);
   });
 
@@ -146,7 +146,7 @@ describe('RamTier holding coded chunks (codec vsnap-c1)', () => {
       const store = await RegionStore.open(tempDir());
       const contents = { 'bf16.a': gaussian(2 * MiB + 4096), noise: randomChunk(MiB, 3) };
       const cache = await cacheOf('vsnap-c1');
-      const snap = await Snapshot.capture(store, 'later', { regions: regionsOf(contents), chunkSize: MiB, cache, persist: 'off', hash });
+      const snap = await Snapshot.capture(store, 'later', { regions: regionsOf(contents), chunkSize: MiB, ram: cache, persist: 'off', hash });
       expect(snap.manifest.checksummed).toBe(hash === 'now');
       expect(cache.usedBytes).toBeLessThan(3 * MiB + 4096 - MiB / 2); // the BF16 region in about 0.7 of its bytes
       for (const i of [0, 1, 2]) {
@@ -162,7 +162,7 @@ describe('RamTier holding coded chunks (codec vsnap-c1)', () => {
       await (await Snapshot.open(store, 'later')).restore({ regions: t.map(asTarget) });
       for (const x of t) expect(x.region.read(0, x.size).equals(contents[x.key as keyof typeof contents])).toBe(true);
       const again = targetsOf(contents);
-      await snap.restore({ regions: again.map(asTarget), cache });
+      await snap.restore({ regions: again.map(asTarget), ram: cache });
       for (const x of again) expect(x.region.read(0, x.size).equals(contents[x.key as keyof typeof contents])).toBe(true);
     }
   });
@@ -172,7 +172,7 @@ describe('RamTier holding coded chunks (codec vsnap-c1)', () => {
       const store = await RegionStore.open(tempDir());
       const contents = { 'bf16.a': gaussian(2 * MiB) };
       const cache = await cacheOf('vsnap-c1');
-      const snap = await Snapshot.capture(store, 'later', { regions: regionsOf(contents), chunkSize: MiB, cache, persist: 'off', hash });
+      const snap = await Snapshot.capture(store, 'later', { regions: regionsOf(contents), chunkSize: MiB, ram: cache, persist: 'off', hash });
       const { buffer, place } = await heldChunk(cache, store, snap.manifest, 'bf16.a', 1);
       const mid = place.at + Math.floor(place.held * 0.6); // a rest (mantissa) byte: the structure still holds
       const was = buffer.read(mid, 1)[0]!;
@@ -206,7 +206,7 @@ describe('RamTier holding coded chunks (codec vsnap-c1)', () => {
       if (codec === 'vsnap-c1') expect(cache.usedBytes).toBeLessThan(3 * MiB + 4096);
       else expect(cache.usedBytes).toBe(3 * MiB + 4096);
       const t = targetsOf(contents);
-      expect((await snap.restore({ regions: t.map(asTarget), cache })).tier).toBe('ram');
+      expect((await snap.restore({ regions: t.map(asTarget), ram: cache })).tier).toBe('ram');
       for (const x of t) expect(x.region.read(0, x.size).equals(contents[x.key as keyof typeof contents])).toBe(true);
     }
 
@@ -217,7 +217,7 @@ describe('RamTier holding coded chunks (codec vsnap-c1)', () => {
     writeFileSync(path, bytes);
     const cache = await cacheOf('vsnap-c1');
     const t = targetsOf(contents);
-    await expect(snap.restore({ regions: t.map(asTarget), cache })).rejects.toMatchObject({ code: expect.stringMatching(/^E_(CHECKSUM|CODEC_CORRUPT)$/), details: expect.objectContaining({ region: 'bf16.a', chunk: 2 }) });
+    await expect(snap.restore({ regions: t.map(asTarget), ram: cache })).rejects.toMatchObject({ code: expect.stringMatching(/^E_(CHECKSUM|CODEC_CORRUPT)$/), details: expect.objectContaining({ region: 'bf16.a', chunk: 2 }) });
     expect(cache.has(snap.id)).toBe(false);
     expect(cache.usedBytes).toBe(0);
     for (const x of t) expect(allBytes(x.region, 0xa5)).toBe(true);

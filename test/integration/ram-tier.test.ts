@@ -41,7 +41,7 @@ describe('RamTier (RAM tier)', () => {
     expect(cache.pinned).toBe(false);
 
     const first = targets();
-    const r1 = await snap.restore({ regions: asTargets(first), cache });
+    const r1 = await snap.restore({ regions: asTargets(first), ram: cache });
     expect(r1.tier).toBe('store');
     expect(cache.has(snap.id)).toBe(true);
     expect(cache.entries).toEqual([expect.objectContaining({ name: 'm', id: snap.id })]);
@@ -51,7 +51,7 @@ describe('RamTier (RAM tier)', () => {
     await store.remove('m');
     await store.gc();
     const second = targets();
-    const r2 = await snap.restore({ regions: asTargets(second), cache });
+    const r2 = await snap.restore({ regions: asTargets(second), ram: cache });
     expect(r2.tier).toBe('ram');
     for (const [k, r] of second) expect(holdsPattern(r, k)).toBe(true);
   });
@@ -65,7 +65,7 @@ describe('RamTier (RAM tier)', () => {
     cleanup.push(cache);
     await cache.load(store, one.snap.manifest);
     await cache.load(store, two.snap.manifest);
-    await one.snap.restore({ regions: asTargets(one.targets()), cache }); // one is now the most recent
+    await one.snap.restore({ regions: asTargets(one.targets()), ram: cache }); // one is now the most recent
     await cache.load(store, three.snap.manifest);
     expect(cache.has(one.snap.id)).toBe(true);
     expect(cache.has(two.snap.id)).toBe(false);
@@ -83,7 +83,7 @@ describe('RamTier (RAM tier)', () => {
     const cache = await RamTier.create({ budgetBytes: 8 * MiB, pin: false });
     cleanup.push(cache);
     const t = targets();
-    await expect(snap.restore({ regions: asTargets(t), cache })).rejects.toMatchObject({ code: 'E_CHECKSUM' });
+    await expect(snap.restore({ regions: asTargets(t), ram: cache })).rejects.toMatchObject({ code: 'E_CHECKSUM' });
     expect(cache.has(snap.id)).toBe(false);
     expect(cache.usedBytes).toBe(0);
     for (const r of t.values()) expect(allBytes(r, 0)).toBe(true);
@@ -94,7 +94,7 @@ describe('RamTier (RAM tier)', () => {
     const cache = await RamTier.create({ budgetBytes: 4 * MiB, pin: false });
     cleanup.push(cache);
     const t = targets();
-    const result = await snap.restore({ regions: asTargets(t), cache });
+    const result = await snap.restore({ regions: asTargets(t), ram: cache });
     expect(result.tier).toBe('store');
     expect(cache.has(snap.id)).toBe(false);
     expect(holdsPattern(t.get('a')!, 'a')).toBe(true);

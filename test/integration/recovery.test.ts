@@ -148,7 +148,7 @@ describe('recovery: each cause, fail (today) then reload', () => {
     await store.remove('ref');
     const cache = await RamTier.create({ budgetBytes: 64 * 1024 * 1024, pin: false });
     cleanup.push(() => cache.close());
-    const { snapshot: ramOnly } = await suspendEngine(store, 'ref', client, { captureIfNeeded: true, capture: { cache, persist: 'off' } });
+    const { snapshot: ramOnly } = await suspendEngine(store, 'ref', client, { captureIfNeeded: true, capture: { ram: cache, persist: 'off' } });
     expect(ramOnly.durable).toBe(false);
     expect(cache.evict(ramOnly.id)).toBe(true);
     const err = (await restoreEngine(ramOnly, client, { ...quiet, tiers: { ram: cache } }).catch((x: unknown) => x)) as VsnapError;

@@ -54,9 +54,9 @@ describe('a RAM-tier restore with the head digested during the tail copy', () =>
   it('restores every byte, with the progress of one restore and the digest time it waited for', async () => {
     const { snap, cache, into, targets, close } = await setup();
     try {
-      await snap.restore({ regions: into, cache }); // loads the RAM tier
+      await snap.restore({ regions: into, ram: cache }); // loads the RAM tier
       const seen: Array<{ done: number; total: number }> = [];
-      const r = await snap.restore({ regions: into, cache, onProgress: (p) => seen.push({ done: p.bytesDone, total: p.bytesTotal }) });
+      const r = await snap.restore({ regions: into, ram: cache, onProgress: (p) => seen.push({ done: p.bytesDone, total: p.bytesTotal }) });
       expect(r.tier).toBe('ram');
       expect(r.bytes).toBe(Object.values(SIZES).reduce((n, s) => n + s, 0));
       expect(r.digestSeconds).toBeGreaterThanOrEqual(0);
@@ -72,10 +72,10 @@ describe('a RAM-tier restore with the head digested during the tail copy', () =>
     it(`a digest mismatch in the ${where.part} fails the restore naming its region and chunk`, async () => {
       const { snap, cache, into, close } = await setup(where);
       try {
-        await expect(snap.restore({ regions: into, cache })).rejects.toMatchObject({ code: 'E_DIGEST_MISMATCH', details: { regions: [{ region: `0/${where.key}`, chunks: [where.chunk] }] } });
+        await expect(snap.restore({ regions: into, ram: cache })).rejects.toMatchObject({ code: 'E_DIGEST_MISMATCH', details: { regions: [{ region: `0/${where.key}`, chunks: [where.chunk] }] } });
         // from the RAM tier again (now loaded): the same
-        await expect(snap.restore({ regions: into, cache })).rejects.toMatchObject({ code: 'E_DIGEST_MISMATCH' });
-        await expect(snap.restore({ regions: into, cache, verifyDigests: false })).resolves.toMatchObject({ tier: 'ram' });
+        await expect(snap.restore({ regions: into, ram: cache })).rejects.toMatchObject({ code: 'E_DIGEST_MISMATCH' });
+        await expect(snap.restore({ regions: into, ram: cache, verifyDigests: false })).resolves.toMatchObject({ tier: 'ram' });
       } finally {
         close();
       }
@@ -109,7 +109,7 @@ describe('a RAM-tier restore into targets that come in two parts', () => {
   it('copies the first part before the rest exists, and a region written meanwhile again after the write', async () => {
     const { snap, cache, into, targets, close } = await setup();
     try {
-      await snap.restore({ regions: Object.keys(SIZES).map(into), cache }); // loads the RAM tier
+      await snap.restore({ regions: Object.keys(SIZES).map(into), ram: cache }); // loads the RAM tier
       for (const t of targets.values()) fillRegion(t, 0);
       let firstCopied = false;
       let releaseRest!: () => void;
@@ -123,7 +123,7 @@ describe('a RAM-tier restore into targets that come in two parts', () => {
         wrote = true;
       });
       const rest = restMade.then(() => ({ regions: ['b', 'c', 'd'].map(into), late: { ids: ids('a', 'c'), after: wake } }));
-      const restoring = snap.restoreStaged({ regions: [into('a')], cache }, { first: ids('a'), rest });
+      const restoring = snap.restoreStaged({ regions: [into('a')], ram: cache }, { first: ids('a'), rest });
       // The copy of the first part is a job of its own: it ends whether or not the rest is ever made.
       await waitUntil(() => holdsPattern(targets.get('a-target')!, 'a'));
       releaseRest();
@@ -142,7 +142,7 @@ describe('a RAM-tier restore into targets that come in two parts', () => {
     // the regions that joined with the rest, not only those the restore started with.
     const { snap, cache, into, close } = await setup({ key: 'd', chunk: 0 });
     try {
-      const restore = () => snap.restoreStaged({ regions: [into('a')], cache }, { first: ids('a'), rest: Promise.resolve({ regions: ['b', 'c', 'd'].map(into), late: { ids: ids(), after: Promise.resolve() } }) });
+      const restore = () => snap.restoreStaged({ regions: [into('a')], ram: cache }, { first: ids('a'), rest: Promise.resolve({ regions: ['b', 'c', 'd'].map(into), late: { ids: ids(), after: Promise.resolve() } }) });
       await expect(restore()).rejects.toMatchObject({ code: 'E_DIGEST_MISMATCH', details: { regions: [{ region: '0/d', chunks: [0] }] } });
       await expect(restore()).rejects.toMatchObject({ code: 'E_DIGEST_MISMATCH', details: { regions: [{ region: '0/d', chunks: [0] }] } }); // from the RAM tier, loaded now
     } finally {
@@ -153,10 +153,10 @@ describe('a RAM-tier restore into targets that come in two parts', () => {
   it('a rest that cannot be made fails the restore with its own error, once the first part is copied', async () => {
     const { snap, cache, into, targets, close } = await setup();
     try {
-      await snap.restore({ regions: Object.keys(SIZES).map(into), cache });
+      await snap.restore({ regions: Object.keys(SIZES).map(into), ram: cache });
       for (const t of targets.values()) fillRegion(t, 0);
       const rest = Promise.reject(Object.assign(new Error('the table does not match'), { code: 'E_MANIFEST_MISMATCH' }));
-      await expect(snap.restoreStaged({ regions: [into('a')], cache }, { first: ids('a'), rest })).rejects.toThrow('the table does not match');
+      await expect(snap.restoreStaged({ regions: [into('a')], ram: cache }, { first: ids('a'), rest })).rejects.toThrow('the table does not match');
       expect(holdsPattern(targets.get('a-target')!, 'a')).toBe(true); // its copy was over before the restore failed
     } finally {
       close();
@@ -167,8 +167,8 @@ describe('a RAM-tier restore into targets that come in two parts', () => {
     const { snap, cache, into, close } = await setup();
     try {
       const rest = new Promise<never>(() => undefined);
-      await expect(snap.restoreStaged({ regions: [into('a')], cache }, { first: ids('b'), rest })).rejects.toMatchObject({ code: 'E_INVALID_ARGUMENT' });
-      await expect(snap.restoreStaged({ regions: [{ ...into('a'), size: 16 * KiB }], cache }, { first: ids('a'), rest })).rejects.toMatchObject({ code: 'E_INVALID_ARGUMENT' });
+      await expect(snap.restoreStaged({ regions: [into('a')], ram: cache }, { first: ids('b'), rest })).rejects.toMatchObject({ code: 'E_INVALID_ARGUMENT' });
+      await expect(snap.restoreStaged({ regions: [{ ...into('a'), size: 16 * KiB }], ram: cache }, { first: ids('a'), rest })).rejects.toMatchObject({ code: 'E_INVALID_ARGUMENT' });
     } finally {
       close();
     }

@@ -210,7 +210,7 @@ describe('capture and restore through the host backend and a real store', () => 
     try {
       for (const via of [undefined, cache, cache]) {
         const targets = make(false).reverse(); // order does not matter: matched by rank and key
-        await snap.restore({ regions: targets, ...(via ? { cache: via } : {}) });
+        await snap.restore({ regions: targets, ...(via ? { ram: via } : {}) });
         for (const t of targets) expect(holdsPattern(t.region, t.seed), `${t.rank}/${t.key}`).toBe(true);
       }
     } finally {

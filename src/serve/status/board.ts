@@ -62,7 +62,7 @@ export class StatusBoard {
     private readonly source: {
       readonly controller: SwapController;
       readonly store: RegionStore;
-      readonly cache?: RamTier;
+      readonly ram?: RamTier;
       readonly supervisor?: Supervisor;
       readonly budgets?: Readonly<Record<number, number>>;
       readonly readiness?: ModelReadinessSource;
@@ -97,7 +97,7 @@ export class StatusBoard {
   }
 
   async snapshot(): Promise<StatusReport> {
-    const { controller, store, cache, supervisor, budgets } = this.source;
+    const { controller, store, ram, supervisor, budgets } = this.source;
     const processes = new Map((supervisor?.states() ?? []).map((p) => [p.name, p]));
     const engines = controller.states().map((v) => {
       const spec = controller.engine(v.name);
@@ -129,8 +129,8 @@ export class StatusBoard {
       health: this.health(),
       engines,
       gpus,
-      ramTier: cache
-        ? { budgetBytes: cache.budgetBytes, usedBytes: cache.usedBytes, entries: cache.entries.map((e) => ({ name: e.name, id: e.id, bytes: e.bytes, durable: e.durable })) }
+      ramTier: ram
+        ? { budgetBytes: ram.budgetBytes, usedBytes: ram.usedBytes, entries: ram.entries.map((e) => ({ name: e.name, id: e.id, bytes: e.bytes, durable: e.durable })) }
         : null,
       neighbourTier: controller.neighbour() ?? null,
       snapshots,
