@@ -2,7 +2,7 @@ import { open, type FileHandle } from 'node:fs/promises';
 import { write } from 'node:fs';
 import { promisify } from 'node:util';
 
-import { toVsnapError, VsnapError } from '../errors.js';
+import { abortError, toVsnapError, VsnapError } from '../errors.js';
 import type { Manifest } from '../manifest/manifest.js';
 import type { RegionInfo } from '../manifest/types.js';
 import { native, type NativeHostBuffer } from '../native/index.js';
@@ -141,36 +141,33 @@ async function checkHeaders(items: readonly StoreDecodeItem[], files: readonly F
   }
 }
 
-/** Runs `tasks` with at most IN_FLIGHT at once. */
-async function inPieces(count: number, task: (i: number) => Promise<void>): Promise<void> {
+/** Runs `task` for 0 .. count-1, IN_FLIGHT at once: worker `w` runs its tasks one after another. */
+async function inPieces(count: number, task: (i: number, w: number) => Promise<void>): Promise<void> {
   let next = 0;
-  const worker = async (): Promise<void> => {
-    while (next < count) await task(next++);
+  const worker = async (w: number): Promise<void> => {
+    while (next < count) await task(next++, w);
   };
-  await Promise.all(Array.from({ length: Math.min(IN_FLIGHT, count) }, worker));
+  await Promise.all(Array.from({ length: Math.min(IN_FLIGHT, count) }, (_, w) => worker(w)));
 }
 
 const writeAt = promisify(write);
 
 /**
- * Fills `buffer` with a window's coded chunks from their blobs: read into `bytes`, written into
- * the memfd `staging`, then copied into the buffer by the transfer engine (the HostBuffer has no
- * writer on the JS side).
+ * Fills `buffer` with a window's coded chunks from their blobs: each piece read into one of the
+ * `pieces` buffers and written into the memfd `staging` at its place, then the whole window copied
+ * into the buffer by the transfer engine (the HostBuffer has no writer on the JS side).
  */
-async function fillWindow(buffer: NativeHostBuffer, window: readonly WindowChunk[], files: readonly FileHandle[], items: readonly StoreDecodeItem[], bytes: Buffer, staging: HostRegion, snapshot: string): Promise<void> {
-  const pieces: Array<{ c: WindowChunk; from: number; length: number }> = [];
-  for (const c of window) for (let from = 0; from < c.length; from += PIECE) pieces.push({ c, from, length: Math.min(PIECE, c.length - from) });
-  await inPieces(pieces.length, async (k) => {
-    const { c, from, length } = pieces[k]!;
-    await readExactly(files[c.item]!, bytes.subarray(c.at + from, c.at + from + length), c.fileOffset + from, items[c.item]!.region.key, c.index, snapshot);
+async function fillWindow(buffer: NativeHostBuffer, window: readonly WindowChunk[], files: readonly FileHandle[], items: readonly StoreDecodeItem[], pieces: readonly Buffer[], staging: HostRegion, snapshot: string): Promise<void> {
+  const todo: Array<{ c: WindowChunk; from: number; length: number }> = [];
+  for (const c of window) for (let from = 0; from < c.length; from += PIECE) todo.push({ c, from, length: Math.min(PIECE, c.length - from) });
+  await inPieces(todo.length, async (k, w) => {
+    const { c, from, length } = todo[k]!;
+    const piece = pieces[w]!.subarray(0, length);
+    await readExactly(files[c.item]!, piece, c.fileOffset + from, items[c.item]!.region.key, c.index, snapshot);
+    let done = 0;
+    while (done < length) done += (await writeAt(staging.fd, piece, done, length - done, c.at + from + done)).bytesWritten;
   });
   const end = round16(window.at(-1)!.at + window.at(-1)!.length);
-  await inPieces(Math.ceil(end / PIECE), async (k) => {
-    const from = k * PIECE;
-    const length = Math.min(PIECE, end - from);
-    let done = 0;
-    while (done < length) done += (await writeAt(staging.fd, bytes, from + done, length - done, from + done)).bytesWritten;
-  });
   await runTransfer({
     op: 'capture',
     label: 'coded store window',
@@ -191,9 +188,10 @@ export interface StoreDecodeOptions {
  * Restores coded store blobs onto their GPUs: every chunk's header checked first (a damaged one
  * refuses naming region and chunk before anything is written), then window by window: a window's
  * coded chunks read from disk into one of two pinned buffers while the previous window is decoded
- * on the GPUs from the other. Host memory held: two pinned buffers and a staging memfd and a JS
- * buffer of {@link WindowPlan.bufferBytes} each (4 x 256 MiB by default). The decoded bytes are
- * not checked here: the caller compares them with the snapshot's GPU digests before any wake.
+ * on the GPUs from the other. Host memory held: two pinned buffers and a staging memfd of
+ * {@link WindowPlan.bufferBytes} each (3 x 256 MiB at most by default), and 4 JS buffers of
+ * 8 MiB. The decoded bytes are not checked here: the caller compares them with the snapshot's GPU
+ * digests before any wake.
  * @internal
  */
 export async function decodeStoreOnDevices(
@@ -214,16 +212,17 @@ export async function decodeStoreOnDevices(
   try {
     for (const x of items) files.push(await open(x.path, 'r'));
     await checkHeaders(items, files, manifest.name);
-    common.signal?.throwIfAborted();
-    const pinDevice = items.map((x) => memoryDevice(x.memory)).find((d) => d !== undefined) ?? -1;
+    if (common.signal?.aborted) throw abortError(common.signal, `restore of '${manifest.name}'`);
+    // Pinned (portable) where the targets are GPU memory: the GPU of the first whose GPU is known, else GPU 0.
+    const pinDevice = items.some((x) => onDevice(x.memory)) ? (items.map((x) => memoryDevice(x.memory)).find((d) => d !== undefined) ?? 0) : -1;
     try {
       for (let b = 0; b < Math.min(2, plan.windows.length); b++) buffers.push(await native().createHostBuffer(plan.bufferBytes, pinDevice));
     } catch (err) {
       throw toVsnapError(err);
     }
     staging = HostRegion.create(plan.bufferBytes, 'vsnap-coded-window');
-    const bytes = Buffer.allocUnsafeSlow(plan.bufferBytes);
-    const fill = (w: number): Promise<void> => fillWindow(buffers[w % 2]!, plan.windows[w]!, files, items, bytes, staging!, manifest.name);
+    const pieces = Array.from({ length: IN_FLIGHT }, () => Buffer.allocUnsafeSlow(Math.min(PIECE, plan.bufferBytes)));
+    const fill = (w: number): Promise<void> => fillWindow(buffers[w % 2]!, plan.windows[w]!, files, items, pieces, staging!, manifest.name);
     let rawBytes = 0;
     let linkBytes = 0;
     const byDevice = new Map<number, number>();
@@ -231,7 +230,7 @@ export async function decodeStoreOnDevices(
     for (let w = 0; w < plan.windows.length; w++) {
       await filling;
       filling = undefined;
-      common.signal?.throwIfAborted();
+      if (common.signal?.aborted) throw abortError(common.signal, `restore of '${manifest.name}'`);
       const window = plan.windows[w]!;
       const decoding = decode(buffers[w % 2]!, windowItems(items, window), manifest.name);
       if (w + 1 < plan.windows.length) {

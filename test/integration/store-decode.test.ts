@@ -167,4 +167,17 @@ describe('coded store blobs restored onto GPUs: the plumbing', () => {
     expect(buffers).toHaveLength(1);
     expect(buffers[0]!.closed).toBe(true);
   });
+
+  it('a cancel stops between windows (E_ABORTED): the windows after it are not decoded', async () => {
+    const { snap, items } = await captured();
+    const controller = new AbortController();
+    const seen = { buffers: [] as NativeHostBuffer[], sizes: [] as number[], windows: [] as number[][] };
+    const decode = cpuDecoder(seen);
+    const cancelling = async (buffer: NativeHostBuffer, x: readonly DeviceDecodeItem[], snapshot: string): Promise<DeviceDecodeResult> => {
+      controller.abort();
+      return decode(buffer, x, snapshot);
+    };
+    await expect(decodeStoreOnDevices(snap.manifest, items, { signal: controller.signal }, { windowBytes: 300 * KiB, decode: cancelling })).rejects.toMatchObject({ code: 'E_ABORTED' });
+    expect(seen.windows).toHaveLength(1);
+  });
 });
