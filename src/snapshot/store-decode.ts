@@ -141,6 +141,20 @@ async function checkHeaders(items: readonly StoreDecodeItem[], files: readonly F
   }
 }
 
+/** A blob opened for reading; one that is gone is E_BLOB_MISSING, as the transfer engine says it. */
+async function openBlob(item: StoreDecodeItem, snapshot: string): Promise<FileHandle> {
+  try {
+    return await open(item.path, 'r');
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw toVsnapError(err);
+    throw new VsnapError('E_BLOB_MISSING', `blob '${item.path}' of region ${item.region.key} in snapshot ${snapshot} does not exist: the store lost it; run \`vsnap verify\` and recapture`, {
+      path: item.path,
+      region: item.region.key,
+      snapshot,
+    });
+  }
+}
+
 /** Runs `task` for 0 .. count-1, IN_FLIGHT at once: worker `w` runs its tasks one after another. */
 async function inPieces(count: number, task: (i: number, w: number) => Promise<void>): Promise<void> {
   let next = 0;
@@ -210,7 +224,7 @@ export async function decodeStoreOnDevices(
   let staging: HostRegion | undefined;
   let filling: Promise<void> | undefined;
   try {
-    for (const x of items) files.push(await open(x.path, 'r'));
+    for (const x of items) files.push(await openBlob(x, manifest.name));
     await checkHeaders(items, files, manifest.name);
     if (common.signal?.aborted) throw abortError(common.signal, `restore of '${manifest.name}'`);
     // Pinned (portable) where the targets are GPU memory: the GPU of the first whose GPU is known, else GPU 0.

@@ -131,7 +131,7 @@ describe('coded store blobs restored onto GPUs: the plumbing', () => {
     coded.forEach((r, i) => expect(targets[i]!.read(0, r.size).equals(contents[r.key]!)).toBe(true));
   });
 
-  it('a damaged header in the last window refuses naming region and chunk before any window is decoded', async () => {
+  it('a damaged header in the last window, a missing or a short blob refuse naming region (and chunk) before any window is decoded', async () => {
     const { snap, coded, targets, items, store } = await captured();
     const last = coded.at(-1)!;
     const path = store.blobPath(last.blob);
@@ -148,7 +148,10 @@ describe('coded store blobs restored onto GPUs: the plumbing', () => {
     expect(seen.windows).toEqual([]);
     for (const t of targets) expect(allBytes(t, 0xa5)).toBe(true);
 
-    rewrite(path, good.subarray(0, good.length - 10)); // truncated inside its last chunk
+    rmSync(path);
+    await expect(decodeStoreOnDevices(snap.manifest, items, {}, { decode: cpuDecoder(seen) })).rejects.toMatchObject({ code: 'E_BLOB_MISSING', details: { region: last.key } });
+
+    writeFileSync(path, good.subarray(0, good.length - 10)); // truncated inside its last chunk
     const short = await decodeStoreOnDevices(snap.manifest, items, {}, { windowBytes: 300 * KiB, decode: cpuDecoder(seen) }).catch((e: unknown) => e);
     expect((short as VsnapError).code).toBe('E_BLOB_TRUNCATED');
     expect((short as VsnapError).details).toMatchObject({ region: last.key, chunk });
