@@ -1,17 +1,14 @@
 import { open, type FileHandle } from 'node:fs/promises';
-import { write } from 'node:fs';
-import { promisify } from 'node:util';
 
 import { abortError, toVsnapError, VsnapError } from '../errors.js';
 import type { Manifest } from '../manifest/manifest.js';
 import type { RegionInfo } from '../manifest/types.js';
 import { native, type NativeHostBuffer } from '../native/index.js';
-import { HostRegion } from '../regions/host-region.js';
 import { memoryDevice, type RegionMemory } from '../regions/memory.js';
 import { codedOffsets, storedBytes } from '../store/coded-blob.js';
 import { inspectChunk } from '../transfer/codec.js';
-import { DEFAULT_CHUNK_SIZE } from '../transfer/staging.js';
-import { runTransfer, type TransferOptions } from '../transfer/transfer.js';
+import { defaultThreads } from '../transfer/staging.js';
+import type { TransferOptions } from '../transfer/transfer.js';
 import { decodeOnDevices, onDevice, type DeviceDecodeItem, type DeviceDecodeResult } from './device-decode.js';
 
 /*
@@ -23,9 +20,6 @@ import { decodeOnDevices, onDevice, type DeviceDecodeItem, type DeviceDecodeResu
 /** Coded bytes of one window (a window holds at least one whole chunk): two windows are pinned. @internal */
 export const STORE_WINDOW_BYTES = 256 * 1024 * 1024;
 
-/** Reads and writes of the fill run in pieces of this size, several at once (the libuv pool). */
-const PIECE = 8 * 1024 * 1024;
-const IN_FLIGHT = 4;
 /** Coded chunks start 16-byte aligned in a window, as the RAM tier holds them. */
 const ALIGN = 16;
 
@@ -133,6 +127,9 @@ async function checkHeaders(items: readonly StoreDecodeItem[], files: readonly F
       const chunk = offsets.findIndex((o) => o > size) - 1;
       throw new VsnapError('E_BLOB_TRUNCATED', `the blob of region ${region.key} in snapshot ${snapshot} ends inside chunk ${chunk}: restore from another copy or capture again`, { region: region.key, chunk, snapshot });
     }
+    if (size > storedBytes(region)) {
+      throw new VsnapError('E_BLOB_TRUNCATED', `the blob of region ${region.key} in snapshot ${snapshot} holds ${size} bytes, its coded chunks ${storedBytes(region)}: restore from another copy or capture again`, { region: region.key, snapshot });
+    }
     for (const [index, length] of region.codec!.codedSizes.entries()) {
       const rawSize = Math.min(region.chunkSize, region.size - index * region.chunkSize);
       await readExactly(files[i]!, scratch.subarray(0, checkedPrefix(length, rawSize)), offsets[index]!, region.key, index, snapshot);
@@ -155,39 +152,23 @@ async function openBlob(item: StoreDecodeItem, snapshot: string): Promise<FileHa
   }
 }
 
-/** Runs `task` for 0 .. count-1, IN_FLIGHT at once: worker `w` runs its tasks one after another. */
-async function inPieces(count: number, task: (i: number, w: number) => Promise<void>): Promise<void> {
-  let next = 0;
-  const worker = async (w: number): Promise<void> => {
-    while (next < count) await task(next++, w);
-  };
-  await Promise.all(Array.from({ length: Math.min(IN_FLIGHT, count) }, (_, w) => worker(w)));
-}
-
-const writeAt = promisify(write);
-
 /**
- * Fills `buffer` with a window's coded chunks from their blobs: each piece read into one of the
- * `pieces` buffers and written into the memfd `staging` at its place, then the whole window copied
- * into the buffer by the transfer engine (the HostBuffer has no writer on the JS side).
+ * Fills `buffer` with a window's coded chunks, read from their blobs by the addon (pread, 8 MiB
+ * pieces over `threads` threads, straight into the buffer).
  */
-async function fillWindow(buffer: NativeHostBuffer, window: readonly WindowChunk[], files: readonly FileHandle[], items: readonly StoreDecodeItem[], pieces: readonly Buffer[], staging: HostRegion, snapshot: string): Promise<void> {
-  const todo: Array<{ c: WindowChunk; from: number; length: number }> = [];
-  for (const c of window) for (let from = 0; from < c.length; from += PIECE) todo.push({ c, from, length: Math.min(PIECE, c.length - from) });
-  await inPieces(todo.length, async (k, w) => {
-    const { c, from, length } = todo[k]!;
-    const piece = pieces[w]!.subarray(0, length);
-    await readExactly(files[c.item]!, piece, c.fileOffset + from, items[c.item]!.region.key, c.index, snapshot);
-    let done = 0;
-    while (done < length) done += (await writeAt(staging.fd, piece, done, length - done, c.at + from + done)).bytesWritten;
+async function fillWindow(buffer: NativeHostBuffer, window: readonly WindowChunk[], items: readonly StoreDecodeItem[], threads: number): Promise<void> {
+  const byItem = new Map<number, WindowChunk[]>();
+  for (const c of window) byItem.set(c.item, [...(byItem.get(c.item) ?? []), c]);
+  const files = [...byItem].map(([item, chunks]) => {
+    const reads = new Float64Array(chunks.length * 3);
+    chunks.forEach((c, k) => reads.set([c.fileOffset, c.length, c.at], k * 3));
+    return { path: items[item]!.path, size: storedBytes(items[item]!.region), reads };
   });
-  const end = round16(window.at(-1)!.at + window.at(-1)!.length);
-  await runTransfer({
-    op: 'capture',
-    label: 'coded store window',
-    hash: false,
-    regions: [{ name: 'window', size: end, chunkSize: DEFAULT_CHUNK_SIZE, memory: staging.memory, hostCopy: { kind: 'buffer', buffer, offset: 0 } }],
-  });
+  try {
+    await native().readFilesInto({ kind: 'buffer', buffer, offset: 0 }, files, threads);
+  } catch (err) {
+    throw toVsnapError(err);
+  }
 }
 
 /** Options of {@link decodeStoreOnDevices}. @internal */
@@ -202,16 +183,15 @@ export interface StoreDecodeOptions {
  * Restores coded store blobs onto their GPUs: every chunk's header checked first (a damaged one
  * refuses naming region and chunk before anything is written), then window by window: a window's
  * coded chunks read from disk into one of two pinned buffers while the previous window is decoded
- * on the GPUs from the other. Host memory held: two pinned buffers and a staging memfd of
- * {@link WindowPlan.bufferBytes} each (3 x 256 MiB at most by default), and 4 JS buffers of
- * 8 MiB. The decoded bytes are not checked here: the caller compares them with the snapshot's GPU
- * digests before any wake.
+ * on the GPUs from the other. Host memory held: the two pinned buffers, of
+ * {@link WindowPlan.bufferBytes} each (2 x 256 MiB at most by default). The decoded bytes are not
+ * checked here: the caller compares them with the snapshot's GPU digests before any wake.
  * @internal
  */
 export async function decodeStoreOnDevices(
   manifest: Manifest,
   items: readonly StoreDecodeItem[],
-  common: Pick<TransferOptions, 'onProgress' | 'signal'>,
+  common: Pick<TransferOptions, 'onProgress' | 'signal' | 'threads'>,
   options: StoreDecodeOptions = {},
 ): Promise<DeviceDecodeResult> {
   if (items.length === 0) return { rawBytes: 0, linkBytes: 0, seconds: 0, devices: [] };
@@ -221,7 +201,6 @@ export async function decodeStoreOnDevices(
   const totalRaw = items.reduce((n, x) => n + x.region.size, 0);
   const files: FileHandle[] = [];
   const buffers: NativeHostBuffer[] = [];
-  let staging: HostRegion | undefined;
   let filling: Promise<void> | undefined;
   try {
     for (const x of items) files.push(await openBlob(x, manifest.name));
@@ -234,9 +213,8 @@ export async function decodeStoreOnDevices(
     } catch (err) {
       throw toVsnapError(err);
     }
-    staging = HostRegion.create(plan.bufferBytes, 'vsnap-coded-window');
-    const pieces = Array.from({ length: IN_FLIGHT }, () => Buffer.allocUnsafeSlow(Math.min(PIECE, plan.bufferBytes)));
-    const fill = (w: number): Promise<void> => fillWindow(buffers[w % 2]!, plan.windows[w]!, files, items, pieces, staging!, manifest.name);
+    const threads = common.threads ?? defaultThreads();
+    const fill = (w: number): Promise<void> => fillWindow(buffers[w % 2]!, plan.windows[w]!, items, threads);
     let rawBytes = 0;
     let linkBytes = 0;
     const byDevice = new Map<number, number>();
@@ -263,7 +241,6 @@ export async function decodeStoreOnDevices(
   } finally {
     await filling?.catch(() => undefined); // nothing reads a file or fills a buffer once this returns
     for (const f of files) await f.close();
-    staging?.close();
     for (const b of buffers) b.close();
   }
 }

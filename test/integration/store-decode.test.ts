@@ -3,14 +3,15 @@
 // headers of every chunk checked before any window is decoded, truncated blobs refused first,
 // and the windows' bytes as read from disk into the two alternating buffers, decoded here by the
 // CPU codec in place of the GPU (the GPU suite's store-codec.gpu.test.ts runs the GPU decoder).
-// Restores into host memory keep the CPU decode (coded-store-restore.test.ts).
+// Restores into host memory keep the CPU decode (coded-store-restore.test.ts). And the addon's
+// reader of byte ranges into a HostBuffer (readFilesInto) the windows are read with.
 import { readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { writeSync } from 'node:fs';
 
 import { afterEach, describe, expect, it } from 'vitest';
 
 import { VsnapError } from '../../src/errors.js';
-import type { NativeHostBuffer } from '../../src/native/index.js';
+import { native, type NativeHostBuffer } from '../../src/native/index.js';
 import { HostRegion } from '../../src/regions/host-region.js';
 import type { DeviceDecodeItem, DeviceDecodeResult } from '../../src/snapshot/device-decode.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
@@ -182,5 +183,34 @@ describe('coded store blobs restored onto GPUs: the plumbing', () => {
     };
     await expect(decodeStoreOnDevices(snap.manifest, items, { signal: controller.signal }, { windowBytes: 300 * KiB, decode: cancelling })).rejects.toMatchObject({ code: 'E_ABORTED' });
     expect(seen.windows).toHaveLength(1);
+  });
+});
+
+describe('readFilesInto: byte ranges of files into a HostBuffer', () => {
+  it('reads ranges at any offset (pieces over threads) where asked, and refuses a missing, a resized file or a range outside the buffer', async () => {
+    const dir = tempDir();
+    const a = randomChunk(20 * 1024 * KiB + 3, 21); // three 8 MiB pieces, the last short
+    const b = randomChunk(5000, 22);
+    writeFileSync(`${dir}/a`, a);
+    writeFileSync(`${dir}/b`, b);
+    const buffer = await native().createHostBuffer(32 * 1024 * KiB, -1);
+    cleanup.push(buffer);
+    const reads = (...xs: number[]) => new Float64Array(xs);
+    const r = await native().readFilesInto(
+      { kind: 'buffer', buffer, offset: 16 },
+      [
+        { path: `${dir}/a`, size: a.length, reads: reads(7, a.length - 7, 0) },
+        { path: `${dir}/b`, size: b.length, reads: reads(100, 50, a.length + 9, 0, 10, a.length + 200) },
+      ],
+      3,
+    );
+    expect(r.bytes).toBe(a.length - 7 + 60);
+    expect(buffer.read(16, a.length - 7).equals(a.subarray(7))).toBe(true);
+    expect(buffer.read(16 + a.length + 9, 50).equals(b.subarray(100, 150))).toBe(true);
+    expect(buffer.read(16 + a.length + 200, 10).equals(b.subarray(0, 10))).toBe(true);
+
+    await expect(native().readFilesInto({ kind: 'buffer', buffer, offset: 0 }, [{ path: `${dir}/gone`, size: 1, reads: reads(0, 1, 0) }], 2)).rejects.toMatchObject({ code: 'E_BLOB_MISSING' });
+    await expect(native().readFilesInto({ kind: 'buffer', buffer, offset: 0 }, [{ path: `${dir}/b`, size: b.length + 1, reads: reads(0, 1, 0) }], 2)).rejects.toMatchObject({ code: 'E_BLOB_TRUNCATED' });
+    expect(() => native().readFilesInto({ kind: 'buffer', buffer, offset: 0 }, [{ path: `${dir}/b`, size: b.length, reads: reads(0, 10, buffer.size - 5) }], 2)).toThrow(/outside the HostBuffer/);
   });
 });
