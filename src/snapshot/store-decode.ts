@@ -199,12 +199,16 @@ export async function decodeStoreOnDevices(
   const decode = options.decode ?? decodeOnDevices;
   const plan = planWindows(items.map((x) => x.region), options.windowBytes ?? STORE_WINDOW_BYTES);
   const totalRaw = items.reduce((n, x) => n + x.region.size, 0);
-  const files: FileHandle[] = [];
   const buffers: NativeHostBuffer[] = [];
   let filling: Promise<void> | undefined;
   try {
-    for (const x of items) files.push(await openBlob(x, manifest.name));
-    await checkHeaders(items, files, manifest.name);
+    const files: FileHandle[] = [];
+    try {
+      for (const x of items) files.push(await openBlob(x, manifest.name));
+      await checkHeaders(items, files, manifest.name);
+    } finally {
+      for (const f of files) await f.close();
+    }
     if (common.signal?.aborted) throw abortError(common.signal, `restore of '${manifest.name}'`);
     // Pinned (portable) where the targets are GPU memory: the GPU of the first whose GPU is known, else GPU 0.
     const pinDevice = items.some((x) => onDevice(x.memory)) ? (items.map((x) => memoryDevice(x.memory)).find((d) => d !== undefined) ?? 0) : -1;
@@ -239,8 +243,7 @@ export async function decodeStoreOnDevices(
     common.onProgress?.({ phase: 'done', bytesDone: rawBytes, bytesTotal: totalRaw });
     return { rawBytes, linkBytes, seconds, devices: [...byDevice].map(([device, b]) => ({ device, bytes: b, seconds })) };
   } finally {
-    await filling?.catch(() => undefined); // nothing reads a file or fills a buffer once this returns
-    for (const f of files) await f.close();
+    await filling?.catch(() => undefined); // nothing fills a buffer once this returns
     for (const b of buffers) b.close();
   }
 }
