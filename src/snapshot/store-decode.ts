@@ -8,6 +8,7 @@ import { memoryDevice, type RegionMemory } from '../regions/memory.js';
 import { codedOffsets, storedBytes } from '../store/coded-blob.js';
 import { inspectChunk } from '../transfer/codec.js';
 import { defaultThreads } from '../transfer/staging.js';
+import { windowBuffers } from '../transfer/window-buffers.js';
 import type { TransferOptions } from '../transfer/transfer.js';
 import { decodeOnDevices, onDevice, type DeviceDecodeItem, type DeviceDecodeResult } from './device-decode.js';
 
@@ -184,7 +185,8 @@ export interface StoreDecodeOptions {
  * refuses naming region and chunk before anything is written), then window by window: a window's
  * coded chunks read from disk into one of two pinned buffers while the previous window is decoded
  * on the GPUs from the other. Host memory held: the two pinned buffers, of
- * {@link WindowPlan.bufferBytes} each (2 x 256 MiB at most by default). The decoded bytes are not
+ * {@link WindowPlan.bufferBytes} each (2 x 256 MiB at most by default), kept for the next restore
+ * until idle (windowBuffers). The decoded bytes are not
  * checked here: the caller compares them with the snapshot's GPU digests before any wake.
  * @internal
  */
@@ -199,53 +201,46 @@ export async function decodeStoreOnDevices(
   const decode = options.decode ?? decodeOnDevices;
   const plan = planWindows(items.map((x) => x.region), options.windowBytes ?? STORE_WINDOW_BYTES);
   const totalRaw = items.reduce((n, x) => n + x.region.size, 0);
-  const buffers: NativeHostBuffer[] = [];
-  let filling: Promise<void> | undefined;
+  const files: FileHandle[] = [];
   try {
-    const files: FileHandle[] = [];
-    try {
-      for (const x of items) files.push(await openBlob(x, manifest.name));
-      await checkHeaders(items, files, manifest.name);
-    } finally {
-      for (const f of files) await f.close();
-    }
-    if (common.signal?.aborted) throw abortError(common.signal, `restore of '${manifest.name}'`);
-    // Pinned (portable) where the targets are GPU memory: the GPU of the first whose GPU is known, else GPU 0.
-    const pinDevice = items.some((x) => onDevice(x.memory)) ? (items.map((x) => memoryDevice(x.memory)).find((d) => d !== undefined) ?? 0) : -1;
-    try {
-      for (let b = 0; b < Math.min(2, plan.windows.length); b++) buffers.push(await native().createHostBuffer(plan.bufferBytes, pinDevice));
-    } catch (err) {
-      throw toVsnapError(err);
-    }
-    const threads = common.threads ?? defaultThreads();
+    for (const x of items) files.push(await openBlob(x, manifest.name));
+    await checkHeaders(items, files, manifest.name);
+  } finally {
+    for (const f of files) await f.close();
+  }
+  if (common.signal?.aborted) throw abortError(common.signal, `restore of '${manifest.name}'`);
+  // Pinned (portable) where the targets are GPU memory: the GPU of the first whose GPU is known, else GPU 0.
+  const pinDevice = items.some((x) => onDevice(x.memory)) ? (items.map((x) => memoryDevice(x.memory)).find((d) => d !== undefined) ?? 0) : -1;
+  const threads = common.threads ?? defaultThreads();
+  return windowBuffers.lease(plan.bufferBytes, Math.min(2, plan.windows.length), pinDevice, async (buffers) => {
     const fill = (w: number): Promise<void> => fillWindow(buffers[w % 2]!, plan.windows[w]!, items, threads);
     let rawBytes = 0;
     let linkBytes = 0;
     const byDevice = new Map<number, number>();
-    filling = fill(0);
-    for (let w = 0; w < plan.windows.length; w++) {
-      await filling;
-      filling = undefined;
-      if (common.signal?.aborted) throw abortError(common.signal, `restore of '${manifest.name}'`);
-      const window = plan.windows[w]!;
-      const decoding = decode(buffers[w % 2]!, windowItems(items, window), manifest.name);
-      if (w + 1 < plan.windows.length) {
-        filling = fill(w + 1);
-        filling.catch(() => undefined); // awaited on every path
+    let filling: Promise<void> | undefined = fill(0);
+    try {
+      for (let w = 0; w < plan.windows.length; w++) {
+        await filling;
+        filling = undefined;
+        if (common.signal?.aborted) throw abortError(common.signal, `restore of '${manifest.name}'`);
+        const decoding = decode(buffers[w % 2]!, windowItems(items, plan.windows[w]!), manifest.name);
+        if (w + 1 < plan.windows.length) {
+          filling = fill(w + 1);
+          filling.catch(() => undefined); // awaited on every path
+        }
+        const done = await decoding;
+        rawBytes += done.rawBytes;
+        linkBytes += done.linkBytes;
+        for (const d of done.devices) byDevice.set(d.device, (byDevice.get(d.device) ?? 0) + d.bytes);
+        common.onProgress?.({ phase: 'copying', bytesDone: rawBytes, bytesTotal: totalRaw });
       }
-      const done = await decoding;
-      rawBytes += done.rawBytes;
-      linkBytes += done.linkBytes;
-      for (const d of done.devices) byDevice.set(d.device, (byDevice.get(d.device) ?? 0) + d.bytes);
-      common.onProgress?.({ phase: 'copying', bytesDone: rawBytes, bytesTotal: totalRaw });
+    } finally {
+      await filling?.catch(() => undefined); // nothing fills a buffer once it is lent again
     }
     const seconds = (performance.now() - started) / 1000;
     common.onProgress?.({ phase: 'done', bytesDone: rawBytes, bytesTotal: totalRaw });
     return { rawBytes, linkBytes, seconds, devices: [...byDevice].map(([device, b]) => ({ device, bytes: b, seconds })) };
-  } finally {
-    await filling?.catch(() => undefined); // nothing fills a buffer once this returns
-    for (const b of buffers) b.close();
-  }
+  });
 }
 
 /** A window's chunks as decode items, one a region. */

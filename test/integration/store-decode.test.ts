@@ -19,6 +19,7 @@ import { decodesOnDevice, decodeStoreOnDevices, planWindows } from '../../src/sn
 import { codedOffsets } from '../../src/store/coded-blob.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { decodeChunk } from '../../src/transfer/codec.js';
+import { windowBuffers } from '../../src/transfer/window-buffers.js';
 import { randomChunk, weights } from '../helpers/codec-data.js';
 import { allBytes, fillRegion } from '../helpers/regions.js';
 import { tempDir } from '../helpers/tmp.js';
@@ -28,6 +29,7 @@ const CHUNK = 256 * KiB;
 const cleanup: Array<{ close(): void }> = [];
 afterEach(() => {
   for (const c of cleanup.splice(0)) c.close();
+  windowBuffers.releaseIdle();
 });
 
 const contents: Record<string, Buffer> = {
@@ -111,7 +113,7 @@ describe('coded store blobs restored onto GPUs: the plumbing', () => {
     for (const w of plan.windows) for (const c of w) expect(c.at % 16).toBe(0);
   });
 
-  it('reads window by window into two alternating buffers, within the bound, and restores bit-exact', async () => {
+  it('reads window by window into two alternating buffers, within the bound, kept for the next restore, and restores bit-exact', async () => {
     const { snap, coded, targets, items } = await captured();
     const windowBytes = 300 * KiB; // about one coded chunk a window
     const plan = planWindows(coded, windowBytes);
@@ -122,10 +124,16 @@ describe('coded store blobs restored onto GPUs: the plumbing', () => {
     expect(seen.windows).toEqual(plan.windows.map((w) => w.map((c) => c.length)));
     expect(new Set(seen.buffers).size).toBe(2);
     expect(seen.sizes.every((s) => s === plan.bufferBytes)).toBe(true);
-    seen.buffers.forEach((b, i) => {
-      expect(b).toBe(seen.buffers[i % 2]);
-      expect(b.closed).toBe(true); // freed once the restore is done
-    });
+    seen.buffers.forEach((b, i) => expect(b).toBe(seen.buffers[i % 2]));
+    // kept for the next restore (pinning stays off the restore path), freed when idle
+    expect(seen.buffers[0]!.closed).toBe(false);
+    expect(windowBuffers.heldBytes()).toBe(2 * plan.bufferBytes);
+    const again = { buffers: [] as NativeHostBuffer[], sizes: [] as number[], windows: [] as number[][] };
+    await decodeStoreOnDevices(snap.manifest, items, {}, { windowBytes, decode: cpuDecoder(again) });
+    expect(new Set(again.buffers)).toEqual(new Set(seen.buffers));
+    windowBuffers.releaseIdle();
+    expect(seen.buffers.every((b) => b.closed)).toBe(true);
+    expect(windowBuffers.heldBytes()).toBe(0);
     expect(plan.bufferBytes).toBeLessThanOrEqual(Math.max(windowBytes, ...coded.flatMap((r) => r.codec!.codedSizes.map((s) => Math.ceil(s / 16) * 16))));
     expect(result.rawBytes).toBe(coded.reduce((n, r) => n + r.size, 0));
     expect(progress.at(-1)).toBe(result.rawBytes);
@@ -160,7 +168,7 @@ describe('coded store blobs restored onto GPUs: the plumbing', () => {
     for (const t of targets) expect(allBytes(t, 0xa5)).toBe(true);
   });
 
-  it('a decode that fails stops the restore: the window being read is awaited and every buffer freed', async () => {
+  it('a decode that fails stops the restore: the window being read is awaited and the buffers given back', async () => {
     const { snap, items } = await captured();
     const buffers: NativeHostBuffer[] = [];
     const failing = async (buffer: NativeHostBuffer): Promise<DeviceDecodeResult> => {
@@ -169,6 +177,8 @@ describe('coded store blobs restored onto GPUs: the plumbing', () => {
     };
     await expect(decodeStoreOnDevices(snap.manifest, items, {}, { windowBytes: 300 * KiB, decode: failing })).rejects.toMatchObject({ code: 'E_CODEC_CORRUPT' });
     expect(buffers).toHaveLength(1);
+    expect(windowBuffers.heldBytes()).toBeGreaterThan(0); // given back once the window being read landed
+    windowBuffers.releaseIdle();
     expect(buffers[0]!.closed).toBe(true);
   });
 
@@ -212,5 +222,34 @@ describe('readFilesInto: byte ranges of files into a HostBuffer', () => {
     await expect(native().readFilesInto({ kind: 'buffer', buffer, offset: 0 }, [{ path: `${dir}/gone`, size: 1, reads: reads(0, 1, 0) }], 2)).rejects.toMatchObject({ code: 'E_BLOB_MISSING' });
     await expect(native().readFilesInto({ kind: 'buffer', buffer, offset: 0 }, [{ path: `${dir}/b`, size: b.length + 1, reads: reads(0, 1, 0) }], 2)).rejects.toMatchObject({ code: 'E_BLOB_TRUNCATED' });
     expect(() => native().readFilesInto({ kind: 'buffer', buffer, offset: 0 }, [{ path: `${dir}/b`, size: b.length, reads: reads(0, 10, buffer.size - 5) }], 2)).toThrow(/outside the HostBuffer/);
+  });
+});
+
+describe('windowBuffers: the window buffers kept between restores', () => {
+  it('lends the kept set to one restore at a time, makes a larger one where needed, and keeps one set', async () => {
+    const lent: NativeHostBuffer[][] = [];
+    let release!: () => void;
+    const held = new Promise<void>((r) => (release = r));
+    const first = windowBuffers.lease(64 * KiB, 2, -1, async (b) => {
+      lent.push([...b]);
+      await held;
+    });
+    await windowBuffers.lease(32 * KiB, 2, -1, async (b) => {
+      lent.push([...b]); // the first still holds its set: this one makes its own
+    });
+    release();
+    await first;
+    expect(lent[0]![0]).not.toBe(lent[1]![0]);
+    expect(windowBuffers.heldBytes()).toBe(2 * 64 * KiB); // the larger set kept, the other freed
+    expect(lent[1]!.every((b) => b.closed)).toBe(true);
+    await windowBuffers.lease(16 * KiB, 1, -1, async (b) => {
+      expect(b).toEqual([lent[0]![0]]); // a smaller need takes the kept set
+    });
+    await windowBuffers.lease(128 * KiB, 2, -1, async (b) => {
+      expect(b[0]!.size).toBe(128 * KiB); // a larger need replaces it
+    });
+    expect(lent[0]!.every((b) => b.closed)).toBe(true);
+    windowBuffers.releaseIdle();
+    expect(windowBuffers.heldBytes()).toBe(0);
   });
 });
