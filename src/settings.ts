@@ -34,7 +34,7 @@ export const SETTINGS = {
     readBy: 'SDK',
     accepts: 'a whole number of milliseconds from 0 to 2147483647',
     default: '30000',
-    meaning: 'How long pinned staging memory, the CUDA contexts kept for GPUs a transfer touched and neighbour-GPU contexts stay after their last use. `releaseIdleResources()` frees them at once.',
+    meaning: 'How long pinned staging memory (and the window buffers of restores of coded store blobs), the CUDA contexts kept for GPUs a transfer touched and neighbour-GPU contexts stay after their last use. `releaseIdleResources()` frees them at once.',
   },
   VSNAP_STORE: {
     readBy: 'CLI',

@@ -290,6 +290,16 @@ export interface NativeBinding {
   allocateDeviceSet(device: number, sizes: readonly number[]): Promise<NativeDeviceAllocation[]>;
   createStagingPool(slotSize: number, slotCount: number, pinDevice: number): Promise<NativeStagingPool>;
   createHostBuffer(size: number, pinDevice: number): Promise<NativeHostBuffer>;
+  /**
+   * Reads byte ranges of files into a HostBuffer with pread (8 MiB pieces over `threads` threads):
+   * per file its expected size (E_BLOB_TRUNCATED otherwise; E_BLOB_MISSING for one that is gone)
+   * and `reads`, (fileOffset, length, at) per range, landing at `dest.offset + at`.
+   */
+  readFilesInto(
+    dest: { kind: 'buffer'; buffer: NativeHostBuffer; offset: number },
+    files: ReadonlyArray<{ path: string; size: number; reads: Float64Array }>,
+    threads: number,
+  ): Promise<{ bytes: number; seconds: number }>;
   holdHandles(fds: readonly number[]): Promise<NativeHeldHandles>;
   startTransfer(
     spec: NativeTransferSpec,

@@ -1,15 +1,13 @@
 import type { RamLease } from '../cache/ram-tier.js';
 import { decodeHeld, type HeldChunk } from '../cache/coded-tier.js';
-import { toVsnapError, VsnapError } from '../errors.js';
 import type { Manifest } from '../manifest/manifest.js';
 import { regionId } from '../manifest/region-id.js';
 import type { RegionInfo } from '../manifest/types.js';
-import { native, type NativeTransferResult } from '../native/index.js';
+import type { NativeTransferResult } from '../native/index.js';
 import type { HostRegion } from '../regions/host-region.js';
-import { memoryDevice, toNativeMemory, type RegionMemory } from '../regions/memory.js';
-import { namedChunkError } from '../transfer/codec.js';
-import { deviceContexts } from '../transfer/contexts.js';
+import type { RegionMemory } from '../regions/memory.js';
 import { runTransfer, type TransferOptions } from '../transfer/transfer.js';
+import { decodeOnDevices, onDevice } from './device-decode.js';
 import type { RestoreRegion } from './snapshot-types.js';
 
 type Common = { label: string } & Pick<TransferOptions, 'onProgress' | 'signal' | 'threads'>;
@@ -18,11 +16,6 @@ interface Item {
   region: RegionInfo;
   held: readonly HeldChunk[];
   memory: RegionMemory;
-}
-
-/** GPU memory: decoded on its GPU; host memory (the host backend): decoded on the CPU. */
-function onDevice(memory: RegionMemory): boolean {
-  return memory.kind === 'device' || memory.kind === 'imported' || (memory.kind === 'mapped' && memory.source === 'imported');
 }
 
 /**
@@ -83,34 +76,11 @@ async function restoreOnDevices(
 ): Promise<{ bytes: number; devices: NonNullable<NativeTransferResult['devices']> }> {
   if (items.length === 0) return { bytes: 0, devices: [] };
   common.signal?.throwIfAborted();
-  const targets = items.map((x) => {
-    const chunks = new Float64Array(x.held.length * 5);
-    x.held.forEach((c, i) => chunks.set([c.at, c.held, c.rawSize, i * x.region.chunkSize, c.coded ? 1 : 0], i * 5));
-    return { memory: toNativeMemory(x.memory), size: x.region.size, chunks };
-  });
-  const devices = items.map((x) => memoryDevice(x.memory));
-  let result;
-  try {
-    result = await deviceContexts.use(devices, () => native().codecRestoreHeld({ kind: 'buffer', buffer: lease.buffer, offset: 0 }, targets));
-  } catch (err) {
-    const e = toVsnapError(err);
-    const at = typeof e.details.target === 'number' ? items[e.details.target] : undefined;
-    if (e.code !== 'E_CODEC_CORRUPT' || !at) throw e;
-    const named = namedChunkError(e, { chunk: Number(e.details.chunk), region: at.region.key, snapshot: manifest.name });
-    if (e.details.written !== true) throw named;
-    // found by the kernel while it wrote: the target holds wrong bytes, and the restore fails before any wake
-    throw new VsnapError(
-      'E_CODEC_CORRUPT',
-      `chunk ${String(e.details.chunk)} of region ${at.region.key} in snapshot ${manifest.name} is damaged: ${String(e.details.reason)}. The restore stopped before the engine could use the region; restore again from another copy of the snapshot (\`vsnap verify\` finds the damaged ones) or capture again.`,
-      { ...named.details, written: true },
-      { cause: e },
-    );
-  }
-  const bytesByDevice = new Map<number, number>();
-  items.forEach((x, i) => {
-    const d = devices[i];
-    if (d !== undefined) bytesByDevice.set(d, (bytesByDevice.get(d) ?? 0) + x.region.size);
-  });
+  const result = await decodeOnDevices(
+    lease.buffer,
+    items.map((x) => ({ region: x.region, memory: x.memory, chunks: x.held.map((c, index) => ({ ...c, index })) })),
+    manifest.name,
+  );
   common.onProgress?.({ phase: 'done', bytesDone: result.rawBytes, bytesTotal: result.rawBytes });
-  return { bytes: result.rawBytes, devices: [...bytesByDevice].map(([device, bytes]) => ({ device, bytes, seconds: result.seconds })) };
+  return { bytes: result.rawBytes, devices: result.devices };
 }

@@ -151,7 +151,9 @@ export interface RestoreOptions extends TransferOptions {
   /**
    * Digest the restored memory (on the GPU) and compare with the snapshot's digests (default
    * true; skipped when it has none). Always done for a capture with hash `deferred` not yet
-   * persisted: its GPU digests are the only check of its RAM copy.
+   * persisted: its GPU digests are the only check of its RAM copy; and for a restore from the
+   * store that decodes coded blobs on the GPU (docs/compression.md): they are the only check of
+   * the decoded bytes.
    */
   readonly verifyDigests?: boolean;
   /**

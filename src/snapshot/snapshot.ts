@@ -331,10 +331,11 @@ export class Snapshot {
     const waited = performance.now();
     const early = head ? await head.done : undefined;
     const headWait = (performance.now() - waited) / 1000;
-    const tail = await verifyPlanned(manifest, head ? head.tail : planVerify(manifest, live(), digesting));
+    // Coded blobs decoded on the GPU were checked by nothing else: their GPU digest runs whatever verifyDigests says.
+    const tail = await verifyPlanned(manifest, head ? head.tail : planVerify(manifest, live(), digesting || copied.decodedOnDevice === true));
     // The digest time the restore waited for: the tail's, and whatever of the head's outlasted the tail's copy.
     const digest = early || tail ? { seconds: headWait + (tail?.seconds ?? 0), devices: tail?.devices ?? early?.devices ?? [] } : undefined;
-    const { devices: bytesByDevice, ...summary } = copied;
+    const { devices: bytesByDevice, decodedOnDevice: _decoded, ...summary } = copied;
     const devices = (bytesByDevice ?? []).map((d): DeviceTiming => {
       const checked = digest?.devices.find((x) => x.device === d.device);
       return { device: d.device, bytes: d.bytes, hydrateSeconds: d.seconds, ...(checked ? { digestSeconds: headWait + checked.seconds } : {}) };
@@ -383,7 +384,7 @@ export class Snapshot {
     targets: Map<string, RestoreRegion>,
     stages: StagedTargets | undefined,
     onHead?: (ids: readonly string[]) => void,
-  ): Promise<Omit<TransferSummary, 'devices'> & { devices?: NativeTransferResult['devices'] }> {
+  ): Promise<Omit<TransferSummary, 'devices'> & { devices?: NativeTransferResult['devices']; decodedOnDevice?: boolean }> {
     const staged = this.joinStages(options, targets, stages);
     if (!staged) this.checkTargets(options.regions, options);
     if (!this.isDurable && !options.ram?.has(this.id)) throw notDurable(this, 'a restore');
@@ -424,7 +425,7 @@ export class Snapshot {
     }
     if (staged) await (await staged).late.after; // from disk the wait costs little beside the read: one job, after it
     const result = await restoreFromStore(this.store, this.manifest, targets, common, { verifyFirst: verify === 'all-first', directIo: options.directIo ?? false });
-    return { bytes: result.bytes, seconds: result.seconds, bytesPerSecond: result.bytes / Math.max(result.seconds, 1e-9), tier: 'store', devices: result.devices };
+    return { bytes: result.bytes, seconds: result.seconds, bytesPerSecond: result.bytes / Math.max(result.seconds, 1e-9), tier: 'store', devices: result.devices, decodedOnDevice: result.decodedOnDevice };
   }
 
   /**

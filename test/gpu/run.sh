@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 if [ -x node_modules/.bin/esbuild ]; then
-  node_modules/.bin/esbuild test/gpu/regions.gpu.test.ts test/gpu/engine.gpu.test.ts test/gpu/swap.gpu.test.ts test/gpu/tier0.gpu.test.ts test/gpu/soak.gpu.test.ts test/gpu/digest.gpu.test.ts test/gpu/mapped.gpu.test.ts test/gpu/deep.gpu.test.ts test/gpu/check.gpu.test.ts test/gpu/remap.gpu.test.ts test/gpu/tp.gpu.test.ts test/gpu/neighbour.gpu.test.ts test/gpu/multipath.gpu.test.ts test/gpu/capture-deferred.gpu.test.ts test/gpu/sleep-backend.gpu.test.ts test/gpu/codec.gpu.test.ts test/gpu/ram-codec.gpu.test.ts test/gpu/capture-coded.gpu.test.ts test/gpu/peer.ts test/gpu/gpu-tier-child.ts --bundle --platform=node --format=esm \
+  node_modules/.bin/esbuild test/gpu/regions.gpu.test.ts test/gpu/engine.gpu.test.ts test/gpu/swap.gpu.test.ts test/gpu/tier0.gpu.test.ts test/gpu/soak.gpu.test.ts test/gpu/digest.gpu.test.ts test/gpu/mapped.gpu.test.ts test/gpu/deep.gpu.test.ts test/gpu/check.gpu.test.ts test/gpu/remap.gpu.test.ts test/gpu/tp.gpu.test.ts test/gpu/neighbour.gpu.test.ts test/gpu/multipath.gpu.test.ts test/gpu/capture-deferred.gpu.test.ts test/gpu/sleep-backend.gpu.test.ts test/gpu/codec.gpu.test.ts test/gpu/ram-codec.gpu.test.ts test/gpu/capture-coded.gpu.test.ts test/gpu/store-codec.gpu.test.ts test/gpu/peer.ts test/gpu/gpu-tier-child.ts --bundle --platform=node --format=esm \
     --target=node20 --outdir=dist-gpu --out-extension:.js=.mjs --log-level=warning \
     --external:node-gyp-build --banner:js="import { createRequire as __cr } from 'module'; const require = __cr(import.meta.url);"
 fi
@@ -30,7 +30,7 @@ fi
 [ -x dist-gpu/ceiling ] && export VSNAP_GPU_CEILING="$PWD/dist-gpu/ceiling"
 suites=("$@")
 if [ ${#suites[@]} -eq 0 ]; then
-  suites=(dist-gpu/regions.gpu.test.mjs dist-gpu/engine.gpu.test.mjs dist-gpu/swap.gpu.test.mjs dist-gpu/tier0.gpu.test.mjs dist-gpu/digest.gpu.test.mjs dist-gpu/mapped.gpu.test.mjs dist-gpu/deep.gpu.test.mjs dist-gpu/check.gpu.test.mjs dist-gpu/capture-deferred.gpu.test.mjs dist-gpu/sleep-backend.gpu.test.mjs dist-gpu/codec.gpu.test.mjs dist-gpu/ram-codec.gpu.test.mjs dist-gpu/capture-coded.gpu.test.mjs dist-gpu/soak.gpu.test.mjs)
+  suites=(dist-gpu/regions.gpu.test.mjs dist-gpu/engine.gpu.test.mjs dist-gpu/swap.gpu.test.mjs dist-gpu/tier0.gpu.test.mjs dist-gpu/digest.gpu.test.mjs dist-gpu/mapped.gpu.test.mjs dist-gpu/deep.gpu.test.mjs dist-gpu/check.gpu.test.mjs dist-gpu/capture-deferred.gpu.test.mjs dist-gpu/sleep-backend.gpu.test.mjs dist-gpu/codec.gpu.test.mjs dist-gpu/ram-codec.gpu.test.mjs dist-gpu/capture-coded.gpu.test.mjs dist-gpu/store-codec.gpu.test.mjs dist-gpu/soak.gpu.test.mjs)
   # the two-GPU suites only where two GPUs are visible
   if [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')" -ge 2 ]; then suites+=(dist-gpu/remap.gpu.test.mjs dist-gpu/tp.gpu.test.mjs dist-gpu/neighbour.gpu.test.mjs dist-gpu/multipath.gpu.test.mjs); fi
 fi
