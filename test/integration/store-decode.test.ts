@@ -5,8 +5,7 @@
 // CPU codec in place of the GPU (the GPU suite's store-codec.gpu.test.ts runs the GPU decoder).
 // Restores into host memory keep the CPU decode (coded-store-restore.test.ts). And the addon's
 // reader of byte ranges into a HostBuffer (readFilesInto) the windows are read with.
-import { readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { writeSync } from 'node:fs';
+import { readFileSync, rmSync, writeFileSync, writeSync } from 'node:fs';
 
 import { afterEach, describe, expect, it } from 'vitest';
 
@@ -227,28 +226,36 @@ describe('readFilesInto: byte ranges of files into a HostBuffer', () => {
 
 describe('windowBuffers: the window buffers kept between restores', () => {
   it('lends the kept set to one restore at a time, makes a larger one where needed, and keeps one set', async () => {
-    const lent: NativeHostBuffer[][] = [];
+    windowBuffers.releaseIdle(); // a set kept by an earlier test must not be the one lent first
+    // each lease's set by name, and the second lease starts only once the first holds its set:
+    // the order in which the two sets are made must not decide what the test sees
+    let firstSet: NativeHostBuffer[] = [];
+    let secondSet: NativeHostBuffer[] = [];
     let release!: () => void;
     const held = new Promise<void>((r) => (release = r));
+    let holding!: () => void;
+    const lentFirst = new Promise<void>((r) => (holding = r));
     const first = windowBuffers.lease(64 * KiB, 2, -1, async (b) => {
-      lent.push([...b]);
+      firstSet = [...b];
+      holding();
       await held;
     });
+    await lentFirst;
     await windowBuffers.lease(32 * KiB, 2, -1, async (b) => {
-      lent.push([...b]); // the first still holds its set: this one makes its own
+      secondSet = [...b]; // the first still holds its set: this one makes its own
     });
     release();
     await first;
-    expect(lent[0]![0]).not.toBe(lent[1]![0]);
+    expect(firstSet[0]).not.toBe(secondSet[0]);
     expect(windowBuffers.heldBytes()).toBe(2 * 64 * KiB); // the larger set kept, the other freed
-    expect(lent[1]!.every((b) => b.closed)).toBe(true);
+    expect(secondSet.every((b) => b.closed)).toBe(true);
     await windowBuffers.lease(16 * KiB, 1, -1, async (b) => {
-      expect(b).toEqual([lent[0]![0]]); // a smaller need takes the kept set
+      expect(b).toEqual([firstSet[0]]); // a smaller need takes the kept set
     });
     await windowBuffers.lease(128 * KiB, 2, -1, async (b) => {
       expect(b[0]!.size).toBe(128 * KiB); // a larger need replaces it
     });
-    expect(lent[0]!.every((b) => b.closed)).toBe(true);
+    expect(firstSet.every((b) => b.closed)).toBe(true);
     windowBuffers.releaseIdle();
     expect(windowBuffers.heldBytes()).toBe(0);
   });
