@@ -68,6 +68,7 @@ const REASONS: Partial<Record<ErrorCode, RecoveryReason>> = {
   E_BLOB_MISSING: 'missing',
   E_CHECKSUM: 'damaged',
   E_BLOB_TRUNCATED: 'damaged',
+  E_CODEC_CORRUPT: 'damaged', // a coded chunk that does not decode: as damaged as a bad checksum
   E_DIGEST_MISMATCH: 'damaged',
   E_MANIFEST_INVALID: 'damaged',
   E_MANIFEST_MISMATCH: 'incompatible',

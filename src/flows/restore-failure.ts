@@ -11,7 +11,7 @@ import { VsnapError, type ErrorCode } from '../errors.js';
  *   or a snapshot to pull (a `SnapshotRef` with `from`) cannot be had: the registry does not
  *   have it (E_SNAPSHOT_NOT_FOUND), cannot be reached or fails (E_REGISTRY), stalls or trickles
  *   (E_REGISTRY_TIMEOUT), or refuses the credentials (E_REGISTRY_AUTH; the report's `code` says so);
- * - `damaged`: E_CHECKSUM, E_BLOB_TRUNCATED, E_DIGEST_MISMATCH, or an unreadable manifest (E_MANIFEST_INVALID);
+ * - `damaged`: E_CHECKSUM, E_BLOB_TRUNCATED, E_CODEC_CORRUPT, E_DIGEST_MISMATCH, or an unreadable manifest (E_MANIFEST_INVALID);
  * - `incompatible`: E_MANIFEST_MISMATCH for the same model (layout, engine version, platform);
  * - `not-durable`: a capture kept only in the RAM tier is no longer there (E_NOT_DURABLE).
  *

@@ -1,14 +1,15 @@
 // The engine flows over a store holding coded blobs (capture codec 'vsnap-c1'), with no RAM tier:
 // the suspend's blob check accepts the coded sizes, the restore decodes them (CPU reference
 // engine), and the engine answers as before. An incremental capture on top shares the coded blobs.
-import { statSync } from 'node:fs';
+import { readFileSync, statSync, writeFileSync } from 'node:fs';
 
 import { describe, expect, it } from 'vitest';
 
 import { captureEngine, restoreEngine, suspendEngine } from '../../src/flows/index.js';
-import { storedBytes } from '../../src/store/coded-blob.js';
+import { codedOffsets, storedBytes } from '../../src/store/coded-blob.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { ask, useEngines } from '../helpers/engines.js';
+import { rejection } from '../helpers/rejection.js';
 import { tempDir } from '../helpers/tmp.js';
 
 const { engine } = useEngines();
@@ -35,6 +36,26 @@ describe('the engine flows over coded store blobs (CPU reference engine)', () =>
     const next = await captureEngine(store, 'ref', client, { base: snapshot, codec: 'vsnap-c1' });
     expect(next.lastCapture?.reusedBytes).toBe(snapshot.manifest.totalBytes); // nothing changed: every coded blob shared
     expect(next.manifest.data.ranks).toEqual(snapshot.manifest.data.ranks);
+  });
+
+  it('a coded chunk that does not decode is a damaged snapshot: the restore fails with the engine asleep, and recovery reloads the weights', async () => {
+    const { client } = await engine();
+    const store = await RegionStore.open(tempDir());
+    const before = await ask(client);
+    const { snapshot } = await suspendEngine(store, 'ref', client, { captureIfNeeded: true, capture: { codec: 'vsnap-c1' } });
+    const region = [...snapshot.manifest.regions()].find(({ region }) => region.codec)!.region;
+    const path = store.blobPath(region.blob);
+    const bytes = readFileSync(path);
+    bytes[codedOffsets(region.codec!)[0]! + 5] = 9; // chunk 0's mode: no such mode
+    writeFileSync(path, bytes);
+
+    const err = await rejection(restoreEngine(snapshot, client));
+    expect(err.code).toBe('E_CODEC_CORRUPT');
+    expect((await client.status()).sleeping).toBe(true);
+
+    const report = await restoreEngine(snapshot, client, { recovery: 'reload' });
+    expect(report).toMatchObject({ route: 'reloaded', recovery: { reason: 'damaged', code: 'E_CODEC_CORRUPT' } });
+    expect(await ask(client)).toEqual(before);
   });
 
   it('refuses an unknown codec among the capture options', async () => {
