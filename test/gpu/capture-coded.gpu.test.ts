@@ -19,7 +19,8 @@ import { randomChunk, weights } from '../helpers/codec-data.js';
 import type { HeldChunk } from '../../src/cache/coded-tier.js';
 import { cudaStatus, RamTier, RegionStore, Snapshot } from '../../src/index.js';
 import { native } from '../../src/native/index.js';
-import { DeviceAllocation, encodeChunk, releaseIdleResources, type CodecKind } from '../../src/plumbing.js';
+import { encodeChunk, releaseIdleResources, type CodecKind } from '../../src/plumbing.js';
+import { onDevice } from './device-weights.js';
 
 const MiB = 1024 ** 2;
 const CHUNK = 64 * MiB;
@@ -48,33 +49,16 @@ describe('GPU: captures coded on the GPU into the RAM tier', async () => {
   const budget = rawBytes + 64 * MiB;
   const coded = await RamTier.create({ budgetBytes: budget, codec: 'vsnap-c1' });
   const plain = await RamTier.create({ budgetBytes: budget });
-  const allocs: DeviceAllocation[] = [];
+  const dtype = { bf16: 'torch.bfloat16', fp16: 'torch.float16', bytes: 'torch.uint8' } as Record<CodecKind, string>;
+  const device = await onDevice(cases.map((c) => ({ ...c, tensor: { dtype: dtype[c.hint], elements: c.bytes.length } })));
   after(() => {
-    for (const a of allocs) a.close();
+    device.close();
     coded.close();
     plain.close();
     rmSync(root, { recursive: true, force: true });
     return releaseIdleResources();
   });
-  for (const c of cases) {
-    const a = await DeviceAllocation.allocate(0, c.bytes.length);
-    allocs.push(a);
-    await a.write(0, c.bytes);
-  }
-  const dtype = { bf16: 'torch.bfloat16', fp16: 'torch.float16', bytes: 'torch.uint8' } as Record<CodecKind, string>;
-  const regions = allocs.map((a, i) => ({
-    key: cases[i]!.key,
-    size: cases[i]!.bytes.length,
-    memory: { kind: 'device' as const, allocation: a },
-    tensors: [{ name: cases[i]!.key, offset: 0, dtype: dtype[cases[i]!.hint], shape: [cases[i]!.bytes.length] }],
-  }));
-  const wipe = async (): Promise<void> => {
-    for (const a of allocs) await a.fill(0, a.size, 0);
-  };
-  const holdsContents = async (): Promise<boolean> => {
-    for (const [i, a] of allocs.entries()) if (!(await a.read(0, cases[i]!.bytes.length)).equals(cases[i]!.bytes)) return false; // a.size: rounded up to the VMM granularity
-    return true;
-  };
+  const { regions, wipe, holdsContents } = device;
   /** Every chunk the tier holds is the CPU encoder's bytes for the raw chunk, or the raw chunk where that did not shrink. */
   const heldAsCpuEncodes = async (snap: Snapshot): Promise<{ coded: number; raw: number }> => {
     const lease = await coded.acquire(store, snap.manifest);

@@ -13,10 +13,10 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
 
-import { randomChunk, weights } from '../helpers/codec-data.js';
 import { writeHostBuffer } from '../../src/cache/coded-tier.js';
 import { cudaStatus, RamTier, RegionStore, Snapshot, VsnapError, type TransferSummary } from '../../src/index.js';
-import { DeviceAllocation, releaseIdleResources } from '../../src/plumbing.js';
+import { releaseIdleResources } from '../../src/plumbing.js';
+import { bf16AndNoise, onDevice } from './device-weights.js';
 
 const MiB = 1024 ** 2;
 const TOTAL = Number(process.env.VSNAP_GPU_CODEC_MIB ?? 1024) * MiB;
@@ -32,46 +32,15 @@ describe('GPU: the RAM tier holding coded chunks', async () => {
   const root = mkdtempSync(join(tmpdir(), 'vsnap-gpu-ram-codec-'));
   const store = await RegionStore.open(root);
   const cache = await RamTier.create({ budgetBytes: TOTAL + 128 * MiB, codec: 'vsnap-c1' });
-  const allocs: DeviceAllocation[] = [];
-  const contents: Buffer[] = [];
-  const keys: string[] = [];
+  const cases = bf16AndNoise(TOTAL, REGION);
+  const device = await onDevice(cases);
   after(() => {
-    for (const a of allocs) a.close();
+    device.close();
     cache.close();
     rmSync(root, { recursive: true, force: true });
     return releaseIdleResources();
   });
-  for (let i = 0; i * REGION < TOTAL; i++) {
-    const size = Math.min(REGION, TOTAL - i * REGION);
-    const bytes = Buffer.concat(Array.from({ length: size / (64 * MiB) }, (_, k) => weights('bf16', 'gaussian', 64 * MiB, 1 + i * 16 + k)));
-    contents.push(bytes);
-    keys.push(`bf16.${i}`);
-  }
-  contents.push(randomChunk(64 * MiB, 99));
-  keys.push('noise');
-  for (const bytes of contents) {
-    const a = await DeviceAllocation.allocate(0, bytes.length);
-    allocs.push(a);
-    await a.write(0, bytes);
-  }
-  const rawBytes = contents.reduce((n, b) => n + b.length, 0);
-  const regions = allocs.map((a, i) => ({
-    key: keys[i]!,
-    size: contents[i]!.length,
-    memory: { kind: 'device' as const, allocation: a },
-    tensors: keys[i]!.startsWith('bf16') ? [{ name: keys[i]!, offset: 0, dtype: 'torch.bfloat16', shape: [contents[i]!.length / 2] }] : [],
-  }));
-  const wipe = async (): Promise<void> => {
-    for (const a of allocs) await a.fill(0, a.size, 0);
-  };
-  const holdsContents = async (): Promise<boolean> => {
-    for (const [i, a] of allocs.entries()) if (!(await a.read(0, a.size)).equals(contents[i]!)) return false;
-    return true;
-  };
-  const allZero = async (): Promise<boolean> => {
-    for (const a of allocs) if ((await a.read(0, a.size)).some((b) => b !== 0)) return false;
-    return true;
-  };
+  const { regions, rawBytes, wipe, holdsContents, allZero } = device;
   let snap: Snapshot | undefined;
 
   it('captures coded (host bytes held below 0.72x for BF16 Gaussian), restores bit-exact from RAM; ratio to the raw pinned H2D', async () => {
@@ -97,7 +66,7 @@ describe('GPU: the RAM tier holding coded chunks', async () => {
     }
     const ceilingBin = process.env.VSNAP_GPU_CEILING;
     assert.ok(ceilingBin && existsSync(ceilingBin), 'VSNAP_GPU_CEILING (bench/ceiling.cu built by test/gpu/run.sh with nvcc) is needed for the ceiling');
-    const ceiling = JSON.parse(execFileSync(ceilingBin, [String(ROUNDS), ...contents.map((b) => String(b.length))], { encoding: 'utf8' })) as { h2dGBps: { max: number; median: number } };
+    const ceiling = JSON.parse(execFileSync(ceilingBin, [String(ROUNDS), ...cases.map((c) => String(c.bytes.length))], { encoding: 'utf8' })) as { h2dGBps: { max: number; median: number } };
     const ceilingSeconds = rawBytes / (ceiling.h2dGBps.max * 1e9);
     const median = (xs: number[]) => [...xs].sort((x, y) => x - y)[Math.floor(xs.length / 2)]!;
     const result = {

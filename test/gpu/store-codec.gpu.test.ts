@@ -13,12 +13,12 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
 
-import { randomChunk, weights } from '../helpers/codec-data.js';
 import { regionId } from '../../src/manifest/region-id.js';
 import { codedOffsets } from '../../src/store/coded-blob.js';
 import { restoreFromStore } from '../../src/snapshot/store-restore.js';
 import { cudaStatus, RegionStore, Snapshot, VsnapError } from '../../src/index.js';
-import { DeviceAllocation, releaseIdleResources } from '../../src/plumbing.js';
+import { releaseIdleResources } from '../../src/plumbing.js';
+import { bf16AndNoise, onDevice } from './device-weights.js';
 
 const MiB = 1024 ** 2;
 const TOTAL = Number(process.env.VSNAP_GPU_STORE_CODEC_MIB ?? 1024) * MiB;
@@ -34,44 +34,13 @@ describe('GPU: coded store blobs restored into GPU memory, decoded on the GPU', 
   const root = mkdtempSync(join(tmpdir(), 'vsnap-gpu-store-codec-'));
   const rawStore = await RegionStore.open(join(root, 'raw'));
   const codedStore = await RegionStore.open(join(root, 'coded'));
-  const allocs: DeviceAllocation[] = [];
-  const contents: Buffer[] = [];
-  const keys: string[] = [];
+  const device = await onDevice(bf16AndNoise(TOTAL, REGION));
   after(() => {
-    for (const a of allocs) a.close();
+    device.close();
     rmSync(root, { recursive: true, force: true });
     return releaseIdleResources();
   });
-  for (let i = 0; i * REGION < TOTAL; i++) {
-    const size = Math.min(REGION, TOTAL - i * REGION);
-    contents.push(Buffer.concat(Array.from({ length: size / (64 * MiB) }, (_, k) => weights('bf16', 'gaussian', 64 * MiB, 1 + i * 16 + k))));
-    keys.push(`bf16.${i}`);
-  }
-  contents.push(randomChunk(64 * MiB, 99));
-  keys.push('noise');
-  for (const bytes of contents) {
-    const a = await DeviceAllocation.allocate(0, bytes.length);
-    allocs.push(a);
-    await a.write(0, bytes);
-  }
-  const rawBytes = contents.reduce((n, b) => n + b.length, 0);
-  const regions = allocs.map((a, i) => ({
-    key: keys[i]!,
-    size: contents[i]!.length,
-    memory: { kind: 'device' as const, allocation: a },
-    tensors: keys[i]!.startsWith('bf16') ? [{ name: keys[i]!, offset: 0, dtype: 'torch.bfloat16', shape: [contents[i]!.length / 2] }] : [],
-  }));
-  const wipe = async (): Promise<void> => {
-    for (const a of allocs) await a.fill(0, a.size, 0);
-  };
-  const holdsContents = async (): Promise<boolean> => {
-    for (const [i, a] of allocs.entries()) if (!(await a.read(0, a.size)).equals(contents[i]!)) return false;
-    return true;
-  };
-  const allZero = async (): Promise<boolean> => {
-    for (const a of allocs) if ((await a.read(0, a.size)).some((b) => b !== 0)) return false;
-    return true;
-  };
+  const { regions, rawBytes, wipe, holdsContents, allZero } = device;
   const timed = async (restore: () => Promise<unknown>): Promise<number> => {
     await wipe();
     const t0 = performance.now();
