@@ -1,5 +1,4 @@
 import { mkdtempSync, rmSync } from 'node:fs';
-import { connect, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
@@ -12,6 +11,7 @@ import { RegionStore } from '../../src/store/region-store.js';
 import { SwapAgent } from '../../src/serve/agent.js';
 import { SwapController } from '../../src/swap/controller.js';
 import { startEngine, type TestEngine } from '../helpers/engine.js';
+import { raw, until } from '../helpers/net.js';
 
 const GB = 1e9;
 const MODEL = 'model-1';
@@ -41,22 +41,6 @@ async function agent(options: Partial<Parameters<typeof SwapAgent.listen>[0]> = 
   const a = await SwapAgent.listen({ controller, store, ...options });
   agents.push(a);
   return a;
-}
-
-/** A raw connection to the agent: what came back, and whether the agent closed it. */
-function raw(url: string): { socket: Socket; received: () => string; closed: Promise<void> } {
-  const { hostname, port } = new URL(url);
-  const socket = connect(Number(port), hostname);
-  let text = '';
-  socket.on('data', (d: Buffer) => (text += d.toString('latin1')));
-  socket.on('error', () => undefined);
-  const closed = new Promise<void>((resolve) => socket.once('close', () => resolve()));
-  return { socket, received: () => text, closed };
-}
-
-/** Waits for a condition the agent reaches by itself (the test's timeout bounds it). */
-async function until(check: () => boolean): Promise<void> {
-  while (!check()) await new Promise((r) => setTimeout(r, 10));
 }
 
 describe('the agent against hostile or broken peers', () => {

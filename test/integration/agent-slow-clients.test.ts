@@ -1,5 +1,4 @@
 import { mkdtempSync, rmSync } from 'node:fs';
-import { connect, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
@@ -12,6 +11,7 @@ import { RegionStore } from '../../src/store/region-store.js';
 import { SwapAgent, type SwapAgentOptions } from '../../src/serve/agent.js';
 import { SwapController } from '../../src/swap/controller.js';
 import { startEngine, type TestEngine } from '../helpers/engine.js';
+import { pausedReader, raw, until } from '../helpers/net.js';
 
 // Clients that stop reading or stop sending: none may hold an engine or the body budget for longer
 // than the deadlines the agent is given (small here; the clients below never resume, so no timing is assumed).
@@ -49,21 +49,6 @@ async function agent(options: Partial<SwapAgentOptions> = {}): Promise<SwapAgent
   return a;
 }
 
-/** A raw connection: what came back, whether it was closed. */
-function raw(url: string): { socket: Socket; received: () => string; closed: Promise<void> } {
-  const { hostname, port } = new URL(url);
-  const socket = connect(Number(port), hostname);
-  let text = '';
-  socket.on('data', (d: Buffer) => (text += d.toString('latin1')));
-  socket.on('error', () => undefined);
-  const closed = new Promise<void>((resolve) => socket.once('close', () => resolve()));
-  return { socket, received: () => text, closed };
-}
-
-async function until(check: () => boolean): Promise<void> {
-  while (!check()) await new Promise((r) => setTimeout(r, 10));
-}
-
 const leases = (name: string): number => controller.states().find((s) => s.name === name)!.leases;
 
 function post(url: string, path: string, body: unknown): Promise<{ status: number; json: Record<string, unknown>; text: string }> {
@@ -73,20 +58,6 @@ function post(url: string, path: string, body: unknown): Promise<{ status: numbe
   });
 }
 
-/** Sends a completion whose answer (the prompt echoed, MiBs) the client never reads past its first bytes. */
-async function pausedReader(url: string, model: string): Promise<{ socket: Socket; closed: Promise<void> }> {
-  const body = JSON.stringify({ model, prompt: 'x'.repeat(8 * 2 ** 20), max_tokens: 0, echo: true });
-  const { hostname, port } = new URL(url);
-  const socket = connect(Number(port), hostname);
-  socket.on('error', () => undefined);
-  const closed = new Promise<void>((resolve) => socket.once('close', () => resolve()));
-  const first = new Promise<void>((resolve) => socket.once('data', () => resolve()));
-  socket.write(`POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n`);
-  socket.write(body);
-  await first;
-  socket.pause(); // reads nothing more: the answer backs up into the agent
-  return { socket, closed };
-}
 
 describe('slow readers and slow senders', () => {
   it('a client that stops reading its answer is cut after responseStallMs: its lease goes, and the other model swaps in and answers', async () => {

@@ -1,11 +1,10 @@
-import { connect, type Socket } from 'node:net';
 
 import { afterEach, describe, expect, it } from 'vitest';
 
 import { parseConfig } from '../../src/serve/config.js';
 import { serve, type ServeHandle } from '../../src/serve/serve.js';
 import { alive } from '../helpers/engine.js';
-import { freePort } from '../helpers/net.js';
+import { freePort, pausedReader } from '../helpers/net.js';
 import { tempDir } from '../helpers/tmp.js';
 
 let handle: ServeHandle | undefined;
@@ -14,20 +13,6 @@ afterEach(async () => {
   handle = undefined;
 });
 
-/** A completion whose answer (MiBs: the prompt echoed) the client stops reading after its first bytes. */
-async function pausedReader(url: string, model: string): Promise<{ socket: Socket; closed: Promise<void> }> {
-  const body = JSON.stringify({ model, prompt: 'x'.repeat(8 * 2 ** 20), max_tokens: 0, echo: true });
-  const { port } = new URL(url);
-  const socket = connect(Number(port), '127.0.0.1');
-  socket.on('error', () => undefined);
-  const closed = new Promise<void>((resolve) => socket.once('close', () => resolve()));
-  const first = new Promise<void>((resolve) => socket.once('data', () => resolve()));
-  socket.write(`POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n`);
-  socket.write(body);
-  await first;
-  socket.pause();
-  return { socket, closed };
-}
 
 describe('vsnap serve with a client that stops reading', () => {
   it('close() (what SIGTERM runs) waits for it at most startup.graceSeconds, then stops everything; listening on every address without apiKey is warned of', async () => {
