@@ -159,7 +159,11 @@ async function openBlob(item: StoreDecodeItem, snapshot: string): Promise<FileHa
  */
 async function fillWindow(buffer: NativeHostBuffer, window: readonly WindowChunk[], items: readonly StoreDecodeItem[], threads: number): Promise<void> {
   const byItem = new Map<number, WindowChunk[]>();
-  for (const c of window) byItem.set(c.item, [...(byItem.get(c.item) ?? []), c]);
+  for (const c of window) {
+    const chunks = byItem.get(c.item);
+    if (chunks) chunks.push(c);
+    else byItem.set(c.item, [c]);
+  }
   const files = [...byItem].map(([item, chunks]) => {
     const reads = new Float64Array(chunks.length * 3);
     chunks.forEach((c, k) => reads.set([c.fileOffset, c.length, c.at], k * 3));
