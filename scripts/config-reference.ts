@@ -18,6 +18,8 @@ export const CONFIG_KEYS: Record<string, string> = {
   publicStatus:
     'Whether /healthz names the engines and /metrics answers without the control token. Default: true without a control token, false with one.',
   ramTierGiB: 'Pinned host memory for the RAM tier, GiB: restores from it are bulk copies, and captures land in it too. Default 0 (none).',
+  codec:
+    'How snapshots are held wherever serve writes them: `vsnap-c1` codes every chunk that shrinks (BF16 weights to about 0.70 of their size; docs/compression.md) in the RAM tier and in the store blobs of the captures serve makes (at boot, a suspend that captures first, the snapshot route, the capture after a recovery); `off` (default) keeps the raw bytes. A coded store blob loads into the coded RAM tier as it is stored (no second encode).',
   neighbourTier: "The neighbour-GPU tier: suspended models' weights parked in another GPU's free memory (peer copy before the sleep, verified by GPU digest) and restored from there by peer copy (NVLink, ~7x PCIe), between tier 0 and the RAM tier. For models on one GPU other than this one.",
   'neighbourTier.gpu': "The GPU whose free memory holds parked weights (an ordinal). Parked bytes count against its budget under gpus:, and a model waking there evicts them first.",
   'neighbourTier.budgetGiB': 'GiB the tier may hold; its least recently used copies are evicted to park a new one.',

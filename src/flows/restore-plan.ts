@@ -1,4 +1,6 @@
 import { invalidArgument } from '../errors.js';
+import { checkOptions } from '../options.js';
+import { checkStoreCodec, type StoreCodec } from '../snapshot/coded-capture.js';
 import type { EngineStatus } from '../engine/engine-client.js';
 import { restoreTiers } from '../tiers/index.js';
 import type { TierName } from '../tiers/tier.js';
@@ -17,6 +19,8 @@ import type { EngineRestoreOptions } from './types.js';
 export interface RecoveryChoice {
   readonly reload: boolean;
   readonly materialize: MaterializePolicy;
+  /** How the materialized capture writes the store's blobs. */
+  readonly codec: StoreCodec;
 }
 
 /** A restore's plan before the engine is touched. @internal */
@@ -53,10 +57,11 @@ export interface PlanInput {
 /** The recovery option, checked: `fail` unless it says `reload`. @internal */
 export function recoveryChoice(options: EngineRestoreOptions): RecoveryChoice {
   const r = options.recovery ?? 'fail';
-  const { policy, materialize = 'off' } = typeof r === 'string' ? { policy: r } : r;
-  if (policy !== 'fail' && policy !== 'reload') invalidArgument('recovery', "'fail', 'reload' or { policy, materialize }", r);
+  if (typeof r === 'object' && r !== null) checkOptions('restoreEngine options.recovery', r, ['policy', 'materialize', 'codec']);
+  const { policy, materialize = 'off', codec } = typeof r === 'string' ? { policy: r, codec: undefined } : r;
+  if (policy !== 'fail' && policy !== 'reload') invalidArgument('recovery', "'fail', 'reload' or { policy, materialize, codec }", r);
   if (materialize !== 'off' && materialize !== 'async' && materialize !== 'required') invalidArgument('recovery.materialize', "'off', 'async' or 'required'", materialize);
-  return { reload: policy === 'reload', materialize };
+  return { reload: policy === 'reload', materialize, codec: checkStoreCodec(codec) };
 }
 
 /**

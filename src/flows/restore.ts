@@ -131,6 +131,7 @@ async function recover(run: EngineRestoreRun, cause: VsnapError, reason: Recover
       captureEngine(run.store, run.name, run.client, {
         ...(probe ? { check: { prompt: probe.prompt, maxTokens: probe.maxTokens, mode: probe.promptLogprobs ? 'prefill' : 'decode' } } : {}),
         ...(options.tiers?.ram ? { ram: options.tiers.ram } : {}),
+        ...(run.plan.recovery.codec !== 'off' ? { codec: run.plan.recovery.codec } : {}),
         ...(options.onWarning ? { onWarning: options.onWarning } : {}),
         ...(options.transfer ? { transfer: { ...(options.transfer.threads ? { threads: options.transfer.threads } : {}), ...(options.transfer.onProgress ? { onProgress: options.transfer.onProgress } : {}) } } : {}),
         ...(options.signal ? { signal: options.signal } : {}),

@@ -115,6 +115,8 @@ export interface RecoveryOptions {
   readonly policy: RecoveryPolicy;
   /** After a reload: capture a new snapshot `off` (default), `async` or `required`; see {@link MaterializePolicy}. */
   readonly materialize?: MaterializePolicy;
+  /** How that capture writes the store's blobs (default `off`, raw); see {@link CaptureOptions.codec}. */
+  readonly codec?: StoreCodec;
 }
 
 /**

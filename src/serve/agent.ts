@@ -3,7 +3,7 @@ import type { AddressInfo } from 'node:net';
 import { freemem, hostname } from 'node:os';
 import { pipeline } from 'node:stream/promises';
 
-import type { RamTier, RegionStore, SwapController } from 'vsnap';
+import type { RamTier, RegionStore, StoreCodec, SwapController } from 'vsnap';
 
 import { toVsnapError, VsnapError, type ErrorCode } from '../errors.js';
 import { captureEngine } from '../flows/index.js';
@@ -73,6 +73,8 @@ export interface SwapAgentOptions {
   readonly publicStatus?: boolean;
   /** For the status page: the RAM tier. */
   readonly ram?: RamTier;
+  /** How the snapshot route's captures write the store's blobs (default `off`, raw): vsnap's `CaptureOptions.codec`. */
+  readonly codec?: StoreCodec;
   /** For the status page and `/healthz`: the supervisor of the engines `vsnap serve` started. */
   readonly supervisor?: Supervisor;
   /** For the status page: GPU budgets per device ordinal, bytes. */
@@ -303,7 +305,7 @@ async function handle(ctx: AgentContext, req: IncomingMessage, res: ServerRespon
     const lease = await controller.acquire(name);
     try {
       const check = controller.engine(name).check;
-      const snap = await captureEngine(options.store, snapshotName, lease.client, check ? { check } : {});
+      const snap = await captureEngine(options.store, snapshotName, lease.client, { ...(check ? { check } : {}), ...(options.codec ? { codec: options.codec } : {}) });
       return send(res, 200, { cached: false, id: snap.id, bytes: snap.manifest.totalBytes, seconds: snap.lastCapture?.seconds });
     } finally {
       lease.release();

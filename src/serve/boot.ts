@@ -66,7 +66,7 @@ export async function bootEngines(p: BootParts): Promise<void> {
         await pullMissing(p, name); // before the capture-if-needed below, which a pulled snapshot spares
         readiness.set(name, 'preparing', preparing);
         // The boot-time capture lands in the RAM tier too (one pass), so the first wake is a bulk copy from RAM.
-        const capture = { ...(p.ram ? { ram: p.ram } : {}), ...(m.check ? { check: m.check } : {}) };
+        const capture = { ...(p.ram ? { ram: p.ram } : {}), ...(m.check ? { check: m.check } : {}), ...(config.codec !== 'off' ? { codec: config.codec } : {}) };
         const r = await suspendEngine(p.store, m.snapshot ?? name, p.clients.get(name)!, { captureIfNeeded: true, capture, signal: p.signal });
         log(`vsnap: ${name} is up and suspended${r.captured ? ' (snapshot captured)' : ''} in ${r.seconds.toFixed(1)} s`);
         readiness.ready(name);

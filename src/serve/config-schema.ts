@@ -83,6 +83,7 @@ export const ConfigSchema = z
     apiKey: BEARER.optional(),
     publicStatus: z.boolean().optional(),
     ramTierGiB: z.number().nonnegative().default(0),
+    codec: z.enum(['vsnap-c1', 'off']).default('off'),
     neighbourTier: z.object({ gpu: z.number().int().nonnegative(), budgetGiB: z.number().positive() }).strict().optional(),
     multipath: z.object({ gpu: z.number().int().nonnegative() }).strict().optional(),
     gpus: z.record(z.string().regex(DEVICE_KEY, 'a device ordinal: 0, 1, ... without leading zeros'), z.object({ budgetGiB: z.number().positive() }).strict()),
@@ -227,6 +228,13 @@ export interface ServeConfig {
   readonly publicStatus?: boolean | undefined;
   /** Pinned RAM tier, GiB (0: none). */
   readonly ramTierGiB: number;
+  /**
+   * How snapshots are held wherever serve writes them: `vsnap-c1` codes each chunk that shrinks
+   * (docs/compression.md) in the RAM tier (RamTierOptions.codec) and in the store blobs of the
+   * captures serve makes (CaptureOptions.codec: at boot, on a suspend that captures first, the
+   * snapshot route, and the capture after a recovery); `off` (default) holds the raw bytes.
+   */
+  readonly codec: 'vsnap-c1' | 'off';
   /**
    * The neighbour-GPU tier: suspended models' weights parked in this GPU's free memory, within
    * `budgetGiB` (and within that GPU's budget under `gpus:`, when it has one), restored by peer

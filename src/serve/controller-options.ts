@@ -63,6 +63,7 @@ export function controllerOptionsOf(
       ...(config.multipath ? { multipath: { neighbour: config.multipath.gpu } } : {}),
     },
     recovery: { policy: config.recovery.mode, materialize: config.recovery.materialize },
+    ...(config.codec !== 'off' ? { codec: config.codec } : {}),
     ...(config.defaultModel ? { defaultModel: config.defaultModel } : {}),
     queue: { limit: config.queue.limit, timeoutMs: config.queue.timeoutSeconds * 1000 },
   };

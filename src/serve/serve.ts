@@ -110,7 +110,7 @@ async function start(config: ServeConfig, options: ServeOptions, log: (line: str
   const started = Object.keys(config.models)
     .filter((name) => config.models[name]!.command)
     .sort((a, b) => Number(needsPull.has(a)) - Number(needsPull.has(b)));
-  const ram = config.ramTierGiB > 0 ? await RamTier.create({ budgetBytes: bytesOf(config.ramTierGiB) }) : undefined;
+  const ram = config.ramTierGiB > 0 ? await RamTier.create({ budgetBytes: bytesOf(config.ramTierGiB), codec: config.codec }) : undefined;
   if (ram) teardown.add('the RAM tier', () => ram.close());
   const readiness = new ModelReadinessBoard(Object.keys(config.models));
   for (const name of needsPull) if (!config.models[name]!.command) readiness.set(name, 'pulling', `pulling its snapshot from ${sources.get(name)!.reference}`);
@@ -133,6 +133,7 @@ async function start(config: ServeConfig, options: ServeOptions, log: (line: str
     ...(config.controlToken ? { controlToken: config.controlToken } : {}),
     ...(config.apiKey ? { apiKey: config.apiKey } : {}),
     ...(ram ? { ram } : {}),
+    ...(config.codec !== 'off' ? { codec: config.codec } : {}),
     supervisor,
     budgets: budgetsOf(config),
     readiness,

@@ -38,7 +38,7 @@ export function restoreOptions(
   return {
     tiers,
     ...(step.onto ? { move: { onto: step.onto[0]! } } : {}),
-    recovery: { policy: config.recovery.reload ? 'reload' : 'fail', materialize: config.recovery.materialize },
+    recovery: { policy: config.recovery.reload ? 'reload' : 'fail', materialize: config.recovery.materialize, codec: config.codec },
     ...(config.overlap ? { overlapKvWake: true } : {}),
     onWarning: step.onWarning,
   };
@@ -70,11 +70,12 @@ export function suspendOptions(
   },
 ): EngineSuspendOptions {
   const { spec } = slot;
+  const capture = { ...(spec.check ? { check: spec.check } : {}), ...(config.codec === 'vsnap-c1' ? { codec: config.codec } : {}) };
   return {
     captureIfNeeded: step.captureIfNeeded,
     tiers: { ...(config.ram ? { ram: config.ram } : {}), ...(step.gpu ? { gpu: step.gpu } : {}), ...(step.neighbour ? { neighbour: step.neighbour } : {}) },
     ...(spec.deepSuspend ? { deep: true } : {}),
-    ...(spec.check ? { capture: { check: spec.check } } : {}),
+    ...(Object.keys(capture).length > 0 ? { capture } : {}),
     ...(step.neighbour ? { onWarning: step.onWarning } : {}),
   };
 }

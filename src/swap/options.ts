@@ -7,6 +7,7 @@ import { invalidArgument } from '../errors.js';
 import type { CheckpointBackend } from '../flows/deep.js';
 import type { MaterializePolicy } from '../flows/recovery.js';
 import { checkOptions } from '../options.js';
+import { checkStoreCodec, type StoreCodec } from '../snapshot/coded-capture.js';
 import type { RegionStore } from '../store/region-store.js';
 import type { MultipathOptions } from '../transfer/multipath.js';
 import type { SwapControllerOptions, SwapEngine, SwapHooks, SwapNeighbourOptions } from './types.js';
@@ -16,7 +17,7 @@ import type { SwapControllerOptions, SwapEngine, SwapHooks, SwapNeighbourOptions
  * unknown key refused (with the option it is likely a typo of).
  */
 
-const OPTIONS = ['store', 'engines', 'budgets', 'tiers', 'recovery', 'overlap', 'captureIfNeeded', 'defaultModel', 'queue', 'metrics', 'booting'];
+const OPTIONS = ['store', 'engines', 'budgets', 'tiers', 'recovery', 'overlap', 'captureIfNeeded', 'codec', 'defaultModel', 'queue', 'metrics', 'booting'];
 const TIERS = ['ram', 'gpu', 'neighbour', 'multipath'];
 const ENGINE = ['name', 'client', 'snapshot', 'from', 'devices', 'memoryBytes', 'asleepBytes', 'pinned', 'idleTtlMs', 'group', 'weightsBytes', 'deepSuspend', 'movableTo', 'check'];
 
@@ -40,6 +41,8 @@ export interface SwapConfig {
   readonly recovery: { readonly reload: boolean; readonly materialize: MaterializePolicy };
   readonly overlap: boolean;
   readonly captureIfNeeded: boolean;
+  /** How its captures write the store's blobs. */
+  readonly codec: StoreCodec;
   readonly defaultModel: string | undefined;
   readonly queue: { readonly limit: number; readonly timeoutMs: number };
   readonly metrics: Registry | undefined;
@@ -80,6 +83,7 @@ export function resolveOptions(options: SwapControllerOptions, seams: SwapHooks 
     recovery: recovery(options.recovery),
     overlap: options.overlap ?? true,
     captureIfNeeded: options.captureIfNeeded ?? true,
+    codec: checkStoreCodec(options.codec),
     defaultModel: options.defaultModel,
     queue: { limit: options.queue?.limit ?? 64, timeoutMs: options.queue?.timeoutMs ?? 120_000 },
     metrics: options.metrics,

@@ -10,6 +10,7 @@ import type { CheckpointBackend } from '../flows/deep.js';
 import type { RecoveryPolicy, RecoveryReason } from '../flows/recovery.js';
 import type { RecoveryOptions } from '../flows/types.js';
 import type { RegistrySource } from '../registry/source.js';
+import type { StoreCodec } from '../snapshot/coded-capture.js';
 import type { TierName } from '../tiers/tier.js';
 import type { RegionStore } from '../store/region-store.js';
 import type { MultipathOptions } from '../transfer/multipath.js';
@@ -160,6 +161,12 @@ export interface SwapControllerOptions {
   readonly overlap?: boolean;
   /** Capture a snapshot when suspending an engine that has none (default true). */
   readonly captureIfNeeded?: boolean;
+  /**
+   * How the captures the controller makes write the store's blobs (a suspend that captures first,
+   * the `materialize` capture after a recovery): `vsnap-c1` coded, `off` (default) raw; see
+   * {@link CaptureOptions.codec}. A RAM tier codes what it holds by its own `codec`.
+   */
+  readonly codec?: StoreCodec;
   /** Woken whenever nothing else is awake or asked for. */
   readonly defaultModel?: string;
   /** The queue of requests waiting for their engine; see {@link SwapQueueOptions}. */

@@ -8,6 +8,8 @@ import { createServer, type Server } from 'node:net';
 
 import { validateName } from '../../src/store/names.js';
 import { checkPorts, loadConfig, parseConfig, snapshotNameForModel } from '../../src/serve/config.js';
+import { controllerOptionsOf } from '../../src/serve/controller-options.js';
+import type { RegionStore } from '../../src/store/region-store.js';
 import { tempDir } from '../helpers/tmp.js';
 
 const good = `
@@ -97,6 +99,19 @@ describe('serve configuration', () => {
   it('recovery: a mode and a materialize policy, nothing else', () => {
     expect(parseConfig(`${good}\nrecovery: { mode: fail, materialize: required }\n`, 'vsnap.yaml', { CTL: 'x' }).recovery).toEqual({ mode: 'fail', materialize: 'required' });
     expect(issues(`${good}\nrecovery: { mode: retry }\n`).map((i) => i.path)).toContain('recovery.mode');
+  });
+
+  it('codec: off by default; vsnap-c1 codes the RAM tier and the captures serve makes, into the controller and agent options; anything else is refused', () => {
+    expect(parseConfig(good, 'vsnap.yaml', { CTL: 'x' }).codec).toBe('off');
+    const coded = parseConfig(`${good}\ncodec: vsnap-c1\n`, 'vsnap.yaml', { CTL: 'x' });
+    expect(coded.codec).toBe('vsnap-c1');
+    const parts = { store: {} as RegionStore, clients: new Map(), sources: new Map(), ram: undefined, booting: [] };
+    expect(controllerOptionsOf(coded, parts).codec).toBe('vsnap-c1');
+    expect(controllerOptionsOf(parseConfig(good, 'vsnap.yaml', { CTL: 'x' }), parts)).not.toHaveProperty('codec');
+    for (const bad of ['zstd', 'true', 'on', '{ ram: vsnap-c1 }']) {
+      expect(issues(`${good}\ncodec: ${bad}\n`)).toEqual([expect.objectContaining({ path: 'codec', message: expect.stringMatching(/vsnap-c1.*off|off.*vsnap-c1|Expected string/) as string })]);
+    }
+    expect(issues(`${good}\ncodecs: vsnap-c1\n`).map((i) => i.message).join()).toMatch(/codecs/);
   });
 
   it('registry: a reference per model, checked for its shape', () => {

@@ -6,6 +6,9 @@ import { EngineClient } from '../../src/engine/engine-client.js';
 import type { VsnapError } from '../../src/errors.js';
 import { RegionStore } from '../../src/store/region-store.js';
 import { SwapController, type EngineView, type SwapControllerOptions, type SwapEvent } from '../../src/swap/controller.js';
+import { restoreOptions, suspendOptions } from '../../src/swap/flow-options.js';
+import { resolveOptions } from '../../src/swap/options.js';
+import type { Slot } from '../../src/swap/state.js';
 import { tempDir } from '../helpers/tmp.js';
 
 // The options are checked before any engine is asked anything: no engine runs here.
@@ -45,6 +48,20 @@ describe('SwapController options: unknown keys are refused with a hint', () => {
   it('values are checked too: a recovery policy or materialize policy it does not know', async () => {
     expect(await refusal({ recovery: 'relaod' })).toMatchObject({ code: 'E_INVALID_ARGUMENT' });
     expect(await refusal({ recovery: { policy: 'reload', materialize: 'later' } })).toMatchObject({ code: 'E_INVALID_ARGUMENT' });
+    expect(await refusal({ codec: 'zstd' })).toMatchObject({ code: 'E_INVALID_ARGUMENT', message: expect.stringMatching(/codec/) as string });
+  });
+
+  it("codec: the store codec of the captures it makes, passed to a suspend's capture-if-needed and to a recovery's materialize capture", async () => {
+    const store = await RegionStore.open(tempDir());
+    const engines = [{ name: 'a', client, memoryBytes: GB, check: { maxTokens: 2 } }];
+    const slot = { spec: { ...engines[0]!, snapshot: 'a', devices: [0], asleepBytes: 0 }, devices: [0] } as unknown as Slot;
+    const coded = resolveOptions({ store, engines, budgets: { 0: 2 * GB }, codec: 'vsnap-c1' });
+    const step = { captureIfNeeded: true, onWarning: () => undefined };
+    expect(suspendOptions(coded, slot, step).capture).toEqual({ check: { maxTokens: 2 }, codec: 'vsnap-c1' });
+    expect(restoreOptions(coded, slot, { onWarning: () => undefined }).recovery).toEqual({ policy: 'reload', materialize: 'async', codec: 'vsnap-c1' });
+    const raw = resolveOptions({ store, engines, budgets: { 0: 2 * GB } });
+    expect(raw.codec).toBe('off');
+    expect(suspendOptions(raw, slot, step).capture).toEqual({ check: { maxTokens: 2 } });
   });
 
   it('keys set to undefined are no keys (spread options stay easy)', async () => {

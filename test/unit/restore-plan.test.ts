@@ -52,8 +52,11 @@ describe('planRestore: what a restore does, decided before the engine is touched
   it('checks what the options ask (chunks before copy, GPU digests, logprobs bit for bit by default), and refuses a bad recovery before anything', () => {
     expect(planRestore(input({})).checks).toEqual({ blobs: 'chunk', digests: true, logprobTolerance: 0 });
     expect(planRestore(input({ verify: { blobs: 'all-first', digests: false, logprobTolerance: 0.01 } })).checks).toEqual({ blobs: 'all-first', digests: false, logprobTolerance: 0.01 });
-    expect(planRestore(input({ recovery: { policy: 'reload', materialize: 'async' } })).recovery).toEqual({ reload: true, materialize: 'async' });
+    expect(planRestore(input({ recovery: { policy: 'reload', materialize: 'async' } })).recovery).toEqual({ reload: true, materialize: 'async', codec: 'off' });
+    expect(planRestore(input({ recovery: { policy: 'reload', materialize: 'async', codec: 'vsnap-c1' } })).recovery).toEqual({ reload: true, materialize: 'async', codec: 'vsnap-c1' });
     expect(() => planRestore(input({ recovery: 'retry' as never }))).toThrow(/recovery/);
+    expect(() => planRestore(input({ recovery: { policy: 'reload', codec: 'zstd' as never } }))).toThrow(/codec/);
+    expect(() => planRestore(input({ recovery: { policy: 'reload', materialise: 'async' } as never }))).toThrow(/no option 'materialise'/);
   });
 
   it("a swap's gate: the KV cache waits for the other engine's sleep, and a failed restore never wakes it to sleep again", () => {
