@@ -3,9 +3,9 @@ import type { RegionInfo, TensorInfo } from '../manifest/types.js';
 import { native, type NativeHostBuffer } from '../native/index.js';
 import { HostRegion } from '../regions/host-region.js';
 import { memoryDevice, toNativeMemory, type RegionMemory } from '../regions/memory.js';
-import { readBlobChunk } from '../store/coded-blob.js';
+import { readBlobChunk, readStoredChunk } from '../store/coded-blob.js';
 import type { RegionStore } from '../store/region-store.js';
-import { codecKindForDtype, codecKindNumber, decodeChunk, encodeChunk, type CodecKind } from '../transfer/codec.js';
+import { codecKindForDtype, codecKindNumber, decodeChunk, encodeChunk, inspectChunk, type CodecKind } from '../transfer/codec.js';
 import { deviceContexts } from '../transfer/contexts.js';
 import { DEFAULT_CHUNK_SIZE } from '../transfer/staging.js';
 import { runTransfer } from '../transfer/transfer.js';
@@ -68,6 +68,14 @@ export async function writeHostBuffer(buffer: NativeHostBuffer, offset: number, 
   }
 }
 
+/** Appends one chunk's held bytes to a region's parts, 16-byte aligned from `cursor`; returns the next cursor. */
+function pack(parts: Buffer[], held: HeldChunk[], cursor: number, bytes: Buffer, rawSize: number, coded: boolean): number {
+  const pad = (ALIGN - (bytes.length % ALIGN)) % ALIGN;
+  held.push({ at: cursor, held: bytes.length, rawSize, coded });
+  parts.push(bytes, Buffer.alloc(pad));
+  return cursor + bytes.length + pad;
+}
+
 /**
  * Codes an entry's regions in place (CPU codec): every chunk that shrinks is replaced by its coded
  * form, the others kept raw, all packed from `base` on. Returns each region's chunks and the bytes
@@ -87,11 +95,7 @@ export async function codeInPlace(buffer: NativeHostBuffer, base: number, items:
       const raw = buffer.read(offset + at, Math.min(region.chunkSize, region.size - at));
       const coded = encodeChunk(raw, hint);
       const shrank = coded.length < raw.length;
-      const bytes = shrank ? coded : raw;
-      const pad = (ALIGN - (bytes.length % ALIGN)) % ALIGN;
-      held.push({ at: cursor, held: bytes.length, rawSize: raw.length, coded: shrank });
-      parts.push(bytes, Buffer.alloc(pad));
-      cursor += bytes.length + pad;
+      cursor = pack(parts, held, cursor, shrank ? coded : raw, raw.length, shrank);
     }
     chunks.set(id, held);
     try {
@@ -191,4 +195,38 @@ export async function loadDecoded(store: RegionStore, buffer: NativeHostBuffer, 
     for (let i = 0; i < chunks; i++) parts.push(await readBlobChunk(store.blobPath(region.blob), region, i, snapshot));
     await writeHostBuffer(buffer, offset, Buffer.concat(parts));
   }
+}
+
+/**
+ * Loads a snapshot with coded store blobs into a RAM tier that codes, packed 16-byte aligned from
+ * `base` as {@link codeInPlace} packs: a coded blob's chunks are held as the store has them (the
+ * same vsnap-c1 chunks the tier holds), each decoded once and checked against its checksum first,
+ * never encoded again; a chunk the blob stores raw (mode raw, or not smaller than its raw bytes) is
+ * held as its raw bytes. A region with a raw blob is read, checked and coded on the CPU. Nothing is
+ * written until a region's every chunk passed (a damaged one throws naming region and chunk).
+ * Returns each region's chunks and the bytes the entry takes (at most its raw layout's).
+ * @internal
+ */
+export async function loadCoded(store: RegionStore, buffer: NativeHostBuffer, base: number, items: readonly CodeItem[], snapshot: string): Promise<{ chunks: Map<string, HeldChunk[]>; bytes: number }> {
+  const chunks = new Map<string, HeldChunk[]>();
+  let cursor = base;
+  for (const { id, region } of items) {
+    const path = store.blobPath(region.blob);
+    const hint = regionHint(region);
+    const held: HeldChunk[] = [];
+    const parts: Buffer[] = [];
+    const start = cursor;
+    for (let i = 0; i * region.chunkSize < region.size; i++) {
+      const { stored, raw } = await readStoredChunk(path, region, i, snapshot);
+      let coded = region.codec && stored.length < raw.length && inspectChunk(stored, raw.length, { chunk: i, region: region.key, snapshot }).mode === 'planes' ? stored : undefined;
+      if (!region.codec) {
+        const c = encodeChunk(raw, hint);
+        if (c.length < raw.length) coded = c;
+      }
+      cursor = pack(parts, held, cursor, coded ?? raw, raw.length, coded !== undefined);
+    }
+    chunks.set(id, held);
+    await writeHostBuffer(buffer, start, Buffer.concat(parts));
+  }
+  return { chunks, bytes: cursor - base };
 }

@@ -5,7 +5,7 @@ import { native, type NativeHostBuffer } from '../native/index.js';
 import type { RegionStore } from '../store/region-store.js';
 import { runTransfer, type TransferOptions } from '../transfer/transfer.js';
 import { Arena } from './arena.js';
-import { captureCoded, codeInPlace, loadDecoded, type CodedSource, type CodeItem, type HeldChunk } from './coded-tier.js';
+import { captureCoded, codeInPlace, loadCoded, loadDecoded, type CodedSource, type CodeItem, type HeldChunk } from './coded-tier.js';
 import { regionId } from '../manifest/region-id.js';
 
 /**
@@ -22,8 +22,9 @@ export interface RamTierOptions {
    * weights to about 0.70 of their size), `off` (default) holds the raw bytes. A capture of GPU
    * memory is coded on its GPU before its bytes leave the card (fewer bytes cross the link), unless
    * it hashes on the host without persisting to the store (persist `async` or `off` with hash
-   * `now`); that one, a capture of host memory, and a load from the store are coded on the CPU
-   * once landed. A restore into GPU memory decodes on the GPU (docs/compression.md).
+   * `now`); that one, a capture of host memory, and a load of raw store blobs are coded on the CPU
+   * once landed. Coded store blobs load as they are stored (each chunk decoded once to check it, not
+   * coded again). A restore into GPU memory decodes on the GPU (docs/compression.md).
    */
   readonly codec?: 'vsnap-c1' | 'off';
 }
@@ -331,10 +332,14 @@ export class RamTier {
 
   /** Codes a landed entry in place and gives the room it no longer needs back to the arena. */
   private async codeEntry(entry: Entry, manifest: Manifest): Promise<void> {
-    const { chunks, bytes } = await codeInPlace(this.buffer, entry.offset, this.itemsAt(entry, manifest));
-    entry.chunks = chunks;
-    entry.bytes = bytes;
-    this.arena.shrink(entry.offset, bytes);
+    this.holdCoded(entry, await codeInPlace(this.buffer, entry.offset, this.itemsAt(entry, manifest)));
+  }
+
+  /** The entry now holds these coded chunks: the room past them goes back to the arena. */
+  private holdCoded(entry: Entry, coded: { chunks: Map<string, HeldChunk[]>; bytes: number }): void {
+    entry.chunks = coded.chunks;
+    entry.bytes = coded.bytes;
+    this.arena.shrink(entry.offset, coded.bytes);
   }
 
   private tooLarge(name: string, bytes: number): VsnapError {
@@ -369,9 +374,12 @@ export class RamTier {
     const entry: Entry = { name: manifest.name, id: manifest.id, bytes, offset: base, offsets, lastUsed: Date.now(), users: 0, loaded: false, durable: true, ready: Promise.resolve() };
     this.byId.set(manifest.id, entry);
     const coded = [...manifest.regions()].some(({ region }) => region.codec !== undefined);
+    // Coded blobs into a tier that codes: held as stored (checked, not coded again); else raw, coded after.
+    const asStored = coded && this.codec !== 'off';
     entry.ready = store
-      .withLock(false, (): Promise<unknown> =>
-        coded ? loadDecoded(store, this.buffer, this.itemsAt(entry, manifest), manifest.name) : runTransfer({
+      .withLock(false, async (): Promise<unknown> => {
+        if (asStored) return this.holdCoded(entry, await loadCoded(store, this.buffer, base, this.itemsAt(entry, manifest), manifest.name));
+        return coded ? loadDecoded(store, this.buffer, this.itemsAt(entry, manifest), manifest.name) : runTransfer({
           op: 'hydrate',
           label: manifest.name,
           regions: [...manifest.regions()].map(({ rank, region }) => ({
@@ -383,10 +391,10 @@ export class RamTier {
             memory: { kind: 'buffer' as const, buffer: this.buffer, offset: offsets.get(regionId(rank, region.key))! },
           })),
           ...options,
-        }),
-      )
+        });
+      })
       .then(async () => {
-        if (this.codec !== 'off') await this.codeEntry(entry, manifest);
+        if (this.codec !== 'off' && !asStored) await this.codeEntry(entry, manifest);
       })
       .then(
         () => {

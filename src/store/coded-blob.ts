@@ -48,6 +48,16 @@ export function codedOffsets(codec: RegionCodec): number[] {
  * @internal
  */
 export async function readBlobChunk(path: string, region: RegionInfo, index: number, snapshot?: string): Promise<Buffer> {
+  return (await readStoredChunk(path, region, index, snapshot)).raw;
+}
+
+/**
+ * Reads chunk `index` of a region's blob as {@link readBlobChunk} does, and returns the bytes the
+ * blob stores for it too: `stored`, its vsnap-c1 chunk where the blob is coded (else the raw bytes),
+ * and `raw`, the decoded bytes, checked against the manifest's checksum (the same errors).
+ * @internal
+ */
+export async function readStoredChunk(path: string, region: RegionInfo, index: number, snapshot?: string): Promise<{ stored: Buffer; raw: Buffer }> {
   const chunks = Math.ceil(region.size / region.chunkSize);
   if (!Number.isInteger(index) || index < 0 || index >= chunks) throw new VsnapError('E_OUT_OF_RANGE', `region ${region.key} has ${chunks} chunks, not a chunk ${index}`, { index, chunks });
   const rawSize = Math.min(region.chunkSize, region.size - index * region.chunkSize);
@@ -71,7 +81,7 @@ export async function readBlobChunk(path: string, region: RegionInfo, index: num
       { path, region: region.key, chunk: index, snapshot },
     );
   }
-  return raw;
+  return { stored: data, raw };
 }
 
 /**

@@ -6,7 +6,8 @@ import { randomChunk, weights } from '../helpers/codec-data.js';
 import { writeHostBuffer } from '../../src/cache/coded-tier.js';
 import { RamTier } from '../../src/cache/ram-tier.js';
 import { Manifest } from '../../src/manifest/manifest.js';
-import { encodeBlob } from '../../src/store/coded-blob.js';
+import { codedOffsets, encodeBlob } from '../../src/store/coded-blob.js';
+import type { CodecKind } from '../../src/transfer/codec.js';
 import { native, type NativeHostBuffer } from '../../src/native/index.js';
 import { HostRegion } from '../../src/regions/host-region.js';
 import { Snapshot } from '../../src/snapshot/snapshot.js';
@@ -59,6 +60,37 @@ async function heldChunk(cache: RamTier, store: RegionStore, manifest: Manifest,
 }
 
 const gaussian = (size: number, seed = 1) => weights('bf16', 'gaussian', size, seed);
+
+/**
+ * A snapshot of `contents` whose regions are stored as `forms` says: coded with that hint (the
+ * chunks that do not shrink stored in raw mode), or `raw` (no codec). Published through a capture
+ * transaction as RegionStore does.
+ */
+async function storedSnapshot(store: RegionStore, name: string, contents: Record<string, Buffer>, forms: Record<string, CodecKind | 'raw'>): Promise<Snapshot> {
+  const plain = await Snapshot.capture(store, `${name}-raw`, { regions: regionsOf(contents), chunkSize: MiB });
+  const total = Object.values(contents).reduce((n, b) => n + b.length, 0);
+  const txn = await store.beginCapture(name, total);
+  const regions = plain.manifest.data.ranks[0]!.regions.map((r, i) => {
+    const form = forms[r.key]!;
+    if (form === 'raw') {
+      writeFileSync(txn.blobTmpPath(i), contents[r.key]!);
+      return { region: r, size: r.size };
+    }
+    const coded = encodeBlob(contents[r.key]!, r.chunkSize, r.checksums, form);
+    writeFileSync(txn.blobTmpPath(i), coded.bytes);
+    return { region: { ...r, blob: coded.digest, codec: coded.codec }, size: coded.bytes.length };
+  });
+  const manifest = Manifest.parse({ ...plain.manifest.data, id: txn.id, name, ranks: [{ ...plain.manifest.data.ranks[0]!, regions: regions.map((x) => x.region) }] });
+  await txn.publish(manifest, regions.map((x, i) => ({ tmpPath: txn.blobTmpPath(i), digest: x.region.blob, size: x.size })));
+  return Snapshot.open(store, name);
+}
+
+/** The bytes a region's blob stores for chunk `i`. */
+function blobChunk(store: RegionStore, snap: Snapshot, key: string, i: number): Buffer {
+  const region = snap.manifest.data.ranks[0]!.regions.find((r) => r.key === key)!;
+  const at = codedOffsets(region.codec!);
+  return readFileSync(store.blobPath(region.blob)).subarray(at[i]!, at[i + 1]!);
+}
 
 describe('RamTier holding coded chunks (codec vsnap-c1)', () => {
   it('a capture lands coded: fewer bytes held than raw for BF16 Gaussian weights, restored bit-exact', async () => {
@@ -221,6 +253,65 @@ describe('RamTier holding coded chunks (codec vsnap-c1)', () => {
     expect(cache.has(snap.id)).toBe(false);
     expect(cache.usedBytes).toBe(0);
     for (const x of t) expect(allBytes(x.region, 0xa5)).toBe(true);
+  });
+
+  it('coded store blobs load into a coded RAM tier as they are stored: the chunks held are the blob\'s (not coded again), raw-mode chunks held raw, raw blobs coded; restored bit-exact', async () => {
+    const store = await RegionStore.open(tempDir());
+    // 'bf16.a' coded as bytes (not the tier's bf16 hint: a second encode would hold other bytes);
+    // 'mix' coded with a chunk that does not shrink (stored in raw mode); 'zeros' and 'noise' raw blobs.
+    const contents = { 'bf16.a': gaussian(2 * MiB + 4096, 1), mix: Buffer.concat([gaussian(MiB, 2), randomChunk(MiB, 4)]), zeros: Buffer.alloc(MiB), noise: randomChunk(MiB + 100, 5) };
+    const snap = await storedSnapshot(store, 'cb', contents, { 'bf16.a': 'bytes', mix: 'bf16', zeros: 'raw', noise: 'raw' });
+    const cache = await cacheOf('vsnap-c1');
+    await cache.load(store, snap.manifest);
+    expect(cache.has(snap.id)).toBe(true);
+
+    for (const i of [0, 1, 2]) {
+      const { buffer, place } = await heldChunk(cache, store, snap.manifest, 'bf16.a', i);
+      const stored = blobChunk(store, snap, 'bf16.a', i);
+      expect(place).toMatchObject({ coded: true, held: stored.length });
+      expect(buffer.read(place.at, place.held).equals(stored)).toBe(true);
+      expect(stored.equals(native().codecEncode(contents['bf16.a'].subarray(i * MiB, (i + 1) * MiB), 2))).toBe(false); // what codeInPlace would hold
+      expect(place.at % 16).toBe(0);
+    }
+    const mixCoded = await heldChunk(cache, store, snap.manifest, 'mix', 0);
+    expect(mixCoded.buffer.read(mixCoded.place.at, mixCoded.place.held).equals(blobChunk(store, snap, 'mix', 0))).toBe(true);
+    const mixRaw = await heldChunk(cache, store, snap.manifest, 'mix', 1);
+    expect(blobChunk(store, snap, 'mix', 1).length).toBe(MiB + 64); // stored in raw mode, behind its header
+    expect(mixRaw.place).toMatchObject({ coded: false, held: MiB, rawSize: MiB });
+    expect(mixRaw.buffer.read(mixRaw.place.at, MiB).equals(contents.mix.subarray(MiB))).toBe(true);
+    expect((await heldChunk(cache, store, snap.manifest, 'zeros', 0)).place.coded).toBe(true); // a raw blob is coded here, as before
+    expect((await heldChunk(cache, store, snap.manifest, 'noise', 1)).place).toMatchObject({ coded: false, held: 100 });
+    const storedTotal = snap.manifest.storedBytes;
+    expect(cache.usedBytes).toBeLessThan(storedTotal); // zeros coded, raw-mode headers dropped
+
+    const t = targetsOf(contents);
+    expect((await snap.restore({ regions: t.map(asTarget), ram: cache })).tier).toBe('ram');
+    for (const x of t) expect(x.region.read(0, x.size).equals(contents[x.key as keyof typeof contents])).toBe(true);
+  });
+
+  it('a damaged chunk of a coded store blob: the load refuses naming region and chunk, nothing is held and the budget is untouched', async () => {
+    const contents = { 'bf16.a': gaussian(2 * MiB, 1), 'bf16.b': gaussian(2 * MiB, 3) };
+    // A rest (mantissa) byte in the middle of chunk 1: its structure holds, its checksum fails; then its magic.
+    for (const [where, code] of [['rest', 'E_CHECKSUM'], ['magic', 'E_CODEC_CORRUPT']] as const) {
+      const store = await RegionStore.open(tempDir());
+      const snap = await storedSnapshot(store, 'bad', contents, { 'bf16.a': 'bf16', 'bf16.b': 'bf16' });
+      const region = snap.manifest.data.ranks[0]!.regions[1]!;
+      const path = store.blobPath(region.blob);
+      const bytes = readFileSync(path);
+      const [start, end] = codedOffsets(region.codec!).slice(1, 3) as [number, number];
+      bytes[where === 'magic' ? start : start + Math.floor((end - start) * 0.6)]! ^= 0x01;
+      rmSync(path);
+      writeFileSync(path, bytes);
+      const cache = await cacheOf('vsnap-c1');
+      await expect(cache.load(store, snap.manifest)).rejects.toMatchObject({ code, details: expect.objectContaining({ region: 'bf16.b', chunk: 1 }) });
+      expect(cache.has(snap.id)).toBe(false);
+      expect(cache.usedBytes).toBe(0);
+      expect(cache.entries).toEqual([]);
+      const t = targetsOf(contents);
+      await expect(snap.restore({ regions: t.map(asTarget), ram: cache })).rejects.toMatchObject({ code });
+      for (const x of t) expect(allBytes(x.region, 0xa5)).toBe(true);
+      expect(cache.usedBytes).toBe(0);
+    }
   });
 
   it('the GPU restore of held chunks takes device memory only, and checks the chunks against the buffer before anything is opened', async () => {
