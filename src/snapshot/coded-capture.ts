@@ -31,6 +31,15 @@ export async function codeCapturedBlobs(manifest: Manifest, tmpPaths: ReadonlyMa
     const done = await codeBlobFile(path, region, regionHint(region));
     if (done) coded.set(id, done);
   }
+  return withCodedBlobs(manifest, coded);
+}
+
+/**
+ * The manifest with these regions' blobs coded (by region id: their `codec` and blob name); the
+ * others as they are.
+ * @internal
+ */
+export function withCodedBlobs(manifest: Manifest, coded: ReadonlyMap<string, { codec: RegionCodec; digest: string }>): Manifest {
   if (coded.size === 0) return manifest;
   return Manifest.parse(
     {

@@ -10,14 +10,7 @@ import { withChecksums } from './capture-manifest.js';
 import { codeCapturedBlobs, type StoreCodec } from './coded-capture.js';
 import { storedBytes } from '../store/coded-blob.js';
 import { regionId } from '../manifest/region-id.js';
-
-function changedSinceCapture(manifest: Manifest, key: string, rank: number, chunk: number, against: string): VsnapError {
-  return new VsnapError(
-    'E_CHECKSUM',
-    `the RAM-tier copy of region '${key}' (rank ${rank}) of '${manifest.name}' changed since it was captured (chunk ${chunk} does not match the ${against} taken at capture): nothing was persisted. Capture it again.`,
-    { name: manifest.name, id: manifest.id, region: key, rank, chunk },
-  );
-}
+import { changedSinceCapture, persistCoded } from './persist-coded.js';
 
 /**
  * Writes a capture held only in the RAM tier into the store (persist `async` or `off`), then
@@ -27,7 +20,8 @@ function changedSinceCapture(manifest: Manifest, key: string, rank: number, chun
  * its RAM copy must equal the GPU digests taken at capture: both are computed from one read of
  * each chunk (piece by piece, in cache), so the checksums published are of bytes that matched.
  * A capture held coded is decoded on the CPU, region by region, on its way (the checks are of the
- * decoded bytes).
+ * decoded bytes); into coded blobs (`codec`), its held chunks are stored as they are, not encoded
+ * again (persistCoded).
  * @internal
  */
 export async function persistFromRamTier(store: RegionStore, manifest: Manifest, cache: RamTier, options: TransferOptions, codec: StoreCodec = 'off'): Promise<Manifest> {
@@ -46,37 +40,42 @@ export async function persistFromRamTier(store: RegionStore, manifest: Manifest,
     const txn = await store.beginCapture(manifest.name, total, manifest.id);
     let published = manifest;
     try {
-      // A capture whose hash was deferred is checked against its GPU digests from the same read
-      // that hashes it: each chunk is read once for both.
-      const check = { ...(manifest.checksummed ? {} : { digest: true }), ...passOn(options) };
-      const result = lease.chunks
-        ? await persistDecoded(manifest, lease.buffer, lease.chunks, (i) => txn.blobTmpPath(i), check)
-        : await runTransfer({
-            op: 'capture',
-            label: manifest.name,
-            regions: listed.map(({ rank, region }, i) => ({
-              name: region.key,
-              blobPath: txn.blobTmpPath(i),
-              size: region.size,
-              chunkSize: region.chunkSize,
-              memory: inRam(rank, region.key),
-            })),
-            ...check,
-          });
-      if (manifest.checksummed) {
-        listed.forEach(({ rank, region }, i) => {
-          const sums = result.checksums?.[i] ?? [];
-          const bad = region.checksums.findIndex((c, k) => sums[k] !== c);
-          if (bad >= 0 || sums.length !== region.checksums.length) throw changedSinceCapture(manifest, region.key, rank, Math.max(bad, 0), 'checksum');
-        });
+      if (lease.chunks && codec !== 'off') {
+        // Held coded, stored coded: the held chunks are the blobs' (checked, not encoded again).
+        published = await persistCoded(manifest, lease.buffer, lease.chunks, (i) => txn.blobTmpPath(i), options.signal);
       } else {
-        listed.forEach(({ rank, region }, i) => {
-          const bad = changedChunks(region.digests ?? [], result.digests?.[i] ?? []);
-          if (bad.length) throw changedSinceCapture(manifest, region.key, rank, bad[0]!, 'GPU digest');
-        });
-        published = withChecksums(manifest, result.checksums ?? []);
+        // A capture whose hash was deferred is checked against its GPU digests from the same read
+        // that hashes it: each chunk is read once for both.
+        const check = { ...(manifest.checksummed ? {} : { digest: true }), ...passOn(options) };
+        const result = lease.chunks
+          ? await persistDecoded(manifest, lease.buffer, lease.chunks, (i) => txn.blobTmpPath(i), check)
+          : await runTransfer({
+              op: 'capture',
+              label: manifest.name,
+              regions: listed.map(({ rank, region }, i) => ({
+                name: region.key,
+                blobPath: txn.blobTmpPath(i),
+                size: region.size,
+                chunkSize: region.chunkSize,
+                memory: inRam(rank, region.key),
+              })),
+              ...check,
+            });
+        if (manifest.checksummed) {
+          listed.forEach(({ rank, region }, i) => {
+            const sums = result.checksums?.[i] ?? [];
+            const bad = region.checksums.findIndex((c, k) => sums[k] !== c);
+            if (bad >= 0 || sums.length !== region.checksums.length) throw changedSinceCapture(manifest, region.key, rank, Math.max(bad, 0), 'checksum');
+          });
+        } else {
+          listed.forEach(({ rank, region }, i) => {
+            const bad = changedChunks(region.digests ?? [], result.digests?.[i] ?? []);
+            if (bad.length) throw changedSinceCapture(manifest, region.key, rank, bad[0]!, 'GPU digest');
+          });
+          published = withChecksums(manifest, result.checksums ?? []);
+        }
+        if (codec !== 'off') published = await codeCapturedBlobs(published, new Map(listed.map(({ rank, region }, i) => [regionId(rank, region.key), txn.blobTmpPath(i)])));
       }
-      if (codec !== 'off') published = await codeCapturedBlobs(published, new Map(listed.map(({ rank, region }, i) => [regionId(rank, region.key), txn.blobTmpPath(i)])));
       await txn.publish(published, [...published.regions()].map(({ region }, i) => ({ tmpPath: txn.blobTmpPath(i), size: storedBytes(region), digest: region.blob })));
     } catch (err) {
       await txn.abort();

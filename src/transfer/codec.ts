@@ -91,6 +91,24 @@ export function encodeChunk(bytes: Uint8Array, hint: CodecKind = 'bytes'): Buffe
   return native().codecEncode(bytes, codecKindNumber(hint));
 }
 
+/** Bytes of a coded chunk's header (docs/compression.md, the byte format). @internal */
+export const CHUNK_HEADER_BYTES = 64;
+
+/**
+ * `raw` as a vsnap-c1 chunk stored raw (mode 0): the 64-byte header, then the bytes; what
+ * {@link encodeChunk} writes for a chunk that does not shrink.
+ * @internal
+ */
+export function rawModeChunk(raw: Uint8Array): Buffer {
+  const out = Buffer.alloc(CHUNK_HEADER_BYTES + raw.length);
+  out.writeUInt32LE(0x31435356, 0); // magic VSC1
+  out.writeUInt8(1, 4); // version; mode, kind and width stay 0
+  out.writeBigUInt64LE(BigInt(raw.length), 8);
+  out.writeBigUInt64LE(BigInt(out.length), 16);
+  out.set(raw, CHUNK_HEADER_BYTES);
+  return out;
+}
+
 /**
  * Decodes one coded chunk on the CPU into its `rawSize` bytes. A damaged chunk throws
  * E_CODEC_CORRUPT naming it (`ref`); the decoder never reads or writes outside its buffers.

@@ -314,6 +314,53 @@ describe('RamTier holding coded chunks (codec vsnap-c1)', () => {
     }
   });
 
+  it('a capture held coded persists into coded blobs as it is held, not encoded again (hash now and deferred); the store restores it and verify passes', async () => {
+    for (const hash of ['now', 'deferred'] as const) {
+      const store = await RegionStore.open(tempDir());
+      const cache = await cacheOf('vsnap-c1');
+      // 'plain' has no dtype (held coded as bytes); 'bf16.mix' has a chunk that does not shrink; 'noise' none.
+      const contents = { plain: gaussian(2 * MiB, 6), 'bf16.mix': Buffer.concat([gaussian(MiB, 7), randomChunk(MiB, 8)]), noise: randomChunk(MiB, 9) };
+      const snap = await Snapshot.capture(store, 'p', { regions: regionsOf(contents), chunkSize: MiB, ram: cache, persist: 'off', hash, codec: 'vsnap-c1' });
+      // Chunk 0 of 'plain' held as another valid coding of its bytes (bf16: smaller): an encode at persist would store the bytes coding.
+      const { buffer, place } = await heldChunk(cache, store, snap.manifest, 'plain', 0);
+      const other = native().codecEncode(contents.plain.subarray(0, MiB), 2);
+      expect(other.length).toBeLessThan(place.held);
+      await writeHostBuffer(buffer, place.at, other);
+      (place as { held: number }).held = other.length;
+
+      await snap.persist();
+      const stored = await Snapshot.open(store, 'p');
+      expect(stored.manifest.toJSON()).toEqual(snap.manifest.toJSON());
+      expect(blobChunk(store, stored, 'plain', 0).equals(other)).toBe(true);
+      const plain1 = await heldChunk(cache, store, snap.manifest, 'plain', 1);
+      expect(blobChunk(store, stored, 'plain', 1).equals(plain1.buffer.read(plain1.place.at, plain1.place.held))).toBe(true);
+      expect(blobChunk(store, stored, 'bf16.mix', 1).equals(native().codecEncode(contents['bf16.mix'].subarray(MiB), 2))).toBe(true); // raw mode, as the encoder writes it
+      const noise = stored.manifest.data.ranks[0]!.regions.find((r) => r.key === 'noise')!;
+      expect(noise.codec).toBeUndefined(); // nothing shrank: a raw blob, shared with raw captures of the same bytes
+      expect(readFileSync(store.blobPath(noise.blob)).equals(contents.noise)).toBe(true);
+      expect((await store.verify('p')).ok).toBe(true);
+      const t = targetsOf(contents);
+      await stored.restore({ regions: t.map(asTarget) });
+      for (const x of t) expect(x.region.read(0, x.size).equals(contents[x.key as keyof typeof contents])).toBe(true);
+    }
+  });
+
+  it('a capture held coded, damaged before a persist into coded blobs: refused naming region and chunk, nothing published', async () => {
+    for (const hash of ['now', 'deferred'] as const) {
+      const store = await RegionStore.open(tempDir());
+      const cache = await cacheOf('vsnap-c1');
+      const snap = await Snapshot.capture(store, 'p', { regions: regionsOf({ 'bf16.a': gaussian(2 * MiB) }), chunkSize: MiB, ram: cache, persist: 'off', hash, codec: 'vsnap-c1' });
+      const { buffer, place } = await heldChunk(cache, store, snap.manifest, 'bf16.a', 1);
+      const mid = place.at + Math.floor(place.held * 0.6); // a rest (mantissa) byte: the structure still holds
+      await writeHostBuffer(buffer, mid, Buffer.from([buffer.read(mid, 1)[0]! ^ 0x01]));
+      await expect(snap.persist()).rejects.toMatchObject({ code: 'E_CHECKSUM', details: { region: 'bf16.a', chunk: 1 } });
+      await expect(Snapshot.open(store, 'p')).rejects.toMatchObject({ code: 'E_SNAPSHOT_NOT_FOUND' });
+      await writeHostBuffer(buffer, place.at, Buffer.from('XXXX'));
+      await expect(snap.persist()).rejects.toMatchObject({ code: 'E_CODEC_CORRUPT', details: { region: 'bf16.a', chunk: 1 } });
+      expect((await store.usage()).blobs).toBe(0);
+    }
+  });
+
   it('the GPU restore of held chunks takes device memory only, and checks the chunks against the buffer before anything is opened', async () => {
     const cache = await cacheOf('vsnap-c1', MiB);
     const target = HostRegion.create(MiB);

@@ -8,7 +8,7 @@ import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 
 import { VsnapError } from '../../src/errors.js';
-import { codecKindForDtype, decodeChunk, encodeChunk, inspectChunk, type CodecKind } from '../../src/transfer/codec.js';
+import { codecKindForDtype, decodeChunk, encodeChunk, inspectChunk, rawModeChunk, type CodecKind } from '../../src/transfer/codec.js';
 import { corpus, elementBytes, randomChunk, rng, weights } from '../helpers/codec-data.js';
 
 const KINDS: CodecKind[] = ['bytes', 'bf16', 'fp16', 'fp32', 'fp8-e4m3', 'fp8-e5m2'];
@@ -204,5 +204,17 @@ describe('vsnap-c1 on the CPU: damaged chunks', () => {
       ),
       { numRuns: 2000 },
     );
+  });
+});
+
+describe('rawModeChunk', () => {
+  it('writes the bytes the encoder writes for a chunk that does not shrink, and they decode', () => {
+    for (const size of [1, 13, 4097, 65536 + 3]) {
+      const raw = randomChunk(size, size);
+      const chunk = rawModeChunk(raw);
+      expect(chunk.equals(encodeChunk(raw, 'bytes'))).toBe(true);
+      expect(inspectChunk(chunk, size, { chunk: 0 })).toMatchObject({ mode: 'raw', rawSize: size, codedSize: size + 64 });
+      expect(decodeChunk(chunk, size, { chunk: 0 }).equals(raw)).toBe(true);
+    }
   });
 });
