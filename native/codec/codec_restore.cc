@@ -8,6 +8,7 @@
 #include "codec/codec.h"
 #include "codec/codec_gpu.h"
 #include "common/error.h"
+#include "common/fault.h"
 #include "cuda/context.h"
 #include "cuda/driver.h"
 #include "cuda/vmm.h"
@@ -23,39 +24,52 @@ uint64_t round16(uint64_t n) { return (n + 15) / 16 * 16; }
                     {{"reason", reason}, {"target", static_cast<int64_t>(target)}, {"chunk", static_cast<int64_t>(chunk)}, {"written", written}});
 }
 
-// One GPU's streams, events and scratch, freed on every path (after its streams are done).
+// One GPU's streams, events and scratch, freed on every path (after its streams are done). The
+// scratch is allocated first: a card without room for it fails here, before anything is made or issued.
 class DeviceLane {
  public:
   DeviceLane(std::shared_ptr<cuda::Context> ctx, uint64_t slotBytes, uint64_t errorWords) : ctx_(std::move(ctx)), cu_(cuda::api()) {
-    ctx_->makeCurrent();
-    cuda::check(cu_.cuStreamCreate(&copy, CU_STREAM_NON_BLOCKING), "cuStreamCreate (codec restore)");
-    cuda::check(cu_.cuStreamCreate(&decode, CU_STREAM_NON_BLOCKING), "cuStreamCreate (codec restore)");
-    for (int s = 0; s < 2; s++) {
-      cuda::check(cu_.cuEventCreate(&landed[s], CU_EVENT_DISABLE_TIMING), "cuEventCreate (codec restore)");
-      cuda::check(cu_.cuEventCreate(&freed[s], CU_EVENT_DISABLE_TIMING), "cuEventCreate (codec restore)");
-      cuda::check(cu_.cuEventRecord(freed[s], decode), "cuEventRecord (codec restore)");
+    try {
+      ctx_->makeCurrent();
+      scratchBytes = 2 * slotBytes + 16 * std::max<uint64_t>(errorWords, 1);
+      CUresult r = fault::hit(fault::Point::CodecRestoreScratch) ? CUDA_ERROR_OUT_OF_MEMORY : cu_.cuMemAlloc(&scratch, scratchBytes);
+      cuda::check(r, "cuMemAlloc (codec restore scratch)");
+      slot[0] = scratch;
+      slot[1] = scratch + slotBytes;
+      errors = scratch + 2 * slotBytes;
+      cuda::check(cu_.cuStreamCreate(&copy, CU_STREAM_NON_BLOCKING), "cuStreamCreate (codec restore)");
+      cuda::check(cu_.cuStreamCreate(&decode, CU_STREAM_NON_BLOCKING), "cuStreamCreate (codec restore)");
+      for (int s = 0; s < 2; s++) {
+        cuda::check(cu_.cuEventCreate(&landed[s], CU_EVENT_DISABLE_TIMING), "cuEventCreate (codec restore)");
+        cuda::check(cu_.cuEventCreate(&freed[s], CU_EVENT_DISABLE_TIMING), "cuEventCreate (codec restore)");
+        cuda::check(cu_.cuEventRecord(freed[s], decode), "cuEventRecord (codec restore)");
+      }
+      cuda::check(cu_.cuMemsetD8(errors, 0, 16 * std::max<uint64_t>(errorWords, 1)), "cuMemsetD8 (codec restore errors)");
+    } catch (...) {
+      release();  // a constructor that throws gets no destructor
+      throw;
     }
-    scratchBytes = 2 * slotBytes + 16 * std::max<uint64_t>(errorWords, 1);
-    cuda::check(cu_.cuMemAlloc(&scratch, scratchBytes), "cuMemAlloc (codec restore scratch)");
-    slot[0] = scratch;
-    slot[1] = scratch + slotBytes;
-    errors = scratch + 2 * slotBytes;
-    cuda::check(cu_.cuMemsetD8(errors, 0, 16 * std::max<uint64_t>(errorWords, 1)), "cuMemsetD8 (codec restore errors)");
   }
-  ~DeviceLane() {
+  ~DeviceLane() { release(); }
+  DeviceLane(const DeviceLane&) = delete;
+  DeviceLane& operator=(const DeviceLane&) = delete;
+
+  // Waits for the streams, then frees what was made (idempotent).
+  void release() {
     ctx_->makeCurrent();
     if (copy) cu_.cuStreamSynchronize(copy);
     if (decode) cu_.cuStreamSynchronize(decode);
     if (scratch) cu_.cuMemFree(scratch);
+    scratch = 0;
     for (int s = 0; s < 2; s++) {
       if (landed[s]) cu_.cuEventDestroy(landed[s]);
       if (freed[s]) cu_.cuEventDestroy(freed[s]);
+      landed[s] = freed[s] = nullptr;
     }
     if (copy) cu_.cuStreamDestroy(copy);
     if (decode) cu_.cuStreamDestroy(decode);
+    copy = decode = nullptr;
   }
-  DeviceLane(const DeviceLane&) = delete;
-  DeviceLane& operator=(const DeviceLane&) = delete;
 
   void finish() {
     ctx_->makeCurrent();

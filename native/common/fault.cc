@@ -30,7 +30,8 @@ Point parse(const std::string& name) {
   if (name == "map-access") return Point::MapAccess;
   if (name == "copy-fail") return Point::CopyFail;
   if (name == "codec-scratch") return Point::CodecScratch;
-  throwInvalid("unknown fault point '" + name + "' (thread-start, chunk-delay, map-import, map-reserve, map-map, map-access, copy-fail, codec-scratch)");
+  if (name == "codec-restore-scratch") return Point::CodecRestoreScratch;
+  throwInvalid("unknown fault point '" + name + "' (thread-start, chunk-delay, map-import, map-reserve, map-map, map-access, copy-fail, codec-scratch, codec-restore-scratch)");
 }
 
 bool hit(Point point) {

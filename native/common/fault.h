@@ -8,6 +8,8 @@
 //   "copy-fail"     a copy queue's chunk (transfer/copy_queue.h) fails, after `arg` chunks let through
 //   "codec-scratch" a coded capture's device scratch (codec/codec_capture.h) is refused as out of
 //                   memory, after `arg` allocations let through
+//   "codec-restore-scratch" a coded restore's device scratch (codec/codec_restore.h) is refused as
+//                   out of memory, after `arg` allocations let through
 #pragma once
 
 #include <cstdint>
@@ -15,7 +17,7 @@
 
 namespace vsnap::fault {
 
-enum class Point { ThreadStart = 0, ChunkDelay = 1, MapImport = 2, MapReserve = 3, MapMap = 4, MapAccess = 5, CopyFail = 6, CodecScratch = 7, Count = 8 };
+enum class Point { ThreadStart = 0, ChunkDelay = 1, MapImport = 2, MapReserve = 3, MapMap = 4, MapAccess = 5, CopyFail = 6, CodecScratch = 7, CodecRestoreScratch = 8, Count = 9 };
 
 // Arms `point` for the next `times` hits (0 disarms) with an argument (ChunkDelay: ms).
 void set(Point point, uint32_t times, uint32_t arg = 0);

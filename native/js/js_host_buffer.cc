@@ -22,18 +22,20 @@ struct Piece {
   uint64_t fileOffset, length, at;
 };
 constexpr uint64_t kPiece = 8ull << 20;
+static_assert(kPiece % io::kDirectAlignment == 0, "a direct read's pieces stay 4 KiB aligned");
 
 struct ReadResult {
   uint64_t bytes = 0;
   double seconds = 0;
 };
 
-// Byte ranges of files read into a HostBuffer with pread, pieces of 8 MiB spread over threads;
-// the first failure (E_BLOB_MISSING, E_BLOB_TRUNCATED, ...) stops the rest and is thrown.
-ReadResult readFiles(char* base, const std::vector<std::pair<std::string, uint64_t>>& files, const std::vector<Piece>& pieces, unsigned threads) {
+// Byte ranges of files read into a HostBuffer with pread, pieces of 8 MiB spread over threads
+// (O_DIRECT with `direct`, where the file system allows it); the first failure (E_BLOB_MISSING,
+// E_BLOB_TRUNCATED, ...) stops the rest and is thrown.
+ReadResult readFiles(char* base, const std::vector<std::pair<std::string, uint64_t>>& files, const std::vector<Piece>& pieces, unsigned threads, bool direct) {
   const auto started = std::chrono::steady_clock::now();
   std::vector<std::unique_ptr<io::BlobReader>> readers;
-  for (const auto& [path, size] : files) readers.push_back(std::make_unique<io::BlobReader>(path, size, false));
+  for (const auto& [path, size] : files) readers.push_back(std::make_unique<io::BlobReader>(path, size, direct));
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
   std::exception_ptr error;
@@ -63,14 +65,18 @@ ReadResult readFiles(char* base, const std::vector<std::pair<std::string, uint64
 }
 
 // readFilesInto({ kind: 'buffer', buffer, offset }, [{ path, size, reads: Float64Array of
-// (fileOffset, length, at) }], threads) -> { bytes, seconds }: each read's bytes land at offset + at
-// in the buffer; `size` is the file's expected size (checked at open: E_BLOB_TRUNCATED otherwise).
+// (fileOffset, length, at) }], threads, direct?) -> { bytes, seconds }: each read's bytes land at
+// offset + at in the buffer; `size` is the file's expected size (checked at open: E_BLOB_TRUNCATED
+// otherwise). `direct`: O_DIRECT, so every read's fileOffset and buffer position are 4 KiB aligned
+// and the buffer has room for its length rounded up to 4 KiB (the bytes past it are overwritten).
 Napi::Value ReadFilesInto(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   auto dest = std::make_shared<MemorySpec>(parseMemory(env, info[0]));
   if (dest->kind != MemorySpec::Kind::Buffer) throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "the destination must be a HostBuffer"));
   if (!info[1].IsArray()) throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "files must be an array"));
   const uint64_t limit = dest->buffer->size();
+  const bool direct = info.Length() > 3 && info[3].IsBoolean() && info[3].As<Napi::Boolean>().Value();
+  const uintptr_t base = reinterpret_cast<uintptr_t>(dest->buffer->data());
   Napi::Array list = info[1].As<Napi::Array>();
   auto files = std::make_shared<std::vector<std::pair<std::string, uint64_t>>>();
   auto pieces = std::make_shared<std::vector<Piece>>();
@@ -87,13 +93,17 @@ Napi::Value ReadFilesInto(const Napi::CallbackInfo& info) {
     if (f.ElementLength() % 3) throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "reads holds 3 numbers a read"));
     for (size_t k = 0; k < f.ElementLength(); k += 3) {
       const auto fileOffset = static_cast<uint64_t>(f[k]), length = static_cast<uint64_t>(f[k + 1]), at = dest->offset + static_cast<uint64_t>(f[k + 2]);
-      if (at > limit || length > limit - at) throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "a read lies outside the HostBuffer"));
+      const uint64_t room = direct ? (length + io::kDirectAlignment - 1) / io::kDirectAlignment * io::kDirectAlignment : length;
+      if (at > limit || room > limit - at) throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "a read lies outside the HostBuffer"));
+      if (direct && (fileOffset % io::kDirectAlignment || (base + at) % io::kDirectAlignment)) {
+        throw toJsError(env, NativeError("E_INVALID_ARGUMENT", "a direct read starts 4 KiB aligned in its file and in the HostBuffer"));
+      }
       for (uint64_t from = 0; from < length; from += kPiece) pieces->push_back({i, fileOffset + from, std::min(kPiece, length - from), at + from});
     }
   }
   const unsigned threads = static_cast<unsigned>(std::max<int64_t>(1, toI64(info[2], "threads")));
   return PromiseWorker<ReadResult>::Run(
-      env, [dest, files, pieces, threads] { return readFiles(dest->buffer->data(), *files, *pieces, threads); },
+      env, [dest, files, pieces, threads, direct] { return readFiles(dest->buffer->data(), *files, *pieces, threads, direct); },
       [](Napi::Env env, ReadResult& r) -> Napi::Value {
         Napi::Object o = Napi::Object::New(env);
         o.Set("bytes", static_cast<double>(r.bytes));

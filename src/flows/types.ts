@@ -26,7 +26,11 @@ export interface TransferTuning {
   readonly onProgress?: (progress: TransferProgress) => void;
   /** Worker threads (default: one per core, at most 16). */
   readonly threads?: number;
-  /** Read blobs with O_DIRECT (cold data, skipping the page cache; restores from the store only). */
+  /**
+   * Read blobs with O_DIRECT (cold data, skipping the page cache; restores from the store only),
+   * coded blobs decoded on the GPU included; coded blobs decoded on the CPU are read through the
+   * page cache, as with `Snapshot.restore`'s `directIo`.
+   */
   readonly directIo?: boolean;
 }
 

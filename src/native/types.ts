@@ -293,12 +293,16 @@ export interface NativeBinding {
   /**
    * Reads byte ranges of files into a HostBuffer with pread (8 MiB pieces over `threads` threads):
    * per file its expected size (E_BLOB_TRUNCATED otherwise; E_BLOB_MISSING for one that is gone)
-   * and `reads`, (fileOffset, length, at) per range, landing at `dest.offset + at`.
+   * and `reads`, (fileOffset, length, at) per range, landing at `dest.offset + at`. `direct`:
+   * O_DIRECT where the file system allows it (buffered where it refuses); every range's fileOffset
+   * and buffer position then 4 KiB aligned, and the buffer has room for its length rounded up to
+   * 4 KiB (the bytes past the range up to there are overwritten).
    */
   readFilesInto(
     dest: { kind: 'buffer'; buffer: NativeHostBuffer; offset: number },
     files: ReadonlyArray<{ path: string; size: number; reads: Float64Array }>,
     threads: number,
+    direct?: boolean,
   ): Promise<{ bytes: number; seconds: number }>;
   holdHandles(fds: readonly number[]): Promise<NativeHeldHandles>;
   startTransfer(
@@ -310,7 +314,7 @@ export interface NativeBinding {
   sendFds(path: string, nonce: string, header: string, fds: readonly number[], timeoutMs?: number): Promise<{ reply: string; fds: number[] }>;
   checksum(data: Uint8Array): string;
   /** Tests only: arms a fault point (native/common/fault.h) for its next `times` hits. */
-  setFault(point: 'thread-start' | 'chunk-delay' | 'copy-fail' | 'codec-scratch' | NativeMapFault, times: number, arg?: number): void;
+  setFault(point: 'thread-start' | 'chunk-delay' | 'copy-fail' | 'codec-scratch' | 'codec-restore-scratch' | NativeMapFault, times: number, arg?: number): void;
   checksumAlgorithm: string;
   checksumImplementation: string;
   createMemfd(name: string, size: number): number;

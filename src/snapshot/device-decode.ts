@@ -11,6 +11,25 @@ export function onDevice(memory: RegionMemory): boolean {
   return memory.kind === 'device' || memory.kind === 'imported' || (memory.kind === 'mapped' && memory.source === 'imported');
 }
 
+/** The allocation whose CUDA_ERROR_OUT_OF_MEMORY is a scratch shortage (native/codec/codec_restore.cc). */
+const RESTORE_SCRATCH_CALL = 'cuMemAlloc (codec restore scratch)';
+
+/**
+ * Whether a GPU decode ({@link decodeOnDevices}) failed for want of device memory for its scratch:
+ * raised before anything was issued (no target written), so the same chunks can be decoded on the
+ * CPU instead. A woken engine's card is full; this is not an error of the snapshot.
+ * @internal
+ */
+export function restoreScratchShortage(err: unknown): boolean {
+  const e = toVsnapError(err);
+  return e.code === 'E_CUDA' && e.details.cudaError === 'CUDA_ERROR_OUT_OF_MEMORY' && e.details.call === RESTORE_SCRATCH_CALL;
+}
+
+/** Says (a `VSNAP_CODEC` warning) that a restore decodes on the CPU for want of GPU scratch. @internal */
+export function warnDecodedOnCpu(snapshot: string, what: string, err: unknown): void {
+  process.emitWarning(`restore of '${snapshot}': no GPU memory for the codec's scratch (${(err as Error).message}); ${what} decoded on the CPU instead (slower; every chunk checked against its checksum)`, { code: 'VSNAP_CODEC' });
+}
+
 /** A chunk of a region in a HostBuffer, with its index in the region (where it is decoded to). @internal */
 export interface PlacedChunk extends HeldChunk {
   readonly index: number;

@@ -10,7 +10,7 @@ import { inspectChunk } from '../transfer/codec.js';
 import { defaultThreads } from '../transfer/staging.js';
 import { windowBuffers } from '../transfer/window-buffers.js';
 import type { TransferOptions } from '../transfer/transfer.js';
-import { decodeOnDevices, onDevice, type DeviceDecodeItem, type DeviceDecodeResult } from './device-decode.js';
+import { decodeOnDevices, onDevice, restoreScratchShortage, warnDecodedOnCpu, type DeviceDecodeItem, type DeviceDecodeResult } from './device-decode.js';
 
 /*
  * A restore of coded store blobs into GPU memory, decoded on the GPU (docs/compression.md): the
@@ -21,8 +21,11 @@ import { decodeOnDevices, onDevice, type DeviceDecodeItem, type DeviceDecodeResu
 /** Coded bytes of one window (a window holds at least one whole chunk): two windows are pinned. @internal */
 export const STORE_WINDOW_BYTES = 256 * 1024 * 1024;
 
-/** Coded chunks start 16-byte aligned in a window, as the RAM tier holds them. */
+/** Coded chunks start 16-byte aligned in a window read through the page cache, as the RAM tier holds them. */
 const ALIGN = 16;
+
+/** O_DIRECT reads start at a multiple of this in the file and in the buffer, and write whole units of it. */
+const DIRECT_ALIGN = 4096;
 
 /** A coded region to restore onto its GPU: its blob and its target. @internal */
 export interface StoreDecodeItem {
@@ -45,14 +48,29 @@ export interface WindowChunk {
   readonly at: number;
 }
 
-/** The windows of a restore, and the buffer each needs. @internal */
-export interface WindowPlan {
-  readonly windows: readonly (readonly WindowChunk[])[];
-  /** The largest window's end: at most max(windowBytes, the largest coded chunk rounded up to 16). */
-  readonly bufferBytes: number;
+/** One read of a window: `length` bytes of its item's blob from `fileOffset`, into the buffer at `at`. @internal */
+export interface WindowRead {
+  readonly item: number;
+  readonly fileOffset: number;
+  readonly length: number;
+  readonly at: number;
 }
 
-const round16 = (n: number): number => Math.ceil(n / ALIGN) * ALIGN;
+/** The windows of a restore, their reads, and the buffer each needs. @internal */
+export interface WindowPlan {
+  readonly windows: readonly (readonly WindowChunk[])[];
+  /** Per window, the reads that fill it: one a chunk, or with `direct` one a run of a region's chunks. */
+  readonly reads: readonly (readonly WindowRead[])[];
+  /**
+   * The largest window's end: at most max(windowBytes, the largest coded chunk rounded up to 16),
+   * with `direct` max(windowBytes, the largest coded chunk + 8 KiB).
+   */
+  readonly bufferBytes: number;
+  /** Whether the reads are O_DIRECT's (4 KiB aligned spans). */
+  readonly direct: boolean;
+}
+
+const roundUp = (n: number, to: number): number => Math.ceil(n / to) * to;
 
 /**
  * Whether a region's coded blob is decoded on the GPU when restored from the store into `memory`:
@@ -69,30 +87,60 @@ export function decodesOnDevice(manifest: Manifest, region: RegionInfo, memory: 
 
 /**
  * Lays the coded chunks of `regions` out in windows of at most `windowBytes` (a chunk larger than
- * that alone in its own), in order, each chunk 16-byte aligned.
+ * that alone in its own), in order. Read through the page cache, each chunk is one read and starts
+ * 16-byte aligned. With `direct` (O_DIRECT), a window's chunks of one region (back to back in its
+ * blob) are one read of the 4 KiB-aligned span around them, placed 4 KiB aligned, so a chunk lies
+ * at its span's place plus its distance from the span's start (any alignment: the GPU decode
+ * copies each chunk into an aligned device slot first); each span's room is rounded up to 4 KiB.
  * @internal
  */
-export function planWindows(regions: readonly Pick<RegionInfo, 'size' | 'chunkSize' | 'codec'>[], windowBytes: number): WindowPlan {
+export function planWindows(regions: readonly Pick<RegionInfo, 'size' | 'chunkSize' | 'codec'>[], windowBytes: number, direct = false): WindowPlan {
   const windows: WindowChunk[][] = [];
-  let current: WindowChunk[] = [];
-  let cursor = 0;
+  const reads: WindowRead[][] = [];
+  let chunks: WindowChunk[] = [];
+  let spans: WindowRead[] = [];
+  let cursor = 0; // the end of the window's room so far
   let bufferBytes = 0;
+  const close = (): void => {
+    windows.push(chunks);
+    reads.push(spans);
+    chunks = [];
+    spans = [];
+    cursor = 0;
+  };
+  // Where a chunk goes in the current window: its read (a new one, or the run it extends) and the room's new end.
+  const place = (item: number, fileOffset: number, length: number): { read: WindowRead; replaces: boolean; end: number } => {
+    const last = spans.at(-1);
+    if (direct && last && last.item === item && last.fileOffset + last.length === fileOffset) {
+      const read = { ...last, length: last.length + length };
+      return { read, replaces: true, end: read.at + roundUp(read.length, DIRECT_ALIGN) };
+    }
+    if (direct) {
+      const start = fileOffset - (fileOffset % DIRECT_ALIGN);
+      const read = { item, fileOffset: start, length: fileOffset + length - start, at: cursor };
+      return { read, replaces: false, end: read.at + roundUp(read.length, DIRECT_ALIGN) };
+    }
+    return { read: { item, fileOffset, length, at: cursor }, replaces: false, end: roundUp(cursor + length, ALIGN) };
+  };
   regions.forEach((region, item) => {
     const offsets = codedOffsets(region.codec!);
     region.codec!.codedSizes.forEach((length, index) => {
-      if (current.length > 0 && cursor + length > windowBytes) {
-        windows.push(current);
-        current = [];
-        cursor = 0;
+      const fileOffset = offsets[index]!;
+      let spot = place(item, fileOffset, length);
+      if (chunks.length > 0 && spot.end > windowBytes) {
+        close();
+        spot = place(item, fileOffset, length);
       }
+      if (spot.replaces) spans[spans.length - 1] = spot.read;
+      else spans.push(spot.read);
       const rawSize = Math.min(region.chunkSize, region.size - index * region.chunkSize);
-      current.push({ item, index, fileOffset: offsets[index]!, length, rawSize, at: cursor });
-      cursor = round16(cursor + length);
+      chunks.push({ item, index, fileOffset, length, rawSize, at: spot.read.at + (fileOffset - spot.read.fileOffset) });
+      cursor = spot.end;
       bufferBytes = Math.max(bufferBytes, cursor);
     });
   });
-  if (current.length > 0) windows.push(current);
-  return { windows, bufferBytes };
+  if (chunks.length > 0) close();
+  return { windows, reads, bufferBytes, direct };
 }
 
 /** The bytes of a coded chunk its header check reads: header, symbol table and block table (they come first). */
@@ -155,22 +203,22 @@ async function openBlob(item: StoreDecodeItem, snapshot: string): Promise<FileHa
 
 /**
  * Fills `buffer` with a window's coded chunks, read from their blobs by the addon (pread, 8 MiB
- * pieces over `threads` threads, straight into the buffer).
+ * pieces over `threads` threads, straight into the buffer; O_DIRECT where the plan is `direct`).
  */
-async function fillWindow(buffer: NativeHostBuffer, window: readonly WindowChunk[], items: readonly StoreDecodeItem[], threads: number): Promise<void> {
-  const byItem = new Map<number, WindowChunk[]>();
-  for (const c of window) {
-    const chunks = byItem.get(c.item);
-    if (chunks) chunks.push(c);
-    else byItem.set(c.item, [c]);
+async function fillWindow(buffer: NativeHostBuffer, reads: readonly WindowRead[], items: readonly StoreDecodeItem[], threads: number, direct: boolean): Promise<void> {
+  const byItem = new Map<number, WindowRead[]>();
+  for (const r of reads) {
+    const list = byItem.get(r.item);
+    if (list) list.push(r);
+    else byItem.set(r.item, [r]);
   }
-  const files = [...byItem].map(([item, chunks]) => {
-    const reads = new Float64Array(chunks.length * 3);
-    chunks.forEach((c, k) => reads.set([c.fileOffset, c.length, c.at], k * 3));
-    return { path: items[item]!.path, size: storedBytes(items[item]!.region), reads };
+  const files = [...byItem].map(([item, list]) => {
+    const spans = new Float64Array(list.length * 3);
+    list.forEach((r, k) => spans.set([r.fileOffset, r.length, r.at], k * 3));
+    return { path: items[item]!.path, size: storedBytes(items[item]!.region), reads: spans };
   });
   try {
-    await native().readFilesInto({ kind: 'buffer', buffer, offset: 0 }, files, threads);
+    await native().readFilesInto({ kind: 'buffer', buffer, offset: 0 }, files, threads, direct);
   } catch (err) {
     throw toVsnapError(err);
   }
@@ -180,8 +228,21 @@ async function fillWindow(buffer: NativeHostBuffer, window: readonly WindowChunk
 export interface StoreDecodeOptions {
   /** Coded bytes a window (default {@link STORE_WINDOW_BYTES}). */
   readonly windowBytes?: number;
+  /** Read the windows with O_DIRECT (RestoreOptions.directIo; buffered where the file system refuses it). */
+  readonly directIo?: boolean;
   /** The decode of a window (default: on the GPUs, {@link decodeOnDevices}); tests decode on the CPU. */
   readonly decode?: (buffer: NativeHostBuffer, items: readonly DeviceDecodeItem[], snapshot: string) => Promise<DeviceDecodeResult>;
+}
+
+/** What {@link decodeStoreOnDevices} did. @internal */
+export interface StoreDecodeResult extends DeviceDecodeResult {
+  /**
+   * Indices (in its items) of the regions not restored, for want of GPU memory for the decode's
+   * scratch: every region with a chunk in the window that found no room or a later one (a region
+   * begun in an earlier window included). The caller restores them on the CPU, whole. Empty when
+   * every window was decoded on the GPUs.
+   */
+  readonly undecoded: readonly number[];
 }
 
 /**
@@ -191,7 +252,9 @@ export interface StoreDecodeOptions {
  * on the GPUs from the other. Host memory held: the two pinned buffers, of
  * {@link WindowPlan.bufferBytes} each (2 x 256 MiB at most by default), kept for the next restore
  * until idle (windowBuffers). The decoded bytes are not
- * checked here: the caller compares them with the snapshot's GPU digests before any wake.
+ * checked here: the caller compares them with the snapshot's GPU digests before any wake. A window
+ * whose decode finds no GPU memory for its scratch (made per window, before anything of the window
+ * is issued) stops the windows: the regions left are named in `undecoded` (a `VSNAP_CODEC` warning).
  * @internal
  */
 export async function decodeStoreOnDevices(
@@ -199,11 +262,11 @@ export async function decodeStoreOnDevices(
   items: readonly StoreDecodeItem[],
   common: Pick<TransferOptions, 'onProgress' | 'signal' | 'threads'>,
   options: StoreDecodeOptions = {},
-): Promise<DeviceDecodeResult> {
-  if (items.length === 0) return { rawBytes: 0, linkBytes: 0, seconds: 0, devices: [] };
+): Promise<StoreDecodeResult> {
+  if (items.length === 0) return { rawBytes: 0, linkBytes: 0, seconds: 0, devices: [], undecoded: [] };
   const started = performance.now();
   const decode = options.decode ?? decodeOnDevices;
-  const plan = planWindows(items.map((x) => x.region), options.windowBytes ?? STORE_WINDOW_BYTES);
+  const plan = planWindows(items.map((x) => x.region), options.windowBytes ?? STORE_WINDOW_BYTES, options.directIo ?? false);
   const totalRaw = items.reduce((n, x) => n + x.region.size, 0);
   const files: FileHandle[] = [];
   try {
@@ -217,10 +280,11 @@ export async function decodeStoreOnDevices(
   const pinDevice = items.some((x) => onDevice(x.memory)) ? (items.map((x) => memoryDevice(x.memory)).find((d) => d !== undefined) ?? 0) : -1;
   const threads = common.threads ?? defaultThreads();
   return windowBuffers.lease(plan.bufferBytes, Math.min(2, plan.windows.length), pinDevice, async (buffers) => {
-    const fill = (w: number): Promise<void> => fillWindow(buffers[w % 2]!, plan.windows[w]!, items, threads);
+    const fill = (w: number): Promise<void> => fillWindow(buffers[w % 2]!, plan.reads[w]!, items, threads, plan.direct);
     let rawBytes = 0;
     let linkBytes = 0;
     const byDevice = new Map<number, number>();
+    const undecoded = new Set<number>();
     let filling: Promise<void> | undefined = fill(0);
     try {
       for (let w = 0; w < plan.windows.length; w++) {
@@ -232,7 +296,15 @@ export async function decodeStoreOnDevices(
           filling = fill(w + 1);
           filling.catch(() => undefined); // awaited on every path
         }
-        const done = await decoding;
+        let done: DeviceDecodeResult;
+        try {
+          done = await decoding;
+        } catch (err) {
+          if (!restoreScratchShortage(err)) throw err;
+          for (const c of plan.windows.slice(w).flat()) undecoded.add(c.item);
+          warnDecodedOnCpu(manifest.name, `${undecoded.size} of its ${items.length} coded region(s) from the store`, err);
+          break;
+        }
         rawBytes += done.rawBytes;
         linkBytes += done.linkBytes;
         for (const d of done.devices) byDevice.set(d.device, (byDevice.get(d.device) ?? 0) + d.bytes);
@@ -242,8 +314,8 @@ export async function decodeStoreOnDevices(
       await filling?.catch(() => undefined); // nothing fills a buffer once it is lent again
     }
     const seconds = (performance.now() - started) / 1000;
-    common.onProgress?.({ phase: 'done', bytesDone: rawBytes, bytesTotal: totalRaw });
-    return { rawBytes, linkBytes, seconds, devices: [...byDevice].map(([device, b]) => ({ device, bytes: b, seconds })) };
+    if (undecoded.size === 0) common.onProgress?.({ phase: 'done', bytesDone: rawBytes, bytesTotal: totalRaw }); // else the CPU path's copy goes on
+    return { rawBytes, linkBytes, seconds, devices: [...byDevice].map(([device, b]) => ({ device, bytes: b, seconds })), undecoded: [...undecoded].sort((a, b) => a - b) };
   });
 }
 

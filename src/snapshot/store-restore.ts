@@ -20,7 +20,10 @@ type Common = { label: string } & Pick<TransferOptions, 'onProgress' | 'signal' 
  * `verifyDigests` says) before any wake. The other coded blobs are decoded on the CPU into memfds
  * first, every chunk checked against its checksum, before any target is written. A damaged coded
  * chunk refuses the restore (E_CODEC_CORRUPT or E_CHECKSUM naming its region and chunk) with
- * nothing written. Holds the store's shared blob lock throughout.
+ * nothing written. Where a window of the GPU decode finds no GPU memory for its scratch, the regions
+ * it had left are decoded on the CPU the same way (whole, each chunk checked against its checksum)
+ * and copied after the GPU's windows; `decodedOnDevice` is true only if some region was restored
+ * by the GPU decode alone. Holds the store's shared blob lock throughout.
  * @internal
  */
 export async function restoreFromStore(
@@ -35,6 +38,7 @@ export async function restoreFromStore(
     const started = performance.now();
     const decoded = new Map<string, HostRegion>();
     const onGpu: StoreDecodeItem[] = [];
+    const onGpuEntries: Array<{ rank: number; region: RegionInfo }> = [];
     const hydrate: Array<{ rank: number; region: RegionInfo }> = [];
     try {
       for (const entry of manifest.regions()) {
@@ -42,6 +46,7 @@ export async function restoreFromStore(
         const memory = targets.get(regionId(rank, region.key))!.memory;
         if (decodesOnDevice(manifest, region, memory, options.verifyFirst)) {
           onGpu.push({ region, path: store.blobPath(region.blob), memory });
+          onGpuEntries.push(entry);
           continue;
         }
         hydrate.push(entry);
@@ -49,8 +54,16 @@ export async function restoreFromStore(
         if (region.codec) decoded.set(regionId(rank, region.key), await readBlobDecoded(store.blobPath(region.blob), region, manifest.name));
       }
       // Checked before anything is written: every CPU-decoded chunk above, every GPU-decoded chunk's header here.
-      const gpu = await decodeStoreOnDevices(manifest, onGpu, common, options.windowBytes !== undefined ? { windowBytes: options.windowBytes } : {});
-      const host = hydrate.length > 0 || onGpu.length === 0
+      const gpu = await decodeStoreOnDevices(manifest, onGpu, common, { directIo: options.directIo, ...(options.windowBytes !== undefined ? { windowBytes: options.windowBytes } : {}) });
+      // No GPU memory for a window's scratch: the regions it left are decoded and checked on the CPU, then copied.
+      for (const i of gpu.undecoded) {
+        const entry = onGpuEntries[i]!;
+        common.signal?.throwIfAborted();
+        decoded.set(regionId(entry.rank, entry.region.key), await readBlobDecoded(onGpu[i]!.path, entry.region, manifest.name));
+        hydrate.push(entry);
+      }
+      const gpuRegions = onGpu.length - gpu.undecoded.length;
+      const host = hydrate.length > 0 || gpuRegions === 0
         ? await runTransfer({
             ...common,
             op: 'hydrate',
@@ -69,14 +82,14 @@ export async function restoreFromStore(
             directIo: options.directIo,
           })
         : undefined;
-      if (onGpu.length === 0) return { ...host!, decodedOnDevice: false };
+      if (gpuRegions === 0) return { ...host!, decodedOnDevice: false };
       const devices = new Map<number, { bytes: number; seconds: number }>();
       for (const d of [...gpu.devices, ...(host?.devices ?? [])]) {
         const was = devices.get(d.device);
         devices.set(d.device, { bytes: (was?.bytes ?? 0) + d.bytes, seconds: (was?.seconds ?? 0) + d.seconds });
       }
       return {
-        bytes: gpu.rawBytes + (host?.bytes ?? 0),
+        bytes: onGpu.reduce((n, x, i) => n + (gpu.undecoded.includes(i) ? 0 : x.region.size), 0) + (host?.bytes ?? 0),
         seconds: (performance.now() - started) / 1000,
         devices: [...devices].map(([device, d]) => ({ device, ...d })),
         decodedOnDevice: true,

@@ -32,7 +32,12 @@ export interface TransferOptions {
   signal?: AbortSignal;
   /** Worker threads of disk reads and writes (default: one per core, at most 16); a copy from the RAM tier takes one stream per GPU instead. */
   threads?: number;
-  /** Read blobs with O_DIRECT (cold data, skipping the page cache). */
+  /**
+   * Read blobs with O_DIRECT (cold data, skipping the page cache; buffered where the file system
+   * refuses it). Coded blobs restored onto a GPU are read so too (4 KiB-aligned spans); coded blobs
+   * decoded on the CPU, and the first bytes of each coded chunk that its header check reads, go
+   * through the page cache.
+   */
   directIo?: boolean;
 }
 

@@ -2,7 +2,8 @@
 // in device memory captured into a RamTier with codec 'vsnap-c1' (fewer host bytes held), restored
 // from it by the coded path (each coded chunk over the link into two scratch slots and decoded on the
 // GPU into the target) bit-exact; a damaged header refused before anything is written; a damaged
-// mantissa byte caught by the restore's GPU digest. Prints `RAM_CODEC_RESULT {json}`: the coded
+// mantissa byte caught by the restore's GPU digest; no GPU memory for the decode's scratch (the
+// codec-restore-scratch fault) decoded on the CPU instead, bit-exact. Prints `RAM_CODEC_RESULT {json}`: the coded
 // restore's seconds (without and with the check) against the raw pinned H2D copy of the uncompressed
 // bytes (bench/ceiling.cu, same run), and the host bytes held against the raw bytes.
 // Size: VSNAP_GPU_CODEC_MIB (default 1024) of BF16, in regions of 256 MiB, and 64 MiB of random bytes.
@@ -15,7 +16,10 @@ import { after, describe, it } from 'node:test';
 
 import { writeHostBuffer } from '../../src/cache/coded-tier.js';
 import { cudaStatus, RamTier, RegionStore, Snapshot, VsnapError, type TransferSummary } from '../../src/index.js';
+import { regionId } from '../../src/manifest/region-id.js';
+import { native } from '../../src/native/index.js';
 import { releaseIdleResources } from '../../src/plumbing.js';
+import { restoreCoded } from '../../src/snapshot/coded-restore.js';
 import { bf16AndNoise, onDevice } from './device-weights.js';
 
 const MiB = 1024 ** 2;
@@ -41,9 +45,15 @@ describe('GPU: the RAM tier holding coded chunks', async () => {
     return releaseIdleResources();
   });
   const { regions, rawBytes, wipe, holdsContents, allZero } = device;
+  // Every restore that found no GPU memory for the decode scratch (decoded on the CPU instead): none may be timed as the GPU's.
+  const cpuFallbacks: string[] = [];
+  const onFallback = (w: Error & { code?: string }): void => {
+    if (w.code === 'VSNAP_CODEC') cpuFallbacks.push(w.message);
+  };
   let snap: Snapshot | undefined;
 
   it('captures coded (host bytes held below 0.72x for BF16 Gaussian), restores bit-exact from RAM; ratio to the raw pinned H2D', async () => {
+    process.on('warning', onFallback);
     const captureStarted = performance.now();
     snap = await Snapshot.capture(store, 'coded', { regions, ram: cache });
     const captureSeconds = (performance.now() - captureStarted) / 1000;
@@ -83,6 +93,9 @@ describe('GPU: the RAM tier holding coded chunks', async () => {
       ratioChecked: +(Math.min(...checked) / ceilingSeconds).toFixed(3),
       targets: { ratio: 0.75, ratioChecked: 0.8, heldRatio: 0.72 },
     };
+    await new Promise((r) => setImmediate(r)); // warnings are emitted on the next tick
+    process.off('warning', onFallback);
+    assert.deepEqual(cpuFallbacks, [], 'every timed restore decoded on the GPU');
     console.log(`RAM_CODEC_RESULT ${JSON.stringify(result)}`);
   });
 
@@ -114,6 +127,46 @@ describe('GPU: the RAM tier holding coded chunks', async () => {
     assert.ok(await holdsContents(), 'restored bit-exact once repaired');
     } finally {
       lease.release();
+    }
+  });
+  it('no GPU memory for the decode scratch: the same restore decodes on the CPU (a VSNAP_CODEC warning) bit-exact; the fault consumed, the next restore decodes on the GPU', async () => {
+    assert.ok(snap, 'needs the capture of the first test');
+    const warnings: string[] = [];
+    const onWarning = (w: Error & { code?: string }): void => {
+      if (w.code === 'VSNAP_CODEC') warnings.push(w.message);
+    };
+    process.on('warning', onWarning);
+    const targets = new Map(regions.map((r) => [regionId(0, r.key), r]));
+    const lease = await cache.acquire(store, snap.manifest);
+    try {
+      native().setFault('codec-restore-scratch', 1);
+      await wipe();
+      const cpu = await restoreCoded(snap.manifest, lease, targets, { label: 'coded' });
+      assert.equal(cpu.decodedOnDevice, false, 'decoded on the CPU');
+      assert.equal(cpu.bytes, rawBytes);
+      assert.ok(await holdsContents(), 'restored bit-exact by the CPU path');
+      await new Promise((r) => setImmediate(r)); // warnings are emitted on the next tick
+      assert.ok(warnings.some((w) => w.includes('no GPU memory for the codec')), `warned: ${JSON.stringify(warnings)}`);
+
+      await wipe();
+      const gpu = await restoreCoded(snap.manifest, lease, targets, { label: 'coded' });
+      assert.equal(gpu.decodedOnDevice, true, 'the fault was consumed: decoded on the GPU');
+      assert.ok(await holdsContents(), 'restored bit-exact by the GPU path');
+    } finally {
+      native().setFault('codec-restore-scratch', 0);
+      lease.release();
+    }
+    try {
+      // the whole restore with the check, as a wake would run it
+      native().setFault('codec-restore-scratch', 1);
+      await wipe();
+      const res = await snap.restore({ regions, ram: cache });
+      assert.equal(res.tier, 'ram');
+      assert.ok(res.digestSeconds !== undefined, 'the GPU digest ran');
+      assert.ok(await holdsContents(), 'restored bit-exact');
+    } finally {
+      native().setFault('codec-restore-scratch', 0);
+      process.off('warning', onWarning);
     }
   });
 });

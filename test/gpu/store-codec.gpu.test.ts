@@ -3,7 +3,9 @@
 // (capture codec 'vsnap-c1'), restored from the store by the GPU decoder (the coded chunks read
 // window by window into pinned memory, decoded by codecRestoreHeld) bit-exact; a damaged header
 // refused naming region and chunk with every target untouched; a damaged mantissa byte caught by
-// the GPU digest, which runs even with verifyDigests false. Prints `STORE_CODEC_RESULT {json}`:
+// the GPU digest, which runs even with verifyDigests false; read with directIo (O_DIRECT spans)
+// bit-exact; no GPU memory for a window's decode scratch (the codec-restore-scratch fault, at the
+// first window or a later one) decoded on the CPU instead, bit-exact. Prints `STORE_CODEC_RESULT {json}`:
 // seconds of the raw and the coded restore from the store of the same bytes (page cache warm, the
 // GPU digest included in both), and of the coded one decoded on the CPU (verify 'all-first').
 // Size: VSNAP_GPU_STORE_CODEC_MIB (default 1024) of BF16, in regions of 256 MiB, and 64 MiB of random bytes.
@@ -14,6 +16,7 @@ import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
 
 import { regionId } from '../../src/manifest/region-id.js';
+import { native } from '../../src/native/index.js';
 import { codedOffsets } from '../../src/store/coded-blob.js';
 import { restoreFromStore } from '../../src/snapshot/store-restore.js';
 import { cudaStatus, RegionStore, Snapshot, VsnapError } from '../../src/index.js';
@@ -41,6 +44,11 @@ describe('GPU: coded store blobs restored into GPU memory, decoded on the GPU', 
     return releaseIdleResources();
   });
   const { regions, rawBytes, wipe, holdsContents, allZero } = device;
+  // Every restore that found no GPU memory for the decode scratch (decoded on the CPU instead): none may be timed as the GPU's.
+  const cpuFallbacks: string[] = [];
+  const onFallback = (w: Error & { code?: string }): void => {
+    if (w.code === 'VSNAP_CODEC') cpuFallbacks.push(w.message);
+  };
   const timed = async (restore: () => Promise<unknown>): Promise<number> => {
     await wipe();
     const t0 = performance.now();
@@ -51,6 +59,7 @@ describe('GPU: coded store blobs restored into GPU memory, decoded on the GPU', 
   let coded: Snapshot | undefined;
 
   it('restores coded store blobs bit-exact on the GPU decoder; seconds against the raw restore of the same bytes', async () => {
+    process.on('warning', onFallback);
     const raw = await Snapshot.capture(rawStore, 'm', { regions });
     coded = await Snapshot.capture(codedStore, 'm', { regions, codec: 'vsnap-c1' });
     assert.equal(coded.manifest.data.ranks[0]!.regions.find((r) => r.key === 'noise')!.codec, undefined, 'random bytes stay raw');
@@ -93,6 +102,9 @@ describe('GPU: coded store blobs restored into GPU memory, decoded on the GPU', 
       ratio: +(Math.min(...codedSeconds) / Math.min(...rawSeconds)).toFixed(3),
       pageCache: 'warm',
     };
+    await new Promise((r) => setImmediate(r)); // warnings are emitted on the next tick
+    process.off('warning', onFallback);
+    assert.deepEqual(cpuFallbacks, [], 'every timed restore decoded on the GPU');
     console.log(`STORE_CODEC_RESULT ${JSON.stringify(result)}`);
   });
 
@@ -132,5 +144,62 @@ describe('GPU: coded store blobs restored into GPU memory, decoded on the GPU', 
     await wipe();
     await coded.restore({ regions });
     assert.ok(await holdsContents(), 'restored bit-exact once repaired');
+  });
+  it('directIo: the windows read with O_DIRECT restore bit-exact on the GPU decoder', async () => {
+    assert.ok(coded, 'needs the capture of the first test');
+    const targets = new Map(regions.map((r) => [regionId(0, r.key), r]));
+    await wipe();
+    const direct = await restoreFromStore(codedStore, coded.manifest, targets, { label: 'm' }, { verifyFirst: false, directIo: true });
+    assert.equal(direct.decodedOnDevice, true, 'decoded on the GPU');
+    assert.ok(await holdsContents(), 'restored bit-exact');
+    await wipe();
+    await coded.restore({ regions, directIo: true });
+    assert.ok(await holdsContents(), 'restored bit-exact (Snapshot.restore)');
+  });
+
+  it('no GPU memory for a window\'s decode scratch: the regions left decoded on the CPU (a VSNAP_CODEC warning) bit-exact; the fault consumed', async () => {
+    assert.ok(coded, 'needs the capture of the first test');
+    const targets = new Map(regions.map((r) => [regionId(0, r.key), r]));
+    const warnings: string[] = [];
+    const onWarning = (w: Error & { code?: string }): void => {
+      if (w.code === 'VSNAP_CODEC') warnings.push(w.message);
+    };
+    process.on('warning', onWarning);
+    const restore = () => restoreFromStore(codedStore, coded!.manifest, targets, { label: 'm' }, { verifyFirst: false, directIo: false, windowBytes: 128 * MiB });
+    try {
+      // the first window finds no room: every region decoded on the CPU
+      native().setFault('codec-restore-scratch', 1);
+      await wipe();
+      const first = await restore();
+      assert.equal(first.decodedOnDevice, false, 'decoded on the CPU');
+      assert.equal(first.bytes, rawBytes);
+      assert.ok(await holdsContents(), 'restored bit-exact by the CPU path');
+      await new Promise((r) => setImmediate(r)); // warnings are emitted on the next tick
+      assert.ok(warnings.some((w) => w.includes('no GPU memory for the codec')), `warned: ${JSON.stringify(warnings)}`);
+
+      // the fault consumed: the next restore decodes on the GPU
+      await wipe();
+      const next = await restore();
+      assert.equal(next.decodedOnDevice, true, 'decoded on the GPU');
+      assert.ok(await holdsContents(), 'restored bit-exact by the GPU path');
+
+      // a later window finds no room (two let through): the regions begun on the GPU are finished on the CPU
+      native().setFault('codec-restore-scratch', 1, 2);
+      await wipe();
+      const later = await restore();
+      assert.equal(later.decodedOnDevice, true, 'the first windows decoded on the GPU');
+      assert.equal(later.bytes, rawBytes);
+      assert.ok(await holdsContents(), 'restored bit-exact, GPU and CPU paths together');
+
+      // the whole restore, the GPU digest included
+      native().setFault('codec-restore-scratch', 1);
+      await wipe();
+      const res = await coded.restore({ regions });
+      assert.equal(res.tier, 'store');
+      assert.ok(await holdsContents(), 'restored bit-exact (Snapshot.restore)');
+    } finally {
+      native().setFault('codec-restore-scratch', 0);
+      process.off('warning', onWarning);
+    }
   });
 });

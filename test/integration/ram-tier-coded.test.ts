@@ -199,6 +199,25 @@ describe('RamTier holding coded chunks (codec vsnap-c1)', () => {
     }
   });
 
+  it('a RAM-tier-only coded capture whose hash was deferred (no checksums yet) restores from the RAM tier bit-exact; a damaged mantissa byte fails its digest', async () => {
+    const store = await RegionStore.open(tempDir());
+    const contents = { 'bf16.a': gaussian(2 * MiB + 4096, 7), noise: randomChunk(MiB, 8) };
+    const cache = await cacheOf('vsnap-c1');
+    const snap = await Snapshot.capture(store, 'later', { regions: regionsOf(contents), chunkSize: MiB, ram: cache, persist: 'off', hash: 'deferred' });
+    expect(snap.manifest.checksummed).toBe(false);
+    const t = targetsOf(contents);
+    const r = await snap.restore({ regions: t.map(asTarget), ram: cache, verifyDigests: false });
+    expect(r.tier).toBe('ram');
+    expect(r.digestSeconds).toBeDefined(); // the digest is the check of a capture without checksums, whatever verifyDigests says
+    for (const x of t) expect(x.region.read(0, x.size).equals(contents[x.key as keyof typeof contents])).toBe(true);
+
+    const { buffer, place } = await heldChunk(cache, store, snap.manifest, 'bf16.a', 1);
+    const mid = place.at + Math.floor(place.held * 0.6); // a rest (mantissa) byte: the structure still holds
+    const was = buffer.read(mid, 1)[0]!;
+    await writeHostBuffer(buffer, mid, Buffer.from([was ^ 0x01]));
+    await expect(snap.restore({ regions: targetsOf(contents).map(asTarget), ram: cache })).rejects.toMatchObject({ code: 'E_DIGEST_MISMATCH' });
+  });
+
   it('a RAM-tier-only coded capture damaged before persist: persist refuses and writes nothing', async () => {
     for (const hash of ['now', 'deferred'] as const) {
       const store = await RegionStore.open(tempDir());

@@ -112,6 +112,91 @@ describe('coded store blobs restored onto GPUs: the plumbing', () => {
     for (const w of plan.windows) for (const c of w) expect(c.at % 16).toBe(0);
   });
 
+  it('with directIo plans one 4 KiB-aligned read a run of a region\'s chunks, each chunk at its distance from its span\'s start; the rooms never overlap', () => {
+    const region = (sizes: number[]) => ({ size: sizes.length * 100_000, chunkSize: 100_000, codec: { name: 'vsnap-c1' as const, codedSizes: sizes } });
+    const regions = [region([5000, 7000, 3000]), region([9000, 100, 20000]), region([4000])];
+    const plan = planWindows(regions, 32 * KiB, true);
+    expect(plan.direct).toBe(true);
+    expect(plan.reads.map((w) => w.map((r) => [r.item, r.fileOffset, r.length, r.at]))).toEqual([
+      [[0, 0, 15000, 0], [1, 0, 9100, 16384]],
+      [[1, 8192, 20908, 0], [2, 0, 4000, 24576]], // the last chunk of region 1 from the 4 KiB boundary before it
+    ]);
+    expect(plan.windows.map((w) => w.map((c) => [c.item, c.index, c.at]))).toEqual([
+      [[0, 0, 0], [0, 1, 5000], [0, 2, 12000], [1, 0, 16384], [1, 1, 25384]],
+      [[1, 2, 908], [2, 0, 24576]],
+    ]);
+    expect(plan.bufferBytes).toBe(28672);
+    // the same invariants on a larger random layout
+    const sizes = (n: number, seed: number) => Array.from({ length: n }, (_, i) => 64 + ((i * 7919 + seed * 104729) % 50_000));
+    const big = [region(sizes(40, 1)), region(sizes(3, 2)), region(sizes(25, 3))];
+    const wide = planWindows(big, 64 * KiB, true);
+    expect(wide.windows.flat().map((c) => [c.item, c.index])).toEqual(big.flatMap((r, item) => r.codec.codedSizes.map((_, index) => [item, index])));
+    wide.reads.forEach((reads, w) => {
+      const room = (r: { at: number; length: number }) => r.at + Math.ceil(r.length / 4096) * 4096;
+      reads.forEach((r, i) => {
+        expect(r.at % 4096).toBe(0);
+        expect(r.fileOffset % 4096).toBe(0);
+        expect(room(r)).toBeLessThanOrEqual(i + 1 < reads.length ? reads[i + 1]!.at : wide.bufferBytes);
+      });
+      if (wide.windows[w]!.length > 1) expect(room(reads.at(-1)!)).toBeLessThanOrEqual(64 * KiB);
+      for (const c of wide.windows[w]!) {
+        const r = reads.find((x) => x.item === c.item && x.fileOffset <= c.fileOffset && c.fileOffset + c.length <= x.fileOffset + x.length)!;
+        expect(c.at).toBe(r.at + c.fileOffset - r.fileOffset);
+      }
+    });
+    expect(wide.bufferBytes).toBeLessThanOrEqual(Math.max(64 * KiB, 50_064 + 8 * KiB));
+  });
+
+  it('restores bit-exact with directIo: the windows read with O_DIRECT into 4 KiB-aligned spans', async () => {
+    const { snap, coded, targets, items } = await captured();
+    const windowBytes = 300 * KiB;
+    const plan = planWindows(coded, windowBytes, true);
+    const seen = { buffers: [] as NativeHostBuffer[], sizes: [] as number[], windows: [] as number[][] };
+    const result = await decodeStoreOnDevices(snap.manifest, items, {}, { windowBytes, directIo: true, decode: cpuDecoder(seen) });
+    expect(seen.windows).toEqual(plan.windows.map((w) => w.map((c) => c.length)));
+    expect(seen.sizes.every((s) => s === plan.bufferBytes)).toBe(true);
+    expect(result.undecoded).toEqual([]);
+    coded.forEach((r, i) => expect(targets[i]!.read(0, r.size).equals(contents[r.key]!)).toBe(true));
+  });
+
+  it('no GPU memory for a window\'s decode scratch: the windows stop there and the regions left are named for the CPU path (a VSNAP_CODEC warning)', async () => {
+    const { snap, coded, items } = await captured();
+    const windowBytes = 300 * KiB;
+    const plan = planWindows(coded, windowBytes);
+    const seen = { buffers: [] as NativeHostBuffer[], sizes: [] as number[], windows: [] as number[][] };
+    const decode = cpuDecoder(seen);
+    const short = 2; // the window that finds no room
+    let calls = 0;
+    const shortOnThird = async (buffer: NativeHostBuffer, x: readonly DeviceDecodeItem[], snapshot: string): Promise<DeviceDecodeResult> => {
+      if (calls++ === short) throw new VsnapError('E_CUDA', 'cuMemAlloc (codec restore scratch) failed: CUDA_ERROR_OUT_OF_MEMORY', { cudaError: 'CUDA_ERROR_OUT_OF_MEMORY', cudaErrorNumber: 2, call: 'cuMemAlloc (codec restore scratch)' });
+      return decode(buffer, x, snapshot);
+    };
+    const warnings: string[] = [];
+    const onWarning = (w: Error & { code?: string }): void => {
+      if (w.code === 'VSNAP_CODEC') warnings.push(w.message);
+    };
+    process.on('warning', onWarning);
+    try {
+      const result = await decodeStoreOnDevices(snap.manifest, items, {}, { windowBytes, decode: shortOnThird });
+      const left = [...new Set(plan.windows.slice(short).flat().map((c) => c.item))].sort();
+      expect(left.length).toBeGreaterThan(0);
+      expect(result.undecoded).toEqual(left);
+      expect(seen.windows).toHaveLength(short); // no window after it decoded
+      expect(result.rawBytes).toBe(plan.windows.slice(0, short).flat().reduce((n, c) => n + c.rawSize, 0));
+      await new Promise((r) => setImmediate(r)); // warnings are emitted on the next tick
+      expect(warnings.some((w) => w.includes('no GPU memory for the codec') && w.includes('decoded on the CPU'))).toBe(true);
+    } finally {
+      process.off('warning', onWarning);
+    }
+    expect(windowBuffers.heldBytes()).toBeGreaterThan(0); // given back, kept for the next restore
+    // any other failure of a window's decode still fails the restore
+    calls = 0;
+    const otherCall = async (): Promise<DeviceDecodeResult> => {
+      throw new VsnapError('E_CUDA', 'cuStreamCreate (codec restore) failed: CUDA_ERROR_OUT_OF_MEMORY', { cudaError: 'CUDA_ERROR_OUT_OF_MEMORY', call: 'cuStreamCreate (codec restore)' });
+    };
+    await expect(decodeStoreOnDevices(snap.manifest, items, {}, { windowBytes, decode: otherCall })).rejects.toMatchObject({ code: 'E_CUDA' });
+  });
+
   it('reads window by window into two alternating buffers, within the bound, kept for the next restore, and restores bit-exact', async () => {
     const { snap, coded, targets, items } = await captured();
     const windowBytes = 300 * KiB; // about one coded chunk a window
@@ -221,6 +306,28 @@ describe('readFilesInto: byte ranges of files into a HostBuffer', () => {
     await expect(native().readFilesInto({ kind: 'buffer', buffer, offset: 0 }, [{ path: `${dir}/gone`, size: 1, reads: reads(0, 1, 0) }], 2)).rejects.toMatchObject({ code: 'E_BLOB_MISSING' });
     await expect(native().readFilesInto({ kind: 'buffer', buffer, offset: 0 }, [{ path: `${dir}/b`, size: b.length + 1, reads: reads(0, 1, 0) }], 2)).rejects.toMatchObject({ code: 'E_BLOB_TRUNCATED' });
     expect(() => native().readFilesInto({ kind: 'buffer', buffer, offset: 0 }, [{ path: `${dir}/b`, size: b.length, reads: reads(0, 10, buffer.size - 5) }], 2)).toThrow(/outside the HostBuffer/);
+  });
+
+  it('direct: reads 4 KiB-aligned ranges (one ending at the file\'s end), and refuses unaligned ones or a rounded-up room past the buffer', async () => {
+    const dir = tempDir();
+    const a = randomChunk(9 * 1024 * KiB + 1234, 23); // two 8 MiB pieces, the last short and ending inside a 4 KiB page
+    writeFileSync(`${dir}/a`, a);
+    const buffer = await native().createHostBuffer(12 * 1024 * KiB, -1);
+    cleanup.push(buffer);
+    const reads = (...xs: number[]) => new Float64Array(xs);
+    const file = (r: Float64Array) => [{ path: `${dir}/a`, size: a.length, reads: r }];
+    const r = await native().readFilesInto({ kind: 'buffer', buffer, offset: 0 }, file(reads(4096, a.length - 4096, 8192, 0, 100, 0)), 3, true);
+    expect(r.bytes).toBe(a.length - 4096 + 100);
+    expect(buffer.read(8192, a.length - 4096).equals(a.subarray(4096))).toBe(true);
+    expect(buffer.read(0, 100).equals(a.subarray(0, 100))).toBe(true);
+    expect(() => native().readFilesInto({ kind: 'buffer', buffer, offset: 0 }, file(reads(100, 10, 0)), 2, true)).toThrow(/4 KiB aligned/);
+    expect(() => native().readFilesInto({ kind: 'buffer', buffer, offset: 0 }, file(reads(0, 10, 16)), 2, true)).toThrow(/4 KiB aligned/);
+    expect(() => native().readFilesInto({ kind: 'buffer', buffer, offset: 16 }, file(reads(0, 10, 0)), 2, true)).toThrow(/4 KiB aligned/);
+    expect(() => native().readFilesInto({ kind: 'buffer', buffer, offset: 0 }, file(reads(0, 10, buffer.size - 4096 + 4080)), 2, true)).toThrow(/outside the HostBuffer|4 KiB aligned/);
+    expect(() => native().readFilesInto({ kind: 'buffer', buffer, offset: 0 }, file(reads(0, 4097, buffer.size - 4096)), 2, true)).toThrow(/outside the HostBuffer/);
+    // buffered, the same unaligned range reads
+    await native().readFilesInto({ kind: 'buffer', buffer, offset: 0 }, file(reads(100, 10, 16)), 2);
+    expect(buffer.read(16, 10).equals(a.subarray(100, 110))).toBe(true);
   });
 });
 
