@@ -44,7 +44,8 @@ class DeviceLane {
         cuda::check(cu_.cuEventCreate(&freed[s], CU_EVENT_DISABLE_TIMING), "cuEventCreate (codec restore)");
         cuda::check(cu_.cuEventRecord(freed[s], decode), "cuEventRecord (codec restore)");
       }
-      cuda::check(cu_.cuMemsetD8(errors, 0, 16 * std::max<uint64_t>(errorWords, 1)), "cuMemsetD8 (codec restore errors)");
+      // on the decode stream: a non-blocking stream is not ordered after the legacy stream's memset
+      cuda::check(cu_.cuMemsetD8Async(errors, 0, 16 * std::max<uint64_t>(errorWords, 1), decode), "cuMemsetD8Async (codec restore errors)");
     } catch (...) {
       release();  // a constructor that throws gets no destructor
       throw;

@@ -31,6 +31,7 @@ const Status& status();
   X(cuMemGetAllocationPropertiesFromHandle) X(cuMemAddressReserve) X(cuMemAddressFree)        \
   X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) X(cuMemHostRegister) X(cuMemHostUnregister)     \
   X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemsetD8)     \
+  X(cuMemsetD8Async)                                                                          \
   X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize) X(cuEventCreate)                \
   X(cuEventRecord) X(cuEventSynchronize) X(cuEventDestroy) X(cuCtxSynchronize)               \
   /* the GPU digest (native/digest) */                                                        \
