@@ -19,8 +19,8 @@ from vsnap_vllm.ram_tier import RamTier
 REFUSED = "level-2 sleep refused, nothing released"
 
 
-def run(scenario, tier, multiprocessing):
-    env = {**os.environ, "VLLM_PLUGINS": "vsnap", "VSNAP_RAM_TIER": tier, "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if multiprocessing else "0",
+def run(scenario, tier, multiprocessing, extra_env=None):
+    env = {**os.environ, **(extra_env or {}), "VLLM_PLUGINS": "vsnap", "VSNAP_RAM_TIER": tier, "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if multiprocessing else "0",
            "PYTHONPATH": os.pathsep.join((web_support.plugin_site(), support.PLUGIN))}
     proc = subprocess.run([sys.executable, "-m", "tests.llm_scenarios", scenario], cwd=support.PLUGIN, env=env,
                           capture_output=True, text=True, timeout=300)
@@ -35,6 +35,7 @@ class TierCase(unittest.TestCase):
 
     multiprocessing = False
     budget = 1 << 30
+    env = {}
 
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="vsnap-ram-")
@@ -44,7 +45,7 @@ class TierCase(unittest.TestCase):
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def run_scenario(self, name):
-        return run(name, self.dir, self.multiprocessing)
+        return run(name, self.dir, self.multiprocessing, self.env)
 
     def assert_slept_in_the_tier(self, out):
         """What only the vsnap backend does: the weights' bytes in the shared tier, held once for
@@ -107,6 +108,15 @@ class LlmSleepTest(TierCase):
 
 class LlmSleepMultiprocessTest(LlmSleepTest):
     multiprocessing = True
+
+
+class LlmSleepBeforePr52514Test(TierCase):
+    """vLLM before PR #52514 (as its own cumem.py at e5337d96, which the GPU suite runs): the
+    allocator says nothing of which allocations sleep (no AllocationData.is_asleep), so the
+    backend's state() after a wake of the weights alone must come from its own count of tags."""
+
+    env = {"VSNAP_REF_WAKE_ALL": "1"}
+    test_level_1_and_2_by_tags_through_llm_sleep_and_wake_up = LlmSleepTest.test_level_1_and_2_by_tags_through_llm_sleep_and_wake_up
 
 
 class SelectedBackendTest(TierCase):

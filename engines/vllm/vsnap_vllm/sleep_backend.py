@@ -63,6 +63,7 @@ class VsnapSleepBackend(SleepModeBackend):
         self._maps = {}  # key -> (address, size, device, page-locked): the held entries, mapped from sleep to wake
         self._driver = None
         self._letting_go = None  # the thread that lets the last wake's page-locked entries go, joined by the next sleep
+        self._asleep = set()  # the tags put to sleep and not woken since: state() is SUSPENDED while any is
         self._cumem = CuMemBackend()  # without the tier (or with it too full): vLLM's own backend, as it is
         try:
             self._tier = RamTier.open(settings.ram_tier_dir())
@@ -193,10 +194,16 @@ class VsnapSleepBackend(SleepModeBackend):
         return {}
 
     def suspend(self, level=1):
+        self._suspend(level)
+        # every allocation sleeps at either level (the level only decides what is kept): vLLM's
+        # own allocator says nothing of which tags are asleep, so the backend keeps count itself
+        self._asleep = {d.tag for d in _allocator().pointer_to_data.values()}
+        self._state = "SUSPENDED"
+
+    def _suspend(self, level):
         self._settle()
         if self._tier is None:
             self._cumem.suspend(level)
-            self._state = "SUSPENDED"
             return
         allocator = _allocator()
         t0 = time.perf_counter()
@@ -223,10 +230,8 @@ class VsnapSleepBackend(SleepModeBackend):
                 log.warning("vsnap: %s: this level-1 sleep keeps vLLM's own host copy of the weights", e)
                 self._held = None
                 self._cumem.suspend(1)
-                self._state = "SUSPENDED"
                 return
         self._held = [(va, size, key, device) for (va, size, device), key in zip(regions, keys)]
-        self._state = "SUSPENDED"
         t2 = time.perf_counter()
         allocator.sleep(offload_tags=())
         log.info("vsnap: level-%d sleep of %d weights regions (%.2f GiB): digested in %.3f s, in the tier (copied where it lacked them) "
@@ -236,6 +241,7 @@ class VsnapSleepBackend(SleepModeBackend):
     def resume(self, tags=None):
         allocator = _allocator()
         self._state = "RESUMING"
+        woke = False
         try:
             if self._held is None:
                 self._cumem.resume(tags)
@@ -244,9 +250,11 @@ class VsnapSleepBackend(SleepModeBackend):
                 allocator.wake_up(tags)
                 if tags is None or WEIGHTS in tags:
                     self._hydrate(allocator, tags, time.perf_counter() - t0)
+            woke = True
         finally:
-            asleep = any(getattr(d, "is_asleep", False) for d in allocator.pointer_to_data.values())
-            self._state = "SUSPENDED" if asleep else "RUNNING"
+            if woke:
+                self._asleep = set() if tags is None else self._asleep - set(tags)
+            self._state = "SUSPENDED" if self._asleep else "RUNNING"
 
     def _hydrate(self, allocator, tags, mapped_s):
         t0 = time.perf_counter()
