@@ -39,6 +39,13 @@ function pairs(before: SwapRun, after: SwapRun): Array<[string, number, number, 
   return out;
 }
 
+/** Rows measured in one run and not the other (a row renamed between the trees is not compared: say so). */
+function unmatched(before: SwapRun, after: SwapRun): string[] {
+  const measured = (r: SwapRun): string[] => r.rows.filter((x) => x.summary).map((x) => x.label);
+  const [b, a] = [measured(before), measured(after)];
+  return [...b.filter((l) => !a.includes(l)).map((l) => `${l} (before only)`), ...a.filter((l) => !b.includes(l)).map((l) => `${l} (after only)`)];
+}
+
 /** The comparison as a markdown table, and the vsnap medians more than `tolerance` slower after than before. */
 export function compareRuns(before: SwapRun, after: SwapRun, tolerance = 0.03): { table: string; slower: string[] } {
   const lines = ['| median | before (ms) | after (ms) | after / before |', '|---|---:|---:|---:|'];
@@ -49,6 +56,8 @@ export function compareRuns(before: SwapRun, after: SwapRun, tolerance = 0.03): 
     if (over) slower.push(name);
     lines.push(`| ${name} | ${(b * 1000).toFixed(1)} | ${(a * 1000).toFixed(1)} | ${ratio.toFixed(3)}x${over ? ` (more than ${(tolerance * 100).toFixed(0)}% slower)` : ''} |`);
   }
+  const alone = unmatched(before, after);
+  if (alone.length) lines.push('', `not compared, measured in one run only: ${alone.join('; ')}`);
   lines.push('', slower.length ? `${slower.length} median(s) more than ${(tolerance * 100).toFixed(0)}% slower: ${slower.join('; ')}` : `no median more than ${(tolerance * 100).toFixed(0)}% slower`);
   return { table: lines.join('\n'), slower };
 }

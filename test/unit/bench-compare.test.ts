@@ -27,6 +27,14 @@ describe('bench compare: two swap runs, median by median', () => {
     expect(table).toMatch(/1 median\(s\) more than 3% slower: RAM tier \(hot, pinned RamTier\): swap$/);
   });
 
+  it('names the rows measured in one run only (a row renamed between the trees), not silently dropped', () => {
+    const before = run(0.4, 0.35, 0.3, 0.3);
+    const renamed = { ...before, rows: [{ ...before.rows[0]!, label: 'RAM tier (hot, pinned HostCache)' }, before.rows[1]!] };
+    const { table } = compareRuns(renamed, before);
+    expect(table).toContain('not compared, measured in one run only: RAM tier (hot, pinned HostCache) (before only); RAM tier (hot, pinned RamTier) (after only)');
+    expect(compareRuns(before, before).table).not.toContain('not compared');
+  });
+
   it('says so when nothing is slower, and takes another tolerance', () => {
     expect(compareRuns(run(0.4, 0.35, 0.3, 0.3), run(0.4, 0.35, 0.3, 0.3)).table).toMatch(/no median more than 3% slower$/);
     expect(compareRuns(run(0.4, 0.35, 0.3, 0.3), run(0.41, 0.35, 0.3, 0.3), 0.01).slower).toHaveLength(1);
