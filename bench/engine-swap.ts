@@ -24,20 +24,21 @@ const WARMUP = 2; // unmeasured swaps at the start of each row but cold (tier 0 
 const COLD_REPS = 2;
 const PROBE_TOKENS = 16;
 
-type RowName = 'tier0' | 'engine' | 'ram' | 'ram2' | 'pagecache' | 'cold';
+type RowName = 'tier0' | 'engine' | 'ram' | 'ram-coded' | 'ram2' | 'pagecache' | 'cold';
 type Tier = 'gpu' | 'neighbour' | 'ram' | 'store' | 'engine';
 type Overlap = 'none' | 'kv' | 'weights' | 'all';
 // The RAM rows before the engine row: a failure there cannot cost them; cold last, after the page cache was used.
-const ROWS: readonly RowName[] = ['tier0', 'ram', 'ram2', 'engine', 'pagecache', 'cold'];
+const ROWS: readonly RowName[] = ['tier0', 'ram', 'ram-coded', 'ram2', 'engine', 'pagecache', 'cold'];
 const EXTRA = ['sweep', 'vllm-l1'] as const;
-const ALL_ROWS = ['sweep', 'tier0', 'ram', 'ram2', 'vllm-l1', 'engine', 'pagecache', 'cold'];
+const ALL_ROWS = ['sweep', 'tier0', 'ram', 'ram-coded', 'ram2', 'vllm-l1', 'engine', 'pagecache', 'cold'];
 const OVERLAPS: readonly Overlap[] = ['none', 'kv', 'weights', 'all'];
 /** The rows the overlap modes apply to (the others run without overlap). */
-const OVERLAP_ROWS: readonly RowName[] = ['tier0', 'ram', 'ram2'];
+const OVERLAP_ROWS: readonly RowName[] = ['tier0', 'ram', 'ram-coded', 'ram2'];
 const LABEL: Record<RowName, string> = {
   tier0: 'tier 0 (weights kept on the GPU)',
   engine: "tier 0, the engine's own (weights kept in the engine, KV cache released)",
   ram: 'RAM tier (hot, pinned RamTier)',
+  'ram-coded': "RAM tier, coded (pinned RamTier, codec 'vsnap-c1')",
   ram2: 'RAM tier over two PCIe links (multipath)',
   pagecache: 'page cache (warm disk)',
   cold: 'cold disk (caches dropped, O_DIRECT)',
@@ -320,7 +321,7 @@ async function vllmRow(): Promise<void> {
   vllmLevel1 = await runVllmLevel1(s.engine.url, s.engine.enginePid, vllmCycles, s.answer, () => askCapital(s.engine.url, PROBE_TOKENS), log);
 }
 
-/** One row, once per overlap mode (tier0, ram and ram2; the others without overlap). */
+/** One row, once per overlap mode (tier0, ram, ram-coded and ram2; the others without overlap). */
 async function runRow(row: RowName): Promise<RowResult[]> {
   const modes = OVERLAP_ROWS.includes(row) ? overlaps : (['none'] as const);
   const results: RowResult[] = modes.map((overlap) => ({ row, overlap, label: overlap === 'none' ? LABEL[row] : `${LABEL[row]}, overlap ${overlap}`, skipped: null, reps, warmup: WARMUP, setup: {}, swaps: [], summary: null }));
@@ -350,21 +351,23 @@ async function runRow(row: RowName): Promise<RowResult[]> {
     } finally {
       resident.close(); // the engine asleep now restores from the store or the RAM tier in the next rows
     }
-  } else if (row === 'ram' || row === 'ram2') {
+  } else if (row === 'ram' || row === 'ram-coded' || row === 'ram2') {
     const gpus = cuda.available ? (await listDevices()).length : 2; // the host backend has a stand-in neighbour
     if (row === 'ram2' && gpus <= neighbour) return skip(`needs GPU ${neighbour} as the neighbour (${gpus} visible)`);
     if (device === 'cuda' && !engineCeiling && !engineCeilingNote) measureEngineCeiling(); // once, before the first RAM tier
     const budgetBytes = sides.reduce((n, s) => n + cacheBytes(s.snapshot!.manifest), 0) + 64 * MiB;
     ramTierBytes = budgetBytes;
     let t = performance.now();
-    const cache = await RamTier.create({ budgetBytes, pin: cuda.available });
+    const cache = await RamTier.create({ budgetBytes, pin: cuda.available, ...(row === 'ram-coded' ? { codec: 'vsnap-c1' as const } : {}) });
     result.setup.cacheCreateSeconds = since(t);
     result.setup.cacheBudgetBytes = budgetBytes;
     try {
       t = performance.now();
       for (const s of sides) await cache.load(store, s.snapshot!.manifest);
       result.setup.cacheLoadSeconds = since(t);
-      log(`[ram] RamTier of ${gib(budgetBytes)} GiB (${cache.pinned ? 'pinned' : 'not pinned'}) created in ${ms(result.setup.cacheCreateSeconds)}, both snapshots loaded in ${ms(result.setup.cacheLoadSeconds)}`);
+      // What the tier holds for both snapshots (coded: after the load's CPU encode), beside their raw bytes.
+      [result.setup.cacheHeldBytes, result.setup.cacheRawBytes] = [cache.usedBytes, budgetBytes - 64 * MiB];
+      log(`[${row}] RamTier of ${gib(budgetBytes)} GiB (${cache.pinned ? 'pinned' : 'not pinned'}, codec ${cache.codec}) created in ${ms(result.setup.cacheCreateSeconds)}, both snapshots loaded in ${ms(result.setup.cacheLoadSeconds)}: ${gib(cache.usedBytes)} GiB held of ${gib(result.setup.cacheRawBytes)} raw`);
       await each({ suspend: {}, restore: { tiers: { ram: cache, ...(row === 'ram2' ? { multipath: { neighbour } } : {}) } }, tier: 'ram' });
     } finally {
       cache.close();
@@ -520,6 +523,7 @@ function rowsReport(): string {
     phaseTable(phased),
     '',
     `Setup: both engines up in ${engineStartSeconds.toFixed(1)} s; capture ${captureNote.join(', ')}.`,
+    ...[rows.find((r) => r.row === 'ram-coded' && r.setup.cacheHeldBytes)].flatMap((r) => (r ? [`RAM tier coded: both snapshots held in ${gib(r.setup.cacheHeldBytes!)} GiB for ${gib(r.setup.cacheRawBytes!)} GiB raw (${f(r.setup.cacheHeldBytes! / r.setup.cacheRawBytes!)}x), coded on the CPU when loaded from the store.`] : [])),
     `A swap = suspend of the awake engine + restoreEngine of the other; medians of ${reps} swaps a row (cold: ${COLD_REPS}) after ${WARMUP} unmeasured warm-up swaps (cold: none); every restore gave the answer recorded before any swap.`,
   );
   if (rows.some((r) => r.overlap !== 'none')) {
@@ -538,6 +542,7 @@ const targets = targetsTable({
   engineBytes: bytes,
   ram: modeRows('ram'),
   ram2: modeRows('ram2'),
+  ramCoded: modeRows('ram-coded'),
   tier0: modeRows('tier0'),
   engine: byRow('engine'),
   bytesAlone,

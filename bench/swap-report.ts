@@ -226,6 +226,8 @@ export interface TargetsInput {
   ram: readonly ModeRow[];
   /** The RAM tier over two PCIe links (multipath), per overlap mode, where run. */
   ram2?: readonly ModeRow[];
+  /** The RAM tier holding coded chunks (codec vsnap-c1), per overlap mode, where run: issue 48's swap target. */
+  ramCoded?: readonly ModeRow[];
   /** The SDK-held tier-0 rows, one per overlap mode run. */
   tier0: readonly ModeRow[];
   /** The engine's own tier 0 (weights kept in the engine, KV cache released), where run. */
@@ -243,6 +245,8 @@ export const TARGETS = {
   restoreVsBytes: 1.05,
   restoreVsVllm: 0.95,
   ramSwapSeconds: 0.45,
+  /** Issue 48: the swap from a coded RAM tier. */
+  codedSwapSeconds: 0.3,
   tier0SwapSeconds: 0.08,
   fdsRegions: 1.1,
 } as const;
@@ -285,12 +289,13 @@ export function targetsTable(t: TargetsInput): string {
     lines.push(`| 2. pinned host memory held per sleeping engine (reported beside the target) | vsnap ${gibCell(t.ramTierEngineBytes)} (its snapshot in the shared, budgeted RAM tier) | vLLM ${gibCell(held)} (its own pinned copy, per engine) | ${x3(ratio(t.ramTierEngineBytes, held))} | reported |`);
   }
   // 3. RAM-tier swap of two engines incl. the check, serial and overlapped; one run judges one run.
-  const swapLine = (what: string, overlap: string, row: PhaseRow): string => {
+  const swapLine = (what: string, overlap: string, row: PhaseRow, limit: number = TARGETS.ramSwapSeconds): string => {
     const v = row.swapMedian;
-    return `| 3. ${what} swap of two engines incl. the check <= ${TARGETS.ramSwapSeconds} s median, ${modeLabel(overlap)} | ${s3(v)} | ${b ? `${ceilingCell(b)} (one engine's bytes)` : 'n/a'} | ${x3(b ? ratio(v, b.seconds) : null)} | ${v === null ? 'n/a' : v <= TARGETS.ramSwapSeconds ? 'met in this run (1 of the 3 runs the target needs)' : 'not met'}${small} |`;
+    return `| ${what} incl. the check <= ${f(limit, 2)} s median, ${modeLabel(overlap)} | ${s3(v)} | ${b ? `${ceilingCell(b)} (one engine's bytes)` : 'n/a'} | ${x3(b ? ratio(v, b.seconds) : null)} | ${v === null ? 'n/a' : v <= limit ? 'met in this run (1 of the 3 runs the target needs)' : 'not met'}${small} |`;
   };
-  for (const { overlap, row } of t.ram) lines.push(swapLine('RAM-tier', overlap, row));
-  for (const { overlap, row } of t.ram2 ?? []) lines.push(swapLine('RAM-tier (two PCIe links, multipath)', overlap, row));
+  for (const { overlap, row } of t.ram) lines.push(swapLine('3. RAM-tier swap of two engines', overlap, row));
+  for (const { overlap, row } of t.ram2 ?? []) lines.push(swapLine('3. RAM-tier (two PCIe links, multipath) swap of two engines', overlap, row));
+  for (const { overlap, row } of t.ramCoded ?? []) lines.push(swapLine('issue 48: RAM-tier swap of two engines, coded (vsnap-c1)', overlap, row, TARGETS.codedSwapSeconds));
   // 4. SDK-held tier-0 swap incl. the check, beside the engine's own tier 0.
   const own = t.engine?.swapMedian ?? null;
   for (const { overlap, row } of t.tier0) {
