@@ -5,7 +5,7 @@ import { HostRegion } from '../regions/host-region.js';
 import { memoryDevice, toNativeMemory, type RegionMemory } from '../regions/memory.js';
 import { readBlobChunk, readStoredChunk } from '../store/coded-blob.js';
 import type { RegionStore } from '../store/region-store.js';
-import { codecKindForDtype, codecKindNumber, decodeChunk, encodeChunk, inspectChunk, type CodecKind } from '../transfer/codec.js';
+import { codecKindForDtype, codecKindNumber, decodeChunkOffThread, encodeChunkOffThread, inspectChunk, type CodecKind } from '../transfer/codec.js';
 import { deviceContexts } from '../transfer/contexts.js';
 import { DEFAULT_CHUNK_SIZE } from '../transfer/staging.js';
 import { runTransfer } from '../transfer/transfer.js';
@@ -93,7 +93,7 @@ export async function codeInPlace(buffer: NativeHostBuffer, base: number, items:
     const start = cursor;
     for (let at = 0; at < region.size; at += region.chunkSize) {
       const raw = buffer.read(offset + at, Math.min(region.chunkSize, region.size - at));
-      const coded = encodeChunk(raw, hint);
+      const coded = await encodeChunkOffThread(raw, hint);
       const shrank = coded.length < raw.length;
       cursor = pack(parts, held, cursor, shrank ? coded : raw, raw.length, shrank);
     }
@@ -167,13 +167,13 @@ export async function captureCoded(
  * E_CODEC_CORRUPT naming it before anything is written to a target. The caller closes the memfd.
  * @internal
  */
-export function decodeHeld(buffer: NativeHostBuffer, region: RegionInfo, held: readonly HeldChunk[], snapshot: string): HostRegion {
+export async function decodeHeld(buffer: NativeHostBuffer, region: RegionInfo, held: readonly HeldChunk[], snapshot: string): Promise<HostRegion> {
   const out = HostRegion.create(region.size, 'vsnap-decoded');
   try {
-    held.forEach((c, i) => {
+    for (const [i, c] of held.entries()) {
       const bytes = buffer.read(c.at, c.held);
-      out.write(i * region.chunkSize, c.coded ? decodeChunk(bytes, c.rawSize, { chunk: i, region: region.key, snapshot }) : bytes);
-    });
+      out.write(i * region.chunkSize, c.coded ? await decodeChunkOffThread(bytes, c.rawSize, { chunk: i, region: region.key, snapshot }) : bytes);
+    }
     return out;
   } catch (err) {
     out.close();
@@ -220,7 +220,7 @@ export async function loadCoded(store: RegionStore, buffer: NativeHostBuffer, ba
       const { stored, raw } = await readStoredChunk(path, region, i, snapshot);
       let coded = region.codec && stored.length < raw.length && inspectChunk(stored, raw.length, { chunk: i, region: region.key, snapshot }).mode === 'planes' ? stored : undefined;
       if (!region.codec) {
-        const c = encodeChunk(raw, hint);
+        const c = await encodeChunkOffThread(raw, hint);
         if (c.length < raw.length) coded = c;
       }
       cursor = pack(parts, held, cursor, coded ?? raw, raw.length, coded !== undefined);

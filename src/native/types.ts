@@ -332,6 +332,10 @@ export interface NativeBinding {
   codecEncode(data: Uint8Array, kind: number): Buffer;
   /** Decodes a coded chunk on the CPU into rawSize bytes; E_CODEC_CORRUPT (details.reason) when damaged. */
   codecDecode(coded: Uint8Array, rawSize: number): Buffer;
+  /** codecEncode off the JS thread (the libuv pool); `data` must not change until it settles. */
+  codecEncodeAsync(data: Uint8Array, kind: number): Promise<Buffer>;
+  /** codecDecode off the JS thread, the header checked first on the calling one; `coded` must not change until it settles. */
+  codecDecodeAsync(coded: Uint8Array, rawSize: number): Promise<Buffer>;
   /** A coded chunk's header, checked (with its tables) as for a decode. */
   codecParse(coded: Uint8Array, rawSize: number): NativeCodecHeader;
   /** Tests: encodes on GPU `device` (host bytes in, coded bytes out through the device). */

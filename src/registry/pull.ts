@@ -8,7 +8,7 @@ import type { RegionInfo } from '../manifest/types.js';
 import { native } from '../native/index.js';
 import { blobDigest, codedBlobDigest } from '../manifest/blob-digest.js';
 import { codedOffsets, storedBytes } from '../store/coded-blob.js';
-import { decodeChunk } from '../transfer/codec.js';
+import { decodeChunkOffThread } from '../transfer/codec.js';
 import type { RegionStore } from '../store/region-store.js';
 import { ANNOTATION, OCI_MANIFEST, parseArtifact, sha256Digest, type Descriptor, type SnapshotArtifact } from './artifact.js';
 import { BODY_LIMITS, type OciHttp } from './http.js';
@@ -316,7 +316,7 @@ async function fetchPart(job: PullJob, part: Part, buf: Buffer, progress: (n: nu
 
   async function storeChunk(chunk: Buffer): Promise<void> {
     // a coded chunk is decoded on the CPU and its bytes checked as a raw one's: the store holds only blobs that decode to their checksums
-    const raw = region.codec ? decodeLayerChunk(chunk, region, index, layer.digest) : chunk;
+    const raw = region.codec ? await decodeLayerChunk(chunk, region, index, layer.digest) : chunk;
     if (native().checksum(raw) !== region.checksums[index]) {
       throw new VsnapError('E_CHECKSUM', `layer ${layer.digest} (region ${region.key}): chunk ${index} does not match its checksum; the registry's copy is damaged. Nothing of it was stored; push it again from a good store.`, {
         region: region.key,
@@ -332,9 +332,9 @@ async function fetchPart(job: PullJob, part: Part, buf: Buffer, progress: (n: nu
 }
 
 /** Decodes chunk `index` of a coded layer; a damaged one is E_CODEC_CORRUPT naming the region, the chunk and the layer. */
-function decodeLayerChunk(chunk: Buffer, region: RegionInfo, index: number, digest: string): Buffer {
+async function decodeLayerChunk(chunk: Buffer, region: RegionInfo, index: number, digest: string): Promise<Buffer> {
   try {
-    return decodeChunk(chunk, Math.min(region.chunkSize, region.size - index * region.chunkSize), { chunk: index, region: region.key });
+    return await decodeChunkOffThread(chunk, Math.min(region.chunkSize, region.size - index * region.chunkSize), { chunk: index, region: region.key });
   } catch (err) {
     const e = toVsnapError(err);
     if (e.code !== 'E_CODEC_CORRUPT') throw e;

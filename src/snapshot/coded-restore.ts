@@ -51,8 +51,8 @@ export async function restoreCoded(
   const multiRank = manifest.data.ranks.length > 1;
   const onGpu = items.filter((x) => onDevice(x.memory));
   const decoded: HostRegion[] = [];
-  const decodeOnCpu = (x: Item): TransferRegion => {
-    const out = decodeHeld(lease.buffer, x.region, x.held, manifest.name);
+  const decodeOnCpu = async (x: Item): Promise<TransferRegion> => {
+    const out = await decodeHeld(lease.buffer, x.region, x.held, manifest.name);
     decoded.push(out);
     return {
       name: multiRank ? `rank ${x.rank}/${x.region.key}` : x.region.key,
@@ -65,7 +65,8 @@ export async function restoreCoded(
   };
   try {
     // host targets decoded before anything is written anywhere
-    const hydrate = items.filter((x) => !onDevice(x.memory)).map(decodeOnCpu);
+    const hydrate: TransferRegion[] = [];
+    for (const x of items.filter((y) => !onDevice(y.memory))) hydrate.push(await decodeOnCpu(x));
     let gpu: Awaited<ReturnType<typeof restoreOnDevices>> = { bytes: 0, devices: [] };
     let decodedOnDevice = onGpu.length > 0;
     try {
@@ -74,7 +75,7 @@ export async function restoreCoded(
       if (!restoreScratchShortage(err)) throw err;
       decodedOnDevice = false;
       warnDecodedOnCpu(manifest.name, `${onGpu.length} region(s) held coded in the RAM tier`, err);
-      hydrate.push(...onGpu.map(decodeOnCpu)); // nothing was issued: decoded and checked before anything is written
+      for (const x of onGpu) hydrate.push(await decodeOnCpu(x)); // nothing was issued: decoded and checked before anything is written
     }
     const host = hydrate.length ? await runTransfer({ ...common, op: 'hydrate', verifyFirst: true, regions: hydrate }) : undefined;
     return { bytes: gpu.bytes + (host?.bytes ?? 0), devices: [...gpu.devices, ...(host?.devices ?? [])], decodedOnDevice };

@@ -7,7 +7,7 @@ import type { Manifest } from '../manifest/manifest.js';
 import { regionId } from '../manifest/region-id.js';
 import type { RegionCodec } from '../manifest/types.js';
 import { native, type NativeHostBuffer } from '../native/index.js';
-import { CHUNK_HEADER_BYTES, decodeChunk, rawModeChunk } from '../transfer/codec.js';
+import { CHUNK_HEADER_BYTES, decodeChunkOffThread, rawModeChunk } from '../transfer/codec.js';
 import { withChecksums } from './capture-manifest.js';
 import { withCodedBlobs } from './coded-capture.js';
 
@@ -51,7 +51,7 @@ export async function persistCoded(
       for (const [k, c] of held.entries()) {
         signal?.throwIfAborted();
         const bytes = buffer.read(c.at, c.held);
-        const raw = c.coded ? decodeChunk(bytes, c.rawSize, { chunk: k, region: region.key, snapshot: manifest.name }) : bytes;
+        const raw = c.coded ? await decodeChunkOffThread(bytes, c.rawSize, { chunk: k, region: region.key, snapshot: manifest.name }) : bytes;
         const sum = native().checksum(raw);
         if (manifest.checksummed && sum !== region.checksums[k]) throw changedSinceCapture(manifest, region.key, rank, k, 'checksum');
         if (!manifest.checksummed && native().digestBytes(raw, region.chunkSize)[0] !== region.digests?.[k]) throw changedSinceCapture(manifest, region.key, rank, k, 'GPU digest');

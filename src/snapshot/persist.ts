@@ -104,7 +104,7 @@ async function persistDecoded(
   const digests: string[][] = [];
   let i = 0;
   for (const { rank, region } of manifest.regions()) {
-    const decoded = decodeHeld(buffer, region, chunks.get(regionId(rank, region.key))!, manifest.name);
+    const decoded = await decodeHeld(buffer, region, chunks.get(regionId(rank, region.key))!, manifest.name);
     try {
       const r = await runTransfer({
         op: 'capture',

@@ -5,7 +5,7 @@ import { codedBlobDigest } from '../manifest/blob-digest.js';
 import type { RegionCodec, RegionInfo } from '../manifest/types.js';
 import { native } from '../native/index.js';
 import { HostRegion } from '../regions/host-region.js';
-import { decodeChunk, encodeChunk, type CodecKind } from '../transfer/codec.js';
+import { decodeChunkOffThread, encodeChunk, encodeChunkOffThread, type CodecKind } from '../transfer/codec.js';
 
 /**
  * A region's bytes coded chunk by chunk (vsnap-c1, on the CPU): the blob's bytes (the coded
@@ -73,7 +73,7 @@ export async function readStoredChunk(path: string, region: RegionInfo, index: n
   } finally {
     await file.close();
   }
-  const raw = region.codec ? decodeChunk(data, rawSize, { chunk: index, region: region.key, ...(snapshot === undefined ? {} : { snapshot }) }) : data;
+  const raw = region.codec ? await decodeChunkOffThread(data, rawSize, { chunk: index, region: region.key, ...(snapshot === undefined ? {} : { snapshot }) }) : data;
   if (native().checksum(raw) !== region.checksums[index]) {
     throw new VsnapError(
       'E_CHECKSUM',
@@ -113,7 +113,7 @@ export async function codeBlobFile(path: string, region: Pick<RegionInfo, 'key' 
       if (bytesRead !== raw.length || native().checksum(raw) !== region.checksums[i]) {
         throw new VsnapError('E_CHECKSUM', `chunk ${i} of region ${region.key} changed on disk between the capture's write and its coding: nothing was published. Capture again.`, { region: region.key, chunk: i });
       }
-      const coded = encodeChunk(raw, hint);
+      const coded = await encodeChunkOffThread(raw, hint);
       await output.write(coded, 0, coded.length, written);
       written += coded.length;
       codedSizes.push(coded.length);

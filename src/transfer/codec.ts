@@ -91,6 +91,15 @@ export function encodeChunk(bytes: Uint8Array, hint: CodecKind = 'bytes'): Buffe
   return native().codecEncode(bytes, codecKindNumber(hint));
 }
 
+/**
+ * {@link encodeChunk} off the JS thread (the libuv pool): what the SDK's flows call, so a service's
+ * event loop never waits out the CPU codec. `bytes` must not change until it settles.
+ * @internal
+ */
+export function encodeChunkOffThread(bytes: Uint8Array, hint: CodecKind = 'bytes'): Promise<Buffer> {
+  return native().codecEncodeAsync(bytes, codecKindNumber(hint));
+}
+
 /** Bytes of a coded chunk's header (docs/compression.md, the byte format). @internal */
 export const CHUNK_HEADER_BYTES = 64;
 
@@ -117,6 +126,19 @@ export function rawModeChunk(raw: Uint8Array): Buffer {
 export function decodeChunk(coded: Uint8Array, rawSize: number, ref: ChunkRef): Buffer {
   try {
     return native().codecDecode(coded, rawSize);
+  } catch (err) {
+    throw namedChunkError(err, ref);
+  }
+}
+
+/**
+ * {@link decodeChunk} off the JS thread (the header checked first on the calling one); `coded`
+ * must not change until it settles.
+ * @internal
+ */
+export async function decodeChunkOffThread(coded: Uint8Array, rawSize: number, ref: ChunkRef): Promise<Buffer> {
+  try {
+    return await native().codecDecodeAsync(coded, rawSize);
   } catch (err) {
     throw namedChunkError(err, ref);
   }

@@ -8,7 +8,7 @@ import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 
 import { VsnapError } from '../../src/errors.js';
-import { codecKindForDtype, decodeChunk, encodeChunk, inspectChunk, rawModeChunk, type CodecKind } from '../../src/transfer/codec.js';
+import { codecKindForDtype, decodeChunk, decodeChunkOffThread, encodeChunk, encodeChunkOffThread, inspectChunk, rawModeChunk, type CodecKind } from '../../src/transfer/codec.js';
 import { corpus, elementBytes, randomChunk, rng, weights } from '../helpers/codec-data.js';
 
 const KINDS: CodecKind[] = ['bytes', 'bf16', 'fp16', 'fp32', 'fp8-e4m3', 'fp8-e5m2'];
@@ -204,6 +204,31 @@ describe('vsnap-c1 on the CPU: damaged chunks', () => {
       ),
       { numRuns: 2000 },
     );
+  });
+});
+
+describe('vsnap-c1 off the JS thread (what the flows call)', () => {
+  it('codes and decodes the same bytes as the synchronous codec, for every kind of chunk', async () => {
+    for (const c of corpus(70_001)) {
+      const coded = await encodeChunkOffThread(c.bytes, c.hint);
+      expect(coded.equals(encodeChunk(c.bytes, c.hint)), c.name).toBe(true);
+      expect((await decodeChunkOffThread(coded, c.bytes.length, ref)).equals(Buffer.from(c.bytes)), c.name).toBe(true);
+    }
+  });
+
+  it('a damaged chunk rejects with E_CODEC_CORRUPT naming it, whether the header or the body is damaged', async () => {
+    const raw = weights('bf16', 'heavy', 3 * 4096 * 2 + 1001, 21);
+    const coded = encodeChunk(raw, 'bf16');
+    const header = Buffer.from(coded);
+    header.writeUInt32LE(0x31435357, 0);
+    const body = Buffer.from(coded);
+    body.writeUInt32LE(body.readUInt32LE(32) + 1, 32);
+    for (const bad of [header, body, coded.subarray(0, coded.length - 1)]) {
+      const e = await decodeChunkOffThread(bad, raw.length, ref).then(() => undefined, (err: unknown) => err);
+      expect(e).toBeInstanceOf(VsnapError);
+      expect((e as VsnapError).code).toBe('E_CODEC_CORRUPT');
+      expect((e as VsnapError).message).toContain('chunk 3');
+    }
   });
 });
 
