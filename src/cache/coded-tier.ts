@@ -7,6 +7,7 @@ import { readBlobChunk, readStoredChunk } from '../store/coded-blob.js';
 import type { RegionStore } from '../store/region-store.js';
 import { codecKindForDtype, codecKindNumber, decodeChunkOffThread, encodeChunkOffThread, inspectChunk, type CodecKind } from '../transfer/codec.js';
 import { deviceContexts } from '../transfer/contexts.js';
+import { codecConcurrency, inOrder } from '../transfer/in-order.js';
 import { DEFAULT_CHUNK_SIZE } from '../transfer/staging.js';
 import { runTransfer } from '../transfer/transfer.js';
 
@@ -68,6 +69,9 @@ export async function writeHostBuffer(buffer: NativeHostBuffer, offset: number, 
   }
 }
 
+/** A region's chunks. */
+const chunkCount = (region: Pick<RegionInfo, 'size' | 'chunkSize'>): number => Math.ceil(region.size / region.chunkSize);
+
 /** Appends one chunk's held bytes to a region's parts, 16-byte aligned from `cursor`; returns the next cursor. */
 function pack(parts: Buffer[], held: HeldChunk[], cursor: number, bytes: Buffer, rawSize: number, coded: boolean): number {
   const pad = (ALIGN - (bytes.length % ALIGN)) % ALIGN;
@@ -91,12 +95,14 @@ export async function codeInPlace(buffer: NativeHostBuffer, base: number, items:
     const held: HeldChunk[] = [];
     const parts: Buffer[] = [];
     const start = cursor;
-    for (let at = 0; at < region.size; at += region.chunkSize) {
-      const raw = buffer.read(offset + at, Math.min(region.chunkSize, region.size - at));
-      const coded = await encodeChunkOffThread(raw, hint);
+    const code = async (k: number): Promise<{ raw: Buffer; coded: Buffer }> => {
+      const raw = buffer.read(offset + k * region.chunkSize, Math.min(region.chunkSize, region.size - k * region.chunkSize));
+      return { raw, coded: await encodeChunkOffThread(raw, hint) };
+    };
+    await inOrder(chunkCount(region), codecConcurrency(), code, ({ raw, coded }) => {
       const shrank = coded.length < raw.length;
       cursor = pack(parts, held, cursor, shrank ? coded : raw, raw.length, shrank);
-    }
+    });
     chunks.set(id, held);
     try {
       // Packed bytes never run past their region's raw bytes (already read): the next region is intact.
@@ -170,10 +176,12 @@ export async function captureCoded(
 export async function decodeHeld(buffer: NativeHostBuffer, region: RegionInfo, held: readonly HeldChunk[], snapshot: string): Promise<HostRegion> {
   const out = HostRegion.create(region.size, 'vsnap-decoded');
   try {
-    for (const [i, c] of held.entries()) {
+    const decode = async (i: number): Promise<Buffer> => {
+      const c = held[i]!;
       const bytes = buffer.read(c.at, c.held);
-      out.write(i * region.chunkSize, c.coded ? await decodeChunkOffThread(bytes, c.rawSize, { chunk: i, region: region.key, snapshot }) : bytes);
-    }
+      return c.coded ? await decodeChunkOffThread(bytes, c.rawSize, { chunk: i, region: region.key, snapshot }) : bytes;
+    };
+    await inOrder(held.length, codecConcurrency(), decode, (raw, i) => out.write(i * region.chunkSize, raw));
     return out;
   } catch (err) {
     out.close();
@@ -216,15 +224,15 @@ export async function loadCoded(store: RegionStore, buffer: NativeHostBuffer, ba
     const held: HeldChunk[] = [];
     const parts: Buffer[] = [];
     const start = cursor;
-    for (let i = 0; i * region.chunkSize < region.size; i++) {
+    const read = async (i: number): Promise<{ raw: Buffer; coded: Buffer | undefined }> => {
       const { stored, raw } = await readStoredChunk(path, region, i, snapshot);
-      let coded = region.codec && stored.length < raw.length && inspectChunk(stored, raw.length, { chunk: i, region: region.key, snapshot }).mode === 'planes' ? stored : undefined;
-      if (!region.codec) {
-        const c = await encodeChunkOffThread(raw, hint);
-        if (c.length < raw.length) coded = c;
-      }
+      if (region.codec) return { raw, coded: stored.length < raw.length && inspectChunk(stored, raw.length, { chunk: i, region: region.key, snapshot }).mode === 'planes' ? stored : undefined };
+      const c = await encodeChunkOffThread(raw, hint);
+      return { raw, coded: c.length < raw.length ? c : undefined };
+    };
+    await inOrder(chunkCount(region), codecConcurrency(), read, ({ raw, coded }) => {
       cursor = pack(parts, held, cursor, coded ?? raw, raw.length, coded !== undefined);
-    }
+    });
     chunks.set(id, held);
     await writeHostBuffer(buffer, start, Buffer.concat(parts));
   }

@@ -8,6 +8,7 @@ import { regionId } from '../manifest/region-id.js';
 import type { RegionCodec } from '../manifest/types.js';
 import { native, type NativeHostBuffer } from '../native/index.js';
 import { CHUNK_HEADER_BYTES, decodeChunkOffThread, rawModeChunk } from '../transfer/codec.js';
+import { codecConcurrency, inOrder } from '../transfer/in-order.js';
 import { withChecksums } from './capture-manifest.js';
 import { withCodedBlobs } from './coded-capture.js';
 
@@ -48,10 +49,14 @@ export async function persistCoded(
     const file = await open(blobPath(i++), 'wx', 0o644);
     try {
       let at = 0;
-      for (const [k, c] of held.entries()) {
+      const decode = async (k: number): Promise<{ bytes: Buffer; raw: Buffer }> => {
         signal?.throwIfAborted();
+        const c = held[k]!;
         const bytes = buffer.read(c.at, c.held);
-        const raw = c.coded ? await decodeChunkOffThread(bytes, c.rawSize, { chunk: k, region: region.key, snapshot: manifest.name }) : bytes;
+        return { bytes, raw: c.coded ? await decodeChunkOffThread(bytes, c.rawSize, { chunk: k, region: region.key, snapshot: manifest.name }) : bytes };
+      };
+      await inOrder(held.length, codecConcurrency(), decode, async ({ bytes, raw }, k) => {
+        const c = held[k]!;
         const sum = native().checksum(raw);
         if (manifest.checksummed && sum !== region.checksums[k]) throw changedSinceCapture(manifest, region.key, rank, k, 'checksum');
         if (!manifest.checksummed && native().digestBytes(raw, region.chunkSize)[0] !== region.digests?.[k]) throw changedSinceCapture(manifest, region.key, rank, k, 'GPU digest');
@@ -60,7 +65,7 @@ export async function persistCoded(
         await file.write(out, 0, out.length, at);
         at += out.length;
         codedSizes.push(out.length);
-      }
+      });
       await file.sync();
     } finally {
       await file.close();

@@ -6,6 +6,7 @@ import type { RegionCodec, RegionInfo } from '../manifest/types.js';
 import { native } from '../native/index.js';
 import { HostRegion } from '../regions/host-region.js';
 import { decodeChunkOffThread, encodeChunk, encodeChunkOffThread, type CodecKind } from '../transfer/codec.js';
+import { codecConcurrency, inOrder } from '../transfer/in-order.js';
 
 /**
  * A region's bytes coded chunk by chunk (vsnap-c1, on the CPU): the blob's bytes (the coded
@@ -105,19 +106,21 @@ export async function codeBlobFile(path: string, region: Pick<RegionInfo, 'key' 
   const output = await open(`${path}.coded`, 'wx', 0o644);
   let keep = false;
   try {
-    const buf = Buffer.allocUnsafe(Math.min(region.chunkSize, region.size));
     let written = 0;
-    for (let i = 0, at = 0; at < region.size; i++, at += region.chunkSize) {
-      const raw = buf.subarray(0, Math.min(region.chunkSize, region.size - at));
+    const code = async (i: number): Promise<Buffer> => {
+      const at = i * region.chunkSize;
+      const raw = Buffer.allocUnsafe(Math.min(region.chunkSize, region.size - at));
       const { bytesRead } = await input.read(raw, 0, raw.length, at);
       if (bytesRead !== raw.length || native().checksum(raw) !== region.checksums[i]) {
         throw new VsnapError('E_CHECKSUM', `chunk ${i} of region ${region.key} changed on disk between the capture's write and its coding: nothing was published. Capture again.`, { region: region.key, chunk: i });
       }
-      const coded = await encodeChunkOffThread(raw, hint);
+      return encodeChunkOffThread(raw, hint);
+    };
+    await inOrder(Math.ceil(region.size / region.chunkSize), codecConcurrency(), code, async (coded) => {
       await output.write(coded, 0, coded.length, written);
       written += coded.length;
       codedSizes.push(coded.length);
-    }
+    });
     if (written >= region.size) return undefined; // nothing shrank: the raw blob stays, shared with raw captures of the same bytes
     await output.sync();
     keep = true;
@@ -140,8 +143,8 @@ export async function codeBlobFile(path: string, region: Pick<RegionInfo, 'key' 
 export async function readBlobDecoded(path: string, region: RegionInfo, snapshot: string): Promise<HostRegion> {
   const out = HostRegion.create(region.size, 'vsnap-decoded');
   try {
-    const chunks = Math.ceil(region.size / region.chunkSize);
-    for (let i = 0; i < chunks; i++) out.write(i * region.chunkSize, await readBlobChunk(path, region, i, snapshot));
+    const read = (i: number): Promise<Buffer> => readBlobChunk(path, region, i, snapshot);
+    await inOrder(Math.ceil(region.size / region.chunkSize), codecConcurrency(), read, (raw, i) => out.write(i * region.chunkSize, raw));
     return out;
   } catch (err) {
     out.close();
