@@ -25,6 +25,15 @@ export async function until(check: () => boolean): Promise<void> {
   while (!check()) await new Promise((r) => setTimeout(r, 10));
 }
 
+/** Polls `probe` until it gives a value, and returns it (the test's timeout bounds it). */
+export async function probeUntil<T>(probe: () => Promise<T | undefined>): Promise<T> {
+  for (;;) {
+    const v = await probe();
+    if (v !== undefined) return v;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
 /** Sends a completion whose answer (the prompt echoed, MiBs) the client never reads past its first bytes. */
 export async function pausedReader(url: string, model: string): Promise<{ socket: Socket; closed: Promise<void> }> {
   const body = JSON.stringify({ model, prompt: 'x'.repeat(8 * 2 ** 20), max_tokens: 0, echo: true });

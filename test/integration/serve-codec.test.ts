@@ -5,7 +5,7 @@ import type { Manifest } from '../../src/manifest/manifest.js';
 import { parseConfig } from '../../src/serve/config.js';
 import { serve, type ServeHandle } from '../../src/serve/serve.js';
 import { RegionStore } from '../../src/store/region-store.js';
-import { freePort } from '../helpers/net.js';
+import { freePort, probeUntil } from '../helpers/net.js';
 import { tempDir } from '../helpers/tmp.js';
 
 // `codec: vsnap-c1` in the serve configuration: the captures serve makes land coded in the store
@@ -16,14 +16,6 @@ afterEach(async () => {
   await handle?.close();
   handle = undefined;
 });
-
-async function until<T>(probe: () => Promise<T | undefined>): Promise<T> {
-  for (;;) {
-    const v = await probe();
-    if (v !== undefined) return v;
-    await new Promise((r) => setTimeout(r, 50)); // the test's timeout bounds this
-  }
-}
 
 type RamStatus = { ramTier: { entries: Array<{ name: string; id: string; bytes: number }> } };
 
@@ -73,10 +65,10 @@ describe('vsnap serve with codec vsnap-c1', () => {
     const asked = await request(`${url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'm1', prompt: 'The capital of France is', max_tokens: 2 }) });
     expect(asked.statusCode).toBe(200);
     await asked.body.dump();
-    const materialized = await until(async () => (await store.current('m1')) ?? undefined);
+    const materialized = await probeUntil(async () => (await store.current('m1')) ?? undefined);
     expect(materialized.id).not.toBe(booted.id);
     expect(codedRegions(materialized)).toBe(codedRegions(booted));
-    const entry = await until(async () => (await ramEntries(url)).find((e) => e.id === materialized.id));
+    const entry = await probeUntil(async () => (await ramEntries(url)).find((e) => e.id === materialized.id));
     expectHeldCoded(entry.bytes, materialized);
   });
 });

@@ -3,7 +3,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 
 import { parseConfig } from '../../src/serve/config.js';
 import { serve, type ServeHandle } from '../../src/serve/serve.js';
-import { freePort } from '../helpers/net.js';
+import { freePort, probeUntil } from '../helpers/net.js';
 import { tempDir } from '../helpers/tmp.js';
 
 let handle: ServeHandle | undefined;
@@ -11,14 +11,6 @@ afterEach(async () => {
   await handle?.close();
   handle = undefined;
 });
-
-async function until<T>(probe: () => Promise<T | undefined>): Promise<T> {
-  for (;;) {
-    const v = await probe();
-    if (v !== undefined) return v;
-    await new Promise((r) => setTimeout(r, 50)); // the test's timeout bounds this
-  }
-}
 
 describe('vsnap serve: health and the RAM tier at boot', () => {
   it('the boot-time captures land in the RAM tier; /healthz says degraded, naming the engine, while one is down, and ok once it is back', async () => {
@@ -43,11 +35,11 @@ describe('vsnap serve: health and the RAM tier at boot', () => {
     const health = async () => (await (await request(`${url}/healthz`)).body.json()) as { ok: boolean; status: string; degraded?: Array<{ engine: string; reason: string }> };
     expect(await health()).toMatchObject({ ok: true, status: 'ok' });
     process.kill(-handle.supervisor.pid('m2')!, 'SIGKILL'); // the engine's whole process group: it crashed
-    const degraded = await until(async () => {
+    const degraded = await probeUntil(async () => {
       const h = await health();
       return h.status === 'degraded' ? h : undefined;
     });
     expect(degraded).toMatchObject({ ok: false, degraded: [{ engine: 'm2', reason: expect.stringMatching(/process (restarting|starting)/) as string }] });
-    await until(async () => ((await health()).status === 'ok' ? true : undefined));
+    await probeUntil(async () => ((await health()).status === 'ok' ? true : undefined));
   });
 });
