@@ -95,6 +95,8 @@ class LevelsTest(BackendTest):
         worker.wake_up(["weights"])
         self.assertEqual(self.asleep(), {"kv_cache"})
         self.assertEqual(worker._sleep_mode_backend.state(), "SUSPENDED")
+        worker.wake_up(["weights"])  # awake already: the KV cache stays released
+        self.assertEqual(worker._sleep_mode_backend.state(), "SUSPENDED")
         worker.wake_up(["kv_cache"])
         self.assertEqual(worker._sleep_mode_backend.state(), "RUNNING")
         self.assertEqual(self.answer(worker), expected)
@@ -136,6 +138,8 @@ class DiscardTest(BackendTest):
         expected = self.answer(worker)
         worker.discard(["kv_cache"])  # the KV-cache release (EngineCore.release_kv_cache_memory)
         self.assertEqual(self.asleep(), {"kv_cache"})
+        self.assertEqual(worker._sleep_mode_backend.state(), "SUSPENDED")
+        worker.wake_up(["weights"])  # awake already: the KV cache stays released
         self.assertEqual(worker._sleep_mode_backend.state(), "SUSPENDED")
         worker.wake_up(["kv_cache"])
         self.assertEqual(worker._sleep_mode_backend.state(), "RUNNING")

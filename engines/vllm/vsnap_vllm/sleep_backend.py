@@ -280,6 +280,7 @@ class VsnapSleepBackend(SleepModeBackend):
             self._held = None
             self._unmap_all()
             self._tier.release(self._owner)
+        self._asleep |= set(tags)
         self._state = "SUSPENDED"
 
 
