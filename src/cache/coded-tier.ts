@@ -5,7 +5,7 @@ import { HostRegion } from '../regions/host-region.js';
 import { memoryDevice, toNativeMemory, type RegionMemory } from '../regions/memory.js';
 import { readBlobChunk, readStoredChunk } from '../store/coded-blob.js';
 import type { RegionStore } from '../store/region-store.js';
-import { codecKindForDtype, codecKindNumber, decodeChunkOffThread, encodeChunkOffThread, inspectChunk, type CodecKind } from '../transfer/codec.js';
+import { codecKindForDtype, codecKindNumber, decodeChunkOffThread, encodeChunkOffThread, type CodecKind } from '../transfer/codec.js';
 import { deviceContexts } from '../transfer/contexts.js';
 import { codecConcurrency, inOrder } from '../transfer/in-order.js';
 import { DEFAULT_CHUNK_SIZE } from '../transfer/staging.js';
@@ -226,7 +226,8 @@ export async function loadCoded(store: RegionStore, buffer: NativeHostBuffer, ba
     const start = cursor;
     const read = async (i: number): Promise<{ raw: Buffer; coded: Buffer | undefined }> => {
       const { stored, raw } = await readStoredChunk(path, region, i, snapshot);
-      if (region.codec) return { raw, coded: stored.length < raw.length && inspectChunk(stored, raw.length, { chunk: i, region: region.key, snapshot }).mode === 'planes' ? stored : undefined };
+      // decoded, so its header is sound; shorter than its raw bytes, so it is no raw-mode chunk (header + bytes)
+      if (region.codec) return { raw, coded: stored.length < raw.length ? stored : undefined };
       const c = await encodeChunkOffThread(raw, hint);
       return { raw, coded: c.length < raw.length ? c : undefined };
     };
